@@ -1,0 +1,60 @@
+# specdec - build, run, test.
+#   make run    build, fetch the default model if absent, generate text
+#   make test   build and run every test; ends with "N passed, N failed"
+#   make fuzz   build the GGUF parser fuzz target (clang, libFuzzer)
+CC      ?= cc
+OPT     ?= -O3 -march=native
+CFLAGS  ?=
+CFLAGS  += $(OPT) -std=c11 -Wall -Wextra -D_GNU_SOURCE -pthread -Iinclude -Isrc -MMD -MP
+LDLIBS  += -lm -pthread
+
+MODEL   ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
+PROMPT  ?= Write a short story about a robot who learns to paint.
+
+SRC      := $(wildcard src/*.c src/draft/*.c)
+OBJ      := $(SRC:%.c=build/%.o)
+LIB      := build/libspecdec.a
+TOOL_OBJ := $(patsubst %.c,build/%.o,$(wildcard tools/*.c))
+TLIB_OBJ := $(patsubst %.c,build/%.o,$(wildcard tests/lib/*.c))
+TESTS    := $(patsubst tests/%.c,build/tests/%,$(wildcard tests/test_*.c))
+
+.PHONY: all run test fuzz clean models
+all: build/specdec $(TESTS)
+
+build/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(LIB): $(OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+build/specdec: $(TOOL_OBJ) $(LIB)
+	$(CC) $(CFLAGS) $(TOOL_OBJ) $(LIB) $(LDLIBS) -o $@
+
+build/tests/%: build/tests/%.o $(TLIB_OBJ) $(LIB)
+	$(CC) $(CFLAGS) $< $(TLIB_OBJ) $(LIB) $(LDLIBS) -o $@
+
+$(MODEL):
+	bash scripts/fetch-models.sh
+
+models: $(MODEL)
+
+run: build/specdec $(MODEL)
+	./build/specdec generate -m $(MODEL) --chat -p "$(PROMPT)" -n 200
+
+# The model is fetched first; if that fails (no network) the tests that need
+# it say so and are skipped.
+test: build/specdec $(TESTS)
+	@bash scripts/fetch-models.sh || echo "warning: could not fetch the default model; tests that need it will be skipped"
+	@bash scripts/run-tests.sh $(TESTS)
+
+fuzz: build/fuzz_gguf
+build/fuzz_gguf: tests/fuzz/fuzz_gguf.c src/gguf.c src/common.c
+	@mkdir -p build
+	clang -g -O1 -fsanitize=fuzzer,address,undefined -std=c11 -D_GNU_SOURCE -Iinclude -Isrc $^ -o $@
+
+clean:
+	rm -rf build
+
+-include $(OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(TLIB_OBJ:.o=.d) $(TESTS:%=%.d)

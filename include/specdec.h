@@ -1,0 +1,147 @@
+// specdec.h - public C API of the specdec inference engine.
+//
+// Lifetimes (house rule 1): an sd_model is immutable after loading and can be
+// shared by many sessions; an sd_session owns all mutable state (KV cache,
+// logits, scratch), sized once at creation. Every function that can fail
+// returns 0 (or a non-negative count) on success and a negative value on error,
+// with a message in the caller's buffer (err, errlen). The library never
+// prints and never exits.
+#ifndef SPECDEC_H
+#define SPECDEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct sd_model sd_model;
+typedef struct sd_session sd_session;
+typedef struct sd_tokenizer sd_tokenizer;
+typedef struct sd_sampler sd_sampler;
+
+// ---------------------------------------------------------------- model
+// Loads and validates a GGUF model (architectures: llama, qwen2), including
+// its tokenizer. The file is memory-mapped; weights are used in place.
+int sd_model_load(sd_model **out, const char *path, char *err, size_t errlen);
+void sd_model_free(sd_model *m);
+
+typedef struct sd_model_info {
+    const char *arch;   // "llama" or "qwen2"
+    const char *name;   // general.name or ""
+    int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff;
+    int n_ctx_train;    // context length the model was trained with
+    size_t n_bytes;     // bytes of tensor data
+} sd_model_info;
+void sd_model_get_info(const sd_model *m, sd_model_info *info);
+const sd_tokenizer *sd_model_tokenizer(const sd_model *m);
+
+// ---------------------------------------------------------------- session
+typedef struct sd_session_params {
+    int n_ctx;       // KV cache length in tokens; 0 = min(model's n_ctx_train, 4096)
+    int n_batch;     // most tokens in one forward call; 0 = 512
+    int n_threads;   // 0 = number of online cores
+} sd_session_params;
+sd_session_params sd_session_default_params(void);
+int sd_session_new(sd_session **out, const sd_model *m, const sd_session_params *p,
+                   char *err, size_t errlen);
+void sd_session_free(sd_session *s);
+
+// A batch of tokens evaluated in one forward call. Node i attends to the
+// committed KV cache [0, n_past) and to the batch nodes on its ancestor chain
+// (parent[i], parent[parent[i]], ...) and itself, nothing else. parent[i] < i,
+// or -1 for a node hanging directly off the committed cache. parent == NULL
+// means a chain (parent[i] = i - 1). pos == NULL means pos[i] = n_past + depth
+// (depth 0 for parent -1). logits == NULL requests logits for every node,
+// otherwise only where logits[i] != 0.
+typedef struct sd_batch {
+    int n;                   // number of nodes, 1..n_batch
+    const int32_t *tokens;   // (n)
+    const int32_t *parent;   // (n) or NULL
+    const int32_t *pos;      // (n) or NULL
+    const uint8_t *logits;   // (n) or NULL
+} sd_batch;
+
+// Evaluates the batch. The KV rows of the batch are written as pending rows
+// after the committed ones; they become part of the cache only through
+// sd_session_commit. A new forward call discards the pending rows of the
+// previous one.
+int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errlen);
+// Logits (n_vocab floats) of batch node i of the last forward, or NULL if not requested.
+const float *sd_session_logits(const sd_session *s, int i);
+// Keeps pending rows rows[0..n_rows) (batch indices forming a root-to-node
+// chain, in order) and appends them to the committed cache; drops the other
+// pending rows. rows == NULL keeps all n rows of the last batch (a chain).
+int sd_session_commit(sd_session *s, const int32_t *rows, int n_rows, char *err, size_t errlen);
+// Drops committed rows so that n_past becomes n (n <= n_past).
+int sd_session_truncate(sd_session *s, int n, char *err, size_t errlen);
+int sd_session_n_past(const sd_session *s);
+int sd_session_n_ctx(const sd_session *s);
+const sd_model *sd_session_model(const sd_session *s);
+
+// ---------------------------------------------------------------- tokenizer
+// Encodes text into ids. add_bos: prepend BOS when the vocabulary asks for it
+// (tokenizer.ggml.add_bos_token, default true for SentencePiece vocabularies).
+// parse_special: recognise special-token texts such as "<|im_start|>".
+// Returns the number of ids (which may exceed max: call again with a larger
+// buffer), or <0 on error.
+int sd_tokenize(const sd_tokenizer *t, const char *text, size_t len, int add_bos,
+                int parse_special, int32_t *out, int max);
+// Bytes of token id as text (SentencePiece spaces and byte tokens resolved,
+// byte-level BPE mapped back to bytes). Control tokens give "" unless
+// render_special. Returns the byte count (may exceed bufsize: truncated), <0 if
+// id is invalid. Multi-byte UTF-8 characters may be split across tokens.
+int sd_token_to_piece(const sd_tokenizer *t, int32_t id, int render_special, char *buf, int bufsize);
+int sd_tokenizer_n_vocab(const sd_tokenizer *t);
+int32_t sd_token_bos(const sd_tokenizer *t);   // -1 if none
+int32_t sd_token_eos(const sd_tokenizer *t);   // -1 if none
+// 1 if id ends generation (EOS, end-of-turn such as <|im_end|> or <|eot_id|>).
+int sd_token_is_eog(const sd_tokenizer *t, int32_t id);
+// The text of token id as stored in the vocabulary (NULL if invalid).
+const char *sd_token_text(const sd_tokenizer *t, int32_t id, size_t *len);
+// Wraps one user message (and an optional system message, NULL for the
+// template's default) in the model's chat format, recognised from
+// tokenizer.chat_template: ChatML or Llama 3. Writes a NUL-terminated prompt
+// ending with the assistant header. Returns the length, <0 with a message if
+// the template is absent or unknown or the buffer too small.
+int sd_chat_format(const sd_tokenizer *t, const char *system, const char *user,
+                   char *out, size_t outsize, char *err, size_t errlen);
+
+// ---------------------------------------------------------------- sampling
+typedef struct sd_sampler_params {
+    float temp;            // <= 0: greedy (argmax). default 0.8
+    int top_k;             // <= 0: off. default 40
+    float top_p;           // >= 1: off. default 0.95
+    float min_p;           // <= 0: off. default 0.05
+    float repeat_penalty;  // 1: off. default 1.0
+    int repeat_last_n;     // tokens of history the penalty looks at. default 64
+    uint64_t seed;         // default 0xC0FFEE
+} sd_sampler_params;
+sd_sampler_params sd_sampler_default_params(void);
+int sd_sampler_new(sd_sampler **out, const sd_sampler_params *p, int n_vocab, char *err, size_t errlen);
+void sd_sampler_free(sd_sampler *s);
+// The final distribution the sampler draws from, given logits and the token
+// history (for the repetition penalty): penalty, temperature, top-k, top-p,
+// min-p applied in that order, then normalised. probs has n_vocab entries
+// (zero outside the kept set). Greedy (temp <= 0) gives a one-hot at the
+// argmax (ties: lowest id). Speculative sampling uses this for the target and
+// the draft alike.
+void sd_sampler_probs(sd_sampler *s, const float *logits, const int32_t *hist, int n_hist, float *probs);
+// Draws a token from probs (n_vocab) using the sampler's RNG.
+int32_t sd_sampler_draw(sd_sampler *s, const float *probs);
+// Convenience: probs then draw (argmax directly when greedy).
+int32_t sd_sampler_sample(sd_sampler *s, const float *logits, const int32_t *hist, int n_hist);
+// Uniform double in [0, 1) from the sampler's RNG (speculative acceptance tests).
+double sd_sampler_uniform(sd_sampler *s);
+void sd_sampler_reseed(sd_sampler *s, uint64_t seed);
+const sd_sampler_params *sd_sampler_get_params(const sd_sampler *s);
+
+// ---------------------------------------------------------------- misc
+// Number of online CPU cores.
+int sd_n_cores(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,42 @@
+// common.h - small shared helpers for the specdec library (internal).
+// Error convention (house rule 4): library functions return 0 on success and
+// a negative value on error, writing a human-readable message into a caller
+// buffer (err, errlen). The library never prints and never exits.
+#ifndef SD_COMMON_H
+#define SD_COMMON_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+// Writes a formatted message into err (if non-NULL) and returns -1, so that
+// error paths read `return sd_err(err, errlen, "bad key '%s'", k);`.
+int sd_err(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+// Internal invariant check: names file and line, then aborts. Used only for
+// programming errors, never for bad input (bad input returns an error).
+#define SD_ASSERT(c)                                                          \
+    do {                                                                      \
+        if (!(c)) {                                                           \
+            fprintf(stderr, "specdec: assertion failed: %s (%s:%d)\n", #c,   \
+                    __FILE__, __LINE__);                                      \
+            abort();                                                          \
+        }                                                                     \
+    } while (0)
+
+// Monotonic wall clock in milliseconds.
+double sd_time_ms(void);
+
+// fp16 / bf16 <-> fp32 conversions (exact, scalar).
+float sd_fp16_to_fp32(uint16_t h);
+uint16_t sd_fp32_to_fp16(float f);
+float sd_bf16_to_fp32(uint16_t h);
+uint16_t sd_fp32_to_bf16(float f);
+
+#define SD_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define SD_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+#endif

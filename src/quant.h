@@ -1,0 +1,94 @@
+// quant.h - tensor types, block formats, dot-product kernels, batched matmul.
+//
+// Type ids and block layouts are those of the GGUF format (ggml numbering), so
+// GGUF files load without conversion. For each weight type there is:
+//   - a plain scalar reference: dequantize a row, quantize a row, and a dot
+//     product against the activation format (the "vec_dot_type");
+//   - optimized kernels (AVX2, AVX-512, VNNI) chosen at run time from the CPU.
+// Tests compare reference and optimized kernels on random blocks (rule 11).
+#ifndef SD_QUANT_H
+#define SD_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "threadpool.h"
+
+enum sd_type {
+    SD_TYPE_F32 = 0, SD_TYPE_F16 = 1, SD_TYPE_Q4_0 = 2, SD_TYPE_Q4_1 = 3,
+    SD_TYPE_Q5_0 = 6, SD_TYPE_Q5_1 = 7, SD_TYPE_Q8_0 = 8, SD_TYPE_Q8_1 = 9,
+    SD_TYPE_Q4_K = 12, SD_TYPE_Q5_K = 13, SD_TYPE_Q6_K = 14, SD_TYPE_Q8_K = 15,
+    SD_TYPE_BF16 = 30,
+    SD_TYPE_COUNT = 40,
+};
+
+// ---- block layouts (ggml-compatible; packed, little endian) ----
+#define SD_QK 32    // block size of the legacy quants
+#define SD_QK_K 256 // super-block size of the K-quants
+typedef struct { uint16_t d; int8_t qs[SD_QK]; } sd_block_q8_0;                       // 34 B
+typedef struct { uint16_t d; uint8_t qs[SD_QK / 2]; } sd_block_q4_0;                  // 18 B
+typedef struct { uint16_t d, m; uint8_t qs[SD_QK / 2]; } sd_block_q4_1;               // 20 B
+typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[SD_QK / 2]; } sd_block_q5_0;   // 22 B
+typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[SD_QK / 2]; } sd_block_q5_1; // 24 B
+typedef struct { float d, s; int8_t qs[SD_QK]; } sd_block_q8_1;  // activation format: s = d * sum(qs); (internal, 40 B)
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[SD_QK_K / 2]; } sd_block_q4_K;              // 144 B
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[SD_QK_K / 8]; uint8_t qs[SD_QK_K / 2]; } sd_block_q5_K; // 176 B
+typedef struct { uint8_t ql[SD_QK_K / 2]; uint8_t qh[SD_QK_K / 4]; int8_t scales[SD_QK_K / 16]; uint16_t d; } sd_block_q6_K; // 210 B
+typedef struct { float d; int8_t qs[SD_QK_K]; int16_t bsums[SD_QK_K / 16]; } sd_block_q8_K; // activation format, 292 B
+
+// Reference kernels, all scalar C.
+typedef void (*sd_to_float_fn)(const void *src, float *dst, int64_t n);   // n multiple of blck
+typedef void (*sd_from_float_fn)(const float *src, void *dst, int64_t n);
+// Dot product of one weight row (type T, n elements) with one activation row
+// already converted to traits[T].vec_dot_type.
+typedef float (*sd_vec_dot_fn)(int64_t n, const void *w, const void *x);
+// Optional tile kernel: for weight rows r in [r0, r1) and tokens t < n_tok,
+// y[t * ldy + r] = dot(row r of W, activation row t). W rows are w_row_bytes
+// apart; activation rows (already converted to vec_dot_type) are x_row_bytes
+// apart. Reads each weight block once for all tokens. NULL: sd_matmul falls
+// back to vec_dot per (row, token).
+typedef void (*sd_gemm_fn)(int64_t n_in, const void *W, size_t w_row_bytes, int64_t r0, int64_t r1,
+                           const void *xq, size_t x_row_bytes, int64_t n_tok, float *y, int64_t ldy);
+
+typedef struct {
+    const char *name;          // "Q4_K", ...
+    int blck;                  // elements per block
+    size_t tsize;              // bytes per block
+    int supported;             // 1 if specdec can compute with this type
+    int vec_dot_type;          // activation format for dots (Q8_0, Q8_1, Q8_K, F32, ...)
+    sd_to_float_fn to_float;   // reference dequantization
+    sd_from_float_fn from_float; // reference quantization (weights and activations)
+    sd_vec_dot_fn vec_dot_ref; // reference dot
+    sd_vec_dot_fn vec_dot;     // best available dot for this CPU (may equal ref)
+    sd_gemm_fn gemm;           // best available tile kernel, or NULL
+} sd_type_traits;
+
+// Traits for type t (a zero entry with supported=0 for unknown ids < SD_TYPE_COUNT);
+// NULL if t is out of range. Optimized pointers are set by sd_quant_init().
+const sd_type_traits *sd_type_get(int t);
+// Selects optimized kernels for this CPU; idempotent, thread-safe. Called by
+// model loading and by tests. force_ref=1 keeps every kernel scalar.
+void sd_quant_init(int force_ref);
+// Name of the selected kernel family, e.g. "avx512-vnni", "avx2", "scalar".
+const char *sd_quant_backend(void);
+// Bytes of a row of n elements (n must be a multiple of blck).
+size_t sd_row_size(int t, int64_t n);
+
+// Batched matrix multiply: y[t][r] = sum_k W[r][k] * x[t][k] for t < n_tok,
+// r < n_out. W has type wtype with rows of n_in elements (ne[0] = n_in).
+// x is (n_tok, n_in) float, y is (n_tok, n_out) float. Activations are
+// converted to the vec_dot_type once per call; every weight block is read once
+// for the whole batch; threads of the pool split the output rows.
+typedef struct sd_mm_ctx {
+    sd_pool *pool;    // may be NULL (single thread)
+    void *wbuf;       // scratch for converted activations
+    size_t wbuf_size; // bytes; at least sd_matmul_wsize(...) of every call
+} sd_mm_ctx;
+size_t sd_matmul_wsize(int wtype, int64_t n_in, int64_t n_tok);
+void sd_matmul(sd_mm_ctx *ctx, int wtype, const void *W, int64_t n_in, int64_t n_out,
+               const float *x, int64_t n_tok, float *y);
+// Same, scalar reference path (for tests).
+void sd_matmul_ref(int wtype, const void *W, int64_t n_in, int64_t n_out,
+                   const float *x, int64_t n_tok, float *y);
+
+#endif

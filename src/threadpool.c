@@ -1,0 +1,130 @@
+// threadpool.c - spinning worker pool with a sleeping fallback.
+#include "threadpool.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "common.h"
+
+struct sd_pool {
+    int n;                    // threads including the caller
+    pthread_t *th;            // (n - 1) workers
+    _Atomic unsigned gen;     // bumped once per job
+    _Atomic int n_done;       // workers finished with the current job
+    _Atomic int stop;
+    _Atomic int n_sleeping;   // workers blocked on cv
+    sd_task_fn fn;            // current job
+    void *arg;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+};
+
+typedef struct {
+    sd_pool *p;
+    int ith;
+} worker_arg;
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static void *worker_main(void *a) {
+    worker_arg wa = *(worker_arg *)a;
+    free(a);
+    sd_pool *p = wa.p;
+    unsigned seen = 0;
+    for (;;) {
+        unsigned g;
+        long spins = 0;
+        while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen &&
+               !atomic_load(&p->stop)) {
+            if (++spins < 200000) {
+                cpu_relax();
+            } else {
+                pthread_mutex_lock(&p->mu);
+                atomic_fetch_add(&p->n_sleeping, 1);
+                while (atomic_load(&p->gen) == seen && !atomic_load(&p->stop))
+                    pthread_cond_wait(&p->cv, &p->mu);
+                atomic_fetch_sub(&p->n_sleeping, 1);
+                pthread_mutex_unlock(&p->mu);
+                spins = 0;
+            }
+        }
+        if (atomic_load(&p->stop)) return NULL;
+        seen = g;
+        p->fn(p->arg, wa.ith, p->n);
+        atomic_fetch_add_explicit(&p->n_done, 1, memory_order_release);
+    }
+}
+
+sd_pool *sd_pool_new(int n_threads) {
+    if (n_threads < 1) n_threads = 1;
+    sd_pool *p = calloc(1, sizeof(*p));
+    if (!p) return NULL;
+    p->n = n_threads;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    p->th = calloc((size_t)n_threads, sizeof(pthread_t));
+    if (!p->th) {
+        free(p);
+        return NULL;
+    }
+    for (int i = 1; i < n_threads; i++) {
+        worker_arg *wa = malloc(sizeof(*wa));
+        if (!wa) {
+            p->n = i;
+            break;
+        }
+        wa->p = p;
+        wa->ith = i;
+        if (pthread_create(&p->th[i - 1], NULL, worker_main, wa) != 0) {
+            free(wa);
+            p->n = i;
+            break;
+        }
+    }
+    return p;
+}
+
+void sd_pool_free(sd_pool *p) {
+    if (!p) return;
+    pthread_mutex_lock(&p->mu);
+    atomic_store(&p->stop, 1);
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 1; i < p->n; i++) pthread_join(p->th[i - 1], NULL);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->cv);
+    free(p->th);
+    free(p);
+}
+
+int sd_pool_size(const sd_pool *p) { return p ? p->n : 1; }
+
+void sd_pool_run(sd_pool *p, sd_task_fn fn, void *arg) {
+    if (!p || p->n == 1) {
+        fn(arg, 0, 1);
+        return;
+    }
+    p->fn = fn;
+    p->arg = arg;
+    atomic_store_explicit(&p->n_done, 0, memory_order_relaxed);
+    atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
+    if (atomic_load(&p->n_sleeping) > 0) {
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_broadcast(&p->cv);
+        pthread_mutex_unlock(&p->mu);
+    }
+    fn(arg, 0, p->n);
+    while (atomic_load_explicit(&p->n_done, memory_order_acquire) != p->n - 1) cpu_relax();
+}
+
+void sd_split_range(long n, int ith, int nth, long *lo, long *hi) {
+    long per = n / nth, rem = n % nth;
+    *lo = ith * per + (ith < rem ? ith : rem);
+    *hi = *lo + per + (ith < rem ? 1 : 0);
+}

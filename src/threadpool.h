@@ -1,0 +1,24 @@
+// threadpool.h - one pool of worker threads, explicit (house rule 8).
+// sd_pool_run(p, fn, arg) calls fn(arg, ith, nth) on every thread of the pool,
+// the caller being thread 0, and returns when all have finished. Workers spin
+// briefly between jobs (a forward pass issues hundreds of small jobs, and a
+// condition-variable wake-up per job would cost more than the job), then fall
+// back to sleeping so an idle pool does not burn the CPU.
+#ifndef SD_THREADPOOL_H
+#define SD_THREADPOOL_H
+
+typedef struct sd_pool sd_pool;
+typedef void (*sd_task_fn)(void *arg, int ith, int nth);
+
+// Creates a pool of n_threads (>= 1; 1 means the caller alone). NULL on failure.
+sd_pool *sd_pool_new(int n_threads);
+void sd_pool_free(sd_pool *p);
+int sd_pool_size(const sd_pool *p);
+// Runs fn on all threads (caller included) and waits. Not reentrant: fn must
+// not call sd_pool_run on the same pool. p may be NULL: fn(arg, 0, 1).
+void sd_pool_run(sd_pool *p, sd_task_fn fn, void *arg);
+
+// Splits [0, n) into nth nearly equal contiguous parts; part ith is [*lo, *hi).
+void sd_split_range(long n, int ith, int nth, long *lo, long *hi);
+
+#endif
