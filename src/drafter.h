@@ -33,6 +33,7 @@ typedef struct sd_drafter_vt {
                   int32_t bonus, char *err, size_t errlen);
     // Forgets all state (new sequence).
     void (*reset)(sd_drafter *d);
+    // Releases impl and the sd_drafter itself.
     void (*free)(sd_drafter *d);
 } sd_drafter_vt;
 
@@ -40,5 +41,10 @@ struct sd_drafter {
     const sd_drafter_vt *vt;
     void *impl;   // owned by the drafter
 };
+
+// Frees any drafter through its vtable (NULL is fine).
+static inline void sd_drafter_free(sd_drafter *d) {
+    if (d && d->vt && d->vt->free) d->vt->free(d);
+}
 
 #endif

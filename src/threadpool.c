@@ -42,8 +42,10 @@ static void *worker_main(void *a) {
         long spins = 0;
         while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen &&
                !atomic_load(&p->stop)) {
-            if (++spins < 200000) {
+            if (++spins < 2000) {
                 cpu_relax();
+            } else if (spins < 20000) {
+                sched_yield(); // let a descheduled peer run on a busy machine
             } else {
                 pthread_mutex_lock(&p->mu);
                 atomic_fetch_add(&p->n_sleeping, 1);
@@ -120,7 +122,13 @@ void sd_pool_run(sd_pool *p, sd_task_fn fn, void *arg) {
         pthread_mutex_unlock(&p->mu);
     }
     fn(arg, 0, p->n);
-    while (atomic_load_explicit(&p->n_done, memory_order_acquire) != p->n - 1) cpu_relax();
+    long spins = 0;
+    while (atomic_load_explicit(&p->n_done, memory_order_acquire) != p->n - 1) {
+        if (++spins < 2000)
+            cpu_relax();
+        else
+            sched_yield();
+    }
 }
 
 void sd_split_range(long n, int ith, int nth, long *lo, long *hi) {

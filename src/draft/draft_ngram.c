@@ -1,0 +1,379 @@
+// draft_ngram.c - prompt lookup over the committed text plus optional
+// REST-style retrieval from a corpus suffix array.
+//
+// The index. Every committed position e is the end of the n-grams
+// text[e-n+1..e] for n = 1..N. One open-addressing hash table maps (n,
+// n-gram hash) to the newest end position; prev[n-1][e] links each end
+// position to the previous one with the same n-gram, so the occurrences of an
+// n-gram are a chain from newest to oldest. Appending a token costs N table
+// probes; nothing is ever rescanned. The drafter keeps its own copy of the
+// committed text: propose appends what it has not seen (the whole prompt at
+// the first step), accept appends the accepted tokens and the bonus, and a
+// text that no longer extends the copy (a new sequence without reset) clears
+// the index.
+//
+// The proposal. Continuations of the matches go into a trie whose node
+// weights are the summed weights of the continuations through them. A
+// parent is at least as heavy as its children and was created before them,
+// so ordering the trie nodes by (weight desc, creation asc) lists parents
+// first: taking nodes in that order while the branch budget and the node
+// limit allow gives a tree closed under ancestors.
+#include "draft_ngram.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common.h"
+#include "../suffix.h"
+
+sd_draft_ngram_params sd_draft_ngram_default_params(void) {
+    sd_draft_ngram_params p;
+    memset(&p, 0, sizeof p);
+    p.n_max = 3;
+    p.k_max = 8;
+    p.max_branches = 4;
+    p.max_matches = 16;
+    p.ctx_weight = 2;
+    p.n_ctx = 4096;
+    p.datastore = NULL;
+    p.ds_max_matches = 32;
+    p.ds_min_n = 1;
+    return p;
+}
+
+typedef struct ng_entry {
+    uint64_t key;   // hash of the n-gram (n mixed in)
+    int32_t head;   // newest end position, -1: empty slot
+    int32_t n;      // n-gram length
+} ng_entry;
+
+typedef struct ng {
+    sd_draft_ngram_params p;
+    sd_datastore *ds;      // owned, or NULL
+    // Committed text and its index.
+    int32_t *hist;         // (cap) the committed text as far as seen
+    int n_hist;
+    int cap;               // positions the index is sized for
+    int32_t *prev;         // (n_max, cap) previous end position of the same n-gram, -1: none
+    ng_entry *tab;         // (tab_mask + 1)
+    uint32_t tab_mask;
+    int tab_dirty;         // tab holds entries of a forgotten text
+    // Trie of continuations (rebuilt each step).
+    int trie_cap;
+    int n_trie;
+    int32_t *t_tok;        // (trie_cap) token; node 0 is the root
+    int32_t *t_par;        // (trie_cap) parent
+    int32_t *t_child;      // (trie_cap) first child, -1 none
+    int32_t *t_sib;        // (trie_cap) next sibling, -1 none
+    int64_t *t_w;          // (trie_cap) summed weight of the continuations through the node
+    int32_t *t_order;      // (trie_cap) nodes by weight
+    int32_t *t_sel;        // (trie_cap) tree node of a trie node, -1 not taken
+    int32_t *t_nch;        // (trie_cap) children taken into the tree
+    // Last proposal, for inspection.
+    int last_n, last_ctx, last_ds;
+} ng;
+
+static uint64_t ng_mix(uint64_t h, int32_t t) {
+    h = (h ^ (uint32_t)t) * 0x9E3779B97F4A7C15ull;
+    return h ^ (h >> 29);
+}
+static uint64_t ng_key(uint64_t h, int n) { return h ^ ((uint64_t)n * 0xD6E8FEB86659FD93ull); }
+static uint32_t ng_slot0(uint64_t key, uint32_t mask) { return (uint32_t)(key ^ (key >> 32)) & mask; }
+
+static void ng_clear_tab(ng *g) {
+    for (uint32_t i = 0; i <= g->tab_mask; i++) g->tab[i].head = -1;
+    g->tab_dirty = 0;
+}
+
+// Indexes position e (hist[e] already stored).
+static void ng_index(ng *g, int e) {
+    uint64_t h = 0x243F6A8885A308D3ull;
+    int nmax = SD_MIN(g->p.n_max, e + 1);
+    for (int n = 1; n <= nmax; n++) {
+        h = ng_mix(h, g->hist[e - n + 1]);
+        uint64_t key = ng_key(h, n);
+        uint32_t s = ng_slot0(key, g->tab_mask);
+        while (g->tab[s].head >= 0 && (g->tab[s].key != key || g->tab[s].n != n)) s = (s + 1) & g->tab_mask;
+        g->prev[(size_t)(n - 1) * (size_t)g->cap + (size_t)e] = g->tab[s].head;
+        g->tab[s].key = key;
+        g->tab[s].n = n;
+        g->tab[s].head = e;
+    }
+}
+
+// Sizes the index for cap positions and re-indexes the text (amortised
+// doubling; also the first allocation).
+static int ng_grow(ng *g, int cap) {
+    uint32_t tcap = 1024;
+    while (tcap < 2u * (uint32_t)g->p.n_max * (uint32_t)cap) tcap <<= 1;
+    int32_t *hist = realloc(g->hist, sizeof(int32_t) * (size_t)cap);
+    if (!hist) return -1;
+    g->hist = hist;
+    int32_t *prev = malloc(sizeof(int32_t) * (size_t)g->p.n_max * (size_t)cap);
+    ng_entry *tab = malloc(sizeof(ng_entry) * tcap);
+    if (!prev || !tab) {
+        free(prev);
+        free(tab);
+        return -1;
+    }
+    free(g->prev);
+    free(g->tab);
+    g->prev = prev;
+    g->tab = tab;
+    g->tab_mask = tcap - 1;
+    g->cap = cap;
+    ng_clear_tab(g);
+    for (int e = 0; e < g->n_hist; e++) ng_index(g, e);
+    return 0;
+}
+
+static int ng_append(ng *g, int32_t t) {
+    if (g->n_hist == g->cap && (g->cap > INT32_MAX / 2 || ng_grow(g, g->cap * 2) < 0)) return -1;
+    g->hist[g->n_hist] = t;
+    ng_index(g, g->n_hist++);
+    return 0;
+}
+
+// ------------------------------------------------------------------ trie
+static void trie_reset(ng *g) {
+    g->n_trie = 1;
+    g->t_tok[0] = -1;
+    g->t_par[0] = -1;
+    g->t_child[0] = -1;
+    g->t_sib[0] = -1;
+    g->t_w[0] = 0;
+}
+
+static void trie_insert(ng *g, const int32_t *c, int len, int w) {
+    int cur = 0;
+    g->t_w[0] += w;
+    for (int j = 0; j < len; j++) {
+        int ch = g->t_child[cur];
+        while (ch >= 0 && g->t_tok[ch] != c[j]) ch = g->t_sib[ch];
+        if (ch < 0) {
+            if (g->n_trie >= g->trie_cap) return;
+            ch = g->n_trie++;
+            g->t_tok[ch] = c[j];
+            g->t_par[ch] = cur;
+            g->t_child[ch] = -1;
+            g->t_w[ch] = 0;
+            // Appended at the end of the sibling list: creation order.
+            g->t_sib[ch] = -1;
+            if (g->t_child[cur] < 0) g->t_child[cur] = ch;
+            else {
+                int s = g->t_child[cur];
+                while (g->t_sib[s] >= 0) s = g->t_sib[s];
+                g->t_sib[s] = ch;
+            }
+        }
+        g->t_w[ch] += w;
+        cur = ch;
+    }
+}
+
+// a before b: heavier first, then created first.
+static int trie_before(const ng *g, int32_t a, int32_t b) {
+    return g->t_w[a] > g->t_w[b] || (g->t_w[a] == g->t_w[b] && a < b);
+}
+
+static void trie_sort(ng *g, int32_t *idx, int n) {   // shell sort: no allocation
+    static const int gaps[] = {701, 301, 132, 57, 23, 10, 4, 1};
+    for (size_t gi = 0; gi < sizeof gaps / sizeof *gaps; gi++) {
+        int gap = gaps[gi];
+        for (int i = gap; i < n; i++) {
+            int32_t v = idx[i];
+            int j = i;
+            while (j >= gap && trie_before(g, v, idx[j - gap])) {
+                idx[j] = idx[j - gap];
+                j -= gap;
+            }
+            idx[j] = v;
+        }
+    }
+}
+
+// ------------------------------------------------------------------ vtable
+static int ng_propose(sd_drafter *dr, const sd_draft_ctx *ctx, sd_tree *tree, char *err, size_t errlen) {
+    ng *g = dr->impl;
+    const int L = ctx->n_tokens;
+    g->last_n = g->last_ctx = g->last_ds = 0;
+    // Bring the index up to the committed text.
+    if (g->n_hist > L || (g->n_hist > 0 && (g->hist[0] != ctx->tokens[0] ||
+                                             g->hist[g->n_hist - 1] != ctx->tokens[g->n_hist - 1]))) {
+        g->n_hist = 0;
+        g->tab_dirty = 1;
+    }
+    if (g->tab_dirty) ng_clear_tab(g);
+    for (int i = g->n_hist; i < L; i++)
+        if (ng_append(g, ctx->tokens[i]) < 0) return sd_err(err, errlen, "n-gram drafter: out of memory");
+    int max_nodes = ctx->max_nodes > 0 ? SD_MIN(ctx->max_nodes, tree->cap) : tree->cap;
+    if (L < 1 || max_nodes <= 1) return 0;
+    const int K = g->p.k_max;
+    const int32_t *h = g->hist;
+    trie_reset(g);
+
+    // Prompt lookup: the longest n (<= N) whose n-gram ending at L-1 occurred before.
+    uint64_t hh = 0x243F6A8885A308D3ull;
+    uint64_t keys[SD_NGRAM_MAX_N + 1];
+    int nmax = SD_MIN(g->p.n_max, L - 1);
+    for (int n = 1; n <= nmax; n++) keys[n] = ng_key(hh = ng_mix(hh, h[L - n]), n);
+    for (int n = nmax; n >= 1 && g->last_ctx == 0; n--) {
+        uint32_t s = ng_slot0(keys[n], g->tab_mask);
+        while (g->tab[s].head >= 0 && (g->tab[s].key != keys[n] || g->tab[s].n != n)) s = (s + 1) & g->tab_mask;
+        const int32_t *prev = g->prev + (size_t)(n - 1) * (size_t)g->cap;
+        for (int e = g->tab[s].head; e >= 0 && g->last_ctx < g->p.max_matches; e = prev[e]) {
+            if (e >= L - 1) continue;   // the final position itself
+            int same = 1;
+            for (int j = 0; j < n && same; j++) same = h[e - j] == h[L - 1 - j];
+            if (!same) continue;   // hash collision
+            int len = SD_MIN(K, L - 1 - e);
+            trie_insert(g, h + e + 1, len, g->p.ctx_weight);
+            g->last_ctx++;
+        }
+        if (g->last_ctx) g->last_n = n;
+    }
+
+    // Retrieval: the longest suffix (<= N tokens) present in the corpus.
+    if (g->ds) {
+        const sd_datastore *ds = g->ds;
+        for (int m = SD_MIN(g->p.n_max, L); m >= SD_MAX(1, g->p.ds_min_n) && g->last_ds == 0; m--) {
+            int64_t lo, hi;
+            sd_sa_range(ds->tok, ds->n, ds->sa, h + L - m, m, &lo, &hi);
+            int64_t cnt = hi - lo;
+            if (cnt <= 0) continue;
+            int take = (int)SD_MIN(cnt, (int64_t)g->p.ds_max_matches);
+            for (int i = 0; i < take; i++) {
+                int64_t p = ds->sa[lo + (int64_t)i * cnt / take] + (int64_t)m;   // spread over the range
+                int len = (int)SD_MIN((int64_t)K, ds->n - p);
+                if (len <= 0) continue;
+                trie_insert(g, ds->tok + p, len, 1);
+                g->last_ds++;
+            }
+        }
+    }
+    if (g->n_trie <= 1) return 0;
+
+    // Heaviest trie nodes first, within the branch budget and the node limit.
+    int n_ord = 0;
+    for (int i = 1; i < g->n_trie; i++) g->t_order[n_ord++] = i;
+    trie_sort(g, g->t_order, n_ord);
+    for (int i = 0; i < g->n_trie; i++) g->t_sel[i] = -1, g->t_nch[i] = 0;
+    g->t_sel[0] = 0;
+    int leaves = 0;
+    for (int o = 0; o < n_ord && tree->n < max_nodes; o++) {
+        int x = g->t_order[o], par = g->t_par[x];
+        if (g->t_sel[par] < 0) continue;
+        int inc = g->t_nch[par] > 0 || par == 0;
+        if (leaves + inc > g->p.max_branches) continue;
+        float pr = (float)((double)g->t_w[x] / (double)g->t_w[par]);
+        int id = sd_tree_add(tree, g->t_sel[par], g->t_tok[x], pr);
+        if (id < 0) break;
+        g->t_sel[x] = id;
+        g->t_nch[par]++;
+        leaves += inc;
+    }
+    return 0;
+}
+
+static int ng_accept(sd_drafter *dr, const sd_tree *tree, const int32_t *path, int n_path, int32_t bonus,
+                     char *err, size_t errlen) {
+    ng *g = dr->impl;
+    if (g->n_hist == 0 || g->hist[g->n_hist - 1] != tree->token[0]) {   // not in step: resync at propose
+        g->n_hist = 0;
+        g->tab_dirty = 1;
+        return 0;
+    }
+    for (int k = 1; k < n_path; k++)
+        if (ng_append(g, tree->token[path[k]]) < 0) return sd_err(err, errlen, "n-gram drafter: out of memory");
+    if (ng_append(g, bonus) < 0) return sd_err(err, errlen, "n-gram drafter: out of memory");
+    return 0;
+}
+
+static void ng_reset(sd_drafter *dr) {
+    ng *g = dr->impl;
+    g->n_hist = 0;
+    g->tab_dirty = 1;
+}
+
+static void ng_free(sd_drafter *dr) {
+    if (!dr) return;
+    ng *g = dr->impl;
+    if (g) {
+        sd_datastore_free(g->ds);
+        free(g->hist);
+        free(g->prev);
+        free(g->tab);
+        free(g->t_tok);
+        free(g->t_par);
+        free(g->t_child);
+        free(g->t_sib);
+        free(g->t_w);
+        free(g->t_order);
+        free(g->t_sel);
+        free(g->t_nch);
+        free(g);
+    }
+    free(dr);
+}
+
+static const sd_drafter_vt ng_vt = {"ngram", ng_propose, ng_accept, ng_reset, ng_free};
+
+const char *sd_draft_ngram_note(const sd_drafter *d) {
+    if (!d || d->vt != &ng_vt) return "";
+    const ng *g = d->impl;
+    return g->ds ? g->ds->note : "";
+}
+
+void sd_draft_ngram_last(const sd_drafter *d, int *n_matched, int *n_ctx_matches, int *n_ds_matches) {
+    const ng *g = d && d->vt == &ng_vt ? d->impl : NULL;
+    if (n_matched) *n_matched = g ? g->last_n : 0;
+    if (n_ctx_matches) *n_ctx_matches = g ? g->last_ctx : 0;
+    if (n_ds_matches) *n_ds_matches = g ? g->last_ds : 0;
+}
+
+int sd_draft_ngram_new(sd_drafter **out, const sd_draft_ngram_params *pp, const sd_tokenizer *tok, char *err,
+                       size_t errlen) {
+    *out = NULL;
+    sd_draft_ngram_params p = pp ? *pp : sd_draft_ngram_default_params();
+    if (p.n_max < 1 || p.n_max > SD_NGRAM_MAX_N)
+        return sd_err(err, errlen, "n-gram drafter: N must be in 1..%d (got %d)", SD_NGRAM_MAX_N, p.n_max);
+    if (p.k_max < 1 || p.k_max > 256) return sd_err(err, errlen, "n-gram drafter: K must be in 1..256 (got %d)", p.k_max);
+    if (p.max_branches < 1) p.max_branches = 1;
+    if (p.max_matches < 1) p.max_matches = 1;
+    if (p.ctx_weight < 1) p.ctx_weight = 1;
+    if (p.n_ctx < 16) p.n_ctx = 16;
+    if (p.ds_max_matches < 1) p.ds_max_matches = 1;
+    if (p.datastore && !tok) return sd_err(err, errlen, "n-gram drafter: a datastore needs the tokenizer");
+    sd_drafter *dr = calloc(1, sizeof *dr);
+    ng *g = calloc(1, sizeof *g);
+    if (!dr || !g) {
+        free(dr);
+        free(g);
+        return sd_err(err, errlen, "n-gram drafter: out of memory");
+    }
+    g->p = p;
+    g->p.datastore = NULL;   // not kept: the caller's string
+    dr->vt = &ng_vt;
+    dr->impl = g;
+    g->trie_cap = 1 + (p.max_matches + (p.datastore ? p.ds_max_matches : 0)) * p.k_max;
+    size_t tc = (size_t)g->trie_cap;
+    g->t_tok = malloc(sizeof(int32_t) * tc);
+    g->t_par = malloc(sizeof(int32_t) * tc);
+    g->t_child = malloc(sizeof(int32_t) * tc);
+    g->t_sib = malloc(sizeof(int32_t) * tc);
+    g->t_w = malloc(sizeof(int64_t) * tc);
+    g->t_order = malloc(sizeof(int32_t) * tc);
+    g->t_sel = malloc(sizeof(int32_t) * tc);
+    g->t_nch = malloc(sizeof(int32_t) * tc);
+    if (!g->t_tok || !g->t_par || !g->t_child || !g->t_sib || !g->t_w || !g->t_order || !g->t_sel || !g->t_nch ||
+        ng_grow(g, p.n_ctx) < 0) {
+        ng_free(dr);
+        return sd_err(err, errlen, "n-gram drafter: out of memory");
+    }
+    if (p.datastore && sd_datastore_open(&g->ds, p.datastore, tok, err, errlen) < 0) {
+        ng_free(dr);
+        return -1;
+    }
+    *out = dr;
+    return 0;
+}

@@ -1,0 +1,65 @@
+// draft_ngram.h - the prompt-lookup / retrieval drafter (no draft model).
+//
+// Usage (CLI `--draft-ngram N,K [--datastore FILE]`, bench method `ngram:N-K`):
+//
+//   sd_draft_ngram_params np = sd_draft_ngram_default_params();
+//   np.n_max = N;  np.k_max = K;            // from "N,K" / "N-K"
+//   np.datastore = path_or_NULL;            // --datastore FILE (indexed to FILE.sdsa on first use)
+//   sd_drafter *d;
+//   if (sd_draft_ngram_new(&d, &np, sd_model_tokenizer(target), err, sizeof err) < 0) { print err; fail }
+//   if (np.datastore) puts(sd_draft_ngram_note(d));   // "datastore: loaded ..." / "indexed ..."
+//   sd_spec_generate(session, sampler, d, prompt, n_prompt, &sp, cb, user, &stats, err, sizeof err);
+//   sd_drafter_free(d);
+//
+// tok may be NULL when no datastore is used. The drafter can be combined with
+// a draft model through sd_draft_merge_new (draft_model.h).
+//
+// What it proposes at each step: the last n tokens of the committed text
+// (n = n_max down to 1, the first n with an earlier occurrence wins) are
+// looked up in an incremental hash index of the whole committed text (prompt
+// and generated tokens, the final position itself excluded); the up to
+// max_matches most recent occurrences give continuations of up to k_max
+// tokens. With a datastore, the longest suffix of the text (up to n_max
+// tokens) found in the corpus's suffix array gives up to ds_max_matches more
+// continuations. All continuations go into one trie weighted by frequency
+// (context matches weigh ctx_weight, corpus matches 1); the tree keeps the
+// heaviest trie nodes first (ties: most recent match first), at most
+// max_branches distinct continuations and at most the step's node limit.
+// Children are deterministic (SD_CHILDREN_ANY), so stochastic verification
+// stays lossless.
+#ifndef SD_DRAFT_NGRAM_H
+#define SD_DRAFT_NGRAM_H
+
+#include "../drafter.h"
+
+#define SD_NGRAM_MAX_N 16   // largest n_max
+
+typedef struct sd_draft_ngram_params {
+    int n_max;            // N: longest n-gram matched (1..SD_NGRAM_MAX_N); default 3
+    int k_max;            // K: most tokens of one continuation; default 8
+    int max_branches;     // most distinct continuations in one tree; default 4 (1 = a chain)
+    int max_matches;      // context occurrences examined per step (most recent first); default 16
+    int ctx_weight;       // weight of a context match in the trie (a corpus match weighs 1); default 2
+    int n_ctx;            // committed tokens the index is sized for up front (grows by doubling); default 4096
+    const char *datastore;  // corpus text file for retrieval, or NULL (default); its index is FILE.sdsa
+    int ds_max_matches;   // corpus occurrences used per step (spread over the match range); default 32
+    int ds_min_n;         // shortest corpus match used; default 1
+} sd_draft_ngram_params;
+
+sd_draft_ngram_params sd_draft_ngram_default_params(void);
+
+// Creates the n-gram drafter. With p->datastore, opens (builds or loads) the
+// corpus index with tok (required then). Returns 0 with *out set, or <0 with
+// a message (bad parameters, datastore errors, out of memory).
+int sd_draft_ngram_new(sd_drafter **out, const sd_draft_ngram_params *p, const sd_tokenizer *tok, char *err,
+                       size_t errlen);
+
+// What happened to the datastore ("" without one): loaded or (re)built and why.
+const char *sd_draft_ngram_note(const sd_drafter *d);
+
+// Inspection for tests and tools (d must be an n-gram drafter): the n that
+// matched at the last propose (0: none), and the number of context
+// continuations and corpus continuations it used.
+void sd_draft_ngram_last(const sd_drafter *d, int *n_matched, int *n_ctx_matches, int *n_ds_matches);
+
+#endif

@@ -1,0 +1,438 @@
+// forward.c - one batched forward pass over a token tree (or chain).
+//
+// All nodes of a batch go through every weight matrix together (one sd_matmul
+// per weight per layer), so the weights are streamed from memory once per call
+// whatever the batch size. Attention honours the tree: node i sees the
+// committed cache [0, n_past) plus its ancestors in the batch and itself. The
+// K/V rows of node i are written at slot n_past + i (RoPE already applied with
+// the node's own position), so a later sd_session_commit only has to move rows.
+#include <math.h>
+#include <string.h>
+
+#include "common.h"
+#include "session.h"
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define SD_FWD_AVX2 1
+#endif
+
+// ---------------------------------------------------------------- small vector helpers
+// Each helper has a plain C version; the AVX2 versions are used when the
+// compiler targets AVX2 + FMA (the Makefile builds with -march=native).
+
+#ifdef SD_FWD_AVX2
+// exp(x) for 8 floats: range reduction to r in [-ln2/2, ln2/2], degree-6
+// polynomial, scaling by 2^n through the exponent bits. Relative error
+// ~2e-7 over the float range; inputs below -87 give 0 (softmax, silu).
+static inline __m256 exp8(__m256 x) {
+    const __m256 hi = _mm256_set1_ps(88.3762626647949f), lo = _mm256_set1_ps(-87.3365478515625f);
+    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+static inline float hsum8(__m256 v) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+#endif
+
+// out[r] = scale * dot(q, row r) for n rows of dimension d; row r starts at
+// base + (idx ? idx[r] : r) * stride. Returns max(mx, the scores).
+static float scores_rows(const float *q, const float *base, size_t stride, const int32_t *idx, int n, int d,
+                         float scale, float *out, float mx) {
+    int r = 0;
+#ifdef SD_FWD_AVX2
+    if (d % 8 == 0) {
+        // Eight rows at a time; one horizontal reduction gives all eight dots.
+        __m256 vmx = _mm256_set1_ps(mx);
+        for (; r + 8 <= n; r += 8) {
+            const float *k0, *k1, *k2, *k3, *k4, *k5, *k6, *k7;
+            if (idx) {
+                k0 = base + (size_t)idx[r] * stride, k1 = base + (size_t)idx[r + 1] * stride;
+                k2 = base + (size_t)idx[r + 2] * stride, k3 = base + (size_t)idx[r + 3] * stride;
+                k4 = base + (size_t)idx[r + 4] * stride, k5 = base + (size_t)idx[r + 5] * stride;
+                k6 = base + (size_t)idx[r + 6] * stride, k7 = base + (size_t)idx[r + 7] * stride;
+            } else {
+                k0 = base + (size_t)r * stride, k1 = k0 + stride, k2 = k1 + stride, k3 = k2 + stride;
+                k4 = k3 + stride, k5 = k4 + stride, k6 = k5 + stride, k7 = k6 + stride;
+            }
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+            for (int c = 0; c < d; c += 8) {
+                __m256 qv = _mm256_loadu_ps(q + c);
+                a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + c), a0);
+                a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + c), a1);
+                a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + c), a2);
+                a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + c), a3);
+                a4 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k4 + c), a4);
+                a5 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k5 + c), a5);
+                a6 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k6 + c), a6);
+                a7 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k7 + c), a7);
+            }
+            __m256 h01 = _mm256_hadd_ps(a0, a1), h23 = _mm256_hadd_ps(a2, a3);
+            __m256 h45 = _mm256_hadd_ps(a4, a5), h67 = _mm256_hadd_ps(a6, a7);
+            __m256 h0 = _mm256_hadd_ps(h01, h23), h1 = _mm256_hadd_ps(h45, h67);
+            __m256 v = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
+            v = _mm256_mul_ps(v, _mm256_set1_ps(scale));
+            _mm256_storeu_ps(out + r, v);
+            vmx = _mm256_max_ps(vmx, v);
+        }
+        for (; r < n; r++) {
+            const float *k = base + (size_t)(idx ? idx[r] : r) * stride;
+            __m256 acc = _mm256_setzero_ps();
+            for (int c = 0; c < d; c += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), _mm256_loadu_ps(k + c), acc);
+            // Reduce in exactly the order of the eight-row hadd path above, so
+            // that a key's score does not depend on whether it fell into a
+            // group of eight: batched and one-token forwards stay bit-identical.
+            float l[8];
+            _mm256_storeu_ps(l, acc);
+            out[r] = (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))) * scale;
+            if (out[r] > mx) mx = out[r];
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmx), _mm256_extractf128_ps(vmx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        float m8 = _mm_cvtss_f32(m4);
+        return m8 > mx ? m8 : mx;
+    }
+#endif
+    for (; r < n; r++) {
+        const float *k = base + (size_t)(idx ? idx[r] : r) * stride;
+        float acc[4] = {0, 0, 0, 0};
+        int c = 0;
+        for (; c + 4 <= d; c += 4)
+            for (int t = 0; t < 4; t++) acc[t] += q[c + t] * k[c + t];
+        float sum = acc[0] + acc[1] + acc[2] + acc[3];
+        for (; c < d; c++) sum += q[c] * k[c];
+        out[r] = sum * scale;
+        if (out[r] > mx) mx = out[r];
+    }
+    return mx;
+}
+
+// sc[j] = exp(sc[j] - mx) for j < n; returns the sum.
+static float softmax_exp(float *sc, int n, float mx) {
+    int j = 0;
+    float sum = 0.0f;
+#ifdef SD_FWD_AVX2
+    __m256 vm = _mm256_set1_ps(mx), vs = _mm256_setzero_ps();
+    for (; j + 8 <= n; j += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), vm));
+        _mm256_storeu_ps(sc + j, e);
+        vs = _mm256_add_ps(vs, e);
+    }
+    sum = hsum8(vs);
+#endif
+    for (; j < n; j++) {
+        sc[j] = expf(sc[j] - mx);
+        sum += sc[j];
+    }
+    return sum;
+}
+
+// o[0..d) += sum_r p[r] * row r (rows addressed as in scores_rows).
+static void accum_rows(float *o, const float *p, const float *base, size_t stride, const int32_t *idx, int n,
+                       int d) {
+    int c = 0;
+#ifdef SD_FWD_AVX2
+    // 32 output dims at a time stay in registers over all rows.
+    for (; c + 32 <= d; c += 32) {
+        __m256 a0 = _mm256_loadu_ps(o + c), a1 = _mm256_loadu_ps(o + c + 8);
+        __m256 a2 = _mm256_loadu_ps(o + c + 16), a3 = _mm256_loadu_ps(o + c + 24);
+        for (int r = 0; r < n; r++) {
+            const float *v = base + (size_t)(idx ? idx[r] : r) * stride + c;
+            __m256 pr = _mm256_set1_ps(p[r]);
+            a0 = _mm256_fmadd_ps(pr, _mm256_loadu_ps(v), a0);
+            a1 = _mm256_fmadd_ps(pr, _mm256_loadu_ps(v + 8), a1);
+            a2 = _mm256_fmadd_ps(pr, _mm256_loadu_ps(v + 16), a2);
+            a3 = _mm256_fmadd_ps(pr, _mm256_loadu_ps(v + 24), a3);
+        }
+        _mm256_storeu_ps(o + c, a0);
+        _mm256_storeu_ps(o + c + 8, a1);
+        _mm256_storeu_ps(o + c + 16, a2);
+        _mm256_storeu_ps(o + c + 24, a3);
+    }
+#endif
+    if (c < d)
+        for (int r = 0; r < n; r++) {
+            const float *v = base + (size_t)(idx ? idx[r] : r) * stride;
+            for (int k = c; k < d; k++) o[k] += p[r] * v[k];
+        }
+}
+
+// out = x / rms(x) * w over n elements.
+static void rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
+    float acc[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) acc[k] += x[i + k] * x[i + k];
+    float ss = 0;
+    for (int k = 0; k < 8; k++) ss += acc[k];
+    for (; i < n; i++) ss += x[i] * x[i];
+    float r = 1.0f / sqrtf(ss / (float)n + eps);
+    for (i = 0; i < n; i++) out[i] = x[i] * r * w[i];
+}
+
+// Rotates the first n_rot dims of each of n_heads heads of one row.
+static void rope_row(float *row, int n_heads, int head_dim, int n_rot, int type, const float *cs) {
+    const int half = n_rot / 2;
+    for (int h = 0; h < n_heads; h++) {
+        float *v = row + (size_t)h * head_dim;
+        if (type == SD_ROPE_NORM) {
+            for (int k = 0; k < half; k++) {
+                float c = cs[2 * k], s = cs[2 * k + 1];
+                float a = v[2 * k], b = v[2 * k + 1];
+                v[2 * k] = a * c - b * s;
+                v[2 * k + 1] = a * s + b * c;
+            }
+        } else {
+            for (int k = 0; k < half; k++) {
+                float c = cs[2 * k], s = cs[2 * k + 1];
+                float a = v[k], b = v[k + half];
+                v[k] = a * c - b * s;
+                v[k + half] = a * s + b * c;
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------- parallel tasks
+
+// Below this many multiply-adds a task runs on the calling thread: waking the
+// pool costs a few microseconds, more than the work (single-token decoding
+// with a short context).
+#define SD_FWD_PAR_MIN 65536
+
+typedef struct {
+    sd_session *s;
+    int layer;
+    int n;      // batch nodes
+} fwd_job;
+
+// Attention for items (node i, query head h), split across threads: scores
+// against the committed rows and the node's ancestors, softmax, weighted sum
+// of the value rows.
+static void attention_task(void *arg, int ith, int nth) {
+    const fwd_job *job = arg;
+    sd_session *s = job->s;
+    const sd_hparams *hp = &s->m->hp;
+    const int hd = hp->head_dim, n_head = hp->n_head, grp = hp->n_head / hp->n_head_kv;
+    const int kvd = s->kv_dim, n_past = s->n_past, nb = s->n_batch;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const float *kc = s->k_cache + (size_t)job->layer * s->n_ctx * kvd;
+    const float *vc = s->v_cache + (size_t)job->layer * s->n_ctx * kvd;
+    float *sc = s->att_scores + (size_t)ith * (size_t)(s->n_ctx + 16);
+    long lo, hi;
+    sd_split_range((long)job->n * n_head, ith, nth, &lo, &hi);
+    for (long it = lo; it < hi; it++) {
+        const int i = (int)(it / n_head), h = (int)(it % n_head), g = h / grp;
+        const float *q = s->q + (size_t)i * s->q_dim + (size_t)h * hd;
+        const float *kb = kc + (size_t)g * hd, *vb = vc + (size_t)g * hd;
+        const float *kb_new = kb + (size_t)n_past * kvd, *vb_new = vb + (size_t)n_past * kvd;
+        const int32_t *anc = s->anc + (size_t)i * nb;
+        const int na = s->n_anc[i];
+        float mx = scores_rows(q, kb, (size_t)kvd, NULL, n_past, hd, scale, sc, -INFINITY);
+        mx = scores_rows(q, kb_new, (size_t)kvd, anc, na, hd, scale, sc + n_past, mx);
+        const int tot = n_past + na;
+        const float inv = 1.0f / softmax_exp(sc, tot, mx);
+        for (int j = 0; j < tot; j++) sc[j] *= inv;
+        float *o = s->att + (size_t)i * s->q_dim + (size_t)h * hd;
+        memset(o, 0, (size_t)hd * sizeof(float));
+        accum_rows(o, sc, vb, (size_t)kvd, NULL, n_past, hd);
+        accum_rows(o, sc + n_past, vb_new, (size_t)kvd, anc, na, hd);
+    }
+}
+
+// silu(g) * u over n elements; element-wise, so each element's result is the
+// same wherever it sits (the partial last group goes through the same vector
+// code via a padded copy): batch invariance.
+static void swiglu_span(float *g, const float *u, long n) {
+    long k = 0;
+#ifdef SD_FWD_AVX2
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    for (; k < n; k += 8) {
+        float tg[8] = {0}, tu[8] = {0};
+        const long m = SD_MIN(8, n - k);
+        const float *gp = g + k, *up = u + k;
+        if (m < 8) {
+            memcpy(tg, gp, (size_t)m * sizeof(float));
+            memcpy(tu, up, (size_t)m * sizeof(float));
+            gp = tg;
+            up = tu;
+        }
+        __m256 v = _mm256_loadu_ps(gp);
+        __m256 e = exp8(_mm256_sub_ps(zero, v));
+        __m256 r = _mm256_mul_ps(_mm256_div_ps(v, _mm256_add_ps(one, e)), _mm256_loadu_ps(up));
+        if (m < 8) {
+            _mm256_storeu_ps(tg, r);
+            memcpy(g + k, tg, (size_t)m * sizeof(float));
+        } else {
+            _mm256_storeu_ps(g + k, r);
+        }
+    }
+#endif
+    for (; k < n; k++) {
+        float v = g[k];
+        g[k] = v / (1.0f + expf(-v)) * u[k];
+    }
+}
+
+// ff_g = silu(ff_g) * ff_u over the batch rows, split across threads in
+// chunks of whole rows' 64-element pieces.
+static void swiglu_task(void *arg, int ith, int nth) {
+    const fwd_job *job = arg;
+    sd_session *s = job->s;
+    const long n_ff = s->m->hp.n_ff, per_row = (n_ff + 63) / 64;
+    long lo, hi;
+    sd_split_range((long)job->n * per_row, ith, nth, &lo, &hi);
+    for (long c = lo; c < hi; c++) {
+        const long t = c / per_row, j0 = (c % per_row) * 64;
+        const long m = SD_MIN(64, n_ff - j0);
+        swiglu_span(s->ff_g + t * n_ff + j0, s->ff_u + t * n_ff + j0, m);
+    }
+}
+
+static void matmul_t(sd_session *s, const sd_tensor *w, const float *x, int n_tok, float *y) {
+    sd_matmul(&s->mm, w->type, w->data, w->ne[0], w->ne[1], x, n_tok, y);
+}
+
+static void add_bias(float *y, const sd_tensor *b, int n_tok, int dim) {
+    if (!b) return;
+    const float *bv = b->data;
+    for (int t = 0; t < n_tok; t++)
+        for (int k = 0; k < dim; k++) y[(size_t)t * dim + k] += bv[k];
+}
+
+// ---------------------------------------------------------------- the forward pass
+
+// Checks the batch and records its structure (parents, positions, ancestor
+// lists, logit rows). Leaves the session untouched on error.
+static int prepare_batch(sd_session *s, const sd_batch *b, char *err, size_t errlen) {
+    const sd_hparams *hp = &s->m->hp;
+    if (!b || !b->tokens) return sd_err(err, errlen, "forward: no batch / tokens");
+    const int n = b->n;
+    if (n < 1 || n > s->n_batch)
+        return sd_err(err, errlen, "forward: batch of %d tokens, expected 1..%d (n_batch)", n, s->n_batch);
+    if (s->n_past + n > s->n_ctx)
+        return sd_err(err, errlen, "context full: %d cached + %d new tokens exceed n_ctx %d", s->n_past, n,
+                      s->n_ctx);
+    for (int i = 0; i < n; i++) {
+        int32_t t = b->tokens[i];
+        if (t < 0 || t >= hp->n_vocab)
+            return sd_err(err, errlen, "forward: token %d at batch index %d is out of range (n_vocab %d)", t, i,
+                          hp->n_vocab);
+        int32_t p = b->parent ? b->parent[i] : i - 1;
+        if (p < -1 || p >= i)
+            return sd_err(err, errlen, "forward: node %d has parent %d (must be -1 or a smaller index)", i, p);
+        if (b->pos && (b->pos[i] < 0 || b->pos[i] > (1 << 30)))
+            return sd_err(err, errlen, "forward: node %d has position %d", i, b->pos[i]);
+    }
+    const int nb = s->n_batch;
+    // From here on the batch is valid: the previous pending rows are dropped.
+    s->n_pending = 0;
+    int n_out = 0;
+    for (int i = 0; i < nb; i++) s->logit_row[i] = -1;
+    for (int i = 0; i < n; i++) {
+        int32_t p = b->parent ? b->parent[i] : i - 1;
+        s->parent[i] = p;
+        // Ancestor list of i: the parent's list, then i itself (increasing order).
+        int32_t *a = s->anc + (size_t)i * nb;
+        int na = 0;
+        if (p >= 0) {
+            na = s->n_anc[p];
+            memcpy(a, s->anc + (size_t)p * nb, (size_t)na * sizeof(int32_t));
+        }
+        a[na++] = i;
+        s->n_anc[i] = na;
+        s->pos[i] = b->pos ? b->pos[i] : s->n_past + na - 1;
+        if (!b->logits || b->logits[i]) {
+            s->logit_row[i] = n_out;
+            s->out_rows[n_out++] = i;
+        }
+    }
+    // RoPE angles of each node.
+    const int half = hp->n_rot / 2;
+    for (int i = 0; i < n; i++) {
+        float *cs = s->rope_cs + (size_t)i * half * 2;
+        for (int k = 0; k < half; k++) {
+            double th = (double)s->pos[i] * s->rope_freq[k];
+            cs[2 * k] = (float)cos(th);
+            cs[2 * k + 1] = (float)sin(th);
+        }
+    }
+    return n_out;
+}
+
+int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errlen) {
+    int n_out = prepare_batch(s, b, err, errlen);
+    if (n_out < 0) return n_out;
+    const sd_model *m = s->m;
+    const sd_hparams *hp = &m->hp;
+    const int n = b->n, E = hp->n_embd, kvd = s->kv_dim, qd = s->q_dim;
+    const int half = hp->n_rot / 2;
+
+    // Embeddings.
+    const sd_type_traits *et = sd_type_get(m->tok_embd->type);
+    const size_t erow = sd_row_size(m->tok_embd->type, E);
+    for (int i = 0; i < n; i++)
+        et->to_float((const uint8_t *)m->tok_embd->data + (size_t)b->tokens[i] * erow, s->x + (size_t)i * E, E);
+
+    fwd_job job = {s, 0, n};
+    for (int l = 0; l < hp->n_layer; l++) {
+        const sd_layer *L = &m->layers[l];
+        job.layer = l;
+        float *kc = s->k_cache + ((size_t)l * s->n_ctx + s->n_past) * kvd;
+        float *vc = s->v_cache + ((size_t)l * s->n_ctx + s->n_past) * kvd;
+
+        for (int i = 0; i < n; i++)
+            rmsnorm(s->xn + (size_t)i * E, s->x + (size_t)i * E, L->attn_norm->data, E, hp->rms_eps);
+        matmul_t(s, L->wq, s->xn, n, s->q);
+        matmul_t(s, L->wk, s->xn, n, kc);
+        matmul_t(s, L->wv, s->xn, n, vc);
+        add_bias(s->q, L->bq, n, qd);
+        add_bias(kc, L->bk, n, kvd);
+        add_bias(vc, L->bv, n, kvd);
+        for (int i = 0; i < n; i++) {
+            const float *cs = s->rope_cs + (size_t)i * half * 2;
+            rope_row(s->q + (size_t)i * qd, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_type, cs);
+            rope_row(kc + (size_t)i * kvd, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_type, cs);
+        }
+
+        if ((long)n * hp->n_head * (s->n_past + n) * hp->head_dim >= SD_FWD_PAR_MIN) sd_pool_run(s->pool, attention_task, &job);
+        else attention_task(&job, 0, 1);
+
+        matmul_t(s, L->wo, s->att, n, s->xn);
+        for (size_t k = 0; k < (size_t)n * E; k++) s->x[k] += s->xn[k];
+
+        for (int i = 0; i < n; i++)
+            rmsnorm(s->xn + (size_t)i * E, s->x + (size_t)i * E, L->ffn_norm->data, E, hp->rms_eps);
+        matmul_t(s, L->w_gate, s->xn, n, s->ff_g);
+        matmul_t(s, L->w_up, s->xn, n, s->ff_u);
+        if ((long)n * hp->n_ff >= SD_FWD_PAR_MIN) sd_pool_run(s->pool, swiglu_task, &job);
+        else swiglu_task(&job, 0, 1);
+        matmul_t(s, L->w_down, s->ff_g, n, s->xn);
+        for (size_t k = 0; k < (size_t)n * E; k++) s->x[k] += s->xn[k];
+    }
+
+    // Final norm and output projection, only for the rows that asked for logits.
+    for (int k = 0; k < n_out; k++)
+        rmsnorm(s->xn + (size_t)k * E, s->x + (size_t)s->out_rows[k] * E, m->out_norm->data, E, hp->rms_eps);
+    if (n_out > 0) matmul_t(s, m->output, s->xn, n_out, s->logits);
+    s->n_pending = n;
+    return 0;
+}

@@ -1,0 +1,304 @@
+// sampler.c - turning logits into a token: the transforms of sd_sampler_params
+// and a seeded xoshiro256** random number generator.
+//
+// Order of the transforms (sd_sampler_probs), as stated in specdec.h:
+//   1. repetition penalty: every distinct token among the last repeat_last_n
+//      tokens of the history has its logit divided by repeat_penalty if
+//      positive, multiplied by it if negative (applied once per token id);
+//   2. greedy (temp <= 0): one-hot at the argmax of the penalised logits,
+//      ties to the lowest id; nothing below applies;
+//   3. temperature: logits / temp;
+//   4. top-k: keep the k largest logits (ties broken by the lower id);
+//   5. softmax over the kept tokens;
+//   6. top-p: keep the smallest prefix of tokens sorted by probability
+//      (descending, ties by lower id) whose mass reaches top_p (at least one);
+//   7. min-p: keep tokens whose probability is >= min_p * (largest probability);
+//   8. renormalise the kept set; every other entry of probs is 0.
+//
+// Cost: all scratch is allocated by sd_sampler_new (no allocation per call).
+// Top-k uses a partial selection (quickselect, O(n_vocab)) and sorts only the
+// k survivors; top-p without top-k selects growing prefixes (64, 256, ...)
+// instead of sorting the whole vocabulary.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "specdec.h"
+
+typedef struct {
+    float v;     // logit, later probability
+    int32_t id;  // token id
+} sd_cand;
+
+struct sd_sampler {
+    sd_sampler_params p;
+    int n_vocab;
+    float *work;      // (n_vocab) penalised logits, by token id
+    sd_cand *cand;    // (n_vocab) candidate set
+    uint8_t *mark;    // (n_vocab) 1 while a token has been penalised in this call
+    float *probs;     // (n_vocab) scratch for sd_sampler_sample
+    uint64_t rng[4];  // xoshiro256** state
+};
+
+// ---------------------------------------------------------------- RNG
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t xoshiro_next(uint64_t s[4]) {
+    uint64_t result = rotl(s[1] * 5, 7) * 9;
+    uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+void sd_sampler_reseed(sd_sampler *s, uint64_t seed) {
+    uint64_t x = seed;
+    for (int i = 0; i < 4; i++) s->rng[i] = splitmix64(&x);
+    s->p.seed = seed;
+}
+
+double sd_sampler_uniform(sd_sampler *s) {
+    return (double)(xoshiro_next(s->rng) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+// ---------------------------------------------------------------- lifetime
+sd_sampler_params sd_sampler_default_params(void) {
+    sd_sampler_params p;
+    p.temp = 0.8f;
+    p.top_k = 40;
+    p.top_p = 0.95f;
+    p.min_p = 0.05f;
+    p.repeat_penalty = 1.0f;
+    p.repeat_last_n = 64;
+    p.seed = 0xC0FFEE;
+    return p;
+}
+
+int sd_sampler_new(sd_sampler **out, const sd_sampler_params *p, int n_vocab, char *err, size_t errlen) {
+    *out = NULL;
+    if (n_vocab <= 0) return sd_err(err, errlen, "sampler: n_vocab must be positive, got %d", n_vocab);
+    sd_sampler_params sp = p ? *p : sd_sampler_default_params();
+    if (!(sp.repeat_penalty > 0.0f))
+        return sd_err(err, errlen, "sampler: repeat_penalty must be > 0, got %g", (double)sp.repeat_penalty);
+    if (sp.top_p != sp.top_p || sp.min_p != sp.min_p || sp.temp != sp.temp)
+        return sd_err(err, errlen, "sampler: NaN parameter");
+    sd_sampler *s = calloc(1, sizeof(*s));
+    if (!s) return sd_err(err, errlen, "sampler: out of memory");
+    s->p = sp;
+    s->n_vocab = n_vocab;
+    s->work = malloc((size_t)n_vocab * sizeof(float));
+    s->cand = malloc((size_t)n_vocab * sizeof(sd_cand));
+    s->mark = calloc((size_t)n_vocab, 1);
+    s->probs = malloc((size_t)n_vocab * sizeof(float));
+    if (!s->work || !s->cand || !s->mark || !s->probs) {
+        sd_sampler_free(s);
+        return sd_err(err, errlen, "sampler: out of memory (n_vocab %d)", n_vocab);
+    }
+    sd_sampler_reseed(s, sp.seed);
+    *out = s;
+    return 0;
+}
+
+void sd_sampler_free(sd_sampler *s) {
+    if (!s) return;
+    free(s->work);
+    free(s->cand);
+    free(s->mark);
+    free(s->probs);
+    free(s);
+}
+
+const sd_sampler_params *sd_sampler_get_params(const sd_sampler *s) { return &s->p; }
+
+// ---------------------------------------------------------------- transforms
+// Total order used everywhere: larger value first, then lower id.
+static inline int cand_before(const sd_cand *a, const sd_cand *b) {
+    return a->v > b->v || (a->v == b->v && a->id < b->id);
+}
+
+static int cand_cmp(const void *pa, const void *pb) {
+    const sd_cand *a = pa, *b = pb;
+    if (cand_before(a, b)) return -1;
+    if (cand_before(b, a)) return 1;
+    return 0;
+}
+
+static inline void cand_swap(sd_cand *a, sd_cand *b) {
+    sd_cand t = *a;
+    *a = *b;
+    *b = t;
+}
+
+// Rearranges c[0..n) so that c[0..k) holds the k first elements of the total
+// order (in no particular order). Iterative quickselect, median of three.
+static void select_top(sd_cand *c, int n, int k) {
+    int lo = 0, hi = n - 1;
+    if (k <= 0 || k >= n) return;
+    while (hi > lo) {
+        int mid = lo + (hi - lo) / 2;
+        if (cand_before(&c[mid], &c[lo])) cand_swap(&c[mid], &c[lo]);
+        if (cand_before(&c[hi], &c[lo])) cand_swap(&c[hi], &c[lo]);
+        if (cand_before(&c[hi], &c[mid])) cand_swap(&c[hi], &c[mid]);
+        sd_cand pivot = c[mid];
+        int i = lo, j = hi;
+        while (i <= j) {
+            while (cand_before(&c[i], &pivot)) i++;
+            while (cand_before(&pivot, &c[j])) j--;
+            if (i <= j) {
+                cand_swap(&c[i], &c[j]);
+                i++;
+                j--;
+            }
+        }
+        // now c[lo..j] come before or equal the pivot, c[i..hi] after or equal
+        if (k - 1 <= j)
+            hi = j;
+        else if (k - 1 >= i)
+            lo = i;
+        else
+            return;
+    }
+}
+
+static void apply_penalty(sd_sampler *s, const int32_t *hist, int n_hist) {
+    float r = s->p.repeat_penalty;
+    if (r == 1.0f || !hist || n_hist <= 0 || s->p.repeat_last_n == 0) return;
+    int n = s->p.repeat_last_n < 0 ? n_hist : SD_MIN(n_hist, s->p.repeat_last_n);
+    const int32_t *h = hist + (n_hist - n);
+    for (int i = 0; i < n; i++) {
+        int32_t t = h[i];
+        if (t < 0 || t >= s->n_vocab || s->mark[t]) continue;
+        s->mark[t] = 1;
+        float *l = &s->work[t];
+        *l = *l > 0.0f ? *l / r : *l * r;
+    }
+    for (int i = 0; i < n; i++) {
+        int32_t t = h[i];
+        if (t >= 0 && t < s->n_vocab) s->mark[t] = 0;
+    }
+}
+
+static int32_t argmax(const float *x, int n) {
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+// Penalised logits into s->work; returns them (logits itself when unchanged).
+static const float *penalised(sd_sampler *s, const float *logits, const int32_t *hist, int n_hist) {
+    if (s->p.repeat_penalty == 1.0f || !hist || n_hist <= 0 || s->p.repeat_last_n == 0) return logits;
+    memcpy(s->work, logits, (size_t)s->n_vocab * sizeof(float));
+    apply_penalty(s, hist, n_hist);
+    return s->work;
+}
+
+void sd_sampler_probs(sd_sampler *s, const float *logits, const int32_t *hist, int n_hist, float *probs) {
+    const int nv = s->n_vocab;
+    const sd_sampler_params *p = &s->p;
+    const float *l = penalised(s, logits, hist, n_hist);
+    memset(probs, 0, (size_t)nv * sizeof(float));
+    if (p->temp <= 0.0f) {
+        probs[argmax(l, nv)] = 1.0f;
+        return;
+    }
+    sd_cand *c = s->cand;
+    int n = nv;
+    for (int i = 0; i < nv; i++) {
+        c[i].v = l[i];
+        c[i].id = i;
+    }
+    int sorted = 0; // 1 when c[0..n) is in the total order
+    if (p->top_k > 0 && p->top_k < n) {
+        select_top(c, n, p->top_k);
+        n = p->top_k;
+        qsort(c, (size_t)n, sizeof(sd_cand), cand_cmp);
+        sorted = 1;
+    }
+    // softmax of logits / temp over the candidates
+    float mx = c[0].v;
+    for (int i = 1; i < n; i++)
+        if (c[i].v > mx) mx = c[i].v;
+    double sum = 0.0;
+    const float inv_t = 1.0f / p->temp;
+    for (int i = 0; i < n; i++) {
+        float e = expf((c[i].v - mx) * inv_t);
+        c[i].v = e;
+        sum += e;
+    }
+    float inv = (float)(1.0 / sum);
+    for (int i = 0; i < n; i++) c[i].v *= inv;
+
+    if (p->top_p < 1.0f) {
+        // find the smallest sorted prefix with mass >= top_p, sorting only
+        // growing prefixes when the candidate set is large
+        int m = sorted ? n : SD_MIN(n, 64);
+        for (;;) {
+            if (!sorted) {
+                select_top(c, n, m);
+                qsort(c, (size_t)m, sizeof(sd_cand), cand_cmp);
+            }
+            double cum = 0.0;
+            int keep = -1;
+            for (int i = 0; i < m; i++) {
+                cum += c[i].v;
+                if (cum >= p->top_p) {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            if (keep > 0) {
+                n = keep;
+                break;
+            }
+            if (m == n) break; // rounding: the whole set is kept
+            m = m > n / 4 ? n : m * 4;
+        }
+    }
+    if (p->min_p > 0.0f) {
+        float pmax = 0.0f;
+        for (int i = 0; i < n; i++)
+            if (c[i].v > pmax) pmax = c[i].v;
+        float thr = p->min_p * pmax;
+        int j = 0;
+        for (int i = 0; i < n; i++)
+            if (c[i].v >= thr) c[j++] = c[i];
+        n = j;
+    }
+    sum = 0.0;
+    for (int i = 0; i < n; i++) sum += c[i].v;
+    inv = (float)(1.0 / sum);
+    for (int i = 0; i < n; i++) probs[c[i].id] = c[i].v * inv;
+}
+
+int32_t sd_sampler_draw(sd_sampler *s, const float *probs) {
+    double u = sd_sampler_uniform(s);
+    double cum = 0.0;
+    int32_t last = -1;
+    for (int i = 0; i < s->n_vocab; i++) {
+        if (probs[i] <= 0.0f) continue;
+        cum += probs[i];
+        last = i;
+        if (u < cum) return i;
+    }
+    // u beyond the accumulated mass (rounding): the last token with mass
+    return last >= 0 ? last : 0;
+}
+
+int32_t sd_sampler_sample(sd_sampler *s, const float *logits, const int32_t *hist, int n_hist) {
+    if (s->p.temp <= 0.0f) return argmax(penalised(s, logits, hist, n_hist), s->n_vocab);
+    sd_sampler_probs(s, logits, hist, n_hist, s->probs);
+    return sd_sampler_draw(s, s->probs);
+}

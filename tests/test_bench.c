@@ -1,0 +1,351 @@
+// test_bench.c - the Spec-Bench prompt reader (unit tests) and `specdec
+// bench` / `specdec generate --draft` run on stories260K drafting for itself
+// (converted to GGUF under /tmp; skipped when ../shared/models is absent):
+// greedy speculative text must equal plain decoding, tau must be high, the
+// JSON results must parse, and a malformed prompts file must fail cleanly.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "t.h"
+// the prompt reader is unit-tested here directly
+#include "../tools/bench_prompts.c"
+
+// SPECDEC_BIN overrides the program under test.
+static const char *specdec_bin(void) {
+    const char *e = getenv("SPECDEC_BIN");
+    return e && *e ? e : "./build/specdec";
+}
+
+static char g_out[1 << 17];   // output of the last run
+static char g_dir[256];       // scratch directory of this process
+static char g_model[320];     // stories260K converted to GGUF ("" if unavailable)
+static char g_why[256];       // why g_model is unavailable
+
+// Runs `SPECDEC args` through the shell with stdout and stderr together (or
+// only stdout when merge == 0). Returns the exit status, -1 if it did not exit.
+static int run(const char *args, int merge) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s %s %s", specdec_bin(), args, merge ? "2>&1" : "2>/dev/null");
+    FILE *p = popen(cmd, "r");
+    g_out[0] = 0;
+    if (!p) return -1;
+    size_t n = fread(g_out, 1, sizeof g_out - 1, p);
+    g_out[n] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int write_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    fputs(text, f);
+    return fclose(f);
+}
+
+static char *read_file_all(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    static char buf[1 << 17];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    return buf;
+}
+
+// Converts stories260K once; fills g_model or g_why.
+static void prepare_model(void) {
+    struct stat st;
+    if (stat(specdec_bin(), &st) != 0) {
+        snprintf(g_why, sizeof g_why, "%s is missing: build it with make", specdec_bin());
+        return;
+    }
+    const char *sh = t_shared_dir();
+    if (!sh) {
+        snprintf(g_why, sizeof g_why, "../shared/models (stories260K) is absent; set SD_SHARED");
+        return;
+    }
+    char args[1024];
+    snprintf(args, sizeof args, "%s/models/stories260K.bin", sh);
+    if (stat(args, &st) != 0) {
+        snprintf(g_why, sizeof g_why, "%.200s is absent", args);
+        return;
+    }
+    snprintf(g_model, sizeof g_model, "%s/stories260K.gguf", g_dir);
+    snprintf(args, sizeof args, "convert-llama2c %s/models/stories260K.bin %s/models/tok512.bin %s", sh, sh, g_model);
+    int rc = run(args, 1);
+    if (rc != 0) {
+        snprintf(g_why, sizeof g_why, "convert-llama2c failed (exit %d)", rc);
+        g_model[0] = 0;
+    }
+}
+
+// ------------------------------------------------------------ JSON helpers
+// The value after "key": at or after p (NULL if absent).
+static const char *json_after(const char *p, const char *key) {
+    char pat[96];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *q = p ? strstr(p, pat) : NULL;
+    if (!q) return NULL;
+    q += strlen(pat);
+    while (*q == ' ') q++;
+    return q;
+}
+
+// Checks that s is one well-formed JSON value (with our own reader's skipper).
+static int json_valid(const char *s) {
+    char err[128];
+    jcur c = {s, strlen(s), 0, err, sizeof err};
+    ws(&c);
+    if (jskip(&c, 0)) {
+        printf("  invalid JSON: %s\n", err);
+        return 0;
+    }
+    ws(&c);
+    return c.i == c.n;
+}
+
+// ------------------------------------------------------------ unit tests
+static void test_prompt_parse(void) {
+    bench_prompt p;
+    char err[256];
+    const char *ok = "{\"question_id\": 12, \"category\": \"coding\", \"extra\": {\"a\": [1, -2.5e+3, null, true, false, "
+                     "{}]}, \"turns\": [\"a\\nb \\\"q\\\" \\\\ \\/ \\t\\u00e9\\u20ac\\ud83d\\ude00\", \"second\"]}";
+    int rc = bench_prompt_parse(ok, strlen(ok), 3, &p, err, sizeof err);
+    CHECK(rc == 0, "parse failed: %s", err);
+    if (rc == 0) {
+        CHECK(!strcmp(p.id, "12"), "id '%s'", p.id);
+        CHECK(!strcmp(p.category, "coding"), "category '%s'", p.category);
+        CHECK(!strcmp(p.text, "a\nb \"q\" \\ / \t\xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80"), "text '%s'", p.text);
+        CHECK(p.line == 3, "line %d", p.line);
+        bench_prompt_clear(&p);
+    }
+    const char *noid = "  {\"turns\": [\"x\"]}  ";
+    rc = bench_prompt_parse(noid, strlen(noid), 7, &p, err, sizeof err);
+    CHECK(rc == 0 && !strcmp(p.id, "line7") && !strcmp(p.category, "uncategorized"), "defaults: %s",
+          rc ? err : p.id);
+    if (rc == 0) bench_prompt_clear(&p);
+    const char *sid = "{\"question_id\": \"abc\", \"turns\": [\"x\"]}";
+    rc = bench_prompt_parse(sid, strlen(sid), 1, &p, err, sizeof err);
+    CHECK(rc == 0 && !strcmp(p.id, "abc"), "string id: %s", rc ? err : p.id);
+    if (rc == 0) bench_prompt_clear(&p);
+
+    struct {
+        const char *line, *msg;
+    } bad[] = {
+        {"{\"turns\": [\"x\"]", "expected ',' or '}'"},
+        {"{\"turns\": [\"x\"] \"a\": 1}", "expected ',' or '}'"},
+        {"{\"turns\" [\"x\"]}", "expected ':'"},
+        {"{\"turns\": []}", "\"turns\" is empty"},
+        {"{\"turns\": [1]}", "array of strings"},
+        {"{\"category\": \"c\"}", "\"turns\" is missing"},
+        {"{\"turns\": [\"\\ud83d\"]}", "surrogate"},
+        {"{\"turns\": [\"\\ude00\"]}", "unpaired low surrogate"},
+        {"{\"turns\": [\"\\u12g4\"]}", "bad hex digit"},
+        {"{\"turns\": [\"\\q\"]}", "unknown escape"},
+        {"{\"turns\": [\"abc]}", "unterminated string"},
+        {"{\"turns\": [\"x\"]} extra", "unexpected text after the object"},
+        {"[1, 2]", "expected a JSON object"},
+        {"{\"turns\": [\"x\"], \"n\": 01}", "expected ',' or '}'"},
+        {"{\"turns\": [\"x\"], \"n\": tru}", "unexpected character"},
+        {"{\"turns\": [\"a\tb\"]}", "raw control character"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        err[0] = 0;
+        rc = bench_prompt_parse(bad[i].line, strlen(bad[i].line), 1, &p, err, sizeof err);
+        CHECK(rc < 0 && strstr(err, bad[i].msg), "'%s': rc %d, message '%s' (want '%s')", bad[i].line, rc, err,
+              bad[i].msg);
+        if (rc == 0) bench_prompt_clear(&p);
+    }
+}
+
+static void test_prompts_load(void) {
+    char path[320], err[512];
+    snprintf(path, sizeof path, "%s/load.jsonl", g_dir);
+    write_file(path, "{\"question_id\": 1, \"category\": \"a\", \"turns\": [\"one\"]}\r\n\n   \n"
+                     "{\"question_id\": 2, \"category\": \"b\", \"turns\": [\"two\"]}");
+    bench_prompt *ps = NULL;
+    int n = bench_prompts_load(path, &ps, err, sizeof err);
+    CHECK(n == 2, "n = %d: %s", n, err);
+    if (n == 2) {
+        CHECK(!strcmp(ps[0].text, "one") && !strcmp(ps[1].text, "two") && ps[1].line == 4, "contents: '%s' '%s' %d",
+              ps[0].text, ps[1].text, ps[1].line);
+        bench_prompts_free(ps, n);
+    }
+    write_file(path, "{\"turns\": [\"one\"]}\n{\"turns\": [\"two\"]}\n{\"turns\": [\"th\n");
+    n = bench_prompts_load(path, &ps, err, sizeof err);
+    CHECK(n < 0 && strstr(err, "line 3") && strstr(err, "unterminated string"), "bad line 3: %d '%s'", n, err);
+    write_file(path, "\n\n");
+    n = bench_prompts_load(path, &ps, err, sizeof err);
+    CHECK(n < 0 && strstr(err, "no prompts"), "empty file: %d '%s'", n, err);
+    unlink(path);
+    n = bench_prompts_load("/nonexistent/p.jsonl", &ps, err, sizeof err);
+    CHECK(n < 0 && strstr(err, "cannot open"), "missing file: %d '%s'", n, err);
+}
+
+// ------------------------------------------------------------ the program
+static void test_bench_self_draft(void) {
+    if (!g_model[0]) SKIP("%s", g_why);
+    char pj[320], out[320], args[2048];
+    snprintf(pj, sizeof pj, "%s/prompts.jsonl", g_dir);
+    snprintf(out, sizeof out, "%s/results.json", g_dir);
+    write_file(pj, "{\"question_id\": 1, \"category\": \"story\", \"turns\": [\"Once upon a time\"]}\n"
+                   "{\"question_id\": 2, \"category\": \"story\", \"turns\": [\"Lily and Tom went to the park.\", \"x\"]}\n"
+                   "\n"
+                   "{\"question_id\": \"q3\", \"category\": \"other\", \"turns\": [\"The dog said \\\"hi\\\" \\u00e9\"]}\n");
+    snprintf(args, sizeof args,
+             "bench -m %s --draft %s --prompts %s --methods ar,chain:3,tree:2-2,dyn:2-3-6 -n 40 --no-chat -t 1 "
+             "--out %s",
+             g_model, g_model, pj, out);
+    unlink(out);
+    int rc = run(args, 1);
+    CHECK(rc == 0, "exit %d:\n%s", rc, g_out);
+    CHECK(strstr(g_out, "| method |") && strstr(g_out, "| chain:3 |") && strstr(g_out, "| dyn:2-3-6 |"),
+          "Markdown table missing:\n%s", g_out);
+    CHECK(strstr(g_out, "[12/12] dyn:2-3-6 other qq3") != NULL, "progress line missing:\n%s", g_out);
+    CHECK(strstr(g_out, "MISMATCH") == NULL, "mismatch reported:\n%s", g_out);
+    const char *js = read_file_all(out);
+    CHECK(js != NULL, "no results file %s", out);
+    if (!js) return;
+    CHECK(json_valid(js), "results are not valid JSON:\n%s", js);
+    const char *v = json_after(js, "n_prompts");
+    CHECK(v && atoi(v) == 3, "n_prompts: %s", v ? v : "(none)");
+    v = json_after(js, "n_predict");
+    CHECK(v && atoi(v) == 40, "n_predict");
+    v = json_after(js, "draft");
+    CHECK(v && *v == '[', "draft list");
+    const char *names[] = {"ar", "chain:3", "tree:2-2", "dyn:2-3-6"};
+    const char *prev = js;
+    for (int k = 0; k < 4; k++) {
+        char pat[64];
+        snprintf(pat, sizeof pat, "{\"name\": \"%s\"", names[k]);
+        const char *m = strstr(prev, pat);
+        CHECK(m != NULL, "method %s missing (or out of order)", names[k]);
+        if (!m) continue;
+        prev = m;
+        const char *ov = json_after(m, "overall");
+        const char *eq = json_after(ov, "equal_to_ar");
+        CHECK(eq && !strncmp(eq, "true", 4), "%s: equal_to_ar %.8s", names[k], eq ? eq : "(none)");
+        const char *tau = json_after(ov, "tau");
+        double t = tau ? atof(tau) : 0;
+        if (k == 0) CHECK(t == 1.0, "ar: tau %g", t);
+        else CHECK(t > 1.5, "%s: tau %g (self-draft should accept nearly everything)", names[k], t);
+        const char *nt = json_after(ov, "n_tokens");
+        CHECK(nt && atoi(nt) == 120, "%s: n_tokens %s", names[k], nt ? nt : "(none)");
+        const char *sp = json_after(ov, "speedup");
+        CHECK(sp && atof(sp) > 0, "%s: speedup", names[k]);
+        const char *bc = json_after(m, "by_category");
+        CHECK(bc && strstr(bc, "\"story\": {\"tokens_per_s\"") && strstr(bc, "\"other\": {"), "%s: by_category",
+              names[k]);
+    }
+}
+
+static void test_bench_errors(void) {
+    if (!g_model[0]) SKIP("%s", g_why);
+    char pj[320], args[2048];
+    snprintf(pj, sizeof pj, "%s/bad.jsonl", g_dir);
+    write_file(pj, "{\"question_id\": 1, \"category\": \"story\", \"turns\": [\"Once upon a time\"]}\n"
+                   "{\"question_id\": 2, \"category\": \"story\", \"turns\": [\"bad \\x escape\"]}\n");
+    snprintf(args, sizeof args, "bench -m %s --draft %s --prompts %s --methods chain:2 -n 8 --no-chat", g_model,
+             g_model, pj);
+    int rc = run(args, 1);
+    CHECK(rc == 1 && strstr(g_out, "line 2") && strstr(g_out, "unknown escape"), "malformed line: exit %d:\n%s", rc,
+          g_out);
+    snprintf(args, sizeof args, "bench -m %s --prompts %s --methods chain:2 --no-chat", g_model, pj);
+    rc = run(args, 1);
+    CHECK(rc == 1 && strstr(g_out, "needs a draft model"), "no --draft: exit %d:\n%s", rc, g_out);
+    snprintf(args, sizeof args, "bench -m %s --draft %s --prompts %s --methods chain:x --no-chat", g_model, g_model,
+             pj);
+    rc = run(args, 1);
+    CHECK(rc == 1 && strstr(g_out, "chain:K"), "bad method: exit %d:\n%s", rc, g_out);
+    snprintf(args, sizeof args, "bench -m %s --prompts %s --methods ar,bogus:1 --no-chat", g_model, pj);
+    rc = run(args, 1);
+    CHECK(rc == 1 && strstr(g_out, "unknown method 'bogus:1'"), "unknown method: exit %d:\n%s", rc, g_out);
+    // stories260K has no chat template: without --no-chat the prompt cannot be formatted
+    write_file(pj, "{\"question_id\": 1, \"category\": \"story\", \"turns\": [\"Once upon a time\"]}\n");
+    snprintf(args, sizeof args, "bench -m %s --prompts %s --methods ar -n 4", g_model, pj);
+    rc = run(args, 1);
+    CHECK(rc == 1 && strstr(g_out, "--no-chat"), "no chat template: exit %d:\n%s", rc, g_out);
+    rc = run("bench --help", 1);
+    CHECK(rc == 0 && strstr(g_out, "--methods") && strstr(g_out, "--no-chat") && strstr(g_out, "--out"),
+          "bench --help: exit %d", rc);
+}
+
+static void test_generate_draft(void) {
+    if (!g_model[0]) SKIP("%s", g_why);
+    char args[2048], plain[4096];
+    snprintf(args, sizeof args, "generate -m %s -p \"Once upon a time\" -n 40 --temp 0 -t 1 --json", g_model);
+    int rc = run(args, 0);
+    CHECK(rc == 0, "plain generate: exit %d", rc);
+    const char *t = json_after(g_out, "text");
+    snprintf(plain, sizeof plain, "%s", t ? t : "");
+    char *e = strstr(plain, "\"}");
+    if (e) *e = 0;
+    snprintf(args, sizeof args,
+             "generate -m %s -p \"Once upon a time\" -n 40 --temp 0 -t 1 --draft %s --draft-max 3 --json", g_model,
+             g_model);
+    rc = run(args, 0);
+    CHECK(rc == 0, "generate --draft: exit %d:\n%s", rc, g_out);
+    CHECK(json_valid(g_out), "not JSON:\n%s", g_out);
+    const char *nf = json_after(g_out, "n_target_forwards");
+    const char *ma = json_after(g_out, "mean_accepted");
+    CHECK(nf && atoi(nf) > 0 && atoi(nf) < 40, "n_target_forwards: %s", nf ? nf : "(none)");
+    CHECK(ma && atof(ma) > 1.5, "mean_accepted: %s", ma ? ma : "(none)");
+    CHECK(json_after(g_out, "acceptance_by_depth") && json_after(g_out, "draft_ms") && json_after(g_out, "verify_ms"),
+          "fields missing:\n%s", g_out);
+    t = json_after(g_out, "text");
+    CHECK(t && plain[0] && !strncmp(t, plain, strlen(plain)), "greedy text differs:\nplain %s\nspec  %s", plain,
+          t ? t : "(none)");
+    // prompt lookup alone (no draft model): same greedy text
+    snprintf(args, sizeof args, "generate -m %s -p \"Once upon a time\" -n 40 --temp 0 -t 1 --draft-ngram 2,3 --json",
+             g_model);
+    rc = run(args, 0);
+    CHECK(rc == 0 && strstr(g_out, "\"method\": \"ngram:2-3\"") && json_after(g_out, "n_target_forwards"),
+          "--draft-ngram: exit %d:\n%s", rc, g_out);
+    t = json_after(g_out, "text");
+    CHECK(t && plain[0] && !strncmp(t, plain, strlen(plain)), "ngram greedy text differs:\nplain %s\nspec  %s", plain,
+          t ? t : "(none)");
+    // a tree, several drafts, and a summary line without --json
+    snprintf(args, sizeof args,
+             "generate -m %s -p \"Once upon a time\" -n 20 --temp 0 -t 1 --draft %s --draft %s --tree 2,2", g_model,
+             g_model, g_model);
+    rc = run(args, 1);
+    CHECK(rc == 0 && strstr(g_out, "target forwards") && strstr(g_out, "mean accepted"), "tree: exit %d:\n%s", rc,
+          g_out);
+    // errors
+    snprintf(args, sizeof args, "generate -m %s -p hi --draft %s --tree 4,x", g_model, g_model);
+    rc = run(args, 1);
+    CHECK(rc == 1 && strstr(g_out, "--tree: expected comma-separated positive integers, got '4,x'"),
+          "bad --tree: exit %d:\n%s", rc, g_out);
+    snprintf(args, sizeof args, "generate -m %s -p hi --draft %s --tree 2 --tree-dynamic 2,2,4", g_model, g_model);
+    rc = run(args, 1);
+    CHECK(rc == 1 && strstr(g_out, "cannot be used together"), "--tree + --tree-dynamic: exit %d:\n%s", rc, g_out);
+    snprintf(args, sizeof args, "generate -m %s -p hi --draft %s --tree 4,4,4 --max-nodes 16", g_model, g_model);
+    rc = run(args, 1);
+    CHECK(rc == 1 && strstr(g_out, "85 nodes") && strstr(g_out, "--max-nodes 16"), "tree too big: exit %d:\n%s", rc,
+          g_out);
+    snprintf(args, sizeof args, "generate -m %s -p hi --draft %s --tree 8,8,8 -b 64", g_model, g_model);
+    rc = run(args, 1);
+    CHECK(rc == 1 && strstr(g_out, "batch size"), "tree > batch: exit %d:\n%s", rc, g_out);
+    snprintf(args, sizeof args, "generate -m %s -p hi --tree 2,2", g_model);
+    rc = run(args, 1);
+    CHECK(rc == 1 && strstr(g_out, "needs a draft model"), "--tree without --draft: exit %d:\n%s", rc, g_out);
+}
+
+int main(void) {
+    snprintf(g_dir, sizeof g_dir, "/tmp/specdec_test_bench_%d", (int)getpid());
+    mkdir(g_dir, 0700);
+    T_RUN(test_prompt_parse);
+    T_RUN(test_prompts_load);
+    prepare_model();
+    T_RUN(test_bench_self_draft);
+    T_RUN(test_bench_errors);
+    T_RUN(test_generate_draft);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
+    if (system(cmd) != 0) printf("  note: could not remove %s\n", g_dir);
+    T_EXIT();
+}

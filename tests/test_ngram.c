@@ -1,0 +1,842 @@
+// test_ngram.c - the prompt-lookup / retrieval drafter: the suffix array
+// against brute force, the .sdsa file (round trip, rejection of bad files,
+// rebuild), the n-gram index (longest n wins, frequency ranking, tree shape
+// and caps, incremental updates), and losslessness through sd_spec_generate
+// on synthetic models (greedy equality, sampled distribution) and on the
+// default model when present.
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../include/specdec.h"
+#include "common.h"
+#include "draft/draft_ngram.h"
+#include "generate.h"
+#include "lib/synth.h"
+#include "spec.h"
+#include "suffix.h"
+#include "t.h"
+
+#define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+#define MAXTOK 1024
+
+static char g_err[512];
+static uint64_t g_rng = 88172645463325252ull;
+static uint32_t rnd(void) {
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (uint32_t)(g_rng >> 11);
+}
+
+// ------------------------------------------------------------ suffix array
+static const int32_t *g_bs;
+static int64_t g_bn;
+static int brute_cmp(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    while (x < g_bn && y < g_bn) {
+        if (g_bs[x] != g_bs[y]) return g_bs[x] < g_bs[y] ? -1 : 1;
+        x++, y++;
+    }
+    return x == g_bn ? (y == g_bn ? 0 : -1) : 1;   // the shorter (ended) suffix first
+}
+
+static int check_sa_case(const int32_t *s, int n, const char *what) {
+    static int32_t sa[4096], ref[4096];
+    int ok = 1;
+    if (sd_sa_build(s, n, sa, g_err, sizeof g_err) < 0) {
+        CHECK(0, "%s: %s", what, g_err);
+        return 0;
+    }
+    for (int i = 0; i < n; i++) ref[i] = i;
+    g_bs = s, g_bn = n;
+    qsort(ref, (size_t)n, sizeof *ref, brute_cmp);
+    for (int i = 0; i < n && ok; i++)
+        if (sa[i] != ref[i]) {
+            CHECK(0, "%s (n=%d): sa[%d] = %d, brute force %d", what, n, i, sa[i], ref[i]);
+            ok = 0;
+        }
+    // Binary search finds exactly the occurrences.
+    for (int q = 0; q < 20 && ok && n > 0; q++) {
+        int32_t pat[6];
+        int m = 1 + (int)(rnd() % 5);
+        if (q % 2 == 0 && n >= m) {   // a pattern that occurs
+            int st = (int)(rnd() % (uint32_t)(n - m + 1));
+            memcpy(pat, s + st, sizeof(int32_t) * (size_t)m);
+        } else {
+            for (int j = 0; j < m; j++) pat[j] = s[rnd() % (uint32_t)n] + (int32_t)(rnd() % 2);
+        }
+        int64_t lo, hi;
+        sd_sa_range(s, n, sa, pat, m, &lo, &hi);
+        int cnt = 0;
+        for (int p = 0; p + m <= n; p++) cnt += memcmp(s + p, pat, sizeof(int32_t) * (size_t)m) == 0;
+        int inrange = 1;
+        for (int64_t r = lo; r < hi; r++)
+            inrange &= sa[r] + m <= n && memcmp(s + sa[r], pat, sizeof(int32_t) * (size_t)m) == 0;
+        if (hi - lo != cnt || !inrange) {
+            CHECK(0, "%s: pattern of %d: range %lld..%lld, %d occurrences", what, m, (long long)lo, (long long)hi, cnt);
+            ok = 0;
+        }
+    }
+    return ok;
+}
+
+static void test_sa_brute(void) {
+    static int32_t s[4096];
+    int cases = 0;
+    for (int n = 0; n <= 300; n += (n < 20 ? 1 : 37)) {
+        int alphas[] = {1, 2, 3, 50, 40000};
+        for (int a = 0; a < 5; a++) {
+            for (int i = 0; i < n; i++) s[i] = (int32_t)(rnd() % (uint32_t)alphas[a]);
+            check_sa_case(s, n, alphas[a] == 1 ? "all-equal" : "random");
+            cases++;
+        }
+        for (int i = 0; i < n; i++) s[i] = i % 3 == 2 ? 7 : 5;   // periodic
+        check_sa_case(s, n, "periodic");
+        for (int i = 0; i < n; i++) s[i] = (i / 5) % 2;          // runs
+        check_sa_case(s, n, "runs");
+        for (int i = 0; i < n; i++) s[i] = (int32_t)(n - i);     // decreasing
+        check_sa_case(s, n, "decreasing");
+        cases += 3;
+    }
+    int32_t neg[3] = {1, -2, 3}, sa[3];
+    CHECK(sd_sa_build(neg, 3, sa, g_err, sizeof g_err) < 0 && strstr(g_err, "negative"), "negative id refused: %s",
+          g_err);
+    printf("  %d strings checked against a brute-force sort\n", cases);
+}
+
+// A large repetitive string indexes fast and is sorted (adjacent pairs checked).
+static void test_sa_large(void) {
+    int n = 1 << 20;
+    int32_t *s = malloc(sizeof(int32_t) * (size_t)n), *sa = malloc(sizeof(int32_t) * (size_t)n);
+    CHECK(s && sa, "oom");
+    if (!s || !sa) goto out;
+    // Zipf-like tokens with long repeated stretches.
+    for (int i = 0; i < n; i++) {
+        if (i > 5000 && rnd() % 100 < 30) {
+            int back = 1 + (int)(rnd() % 5000), len = 10 + (int)(rnd() % 200);
+            for (int j = 0; j < len && i < n; j++, i++) s[i] = s[i - back];
+            i--;
+            continue;
+        }
+        uint32_t r = rnd() % 1000;
+        s[i] = (int32_t)(r * r / 20);
+    }
+    double t0 = sd_time_ms();
+    CHECK(sd_sa_build(s, n, sa, g_err, sizeof g_err) == 0, "%s", g_err);
+    double ms = sd_time_ms() - t0;
+    g_bs = s, g_bn = n;
+    int bad = 0;
+    for (int r = 1; r < n && bad < 3; r++)
+        if (brute_cmp(&sa[r - 1], &sa[r]) >= 0) {
+            bad++;
+            CHECK(0, "sa[%d] and sa[%d] out of order", r - 1, r);
+        }
+    printf("  %d tokens indexed in %.0f ms\n", n, ms);
+    CHECK(ms < 20000, "indexing 1M tokens took %.0f ms", ms);
+out:
+    free(s);
+    free(sa);
+}
+
+// ------------------------------------------------------------ .sdsa files
+static void write_file(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (f) {
+        fwrite(data, 1, n, f);
+        fclose(f);
+    }
+}
+static size_t read_file(const char *path, unsigned char *buf, size_t max) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, max, f);
+    fclose(f);
+    return n;
+}
+
+static void test_sdsa_file(void) {
+    char path[256];
+    snprintf(path, sizeof path, "/tmp/specdec_test_ngram_%d.sdsa", (int)getpid());
+    int32_t toks[500];
+    for (int i = 0; i < 500; i++) toks[i] = (int32_t)(rnd() % 7);
+    sd_datastore_key key = {320, 0x1234, 999, 1700000000, 0xABCD};
+    sd_datastore *ds = NULL, *ld = NULL;
+    CHECK(sd_datastore_from_tokens(&ds, toks, 500, &key, g_err, sizeof g_err) == 0, "%s", g_err);
+    if (!ds) return;
+    CHECK(sd_datastore_save(ds, path, g_err, sizeof g_err) == 0, "%s", g_err);
+    CHECK(sd_datastore_load(&ld, path, &key, g_err, sizeof g_err) == 0, "round trip: %s", g_err);
+    if (ld) {
+        CHECK(ld->n == 500 && !memcmp(ld->tok, ds->tok, sizeof toks) && !memcmp(ld->sa, ds->sa, sizeof toks),
+              "round trip content");
+        sd_datastore_free(ld);
+    }
+    static unsigned char orig[8192], buf[8192];
+    size_t len = read_file(path, orig, sizeof orig);
+    CHECK(len == 64 + 8 * 500, "file size %zu", len);
+    struct {
+        const char *what, *expect;
+        size_t off;      // byte to flip (SIZE_MAX: truncate)
+        int keyfield;    // 1: other vocabulary, 2: other corpus
+    } cases[] = {
+        {"bad magic", "bad magic", 0, 0},
+        {"version", "version", 8, 0},
+        {"payload byte", "checksum", 64 + 4 * 123, 0},
+        {"suffix array byte", "checksum", 64 + 4 * 700, 0},
+        {"truncated", "truncated", (size_t)-1, 0},
+        {"other tokenizer", "different tokenizer", 0, 1},
+        {"corpus changed", "corpus changed", 0, 2},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        memcpy(buf, orig, len);
+        size_t n = len;
+        sd_datastore_key k2 = key;
+        if (cases[c].keyfield == 1) k2.vocab_hash ^= 1;
+        else if (cases[c].keyfield == 2) k2.corpus_mtime++;
+        else if (cases[c].off == (size_t)-1) n -= 10;
+        else buf[cases[c].off] ^= 0x5A;
+        write_file(path, buf, n);
+        ld = NULL;
+        g_err[0] = 0;
+        int rc = sd_datastore_load(&ld, path, &k2, g_err, sizeof g_err);
+        CHECK(rc < 0 && !ld && strstr(g_err, cases[c].expect), "%s: rc %d, message '%s'", cases[c].what, rc, g_err);
+        printf("  %-18s -> %s\n", cases[c].what, g_err);
+        sd_datastore_free(ld);
+    }
+    remove(path);
+    sd_datastore_free(ds);
+}
+
+// ------------------------------------------------------------ models
+static sd_model *g_tgt, *g_other;
+static sd_model *synth_model(uint64_t seed, int n_layer, int n_vocab, const char *tag) {
+    synth_params p = synth_default_params();
+    p.seed = seed;
+    p.n_layer = n_layer;
+    p.n_vocab = n_vocab;
+    char path[256];
+    snprintf(path, sizeof path, "/tmp/specdec_test_ngram_%d_%s.gguf", (int)getpid(), tag);
+    sd_model *m = NULL;
+    if (synth_write(path, &p, g_err, sizeof g_err) < 0 || sd_model_load(&m, path, g_err, sizeof g_err) < 0) m = NULL;
+    remove(path);
+    return m;
+}
+static int need_models(void) {
+    if (!g_tgt) g_tgt = synth_model(1234, 2, 320, "tgt");
+    if (!g_other) g_other = synth_model(1, 1, 384, "other");
+    return g_tgt && g_other;
+}
+
+// A corpus of synthetic-vocabulary words ("w<k>" pieces) with repeated phrases.
+static void write_corpus(const char *path, uint64_t seed, int n_words) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return;
+    uint64_t r = seed;
+    for (int i = 0; i < n_words; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        int w = (int)((r >> 33) % 50);
+        if (w < 10) fprintf(f, "w5 w6 w7 w8 w9 ");   // a frequent phrase
+        else fprintf(f, "w%d ", w);
+        if (i % 20 == 19) fprintf(f, "\n");
+    }
+    fclose(f);
+}
+
+static void test_datastore_open(void) {
+    if (!need_models()) SKIP("synthetic models: %.200s", g_err);
+    char corpus[256], idx[300];
+    snprintf(corpus, sizeof corpus, "/tmp/specdec_test_ngram_%d_corpus.txt", (int)getpid());
+    snprintf(idx, sizeof idx, "%s.sdsa", corpus);
+    remove(idx);
+    write_corpus(corpus, 5, 3000);
+    const sd_tokenizer *tok = sd_model_tokenizer(g_tgt);
+    sd_datastore *ds = NULL;
+    CHECK(sd_datastore_open(&ds, corpus, tok, g_err, sizeof g_err) == 0, "first open: %s", g_err);
+    if (!ds) return;
+    CHECK(ds->rebuilt == 1 && strstr(ds->note, "no index yet"), "first open builds: %s", ds->note);
+    printf("  %s\n", ds->note);
+    int64_t n0 = ds->n;
+    // The index must equal tokenizing the corpus in one go (chunking is invisible here).
+    static int32_t whole[65536];
+    static char text[60000];
+    FILE *f = fopen(corpus, "rb");
+    size_t tl = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    if (f) fclose(f);
+    int nw = sd_tokenize(tok, text, tl, 0, 0, whole, 65536);
+    CHECK(nw == n0 && !memcmp(whole, ds->tok, sizeof(int32_t) * (size_t)SD_MAX(0, SD_MIN(nw, n0))),
+          "corpus tokens %lld, whole-text tokens %d", (long long)n0, nw);
+    sd_datastore_free(ds);
+    ds = NULL;
+    CHECK(sd_datastore_open(&ds, corpus, tok, g_err, sizeof g_err) == 0 && ds && ds->rebuilt == 0 && ds->n == n0,
+          "second open loads: %s", ds ? ds->note : g_err);
+    if (ds) printf("  %s\n", ds->note);
+    sd_datastore_free(ds);
+    ds = NULL;
+    // Another tokenizer: rejected and rebuilt.
+    CHECK(sd_datastore_open(&ds, corpus, sd_model_tokenizer(g_other), g_err, sizeof g_err) == 0 && ds &&
+              ds->rebuilt == 1 && strstr(ds->note, "different tokenizer"),
+          "other tokenizer rebuilds: %s", ds ? ds->note : g_err);
+    if (ds) printf("  %s\n", ds->note);
+    sd_datastore_free(ds);
+    ds = NULL;
+    CHECK(sd_datastore_open(&ds, corpus, tok, g_err, sizeof g_err) == 0 && ds && ds->rebuilt == 1, "back: %s", g_err);
+    sd_datastore_free(ds);
+    ds = NULL;
+    // Corrupted file: rebuilt.
+    static unsigned char buf[1 << 20];
+    size_t len = read_file(idx, buf, sizeof buf);
+    CHECK(len > 1000, "index size %zu", len);
+    buf[len - 7] ^= 1;
+    write_file(idx, buf, len);
+    CHECK(sd_datastore_open(&ds, corpus, tok, g_err, sizeof g_err) == 0 && ds && ds->rebuilt == 1 &&
+              strstr(ds->note, "checksum"),
+          "corrupted index rebuilds: %s", ds ? ds->note : g_err);
+    if (ds) printf("  %s\n", ds->note);
+    sd_datastore_free(ds);
+    ds = NULL;
+    // Changed corpus: rebuilt.
+    write_corpus(corpus, 6, 2000);
+    CHECK(sd_datastore_open(&ds, corpus, tok, g_err, sizeof g_err) == 0 && ds && ds->rebuilt == 1 &&
+              strstr(ds->note, "corpus changed"),
+          "changed corpus rebuilds: %s", ds ? ds->note : g_err);
+    if (ds) printf("  %s\n", ds->note);
+    sd_datastore_free(ds);
+    ds = NULL;
+    // Garbage file: rebuilt.
+    write_file(idx, "hello", 5);
+    CHECK(sd_datastore_open(&ds, corpus, tok, g_err, sizeof g_err) == 0 && ds && ds->rebuilt == 1,
+          "garbage index rebuilds: %s", ds ? ds->note : g_err);
+    if (ds) printf("  %s\n", ds->note);
+    sd_datastore_free(ds);
+    ds = NULL;
+    CHECK(sd_datastore_open(&ds, "/nonexistent/corpus.txt", tok, g_err, sizeof g_err) < 0 && strstr(g_err, "corpus"),
+          "missing corpus: %s", g_err);
+    remove(idx);
+    remove(corpus);
+}
+
+// ------------------------------------------------------------ n-gram index
+static sd_tree g_tree;
+static int propose(sd_drafter *d, const int32_t *text, int n, int max_nodes) {
+    sd_draft_ctx ctx = {text, n, max_nodes, 0, NULL, NULL};
+    sd_tree_reset(&g_tree, text[n - 1]);
+    return d->vt->propose(d, &ctx, &g_tree, g_err, sizeof g_err);
+}
+// Tokens of the tree's first-child chain from the root.
+static int first_chain(int32_t *out) {
+    int n = 0, cur = 0;
+    for (;;) {
+        int c = -1;
+        for (int j = cur + 1; j < g_tree.n && c < 0; j++)
+            if (g_tree.parent[j] == cur) c = j;
+        if (c < 0) return n;
+        out[n++] = g_tree.token[c];
+        cur = c;
+    }
+}
+static int root_children(int32_t *out) {
+    int n = 0;
+    for (int j = 1; j < g_tree.n; j++)
+        if (g_tree.parent[j] == 0) out[n++] = g_tree.token[j];
+    return n;
+}
+static int tree_valid(void) {
+    for (int i = 1; i < g_tree.n; i++)
+        if (g_tree.parent[i] < 0 || g_tree.parent[i] >= i || g_tree.mode[g_tree.parent[i]] != SD_CHILDREN_ANY ||
+            g_tree.depth[i] != g_tree.depth[g_tree.parent[i]] + 1)
+            return 0;
+    return 1;
+}
+
+static sd_drafter *new_ngram(int N, int K, int branches, int matches) {
+    sd_draft_ngram_params p = sd_draft_ngram_default_params();
+    p.n_max = N, p.k_max = K, p.max_branches = branches, p.max_matches = matches;
+    p.n_ctx = 16;   // small: exercises the growth path
+    sd_drafter *d = NULL;
+    if (sd_draft_ngram_new(&d, &p, NULL, g_err, sizeof g_err) < 0) return NULL;
+    return d;
+}
+
+static void test_ngram_lookup(void) {
+    if (sd_tree_init(&g_tree, 64, 320, 0) < 0) SKIP("oom");
+    sd_drafter *d = new_ngram(3, 4, 4, 16);
+    CHECK(d != NULL, "%s", g_err);
+    if (!d) return;
+    int32_t ch[64], rc[16];
+    int nm, nc, nd;
+    // Trigram (70 20 30) unseen; bigram (20 30) seen twice: two continuations.
+    int32_t t1[] = {10, 20, 30, 40, 50, 20, 30, 60, 70, 20, 30};
+    CHECK(propose(d, t1, 11, 64) == 0, "%s", g_err);
+    sd_draft_ngram_last(d, &nm, &nc, &nd);
+    CHECK(nm == 2 && nc == 2 && nd == 0, "bigram match: n %d, %d matches", nm, nc);
+    int n = root_children(rc);
+    CHECK(n == 2 && rc[0] == 60 && rc[1] == 40, "two branches, most recent first: %d [%d %d]", n, rc[0], rc[1]);
+    n = first_chain(ch);
+    CHECK(n == 4 && ch[0] == 60 && ch[1] == 70 && ch[2] == 20 && ch[3] == 30, "continuation of K=4: %d", n);
+    CHECK(g_tree.n == 9 && tree_valid(), "tree of %d nodes", g_tree.n);
+    // The longest n wins: the trigram (1 2 3) occurred; the bigram's other continuation is not used.
+    d->vt->reset(d);
+    int32_t t2[] = {1, 2, 3, 4, 9, 2, 3, 5, 1, 2, 3};
+    CHECK(propose(d, t2, 11, 64) == 0, "%s", g_err);
+    sd_draft_ngram_last(d, &nm, &nc, &nd);
+    n = root_children(rc);
+    CHECK(nm == 3 && nc == 1 && n == 1 && rc[0] == 4, "trigram wins: n %d, %d matches, %d children", nm, nc, n);
+    // Unigram only, and nothing at all.
+    d->vt->reset(d);
+    int32_t t3[] = {8, 1, 2, 3, 8};
+    CHECK(propose(d, t3, 5, 64) == 0 && (sd_draft_ngram_last(d, &nm, &nc, &nd), nm == 1) && g_tree.n == 5,
+          "unigram: n %d, %d nodes", nm, g_tree.n);
+    int32_t t4[] = {8, 1, 2, 3, 9};
+    CHECK(propose(d, t4, 5, 64) == 0 && g_tree.n == 1, "no match: %d nodes", g_tree.n);
+    CHECK(propose(d, t4, 1, 64) == 0 && g_tree.n == 1, "one token: %d nodes", g_tree.n);
+    // Frequency: (7 8) is followed by 1 three times and by 2 once (N = 2: the
+    // trigram (0 7 8) would only see the 1s).
+    sd_drafter_free(d);
+    d = new_ngram(2, 4, 4, 16);
+    int32_t t5[] = {7, 8, 2, 0, 7, 8, 1, 0, 7, 8, 1, 0, 7, 8, 1, 0, 7, 8};
+    CHECK(propose(d, t5, 18, 64) == 0, "%s", g_err);
+    n = root_children(rc);
+    CHECK(n == 2 && rc[0] == 1 && rc[1] == 2 && g_tree.token[1] == 1 && fabsf(g_tree.p[1] - 0.75f) < 1e-6f,
+          "ranked by frequency: %d children, first %d p %.3f", n, rc[0], g_tree.p[1]);
+    // Caps: node limit, branch limit.
+    CHECK(propose(d, t5, 18, 5) == 0 && g_tree.n == 5 && tree_valid(), "node cap: %d", g_tree.n);
+    sd_drafter_free(d);
+    d = new_ngram(2, 4, 1, 16);
+    CHECK(propose(d, t5, 18, 64) == 0 && g_tree.n == 5, "one branch: %d nodes", g_tree.n);
+    for (int i = 0; i < g_tree.n; i++) CHECK(sd_tree_n_children(&g_tree, i) <= 1, "chain at node %d", i);
+    CHECK(g_tree.token[1] == 1, "the chain is the most frequent continuation");
+    sd_drafter_free(d);
+    // max_branches 2 on a text with 3 continuations of (5 6): the 2 most frequent.
+    d = new_ngram(2, 3, 2, 16);
+    int32_t t6[] = {5, 6, 1, 5, 6, 2, 5, 6, 3, 5, 6, 3, 5, 6, 2, 5, 6, 3, 5, 6};
+    CHECK(propose(d, t6, 20, 64) == 0, "%s", g_err);
+    n = root_children(rc);
+    CHECK(n == 2 && rc[0] == 3 && rc[1] == 2, "top 2 of 3 branches: %d [%d %d]", n, rc[0], rc[1]);
+    int leaves = 0;
+    for (int i = 1; i < g_tree.n; i++) leaves += sd_tree_n_children(&g_tree, i) == 0;
+    CHECK(leaves <= 2 && tree_valid(), "%d leaves", leaves);
+    sd_drafter_free(d);
+    sd_tree_free(&g_tree);
+}
+
+// accept() feeds the index: tokens generated after the prompt are found, and
+// the drafter's tree equals that of a fresh drafter given the whole text.
+static void test_ngram_incremental(void) {
+    if (sd_tree_init(&g_tree, 64, 320, 0) < 0) SKIP("oom");
+    sd_drafter *d = new_ngram(3, 5, 3, 16), *fresh = new_ngram(3, 5, 3, 16);
+    CHECK(d && fresh, "%s", g_err);
+    if (!d || !fresh) return;
+    static int32_t text[4000];
+    int n = 0;
+    int32_t init[] = {5, 6, 7, 8, 9, 5, 6};
+    memcpy(text, init, sizeof init);
+    n = 7;
+    CHECK(propose(d, text, n, 16) == 0 && g_tree.n == 6, "first proposal %d nodes", g_tree.n);
+    // Accept 2 drafts (7 8) and bonus 42.
+    int32_t path[3] = {0, 1, 2};
+    CHECK(g_tree.token[1] == 7 && g_tree.token[2] == 8, "chain 7 8");
+    CHECK(d->vt->accept(d, &g_tree, path, 3, 42, g_err, sizeof g_err) == 0, "%s", g_err);
+    text[n++] = 7, text[n++] = 8, text[n++] = 42;
+    CHECK(propose(d, text, n, 16) == 0 && g_tree.n == 1, "42 unseen: %d nodes", g_tree.n);
+    CHECK(d->vt->accept(d, &g_tree, path, 1, 5, g_err, sizeof g_err) == 0, "%s", g_err);
+    text[n++] = 5;
+    CHECK(propose(d, text, n, 16) == 0, "%s", g_err);
+    int32_t ch[64];
+    int nc = first_chain(ch);
+    CHECK(nc == 5 && ch[0] == 6 && ch[3] == 42 && ch[4] == 5, "continuation holds the generated 42: %d [%d %d %d %d]",
+          nc, ch[0], ch[1], ch[2], ch[3]);
+    // A long random walk of steps over a small alphabet (so matches abound),
+    // well past the initial index size; compared with a fresh drafter each step.
+    int mism = 0, steps = 0, nonempty = 0;
+    static sd_tree t2;
+    sd_tree_init(&t2, 64, 320, 0);
+    while (n < 3000) {
+        CHECK(propose(d, text, n, 12) == 0, "%s", g_err);
+        fresh->vt->reset(fresh);
+        sd_draft_ctx ctx = {text, n, 12, 0, NULL, NULL};
+        sd_tree_reset(&t2, text[n - 1]);
+        fresh->vt->propose(fresh, &ctx, &t2, g_err, sizeof g_err);
+        if (t2.n != g_tree.n || memcmp(t2.token, g_tree.token, sizeof(int32_t) * (size_t)t2.n) ||
+            memcmp(t2.parent, g_tree.parent, sizeof(int32_t) * (size_t)t2.n))
+            mism++;
+        nonempty += g_tree.n > 1;
+        // Accept a random prefix of the first chain, then a bonus.
+        int32_t p[64];
+        int np = 1;
+        p[0] = 0;
+        int cur = 0;
+        while ((int)(rnd() % 3) != 0) {
+            int c = -1;
+            for (int j = cur + 1; j < g_tree.n && c < 0; j++)
+                if (g_tree.parent[j] == cur) c = j;
+            if (c < 0) break;
+            p[np++] = c;
+            cur = c;
+        }
+        for (int k = 1; k < np; k++) text[n++] = g_tree.token[p[k]];
+        int32_t bonus = (int32_t)(rnd() % 6);
+        text[n++] = bonus;
+        CHECK(d->vt->accept(d, &g_tree, p, np, bonus, g_err, sizeof g_err) == 0, "%s", g_err);
+        steps++;
+    }
+    CHECK(mism == 0, "%d of %d steps differ from a fresh drafter", mism, steps);
+    CHECK(nonempty > steps / 2, "only %d of %d steps proposed", nonempty, steps);
+    // A different text without reset is detected and re-indexed.
+    int32_t t4[] = {1, 2, 3, 1, 2};
+    CHECK(propose(d, t4, 5, 16) == 0 && g_tree.n == 4 && g_tree.token[1] == 3 && g_tree.token[3] == 2, "resync on a new text: %d nodes",
+          g_tree.n);
+    printf("  %d steps, %d tokens, identical to re-indexing from scratch\n", steps, n);
+    sd_tree_free(&t2);
+    sd_drafter_free(d);
+    sd_drafter_free(fresh);
+    sd_tree_free(&g_tree);
+}
+
+// Datastore candidates join the tree.
+static void test_ngram_datastore_tree(void) {
+    if (!need_models()) SKIP("synthetic models: %.200s", g_err);
+    char corpus[256], idx[300];
+    snprintf(corpus, sizeof corpus, "/tmp/specdec_test_ngram_%d_ds.txt", (int)getpid());
+    snprintf(idx, sizeof idx, "%s.sdsa", corpus);
+    write_corpus(corpus, 11, 3000);
+    const sd_tokenizer *tok = sd_model_tokenizer(g_tgt);
+    sd_draft_ngram_params p = sd_draft_ngram_default_params();
+    p.datastore = corpus;
+    p.k_max = 6;
+    sd_drafter *d = NULL;
+    CHECK(sd_draft_ngram_new(&d, &p, tok, g_err, sizeof g_err) == 0, "%s", g_err);
+    sd_tree_init(&g_tree, 32, 320, 0);
+    if (d) {
+        printf("  %s\n", sd_draft_ngram_note(d));
+        int32_t text[64];
+        int n = sd_tokenize(tok, "w1 w2 w3 w5 w6", strlen("w1 w2 w3 w5 w6"), 1, 0, text, 64);
+        CHECK(n > 3 && propose(d, text, n, 32) == 0, "%s", g_err);
+        int nm, nc, nd;
+        sd_draft_ngram_last(d, &nm, &nc, &nd);
+        int32_t ch[64], w7[64];
+        int nch = first_chain(ch);
+        int nw = sd_tokenize(tok, "w7 w8 w9", strlen("w7 w8 w9"), 0, 0, w7, 8);   // the phrase's continuation
+        CHECK(nc == 0 && nd > 0 && nch == 6 && nw >= 6 && !memcmp(ch, w7, sizeof(int32_t) * 6),
+              "corpus continuation 'w7 w8 w9': %d ctx, %d corpus matches, chain of %d", nc, nd, nch);
+        CHECK(tree_valid() && g_tree.n <= 32, "tree");
+    }
+    sd_drafter_free(d);
+    d = NULL;
+    p.datastore = "/nonexistent/x.txt";
+    CHECK(sd_draft_ngram_new(&d, &p, tok, g_err, sizeof g_err) < 0 && !d, "bad datastore refused: %s", g_err);
+    p.datastore = NULL;
+    p.n_max = 0;
+    CHECK(sd_draft_ngram_new(&d, &p, NULL, g_err, sizeof g_err) < 0 && strstr(g_err, "N must"), "N=0: %s", g_err);
+    sd_tree_free(&g_tree);
+    remove(idx);
+    remove(corpus);
+}
+
+// ------------------------------------------------------------ losslessness
+typedef struct {
+    int32_t tok[MAXTOK];
+    int n;
+} collect_t;
+static int collect_cb(int32_t t, void *user) {
+    collect_t *c = user;
+    if (c->n < MAXTOK) c->tok[c->n++] = t;
+    return 0;
+}
+static sd_session *new_session(const sd_model *m, int n_ctx, int n_threads) {
+    sd_session_params sp = sd_session_default_params();
+    sp.n_ctx = n_ctx;
+    sp.n_batch = 64;
+    sp.n_threads = n_threads;
+    sd_session *s = NULL;
+    if (sd_session_new(&s, m, &sp, g_err, sizeof g_err) < 0) return NULL;
+    return s;
+}
+static sd_sampler *greedy_sampler(int n_vocab) {
+    sd_sampler_params sp = sd_sampler_default_params();
+    sp.temp = 0.0f;
+    sd_sampler *s = NULL;
+    sd_sampler_new(&s, &sp, n_vocab, g_err, sizeof g_err);
+    return s;
+}
+static int run_plain(sd_session *s, sd_sampler *smp, const int32_t *prompt, int n_prompt, int n_predict,
+                     collect_t *out, sd_gen_stats *st) {
+    sd_session_truncate(s, 0, NULL, 0);
+    out->n = 0;
+    sd_gen_params gp = sd_gen_default_params();
+    gp.n_predict = n_predict;
+    gp.n_batch = 64;
+    return sd_generate(s, smp, prompt, n_prompt, &gp, collect_cb, out, st, g_err, sizeof g_err);
+}
+static int run_spec(sd_session *s, sd_sampler *smp, sd_drafter *d, const int32_t *prompt, int n_prompt,
+                    int n_predict, int max_nodes, collect_t *out, sd_spec_stats *st) {
+    sd_session_truncate(s, 0, NULL, 0);
+    if (d) d->vt->reset(d);
+    out->n = 0;
+    sd_spec_params sp = sd_spec_default_params();
+    sp.n_predict = n_predict;
+    sp.n_batch = 64;
+    sp.max_nodes = max_nodes;
+    return sd_spec_generate(s, smp, d, prompt, n_prompt, &sp, collect_cb, out, st, g_err, sizeof g_err);
+}
+static int same_tokens(const collect_t *a, const collect_t *b) {
+    return a->n == b->n && !memcmp(a->tok, b->tok, sizeof(int32_t) * (size_t)a->n);
+}
+static void make_prompt(int32_t *p, int n, uint64_t seed, int n_vocab, int period) {
+    for (int i = 0; i < n; i++) {
+        if (period && i >= period) {
+            p[i] = p[i - period];
+            continue;
+        }
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        p[i] = 3 + (int32_t)((seed >> 33) % (uint64_t)(n_vocab - 3));
+    }
+}
+
+static void check_greedy(sd_drafter *d, const char *name) {
+    sd_session *s = new_session(g_tgt, 512, 1);
+    sd_sampler *smp = greedy_sampler(320);
+    CHECK(s && smp && d, "%s: setup: %s", name, g_err);
+    if (!s || !smp || !d) goto out;
+    static collect_t a, b;
+    int acc = 0, nodes = 0, fwd = 0, tok = 0;
+    for (int pr = 0; pr < 6; pr++) {
+        int32_t prompt[64];
+        int np = 8 + pr * 9, period = pr % 2 ? 5 + pr : 0;   // odd prompts repeat a phrase
+        make_prompt(prompt, np, 300 + (uint64_t)pr, 320, period);
+        sd_gen_stats gs;
+        sd_spec_stats st;
+        CHECK(run_plain(s, smp, prompt, np, 80, &a, &gs) == 0, "plain: %s", g_err);
+        int np_plain = sd_session_n_past(s);
+        CHECK(run_spec(s, smp, d, prompt, np, 80, 16, &b, &st) == 0, "%s: %s", name, g_err);
+        CHECK(same_tokens(&a, &b), "%s prompt %d: speculative output differs from plain greedy (%d vs %d tokens)",
+              name, pr, b.n, a.n);
+        CHECK(st.gen.finish == gs.finish && sd_session_n_past(s) == np_plain, "%s: finish %d/%d n_past %d/%d", name,
+              st.gen.finish, gs.finish, sd_session_n_past(s), np_plain);
+        acc += st.n_draft_accepted;
+        nodes += st.n_draft_nodes;
+        fwd += st.n_target_forwards;
+        tok += b.n;
+    }
+    printf("  %-22s %d tokens in %d forwards (%.2f per forward), accepted %d of %d drafts\n", name, tok, fwd,
+           fwd ? (double)tok / fwd : 0.0, acc, nodes);
+    CHECK(acc > 0, "%s: no draft accepted", name);
+out:
+    sd_sampler_free(smp);
+    sd_session_free(s);
+}
+
+static void test_greedy_lossless(void) {
+    if (!need_models()) SKIP("synthetic models: %.200s", g_err);
+    sd_drafter *d = new_ngram(3, 8, 4, 16);
+    check_greedy(d, "ngram 3,8");
+    sd_drafter_free(d);
+    d = new_ngram(1, 4, 1, 4);
+    check_greedy(d, "ngram 1,4 chain");
+    sd_drafter_free(d);
+    // With a datastore whose text is the synthetic vocabulary's words.
+    char corpus[256], idx[300];
+    snprintf(corpus, sizeof corpus, "/tmp/specdec_test_ngram_%d_gl.txt", (int)getpid());
+    snprintf(idx, sizeof idx, "%s.sdsa", corpus);
+    write_corpus(corpus, 3, 4000);
+    sd_draft_ngram_params p = sd_draft_ngram_default_params();
+    p.datastore = corpus;
+    d = NULL;
+    CHECK(sd_draft_ngram_new(&d, &p, sd_model_tokenizer(g_tgt), g_err, sizeof g_err) == 0, "%s", g_err);
+    check_greedy(d, "ngram 3,8 + datastore");
+    sd_drafter_free(d);
+    remove(idx);
+    remove(corpus);
+}
+
+// The sampler's distribution after seq[0..n) from a fresh evaluation (in chunks of the session's batch).
+static void ref_probs(sd_session *ref, sd_sampler *smp, const int32_t *seq, int n, float *probs) {
+    static uint8_t want[64];
+    const float *lg = NULL;
+    sd_session_truncate(ref, 0, NULL, 0);
+    for (int i = 0; i < n; i += 64) {
+        int c = SD_MIN(64, n - i);
+        memset(want, 0, sizeof want);
+        want[c - 1] = i + c == n;
+        sd_batch b = {c, seq + i, NULL, NULL, want};
+        if (sd_session_forward(ref, &b, g_err, sizeof g_err) < 0 || sd_session_commit(ref, NULL, 0, g_err, sizeof g_err) < 0)
+            break;
+        if (i + c == n) lg = sd_session_logits(ref, c - 1);
+    }
+    if (lg) sd_sampler_probs(smp, lg, seq, n, probs);
+    else memset(probs, 0, sizeof(float) * 320);
+}
+
+// Sampling: runs, reproducible with a seed; and the chi-square check of
+// test_spec.c: the first 3 sampled tokens (top-k 4: 64 outcomes) are
+// distributed as the target's, with a repetitive prompt so that drafts are
+// proposed from the first step.
+static void test_sampled(void) {
+    if (!need_models()) SKIP("synthetic models: %.200s", g_err);
+    sd_session *s = new_session(g_tgt, 512, 1), *ref = new_session(g_tgt, 512, 1);
+    sd_drafter *d = new_ngram(2, 4, 3, 16), *d1 = new_ngram(1, 3, 2, 4);
+    sd_sampler_params sp = sd_sampler_default_params();
+    sp.temp = 0.9f;
+    sd_sampler *smp = NULL, *smp2 = NULL;
+    sd_sampler_new(&smp, &sp, 320, g_err, sizeof g_err);
+    sp.temp = 1.3f;
+    sp.top_k = 4;
+    sp.top_p = 1.0f;
+    sp.min_p = 0.0f;
+    sp.repeat_penalty = 1.3f;
+    sd_sampler_new(&smp2, &sp, 320, g_err, sizeof g_err);
+    CHECK(s && ref && d && d1 && smp && smp2, "setup: %s", g_err);
+    if (!s || !ref || !d || !d1 || !smp || !smp2) goto out;
+    static collect_t a, b;
+    int32_t prompt[24];
+    make_prompt(prompt, 24, 9, 320, 4);
+    sd_spec_stats st;
+    sd_sampler_reseed(smp, 42);
+    CHECK(run_spec(s, smp, d, prompt, 24, 96, 16, &a, &st) == 0 && a.n == 96, "%s", g_err);
+    int nodes = st.n_draft_nodes;
+    sd_sampler_reseed(smp, 42);
+    CHECK(run_spec(s, smp, d, prompt, 24, 96, 16, &b, &st) == 0, "%s", g_err);
+    CHECK(same_tokens(&a, &b), "same seed, same output");
+    printf("  sampled: %.2f tokens per forward, %d draft nodes\n", st.mean_accepted, nodes);
+    CHECK(nodes > 0, "no drafts proposed");
+
+    // Exact distribution of 3 tokens after a prompt that holds every token
+    // once (a shuffled vocabulary) then 6 random ones: with N = 1 every
+    // sampled token has occurred, so every step drafts.
+    enum { NP = 317 + 6 };
+    static int32_t pr[NP + 3];
+    for (int i = 0; i < 317; i++) pr[i] = 3 + i;
+    for (int i = 316; i > 0; i--) {
+        int j = (int)(rnd() % (uint32_t)(i + 1));
+        int32_t t = pr[i];
+        pr[i] = pr[j], pr[j] = t;
+    }
+    make_prompt(pr + 317, 6, 31, 320, 0);
+    static float probs[320];
+    double pexact[64];
+    int32_t seqs[64][3];
+    int n_seq = 0;
+    static int32_t pre[NP + 3];
+    memcpy(pre, pr, sizeof(int32_t) * (size_t)NP);
+    int32_t t1[4];
+    double p1[4];
+    int n1 = 0;
+    ref_probs(ref, smp2, pre, NP, probs);
+    for (int v = 0; v < 320 && n1 < 4; v++)
+        if (probs[v] > 0) t1[n1] = v, p1[n1++] = probs[v];
+    for (int i = 0; i < n1; i++) {
+        pre[NP] = t1[i];
+        ref_probs(ref, smp2, pre, NP + 1, probs);
+        int32_t t2[4];
+        double p2[4];
+        int n2 = 0;
+        for (int v = 0; v < 320 && n2 < 4; v++)
+            if (probs[v] > 0) t2[n2] = v, p2[n2++] = probs[v];
+        for (int j = 0; j < n2; j++) {
+            pre[NP + 1] = t2[j];
+            ref_probs(ref, smp2, pre, NP + 2, probs);
+            for (int v = 0; v < 320; v++) {
+                if (!(probs[v] > 0) || n_seq >= 64) continue;
+                seqs[n_seq][0] = t1[i], seqs[n_seq][1] = t2[j], seqs[n_seq][2] = v;
+                pexact[n_seq++] = p1[i] * p2[j] * probs[v];
+            }
+        }
+    }
+    CHECK(n_seq == 64, "enumerated %d sequences", n_seq);
+    static double cnt[64];
+    memset(cnt, 0, sizeof cnt);
+    int n_other = 0, n_run = 2000;
+    long drafted = 0;
+    sd_sampler_reseed(smp2, 2024);
+    for (int r = 0; r < n_run && n_seq == 64; r++) {
+        if (run_spec(s, smp2, d1, pr, NP, 3, 16, &b, &st) < 0 || b.n != 3) {
+            CHECK(0, "run %d: %s", r, g_err);
+            break;
+        }
+        drafted += st.n_draft_nodes;
+        int k = 0;
+        while (k < n_seq && memcmp(seqs[k], b.tok, sizeof seqs[k]) != 0) k++;
+        if (k < n_seq) cnt[k]++;
+        else n_other++;
+    }
+    double chi = 0;
+    for (int k = 0; k < n_seq; k++) {
+        double e = pexact[k] * n_run;
+        chi += (cnt[k] - e) * (cnt[k] - e) / e;
+    }
+    printf("  sampled distribution: chi2 = %.1f (df 63, limit 125), %.1f draft nodes per run\n", chi,
+           (double)drafted / n_run);
+    CHECK(drafted > n_run, "drafts were proposed (%ld)", drafted);
+    CHECK(n_other == 0, "%d sequences outside the target's support", n_other);
+    CHECK(chi < 125.0, "chi2 %.1f: sampled output is not distributed as the target", chi);
+out:
+    sd_drafter_free(d);
+    sd_drafter_free(d1);
+    sd_sampler_free(smp);
+    sd_sampler_free(smp2);
+    sd_session_free(s);
+    sd_session_free(ref);
+}
+
+static const char *k_paragraph =
+    "The city council voted on Tuesday to expand the bicycle lane network by forty kilometres over the next "
+    "three years. The plan, which will cost an estimated twelve million euros, connects the northern suburbs "
+    "to the central station and the university campus. Supporters say the new lanes will reduce traffic "
+    "congestion and air pollution, while some shop owners worry that removing parking spaces will hurt their "
+    "business. Construction of the first section is expected to begin next spring.";
+
+static void test_default_model(void) {
+    if (access(DEFAULT_MODEL, R_OK) != 0) SKIP("%s not present (run scripts/fetch-models.sh)", DEFAULT_MODEL);
+    sd_model *m = NULL;
+    if (sd_model_load(&m, DEFAULT_MODEL, g_err, sizeof g_err) < 0) {
+        CHECK(0, "load: %s", g_err);
+        return;
+    }
+    const sd_tokenizer *tok = sd_model_tokenizer(m);
+    sd_model_info info;
+    sd_model_get_info(m, &info);
+    sd_session *s = new_session(m, 512, 2);
+    sd_sampler *smp = greedy_sampler(info.n_vocab);
+    sd_drafter *d = new_ngram(3, 8, 4, 16);
+    static char user[2048], chat[4096];
+    snprintf(user, sizeof user, "Summarize the following paragraph in two sentences, reusing its wording:\n\n%s",
+             k_paragraph);
+    int cl = sd_chat_format(tok, NULL, user, chat, sizeof chat, g_err, sizeof g_err);
+    CHECK(s && smp && d && cl > 0, "setup: %s", g_err);
+    if (s && smp && d && cl > 0) {
+        static int32_t prompt[1024];
+        int np = sd_tokenize(tok, chat, (size_t)cl, 1, 1, prompt, 1024);
+        static collect_t a, b;
+        sd_gen_stats gs;
+        sd_spec_stats st;
+        CHECK(run_plain(s, smp, prompt, np, 64, &a, &gs) == 0, "plain: %s", g_err);
+        CHECK(run_spec(s, smp, d, prompt, np, 64, 16, &b, &st) == 0, "%s", g_err);
+        CHECK(same_tokens(&a, &b), "speculative output differs from plain greedy (%d vs %d tokens)", b.n, a.n);
+        printf("  SmolLM2 summary: %d prompt tokens, %d generated; plain %.1f tok/s, n-gram %.1f tok/s, "
+               "mean_accepted %.2f (%d of %d drafts)\n",
+               np, b.n, gs.tokens_per_second, st.gen.tokens_per_second, st.mean_accepted, st.n_draft_accepted,
+               st.n_draft_nodes);
+        CHECK(st.mean_accepted > 1.3, "mean_accepted %.2f <= 1.3", st.mean_accepted);
+    }
+    sd_drafter_free(d);
+    sd_sampler_free(smp);
+    sd_session_free(s);
+    sd_model_free(m);
+}
+
+int main(void) {
+    T_RUN(test_sa_brute);
+    T_RUN(test_sa_large);
+    T_RUN(test_sdsa_file);
+    T_RUN(test_datastore_open);
+    T_RUN(test_ngram_lookup);
+    T_RUN(test_ngram_incremental);
+    T_RUN(test_ngram_datastore_tree);
+    T_RUN(test_greedy_lossless);
+    T_RUN(test_sampled);
+    T_RUN(test_default_model);
+    sd_model_free(g_tgt);
+    sd_model_free(g_other);
+    T_EXIT();
+}

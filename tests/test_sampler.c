@@ -1,0 +1,335 @@
+// test_sampler.c - every transform of the sampler on hand-made logits with
+// exact expected probabilities, draws against probs (chi-square), determinism.
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "specdec.h"
+#include "t.h"
+
+#define NV 6
+
+static sd_sampler_params off(void) {
+    sd_sampler_params p = sd_sampler_default_params();
+    p.temp = 1.0f;
+    p.top_k = 0;
+    p.top_p = 1.0f;
+    p.min_p = 0.0f;
+    p.repeat_penalty = 1.0f;
+    p.repeat_last_n = 64;
+    return p;
+}
+
+static sd_sampler *mk(const sd_sampler_params *p, int nv) {
+    sd_sampler *s = NULL;
+    char err[256];
+    if (sd_sampler_new(&s, p, nv, err, sizeof err) != 0) {
+        printf("  sd_sampler_new: %s\n", err);
+        return NULL;
+    }
+    return s;
+}
+
+// logits log(w_i) give softmax probabilities w_i / sum(w).
+static void logw(const double *w, float *l, int n) {
+    for (int i = 0; i < n; i++) l[i] = w[i] > 0 ? (float)log(w[i]) : -INFINITY;
+}
+
+static void expect(const float *got, const double *want, int n, const char *what) {
+    for (int i = 0; i < n; i++)
+        CHECK(fabs(got[i] - want[i]) < 1e-6, "%s: p[%d] = %.8f, expected %.8f", what, i, got[i], want[i]);
+}
+
+static const double W[NV] = {0.05, 0.4, 0.1, 0.25, 0.15, 0.05}; // sums to 1
+
+static void test_softmax_plain(void) {
+    sd_sampler_params p = off();
+    sd_sampler *s = mk(&p, NV);
+    CHECK(s != NULL, "new");
+    if (!s) return;
+    float l[NV], pr[NV];
+    logw(W, l, NV);
+    sd_sampler_probs(s, l, NULL, 0, pr);
+    expect(pr, W, NV, "softmax");
+    sd_sampler_free(s);
+}
+
+static void test_temperature(void) {
+    sd_sampler_params p = off();
+    p.temp = 0.5f; // squares the weights
+    sd_sampler *s = mk(&p, NV);
+    if (!s) return;
+    float l[NV], pr[NV];
+    logw(W, l, NV);
+    sd_sampler_probs(s, l, NULL, 0, pr);
+    double want[NV], z = 0;
+    for (int i = 0; i < NV; i++) z += W[i] * W[i];
+    for (int i = 0; i < NV; i++) want[i] = W[i] * W[i] / z;
+    expect(pr, want, NV, "temp 0.5");
+    sd_sampler_free(s);
+}
+
+static void test_greedy(void) {
+    sd_sampler_params p = off();
+    p.temp = 0.0f;
+    sd_sampler *s = mk(&p, NV);
+    if (!s) return;
+    float l[NV] = {1, 3, 2, 3, 0, -1}, pr[NV];
+    sd_sampler_probs(s, l, NULL, 0, pr);
+    double want[NV] = {0, 1, 0, 0, 0, 0}; // tie 1 vs 3: lowest id
+    expect(pr, want, NV, "greedy");
+    CHECK(sd_sampler_sample(s, l, NULL, 0) == 1, "greedy sample");
+    sd_sampler_free(s);
+}
+
+static void test_top_k(void) {
+    sd_sampler_params p = off();
+    p.top_k = 3; // keeps ids 1 (0.4), 3 (0.25), 4 (0.15)
+    sd_sampler *s = mk(&p, NV);
+    if (!s) return;
+    float l[NV], pr[NV];
+    logw(W, l, NV);
+    sd_sampler_probs(s, l, NULL, 0, pr);
+    double want[NV] = {0, 0.4 / 0.8, 0, 0.25 / 0.8, 0.15 / 0.8, 0};
+    expect(pr, want, NV, "top-k 3");
+    sd_sampler_free(s);
+}
+
+static void test_top_k_ties(void) {
+    sd_sampler_params p = off();
+    p.top_k = 2;
+    sd_sampler *s = mk(&p, NV);
+    if (!s) return;
+    float l[NV] = {0, 1, 1, 1, 0, 1}, pr[NV]; // four tied: keep the lowest ids 1, 2
+    sd_sampler_probs(s, l, NULL, 0, pr);
+    double want[NV] = {0, 0.5, 0.5, 0, 0, 0};
+    expect(pr, want, NV, "top-k ties");
+    sd_sampler_free(s);
+}
+
+static void test_top_p(void) {
+    sd_sampler_params p = off();
+    p.top_p = 0.7f; // sorted: 0.4, 0.25 (0.65 < 0.7), 0.15 (0.80 >= 0.7) -> keep 3
+    sd_sampler *s = mk(&p, NV);
+    if (!s) return;
+    float l[NV], pr[NV];
+    logw(W, l, NV);
+    sd_sampler_probs(s, l, NULL, 0, pr);
+    double want[NV] = {0, 0.4 / 0.8, 0, 0.25 / 0.8, 0.15 / 0.8, 0};
+    expect(pr, want, NV, "top-p 0.7");
+    p.top_p = 0.3f; // the top token alone
+    sd_sampler_free(s);
+    s = mk(&p, NV);
+    sd_sampler_probs(s, l, NULL, 0, pr);
+    double want1[NV] = {0, 1, 0, 0, 0, 0};
+    expect(pr, want1, NV, "top-p 0.3");
+    sd_sampler_free(s);
+}
+
+static void test_min_p(void) {
+    sd_sampler_params p = off();
+    p.min_p = 0.3f; // threshold 0.12: keeps 0.4, 0.25, 0.15
+    sd_sampler *s = mk(&p, NV);
+    if (!s) return;
+    float l[NV], pr[NV];
+    logw(W, l, NV);
+    sd_sampler_probs(s, l, NULL, 0, pr);
+    double want[NV] = {0, 0.4 / 0.8, 0, 0.25 / 0.8, 0.15 / 0.8, 0};
+    expect(pr, want, NV, "min-p 0.3");
+    sd_sampler_free(s);
+}
+
+static void test_repeat_penalty(void) {
+    sd_sampler_params p = off();
+    p.repeat_penalty = 2.0f;
+    p.repeat_last_n = 2;
+    sd_sampler *s = mk(&p, NV);
+    if (!s) return;
+    float l[NV] = {1.0f, 2.0f, -1.0f, 0.5f, 0.0f, 3.0f}, pr[NV];
+    // history: 5 is outside the last 2; 1 and 2 inside (2 repeated: applied once)
+    int32_t h[4] = {5, 1, 2, 2};
+    p.repeat_last_n = 3;
+    sd_sampler_free(s);
+    s = mk(&p, NV);
+    sd_sampler_probs(s, l, h, 4, pr);
+    double pl[NV] = {1.0, 1.0, -2.0, 0.5, 0.0, 3.0}, want[NV], z = 0;
+    for (int i = 0; i < NV; i++) z += exp(pl[i]);
+    for (int i = 0; i < NV; i++) want[i] = exp(pl[i]) / z;
+    expect(pr, want, NV, "repeat penalty");
+    // greedy with the penalty: 5 is the argmax either way; penalise 5 and 1
+    int32_t h2[2] = {5, 1};
+    p.temp = 0.0f;
+    p.repeat_penalty = 4.0f;
+    sd_sampler_free(s);
+    s = mk(&p, NV);
+    CHECK(sd_sampler_sample(s, l, h2, 2) == 0, "greedy with penalty picks 0 (1.0 > 3/4, 2/4)");
+    sd_sampler_free(s);
+}
+
+static void test_combined_order(void) {
+    // temp 0.5 then top-k 4 then top-p 0.9 then min-p 0.2
+    sd_sampler_params p = off();
+    p.temp = 0.5f;
+    p.top_k = 4;
+    p.top_p = 0.9f;
+    p.min_p = 0.2f;
+    sd_sampler *s = mk(&p, NV);
+    if (!s) return;
+    float l[NV], pr[NV];
+    logw(W, l, NV);
+    sd_sampler_probs(s, l, NULL, 0, pr);
+    // squared weights of the top 4: .16 .0625 .0225 .01 (sum .255)
+    double q[4] = {.16 / .255, .0625 / .255, .0225 / .255, .01 / .255};
+    // top-p 0.9: .627, .873, .961 -> keep 3; min-p .2*.627=.125: keeps .627 and .245
+    double z = q[0] + q[1];
+    double want[NV] = {0, q[0] / z, 0, q[1] / z, 0, 0};
+    expect(pr, want, NV, "combined");
+    sd_sampler_free(s);
+}
+
+// Large vocabulary: top-k by partial selection and top-p by growing prefixes
+// must agree with a brute-force reference.
+static int cmp_desc(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+static void test_large_vocab(void) {
+    enum { N = 50000 };
+    float *l = malloc(N * sizeof(float)), *pr = malloc(N * sizeof(float)), *srt = malloc(N * sizeof(float));
+    uint64_t x = 12345;
+    for (int i = 0; i < N; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        l[i] = (float)((x >> 40) % 100000) / 10000.0f; // 0..10, with ties
+    }
+    sd_sampler_params p = off();
+    p.top_k = 100;
+    sd_sampler *s = mk(&p, N);
+    sd_sampler_probs(s, l, NULL, 0, pr);
+    memcpy(srt, l, N * sizeof(float));
+    qsort(srt, N, sizeof(float), cmp_desc);
+    int nz = 0;
+    double sum = 0;
+    for (int i = 0; i < N; i++)
+        if (pr[i] > 0) {
+            nz++;
+            sum += pr[i];
+            CHECK(l[i] >= srt[99], "kept token %d below the 100th logit", i);
+        }
+    CHECK(nz == 100, "top-k 100 kept %d", nz);
+    CHECK(fabs(sum - 1) < 1e-5, "sum %f", sum);
+    sd_sampler_free(s);
+
+    p = off();
+    p.top_p = 0.5f;
+    s = mk(&p, N);
+    sd_sampler_probs(s, l, NULL, 0, pr);
+    // reference: softmax, sort, count prefix
+    double z = 0;
+    for (int i = 0; i < N; i++) z += exp(srt[i] - srt[0]);
+    double cum = 0;
+    int want_n = 0;
+    while (cum < 0.5 - 1e-6) cum += exp(srt[want_n++] - srt[0]) / z;
+    nz = 0;
+    for (int i = 0; i < N; i++) nz += pr[i] > 0;
+    CHECK(abs(nz - want_n) <= 1, "top-p 0.5 kept %d, reference %d", nz, want_n);
+    sd_sampler_free(s);
+    free(l);
+    free(pr);
+    free(srt);
+}
+
+static void test_chi_square(void) {
+    sd_sampler_params p = off();
+    p.seed = 42;
+    sd_sampler *s = mk(&p, NV);
+    if (!s) return;
+    float l[NV], pr[NV];
+    logw(W, l, NV);
+    sd_sampler_probs(s, l, NULL, 0, pr);
+    enum { DRAWS = 200000 };
+    long cnt[NV] = {0};
+    for (int i = 0; i < DRAWS; i++) cnt[sd_sampler_draw(s, pr)]++;
+    double chi = 0;
+    for (int i = 0; i < NV; i++) {
+        double e = DRAWS * W[i];
+        chi += (cnt[i] - e) * (cnt[i] - e) / e;
+    }
+    // 5 degrees of freedom: P(chi2 > 20.5) = 0.001
+    CHECK(chi < 20.5, "chi-square %.2f too large", chi);
+    // the convenience call draws from the same distribution
+    long cnt2[NV] = {0};
+    for (int i = 0; i < DRAWS; i++) cnt2[sd_sampler_sample(s, l, NULL, 0)]++;
+    chi = 0;
+    for (int i = 0; i < NV; i++) {
+        double e = DRAWS * W[i];
+        chi += (cnt2[i] - e) * (cnt2[i] - e) / e;
+    }
+    CHECK(chi < 20.5, "sample: chi-square %.2f too large", chi);
+    // uniform in [0, 1) with mean 1/2
+    double m = 0;
+    for (int i = 0; i < DRAWS; i++) {
+        double u = sd_sampler_uniform(s);
+        CHECK(u >= 0 && u < 1, "uniform %f", u);
+        m += u;
+    }
+    m /= DRAWS;
+    CHECK(fabs(m - 0.5) < 0.005, "uniform mean %f", m);
+    sd_sampler_free(s);
+}
+
+static void test_determinism(void) {
+    sd_sampler_params p = off();
+    p.seed = 7;
+    sd_sampler *a = mk(&p, NV), *b = mk(&p, NV);
+    if (!a || !b) return;
+    float l[NV];
+    logw(W, l, NV);
+    int same = 1;
+    int32_t first[64];
+    for (int i = 0; i < 64; i++) {
+        first[i] = sd_sampler_sample(a, l, NULL, 0);
+        if (first[i] != sd_sampler_sample(b, l, NULL, 0)) same = 0;
+    }
+    CHECK(same, "two samplers with one seed differ");
+    sd_sampler_reseed(a, 7);
+    same = 1;
+    for (int i = 0; i < 64; i++)
+        if (sd_sampler_sample(a, l, NULL, 0) != first[i]) same = 0;
+    CHECK(same, "reseed does not replay");
+    sd_sampler_reseed(b, 8);
+    int diff = 0;
+    for (int i = 0; i < 64; i++)
+        if (sd_sampler_sample(b, l, NULL, 0) != first[i]) diff = 1;
+    CHECK(diff, "another seed gives the same 64 draws");
+    CHECK(sd_sampler_get_params(a)->seed == 7, "params seed");
+    sd_sampler_free(a);
+    sd_sampler_free(b);
+}
+
+static void test_bad_params(void) {
+    sd_sampler *s = NULL;
+    char err[128] = "";
+    sd_sampler_params p = off();
+    CHECK(sd_sampler_new(&s, &p, 0, err, sizeof err) < 0 && s == NULL, "n_vocab 0 accepted");
+    CHECK(err[0] != 0, "no message");
+    p.repeat_penalty = 0.0f;
+    CHECK(sd_sampler_new(&s, &p, 10, err, sizeof err) < 0, "repeat_penalty 0 accepted");
+}
+
+int main(void) {
+    T_RUN(test_softmax_plain);
+    T_RUN(test_temperature);
+    T_RUN(test_greedy);
+    T_RUN(test_top_k);
+    T_RUN(test_top_k_ties);
+    T_RUN(test_top_p);
+    T_RUN(test_min_p);
+    T_RUN(test_repeat_penalty);
+    T_RUN(test_combined_order);
+    T_RUN(test_large_vocab);
+    T_RUN(test_chi_square);
+    T_RUN(test_determinism);
+    T_RUN(test_bad_params);
+    T_EXIT();
+}

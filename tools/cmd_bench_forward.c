@@ -1,0 +1,301 @@
+// cmd_bench_forward.c - specdec bench-forward: what a forward pass of n
+// tokens costs relative to one token (the quantity speculative decoding lives
+// on), plain decode speed, and the memory-bandwidth floor of one decode step.
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli_common.h"
+#include "common.h"
+#include "specdec.h"
+#include "threadpool.h"
+
+#define MAX_BATCHES 32
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: specdec bench-forward -m MODEL.gguf [options]\n"
+            "\n"
+            "Times one forward pass of n chained tokens (logits for every token, as\n"
+            "verification needs) after a context of --ctx committed tokens, for each n of\n"
+            "--batch; measures plain greedy decoding speed and the memory read bandwidth.\n"
+            "\n"
+            "options:\n"
+            "  -m, --model FILE   GGUF model (required)\n"
+            "  -t, --threads N    threads (default: number of cores)\n"
+            "  --batch LIST       comma-separated batch sizes (default 1,2,4,8,16,32,64)\n"
+            "  --ctx N            committed context before each timed forward (default 128)\n"
+            "  --reps R           timed repetitions per batch size; the median is reported (default 5)\n"
+            "  --decode N         tokens of greedy decoding for decode_tokens_per_s (default 64)\n"
+            "  --bw-mb MB         buffer size of the bandwidth probe (default 256)\n"
+            "  --json             print one JSON object: model_bytes, mem_bw_gbs, floor_ms,\n"
+            "                     n_threads, decode_tokens_per_s, batches [{n, ms}], ratio_N_over_1\n"
+            "  -h, --help         show this help\n");
+}
+
+// ---------------------------------------------------------------- bandwidth probe
+typedef struct {
+    const uint64_t *buf;  // (n) words to read
+    long n;
+    uint64_t sink[64];    // per-thread results, so the reads are not optimised away
+} bw_task;
+
+static void bw_read(void *arg, int ith, int nth) {
+    bw_task *t = arg;
+    long lo, hi;
+    sd_split_range(t->n / 8, ith, nth, &lo, &hi);
+    const uint64_t *p = t->buf;
+    uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
+    for (long i = lo * 8; i < hi * 8; i += 8) {
+        a0 += p[i];
+        a1 += p[i + 1];
+        a2 += p[i + 2];
+        a3 += p[i + 3];
+        a4 += p[i + 4];
+        a5 += p[i + 5];
+        a6 += p[i + 6];
+        a7 += p[i + 7];
+    }
+    t->sink[ith & 63] = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7;
+}
+
+static void bw_fill(void *arg, int ith, int nth) {
+    bw_task *t = arg;
+    long lo, hi;
+    sd_split_range(t->n, ith, nth, &lo, &hi);
+    uint64_t *p = (uint64_t *)t->buf;
+    for (long i = lo; i < hi; i++) p[i] = (uint64_t)i * 0x9E3779B97F4A7C15ull;
+}
+
+// Best read bandwidth in GB/s over several passes, or 0 on failure.
+static double mem_bandwidth(int n_threads, int mb) {
+    size_t bytes = (size_t)mb << 20;
+    uint64_t *buf = aligned_alloc(64, bytes);
+    if (!buf) return 0.0;
+    sd_pool *pool = sd_pool_new(n_threads);
+    bw_task t = {.buf = buf, .n = (long)(bytes / 8)};
+    sd_pool_run(pool, bw_fill, &t); // first touch from the threads that read
+    double best = 0.0;
+    for (int pass = 0; pass < 6; pass++) {
+        double t0 = sd_time_ms();
+        sd_pool_run(pool, bw_read, &t);
+        double ms = sd_time_ms() - t0;
+        double gbs = ms > 0 ? (double)bytes / (ms * 1e6) : 0.0;
+        if (gbs > best) best = gbs;
+    }
+    uint64_t s = 0;
+    for (int i = 0; i < 64; i++) s += t.sink[i];
+    if (s == 42) fputc(' ', stderr); // keep the sums alive
+    sd_pool_free(pool);
+    free(buf);
+    return best;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y ? 1 : 0;
+}
+
+static int parse_batches(const char *s, int *out, int *n) {
+    *n = 0;
+    const char *p = s;
+    while (*p) {
+        char item[32];
+        size_t len = strcspn(p, ",");
+        if (len == 0 || len >= sizeof item || *n == MAX_BATCHES) {
+            cli_error("--batch: expected a comma-separated list of at most %d sizes, got '%s'", MAX_BATCHES, s);
+            return -1;
+        }
+        memcpy(item, p, len);
+        item[len] = 0;
+        if (cli_int("--batch", item, 1, 4096, &out[*n])) return -1;
+        (*n)++;
+        p += len;
+        if (*p == ',') p++;
+    }
+    if (*n == 0) {
+        cli_error("--batch: empty list");
+        return -1;
+    }
+    return 0;
+}
+
+static int32_t argmax(const float *x, int n) {
+    int32_t b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+int cmd_bench_forward(int argc, char **argv) {
+    const char *model_path = NULL;
+    int n_threads = 0, ctx = 128, reps = 5, n_decode = 64, bw_mb = 256, json = 0;
+    int batches[MAX_BATCHES] = {1, 2, 4, 8, 16, 32, 64}, n_batches = 7;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+#define VAL() \
+    if (!(v = cli_value(argc, argv, &i))) return 1
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            VAL();
+            model_path = v;
+        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+            VAL();
+            if (cli_int(a, v, 1, 1024, &n_threads)) return 1;
+        } else if (!strcmp(a, "--batch")) {
+            VAL();
+            if (parse_batches(v, batches, &n_batches)) return 1;
+        } else if (!strcmp(a, "--ctx")) {
+            VAL();
+            if (cli_int(a, v, 0, 1 << 20, &ctx)) return 1;
+        } else if (!strcmp(a, "--reps")) {
+            VAL();
+            if (cli_int(a, v, 1, 10000, &reps)) return 1;
+        } else if (!strcmp(a, "--decode")) {
+            VAL();
+            if (cli_int(a, v, 1, 1 << 16, &n_decode)) return 1;
+        } else if (!strcmp(a, "--bw-mb")) {
+            VAL();
+            if (cli_int(a, v, 1, 1 << 16, &bw_mb)) return 1;
+        } else if (!strcmp(a, "--json")) {
+            json = 1;
+        } else {
+            return cli_error("bench-forward: unknown option '%s' (see specdec bench-forward --help)", a);
+        }
+#undef VAL
+    }
+    if (!model_path) return cli_error("bench-forward: a model is required (-m MODEL.gguf)");
+    if (!cli_file_ok("model file", model_path)) return 1;
+    if (n_threads <= 0) n_threads = sd_n_cores();
+    int max_b = 1;
+    for (int i = 0; i < n_batches; i++) max_b = SD_MAX(max_b, batches[i]);
+
+    char err[512];
+    int rc = 1;
+    sd_model *m = NULL;
+    sd_session *s = NULL;
+    int32_t *toks = NULL;
+    uint8_t *no_logits = NULL;
+    double *times = NULL, ms_med[MAX_BATCHES];
+    if (sd_model_load(&m, model_path, err, sizeof err) < 0) {
+        cli_error("cannot load model '%s': %s", model_path, err);
+        goto out;
+    }
+    sd_model_info info;
+    sd_model_get_info(m, &info);
+    sd_session_params sp = sd_session_default_params();
+    sp.n_ctx = ctx + SD_MAX(max_b, n_decode) + 1;
+    sp.n_batch = SD_MAX(max_b, 64);
+    sp.n_threads = n_threads;
+    if (sd_session_new(&s, m, &sp, err, sizeof err) < 0) {
+        cli_error("cannot create a session: %s", err);
+        goto out;
+    }
+    int n_tok = ctx + max_b;
+    toks = malloc((size_t)n_tok * sizeof(int32_t));
+    times = malloc((size_t)reps * sizeof(double));
+    no_logits = calloc((size_t)sp.n_batch, 1);
+    if (!toks || !times || !no_logits) {
+        cli_error("out of memory");
+        goto out;
+    }
+    // arbitrary but fixed tokens, away from the special ids at the start
+    for (int i = 0; i < n_tok; i++) toks[i] = (int32_t)((1000 + (int64_t)i * 7919) % info.n_vocab);
+
+    // committed context
+    for (int i = 0; i < ctx; i += sp.n_batch) {
+        int n = SD_MIN(sp.n_batch, ctx - i);
+        sd_batch b = {.n = n, .tokens = toks + i, .logits = no_logits};
+        if (sd_session_forward(s, &b, err, sizeof err) < 0 || sd_session_commit(s, NULL, 0, err, sizeof err) < 0) {
+            cli_error("forward failed while filling the context: %s", err);
+            goto out;
+        }
+    }
+    if (!json) fprintf(stderr, "specdec: %s, %d threads, context %d\n", model_path, n_threads, ctx);
+
+    for (int bi = 0; bi < n_batches; bi++) {
+        int n = batches[bi];
+        sd_batch b = {.n = n, .tokens = toks + ctx}; // chain, logits for every node
+        for (int r = -1; r < reps; r++) {            // r = -1: warm-up
+            double t0 = sd_time_ms();
+            if (sd_session_forward(s, &b, err, sizeof err) < 0) {
+                cli_error("forward of %d tokens failed: %s", n, err);
+                goto out;
+            }
+            double ms = sd_time_ms() - t0;
+            if (r >= 0) times[r] = ms;
+        }
+        // nothing was committed: the pending rows are dropped by the next forward;
+        // truncating keeps the cache at exactly ctx rows regardless
+        if (sd_session_truncate(s, ctx, err, sizeof err) < 0) {
+            cli_error("truncate failed: %s", err);
+            goto out;
+        }
+        qsort(times, (size_t)reps, sizeof(double), cmp_double);
+        ms_med[bi] = reps % 2 ? times[reps / 2] : 0.5 * (times[reps / 2 - 1] + times[reps / 2]);
+    }
+
+    // plain greedy decoding after the same context
+    double t0 = sd_time_ms();
+    int32_t cur = toks[ctx];
+    for (int i = 0; i < n_decode; i++) {
+        sd_batch b = {.n = 1, .tokens = &cur};
+        if (sd_session_forward(s, &b, err, sizeof err) < 0 || sd_session_commit(s, NULL, 0, err, sizeof err) < 0) {
+            cli_error("decode failed: %s", err);
+            goto out;
+        }
+        const float *lg = sd_session_logits(s, 0);
+        cur = lg ? argmax(lg, info.n_vocab) : cur;
+    }
+    double decode_ms = sd_time_ms() - t0;
+    double decode_tps = decode_ms > 0 ? n_decode * 1000.0 / decode_ms : 0.0;
+    if (sd_session_truncate(s, ctx, err, sizeof err) < 0) {
+        cli_error("truncate failed: %s", err);
+        goto out;
+    }
+    // the probe runs last so that its buffer does not evict the weights from
+    // the caches before the timings
+    double bw = mem_bandwidth(n_threads, bw_mb);
+    double floor_ms = bw > 0 ? (double)info.n_bytes / (bw * 1e6) : 0.0;
+    int i1 = -1;
+    for (int i = 0; i < n_batches; i++)
+        if (batches[i] == 1) i1 = i;
+
+    if (json) {
+        printf("{\"model\": ");
+        cli_json_string(stdout, model_path, strlen(model_path));
+        printf(", \"model_bytes\": %zu, \"mem_bw_gbs\": %.3f, \"floor_ms\": %.4f, \"n_threads\": %d, "
+               "\"ctx\": %d, \"reps\": %d, \"decode_tokens_per_s\": %.3f, \"batches\": [",
+               info.n_bytes, bw, floor_ms, n_threads, ctx, reps, decode_tps);
+        for (int i = 0; i < n_batches; i++)
+            printf("%s{\"n\": %d, \"ms\": %.4f}", i ? ", " : "", batches[i], ms_med[i]);
+        printf("]");
+        if (i1 >= 0 && ms_med[i1] > 0)
+            for (int i = 0; i < n_batches; i++)
+                if (batches[i] != 1) printf(", \"ratio_%d_over_1\": %.4f", batches[i], ms_med[i] / ms_med[i1]);
+        printf("}\n");
+    } else {
+        printf("model          %s (%.1f MB of weights)\n", model_path, info.n_bytes / 1e6);
+        printf("threads        %d\n", n_threads);
+        printf("memory read    %.2f GB/s  ->  floor %.3f ms per pass over the weights\n", bw, floor_ms);
+        printf("decode         %.2f tokens/s (greedy, %d tokens after %d of context)\n", decode_tps, n_decode, ctx);
+        printf("\n%8s %12s %14s %12s\n", "batch n", "ms/forward", "ms per token", "vs n=1");
+        for (int i = 0; i < n_batches; i++) {
+            printf("%8d %12.3f %14.4f", batches[i], ms_med[i], ms_med[i] / batches[i]);
+            if (i1 >= 0 && ms_med[i1] > 0)
+                printf(" %11.2fx\n", ms_med[i] / ms_med[i1]);
+            else
+                printf(" %12s\n", "-");
+        }
+    }
+    fflush(stdout);
+    rc = 0;
+out:
+    free(toks);
+    free(times);
+    free(no_logits);
+    sd_session_free(s);
+    sd_model_free(m);
+    return rc;
+}

@@ -1,0 +1,77 @@
+// spec_cli.h - speculative decoding methods as the program names them, and
+// the factory that turns a method into a drafter. Shared by generate and bench.
+//
+// A method string is NAME or NAME:ARGS: "ar" (no drafting), "chain:K",
+// "tree:W1-W2-...", "dyn:B-D-M" (draft models), "ngram:N-K" (prompt
+// lookup). Adding a drafter (lookahead, layer skipping, ...) means one entry
+// in the table of spec_cli.c: a parse function for its arguments and a make
+// function that builds the drafter.
+#ifndef SD_SPEC_CLI_H
+#define SD_SPEC_CLI_H
+
+#include <stddef.h>
+
+#include "draft/draft_model.h"
+#include "specdec.h"
+
+#define SPEC_MAX_DRAFTS 8   // most --draft models
+#define SPEC_NAME_MAX 64    // longest method string
+
+enum spec_kind {
+    SPEC_AR = 0,      // plain autoregressive decoding (sd_generate), the baseline
+    SPEC_MODEL = 1,   // draft model(s): dp says chain, widths or dynamic tree
+    SPEC_NGRAM = 2,   // n-gram lookup in the text so far (ngram_n, ngram_k)
+};
+
+typedef struct spec_method {
+    char name[SPEC_NAME_MAX];   // the method string as given, e.g. "chain:4"
+    int kind;                   // enum spec_kind
+    int needs_draft_model;      // 1: fails without --draft
+    sd_draft_model_params dp;   // SPEC_MODEL: the draft tree's shape
+    int ngram_n, ngram_k;       // SPEC_NGRAM: context n-gram length, tokens drafted
+    int tree_nodes;             // nodes of the largest tree one draft proposes, root included (1 for ar)
+} spec_method;
+
+// What a method needs to build its drafter.
+typedef struct spec_env {
+    const sd_model *target;
+    const sd_model *drafts[SPEC_MAX_DRAFTS];  // (n_drafts) loaded draft models, shared
+    int n_drafts;
+    int n_ctx;        // KV length of draft sessions (tokens); 0 = their default
+    int n_threads;    // threads of draft sessions; 0 = number of cores
+    float p_min;      // chain/widths: no children below this top draft probability
+    const char *datastore;  // ngram: corpus file for retrieval, or NULL
+} spec_env;
+
+// Parses a method string. Returns 0, or -1 with a message in err naming the
+// accepted syntax ("chain:K with K in 1..64, got 'chain:x'").
+int spec_method_parse(const char *s, spec_method *m, char *err, size_t errlen);
+
+// Parses a comma-separated list of methods (at most max); "ar" is put first
+// when it is missing. Returns the count, or -1 with a message.
+int spec_methods_parse(const char *list, spec_method *ms, int max, char *err, size_t errlen);
+
+// Builds the drafter of method m (*out = NULL for ar). With several draft
+// models a model method gets one drafter per model, merged (SpecInfer).
+// Returns 0, or -1 with a message (vocabulary mismatch, missing --draft, ...).
+int spec_method_make(const spec_method *m, const spec_env *env, sd_drafter **out, char *err, size_t errlen);
+
+// The tree nodes a step of method m asks the verifier for by default: the
+// tree of one draft times the number of draft models merged (merged trees are
+// cut at this size), root included.
+int spec_method_default_nodes(const spec_method *m, int n_drafts);
+
+// The accepted syntax, for help texts.
+const char *spec_methods_syntax(void);
+
+// Parses "W1,W2,..." (sep ',') or "W1-W2-..." (sep '-') into at most max
+// positive integers in [lo, hi]; flag names the option in messages:
+// "--tree: expected comma-separated positive integers, got '4,x'".
+// Returns the count, or -1 with a message in err.
+int spec_parse_ints(const char *flag, const char *s, char sep, int *out, int max, int lo, int hi, char *err,
+                    size_t errlen);
+
+// Nodes of a full widths tree: 1 + w0 + w0*w1 + ... (saturates at 1 << 20).
+int spec_widths_nodes(const int *w, int n);
+
+#endif

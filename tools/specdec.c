@@ -1,0 +1,49 @@
+// specdec.c - the specdec program: dispatches to the subcommands.
+#include <stdio.h>
+#include <string.h>
+
+#include "cli_common.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "specdec %s - LLM inference on the CPU (GGUF, llama-family models)\n"
+            "\n"
+            "usage: specdec <command> [options]\n"
+            "\n"
+            "commands:\n"
+            "  generate         generate text from a prompt (streams to stdout)\n"
+            "  bench            compare decoding methods (ar, speculative) on a Spec-Bench prompt set\n"
+            "  bench-forward    time forward passes of 1..64 tokens, decode speed and memory bandwidth\n"
+            "  convert-llama2c  convert a llama2.c checkpoint + tokenizer.bin to GGUF\n"
+            "\n"
+            "options:\n"
+            "  -h, --help       show this help\n"
+            "  --version        print the version\n"
+            "\n"
+            "'specdec <command> --help' describes the options of a command.\n"
+            "example: specdec generate -m models/SmolLM2-135M-Instruct.Q4_1.gguf --chat -p \"Hello\"\n",
+            SPECDEC_VERSION);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 1;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
+        printf("specdec %s\n", SPECDEC_VERSION);
+        return 0;
+    }
+    if (!strcmp(cmd, "generate")) return cmd_generate(argc - 1, argv + 1);
+    if (!strcmp(cmd, "convert-llama2c")) return cmd_convert_llama2c(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench-forward")) return cmd_bench_forward(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
+    cli_error("unknown command '%s' (commands: generate, bench, bench-forward, convert-llama2c; see specdec --help)",
+              cmd);
+    return 1;
+}
