@@ -41,7 +41,12 @@ const sd_tokenizer *sd_model_tokenizer(const sd_model *m);
 typedef struct sd_session_params {
     int n_ctx;       // KV cache length in tokens; 0 = min(model's n_ctx_train, 4096)
     int n_batch;     // most tokens in one forward call; 0 = 512
-    int n_threads;   // 0 = number of online cores
+    int n_threads;   // 0 = number of online cores (ignored with share_threads)
+    // NULL: the session starts its own worker threads. Otherwise it uses the
+    // worker threads of this session (a draft model's session sharing the
+    // target's): sessions that share threads must take turns, never run
+    // forward calls at the same time. Either session may be freed first.
+    const sd_session *share_threads;
 } sd_session_params;
 sd_session_params sd_session_default_params(void);
 int sd_session_new(sd_session **out, const sd_model *m, const sd_session_params *p,
@@ -79,6 +84,18 @@ int sd_session_truncate(sd_session *s, int n, char *err, size_t errlen);
 int sd_session_n_past(const sd_session *s);
 int sd_session_n_ctx(const sd_session *s);
 const sd_model *sd_session_model(const sd_session *s);
+// Layer skipping (self-speculative drafting): skip (n_layer bytes, nonzero =
+// skipped) makes every later forward of this session pass the residual stream
+// through the skipped layers unchanged; they neither read nor write KV rows
+// (their cache slots keep stale contents, never read while the layer stays
+// skipped). skip == NULL (or all zeros) restores the full model, bit-identical
+// to a session that never skipped. The mask is copied. Changing it does not
+// recompute the cache: truncate to 0 (or to a point before which the KV rows
+// were computed with the same mask) when switching models. Fails if every
+// layer would be skipped. Returns the number of skipped layers, <0 on error.
+int sd_session_set_layer_skip(sd_session *s, const uint8_t *skip, char *err, size_t errlen);
+// The current mask (n_layer bytes) or NULL when no layer is skipped.
+const uint8_t *sd_session_layer_skip(const sd_session *s);
 
 // ---------------------------------------------------------------- tokenizer
 // Encodes text into ids. add_bos: prepend BOS when the vocabulary asks for it

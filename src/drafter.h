@@ -20,6 +20,16 @@ typedef struct sd_draft_ctx {
     sd_sampler *rng;        // randomness for stochastic drafting
 } sd_draft_ctx;
 
+// Auxiliary batch nodes of one step (see sd_drafter_aux_vt below). Owned by the
+// speculative loop, allocated once.
+typedef struct sd_aux_nodes {
+    int cap;            // most nodes the drafter may add this step (batch and context room)
+    int n;              // nodes filled by the drafter, 0..cap
+    int32_t *token;     // (cap) token ids
+    int32_t *parent;    // (cap) parent as a batch index: < tree->n a tree node, else tree->n + aux index (< own)
+    uint8_t *logits;    // (cap) 1: target logits wanted for this node in observe
+} sd_aux_nodes;
+
 typedef struct sd_drafter sd_drafter;
 typedef struct sd_drafter_vt {
     const char *name;
@@ -37,9 +47,37 @@ typedef struct sd_drafter_vt {
     void (*free)(sd_drafter *d);
 } sd_drafter_vt;
 
+// Optional extension of the vtable, added for lookahead decoding. It is a
+// separate table (not new members of sd_drafter_vt) so that vtables written
+// positionally stay complete and warning-free under -Wextra.
+typedef struct sd_drafter_aux_vt {
+    // Auxiliary nodes: extra batch nodes the drafter wants evaluated in the
+    // SAME target forward as the tree (e.g. the lookahead branch of Jacobi
+    // decoding). Called after propose with the final tree; the drafter fills
+    // aux (at most aux->cap nodes, aux->n = 0 for none). Auxiliary node j is
+    // batch node tree->n + j; its parent is a batch index (a tree node, or
+    // tree->n + k for an earlier auxiliary node k < j), so it attends to the
+    // committed cache and its ancestor chain only, at position n_past + its
+    // depth. Auxiliary nodes are never verified, accepted or committed (their
+    // KV rows are dropped). NULL: none.
+    int (*aux)(sd_drafter *d, const sd_draft_ctx *ctx, const sd_tree *tree, sd_aux_nodes *aux, char *err,
+               size_t errlen);
+    // Called right after the target forward (before verification) with read
+    // access to the target logits of the batch: logits(lstate, i) for batch
+    // index i gives n_vocab raw logits of tree node i (i < tree->n, always
+    // present) or of auxiliary node i - tree->n (present when it asked for
+    // them), else NULL. aux is what the drafter filled (n = 0 if none). The
+    // rows are valid only during the call. NULL: not called.
+    int (*observe)(sd_drafter *d, const sd_tree *tree, const sd_aux_nodes *aux,
+                   const float *(*logits)(void *lstate, int i), void *lstate, char *err, size_t errlen);
+} sd_drafter_aux_vt;
+
 struct sd_drafter {
     const sd_drafter_vt *vt;
     void *impl;   // owned by the drafter
+    // Optional (lookahead-style drafters); NULL for all others. Drafters
+    // allocate their sd_drafter zeroed (calloc), so it is NULL unless set.
+    const sd_drafter_aux_vt *aux_vt;
 };
 
 // Frees any drafter through its vtable (NULL is fine).

@@ -394,6 +394,9 @@ int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errle
 
     fwd_job job = {s, 0, n};
     for (int l = 0; l < hp->n_layer; l++) {
+        // A skipped layer (sd_session_set_layer_skip) is the identity on the
+        // residual stream and writes no KV rows.
+        if (s->layer_skip && s->layer_skip[l]) continue;
         const sd_layer *L = &m->layers[l];
         job.layer = l;
         float *kc = s->k_cache + ((size_t)l * s->n_ctx + s->n_past) * kvd;

@@ -25,9 +25,27 @@
 //    buffer and reused for all tokens (tiles of 2 rows x 4 tokens).
 // Either way each weight byte is read from memory once per sd_matmul call.
 //
+// Batch invariance (required by speculative verification): a (row, token)
+// dot must give the same bits whatever n_tok, the token's place in a tile
+// (T = 1..4), the tile height R or the thread's row range. Integer dots are
+// exact; the float work per (row, token) is the same sequence in every tile
+// shape: the accumulator gets the same FMAs in the same block-group order,
+// and the final horizontal sum is always the reduce4 tree (a partial tile
+// pads with zero vectors), never _mm512_reduce_add_ps for some T and
+// reduce4 for others. sd_matmul always takes the packed path for these
+// types (1-token calls included); the fused path (vec_dot, gemm on plain
+// rows, rows of more than PK_NB_MAX blocks) is invariant in itself but does
+// not give the packed path's bits.
+//
 // Measured (this 2-vCPU EPYC, 2 threads, all matmuls of the default model =
 // 30 x 7 Q4_1 + the 49152 x 576 Q8_0 output, ~96 MB, noisy shared machine):
 // 1 token 3.0 ms (~32 GB/s), 2: 3.45, 4: 4.7, 8: 7.75, 16: 14.0, 64: 44 ms.
+// After keeping the activation vectors and scales of a tile in registers
+// (in_reg: GCC otherwise re-loads them as a memory operand of every dpbusd /
+// mul, and the tile was bound by L1 loads) and prefetching the weights a few
+// row pairs ahead for batches: the same matrices on 1 thread (CPU time,
+// synthetic weights) 1 token 5.25 ms, 4: 6.6, 8: 10.0, 16: 16.0 ms (before:
+// 5.27, 7.9, 13.0, 25.7 ms).
 #include "quant.h"
 
 #include <string.h>
@@ -298,6 +316,9 @@ static void q8_1_quantize(const float *src, void *dst, int64_t n) {
 // layout on the stack and reused for all tokens.
 
 #define PK_NB_MAX 512 // packed path for n_in <= 16384; larger rows use the fused path
+#ifndef PK_PF
+#define PK_PF 4 // batches: software prefetch of the weights of the row pair this far ahead
+#endif
 #define PK_R 2        // rows per packed tile (3 and 4 measured no better); the pack lives on
                       // the stack (~45 KB per call: fine for default 8 MB thread stacks)
 
@@ -536,6 +557,19 @@ AI __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
     return _mm_add_ps(_mm256_castps256_ps128(d), _mm256_extractf128_ps(d, 1));
 }
 
+// v, kept in a register: the compiler would otherwise fold the load into
+// every dpbusd that uses it (R loads of the same activation vector per
+// group; the tile is then bound by L1 loads rather than by dpbusd).
+AI __m512i in_reg(__m512i v) {
+    __asm__("" : "+v"(v));
+    return v;
+}
+
+AI __m512 in_reg_ps(__m512 v) {
+    __asm__("" : "+v"(v));
+    return v;
+}
+
 // One group (NV vectors) of the R x T tile.
 AI void tile_group(int type, int R, int T, int NV, const wpack *pk, int64_t g, const uint8_t *x, size_t xrb,
                    size_t oq, size_t od, size_t oa, __m512 acc[PK_R][4]) {
@@ -552,8 +586,8 @@ AI void tile_group(int type, int R, int T, int NV, const wpack *pk, int64_t g, c
         const uint8_t *xg = x + t * xrb + oq + g * 256;
         __m512i xv[4];
 #pragma GCC unroll 4
-        for (int z = 0; z < NV; z++) xv[z] = _mm512_load_si512(xg + 64 * z);
-        __m512 dx = _mm512_load_ps(x + t * xrb + od + g * 64);
+        for (int z = 0; z < NV; z++) xv[z] = in_reg(_mm512_load_si512(xg + 64 * z));
+        __m512 dx = in_reg_ps(_mm512_load_ps(x + t * xrb + od + g * 64));
         __m512i a0 = w_offset(type) ? _mm512_load_si512(x + t * xrb + oa + g * 64) : _mm512_setzero_si512();
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
@@ -583,26 +617,28 @@ AI void tile_packed(int type, int R, int T, int64_t nb, const wpack *pk, const u
         }
     if (w_has_min(type))
         for (int64_t k = 0; k < nb16; k++) {
+            __m512 mv[PK_R];
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) mv[r] = in_reg_ps(pk->m[r][k]);
 #pragma GCC unroll 4
             for (int t = 0; t < T; t++) {
-                __m512 sv = _mm512_load_ps(x + t * xrb + os + k * 64);
+                __m512 sv = in_reg_ps(_mm512_load_ps(x + t * xrb + os + k * 64));
 #pragma GCC unroll 4
-                for (int r = 0; r < R; r++) acc[r][t] = _mm512_fmadd_ps(pk->m[r][k], sv, acc[r][t]);
+                for (int r = 0; r < R; r++) acc[r][t] = _mm512_fmadd_ps(mv[r], sv, acc[r][t]);
             }
         }
-    if (T == 4) {
+    // Batch invariance: every token's accumulator is reduced by the same
+    // reduce4 tree (lane t of its result depends on acc[.][t] only, with the
+    // same order of additions for every t), whatever T is; missing tokens are
+    // zero vectors whose sums are discarded.
 #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            float v[4];
-            _mm_storeu_ps(v, reduce4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
-            for (int t = 0; t < 4; t++) y[t * ldy + r] = v[t];
-        }
-        return;
+    for (int r = 0; r < R; r++) {
+        const __m512 z = _mm512_setzero_ps();
+        float v[4];
+        _mm_storeu_ps(v, reduce4(acc[r][0], T > 1 ? acc[r][1] : z, T > 2 ? acc[r][2] : z, T > 3 ? acc[r][3] : z));
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) y[t * ldy + r] = v[t];
     }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++) y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
 }
 
 AI void packed_all_tokens(int type, int R, int64_t nb, const wpack *pk, const uint8_t *x, size_t xrb,
@@ -624,6 +660,10 @@ AI void gemm_packed(int type, int64_t n_in, const void *W, size_t wrb, int64_t r
     _Alignas(64) wpack pk;
     int64_t r = r0;
     for (; r + PK_R <= r1; r += PK_R) {
+        if (n_tok > 1 && r + PK_R * (PK_PF + 1) <= r1) { // the rows PK_PF pairs ahead
+            const char *p = (const char *)(w + (r + PK_R * PK_PF) * wrb);
+            for (size_t o = 0; o < PK_R * wrb; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+        }
         pack_rows(type, PK_R, nb, w + r * wrb, wrb, &pk);
         packed_all_tokens(type, PK_R, nb, &pk, xq, xrb, n_tok, y + r, ldy);
     }

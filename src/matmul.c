@@ -1,12 +1,22 @@
 // matmul.c - the batched matrix multiply y = x W^T over quantized weights.
 //
-// One call, one sd_pool_run: (1) the threads convert the n_tok activation rows
-// once to the weight type's vec_dot_type (into ctx->wbuf), each a share of
-// the tokens, and wait for each other (a spin barrier); (2) they split
+// One call, one sd_pool_run: (1) the n_tok activation rows are converted
+// once to the weight type's vec_dot_type (into ctx->wbuf): by the calling
+// thread before the run for batches below SD_MM_PAR_CONV_MIN_TOK (no barrier
+// inside the run), else by all threads, each a share of the tokens, followed
+// by a spin-then-yield barrier; (2) the threads split
 // the output rows among themselves in chunks of SD_MM_ROW_ALIGN rows, and each
 // thread runs the type's tile kernel (gemm) over its rows for all tokens, so
 // every weight block is read from memory once for the whole batch. Types
 // without a tile kernel fall back to one vec_dot per (row, token).
+//
+// Batch invariance: y[t][r] has the same bits whatever n_tok, the place of
+// token t in the batch and the number of threads. The conversion of a token
+// does not depend on the others, and the tile kernels (kernels_x86.c,
+// quant_k.c) run the same float operations for every (row, token) in every
+// tile shape; the vec_dot fallback is per (row, token) anyway. Checked by
+// tests/test_quant.c, tests/test_quant_k.c and tests/test_invariance.c.
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -25,7 +35,13 @@
 // on hot caches the fused 1-token path is faster, but on weights streamed
 // from memory (the normal case of a forward) the packed path is (measured:
 // 3.0 vs 4.6 ms per token over the default model's matrices).
+// Must stay 1: the packed and the fused paths give different bits, and a
+// token must get the same bits alone as in a batch (batch invariance).
 #define SD_MM_PACK_MIN_TOK 1
+
+// Batches of at least this many tokens are converted by all threads of the
+// pool (then a barrier); smaller ones by the calling thread alone.
+#define SD_MM_PAR_CONV_MIN_TOK 64
 
 #if defined(__x86_64__) || defined(__i386__)
 #define SD_CPU_RELAX() __builtin_ia32_pause()
@@ -44,6 +60,7 @@ typedef struct {
     const float *x;          // (n_tok, n_in) input activations
     sd_from_float_fn quant;  // plain conversion, or NULL when pack is used
     sd_act_pack_fn pack;     // packed conversion, or NULL
+    int conv_in_task;        // 1: the pool threads convert (large batches), 0: done before the run
     atomic_int n_conv_done;  // threads done converting (a one-shot barrier)
     const sd_type_traits *tr;
     const void *W;    // (n_out, w_row_bytes)
@@ -69,18 +86,29 @@ static void mm_rows(const mm_job *j, int64_t r0, int64_t r1) {
     }
 }
 
+// Converts activation rows [t0, t1) of the job.
+static void mm_convert(const mm_job *j, long t0, long t1) {
+    for (long t = t0; t < t1; t++) {
+        char *dst = (char *)j->xq + (size_t)t * j->x_row_bytes;
+        if (j->pack) j->pack(j->x + t * j->n_in, dst, j->n_in);
+        else j->quant(j->x + t * j->n_in, dst, j->n_in);
+    }
+}
+
 static void mm_task(void *arg, int ith, int nth) {
     mm_job *j = arg;
-    if (j->quant || j->pack) {
+    if (j->conv_in_task) {
         long t0, t1;
         sd_split_range((long)j->n_tok, ith, nth, &t0, &t1);
-        for (long t = t0; t < t1; t++) {
-            char *dst = (char *)j->xq + (size_t)t * j->x_row_bytes;
-            if (j->pack) j->pack(j->x + t * j->n_in, dst, j->n_in);
-            else j->quant(j->x + t * j->n_in, dst, j->n_in);
-        }
+        mm_convert(j, t0, t1);
         atomic_fetch_add_explicit(&j->n_conv_done, 1, memory_order_acq_rel);
-        while (atomic_load_explicit(&j->n_conv_done, memory_order_acquire) < nth) SD_CPU_RELAX();
+        // spin, then yield: on a busy machine the peer may be descheduled,
+        // and pure spinning would burn our time slice waiting for it
+        long spins = 0;
+        while (atomic_load_explicit(&j->n_conv_done, memory_order_acquire) < nth) {
+            if (++spins < 2000) SD_CPU_RELAX();
+            else sched_yield();
+        }
     }
     long n_chunks = (long)((j->n_out + SD_MM_ROW_ALIGN - 1) / SD_MM_ROW_ALIGN), lo, hi;
     sd_split_range(n_chunks, ith, nth, &lo, &hi);
@@ -120,6 +148,12 @@ void sd_matmul(sd_mm_ctx *ctx, int wtype, const void *W, int64_t n_in, int64_t n
         j.quant = pack ? NULL : sd_quant_act_quantizer(vdt);
         j.xq = buf;
         j.x_row_bytes = xrb;
+    }
+    if (j.quant || j.pack) {
+        // Small batches are converted here, by the caller (a few us), which
+        // saves the threads a barrier; large ones by all threads.
+        if (n_tok >= SD_MM_PAR_CONV_MIN_TOK && ctx && ctx->pool && sd_pool_size(ctx->pool) > 1) j.conv_in_task = 1;
+        else mm_convert(&j, 0, (long)n_tok);
     }
     sd_pool_run(ctx ? ctx->pool : NULL, mm_task, &j);
 }

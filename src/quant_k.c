@@ -727,11 +727,10 @@ static void k_micro_any(int nr, int nt, const k_unp *buf, int nsb, const sd_bloc
 K_INLINE void k_gemm_avx512(int type, size_t bsize, int64_t n_in, const void *W, size_t w_row_bytes, int64_t r0,
                             int64_t r1, const void *xq, size_t x_row_bytes, int64_t n_tok, float *y, int64_t ldy) {
     const int64_t nsb = n_in / SD_QK_K;
-    if (n_tok == 1) { // nothing to share: the fused row kernel is faster
-        for (int64_t r = r0; r < r1; r++)
-            y[r] = k_vec_dot_avx512(type, bsize, n_in, (const uint8_t *)W + (size_t)r * w_row_bytes, xq);
-        return;
-    }
+    // No special case for n_tok == 1 (batch invariance): every (row, token)
+    // dot runs through k_micro with the same chunking of super-blocks
+    // (K_KC, from s0 = 0) and the same float accumulation into ysum,
+    // whatever n_tok, the token's place in a K_TT pair or the row split.
     // Outputs are gathered for a panel of K_RP rows x K_TG tokens and stored
     // once: y rows of different tokens are ldy apart, often a multiple of
     // 4 KiB, and updating them chunk by chunk thrashes a cache set.

@@ -19,6 +19,7 @@ sd_session_params sd_session_default_params(void) {
     p.n_ctx = 0;
     p.n_batch = 0;
     p.n_threads = 0;
+    p.share_threads = NULL;
     return p;
 }
 
@@ -80,7 +81,7 @@ int sd_session_new(sd_session **out, const sd_model *m, const sd_session_params 
     s->out_rows = malloc(B * sizeof(int32_t));
     s->logit_row = malloc(B * sizeof(int32_t));
     s->logits = malloc(B * (size_t)hp->n_vocab * sizeof(float));
-    s->pool = sd_pool_new(n_threads);
+    s->pool = p->share_threads ? sd_pool_ref(p->share_threads->pool) : sd_pool_new(n_threads);
     s->n_threads = sd_pool_size(s->pool);
     s->att_scores = malloc((size_t)s->n_threads * (size_t)(n_ctx + 16) * sizeof(float));
     s->mm.pool = s->pool;
@@ -121,6 +122,7 @@ void sd_session_free(sd_session *s) {
     free(s->logit_row);
     free(s->logits);
     free(s->mm.wbuf);
+    free(s->layer_skip);
     sd_pool_free(s->pool);
     free(s);
 }
@@ -158,6 +160,7 @@ int sd_session_commit(sd_session *s, const int32_t *rows, int n_rows, char *err,
     const sd_hparams *hp = &s->m->hp;
     const size_t kvd = (size_t)s->kv_dim;
     for (int l = 0; l < hp->n_layer; l++) {
+        if (s->layer_skip && s->layer_skip[l]) continue;   // no rows were written
         float *kc = s->k_cache + (size_t)l * s->n_ctx * kvd;
         float *vc = s->v_cache + (size_t)l * s->n_ctx * kvd;
         for (int k = 0; k < n_rows; k++) {
@@ -179,6 +182,30 @@ int sd_session_truncate(sd_session *s, int n, char *err, size_t errlen) {
     s->n_pending = 0;
     return 0;
 }
+
+int sd_session_set_layer_skip(sd_session *s, const uint8_t *skip, char *err, size_t errlen) {
+    const int nl = s->m->hp.n_layer;
+    int n = 0;
+    if (skip)
+        for (int l = 0; l < nl; l++) n += skip[l] != 0;
+    if (n == 0) {
+        free(s->layer_skip);
+        s->layer_skip = NULL;
+        s->n_skip = 0;
+        return 0;
+    }
+    if (n == nl) return sd_err(err, errlen, "layer skip: all %d layers would be skipped", nl);
+    if (!s->layer_skip) {
+        s->layer_skip = malloc((size_t)nl);
+        if (!s->layer_skip) return sd_err(err, errlen, "out of memory");
+    }
+    for (int l = 0; l < nl; l++) s->layer_skip[l] = skip[l] != 0;
+    s->n_skip = n;
+    s->n_pending = 0;   // pending rows were computed with the old mask
+    return n;
+}
+
+const uint8_t *sd_session_layer_skip(const sd_session *s) { return s->layer_skip; }
 
 int sd_session_n_past(const sd_session *s) { return s->n_past; }
 int sd_session_n_ctx(const sd_session *s) { return s->n_ctx; }

@@ -43,6 +43,10 @@ struct sd_session {
     float *logits;      // (n_batch, n_vocab)
     double *rope_freq;  // (n_rot / 2) angle per position of each rotary pair (radians; linear scaling folded in)
 
+    // Layer skipping (self-speculative drafting, sd_session_set_layer_skip).
+    uint8_t *layer_skip; // (n_layer) 1: the layer is skipped (residual passes through, no KV written); NULL: none
+    int n_skip;          // layers with layer_skip[l] == 1
+
     sd_pool *pool;
     sd_mm_ctx mm;       // wbuf sized for the largest matmul with n_batch tokens
 };

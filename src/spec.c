@@ -46,6 +46,9 @@ static float *spec_target_row(void *st, int node) {
 
 static double spec_uniform(void *st) { return sd_sampler_uniform((sd_sampler *)st); }
 
+// Logits of batch node i of the last target forward, for drafter observe().
+static const float *spec_batch_logits(void *st, int i) { return sd_session_logits((const sd_session *)st, i); }
+
 int sd_spec_generate(sd_session *s, sd_sampler *smp, sd_drafter *d, const int32_t *prompt, int n_prompt,
                      const sd_spec_params *p, sd_token_cb cb, void *user, sd_spec_stats *out, char *err,
                      size_t errlen) {
@@ -80,13 +83,23 @@ int sd_spec_generate(sd_session *s, sd_sampler *smp, sd_drafter *d, const int32_
     int32_t *path2 = malloc(sizeof(int32_t) * (size_t)max_nodes);
     float *prow = malloc(sizeof(float) * (size_t)nv);
     float *qscr = malloc(sizeof(float) * (size_t)nv);
-    uint8_t *want = malloc((size_t)n_batch);
+    uint8_t *want = malloc((size_t)SD_MAX(n_batch, s->n_batch));
+    // Auxiliary nodes (drafters with aux_vt) and the batch that holds
+    // the tree followed by them.
+    const int use_aux = d && d->aux_vt && d->aux_vt->aux;
+    const size_t nb_s = (size_t)s->n_batch;
+    int32_t *aux_tok = use_aux ? malloc(sizeof(int32_t) * nb_s) : NULL;
+    int32_t *aux_par = use_aux ? malloc(sizeof(int32_t) * nb_s) : NULL;
+    uint8_t *aux_lg = use_aux ? malloc(nb_s) : NULL;
+    int32_t *b_tok = use_aux ? malloc(sizeof(int32_t) * nb_s) : NULL;
+    int32_t *b_par = use_aux ? malloc(sizeof(int32_t) * nb_s) : NULL;
     sd_tree tree;
     int tree_ok = sd_tree_init(&tree, max_nodes, nv, max_nodes) == 0;
     int rc = 0;
     char ferr[256];
     double t1 = sd_time_ms();
-    if (!seq || !tgt_next || !path || !path2 || !prow || !qscr || !want || !tree_ok) {
+    if (!seq || !tgt_next || !path || !path2 || !prow || !qscr || !want || !tree_ok ||
+        (use_aux && (!aux_tok || !aux_par || !aux_lg || !b_tok || !b_par))) {
         rc = sd_err(err, errlen, "speculative: out of memory");
         goto done;
     }
@@ -152,16 +165,64 @@ int sd_spec_generate(sd_session *s, sd_sampler *smp, sd_drafter *d, const int32_
                 goto done;
             }
         }
+        // Auxiliary nodes go after the tree in the same batch (never verified
+        // nor committed); they need batch room and context room for their rows.
+        sd_aux_nodes aux = {0, 0, aux_tok, aux_par, aux_lg};
+        if (use_aux) {
+            aux.cap = SD_MIN(s->n_batch, n_ctx - n_past) - tree.n;
+            if (aux.cap > 0) {
+                sd_draft_ctx dc = {seq, n_seq, step_max, !greedy, smp_p, smp};
+                if (d->aux_vt->aux(d, &dc, &tree, &aux, ferr, sizeof ferr) < 0) {
+                    rc = sd_err(err, errlen, "speculative: drafter '%s' failed: %s", d->vt->name, ferr);
+                    goto done;
+                }
+            }
+            if (aux.n < 0 || aux.n > SD_MAX(aux.cap, 0)) {
+                rc = sd_err(err, errlen, "speculative: drafter '%s' added %d auxiliary nodes (limit %d)", d->vt->name,
+                            aux.n, SD_MAX(aux.cap, 0));
+                goto done;
+            }
+            for (int j = 0; j < aux.n; j++) {
+                if (aux.parent[j] < 0 || aux.parent[j] >= tree.n + j || aux.token[j] < 0 || aux.token[j] >= nv) {
+                    rc = sd_err(err, errlen, "speculative: drafter '%s' gave auxiliary node %d parent %d token %d",
+                                d->vt->name, j, aux.parent[j], aux.token[j]);
+                    goto done;
+                }
+            }
+        }
         double tb = sd_time_ms();
         st.draft_ms += tb - ta;
 
         sd_batch b = {.n = tree.n, .tokens = tree.token, .parent = tree.parent, .pos = NULL, .logits = NULL};
+        if (aux.n > 0) {
+            memcpy(b_tok, tree.token, sizeof(int32_t) * (size_t)tree.n);
+            memcpy(b_par, tree.parent, sizeof(int32_t) * (size_t)tree.n);
+            memcpy(b_tok + tree.n, aux.token, sizeof(int32_t) * (size_t)aux.n);
+            memcpy(b_par + tree.n, aux.parent, sizeof(int32_t) * (size_t)aux.n);
+            memset(want, 1, (size_t)tree.n);
+            for (int j = 0; j < aux.n; j++) want[tree.n + j] = aux.logits ? aux.logits[j] != 0 : 1;
+            b.n = tree.n + aux.n;
+            b.tokens = b_tok;
+            b.parent = b_par;
+            b.logits = want;
+        }
         if (sd_session_forward(s, &b, ferr, sizeof ferr) < 0) {
             rc = sd_err(err, errlen, "speculative: target forward failed after %d tokens: %s", st.gen.n_generated,
                         ferr);
             goto done;
         }
         st.n_target_forwards++;
+        st.n_aux_nodes += aux.n;
+        if (d && d->aux_vt && d->aux_vt->observe) {
+            double to = sd_time_ms();
+            if (d->aux_vt->observe(d, &tree, &aux, spec_batch_logits, s, ferr, sizeof ferr) < 0) {
+                rc = sd_err(err, errlen, "speculative: drafter '%s' failed: %s", d->vt->name, ferr);
+                goto done;
+            }
+            double dt = sd_time_ms() - to;
+            st.draft_ms += dt;
+            tb += dt;   // keep verify_ms for the forward and the verification
+        }
         spec_rows rows = {s, smp, &tree, seq, n_seq, path2, prow};
         int n_path = 0;
         int32_t bonus = -1;
@@ -234,6 +295,11 @@ done:
     free(prow);
     free(qscr);
     free(want);
+    free(aux_tok);
+    free(aux_par);
+    free(aux_lg);
+    free(b_tok);
+    free(b_par);
     if (tree_ok) sd_tree_free(&tree);
     if (out) *out = st;
     return rc;

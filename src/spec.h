@@ -40,6 +40,7 @@ typedef struct sd_spec_stats {
     int max_depth;                // deepest depth seen
     double draft_ms;              // time in the drafter (propose + accept), ms
     double verify_ms;             // target tree forwards + verification + commit, ms
+    long n_aux_nodes;             // auxiliary batch nodes (drafter aux(), e.g. the lookahead branch) in total
 } sd_spec_stats;
 
 sd_spec_params sd_spec_default_params(void);
@@ -55,6 +56,11 @@ sd_spec_params sd_spec_default_params(void);
 // token per forward. The drafter must be fresh or reset for a new text. The
 // only allocations happen before the loop. Returns 0 (stats filled) or <0
 // with a message.
+//
+// Drafters with the optional aux_vt (drafter.h: aux/observe) add auxiliary
+// nodes after the tree in the same forward (bounded by the session's n_batch
+// and the context room, not by max_nodes) and read the logits of the whole
+// batch after it; only the verified tree path is committed.
 int sd_spec_generate(sd_session *s, sd_sampler *smp, sd_drafter *d, const int32_t *prompt, int n_prompt,
                      const sd_spec_params *p, sd_token_cb cb, void *user, sd_spec_stats *out, char *err,
                      size_t errlen);

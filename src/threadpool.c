@@ -15,6 +15,7 @@ struct sd_pool {
     _Atomic int n_done;       // workers finished with the current job
     _Atomic int stop;
     _Atomic int n_sleeping;   // workers blocked on cv
+    _Atomic int n_refs;       // owners (sd_pool_ref / sd_pool_free)
     sd_task_fn fn;            // current job
     void *arg;
     pthread_mutex_t mu;
@@ -68,6 +69,7 @@ sd_pool *sd_pool_new(int n_threads) {
     sd_pool *p = calloc(1, sizeof(*p));
     if (!p) return NULL;
     p->n = n_threads;
+    atomic_store(&p->n_refs, 1);
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
     p->th = calloc((size_t)n_threads, sizeof(pthread_t));
@@ -92,8 +94,13 @@ sd_pool *sd_pool_new(int n_threads) {
     return p;
 }
 
+sd_pool *sd_pool_ref(sd_pool *p) {
+    if (p) atomic_fetch_add(&p->n_refs, 1);
+    return p;
+}
+
 void sd_pool_free(sd_pool *p) {
-    if (!p) return;
+    if (!p || atomic_fetch_sub(&p->n_refs, 1) > 1) return;
     pthread_mutex_lock(&p->mu);
     atomic_store(&p->stop, 1);
     pthread_cond_broadcast(&p->cv);

@@ -12,7 +12,11 @@ typedef void (*sd_task_fn)(void *arg, int ith, int nth);
 
 // Creates a pool of n_threads (>= 1; 1 means the caller alone). NULL on failure.
 sd_pool *sd_pool_new(int n_threads);
+// Releases one reference; the threads stop when the last one is released.
 void sd_pool_free(sd_pool *p);
+// Takes another reference to p (sessions that take turns share one pool:
+// two pools of spinning workers on the same cores would fight each other).
+sd_pool *sd_pool_ref(sd_pool *p);
 int sd_pool_size(const sd_pool *p);
 // Runs fn on all threads (caller included) and waits. Not reentrant: fn must
 // not call sd_pool_run on the same pool. p may be NULL: fn(arg, 0, 1).

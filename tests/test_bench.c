@@ -335,6 +335,136 @@ static void test_generate_draft(void) {
     CHECK(rc == 1 && strstr(g_out, "needs a draft model"), "--tree without --draft: exit %d:\n%s", rc, g_out);
 }
 
+// The drafters without a draft model (n-gram, layer skip, automatic tree,
+// lookahead) and auto with a draft model: every method reproduces ar.
+static void test_bench_methods(void) {
+    if (!g_model[0]) SKIP("%s", g_why);
+    char pj[320], out[320], args[2048];
+    snprintf(pj, sizeof pj, "%s/methods.jsonl", g_dir);
+    snprintf(out, sizeof out, "%s/methods.json", g_dir);
+    write_file(pj, "{\"question_id\": 1, \"category\": \"story\", \"turns\": [\"Once upon a time\"]}\n"
+                   "{\"question_id\": 2, \"category\": \"story\", \"turns\": [\"Lily and Tom went to the park. Lily\"]}\n");
+    const char *names[] = {"ar", "ngram:3-4", "skip:1-2", "auto", "lookahead:3-3-3", "skip:auto"};
+    const int nn = 6;
+    snprintf(args, sizeof args,
+             "bench -m %s --prompts %s --methods ar,ngram:3-4,skip:1-2,auto,lookahead:3-3-3,skip:auto -n 40 --no-chat "
+             "-t 1 --out %s",
+             g_model, pj, out);
+    unlink(out);
+    int rc = run(args, 1);
+    CHECK(rc == 0, "exit %d:\n%s", rc, g_out);
+    CHECK(strstr(g_out, "MISMATCH") == NULL, "mismatch reported:\n%s", g_out);
+    CHECK(strstr(g_out, "tree auto: target cost measured") && strstr(g_out, "tree auto (auto): n="),
+          "automatic tree not reported:\n%s", g_out);
+    CHECK(strstr(g_out, "skip set chosen for skip:auto: {"), "skip search result not reported:\n%s", g_out);
+    const char *sk = strstr(g_out, "skip search [");
+    CHECK(sk && !strstr(strstr(sk, "[1/12]") ? strstr(sk, "[1/12]") : sk, "skip search ["),
+          "the skip search must run once, before the first prompt:\n%s", g_out);
+    const char *js = read_file_all(out);
+    CHECK(js != NULL && json_valid(js), "no / invalid results file %s", out);
+    if (!js) return;
+    const char *prev = js;
+    for (int k = 0; k < nn; k++) {
+        char pat[64];
+        snprintf(pat, sizeof pat, "{\"name\": \"%s\"", names[k]);
+        const char *m = strstr(prev, pat);
+        CHECK(m != NULL, "method %s missing (or out of order)", names[k]);
+        if (!m) continue;
+        prev = m;
+        const char *eq = json_after(json_after(m, "overall"), "equal_to_ar");
+        CHECK(eq && !strncmp(eq, "true", 4), "%s: equal_to_ar %.8s", names[k], eq ? eq : "(none)");
+        const char *nt = json_after(json_after(m, "overall"), "n_tokens");
+        CHECK(nt && atoi(nt) == 80, "%s: n_tokens %s", names[k], nt ? nt : "(none)");
+    }
+    // auto with a draft model: the draft model's automatic tree
+    snprintf(args, sizeof args, "bench -m %s --draft %s --prompts %s --methods auto,tree:auto -n 24 --no-chat -t 1",
+             g_model, g_model, pj);
+    rc = run(args, 1);
+    CHECK(rc == 0 && strstr(g_out, "| auto |") && strstr(g_out, "| tree:auto |") && !strstr(g_out, "MISMATCH") &&
+              strstr(g_out, "auto = the draft model(s)"),
+          "auto with --draft: exit %d:\n%s", rc, g_out);
+    // errors
+    snprintf(args, sizeof args, "bench -m %s --prompts %s --methods skip:1-9 --no-chat -n 4", g_model, pj);
+    rc = run(args, 1);
+    CHECK(rc == 1 && strstr(g_out, "out of range") && strstr(g_out, "5 layers"), "skip:1-9: exit %d:\n%s", rc, g_out);
+    snprintf(args, sizeof args, "bench -m %s --prompts %s --methods lookahead:3-1-2 --no-chat -n 4", g_model, pj);
+    rc = run(args, 1);
+    CHECK(rc == 1 && strstr(g_out, "lookahead:W-N-G"), "lookahead:3-1-2: exit %d:\n%s", rc, g_out);
+    rc = run("bench --help", 1);
+    CHECK(rc == 0 && strstr(g_out, "skip:auto") && strstr(g_out, "lookahead:W-N-G") && strstr(g_out, "auto = the best"),
+          "bench --help lacks the new methods:\n%s", g_out);
+}
+
+// generate --draft-skip / --save-skip / --load-skip / --lookahead / --tree auto.
+static void test_generate_methods(void) {
+    if (!g_model[0]) SKIP("%s", g_why);
+    char args[2048], plain[4096], skf[320];
+    snprintf(args, sizeof args, "generate -m %s -p \"Once upon a time\" -n 40 --temp 0 -t 1 --json", g_model);
+    int rc = run(args, 0);
+    CHECK(rc == 0, "plain generate: exit %d", rc);
+    const char *t = json_after(g_out, "text");
+    snprintf(plain, sizeof plain, "%s", t ? t : "");
+    char *e = strstr(plain, "\"}");
+    if (e) e[1] = 0;   // the JSON string, quotes included
+    const char *variants[] = {"--draft-skip 1,2", "--draft-skip 1-3", "--lookahead 3,3,3", "--tree auto",
+                              "--draft-ngram 2,4 --tree auto"};
+    for (int v = 0; v < 5; v++) {
+        snprintf(args, sizeof args, "generate -m %s -p \"Once upon a time\" -n 40 --temp 0 -t 1 %s --json", g_model,
+                 variants[v]);
+        rc = run(args, 0);
+        t = json_after(g_out, "text");
+        CHECK(rc == 0 && json_after(g_out, "n_target_forwards"), "%s: exit %d:\n%s", variants[v], rc, g_out);
+        CHECK(t && plain[0] && !strncmp(t, plain, strlen(plain)), "%s: greedy text differs:\nplain %s\nspec  %s", variants[v], plain,
+              t ? t : "(none)");
+    }
+    // --tree auto prints the chosen tree
+    snprintf(args, sizeof args, "generate -m %s -p \"Once upon a time\" -n 20 -t 1 --draft %s --tree auto", g_model,
+             g_model);
+    rc = run(args, 1);
+    CHECK(rc == 0 && strstr(g_out, "tree auto: n=") && strstr(g_out, "depth=") && strstr(g_out, "tree:auto"),
+          "--tree auto: exit %d:\n%s", rc, g_out);
+    // the skip search, saved and loaded
+    snprintf(skf, sizeof skf, "%s/skip.txt", g_dir);
+    snprintf(args, sizeof args, "generate -m %s -p \"Once upon a time\" -n 20 -t 1 --draft-skip auto --save-skip %s",
+             g_model, skf);
+    rc = run(args, 1);
+    CHECK(rc == 0 && strstr(g_out, "skip search [") && strstr(g_out, "skip set chosen: {") &&
+              strstr(g_out, "(estimated "),
+          "--draft-skip auto: exit %d:\n%s", rc, g_out);
+    snprintf(args, sizeof args, "generate -m %s -p \"Once upon a time\" -n 20 -t 1 --draft-skip auto --load-skip %s",
+             g_model, skf);
+    rc = run(args, 1);
+    CHECK(rc == 0 && strstr(g_out, "skip set loaded from") && !strstr(g_out, "skip search ["),
+          "--load-skip: exit %d:\n%s", rc, g_out);
+    // errors
+    snprintf(args, sizeof args, "generate -m %s -p hi --draft-skip 1,9", g_model);
+    rc = run(args, 1);
+    CHECK(rc == 1 && strstr(g_out, "--draft-skip") && strstr(g_out, "9 out of range") && strstr(g_out, "5 layers"),
+          "--draft-skip 1,9: exit %d:\n%s", rc, g_out);
+    snprintf(args, sizeof args, "generate -m %s -p hi --draft-skip x", g_model);
+    rc = run(args, 1);
+    CHECK(rc == 1 && strstr(g_out, "--draft-skip"), "--draft-skip x: exit %d:\n%s", rc, g_out);
+    snprintf(args, sizeof args, "generate -m %s -p hi --draft-skip 0,1,2,3,4", g_model);
+    rc = run(args, 1);
+    CHECK(rc == 1 && strstr(g_out, "--draft-skip"), "all layers skipped: exit %d:\n%s", rc, g_out);
+    snprintf(args, sizeof args, "generate -m %s -p hi --draft-skip 1 --save-skip %s", g_model, skf);
+    rc = run(args, 1);
+    CHECK(rc == 1 && strstr(g_out, "needs --draft-skip auto"), "--save-skip without auto: exit %d:\n%s", rc, g_out);
+    snprintf(args, sizeof args, "generate -m %s -p hi --draft %s --draft-skip 1", g_model, g_model);
+    rc = run(args, 1);
+    CHECK(rc == 1 && strstr(g_out, "cannot be combined"), "--draft + --draft-skip: exit %d:\n%s", rc, g_out);
+    snprintf(args, sizeof args, "generate -m %s -p hi --lookahead 3,1,2", g_model);
+    rc = run(args, 1);
+    CHECK(rc == 1 && strstr(g_out, "--lookahead: expected W,N,G"), "--lookahead 3,1,2: exit %d:\n%s", rc, g_out);
+    rc = run("generate --help", 1);
+    CHECK(rc == 0 && strstr(g_out, "--draft-skip") && strstr(g_out, "--save-skip") && strstr(g_out, "--load-skip") &&
+              strstr(g_out, "--lookahead W,N,G") && strstr(g_out, "--tree auto"),
+          "generate --help lacks the new flags:\n%s", g_out);
+    snprintf(args, sizeof args, "generate -m %s -p hi --draft %s --tree auto --tree-dynamic 2,2,4", g_model, g_model);
+    rc = run(args, 1);
+    CHECK(rc == 1 && strstr(g_out, "--tree auto"), "--tree auto + --tree-dynamic: exit %d:\n%s", rc, g_out);
+}
+
 int main(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/specdec_test_bench_%d", (int)getpid());
     mkdir(g_dir, 0700);
@@ -344,6 +474,8 @@ int main(void) {
     T_RUN(test_bench_self_draft);
     T_RUN(test_bench_errors);
     T_RUN(test_generate_draft);
+    T_RUN(test_bench_methods);
+    T_RUN(test_generate_methods);
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
     if (system(cmd) != 0) printf("  note: could not remove %s\n", g_dir);

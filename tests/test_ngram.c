@@ -12,6 +12,7 @@
 
 #include "../include/specdec.h"
 #include "common.h"
+#include "draft/draft_model.h"
 #include "draft/draft_ngram.h"
 #include "generate.h"
 #include "lib/synth.h"
@@ -635,6 +636,25 @@ static void test_greedy_lossless(void) {
     d = new_ngram(1, 4, 1, 4);
     check_greedy(d, "ngram 1,4 chain");
     sd_drafter_free(d);
+    // Inside the merging drafter, beside a draft model: it hears only its part
+    // of the accepted path and must catch up from the committed text.
+    sd_model *dft = synth_model(99, 1, 320, "dft");
+    sd_draft_model_params dp = sd_draft_model_default_params();
+    dp.k = 3;
+    dp.n_ctx = 512;
+    dp.n_threads = 1;
+    sd_drafter *subs[2] = {new_ngram(3, 6, 2, 16), NULL};
+    d = NULL;
+    CHECK(dft && subs[0] && sd_draft_model_new(&subs[1], dft, g_tgt, &dp, g_err, sizeof g_err) == 0, "%s", g_err);
+    if (subs[0] && subs[1]) {
+        CHECK(sd_draft_merge_new(&d, subs, 2, 320, g_err, sizeof g_err) == 0, "%s", g_err);
+        check_greedy(d, "merged ngram + model");
+    } else {
+        sd_drafter_free(subs[0]);
+        sd_drafter_free(subs[1]);
+    }
+    sd_drafter_free(d);
+    sd_model_free(dft);
     // With a datastore whose text is the synthetic vocabulary's words.
     char corpus[256], idx[300];
     snprintf(corpus, sizeof corpus, "/tmp/specdec_test_ngram_%d_gl.txt", (int)getpid());

@@ -77,7 +77,16 @@ static void test_capital_of_france(void) {
     if (rc) return;
     collect c;
     sd_gen_stats gs;
-    if (chat_greedy(m, "What is the capital of France?", 24, &c, &gs) == 0) {
+    // The prompt asks for a short answer on purpose. For the bare question
+    // "What is the capital of France?" the first answer token is a near-tie
+    // ("The" beats "L" by 0.08 in exact float arithmetic); 8-bit activation
+    // quantization (which specdec, like llama.cpp, uses before every quantized
+    // matmul) moves logits by about 0.15-0.2 and decides that tie either way:
+    // with specdec's kernels the model then starts "L'Etoile ...". With this
+    // prompt the smallest gap between the top two tokens along the greedy answer
+    // is 0.46-0.66, well above that noise (measured against a float64 numpy
+    // forward and an F32 copy of the model; see docs/numerics.md).
+    if (chat_greedy(m, "What is the capital of France? Answer in one word.", 24, &c, &gs) == 0) {
         CHECK(strstr(c.text, "Paris") != NULL, "answer without 'Paris': '%s'", c.text);
         CHECK(gs.n_generated >= 1 && gs.n_generated <= 24, "n_generated %d", gs.n_generated);
         CHECK(gs.tokens_per_second > 0, "tokens_per_second %f", gs.tokens_per_second);

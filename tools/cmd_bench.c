@@ -41,7 +41,23 @@ static void usage(FILE *f) {
             "                      (chain:K = K draft tokens in a row; tree:W1-W2-.. = Wd\n"
             "                      children per node at depth d; dyn:B-D-M = EAGLE-2 dynamic\n"
             "                      tree, B expanded per depth, D depths, M nodes kept;\n"
-            "                      ngram:N-K = prompt lookup, no draft model needed)\n"
+            "                      ngram:N-K = prompt lookup, no draft model needed;\n"
+            "                      skip:auto | skip:L1-L2-.. = layer-skip self-speculation: the\n"
+            "                      target with those layers (0-based) skipped drafts a chain of\n"
+            "                      up to 8 tokens (adaptive length); auto searches the set once per\n"
+            "                      bench run, before the first prompt, on built-in calibration\n"
+            "                      prompts (progress and the chosen set on stderr);\n"
+            "                      lookahead:W-N-G = lookahead decoding: a Jacobi window of W\n"
+            "                      columns x N-1 levels in the target's forward, up to G N-grams\n"
+            "                      verified per step;\n"
+            "                      auto = the best drafter available with an automatically sized\n"
+            "                      tree: with --draft the draft model(s) (tree:auto), without it\n"
+            "                      n-gram lookup (ngram:3-8); the tree (at most %d nodes) is the\n"
+            "                      Sequoia-style optimum of expected tokens/s, from the target's\n"
+            "                      forward cost (measured once per bench run before the first\n"
+            "                      prompt; min of 3 timings per size) and the acceptance by depth\n"
+            "                      and sibling rank learnt while generating (fresh per run, like\n"
+            "                      every drafter); tree:auto is the same for draft models only)\n"
             "  -n, --n-predict N   most tokens generated per prompt (default 128)\n"
             "  --temp T            temperature; 0 = greedy (default 0). Other sampling\n"
             "                      settings are generate's defaults\n"
@@ -51,9 +67,51 @@ static void usage(FILE *f) {
             "  --draft-p-min P     chain/tree drafts stop below this top probability (default 0)\n"
             "  --no-chat           use the prompt text as is (models without a chat template)\n"
             "  -t, --threads N     threads (default: number of cores)\n"
+            "  --draft-threads N   threads of the draft models; 0 (default) = share the target's\n"
             "  --out FILE          write the full results as JSON\n"
             "  -h, --help          show this help\n",
-            spec_methods_syntax());
+            spec_methods_syntax(), SPEC_AUTO_NODES);
+}
+
+// Progress of the layer-skip search, on stderr.
+static void on_skip_progress(void *user, const sd_skip_progress *pr) {
+    (void)user;
+    static const char *phase[] = {"baseline", "single layers", "greedy"};
+    char best[256];
+    sd_skip_format(pr->best, pr->n_layer, best, sizeof best);
+    fprintf(stderr, "skip search [%s] #%d", phase[pr->phase < 0 || pr->phase > 2 ? 0 : pr->phase], pr->n_eval);
+    if (pr->layer >= 0) fprintf(stderr, " layer %d", pr->layer);
+    fprintf(stderr, ": est %.2fx (tau %.2f)%s | best {%s} %.2fx | %.1f s\n", pr->score, pr->accept_len,
+            pr->kept ? " kept" : "", best, pr->best_score, pr->elapsed_s);
+}
+
+// The automatic trees' choices: printed when the structure differs from the
+// last one printed for the method being run (every run starts from the same
+// prior choice, which is printed once).
+typedef struct tree_reports {
+    const char *method;   // the method being run
+    char last[BENCH_MAX_METHODS][SPEC_NAME_MAX];  // method names seen
+    sd_tree_shape shape[BENCH_MAX_METHODS];       // last shape printed per method
+    int n;
+    int in_run;           // 1: a progress line is open on stderr (start the report on a new line)
+} tree_reports;
+
+static void on_tree_report(void *user, const sd_tree_shape *shape) {
+    tree_reports *r = user;
+    int k = 0;
+    while (k < r->n && strcmp(r->last[k], r->method)) k++;
+    if (k == r->n) {
+        if (r->n == BENCH_MAX_METHODS) return;
+        snprintf(r->last[r->n++], SPEC_NAME_MAX, "%s", r->method);
+    } else if (r->shape[k].n == shape->n &&
+               !memcmp(r->shape[k].parent, shape->parent, sizeof(int32_t) * (size_t)shape->n)) {
+        return;
+    }
+    r->shape[k] = *shape;
+    char buf[1024];
+    sd_tree_shape_format(shape, buf, sizeof buf);
+    fprintf(stderr, "%stree auto (%s): %s\n", r->in_run ? "\n" : "", r->method, buf);
+    r->in_run = 0;
 }
 
 // Collects generated tokens.
@@ -165,7 +223,7 @@ static void token_str(const sd_tokenizer *tok, int32_t t, char *buf, size_t n) {
 int cmd_bench(int argc, char **argv) {
     const char *model_path = NULL, *prompts_path = NULL, *methods_arg = "ar,chain:4", *out_path = NULL;
     const char *draft_paths[SPEC_MAX_DRAFTS];
-    int n_drafts = 0, n_predict = 128, limit = 0, n_threads = 0, chat = 1;
+    int n_drafts = 0, n_predict = 128, limit = 0, n_threads = 0, chat = 1, draft_threads = 0;
     float temp = 0.0f, p_min = 0.0f;
     uint64_t seed = sd_sampler_default_params().seed;
     for (int i = 1; i < argc; i++) {
@@ -190,7 +248,7 @@ int cmd_bench(int argc, char **argv) {
             methods_arg = v;
         } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
             VAL();
-            if (cli_int(a, v, 1, 1 << 20, &n_predict)) return 1;
+            if (cli_int(a, v, 1, 1 << 16, &n_predict)) return 1;
         } else if (!strcmp(a, "--temp")) {
             VAL();
             if (cli_float(a, v, 0.0, 100.0, &temp)) return 1;
@@ -203,6 +261,9 @@ int cmd_bench(int argc, char **argv) {
         } else if (!strcmp(a, "--draft-p-min")) {
             VAL();
             if (cli_float(a, v, 0.0, 1.0, &p_min)) return 1;
+        } else if (!strcmp(a, "--draft-threads")) {
+            VAL();
+            if (cli_int(a, v, 0, 1024, &draft_threads)) return 1;
         } else if (!strcmp(a, "--no-chat")) {
             chat = 0;
         } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
@@ -252,13 +313,15 @@ int cmd_bench(int argc, char **argv) {
     int32_t *ar_tok = malloc(sizeof(int32_t) * (size_t)n_predict * (size_t)np);
     int *ar_n = calloc((size_t)np, sizeof *ar_n);
     tok_buf tb = {malloc(sizeof(int32_t) * (size_t)n_predict), 0, n_predict};
+    tree_reports *reports = calloc(1, sizeof *reports);
+    sd_cost_curve cost;
     int max_nodes[BENCH_MAX_METHODS];
     // categories in order of first appearance
     const char **cats = calloc((size_t)np, sizeof *cats);
     int *cat_of = calloc((size_t)np, sizeof *cat_of);
     int n_cats = 0;
     agg *by_cat = NULL, *overall = NULL;
-    if (!ids || !n_ids || !res || !ar_tok || !ar_n || !tb.t || !cats || !cat_of) {
+    if (!ids || !n_ids || !res || !ar_tok || !ar_n || !tb.t || !cats || !cat_of || !reports) {
         cli_error("out of memory");
         goto out;
     }
@@ -292,12 +355,15 @@ int cmd_bench(int argc, char **argv) {
         }
         max_prompt = SD_MAX(max_prompt, n_ids[p]);
     }
+    int max_extra = 0, auto_nodes = 0;
     for (int k = 0; k < nm; k++) {
         max_nodes[k] = SD_MIN(spec_method_default_nodes(&methods[k], n_drafts), BENCH_BATCH);
         max_tree = SD_MAX(max_tree, max_nodes[k]);
+        max_extra = SD_MAX(max_extra, methods[k].extra_nodes);
+        if (spec_method_uses_auto(&methods[k])) auto_nodes = SD_MAX(auto_nodes, max_nodes[k]);
     }
     sd_session_params ssp = sd_session_default_params();
-    ssp.n_ctx = max_prompt + n_predict + max_tree + 8;
+    ssp.n_ctx = max_prompt + n_predict + max_tree + max_extra + 8;
     ssp.n_batch = BENCH_BATCH;
     ssp.n_threads = n_threads;
     if (sd_session_new(&s, m, &ssp, err, sizeof err) < 0) {
@@ -316,8 +382,22 @@ int cmd_bench(int argc, char **argv) {
     env.target = m;
     env.n_drafts = n_drafts;
     env.n_ctx = sd_session_n_ctx(s);
-    env.n_threads = n_threads;
+    env.n_threads = draft_threads;
+    env.share_threads = draft_threads ? NULL : s;
     env.p_min = p_min;
+    env.skip_progress = on_skip_progress;
+    env.tree_report = on_tree_report;
+    env.tree_user = reports;
+    if (auto_nodes > 0) {   // the target's cost curve, once, on the empty session
+        double t0 = sd_time_ms();
+        if (spec_measure_cost(&cost, s, auto_nodes, err, sizeof err) < 0) {
+            cli_error("automatic tree: %s", err);
+            goto out;
+        }
+        env.cost = &cost;
+        fprintf(stderr, "tree auto: target cost measured in %.0f ms: %.2f ms at 1 node, %.2f ms at %d nodes\n",
+                sd_time_ms() - t0, cost.ms[0], cost.ms[cost.n_points - 1], cost.n[cost.n_points - 1]);
+    }
     for (int i = 0; i < n_drafts; i++) {
         if (sd_model_load(&drafts[i], draft_paths[i], err, sizeof err) < 0) {
             cli_error("cannot load draft model '%s': %s", draft_paths[i], err);
@@ -330,6 +410,19 @@ int cmd_bench(int argc, char **argv) {
     // and frees it afterwards, so that no idle drafter (its session's worker
     // threads) competes with the method being timed.
     for (int k = 0; k < nm; k++) {
+        double est = 0;
+        reports->method = methods[k].name;
+        if (spec_method_prepare(&methods[k], &env, &est, err, sizeof err) < 0) {   // skip:auto: the search, once
+            cli_error("method '%s': %s", methods[k].name, err);
+            goto out;
+        }
+        if (methods[k].kind == SPEC_SKIP && est > 0) {
+            fprintf(stderr, "skip set chosen for %s: {%s} (estimated %.2fx)\n", methods[k].name, methods[k].skip_list,
+                    est);
+            if (est < 1.0)
+                fprintf(stderr, "warning: %s: layer skipping is not expected to pay on this model (estimated %.2fx "
+                                "of plain decoding)\n", methods[k].name, est);
+        }
         if (spec_method_make(&methods[k], &env, &drafters[k], err, sizeof err) < 0) {
             cli_error("method '%s': %s", methods[k].name, err);
             goto out;
@@ -353,6 +446,8 @@ int cmd_bench(int argc, char **argv) {
                 cli_error("%s", err);
                 goto out;
             }
+            reports->method = me->name;
+            reports->in_run = 1;
             if (spec_method_make(me, &env, &drafters[k], err, sizeof err) < 0) {
                 fputc('\n', stderr);
                 cli_error("method '%s': %s", me->name, err);
@@ -418,6 +513,8 @@ int cmd_bench(int argc, char **argv) {
             agg_add(&overall[k], r);
             agg_add(&by_cat[(size_t)k * n_cats + cat_of[p]], r);
             double tau = r->n_forwards > 0 ? (double)r->n_step_tokens / r->n_forwards : 1.0;
+            if (!reports->in_run && !tty) fputs("   ", stderr);   // the run's result after the tree reports
+            reports->in_run = 0;
             fprintf(stderr, " %d tokens, %.2f tok/s, tau %.2f%s", r->n_tokens,
                     r->gen_ms > 0 ? r->n_tokens * 1000.0 / r->gen_ms : 0.0, tau, tty && !mis[0] ? "" : "\n");
             if (mis[0]) fputs(mis, stderr);   // loudly, on a line of its own
@@ -430,10 +527,17 @@ int cmd_bench(int argc, char **argv) {
     printf("## specdec bench\n\n");
     printf("target `%s`", model_path);
     for (int i = 0; i < n_drafts; i++) printf("%s`%s`", i ? ", " : ", draft ", draft_paths[i]);
-    printf("; %d prompts from `%s`; n_predict %d; temp %g; %d threads.\n", np, prompts_path, n_predict,
-           (double)temp, n_threads);
+    printf("; %d prompts from `%s`; n_predict %d; temp %g; %d threads (drafts: %d).\n", np, prompts_path,
+           n_predict, (double)temp, n_threads, draft_threads);
     printf("tokens/s = generated tokens / generation time, target prompt processing excluded; "
-           "tau = tokens per target forward (bonus included).\n\n");
+           "tau = tokens per target forward (bonus included).\n");
+    for (int k = 0; k < nm; k++) {
+        if (methods[k].kind == SPEC_AUTO)
+            printf("%s = %s with an automatically sized tree (at most %d nodes).\n", methods[k].name,
+                   n_drafts ? "the draft model(s)" : "n-gram lookup ngram:3-8", max_nodes[k]);
+        if (methods[k].kind == SPEC_SKIP) printf("%s skips layers {%s}.\n", methods[k].name, methods[k].skip_list);
+    }
+    printf("\n");
     printf("| method | tokens/s | speedup | tau | tokens | time (s) | equal to ar |\n");
     printf("| --- | ---: | ---: | ---: | ---: | ---: | --- |\n");
     for (int k = 0; k < nm; k++) {
@@ -474,9 +578,9 @@ int cmd_bench(int argc, char **argv) {
         }
         fprintf(f, "], \"prompts\": ");
         cli_json_string(f, prompts_path, strlen(prompts_path));
-        fprintf(f, ", \"n_threads\": %d, \"temp\": %g, \"seed\": %llu, \"n_predict\": %d, \"n_prompts\": %d, "
+        fprintf(f, ", \"n_threads\": %d, \"draft_threads\": %d, \"temp\": %g, \"seed\": %llu, \"n_predict\": %d, \"n_prompts\": %d, "
                    "\"chat\": %s, \"time_excludes_prompt\": true, \"all_equal_to_ar\": %s, \"methods\": [",
-                n_threads, (double)temp, (unsigned long long)seed, n_predict, np, chat ? "true" : "false",
+                n_threads, draft_threads, (double)temp, (unsigned long long)seed, n_predict, np, chat ? "true" : "false",
                 greedy ? (mismatch ? "false" : "true") : "null");
         for (int k = 0; k < nm; k++) {
             fprintf(f, "%s\n  {\"name\": ", k ? "," : "");
@@ -517,6 +621,7 @@ out:
     free(ar_tok);
     free(ar_n);
     free(tb.t);
+    free(reports);
     free(cats);
     free(cat_of);
     free(by_cat);

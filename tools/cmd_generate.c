@@ -61,15 +61,52 @@ static void usage(FILE *f) {
             "                        D depths, keep the M best nodes (root included)\n"
             "  --max-nodes N         most tree nodes per target forward, root included (default:\n"
             "                        the tree's size, times the number of drafts; <= -b)\n"
+            "  --draft-threads N     threads of the draft models; 0 (default) = share the target's\n"
+            "                        worker threads (two pools of busy threads would fight for the cores)\n"
             "  --draft-ngram N,K     prompt lookup: continue the latest earlier occurrence of the\n"
             "                        last n <= N tokens by up to K tokens (no draft model needed;\n"
             "                        with --draft the trees are merged)\n"
             "  --datastore FILE      --draft-ngram also looks continuations up in this text corpus\n"
+            "  --tree auto           hardware-aware tree (Sequoia-style) for --draft and/or\n"
+            "                        --draft-ngram: the target's forward cost is measured at start-up\n"
+            "                        (ms against tree nodes), acceptance by depth and sibling rank is\n"
+            "                        learnt while generating, and the tree maximising expected tokens/s\n"
+            "                        (at most %d nodes) is drafted; the choice is printed on stderr\n"
+            "                        when made and when it changes. Alone: --draft-ngram 3,8 + auto tree\n"
+            "  --draft-skip L1,L2,..|auto  self-speculation: the target with these layers (0-based;\n"
+            "                        ranges A-B allowed) skipped drafts a chain (adaptive length); auto\n"
+            "                        searches a set on built-in calibration prompts first (progress on\n"
+            "                        stderr; tens of seconds)\n"
+            "  --save-skip FILE      --draft-skip auto: save the chosen set to FILE\n"
+            "  --load-skip FILE      --draft-skip auto: use the set saved in FILE instead of searching\n"
+            "  --lookahead W,N,G     lookahead decoding: a Jacobi window of W columns x N-1 levels runs\n"
+            "                        in the target's own forward and harvests N-grams; up to G of them\n"
+            "                        are verified per step (no draft model needed)\n"
             "Without --json a one-line summary of the speculative statistics goes to stderr.\n"
             "\n"
             "Sampling order: repetition penalty, temperature, top-k, top-p, min-p.\n",
             (double)sp.temp, sp.top_k, (double)sp.top_p, (double)sp.min_p, (double)sp.repeat_penalty,
-            sp.repeat_last_n, (unsigned long long)sp.seed, sd_n_cores());
+            sp.repeat_last_n, (unsigned long long)sp.seed, sd_n_cores(), SPEC_AUTO_NODES);
+}
+
+// Progress of the layer-skip search, on stderr.
+static void on_skip_progress(void *user, const sd_skip_progress *pr) {
+    (void)user;
+    static const char *phase[] = {"baseline", "single layers", "greedy"};
+    char best[256];
+    sd_skip_format(pr->best, pr->n_layer, best, sizeof best);
+    fprintf(stderr, "specdec: skip search [%s] #%d", phase[pr->phase < 0 || pr->phase > 2 ? 0 : pr->phase], pr->n_eval);
+    if (pr->layer >= 0) fprintf(stderr, " layer %d", pr->layer);
+    fprintf(stderr, ": est %.2fx (tau %.2f)%s | best {%s} %.2fx | %.1f s\n", pr->score, pr->accept_len,
+            pr->kept ? " kept" : "", best, pr->best_score, pr->elapsed_s);
+}
+
+// The automatic tree's choice, on stderr.
+static void on_tree_report(void *user, const sd_tree_shape *shape) {
+    (void)user;
+    char buf[1024];
+    sd_tree_shape_format(shape, buf, sizeof buf);
+    fprintf(stderr, "specdec: tree auto: %s\n", buf);
 }
 
 typedef struct {
@@ -137,10 +174,13 @@ int cmd_generate(int argc, char **argv) {
     sd_sampler_params sp = sd_sampler_default_params();
     // speculative decoding
     const char *draft_paths[SPEC_MAX_DRAFTS];
-    int n_drafts = 0, draft_max = 4, max_nodes = 0;
+    int n_drafts = 0, draft_max = 4, max_nodes = 0, draft_threads = 0;
     float p_min = 0.0f;
-    const char *tree_flag = NULL, *dyn_flag = NULL, *draft_max_flag = NULL, *spec_only_flag = NULL;
+    const char *tree_flag = NULL, *dyn_flag = NULL, *draft_max_flag = NULL, *spec_only_flag = NULL,
+               *p_min_flag = NULL;
     const char *ngram_flag = NULL, *datastore = NULL;
+    const char *skip_flag = NULL, *save_skip = NULL, *load_skip = NULL, *lookahead_flag = NULL;
+    int tree_auto = 0;
     char perr[256];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -206,7 +246,10 @@ int cmd_generate(int argc, char **argv) {
         } else if (!strcmp(a, "--draft-p-min")) {
             VAL();
             if (cli_float(a, v, 0.0, 1.0, &p_min)) return 1;
-            spec_only_flag = a;
+            p_min_flag = a;
+        } else if (!strcmp(a, "--tree") && i + 1 < argc && !strcmp(argv[i + 1], "auto")) {
+            VAL();
+            tree_auto = 1;
         } else if (!strcmp(a, "--tree")) {
             VAL();
             int w[SD_DRAFT_MAX_WIDTHS];
@@ -223,6 +266,9 @@ int cmd_generate(int argc, char **argv) {
         } else if (!strcmp(a, "--max-nodes")) {
             VAL();
             if (cli_int(a, v, 1, 1 << 16, &max_nodes)) return 1;
+        } else if (!strcmp(a, "--draft-threads")) {
+            VAL();
+            if (cli_int(a, v, 0, 1024, &draft_threads)) return 1;
         } else if (!strcmp(a, "--draft-ngram")) {
             VAL();
             int t[2];
@@ -233,6 +279,23 @@ int cmd_generate(int argc, char **argv) {
         } else if (!strcmp(a, "--datastore")) {
             VAL();
             datastore = v;
+        } else if (!strcmp(a, "--draft-skip")) {
+            VAL();
+            if (!*v || strlen(v) >= sizeof ((spec_method *)0)->skip_list)
+                return cli_error("--draft-skip: expected a layer list L1,L2,... (0-based, ranges A-B) or 'auto', got '%s'", v);
+            skip_flag = v;
+        } else if (!strcmp(a, "--save-skip")) {
+            VAL();
+            save_skip = v;
+        } else if (!strcmp(a, "--load-skip")) {
+            VAL();
+            load_skip = v;
+        } else if (!strcmp(a, "--lookahead")) {
+            VAL();
+            int t[3];
+            if (spec_parse_ints(a, v, ',', t, 3, 1, 64, perr, sizeof perr) != 3 || t[1] < 2 || t[1] > 16)
+                return cli_error("--lookahead: expected W,N,G with W and G in 1..64 and N in 2..16, got '%s'", v);
+            lookahead_flag = v;
         } else {
             return cli_error("generate: unknown option '%s' (see specdec generate --help)", a);
         }
@@ -244,11 +307,28 @@ int cmd_generate(int argc, char **argv) {
     if (!cli_file_ok("model file", model_path)) return 1;
     if (n_threads <= 0) n_threads = sd_n_cores();
     // the speculative method, as a method string of spec_cli.h
-    spec_method method, ngram_method;
-    char label[2 * SPEC_NAME_MAX + 2] = "";   // e.g. "chain:4", "ngram:3-8", "tree:2-2+ngram:3-8"
-    int spec = n_drafts > 0 || ngram_flag;
+    spec_method method, ngram_method, solo_method;   // solo: skip or lookahead (alone)
+    char label[2 * SPEC_NAME_MAX + 16] = "";   // e.g. "chain:4", "ngram:3-8", "tree:2-2+ngram:3-8"
+    if ((save_skip || load_skip) && !(skip_flag && !strcmp(skip_flag, "auto")))
+        return cli_error("generate: %s needs --draft-skip auto", save_skip ? "--save-skip" : "--load-skip");
+    if (save_skip && load_skip) return cli_error("generate: --save-skip and --load-skip cannot be used together");
+    if (skip_flag && lookahead_flag) return cli_error("generate: --draft-skip and --lookahead cannot be used together");
+    const char *solo_flag = skip_flag ? "--draft-skip" : lookahead_flag ? "--lookahead" : NULL;
+    if (solo_flag && (n_drafts || ngram_flag || tree_auto || spec_only_flag))
+        return cli_error("generate: %s drafts on its own; it cannot be combined with %s", solo_flag,
+                         n_drafts ? "--draft" : ngram_flag ? "--draft-ngram" : tree_auto ? "--tree auto" : spec_only_flag);
+    if (tree_auto && !n_drafts && !ngram_flag) ngram_flag = "3,8";   // --tree auto alone: n-gram lookup
+    if (tree_auto && (tree_flag || dyn_flag || draft_max_flag))
+        return cli_error("generate: --tree auto chooses the tree; it cannot be combined with %s",
+                         tree_flag ? "--tree" : dyn_flag ? "--tree-dynamic" : "--draft-max");
+    int spec = n_drafts > 0 || ngram_flag || solo_flag;
     if (datastore && !ngram_flag) return cli_error("generate: --datastore needs --draft-ngram N,K");
-    if (max_nodes > 0 && !spec) return cli_error("generate: --max-nodes needs --draft or --draft-ngram");
+    if (max_nodes > 0 && !spec)
+        return cli_error("generate: --max-nodes needs a drafter (--draft, --draft-ngram, --draft-skip, --lookahead)");
+    if (max_nodes == 1) return cli_error("--max-nodes: a tree needs at least 2 nodes, got 1");
+    const int auto_nodes = max_nodes > 0 ? SD_MIN(max_nodes, SPEC_AUTO_NODES) : SPEC_AUTO_NODES;
+    if (p_min_flag && !n_drafts && !skip_flag)
+        return cli_error("generate: --draft-p-min needs a draft model (--draft D.gguf) or --draft-skip");
     if (!n_drafts && spec_only_flag)
         return cli_error("generate: %s needs a draft model (--draft D.gguf)",
                          spec_only_flag == tree_flag ? "--tree" : spec_only_flag == dyn_flag ? "--tree-dynamic"
@@ -264,11 +344,36 @@ int cmd_generate(int argc, char **argv) {
             if (*c == ',') *c = '-';
         if (spec_method_parse(mname, &ngram_method, perr, sizeof perr) < 0) return cli_error("%s", perr);
         if (datastore && !cli_file_ok("datastore file", datastore)) return 1;
+        if (tree_auto) {
+            ngram_method.tree_auto = 1;
+            ngram_method.tree_nodes = SD_MIN(ngram_method.tree_nodes, auto_nodes);
+        }
     }
-    if (spec) {
+    if (solo_flag) {
+        char mname[SPEC_NAME_MAX];
+        snprintf(mname, sizeof mname, "%s:%s", skip_flag ? "skip" : "lookahead", skip_flag ? "auto" : lookahead_flag);
+        for (char *c = mname; *c; c++)
+            if (*c == ',') *c = '-';
+        if (spec_method_parse(mname, &solo_method, perr, sizeof perr) < 0) return cli_error("%s", perr);
+        if (skip_flag) snprintf(solo_method.skip_list, sizeof solo_method.skip_list, "%s", skip_flag);
+        if (load_skip && !cli_file_ok("skip file", load_skip)) return 1;
+        int nodes = solo_method.tree_nodes;
+        if (max_nodes > 0) {
+            if (max_nodes > n_batch)
+                return cli_error("--max-nodes %d is larger than the batch size (-b %d)", max_nodes, n_batch);
+        } else {
+            max_nodes = SD_MIN(nodes, n_batch);
+        }
+        if (nodes + solo_method.extra_nodes > n_batch)
+            return cli_error("%s: %d tree nodes and %d window nodes per step do not fit the batch size (-b %d)",
+                             solo_flag, nodes, solo_method.extra_nodes, n_batch);
+        snprintf(label, sizeof label, "%s", skip_flag ? "skip" : solo_method.name);
+    } else if (spec) {
         char mname[SPEC_NAME_MAX];
         if (!n_drafts) {
             snprintf(mname, sizeof mname, "ar");   // no model drafts: only the n-gram drafter
+        } else if (tree_auto) {
+            snprintf(mname, sizeof mname, "tree:auto");
         } else if (tree_flag) {
             snprintf(mname, sizeof mname, "tree:%s", tree_flag);
             for (char *c = mname; *c; c++)
@@ -281,12 +386,15 @@ int cmd_generate(int argc, char **argv) {
             snprintf(mname, sizeof mname, "chain:%d", draft_max);
         }
         if (spec_method_parse(mname, &method, perr, sizeof perr) < 0) return cli_error("%s", perr);
+        if (tree_auto && n_drafts) {
+            method.dp.tree_auto.max_nodes = auto_nodes;
+            method.tree_nodes = auto_nodes;
+        }
         for (int i = 0; i < n_drafts; i++)
             if (!cli_file_ok("draft model file", draft_paths[i])) return 1;
-        const char *shape = tree_flag ? "--tree" : dyn_flag ? "--tree-dynamic" : "--draft-max";
-        int nodes = n_drafts ? method.tree_nodes : 1, ng_nodes = ngram_flag ? ngram_method.tree_nodes : 1;
-        if (ng_nodes > nodes) shape = "--draft-ngram";
-        nodes = SD_MAX(nodes, ng_nodes);   // the largest single tree
+        const char *shape = tree_auto ? "--tree auto" : tree_flag ? "--tree" : dyn_flag ? "--tree-dynamic" : "--draft-max";
+        // A draft model's tree must fit; the n-gram tree is a most and is cut to the limit.
+        int nodes = n_drafts ? method.tree_nodes : 2, ng_nodes = ngram_flag ? ngram_method.tree_nodes : 1;
         if (max_nodes > 0) {
             if (max_nodes < 2) return cli_error("--max-nodes: a tree needs at least 2 nodes, got %d", max_nodes);
             if (max_nodes > n_batch)
@@ -302,8 +410,8 @@ int cmd_generate(int argc, char **argv) {
             int total = (n_drafts ? spec_method_default_nodes(&method, n_drafts) : 1) + ng_nodes - 1;
             max_nodes = SD_MIN(total, n_batch);
         }
-        snprintf(label, sizeof label, "%s%s%s", n_drafts ? method.name : "", n_drafts && ngram_flag ? "+" : "",
-                 ngram_flag ? ngram_method.name : "");
+        snprintf(label, sizeof label, "%s%s%s%s", n_drafts ? method.name : "", n_drafts && ngram_flag ? "+" : "",
+                 ngram_flag ? ngram_method.name : "", tree_auto && !n_drafts ? "+tree:auto" : "");
     }
 
     char err[512];
@@ -313,6 +421,7 @@ int cmd_generate(int argc, char **argv) {
     sd_sampler *smp = NULL;
     sd_model *drafts[SPEC_MAX_DRAFTS] = {0};
     sd_drafter *drafter = NULL;
+    sd_cost_curve cost;
     int32_t *ids = NULL;
     char *formatted = NULL;
     gen_out o = {0};
@@ -384,9 +493,47 @@ int cmd_generate(int argc, char **argv) {
         env.target = m;
         env.n_drafts = n_drafts;
         env.n_ctx = sd_session_n_ctx(s);
-        env.n_threads = n_threads;
+        env.n_threads = draft_threads;
+        env.share_threads = draft_threads ? NULL : s;
         env.p_min = p_min;
         env.datastore = datastore;
+        env.skip_save = save_skip;
+        env.skip_load = load_skip;
+        env.skip_progress = on_skip_progress;
+        env.tree_report = on_tree_report;
+        if (tree_auto) {   // the target's cost curve, measured on the empty session before the prompt
+            double t0 = sd_time_ms();
+            if (spec_measure_cost(&cost, s, max_nodes, err, sizeof err) < 0) {
+                cli_error("--tree auto: %s", err);
+                goto out;
+            }
+            env.cost = &cost;
+            fprintf(stderr, "specdec: tree auto: target cost measured in %.0f ms: %.2f ms at 1 node, %.2f ms at %d nodes\n",
+                    sd_time_ms() - t0, cost.ms[0], cost.ms[cost.n_points - 1], cost.n[cost.n_points - 1]);
+        }
+        if (solo_flag) {
+            double est = 0;
+            if (skip_flag && spec_method_prepare(&solo_method, &env, &est, err, sizeof err) < 0) {
+                cli_error("--draft-skip: %s", err);
+                goto out;
+            }
+            if (skip_flag && !strcmp(skip_flag, "auto")) {
+                if (load_skip) {
+                    fprintf(stderr, "specdec: skip set loaded from %s: {%s}\n", load_skip, solo_method.skip_list);
+                } else {
+                    fprintf(stderr, "specdec: skip set chosen: {%s} (estimated %.2fx)\n", solo_method.skip_list, est);
+                    if (est < 1.0)
+                        fprintf(stderr, "specdec: warning: layer skipping is not expected to pay on this model "
+                                        "(estimated %.2fx of plain decoding)\n", est);
+                    if (save_skip) fprintf(stderr, "specdec: skip set saved to %s\n", save_skip);
+                }
+            }
+            if (skip_flag) snprintf(label, sizeof label, "skip:%.*s", (int)sizeof label - 8, solo_method.skip_list);
+            if (spec_method_make(&solo_method, &env, &drafter, err, sizeof err) < 0) {
+                cli_error("%s: %s", solo_flag, err);
+                goto out;
+            }
+        }
         for (int i = 0; i < n_drafts; i++) {
             if (sd_model_load(&drafts[i], draft_paths[i], err, sizeof err) < 0) {
                 cli_error("cannot load draft model '%s': %s", draft_paths[i], err);
@@ -413,7 +560,7 @@ int cmd_generate(int argc, char **argv) {
                 cli_error("%s", err);
                 goto out;
             }
-        } else {
+        } else if (model_d || ngram_d) {
             drafter = model_d ? model_d : ngram_d;
         }
     }

@@ -36,6 +36,12 @@ sd_draft_model_params sd_draft_model_default_params(void) {
     p.dyn_b = 4, p.dyn_d = 5, p.dyn_m = 16;
     p.n_ctx = 0;
     p.n_threads = 0;
+    p.share_threads = NULL;
+    p.adapt = 0;
+    p.p_min_lo = 0.05f, p.p_min_hi = 0.95f;
+    p.p_min_up = 0.05f, p.p_min_down = 0.02f;
+    p.layer_skip = NULL;
+    p.tree_auto = sd_draft_auto_default_params();
     return p;
 }
 
@@ -81,7 +87,9 @@ typedef struct dm {
     sd_sampler *smp;      // the target's sampler transform over the draft vocabulary (stochastic)
     sd_sampler_params smp_p;
     sd_tree work;         // dynamic trees
+    float p_min;          // current threshold (p.p_min, adapted when p.adapt)
     const sd_draft_ctx *ctx;  // during propose
+    sd_draft_auto *au;    // SD_DRAFT_AUTO: the automatic sizing state, else NULL
 } dm;
 
 static double dm_uniform(void *st) { return sd_sampler_uniform((sd_sampler *)st); }
@@ -209,6 +217,9 @@ static int dm_sync(dm *d, const int32_t *text, int n, char *err, size_t errlen) 
     return 1;
 }
 
+static int dm_propose_shape(dm *d, const sd_draft_ctx *ctx, sd_tree *tree, const sd_tree_shape *shape, char *err,
+                            size_t errlen);
+
 static int dm_propose(sd_drafter *dr, const sd_draft_ctx *ctx, sd_tree *tree, char *err, size_t errlen) {
     dm *d = dr->impl;
     if (tree->n != 1) return sd_err(err, errlen, "draft model: the tree must hold only the root");
@@ -217,6 +228,18 @@ static int dm_propose(sd_drafter *dr, const sd_draft_ctx *ctx, sd_tree *tree, ch
     if (ctx->n_tokens < 1 || ctx->tokens[ctx->n_tokens - 1] != tree->token[0])
         return sd_err(err, errlen, "draft model: the tree root is not the last committed token");
     d->ctx = ctx;
+    if (d->au) {   // time the whole propose, synchronisation included
+        const sd_tree_shape *shape = sd_draft_auto_begin(d->au);
+        int rc = dm_propose_shape(d, ctx, tree, shape, err, errlen);
+        sd_draft_auto_end(d->au);
+        return rc;
+    }
+    return dm_propose_shape(d, ctx, tree, NULL, err, errlen);
+}
+
+// propose after the checks; shape: the automatic tree (SD_DRAFT_AUTO), else NULL.
+static int dm_propose_shape(dm *d, const sd_draft_ctx *ctx, sd_tree *tree, const sd_tree_shape *shape, char *err,
+                            size_t errlen) {
     if (ctx->stochastic) {
         if (!ctx->sp || !ctx->rng) return sd_err(err, errlen, "draft model: stochastic drafting needs sampler params and rng");
         const sd_sampler_params *a = &d->smp_p, *b = ctx->sp;
@@ -237,13 +260,18 @@ static int dm_propose(sd_drafter *dr, const sd_draft_ctx *ctx, sd_tree *tree, ch
     d->is_spine[0] = 1;
     int max_nodes = ctx->max_nodes > 0 ? SD_MIN(ctx->max_nodes, tree->cap) : tree->cap;
     if (max_nodes <= 1) return 0;
-    sd_tree_grow g = {dm_dist, d, ctx->stochastic, d->p.p_min, max_nodes, dm_uniform, ctx->rng};
+    sd_tree_grow g = {dm_dist, d, ctx->stochastic, d->p_min, max_nodes, dm_uniform, ctx->rng};
     switch (d->p.shape) {
     case SD_DRAFT_CHAIN: return sd_tree_grow_chain(tree, d->p.k, &g, err, errlen);
     case SD_DRAFT_WIDTHS: return sd_tree_grow_widths(tree, d->p.widths, d->p.n_widths, &g, err, errlen);
     case SD_DRAFT_DYNAMIC:
         return sd_tree_grow_dynamic(tree, &d->work, d->p.dyn_b, d->p.dyn_d, SD_MIN(d->p.dyn_m, max_nodes), &g, err,
                                     errlen);
+    case SD_DRAFT_AUTO:
+        if (!shape || shape->n <= 1) return 0;
+        if (shape->n > max_nodes)   // the verifier allows less this step: a chain of the shape's depth
+            return sd_tree_grow_chain(tree, SD_MIN(shape->depth, max_nodes - 1), &g, err, errlen);
+        return sd_tree_grow_shape(tree, shape, &g, err, errlen);
     default: return sd_err(err, errlen, "draft model: unknown tree shape %d", d->p.shape);
     }
 }
@@ -254,6 +282,13 @@ static int dm_accept(sd_drafter *dr, const sd_tree *tree, const int32_t *path, i
     dm *d = dr->impl;
     char ferr[256];
     int m = n_path - 1;   // accepted draft tokens: tree->token[path[1..m]]
+    if (d->au && sd_draft_auto_accept(d->au, tree, path, n_path, ferr, sizeof ferr) < 0)
+        return sd_err(err, errlen, "draft model: %s", ferr);
+    if (d->p.adapt) {
+        int depth = 0;
+        for (int i = 1; i < tree->n; i++) depth = SD_MAX(depth, tree->depth[i]);
+        d->p_min = sd_draft_adapt_p_min(d->p_min, depth, m, &d->p);
+    }
     int j = 0;
     while (j < d->n_spine && j < m && d->spine_tok[j] == tree->token[path[j + 1]]) j++;
     if (j < d->n_spine) {   // cut the spine back to the accepted part
@@ -290,6 +325,8 @@ static void dm_reset(sd_drafter *dr) {
     d->n_cached = 0;
     d->n_spine = 0;
     d->lb_pending = 0;
+    d->p_min = d->p.p_min;
+    sd_draft_auto_reset(d->au);
 }
 
 static void dm_free(sd_drafter *dr) {
@@ -297,6 +334,7 @@ static void dm_free(sd_drafter *dr) {
     dm *d = dr->impl;
     if (d) {
         sd_session_free(d->s);
+        sd_draft_auto_free(d->au);
         sd_sampler_free(d->smp);
         sd_tree_free(&d->work);
         free(d->cached);
@@ -315,7 +353,8 @@ static void dm_free(sd_drafter *dr) {
     free(dr);
 }
 
-static const sd_drafter_vt dm_vt = {"draft-model", dm_propose, dm_accept, dm_reset, dm_free};
+static const sd_drafter_vt dm_vt = {
+    .name = "draft-model", .propose = dm_propose, .accept = dm_accept, .reset = dm_reset, .free = dm_free};
 
 int sd_draft_model_new(sd_drafter **out, const sd_model *draft, const sd_model *target,
                        const sd_draft_model_params *p, char *err, size_t errlen) {
@@ -332,6 +371,10 @@ int sd_draft_model_new(sd_drafter **out, const sd_model *draft, const sd_model *
             if (dp.widths[i] < 1 || dp.widths[i] > 64)
                 return sd_err(err, errlen, "draft model: width %d at depth %d out of range 1..64", dp.widths[i], i);
     }
+    if (dp.adapt && !(dp.p_min_lo >= 0.0f && dp.p_min_lo <= dp.p_min_hi && dp.p_min_hi <= 1.0f &&
+                      dp.p_min_up >= 0.0f && dp.p_min_down >= 0.0f))
+        return sd_err(err, errlen, "draft model: adaptive p_min needs 0 <= lo (%g) <= hi (%g) <= 1, up, down >= 0",
+                      (double)dp.p_min_lo, (double)dp.p_min_hi);
     if (dp.shape == SD_DRAFT_DYNAMIC &&
         (dp.dyn_b < 1 || dp.dyn_b > 16 || dp.dyn_d < 1 || dp.dyn_d > 16 || dp.dyn_m < 2 ||
          1 + dp.dyn_b * dp.dyn_b * dp.dyn_d > DM_TREE_MAX))
@@ -355,10 +398,17 @@ int sd_draft_model_new(sd_drafter **out, const sd_model *draft, const sd_model *
     sp.n_ctx = dp.n_ctx > 0 ? dp.n_ctx : 0;   // 0: the session's default
     sp.n_batch = 512;
     sp.n_threads = dp.n_threads;
+    sp.share_threads = dp.share_threads;
     if (sd_session_new(&d->s, draft, &sp, err, errlen) < 0) {
         dm_free(dr);
         return -1;
     }
+    if (dp.layer_skip && sd_session_set_layer_skip(d->s, dp.layer_skip, err, errlen) < 0) {
+        dm_free(dr);
+        return -1;
+    }
+    d->p.layer_skip = NULL;   // copied into the session; the caller's array may go away
+    d->p_min = dp.p_min;
     d->n_ctx = sd_session_n_ctx(d->s);
     d->n_batch = sp.n_batch;
     d->cached = malloc(sizeof(int32_t) * (size_t)d->n_ctx);
@@ -382,6 +432,14 @@ int sd_draft_model_new(sd_drafter **out, const sd_model *draft, const sd_model *
     if (bad) {
         dm_free(dr);
         return sd_err(err, errlen, "draft model: out of memory");
+    }
+    if (dp.shape == SD_DRAFT_AUTO) {
+        sd_draft_auto_params ap = dp.tree_auto;
+        ap.on = 1;
+        if (sd_draft_auto_new(&d->au, &ap, err, errlen) < 0) {
+            dm_free(dr);
+            return -1;
+        }
     }
     *out = dr;
     return 0;
@@ -485,7 +543,8 @@ static void mg_free(sd_drafter *dr) {
     free(dr);
 }
 
-static const sd_drafter_vt mg_vt = {"merge", mg_propose, mg_accept, mg_reset, mg_free};
+static const sd_drafter_vt mg_vt = {
+    .name = "merge", .propose = mg_propose, .accept = mg_accept, .reset = mg_reset, .free = mg_free};
 
 int sd_draft_merge_new(sd_drafter **out, sd_drafter **subs, int n_subs, int n_vocab, char *err,
                        size_t errlen) {
@@ -509,3 +568,105 @@ int sd_draft_merge_new(sd_drafter **out, sd_drafter **subs, int n_subs, int n_vo
     *out = dr;
     return 0;
 }
+
+// ------------------------------------------------------------ automatic tree sizing
+struct sd_draft_auto {
+    sd_tree_auto *ta;               // owned bundle
+    sd_draft_auto_params p;         // as given (cost pointer not used after creation)
+    double t_begin, t_end;          // sd_time_ms at the start / end of the last propose; 0 = none pending
+    sd_tree_shape probe;            // one draft token: drafted every DA_PROBE_EVERY steps while the choice is
+                                    // "no drafting", so that the statistics can still change the choice
+    int idle_steps;                 // steps in a row drafted with the choice n == 1
+};
+#define DA_PROBE_EVERY 8
+
+sd_draft_auto_params sd_draft_auto_default_params(void) {
+    sd_draft_auto_params p;
+    memset(&p, 0, sizeof p);
+    p.max_nodes = 32;
+    p.max_depth = 12;
+    p.reopt_every = 16;
+    return p;
+}
+
+int sd_draft_auto_new(sd_draft_auto **out, const sd_draft_auto_params *p, char *err, size_t errlen) {
+    *out = NULL;
+    if (!p || !p->cost || p->cost->n_points < 1)
+        return sd_err(err, errlen, "automatic tree: the target's cost curve is missing");
+    if (p->max_nodes < 2 || p->max_nodes > SD_TA_MAX_NODES)
+        return sd_err(err, errlen, "automatic tree: max_nodes %d out of range 2..%d", p->max_nodes, SD_TA_MAX_NODES);
+    if (p->max_depth < 1 || p->max_depth > SD_TA_MAX_DEPTH)
+        return sd_err(err, errlen, "automatic tree: max_depth %d out of range 1..%d", p->max_depth, SD_TA_MAX_DEPTH);
+    sd_draft_auto *a = calloc(1, sizeof *a);
+    if (!a) return sd_err(err, errlen, "automatic tree: out of memory");
+    a->p = *p;
+    a->p.cost = NULL;
+    sd_tree_auto_params tp = sd_tree_auto_default_params();
+    tp.opt.max_nodes = p->max_nodes;
+    tp.opt.max_depth = p->max_depth;
+    tp.reopt_every = p->reopt_every;
+    if (sd_tree_auto_new(&a->ta, &tp, err, errlen) < 0) {
+        free(a);
+        return -1;
+    }
+    double fixed = a->ta->cost.draft_ms_fixed, pd = a->ta->cost.draft_ms_per_depth,
+           pn = a->ta->cost.draft_ms_per_node;
+    a->ta->cost = *p->cost;   // the target's curve; the drafter model starts from 0 (learnt online)
+    a->ta->cost.draft_ms_fixed = fixed, a->ta->cost.draft_ms_per_depth = pd, a->ta->cost.draft_ms_per_node = pn;
+    if (sd_tree_auto_optimise(a->ta, err, errlen) < 0) {
+        sd_draft_auto_free(a);
+        return -1;
+    }
+    sd_tree_shape *pr = &a->probe;
+    pr->n = 2, pr->depth = 1;
+    pr->parent[0] = -1, pr->parent[1] = 0;
+    pr->rank[0] = pr->rank[1] = 0;
+    pr->depth_of[0] = 0, pr->depth_of[1] = 1;
+    pr->f[0] = 1.0, pr->f[1] = 0.5;
+    pr->expected_tokens = 1.5;
+    if (a->p.report) a->p.report(a->p.user, &a->ta->shape);
+    *out = a;
+    return 0;
+}
+
+void sd_draft_auto_free(sd_draft_auto *a) {
+    if (!a) return;
+    sd_tree_auto_free(a->ta);
+    free(a);
+}
+
+const sd_tree_shape *sd_draft_auto_begin(sd_draft_auto *a) {
+    a->t_begin = sd_time_ms();
+    a->t_end = 0;
+    if (a->ta->shape.n > 1) {
+        a->idle_steps = 0;
+        return &a->ta->shape;
+    }
+    return ++a->idle_steps % DA_PROBE_EVERY == 0 ? &a->probe : &a->ta->shape;
+}
+
+void sd_draft_auto_end(sd_draft_auto *a) { a->t_end = sd_time_ms(); }
+
+int sd_draft_auto_accept(sd_draft_auto *a, const sd_tree *tree, const int32_t *path, int n_path, char *err,
+                         size_t errlen) {
+    double now = sd_time_ms();
+    double draft_ms = 0, verify_ms = 0;
+    if (a->t_end > 0 && a->t_begin > 0) {
+        draft_ms = a->t_end - a->t_begin;
+        verify_ms = now - a->t_end;
+    }
+    a->t_begin = a->t_end = 0;
+    if (tree->n <= 1) draft_ms = 0;   // nothing drafted: no information on the drafter's cost
+    // draft_ms or verify_ms <= 0: not used by the cost refinement
+    int rc = sd_tree_auto_observe(a->ta, tree, path, n_path, draft_ms > 0 ? draft_ms : -1.0,
+                                  verify_ms > 0 ? verify_ms : -1.0, err, errlen);
+    if (rc < 0) return -1;
+    if (rc == 1 && a->p.report) a->p.report(a->p.user, &a->ta->shape);
+    return 0;
+}
+
+void sd_draft_auto_reset(sd_draft_auto *a) {
+    if (a) a->t_begin = a->t_end = 0;
+}
+
+const sd_tree_shape *sd_draft_auto_shape(const sd_draft_auto *a) { return &a->ta->shape; }

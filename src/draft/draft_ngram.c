@@ -38,6 +38,7 @@ sd_draft_ngram_params sd_draft_ngram_default_params(void) {
     p.datastore = NULL;
     p.ds_max_matches = 32;
     p.ds_min_n = 1;
+    p.tree_auto = sd_draft_auto_default_params();
     return p;
 }
 
@@ -71,6 +72,7 @@ typedef struct ng {
     int32_t *t_nch;        // (trie_cap) children taken into the tree
     // Last proposal, for inspection.
     int last_n, last_ctx, last_ds;
+    sd_draft_auto *au;     // tree_auto.on: the automatic sizing state, else NULL
 } ng;
 
 static uint64_t ng_mix(uint64_t h, int32_t t) {
@@ -193,8 +195,22 @@ static void trie_sort(ng *g, int32_t *idx, int n) {   // shell sort: no allocati
 }
 
 // ------------------------------------------------------------------ vtable
+static int ng_propose_capped(ng *g, const sd_draft_ctx *ctx, sd_tree *tree, int node_cap, int depth_cap,
+                             char *err, size_t errlen);
+
 static int ng_propose(sd_drafter *dr, const sd_draft_ctx *ctx, sd_tree *tree, char *err, size_t errlen) {
     ng *g = dr->impl;
+    if (!g->au) return ng_propose_capped(g, ctx, tree, 0, 0, err, errlen);
+    const sd_tree_shape *shape = sd_draft_auto_begin(g->au);
+    int rc = shape->n > 1 ? ng_propose_capped(g, ctx, tree, shape->n, shape->depth, err, errlen)
+                          : ng_propose_capped(g, ctx, tree, 1, 1, err, errlen);
+    sd_draft_auto_end(g->au);
+    return rc;
+}
+
+// propose with at most node_cap nodes (root included) of depth <= depth_cap (0: no caps).
+static int ng_propose_capped(ng *g, const sd_draft_ctx *ctx, sd_tree *tree, int node_cap, int depth_cap,
+                             char *err, size_t errlen) {
     const int L = ctx->n_tokens;
     g->last_n = g->last_ctx = g->last_ds = 0;
     // Bring the index up to the committed text.
@@ -207,8 +223,9 @@ static int ng_propose(sd_drafter *dr, const sd_draft_ctx *ctx, sd_tree *tree, ch
     for (int i = g->n_hist; i < L; i++)
         if (ng_append(g, ctx->tokens[i]) < 0) return sd_err(err, errlen, "n-gram drafter: out of memory");
     int max_nodes = ctx->max_nodes > 0 ? SD_MIN(ctx->max_nodes, tree->cap) : tree->cap;
+    if (node_cap > 0) max_nodes = SD_MIN(max_nodes, node_cap);
     if (L < 1 || max_nodes <= 1) return 0;
-    const int K = g->p.k_max;
+    const int K = depth_cap > 0 ? SD_MIN(g->p.k_max, depth_cap) : g->p.k_max;
     const int32_t *h = g->hist;
     trie_reset(g);
 
@@ -278,6 +295,7 @@ static int ng_propose(sd_drafter *dr, const sd_draft_ctx *ctx, sd_tree *tree, ch
 static int ng_accept(sd_drafter *dr, const sd_tree *tree, const int32_t *path, int n_path, int32_t bonus,
                      char *err, size_t errlen) {
     ng *g = dr->impl;
+    if (g->au && sd_draft_auto_accept(g->au, tree, path, n_path, err, errlen) < 0) return -1;
     if (g->n_hist == 0 || g->hist[g->n_hist - 1] != tree->token[0]) {   // not in step: resync at propose
         g->n_hist = 0;
         g->tab_dirty = 1;
@@ -293,6 +311,7 @@ static void ng_reset(sd_drafter *dr) {
     ng *g = dr->impl;
     g->n_hist = 0;
     g->tab_dirty = 1;
+    sd_draft_auto_reset(g->au);
 }
 
 static void ng_free(sd_drafter *dr) {
@@ -300,6 +319,7 @@ static void ng_free(sd_drafter *dr) {
     ng *g = dr->impl;
     if (g) {
         sd_datastore_free(g->ds);
+        sd_draft_auto_free(g->au);
         free(g->hist);
         free(g->prev);
         free(g->tab);
@@ -371,6 +391,10 @@ int sd_draft_ngram_new(sd_drafter **out, const sd_draft_ngram_params *pp, const 
         return sd_err(err, errlen, "n-gram drafter: out of memory");
     }
     if (p.datastore && sd_datastore_open(&g->ds, p.datastore, tok, err, errlen) < 0) {
+        ng_free(dr);
+        return -1;
+    }
+    if (p.tree_auto.on && sd_draft_auto_new(&g->au, &p.tree_auto, err, errlen) < 0) {
         ng_free(dr);
         return -1;
     }

@@ -31,6 +31,7 @@
 #define SD_DRAFT_NGRAM_H
 
 #include "../drafter.h"
+#include "draft_model.h"   // sd_draft_auto_params
 
 #define SD_NGRAM_MAX_N 16   // largest n_max
 
@@ -44,6 +45,11 @@ typedef struct sd_draft_ngram_params {
     const char *datastore;  // corpus text file for retrieval, or NULL (default); its index is FILE.sdsa
     int ds_max_matches;   // corpus occurrences used per step (spread over the match range); default 32
     int ds_min_n;         // shortest corpus match used; default 1
+    // Automatic tree sizing (tree_auto.h): when tree_auto.on, each step's tree
+    // is capped to the node count and depth of the shape the optimiser
+    // chooses from this drafter's acceptance statistics and the target's cost
+    // curve (instead of max_branches x k_max). Default off.
+    sd_draft_auto_params tree_auto;
 } sd_draft_ngram_params;
 
 sd_draft_ngram_params sd_draft_ngram_default_params(void);
