@@ -19,6 +19,7 @@ TLIB_OBJ := $(patsubst %.c,build/%.o,$(wildcard tests/lib/*.c))
 TESTS    := $(patsubst tests/%.c,build/tests/%,$(wildcard tests/test_*.c))
 
 .PHONY: all run test fuzz clean models
+.SECONDARY:
 all: build/specdec $(TESTS)
 
 build/%.o: %.c
