@@ -1,8 +1,10 @@
 // forward.c - one batched forward pass over a token tree (or chain).
 //
-// All nodes of a batch go through every weight matrix together (one sd_matmul
-// per weight per layer), so the weights are streamed from memory once per call
-// whatever the batch size. Attention honours the tree: node i sees the
+// All nodes of a batch go through every weight matrix together, so the weights
+// are streamed from memory once per call whatever the batch size. Matrices
+// with the same input share one pool run (Q, K, V; gate and up, with SwiGLU
+// applied by each thread to its columns), so a layer costs 4 matmul runs plus
+// the attention run. Attention honours the tree: node i sees the
 // committed cache [0, n_past) plus its ancestors in the batch and itself. The
 // K/V rows of node i are written at slot n_past + i (RoPE already applied with
 // the node's own position), so a later sd_session_commit only has to move rows.
@@ -307,8 +309,31 @@ static void swiglu_task(void *arg, int ith, int nth) {
     }
 }
 
+// sd_mm_post_fn: ff_g = silu(ff_g) * ff_u on columns [r0, r1) of every batch row.
+static void swiglu_cols(void *arg, int64_t r0, int64_t r1) {
+    const fwd_job *job = arg;
+    sd_session *s = job->s;
+    const long n_ff = s->m->hp.n_ff;
+    for (long t = 0; t < job->n; t++) swiglu_span(s->ff_g + t * n_ff + r0, s->ff_u + t * n_ff + r0, (long)(r1 - r0));
+}
+
 static void matmul_t(sd_session *s, const sd_tensor *w, const float *x, int n_tok, float *y) {
     sd_matmul(&s->mm, w->type, w->data, w->ne[0], w->ne[1], x, n_tok, y);
+}
+
+// Matrices w[0..n_mats) (n_mats <= 4) sharing the input x (their ne[0]).
+static void matmul_multi_t(sd_session *s, int n_mats, const sd_tensor *const *w, const float *x, int n_tok,
+                           float *const *y) {
+    int types[4];
+    const void *W[4];
+    int64_t n_out[4];
+    for (int m = 0; m < n_mats; m++) {
+        SD_ASSERT(w[m]->ne[0] == w[0]->ne[0]);
+        types[m] = w[m]->type;
+        W[m] = w[m]->data;
+        n_out[m] = w[m]->ne[1];
+    }
+    sd_matmul_multi(&s->mm, n_mats, types, W, w[0]->ne[0], n_out, x, n_tok, y);
 }
 
 static void add_bias(float *y, const sd_tensor *b, int n_tok, int dim) {
@@ -404,9 +429,12 @@ int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errle
 
         for (int i = 0; i < n; i++)
             rmsnorm(s->xn + (size_t)i * E, s->x + (size_t)i * E, L->attn_norm->data, E, hp->rms_eps);
-        matmul_t(s, L->wq, s->xn, n, s->q);
-        matmul_t(s, L->wk, s->xn, n, kc);
-        matmul_t(s, L->wv, s->xn, n, vc);
+        {
+            // Q, K and V in one pool run (one activation conversion).
+            const sd_tensor *w3[3] = {L->wq, L->wk, L->wv};
+            float *y3[3] = {s->q, kc, vc};
+            matmul_multi_t(s, 3, w3, s->xn, n, y3);
+        }
         add_bias(s->q, L->bq, n, qd);
         add_bias(kc, L->bk, n, kvd);
         add_bias(vc, L->bv, n, kvd);
@@ -424,10 +452,19 @@ int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errle
 
         for (int i = 0; i < n; i++)
             rmsnorm(s->xn + (size_t)i * E, s->x + (size_t)i * E, L->ffn_norm->data, E, hp->rms_eps);
-        matmul_t(s, L->w_gate, s->xn, n, s->ff_g);
-        matmul_t(s, L->w_up, s->xn, n, s->ff_u);
-        if ((long)n * hp->n_ff >= SD_FWD_PAR_MIN) sd_pool_run(s->pool, swiglu_task, &job);
-        else swiglu_task(&job, 0, 1);
+        if (L->w_gate->ne[1] == hp->n_ff && L->w_up->ne[1] == hp->n_ff && L->w_gate->ne[0] == E &&
+            L->w_up->ne[0] == E) {
+            // gate and up in one pool run, each thread applying SwiGLU to its columns
+            const int ty[2] = {L->w_gate->type, L->w_up->type};
+            const void *W2[2] = {L->w_gate->data, L->w_up->data};
+            float *y2[2] = {s->ff_g, s->ff_u};
+            sd_matmul_multi_post(&s->mm, 2, ty, W2, E, hp->n_ff, s->xn, n, y2, swiglu_cols, &job);
+        } else {
+            matmul_t(s, L->w_gate, s->xn, n, s->ff_g);
+            matmul_t(s, L->w_up, s->xn, n, s->ff_u);
+            if ((long)n * hp->n_ff >= SD_FWD_PAR_MIN) sd_pool_run(s->pool, swiglu_task, &job);
+            else swiglu_task(&job, 0, 1);
+        }
         matmul_t(s, L->w_down, s->ff_g, n, s->xn);
         for (size_t k = 0; k < (size_t)n * E; k++) s->x[k] += s->xn[k];
     }

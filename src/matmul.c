@@ -1,11 +1,15 @@
 // matmul.c - the batched matrix multiply y = x W^T over quantized weights.
 //
-// One call, one sd_pool_run: (1) the n_tok activation rows are converted
+// One call, one sd_pool_run, for one matrix (sd_matmul) or several that share
+// the input and the weight type (sd_matmul_multi: Q, K, V; gate and up, with
+// sd_matmul_multi_post applying SwiGLU in the same run): fewer, fatter pool
+// runs, and the activations converted once. (1) the n_tok activation rows are converted
 // once to the weight type's vec_dot_type (into ctx->wbuf): by the calling
 // thread before the run for batches below SD_MM_PAR_CONV_MIN_TOK (no barrier
 // inside the run), else by all threads, each a share of the tokens, followed
-// by a spin-then-yield barrier; (2) the threads split
-// the output rows among themselves in chunks of SD_MM_ROW_ALIGN rows, and each
+// by a spin-then-yield barrier; (2) the threads split the output rows
+// (of all the matrices, concatenated) among themselves in chunks of
+// SD_MM_ROW_ALIGN rows, and each
 // thread runs the type's tile kernel (gemm) over its rows for all tokens, so
 // every weight block is read from memory once for the whole batch. Types
 // without a tile kernel fall back to one vec_dot per (row, token).
@@ -55,6 +59,9 @@ sd_from_float_fn sd_quant_act_quantizer(int t);
 typedef size_t (*sd_act_pack_fn)(const float *x, void *dst, int64_t n_in);
 sd_act_pack_fn sd_quant_act_packer(int t);
 
+// Most matrices one sd_matmul_multi call takes.
+#define SD_MM_MULTI_MAX 4
+
 typedef struct {
     // activation conversion, done by all threads before the multiply
     const float *x;          // (n_tok, n_in) input activations
@@ -63,26 +70,34 @@ typedef struct {
     int conv_in_task;        // 1: the pool threads convert (large batches), 0: done before the run
     atomic_int n_conv_done;  // threads done converting (a one-shot barrier)
     const sd_type_traits *tr;
-    const void *W;    // (n_out, w_row_bytes)
+    sd_mm_post_fn post;      // NULL, or: all n_out equal, a thread computes the same rows of every matrix, then post
+    void *post_arg;
+    int n_mats;                        // matrices sharing x and the weight type (1..SD_MM_MULTI_MAX)
+    const void *W[SD_MM_MULTI_MAX];    // (n_out[i], w_row_bytes) each
+    int64_t n_out[SD_MM_MULTI_MAX];    // rows of each matrix
+    float *y[SD_MM_MULTI_MAX];         // (n_tok, n_out[i]) each
+    long chunk0[SD_MM_MULTI_MAX + 1];  // first row chunk of matrix i in the concatenation; chunk0[n_mats] = total
     size_t w_row_bytes;
-    int64_t n_in, n_out;
+    int64_t n_in;
     const void *xq;   // (n_tok, x_row_bytes) activations in vec_dot_type
     size_t x_row_bytes;
     int64_t n_tok;
-    float *y;         // (n_tok, n_out)
 } mm_job;
 
-static void mm_rows(const mm_job *j, int64_t r0, int64_t r1) {
+// Rows [r0, r1) of matrix m of the job, all tokens.
+static void mm_rows(const mm_job *j, int m, int64_t r0, int64_t r1) {
     if (r0 >= r1) return;
+    const int64_t n_out = j->n_out[m];
+    float *y = j->y[m];
     if (j->tr->gemm) {
-        j->tr->gemm(j->n_in, j->W, j->w_row_bytes, r0, r1, j->xq, j->x_row_bytes, j->n_tok, j->y, j->n_out);
+        j->tr->gemm(j->n_in, j->W[m], j->w_row_bytes, r0, r1, j->xq, j->x_row_bytes, j->n_tok, y, n_out);
         return;
     }
     sd_vec_dot_fn dot = j->tr->vec_dot;
     for (int64_t r = r0; r < r1; r++) {
-        const char *w = (const char *)j->W + (size_t)r * j->w_row_bytes;
+        const char *w = (const char *)j->W[m] + (size_t)r * j->w_row_bytes;
         for (int64_t t = 0; t < j->n_tok; t++)
-            j->y[t * j->n_out + r] = dot(j->n_in, w, (const char *)j->xq + (size_t)t * j->x_row_bytes);
+            y[t * n_out + r] = dot(j->n_in, w, (const char *)j->xq + (size_t)t * j->x_row_bytes);
     }
 }
 
@@ -110,10 +125,30 @@ static void mm_task(void *arg, int ith, int nth) {
             else sched_yield();
         }
     }
-    long n_chunks = (long)((j->n_out + SD_MM_ROW_ALIGN - 1) / SD_MM_ROW_ALIGN), lo, hi;
-    sd_split_range(n_chunks, ith, nth, &lo, &hi);
-    int64_t r0 = (int64_t)lo * SD_MM_ROW_ALIGN, r1 = SD_MIN((int64_t)hi * SD_MM_ROW_ALIGN, j->n_out);
-    mm_rows(j, r0, r1);
+    if (j->post) {
+        // Same rows of every matrix, then the caller's element-wise step on them.
+        long n_chunks = (long)((j->n_out[0] + SD_MM_ROW_ALIGN - 1) / SD_MM_ROW_ALIGN), lo, hi;
+        sd_split_range(n_chunks, ith, nth, &lo, &hi);
+        int64_t r0 = (int64_t)lo * SD_MM_ROW_ALIGN, r1 = SD_MIN((int64_t)hi * SD_MM_ROW_ALIGN, j->n_out[0]);
+        if (r0 >= r1) return;
+        for (int m = 0; m < j->n_mats; m++) mm_rows(j, m, r0, r1);
+        j->post(j->post_arg, r0, r1);
+        return;
+    }
+    // The row chunks of all matrices, concatenated, are split evenly: the
+    // matrices share the weight type and n_in, so a chunk costs the same
+    // wherever it is. (Measured: handing the last quarter of the chunks out
+    // dynamically, through an atomic counter, made decoding slower.)
+    long lo, hi;
+    sd_split_range(j->chunk0[j->n_mats], ith, nth, &lo, &hi);
+    for (int m = 0; m < j->n_mats && lo < hi; m++) {
+        long c0 = SD_MAX(lo, j->chunk0[m]), c1 = SD_MIN(hi, j->chunk0[m + 1]);
+        if (c0 >= c1) continue;
+        c0 -= j->chunk0[m];
+        c1 -= j->chunk0[m];
+        int64_t r0 = (int64_t)c0 * SD_MM_ROW_ALIGN, r1 = SD_MIN((int64_t)c1 * SD_MM_ROW_ALIGN, j->n_out[m]);
+        mm_rows(j, m, r0, r1);
+    }
 }
 
 // True if activations are used as float without conversion.
@@ -128,13 +163,27 @@ size_t sd_matmul_wsize(int wtype, int64_t n_in, int64_t n_tok) {
     return (size_t)n_tok * rb + 64; // + 64: alignment of the buffer start
 }
 
-void sd_matmul(sd_mm_ctx *ctx, int wtype, const void *W, int64_t n_in, int64_t n_out,
-               const float *x, int64_t n_tok, float *y) {
+// Common body of sd_matmul and sd_matmul_multi: n_mats matrices of type
+// wtype with rows of n_in elements, all applied to the same x.
+static void matmul_run(sd_mm_ctx *ctx, int wtype, int n_mats, const void *const *W, int64_t n_in,
+                       const int64_t *n_out, const float *x, int64_t n_tok, float *const *y, sd_mm_post_fn post,
+                       void *post_arg) {
     const sd_type_traits *tr = sd_type_get(wtype);
-    SD_ASSERT(tr && tr->supported && n_in % tr->blck == 0);
-    if (n_tok <= 0 || n_out <= 0) return;
-    mm_job j = {.x = x, .tr = tr, .W = W, .w_row_bytes = sd_row_size(wtype, n_in), .n_in = n_in, .n_out = n_out,
-                .xq = x, .x_row_bytes = (size_t)n_in * sizeof(float), .n_tok = n_tok, .y = y};
+    SD_ASSERT(tr && tr->supported && n_in % tr->blck == 0 && n_mats >= 1 && n_mats <= SD_MM_MULTI_MAX);
+    if (n_tok <= 0) return;
+    mm_job j = {.x = x, .tr = tr, .n_mats = n_mats, .w_row_bytes = sd_row_size(wtype, n_in), .n_in = n_in,
+                .xq = x, .x_row_bytes = (size_t)n_in * sizeof(float), .n_tok = n_tok, .post = post,
+                .post_arg = post_arg};
+    long nc = 0;
+    for (int m = 0; m < n_mats; m++) {
+        j.W[m] = W[m];
+        j.n_out[m] = n_out[m] > 0 ? n_out[m] : 0;
+        j.y[m] = y[m];
+        j.chunk0[m] = nc;
+        nc += (long)((j.n_out[m] + SD_MM_ROW_ALIGN - 1) / SD_MM_ROW_ALIGN);
+    }
+    j.chunk0[n_mats] = nc;
+    if (nc == 0) return;
     atomic_init(&j.n_conv_done, 0);
     int vdt = tr->vec_dot_type;
     if (!act_is_f32(vdt)) {
@@ -156,6 +205,42 @@ void sd_matmul(sd_mm_ctx *ctx, int wtype, const void *W, int64_t n_in, int64_t n
         else mm_convert(&j, 0, (long)n_tok);
     }
     sd_pool_run(ctx ? ctx->pool : NULL, mm_task, &j);
+}
+
+void sd_matmul(sd_mm_ctx *ctx, int wtype, const void *W, int64_t n_in, int64_t n_out,
+               const float *x, int64_t n_tok, float *y) {
+    matmul_run(ctx, wtype, 1, &W, n_in, &n_out, x, n_tok, &y, NULL, NULL);
+}
+
+void sd_matmul_multi(sd_mm_ctx *ctx, int n_mats, const int *wtypes, const void *const *W, int64_t n_in,
+                     const int64_t *n_out, const float *x, int64_t n_tok, float *const *y) {
+    int same = n_mats >= 1 && n_mats <= SD_MM_MULTI_MAX;
+    for (int m = 1; m < n_mats && same; m++) same = wtypes[m] == wtypes[0];
+    if (same) {
+        matmul_run(ctx, wtypes[0], n_mats, W, n_in, n_out, x, n_tok, y, NULL, NULL);
+        return;
+    }
+    // Mixed types: the activations need one conversion per type anyway.
+    for (int m = 0; m < n_mats; m++) sd_matmul(ctx, wtypes[m], W[m], n_in, n_out[m], x, n_tok, y[m]);
+}
+
+void sd_matmul_multi_post(sd_mm_ctx *ctx, int n_mats, const int *wtypes, const void *const *W, int64_t n_in,
+                          int64_t n_out, const float *x, int64_t n_tok, float *const *y, sd_mm_post_fn post,
+                          void *post_arg) {
+    SD_ASSERT(n_mats >= 1 && n_mats <= SD_MM_MULTI_MAX && post);
+    int64_t outs[SD_MM_MULTI_MAX];
+    int same = 1;
+    for (int m = 0; m < n_mats; m++) {
+        outs[m] = n_out;
+        same = same && wtypes[m] == wtypes[0];
+    }
+    if (n_tok <= 0 || n_out <= 0) return;
+    if (same) {
+        matmul_run(ctx, wtypes[0], n_mats, W, n_in, outs, x, n_tok, y, post, post_arg);
+        return;
+    }
+    for (int m = 0; m < n_mats; m++) sd_matmul(ctx, wtypes[m], W[m], n_in, n_out, x, n_tok, y[m]);
+    post(post_arg, 0, n_out);
 }
 
 void sd_matmul_ref(int wtype, const void *W, int64_t n_in, int64_t n_out,

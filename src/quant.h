@@ -87,6 +87,26 @@ typedef struct sd_mm_ctx {
 size_t sd_matmul_wsize(int wtype, int64_t n_in, int64_t n_tok);
 void sd_matmul(sd_mm_ctx *ctx, int wtype, const void *W, int64_t n_in, int64_t n_out,
                const float *x, int64_t n_tok, float *y);
+// Several matrices applied to the same x (e.g. Q, K and V): matrix m has type
+// wtypes[m], rows of n_in elements, n_out[m] rows, and its result goes to
+// y[m], (n_tok, n_out[m]) float. When all types are equal, x is converted once
+// and one pool run computes all of them (the threads split the concatenated
+// rows), else it is one sd_matmul per matrix. 1 <= n_mats <= 4. Every y[m]
+// has the same bits as sd_matmul(ctx, wtypes[m], W[m], ...) would give.
+void sd_matmul_multi(sd_mm_ctx *ctx, int n_mats, const int *wtypes, const void *const *W, int64_t n_in,
+                     const int64_t *n_out, const float *x, int64_t n_tok, float *const *y);
+// Element-wise step over the columns [r0, r1) of the outputs of a
+// sd_matmul_multi_post (all tokens); must give each element the same bits
+// whatever r0, r1.
+typedef void (*sd_mm_post_fn)(void *arg, int64_t r0, int64_t r1);
+// Like sd_matmul_multi for n_mats matrices of the same n_out (e.g. gate and
+// up): each thread computes the same rows [r0, r1) of every matrix, then calls
+// post(post_arg, r0, r1) on them, inside the same pool run (no barrier). The
+// ranges of the threads partition [0, n_out). Same bits as sd_matmul per
+// matrix followed by post(post_arg, 0, n_out).
+void sd_matmul_multi_post(sd_mm_ctx *ctx, int n_mats, const int *wtypes, const void *const *W, int64_t n_in,
+                          int64_t n_out, const float *x, int64_t n_tok, float *const *y, sd_mm_post_fn post,
+                          void *post_arg);
 // Same, scalar reference path (for tests).
 void sd_matmul_ref(int wtype, const void *W, int64_t n_in, int64_t n_out,
                    const float *x, int64_t n_tok, float *y);

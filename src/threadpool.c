@@ -5,19 +5,34 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common.h"
 
+// The fields the caller writes per job (gen, fn, arg) and the counter the
+// workers write (n_done) sit on separate cache lines, so a worker polling gen
+// is not disturbed by another's n_done update and vice versa.
+#define SD_POOL_LINE 64
+
+// A worker polls for a new job SD_POOL_SPIN times (pause between polls),
+// then yields its core between polls, then sleeps.
+#ifndef SD_POOL_SPIN
+#define SD_POOL_SPIN 2000
+#endif
+
 struct sd_pool {
-    int n;                    // threads including the caller
-    pthread_t *th;            // (n - 1) workers
-    _Atomic unsigned gen;     // bumped once per job
-    _Atomic int n_done;       // workers finished with the current job
-    _Atomic int stop;
-    _Atomic int n_sleeping;   // workers blocked on cv
-    _Atomic int n_refs;       // owners (sd_pool_ref / sd_pool_free)
+    // written by the caller once per job, polled by the workers
+    _Alignas(SD_POOL_LINE) _Atomic unsigned gen; // bumped once per job
     sd_task_fn fn;            // current job
     void *arg;
+    int n;                    // threads including the caller
+    _Atomic int stop;
+    // written by the workers once per job, polled by the caller
+    _Alignas(SD_POOL_LINE) _Atomic int n_done; // workers finished with the current job
+    // rarely touched
+    _Alignas(SD_POOL_LINE) _Atomic int n_sleeping; // workers blocked on cv
+    _Atomic int n_refs;       // owners (sd_pool_ref / sd_pool_free)
+    pthread_t *th;            // (n - 1) workers
     pthread_mutex_t mu;
     pthread_cond_t cv;
 };
@@ -43,9 +58,9 @@ static void *worker_main(void *a) {
         long spins = 0;
         while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen &&
                !atomic_load(&p->stop)) {
-            if (++spins < 2000) {
+            if (++spins < SD_POOL_SPIN) {
                 cpu_relax();
-            } else if (spins < 20000) {
+            } else if (spins < SD_POOL_SPIN + 18000) {
                 sched_yield(); // let a descheduled peer run on a busy machine
             } else {
                 pthread_mutex_lock(&p->mu);
@@ -66,8 +81,9 @@ static void *worker_main(void *a) {
 
 sd_pool *sd_pool_new(int n_threads) {
     if (n_threads < 1) n_threads = 1;
-    sd_pool *p = calloc(1, sizeof(*p));
+    sd_pool *p = aligned_alloc(SD_POOL_LINE, (sizeof(*p) + SD_POOL_LINE - 1) / SD_POOL_LINE * SD_POOL_LINE);
     if (!p) return NULL;
+    memset(p, 0, sizeof(*p));
     p->n = n_threads;
     atomic_store(&p->n_refs, 1);
     pthread_mutex_init(&p->mu, NULL);
