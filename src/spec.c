@@ -44,6 +44,15 @@ static float *spec_target_row(void *st, int node) {
     return r->prow;
 }
 
+// The target's greedy choice after node i (sd_verify_greedy_fn asks only for
+// the nodes on its walk). -1 if the node has no logits.
+static int32_t spec_target_next(void *st, int node) {
+    spec_rows *r = st;
+    const float *lg = sd_session_logits(r->s, node);
+    if (!lg) return -1;
+    return sd_sampler_sample(r->smp, lg, r->seq, node_hist(r, node));
+}
+
 static double spec_uniform(void *st) { return sd_sampler_uniform((sd_sampler *)st); }
 
 // Logits of batch node i of the last target forward, for drafter observe().
@@ -78,7 +87,6 @@ int sd_spec_generate(sd_session *s, sd_sampler *smp, sd_drafter *d, const int32_
     // Everything the loop needs, allocated once.
     size_t n_seq_max = (size_t)n_prompt + (size_t)n_gen_max + (size_t)max_nodes + 2;
     int32_t *seq = malloc(n_seq_max * sizeof(int32_t));
-    int32_t *tgt_next = malloc(sizeof(int32_t) * (size_t)max_nodes);
     int32_t *path = malloc(sizeof(int32_t) * (size_t)max_nodes);
     int32_t *path2 = malloc(sizeof(int32_t) * (size_t)max_nodes);
     float *prow = malloc(sizeof(float) * (size_t)nv);
@@ -98,7 +106,7 @@ int sd_spec_generate(sd_session *s, sd_sampler *smp, sd_drafter *d, const int32_
     int rc = 0;
     char ferr[256];
     double t1 = sd_time_ms();
-    if (!seq || !tgt_next || !path || !path2 || !prow || !qscr || !want || !tree_ok ||
+    if (!seq || !path || !path2 || !prow || !qscr || !want || !tree_ok ||
         (use_aux && (!aux_tok || !aux_par || !aux_lg || !b_tok || !b_par))) {
         rc = sd_err(err, errlen, "speculative: out of memory");
         goto done;
@@ -227,15 +235,10 @@ int sd_spec_generate(sd_session *s, sd_sampler *smp, sd_drafter *d, const int32_
         int n_path = 0;
         int32_t bonus = -1;
         if (greedy) {
-            for (int i = 0; i < tree.n; i++) {
-                const float *lg = sd_session_logits(s, i);
-                if (!lg) {
-                    rc = sd_err(err, errlen, "speculative: no target logits for node %d", i);
-                    goto done;
-                }
-                tgt_next[i] = sd_sampler_sample(smp, lg, seq, node_hist(&rows, i));
+            if (sd_verify_greedy_fn(&tree, spec_target_next, &rows, path, &n_path, &bonus) < 0) {
+                rc = sd_err(err, errlen, "speculative: a tree node has no target logits");
+                goto done;
             }
-            sd_verify_greedy(&tree, tgt_next, path, &n_path, &bonus);
         } else if (sd_verify_stochastic(&tree, spec_target_row, &rows, spec_uniform, smp, qscr, path, &n_path, &bonus,
                                         ferr, sizeof ferr) < 0) {
             rc = sd_err(err, errlen, "speculative: %s", ferr);
@@ -289,7 +292,6 @@ int sd_spec_generate(sd_session *s, sd_sampler *smp, sd_drafter *d, const int32_
 done:
     if (rc < 0 && st.gen.n_prompt_tokens) st.gen.generate_ms = sd_time_ms() - t1;
     free(seq);
-    free(tgt_next);
     free(path);
     free(path2);
     free(prow);

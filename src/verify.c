@@ -5,12 +5,21 @@
 
 #include "common.h"
 
+static int32_t next_from_array(void *state, int node) { return ((const int32_t *)state)[node]; }
+
 void sd_verify_greedy(const sd_tree *t, const int32_t *tgt_next, int32_t *path, int *n_path,
                       int32_t *bonus) {
+    sd_verify_greedy_fn(t, next_from_array, (void *)tgt_next, path, n_path, bonus);
+}
+
+int sd_verify_greedy_fn(const sd_tree *t, sd_next_fn next_fn, void *state, int32_t *path, int *n_path,
+                        int32_t *bonus) {
     int u = 0, n = 0;
+    int32_t want;
     path[n++] = 0;
     for (;;) {
-        int32_t want = tgt_next[u];
+        want = next_fn(state, u);
+        if (want < 0) return want;
         int next = -1;
         // Children of u have larger indices; the first match wins (duplicates are equivalent).
         for (int j = u + 1; j < t->n; j++) {
@@ -24,7 +33,8 @@ void sd_verify_greedy(const sd_tree *t, const int32_t *tgt_next, int32_t *path, 
         path[n++] = u;
     }
     *n_path = n;
-    *bonus = tgt_next[u];
+    *bonus = want; // the target's choice after the last accepted node
+    return 0;
 }
 
 int32_t sd_draw_row(const float *row, int n, double u) {

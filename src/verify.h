@@ -20,6 +20,13 @@
 // tgt_next of the last accepted node. path needs room for max depth + 1.
 void sd_verify_greedy(const sd_tree *t, const int32_t *tgt_next, int32_t *path, int *n_path,
                       int32_t *bonus);
+// The same walk with the target's choice computed on demand: next(state, i)
+// returns tgt_next[i] (< 0 on error, which is returned). Only the nodes on the
+// walk are asked, so a wide tree costs one argmax per accepted depth, not one
+// per node.
+typedef int32_t (*sd_next_fn)(void *state, int node);
+int sd_verify_greedy_fn(const sd_tree *t, sd_next_fn next, void *state, int32_t *path, int *n_path,
+                        int32_t *bonus);
 
 // Supplies the target distribution p after node i (n_vocab floats, the
 // sampler's final distribution: penalties, temperature, top-k/p, min-p). The
