@@ -409,12 +409,23 @@ typedef struct {
     __m512 m[PK_R][PK_NB_MAX / 16 + 1];    // dense m, natural order (types with a min)
 } wpack;
 
+// Q5 high bits with AVX512-BITALG (vpshufbitqmb builds a 64-bit byte mask
+// from the qh of 8 blocks in one instruction); otherwise the mask is built
+// with scalar shifts (q5_group_high).
+#ifdef __AVX512BITALG__
+#define SD_Q5_BITALG 1
+#else
+#define SD_Q5_BITALG 0
+#endif
+
 // Q5 bit 4 of group vector z: slot s gets bits 8z..8z+7 of its block's qh.
+#if !SD_Q5_BITALG
 AI __m512i q5_group_high(const uint32_t qh[8], int z) {
     uint64_t k = 0;
     for (int s = 0; s < 8; s++) k |= (uint64_t)((qh[SIGMA[s]] >> (8 * z)) & 0xff) << (8 * s);
     return _mm512_maskz_mov_epi8(_cvtu64_mask64(k), _mm512_set1_epi8(0x10));
 }
+#endif
 
 // One group of 8 blocks (pointers blk[i] to block i; repeated blocks past the
 // end of the row are harmless: their activations are zero).
@@ -424,8 +435,21 @@ AI void pack_group(int type, const uint8_t *base, size_t stride, __m512i out[4],
     const uint8_t *blk[8];
     for (int i = 0; i < 8; i++) blk[i] = base + i * stride;
     // The first 4 bytes of every block (d and m, or d and 2 bytes of data), slot order.
+#if SD_Q5_BITALG
+    // Q5: the first 8 bytes of every block (qh inside), slot order; hv from them.
+    __m512i h8 = _mm512_setzero_si512();
+    if (type == SD_TYPE_Q5_0 || type == SD_TYPE_Q5_1)
+        h8 = _mm512_set_epi64((long long)ld64(blk[7]), (long long)ld64(blk[3]), (long long)ld64(blk[6]),
+                              (long long)ld64(blk[2]), (long long)ld64(blk[5]), (long long)ld64(blk[1]),
+                              (long long)ld64(blk[4]), (long long)ld64(blk[0]));
+    __m256i hv = type == SD_TYPE_Q5_0 || type == SD_TYPE_Q5_1
+                     ? _mm512_cvtepi64_epi32(h8)
+                     : _mm256_set_epi32((int)ld32(blk[7]), (int)ld32(blk[3]), (int)ld32(blk[6]), (int)ld32(blk[2]),
+                                        (int)ld32(blk[5]), (int)ld32(blk[1]), (int)ld32(blk[4]), (int)ld32(blk[0]));
+#else
     __m256i hv = _mm256_set_epi32((int)ld32(blk[7]), (int)ld32(blk[3]), (int)ld32(blk[6]), (int)ld32(blk[2]),
                                   (int)ld32(blk[5]), (int)ld32(blk[1]), (int)ld32(blk[4]), (int)ld32(blk[0]));
+#endif
     __m512 dm = _mm512_cvtph_ps(hv); // d, m of slot 0, d, m of slot 1, ...
     *dw = _mm512_permutexvar_ps(_mm512_set_epi32(14, 14, 12, 12, 10, 10, 8, 8, 6, 6, 4, 4, 2, 2, 0, 0), dm);
     if (w_has_min(type)) // block b sits in slot SIGMA^-1(b) = 0,2,4,6,1,3,5,7; its m at 2 * slot + 1
@@ -461,9 +485,21 @@ AI void pack_group(int type, const uint8_t *base, size_t stride, __m512i out[4],
     out[3] = _mm512_and_si512(_mm512_srli_epi16(b, 4), m4);
     if (type == SD_TYPE_Q5_0 || type == SD_TYPE_Q5_1) {
         size_t ho = type == SD_TYPE_Q5_0 ? 2 : 4;
+#if SD_Q5_BITALG
+        // qword s of h8 holds slot s's block bytes 0-7, qh at bit 8*ho; mask
+        // bit 8s+j of vector z = qh bit 8z+j (vpshufbitqmb), then a masked
+        // add of 0x10 (= OR: the nibbles are < 16).
+        const __m512i h = _mm512_set1_epi8(0x10);
+        for (int z = 0; z < 4; z++) {
+            const __m512i idx = _mm512_add_epi8(_mm512_set1_epi64(0x0706050403020100LL),
+                                                _mm512_set1_epi8((char)(8 * ho + 8 * z)));
+            out[z] = _mm512_mask_add_epi8(out[z], _mm512_bitshuffle_epi64_mask(h8, idx), out[z], h);
+        }
+#else
         uint32_t qh[8];
         for (int i = 0; i < 8; i++) qh[i] = ld32(blk[i] + ho);
         for (int z = 0; z < 4; z++) out[z] = _mm512_or_si512(out[z], q5_group_high(qh, z));
+#endif
     }
 }
 
@@ -494,15 +530,30 @@ AI void pack_group4(int type, const uint8_t *const blk[4], __m512i out[2], __m51
     out[1] = _mm512_and_si512(_mm512_srli_epi16(y, 4), m4);
     if (type == SD_TYPE_Q5_0 || type == SD_TYPE_Q5_1) {
         size_t ho = type == SD_TYPE_Q5_0 ? 2 : 4;
+        const __m512i h = _mm512_set1_epi8(0x10);
+#if SD_Q5_BITALG
+        // qwords 2i and 2i+1 hold qh of block i (zero-extended); mask bits
+        // 16i..16i+15 of out[0] = qh bits 0-15, of out[1] = qh bits 16-31.
+        __m512i q = _mm512_set_epi64((long long)ld32(blk[3] + ho), (long long)ld32(blk[3] + ho),
+                                     (long long)ld32(blk[2] + ho), (long long)ld32(blk[2] + ho),
+                                     (long long)ld32(blk[1] + ho), (long long)ld32(blk[1] + ho),
+                                     (long long)ld32(blk[0] + ho), (long long)ld32(blk[0] + ho));
+        const __m512i i0 = _mm512_set_epi64(0x0f0e0d0c0b0a0908LL, 0x0706050403020100LL, 0x0f0e0d0c0b0a0908LL,
+                                            0x0706050403020100LL, 0x0f0e0d0c0b0a0908LL, 0x0706050403020100LL,
+                                            0x0f0e0d0c0b0a0908LL, 0x0706050403020100LL);
+        const __m512i i1 = _mm512_add_epi8(i0, _mm512_set1_epi8(16));
+        out[0] = _mm512_mask_add_epi8(out[0], _mm512_bitshuffle_epi64_mask(q, i0), out[0], h);
+        out[1] = _mm512_mask_add_epi8(out[1], _mm512_bitshuffle_epi64_mask(q, i1), out[1], h);
+#else
         uint64_t k0 = 0, k1 = 0;
         for (int i = 0; i < 4; i++) {
             uint32_t qh = ld32(blk[i] + ho);
             k0 |= (uint64_t)(qh & 0xffff) << (16 * i);
             k1 |= (uint64_t)(qh >> 16) << (16 * i);
         }
-        const __m512i h = _mm512_set1_epi8(0x10);
         out[0] = _mm512_or_si512(out[0], _mm512_maskz_mov_epi8(_cvtu64_mask64(k0), h));
         out[1] = _mm512_or_si512(out[1], _mm512_maskz_mov_epi8(_cvtu64_mask64(k1), h));
+#endif
     }
 }
 
@@ -741,6 +792,9 @@ const char *sd_kernels_x86_init(sd_type_traits *traits, sd_from_float_fn act[SD_
     if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
         !__builtin_cpu_supports("avx512vl") || !__builtin_cpu_supports("avx512vnni"))
         return NULL;
+#if SD_Q5_BITALG
+    if (!__builtin_cpu_supports("avx512bitalg")) return NULL;
+#endif
     traits[SD_TYPE_Q4_0].vec_dot = dot_q4_0;
     traits[SD_TYPE_Q4_0].gemm = gemm_q4_0;
     traits[SD_TYPE_Q4_1].vec_dot = dot_q4_1;
