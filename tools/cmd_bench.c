@@ -73,18 +73,6 @@ static void usage(FILE *f) {
             spec_methods_syntax(), SPEC_AUTO_NODES);
 }
 
-// Progress of the layer-skip search, on stderr.
-static void on_skip_progress(void *user, const sd_skip_progress *pr) {
-    (void)user;
-    static const char *phase[] = {"baseline", "single layers", "greedy"};
-    char best[256];
-    sd_skip_format(pr->best, pr->n_layer, best, sizeof best);
-    fprintf(stderr, "skip search [%s] #%d", phase[pr->phase < 0 || pr->phase > 2 ? 0 : pr->phase], pr->n_eval);
-    if (pr->layer >= 0) fprintf(stderr, " layer %d", pr->layer);
-    fprintf(stderr, ": est %.2fx (tau %.2f)%s | best {%s} %.2fx | %.1f s\n", pr->score, pr->accept_len,
-            pr->kept ? " kept" : "", best, pr->best_score, pr->elapsed_s);
-}
-
 // The automatic trees' choices: printed when the structure differs from the
 // last one printed for the method being run (every run starts from the same
 // prior choice, which is printed once).
@@ -378,14 +366,7 @@ int cmd_bench(int argc, char **argv) {
         goto out;
     }
     spec_env env;
-    memset(&env, 0, sizeof env);
-    env.target = m;
-    env.n_drafts = n_drafts;
-    env.n_ctx = sd_session_n_ctx(s);
-    env.n_threads = draft_threads;
-    env.share_threads = draft_threads ? NULL : s;
-    env.p_min = p_min;
-    env.skip_progress = on_skip_progress;
+    spec_env_init(&env, m, s, n_drafts, draft_threads, p_min);
     env.tree_report = on_tree_report;
     env.tree_user = reports;
     if (auto_nodes > 0) {   // the target's cost curve, once, on the empty session

@@ -89,18 +89,6 @@ static void usage(FILE *f) {
             sp.repeat_last_n, (unsigned long long)sp.seed, sd_n_cores(), SPEC_AUTO_NODES);
 }
 
-// Progress of the layer-skip search, on stderr.
-static void on_skip_progress(void *user, const sd_skip_progress *pr) {
-    (void)user;
-    static const char *phase[] = {"baseline", "single layers", "greedy"};
-    char best[256];
-    sd_skip_format(pr->best, pr->n_layer, best, sizeof best);
-    fprintf(stderr, "specdec: skip search [%s] #%d", phase[pr->phase < 0 || pr->phase > 2 ? 0 : pr->phase], pr->n_eval);
-    if (pr->layer >= 0) fprintf(stderr, " layer %d", pr->layer);
-    fprintf(stderr, ": est %.2fx (tau %.2f)%s | best {%s} %.2fx | %.1f s\n", pr->score, pr->accept_len,
-            pr->kept ? " kept" : "", best, pr->best_score, pr->elapsed_s);
-}
-
 // The automatic tree's choice, on stderr.
 static void on_tree_report(void *user, const sd_tree_shape *shape) {
     (void)user;
@@ -489,17 +477,11 @@ int cmd_generate(int argc, char **argv) {
     }
     if (spec) {
         spec_env env;
-        memset(&env, 0, sizeof env);
-        env.target = m;
-        env.n_drafts = n_drafts;
-        env.n_ctx = sd_session_n_ctx(s);
-        env.n_threads = draft_threads;
-        env.share_threads = draft_threads ? NULL : s;
-        env.p_min = p_min;
+        spec_env_init(&env, m, s, n_drafts, draft_threads, p_min);
+        env.skip_user = (void *)"specdec: ";
         env.datastore = datastore;
         env.skip_save = save_skip;
         env.skip_load = load_skip;
-        env.skip_progress = on_skip_progress;
         env.tree_report = on_tree_report;
         if (tree_auto) {   // the target's cost curve, measured on the empty session before the prompt
             double t0 = sd_time_ms();

@@ -496,6 +496,29 @@ int spec_method_uses_auto(const spec_method *m) {
            (m->kind == SPEC_MODEL && m->dp.shape == SD_DRAFT_AUTO);
 }
 
+void spec_env_init(spec_env *env, const sd_model *target, const sd_session *s, int n_drafts, int draft_threads,
+                   float p_min) {
+    memset(env, 0, sizeof *env);
+    env->target = target;
+    env->n_drafts = n_drafts;
+    env->n_ctx = sd_session_n_ctx(s);
+    env->n_threads = draft_threads;
+    env->share_threads = draft_threads ? NULL : s;
+    env->p_min = p_min;
+    env->skip_progress = spec_print_skip_progress;
+}
+
+void spec_print_skip_progress(void *user, const sd_skip_progress *pr) {
+    static const char *phase[] = {"baseline", "single layers", "greedy"};
+    char best[256];
+    sd_skip_format(pr->best, pr->n_layer, best, sizeof best);
+    fprintf(stderr, "%sskip search [%s] #%d", user ? (const char *)user : "",
+            phase[pr->phase < 0 || pr->phase > 2 ? 0 : pr->phase], pr->n_eval);
+    if (pr->layer >= 0) fprintf(stderr, " layer %d", pr->layer);
+    fprintf(stderr, ": est %.2fx (tau %.2f)%s | best {%s} %.2fx | %.1f s\n", pr->score, pr->accept_len,
+            pr->kept ? " kept" : "", best, pr->best_score, pr->elapsed_s);
+}
+
 int spec_measure_cost(sd_cost_curve *c, sd_session *s, int max_nodes, char *err, size_t errlen) {
     static const int all[] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128};
     int ns[sizeof all / sizeof all[0]], n = 0;

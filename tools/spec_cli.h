@@ -94,6 +94,15 @@ int spec_method_uses_auto(const spec_method *m);
 // max_nodes) on session s, whose cache must be empty (call before the prompt
 // is evaluated): 3 timed forwards per point, the minimum kept (robust on a
 // shared machine). Returns 0, or -1 with a message.
+// Starts env the way every program does: zeroed, the target and its session
+// (draft sessions run on the session's worker threads unless draft_threads >
+// 0), the draft KV length of the session, p_min, and the skip search's
+// progress printed on stderr (env->skip_user: a line prefix, or NULL).
+void spec_env_init(spec_env *env, const sd_model *target, const sd_session *s, int n_drafts, int draft_threads,
+                   float p_min);
+// Progress of the layer-skip search as one line on stderr; user is a prefix or NULL.
+void spec_print_skip_progress(void *user, const sd_skip_progress *pr);
+
 int spec_measure_cost(sd_cost_curve *c, sd_session *s, int max_nodes, char *err, size_t errlen);
 
 // The tree nodes a step of method m asks the verifier for by default: the
