@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "lib/cli_run.h"
 #include "t.h"
 // the helpers of the program are unit-tested here directly
 #include "../tools/cli_common.c"
@@ -24,17 +25,7 @@ static char g_out[1 << 16]; // stdout and stderr of the last run
 
 // Runs `SPECDEC args` through the shell, stdout and stderr together (or only
 // stdout when merge == 0). Returns the exit status, -1 if it did not exit.
-static int run(const char *args, int merge) {
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "%s %s %s", SPECDEC, args, merge ? "2>&1" : "2>/dev/null");
-    FILE *p = popen(cmd, "r");
-    g_out[0] = 0;
-    if (!p) return -1;
-    size_t n = fread(g_out, 1, sizeof g_out - 1, p);
-    g_out[n] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+static int run(const char *args, int merge) { return cli_run(SPECDEC, args, merge, g_out, sizeof g_out); }
 
 static int have_binary(void) {
     struct stat st;

@@ -14,24 +14,16 @@
 #include "common.h"
 #include "draft/draft_lookahead.h"
 #include "generate.h"
+#include "lib/spec_check.h"
 #include "lib/synth.h"
 #include "spec.h"
 #include "t.h"
 
 #define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
-#define MAXTOK 1024
 
 static char g_err[512];
 
-typedef struct {
-    int32_t tok[MAXTOK];
-    int n;
-} collect_t;
-static int collect_cb(int32_t t, void *user) {
-    collect_t *c = user;
-    if (c->n < MAXTOK) c->tok[c->n++] = t;
-    return 0;
-}
+typedef sc_tokens collect_t;
 
 static sd_drafter *new_la(int W, int N, int G, int per_key, int pool_keys, int text, int nv) {
     sd_draft_lookahead_params p = sd_draft_lookahead_default_params();
@@ -221,55 +213,27 @@ static int need_model(void) {
 }
 
 static sd_session *new_session(const sd_model *m, int n_ctx, int n_threads) {
-    sd_session_params sp = sd_session_default_params();
-    sp.n_ctx = n_ctx;
-    sp.n_batch = 64;
-    sp.n_threads = n_threads;
-    sd_session *s = NULL;
-    if (sd_session_new(&s, m, &sp, g_err, sizeof g_err) < 0) return NULL;
-    return s;
+    return sc_new_session(m, n_ctx, n_threads, g_err, sizeof g_err);
 }
 
 static sd_sampler *new_sampler(int nv, float temp, float penalty) {
-    sd_sampler_params sp = sd_sampler_default_params();
-    sp.temp = temp;
-    sp.repeat_penalty = penalty;
-    sd_sampler *s = NULL;
-    sd_sampler_new(&s, &sp, nv, g_err, sizeof g_err);
-    return s;
+    return sc_new_sampler(nv, temp, penalty, g_err, sizeof g_err);
 }
 
 static int run_plain(sd_session *s, sd_sampler *smp, const int32_t *prompt, int n_prompt, int n_predict,
                      collect_t *out, int *finish) {
-    sd_session_truncate(s, 0, NULL, 0);
-    out->n = 0;
-    sd_gen_params gp = sd_gen_default_params();
-    gp.n_predict = n_predict;
-    gp.n_batch = 64;
     sd_gen_stats st;
-    int rc = sd_generate(s, smp, prompt, n_prompt, &gp, collect_cb, out, &st, g_err, sizeof g_err);
+    int rc = sc_run_plain(s, smp, prompt, n_prompt, n_predict, out, &st, g_err, sizeof g_err);
     *finish = st.finish;
     return rc;
 }
 
 static int run_spec(sd_session *s, sd_sampler *smp, sd_drafter *d, const int32_t *prompt, int n_prompt,
                     int n_predict, int max_nodes, collect_t *out, sd_spec_stats *st) {
-    sd_session_truncate(s, 0, NULL, 0);
-    if (d) d->vt->reset(d);
-    out->n = 0;
-    sd_spec_params sp = sd_spec_default_params();
-    sp.n_predict = n_predict;
-    sp.n_batch = 64;
-    sp.max_nodes = max_nodes;
-    return sd_spec_generate(s, smp, d, prompt, n_prompt, &sp, collect_cb, out, st, g_err, sizeof g_err);
+    return sc_run_spec(s, smp, d, prompt, n_prompt, n_predict, max_nodes, out, st, g_err, sizeof g_err);
 }
 
-static int same_tokens(const collect_t *a, const collect_t *b) {
-    if (a->n != b->n) return 0;
-    for (int i = 0; i < a->n; i++)
-        if (a->tok[i] != b->tok[i]) return 0;
-    return 1;
-}
+static int same_tokens(const collect_t *a, const collect_t *b) { return sc_same_tokens(a, b); }
 
 // Prompt: a random pattern of period `period` repeated (period 0: random).
 static int make_prompt(int32_t *p, int n, uint64_t seed, int period) {
@@ -368,62 +332,17 @@ static void test_stochastic(void) {
 static void test_sampled_distribution(void) {
     if (!need_model()) SKIP("synthetic model: %.200s", g_err);
     sd_session *s = new_session(g_tgt, 64, 1), *ref = new_session(g_tgt, 64, 1);
-    sd_sampler_params sp = sd_sampler_default_params();
-    sp.temp = 1.3f;
-    sp.top_k = 4;
-    sp.top_p = 1.0f;
-    sp.min_p = 0.0f;
-    sp.repeat_penalty = 1.3f;
-    sd_sampler *smp = NULL;
-    sd_sampler_new(&smp, &sp, 320, g_err, sizeof g_err);
+    sd_sampler *smp = sc_topk4_sampler(320, g_err, sizeof g_err);
     sd_drafter *d = new_la(3, 3, 4, 0, 256, 1, 320);
     CHECK(s && ref && smp && d, "setup: %s", g_err);
     if (!s || !ref || !smp || !d) goto out;
     enum { NP = 9 };
     int32_t prompt[NP];
     make_prompt(prompt, NP, 31, 3);
-    static float probs[320];
-    double pexact[64];
-    int32_t seqs[64][3];
-    int n_seq = 0;
-    {
-        int32_t pre[NP + 3];
-        memcpy(pre, prompt, sizeof prompt);
-        sd_session_truncate(ref, 0, NULL, 0);
-        sd_batch b = {NP, pre, NULL, NULL, NULL};
-        sd_session_forward(ref, &b, g_err, sizeof g_err);
-        sd_sampler_probs(smp, sd_session_logits(ref, NP - 1), pre, NP, probs);
-        int32_t t1[4];
-        double p1[4];
-        int n1 = 0;
-        for (int v = 0; v < 320 && n1 < 4; v++)
-            if (probs[v] > 0) t1[n1] = v, p1[n1++] = probs[v];
-        for (int i = 0; i < n1; i++) {
-            pre[NP] = t1[i];
-            sd_batch b2 = {NP + 1, pre, NULL, NULL, NULL};
-            sd_session_truncate(ref, 0, NULL, 0);
-            sd_session_forward(ref, &b2, g_err, sizeof g_err);
-            sd_sampler_probs(smp, sd_session_logits(ref, NP), pre, NP + 1, probs);
-            int32_t t2[4];
-            double p2[4];
-            int n2 = 0;
-            for (int v = 0; v < 320 && n2 < 4; v++)
-                if (probs[v] > 0) t2[n2] = v, p2[n2++] = probs[v];
-            for (int j = 0; j < n2; j++) {
-                pre[NP + 1] = t2[j];
-                sd_batch b3 = {NP + 2, pre, NULL, NULL, NULL};
-                sd_session_truncate(ref, 0, NULL, 0);
-                sd_session_forward(ref, &b3, g_err, sizeof g_err);
-                sd_sampler_probs(smp, sd_session_logits(ref, NP + 1), pre, NP + 2, probs);
-                for (int v = 0; v < 320; v++) {
-                    if (!(probs[v] > 0) || n_seq >= 64) continue;
-                    seqs[n_seq][0] = t1[i], seqs[n_seq][1] = t2[j], seqs[n_seq][2] = v;
-                    pexact[n_seq++] = p1[i] * p2[j] * probs[v];
-                }
-            }
-        }
-    }
-    CHECK(n_seq == 64, "enumerated %d sequences", n_seq);
+    static sc_seq3 e;
+    sc_fwd_probs fp = {ref, smp, g_err, sizeof g_err};
+    CHECK(sc_seq3_enumerate(&e, sc_fwd_probs_fn, &fp, prompt, NP, 320) == 0, "out of memory");
+    CHECK(e.n_seq == 64, "enumerated %d sequences", e.n_seq);
     static double cnt[64];
     memset(cnt, 0, sizeof cnt);
     int n_other = 0, n_run = 2000;
@@ -437,21 +356,14 @@ static void test_sampled_distribution(void) {
         sd_spec_params ps = sd_spec_default_params();
         ps.n_predict = 3;
         ps.max_nodes = 16;
-        if (sd_spec_generate(s, smp, d, prompt, NP, &ps, collect_cb, &o, &st, g_err, sizeof g_err) < 0 || o.n != 3) {
+        if (sd_spec_generate(s, smp, d, prompt, NP, &ps, sc_collect_cb, &o, &st, g_err, sizeof g_err) < 0 || o.n != 3) {
             CHECK(0, "run %d: %s", r, g_err);
             break;
         }
         n_acc += st.n_draft_accepted;
-        int k = 0;
-        while (k < n_seq && memcmp(seqs[k], o.tok, sizeof seqs[k]) != 0) k++;
-        if (k < n_seq) cnt[k]++;
-        else n_other++;
+        sc_seq3_tally(&e, o.tok, cnt, &n_other);
     }
-    double chi = 0;
-    for (int k = 0; k < n_seq; k++) {
-        double e = pexact[k] * n_run;
-        chi += (cnt[k] - e) * (cnt[k] - e) / e;
-    }
+    double chi = sc_seq3_chi2(&e, cnt, n_run);
     printf("  lookahead sampled: chi2 = %.1f (df 63, limit 125), %ld n-gram tokens accepted in %d runs\n", chi, n_acc,
            n_run);
     CHECK(n_other == 0, "%d sequences outside the target's support", n_other);

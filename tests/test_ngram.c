@@ -15,13 +15,13 @@
 #include "draft/draft_model.h"
 #include "draft/draft_ngram.h"
 #include "generate.h"
+#include "lib/spec_check.h"
 #include "lib/synth.h"
 #include "spec.h"
 #include "suffix.h"
 #include "t.h"
 
 #define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
-#define MAXTOK 1024
 
 static char g_err[512];
 static uint64_t g_rng = 88172645463325252ull;
@@ -217,12 +217,7 @@ static sd_model *synth_model(uint64_t seed, int n_layer, int n_vocab, const char
     p.seed = seed;
     p.n_layer = n_layer;
     p.n_vocab = n_vocab;
-    char path[256];
-    snprintf(path, sizeof path, "/tmp/specdec_test_ngram_%d_%s.gguf", (int)getpid(), tag);
-    sd_model *m = NULL;
-    if (synth_write(path, &p, g_err, sizeof g_err) < 0 || sd_model_load(&m, path, g_err, sizeof g_err) < 0) m = NULL;
-    remove(path);
-    return m;
+    return sc_synth_model(&p, "ngram", tag, g_err, sizeof g_err);
 }
 static int need_models(void) {
     if (!g_tgt) g_tgt = synth_model(1234, 2, 320, "tgt");
@@ -536,54 +531,20 @@ static void test_ngram_datastore_tree(void) {
 }
 
 // ------------------------------------------------------------ losslessness
-typedef struct {
-    int32_t tok[MAXTOK];
-    int n;
-} collect_t;
-static int collect_cb(int32_t t, void *user) {
-    collect_t *c = user;
-    if (c->n < MAXTOK) c->tok[c->n++] = t;
-    return 0;
-}
+typedef sc_tokens collect_t;
 static sd_session *new_session(const sd_model *m, int n_ctx, int n_threads) {
-    sd_session_params sp = sd_session_default_params();
-    sp.n_ctx = n_ctx;
-    sp.n_batch = 64;
-    sp.n_threads = n_threads;
-    sd_session *s = NULL;
-    if (sd_session_new(&s, m, &sp, g_err, sizeof g_err) < 0) return NULL;
-    return s;
+    return sc_new_session(m, n_ctx, n_threads, g_err, sizeof g_err);
 }
-static sd_sampler *greedy_sampler(int n_vocab) {
-    sd_sampler_params sp = sd_sampler_default_params();
-    sp.temp = 0.0f;
-    sd_sampler *s = NULL;
-    sd_sampler_new(&s, &sp, n_vocab, g_err, sizeof g_err);
-    return s;
-}
+static sd_sampler *greedy_sampler(int n_vocab) { return sc_new_sampler(n_vocab, 0.0f, 1.0f, g_err, sizeof g_err); }
 static int run_plain(sd_session *s, sd_sampler *smp, const int32_t *prompt, int n_prompt, int n_predict,
                      collect_t *out, sd_gen_stats *st) {
-    sd_session_truncate(s, 0, NULL, 0);
-    out->n = 0;
-    sd_gen_params gp = sd_gen_default_params();
-    gp.n_predict = n_predict;
-    gp.n_batch = 64;
-    return sd_generate(s, smp, prompt, n_prompt, &gp, collect_cb, out, st, g_err, sizeof g_err);
+    return sc_run_plain(s, smp, prompt, n_prompt, n_predict, out, st, g_err, sizeof g_err);
 }
 static int run_spec(sd_session *s, sd_sampler *smp, sd_drafter *d, const int32_t *prompt, int n_prompt,
                     int n_predict, int max_nodes, collect_t *out, sd_spec_stats *st) {
-    sd_session_truncate(s, 0, NULL, 0);
-    if (d) d->vt->reset(d);
-    out->n = 0;
-    sd_spec_params sp = sd_spec_default_params();
-    sp.n_predict = n_predict;
-    sp.n_batch = 64;
-    sp.max_nodes = max_nodes;
-    return sd_spec_generate(s, smp, d, prompt, n_prompt, &sp, collect_cb, out, st, g_err, sizeof g_err);
+    return sc_run_spec(s, smp, d, prompt, n_prompt, n_predict, max_nodes, out, st, g_err, sizeof g_err);
 }
-static int same_tokens(const collect_t *a, const collect_t *b) {
-    return a->n == b->n && !memcmp(a->tok, b->tok, sizeof(int32_t) * (size_t)a->n);
-}
+static int same_tokens(const collect_t *a, const collect_t *b) { return sc_same_tokens(a, b); }
 static void make_prompt(int32_t *p, int n, uint64_t seed, int n_vocab, int period) {
     for (int i = 0; i < n; i++) {
         if (period && i >= period) {
@@ -688,6 +649,15 @@ static void ref_probs(sd_session *ref, sd_sampler *smp, const int32_t *seq, int 
     else memset(probs, 0, sizeof(float) * 320);
 }
 
+typedef struct {
+    sd_session *ref;
+    sd_sampler *smp;
+} ref_probs_ud;
+static void ref_probs_fn(void *ud, const int32_t *seq, int n, float *probs) {
+    ref_probs_ud *r = ud;
+    ref_probs(r->ref, r->smp, seq, n, probs);
+}
+
 // Sampling: runs, reproducible with a seed; and the chi-square check of
 // test_spec.c: the first 3 sampled tokens (top-k 4: 64 outcomes) are
 // distributed as the target's, with a repetitive prompt so that drafts are
@@ -700,12 +670,7 @@ static void test_sampled(void) {
     sp.temp = 0.9f;
     sd_sampler *smp = NULL, *smp2 = NULL;
     sd_sampler_new(&smp, &sp, 320, g_err, sizeof g_err);
-    sp.temp = 1.3f;
-    sp.top_k = 4;
-    sp.top_p = 1.0f;
-    sp.min_p = 0.0f;
-    sp.repeat_penalty = 1.3f;
-    sd_sampler_new(&smp2, &sp, 320, g_err, sizeof g_err);
+    smp2 = sc_topk4_sampler(320, g_err, sizeof g_err);
     CHECK(s && ref && d && d1 && smp && smp2, "setup: %s", g_err);
     if (!s || !ref || !d || !d1 || !smp || !smp2) goto out;
     static collect_t a, b;
@@ -733,36 +698,10 @@ static void test_sampled(void) {
         pr[i] = pr[j], pr[j] = t;
     }
     make_prompt(pr + 317, 6, 31, 320, 0);
-    static float probs[320];
-    double pexact[64];
-    int32_t seqs[64][3];
-    int n_seq = 0;
-    static int32_t pre[NP + 3];
-    memcpy(pre, pr, sizeof(int32_t) * (size_t)NP);
-    int32_t t1[4];
-    double p1[4];
-    int n1 = 0;
-    ref_probs(ref, smp2, pre, NP, probs);
-    for (int v = 0; v < 320 && n1 < 4; v++)
-        if (probs[v] > 0) t1[n1] = v, p1[n1++] = probs[v];
-    for (int i = 0; i < n1; i++) {
-        pre[NP] = t1[i];
-        ref_probs(ref, smp2, pre, NP + 1, probs);
-        int32_t t2[4];
-        double p2[4];
-        int n2 = 0;
-        for (int v = 0; v < 320 && n2 < 4; v++)
-            if (probs[v] > 0) t2[n2] = v, p2[n2++] = probs[v];
-        for (int j = 0; j < n2; j++) {
-            pre[NP + 1] = t2[j];
-            ref_probs(ref, smp2, pre, NP + 2, probs);
-            for (int v = 0; v < 320; v++) {
-                if (!(probs[v] > 0) || n_seq >= 64) continue;
-                seqs[n_seq][0] = t1[i], seqs[n_seq][1] = t2[j], seqs[n_seq][2] = v;
-                pexact[n_seq++] = p1[i] * p2[j] * probs[v];
-            }
-        }
-    }
+    static sc_seq3 e;
+    ref_probs_ud rp = {ref, smp2};
+    CHECK(sc_seq3_enumerate(&e, ref_probs_fn, &rp, pr, NP, 320) == 0, "out of memory");
+    int n_seq = e.n_seq;
     CHECK(n_seq == 64, "enumerated %d sequences", n_seq);
     static double cnt[64];
     memset(cnt, 0, sizeof cnt);
@@ -775,16 +714,9 @@ static void test_sampled(void) {
             break;
         }
         drafted += st.n_draft_nodes;
-        int k = 0;
-        while (k < n_seq && memcmp(seqs[k], b.tok, sizeof seqs[k]) != 0) k++;
-        if (k < n_seq) cnt[k]++;
-        else n_other++;
+        sc_seq3_tally(&e, b.tok, cnt, &n_other);
     }
-    double chi = 0;
-    for (int k = 0; k < n_seq; k++) {
-        double e = pexact[k] * n_run;
-        chi += (cnt[k] - e) * (cnt[k] - e) / e;
-    }
+    double chi = sc_seq3_chi2(&e, cnt, n_run);
     printf("  sampled distribution: chi2 = %.1f (df 63, limit 125), %.1f draft nodes per run\n", chi,
            (double)drafted / n_run);
     CHECK(drafted > n_run, "drafts were proposed (%ld)", drafted);

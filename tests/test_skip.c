@@ -14,25 +14,17 @@
 #include "draft/draft_skip.h"
 #include "generate.h"
 #include "gguf.h"
+#include "lib/spec_check.h"
 #include "lib/synth.h"
 #include "model.h"
 #include "spec.h"
 #include "t.h"
 
 #define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
-#define MAXTOK 1024
 
 static char g_err[512];
 
-typedef struct {
-    int32_t tok[MAXTOK];
-    int n;
-} collect_t;
-static int collect_cb(int32_t t, void *user) {
-    collect_t *c = user;
-    if (c->n < MAXTOK) c->tok[c->n++] = t;
-    return 0;
-}
+typedef sc_tokens collect_t;
 
 static void tmp_path(char *buf, size_t n, const char *tag) {
     snprintf(buf, n, "/tmp/specdec_test_skip_%d_%s", (int)getpid(), tag);
@@ -83,13 +75,7 @@ static sd_model *synth_model(uint64_t seed, int n_layer, const uint8_t *zero_lay
 }
 
 static sd_session *new_session(const sd_model *m, int n_ctx, int n_threads) {
-    sd_session_params sp = sd_session_default_params();
-    sp.n_ctx = n_ctx;
-    sp.n_batch = 64;
-    sp.n_threads = n_threads;
-    sd_session *s = NULL;
-    if (sd_session_new(&s, m, &sp, g_err, sizeof g_err) < 0) return NULL;
-    return s;
+    return sc_new_session(m, n_ctx, n_threads, g_err, sizeof g_err);
 }
 
 static void make_prompt(int32_t *p, int n, uint64_t seed, int n_vocab) {
@@ -209,29 +195,14 @@ static int compare_greedy(const sd_model *m, sd_session *s, sd_drafter *d, const
                           int max_nodes, sd_spec_stats *st, int *same) {
     sd_model_info info;
     sd_model_get_info(m, &info);
-    sd_sampler_params spp = sd_sampler_default_params();
-    spp.temp = 0.0f;
-    sd_sampler *smp = NULL;
-    if (sd_sampler_new(&smp, &spp, info.n_vocab, g_err, sizeof g_err) < 0) return -1;
+    sd_sampler *smp = sc_new_sampler(info.n_vocab, 0.0f, 1.0f, g_err, sizeof g_err);
+    if (!smp) return -1;
     static collect_t a, b;
-    a.n = b.n = 0;
-    sd_session_truncate(s, 0, NULL, 0);
-    sd_gen_params gp = sd_gen_default_params();
-    gp.n_predict = n_predict;
-    gp.n_batch = 64;
     sd_gen_stats gs;
-    int rc = sd_generate(s, smp, prompt, np, &gp, collect_cb, &a, &gs, g_err, sizeof g_err);
+    int rc = sc_run_plain(s, smp, prompt, np, n_predict, &a, &gs, g_err, sizeof g_err);
     int np_plain = sd_session_n_past(s);
-    if (rc == 0) {
-        sd_session_truncate(s, 0, NULL, 0);
-        d->vt->reset(d);
-        sd_spec_params sp = sd_spec_default_params();
-        sp.n_predict = n_predict;
-        sp.n_batch = 64;
-        sp.max_nodes = max_nodes;
-        rc = sd_spec_generate(s, smp, d, prompt, np, &sp, collect_cb, &b, st, g_err, sizeof g_err);
-    }
-    *same = rc == 0 && a.n == b.n && !memcmp(a.tok, b.tok, sizeof(int32_t) * (size_t)a.n) &&
+    if (rc == 0) rc = sc_run_spec(s, smp, d, prompt, np, n_predict, max_nodes, &b, st, g_err, sizeof g_err);
+    *same = rc == 0 && sc_same_tokens(&a, &b) &&
             sd_session_n_past(s) == np_plain && st->gen.finish == gs.finish;
     sd_sampler_free(smp);
     return rc;
@@ -312,7 +283,7 @@ static void test_stochastic_smoke(void) {
         sp.n_predict = 64;
         sp.n_batch = 64;
         sd_spec_stats st;
-        CHECK(sd_spec_generate(s, smp, d, prompt, 10, &sp, collect_cb, &c, &st, g_err, sizeof g_err) == 0, "%s", g_err);
+        CHECK(sd_spec_generate(s, smp, d, prompt, 10, &sp, sc_collect_cb, &c, &st, g_err, sizeof g_err) == 0, "%s", g_err);
         CHECK(c.n == 64 || st.gen.finish != SD_FINISH_LENGTH, "tokens %d", c.n);
         printf("  sampled: %d tokens, %.2f per forward\n", c.n, st.mean_accepted);
     }

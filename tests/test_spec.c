@@ -13,24 +13,16 @@
 #include "common.h"
 #include "draft/draft_model.h"
 #include "generate.h"
+#include "lib/spec_check.h"
 #include "lib/synth.h"
 #include "spec.h"
 #include "t.h"
 
 #define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
-#define MAXTOK 1024
 
 static char g_err[512];
 
-typedef struct {
-    int32_t tok[MAXTOK];
-    int n;
-} collect_t;
-static int collect_cb(int32_t t, void *user) {
-    collect_t *c = user;
-    if (c->n < MAXTOK) c->tok[c->n++] = t;
-    return 0;
-}
+typedef sc_tokens collect_t;
 
 static sd_model *synth_model(uint64_t seed, int n_layer, int n_embd, int n_vocab, const char *tag) {
     synth_params p = synth_default_params();
@@ -38,44 +30,23 @@ static sd_model *synth_model(uint64_t seed, int n_layer, int n_embd, int n_vocab
     p.n_layer = n_layer;
     p.n_embd = n_embd;
     p.n_vocab = n_vocab;
-    char path[256];
-    snprintf(path, sizeof path, "/tmp/specdec_test_spec_%d_%s.gguf", (int)getpid(), tag);
-    sd_model *m = NULL;
-    if (synth_write(path, &p, g_err, sizeof g_err) < 0 || sd_model_load(&m, path, g_err, sizeof g_err) < 0) m = NULL;
-    remove(path);
-    return m;
+    return sc_synth_model(&p, "spec", tag, g_err, sizeof g_err);
 }
 
 static int g_threads = 1;   // tiny models: one thread is fastest
 static sd_session *new_session(const sd_model *m, int n_ctx) {
-    sd_session_params sp = sd_session_default_params();
-    sp.n_ctx = n_ctx;
-    sp.n_batch = 64;
-    sp.n_threads = g_threads;
-    sd_session *s = NULL;
-    if (sd_session_new(&s, m, &sp, g_err, sizeof g_err) < 0) return NULL;
-    return s;
+    return sc_new_session(m, n_ctx, g_threads, g_err, sizeof g_err);
 }
 
 static sd_sampler *greedy_sampler(int n_vocab, float penalty) {
-    sd_sampler_params sp = sd_sampler_default_params();
-    sp.temp = 0.0f;
-    sp.repeat_penalty = penalty;
-    sd_sampler *s = NULL;
-    sd_sampler_new(&s, &sp, n_vocab, g_err, sizeof g_err);
-    return s;
+    return sc_new_sampler(n_vocab, 0.0f, penalty, g_err, sizeof g_err);
 }
 
 // Plain greedy reference; leaves the session's n_past in *n_past.
 static int run_plain(sd_session *s, sd_sampler *smp, const int32_t *prompt, int n_prompt, int n_predict,
                      collect_t *out, int *finish, int *n_past) {
-    sd_session_truncate(s, 0, NULL, 0);
-    out->n = 0;
-    sd_gen_params gp = sd_gen_default_params();
-    gp.n_predict = n_predict;
-    gp.n_batch = 64;
     sd_gen_stats st;
-    int rc = sd_generate(s, smp, prompt, n_prompt, &gp, collect_cb, out, &st, g_err, sizeof g_err);
+    int rc = sc_run_plain(s, smp, prompt, n_prompt, n_predict, out, &st, g_err, sizeof g_err);
     *finish = st.finish;
     *n_past = sd_session_n_past(s);
     return rc;
@@ -83,22 +54,10 @@ static int run_plain(sd_session *s, sd_sampler *smp, const int32_t *prompt, int 
 
 static int run_spec(sd_session *s, sd_sampler *smp, sd_drafter *d, const int32_t *prompt, int n_prompt,
                     int n_predict, int max_nodes, collect_t *out, sd_spec_stats *st) {
-    sd_session_truncate(s, 0, NULL, 0);
-    if (d) d->vt->reset(d);
-    out->n = 0;
-    sd_spec_params sp = sd_spec_default_params();
-    sp.n_predict = n_predict;
-    sp.n_batch = 64;
-    sp.max_nodes = max_nodes;
-    return sd_spec_generate(s, smp, d, prompt, n_prompt, &sp, collect_cb, out, st, g_err, sizeof g_err);
+    return sc_run_spec(s, smp, d, prompt, n_prompt, n_predict, max_nodes, out, st, g_err, sizeof g_err);
 }
 
-static int same_tokens(const collect_t *a, const collect_t *b) {
-    if (a->n != b->n) return 0;
-    for (int i = 0; i < a->n; i++)
-        if (a->tok[i] != b->tok[i]) return 0;
-    return 1;
-}
+static int same_tokens(const collect_t *a, const collect_t *b) { return sc_same_tokens(a, b); }
 
 static void make_prompt(int32_t *p, int n, uint64_t seed, int n_vocab) {
     for (int i = 0; i < n; i++) {
@@ -342,61 +301,17 @@ out:
 // speculative loop's empirical distribution must pass a chi-square test.
 static void check_sampled_distribution(sd_drafter *d, const char *name, int n_run) {
     sd_session *s = new_session(g_tgt, 64), *ref = new_session(g_tgt, 64);
-    sd_sampler_params sp = sd_sampler_default_params();
-    sp.temp = 1.3f;
-    sp.top_k = 4;
-    sp.top_p = 1.0f;
-    sp.min_p = 0.0f;
-    sp.repeat_penalty = 1.3f;
-    sd_sampler *smp = NULL;
-    sd_sampler_new(&smp, &sp, 320, g_err, sizeof g_err);
+    sd_sampler *smp = sc_topk4_sampler(320, g_err, sizeof g_err);
     CHECK(s && ref && smp && d, "%s: setup: %s", name, g_err);
     if (!s || !ref || !smp || !d) goto out;
     int32_t prompt[6 + 3];
     make_prompt(prompt, 6, 31, 320);
     // Exact distribution: enumerate the (at most 4) candidates per step.
-    static float probs[320];
-    double pexact[64];
-    int32_t seqs[64][3];
-    int n_seq = 0;
-    {
-        int32_t t1s[4], t2s[4][4];
-        double p1[4], p2[4][4];
-        // step 1
-        sd_session_truncate(ref, 0, NULL, 0);
-        sd_batch b = {6, prompt, NULL, NULL, NULL};
-        sd_session_forward(ref, &b, g_err, sizeof g_err);
-        sd_sampler_probs(smp, sd_session_logits(ref, 5), prompt, 6, probs);
-        int n1 = 0;
-        for (int v = 0; v < 320; v++)
-            if (probs[v] > 0) t1s[n1] = v, p1[n1++] = probs[v];
-        CHECK(n1 == 4, "top-k support %d", n1);
-        for (int i = 0; i < n1 && i < 4; i++) {
-            int32_t pre[8];
-            memcpy(pre, prompt, sizeof(int32_t) * 6);
-            pre[6] = t1s[i];
-            sd_batch b2 = {7, pre, NULL, NULL, NULL};
-            sd_session_truncate(ref, 0, NULL, 0);
-            sd_session_forward(ref, &b2, g_err, sizeof g_err);
-            sd_sampler_probs(smp, sd_session_logits(ref, 6), pre, 7, probs);
-            int n2 = 0;
-            for (int v = 0; v < 320 && n2 < 4; v++)
-                if (probs[v] > 0) t2s[i][n2] = v, p2[i][n2++] = probs[v];
-            for (int j = 0; j < n2; j++) {
-                pre[7] = t2s[i][j];
-                sd_batch b3 = {8, pre, NULL, NULL, NULL};
-                sd_session_truncate(ref, 0, NULL, 0);
-                sd_session_forward(ref, &b3, g_err, sizeof g_err);
-                sd_sampler_probs(smp, sd_session_logits(ref, 7), pre, 8, probs);
-                for (int v = 0; v < 320; v++) {
-                    if (!(probs[v] > 0) || n_seq >= 64) continue;
-                    seqs[n_seq][0] = t1s[i], seqs[n_seq][1] = t2s[i][j], seqs[n_seq][2] = v;
-                    pexact[n_seq++] = p1[i] * p2[i][j] * probs[v];
-                }
-            }
-        }
-    }
-    CHECK(n_seq == 64, "enumerated %d sequences", n_seq);
+    static sc_seq3 e;
+    sc_fwd_probs fp = {ref, smp, g_err, sizeof g_err};
+    CHECK(sc_seq3_enumerate(&e, sc_fwd_probs_fn, &fp, prompt, 6, 320) == 0, "out of memory");
+    CHECK(e.n_support1 == 4, "top-k support %d", e.n_support1);
+    CHECK(e.n_seq == 64, "enumerated %d sequences", e.n_seq);
     static double cnt[64];
     memset(cnt, 0, sizeof cnt);
     int n_other = 0;
@@ -410,16 +325,9 @@ static void check_sampled_distribution(sd_drafter *d, const char *name, int n_ru
             break;
         }
         fwd += st.mean_accepted;
-        int k = 0;
-        while (k < n_seq && memcmp(seqs[k], out.tok, sizeof seqs[k]) != 0) k++;
-        if (k < n_seq) cnt[k]++;
-        else n_other++;
+        sc_seq3_tally(&e, out.tok, cnt, &n_other);
     }
-    double chi = 0;
-    for (int k = 0; k < n_seq; k++) {
-        double e = pexact[k] * n_run;
-        chi += (cnt[k] - e) * (cnt[k] - e) / e;
-    }
+    double chi = sc_seq3_chi2(&e, cnt, n_run);
     // df = 63: mean 63, sd 11.2; 125 is more than 5 sd out.
     printf("  %-26s chi2 = %.1f (df 63, limit 125), %.2f tokens per forward\n", name, chi, fwd / n_run);
     CHECK(n_other == 0, "%s: %d sequences outside the target's support", name, n_other);
