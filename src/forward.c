@@ -294,21 +294,6 @@ static void swiglu_span(float *g, const float *u, long n) {
     }
 }
 
-// ff_g = silu(ff_g) * ff_u over the batch rows, split across threads in
-// chunks of whole rows' 64-element pieces.
-static void swiglu_task(void *arg, int ith, int nth) {
-    const fwd_job *job = arg;
-    sd_session *s = job->s;
-    const long n_ff = s->m->hp.n_ff, per_row = (n_ff + 63) / 64;
-    long lo, hi;
-    sd_split_range((long)job->n * per_row, ith, nth, &lo, &hi);
-    for (long c = lo; c < hi; c++) {
-        const long t = c / per_row, j0 = (c % per_row) * 64;
-        const long m = SD_MIN(64, n_ff - j0);
-        swiglu_span(s->ff_g + t * n_ff + j0, s->ff_u + t * n_ff + j0, m);
-    }
-}
-
 // sd_mm_post_fn: ff_g = silu(ff_g) * ff_u on columns [r0, r1) of every batch row.
 static void swiglu_cols(void *arg, int64_t r0, int64_t r1) {
     const fwd_job *job = arg;
@@ -452,18 +437,13 @@ int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errle
 
         for (int i = 0; i < n; i++)
             rmsnorm(s->xn + (size_t)i * E, s->x + (size_t)i * E, L->ffn_norm->data, E, hp->rms_eps);
-        if (L->w_gate->ne[1] == hp->n_ff && L->w_up->ne[1] == hp->n_ff && L->w_gate->ne[0] == E &&
-            L->w_up->ne[0] == E) {
-            // gate and up in one pool run, each thread applying SwiGLU to its columns
+        {
+            // gate and up in one pool run, each thread applying SwiGLU to its
+            // columns (shapes were validated at load: both are [n_embd, n_ff])
             const int ty[2] = {L->w_gate->type, L->w_up->type};
             const void *W2[2] = {L->w_gate->data, L->w_up->data};
             float *y2[2] = {s->ff_g, s->ff_u};
             sd_matmul_multi_post(&s->mm, 2, ty, W2, E, hp->n_ff, s->xn, n, y2, swiglu_cols, &job);
-        } else {
-            matmul_t(s, L->w_gate, s->xn, n, s->ff_g);
-            matmul_t(s, L->w_up, s->xn, n, s->ff_u);
-            if ((long)n * hp->n_ff >= SD_FWD_PAR_MIN) sd_pool_run(s->pool, swiglu_task, &job);
-            else swiglu_task(&job, 0, 1);
         }
         matmul_t(s, L->w_down, s->ff_g, n, s->xn);
         for (size_t k = 0; k < (size_t)n * E; k++) s->x[k] += s->xn[k];
