@@ -294,7 +294,7 @@ static int parse_tensor_info(sd_gguf *g, cursor *c, uint64_t i, name_index *ix, 
     }
     uint32_t type;
     if (cur_u32(c, &type)) return sd_err(err, errlen, "tensor '%s': truncated type", tn);
-    const sd_type_traits *tr = type <= INT_MAX ? sd_type_get((int)type) : NULL;
+    const sd_type_traits *tr = type < SD_TYPE_FILE_COUNT ? sd_type_get((int)type) : NULL;
     if (!tr || tr->tsize == 0 || tr->blck <= 0)
         return sd_err(err, errlen, "tensor '%s': unknown tensor type %u", tn, type);
     t->type = (int)type;
@@ -811,7 +811,7 @@ void sd_gguf_w_tensor(sd_gguf_writer *w, const char *name, int type, int n_dims,
         w_bad(w, "tensor with an empty or NULL name");
         return;
     }
-    const sd_type_traits *tr = sd_type_get(type);
+    const sd_type_traits *tr = type < SD_TYPE_FILE_COUNT ? sd_type_get(type) : NULL;
     if (!tr || tr->tsize == 0 || tr->blck <= 0) {
         w_bad(w, "tensor '%s': unknown tensor type %d", name, type);
         return;

@@ -557,44 +557,52 @@ AI void pack_group4(int type, const uint8_t *const blk[4], __m512i out[2], __m51
     }
 }
 
+// The partial last group (nb % 8 blocks) of a row, from the blocks in the
+// file's layout at row + (nb / 8 * 8) * wts (repacked rows keep their tail
+// blocks there too); missing blocks repeat the last one.
+AI void pack_tail(int type, const uint8_t *row, int64_t nb, __m512i out[4], __m512 *dw) {
+    const size_t wts = w_tsize(type);
+    const int64_t g = nb / 8;
+    const uint8_t *blk[8];
+    for (int i = 0; i < 8; i++) {
+        int64_t b = g * 8 + i;
+        blk[i] = row + (size_t)(b < nb ? b : nb - 1) * wts;
+    }
+    int nv = tail_nv(nb);
+    if (nv == 4) {
+        // 5..7 blocks: full layout, scalar-built from a copy with the
+        // missing blocks repeated (rare; never on the hot path of
+        // the default model).
+        uint8_t tmp[8 * sizeof(sd_block_q8_0)]; // the largest legacy block
+        for (int i = 0; i < 8; i++) memcpy(tmp + i * wts, blk[i], wts);
+        float mtmp[8];
+        pack_group(type, tmp, wts, out, dw, mtmp);
+    } else if (nv == 2) {
+        pack_group4(type, blk, out, dw);
+    } else {
+        wprep wp;
+        prep_w(type, blk[0], blk[1], &wp);
+        out[0] = wp.w;
+        *dw = wp.dw;
+    }
+}
+
+// m of the tail blocks (natural order) and the zero padding up to 16 blocks.
+AI void pack_tail_m(int type, const uint8_t *row, int64_t nb, float *m) {
+    const size_t wts = w_tsize(type);
+    for (int64_t b = nb / 8 * 8; b < nb; b++) m[b] = _cvtsh_ss(ld16(row + b * wts + 2));
+    for (int64_t b = nb; b < (nb + 15) / 16 * 16; b++) m[b] = 0;
+}
+
 AI void pack_rows(int type, int R, int64_t nb, const uint8_t *w, size_t wrb, wpack *pk) {
     const size_t wts = w_tsize(type);
-    const int64_t ng = (nb + 7) / 8;
     for (int r = 0; r < R; r++) {
         const uint8_t *row = w + r * wrb;
         const int64_t nfull = nb / 8;
         for (int64_t g = 0; g < nfull; g++)
             pack_group(type, row + (size_t)g * 8 * wts, wts, pk->w[r][g], &pk->d[r][g], (float *)pk->m[r] + g * 8);
-        if (ng > nfull) { // the partial last group; missing blocks repeat the last one
-            const int64_t g = nfull;
-            const uint8_t *blk[8];
-            for (int i = 0; i < 8; i++) {
-                int64_t b = g * 8 + i;
-                blk[i] = row + (size_t)(b < nb ? b : nb - 1) * wts;
-            }
-            int nv = tail_nv(nb);
-            if (nv == 4) {
-                // 5..7 blocks: full layout, scalar-built from a copy with the
-                // missing blocks repeated (rare; never on the hot path of
-                // the default model).
-                uint8_t tmp[8 * sizeof(sd_block_q8_0)]; // the largest legacy block
-                for (int i = 0; i < 8; i++) memcpy(tmp + i * wts, blk[i], wts);
-                float mtmp[8];
-                pack_group(type, tmp, wts, pk->w[r][g], &pk->d[r][g], mtmp);
-            } else if (nv == 2) {
-                pack_group4(type, blk, pk->w[r][g], &pk->d[r][g]);
-            } else {
-                wprep wp;
-                prep_w(type, blk[0], blk[1], &wp);
-                pk->w[r][g][0] = wp.w;
-                pk->d[r][g] = wp.dw;
-            }
-        }
-        if (w_has_min(type)) { // full groups wrote theirs
-            float *m = (float *)pk->m[r];
-            for (int64_t b = nb / 8 * 8; b < nb; b++) m[b] = _cvtsh_ss(ld16(row + b * wts + 2));
-            for (int64_t b = nb; b < (nb + 15) / 16 * 16; b++) m[b] = 0;
-        }
+        if (nb % 8) pack_tail(type, row, nb, pk->w[r][nfull], &pk->d[r][nfull]);
+        if (w_has_min(type)) pack_tail_m(type, row, nb, (float *)pk->m[r]); // full groups wrote theirs
     }
 }
 
@@ -745,6 +753,234 @@ DEFINE_TYPE(q5_0, SD_TYPE_Q5_0)
 DEFINE_TYPE(q5_1, SD_TYPE_Q5_1)
 DEFINE_TYPE(q8_0, SD_TYPE_Q8_0)
 
+// ---- repacked weights (SD_TYPE_*_R: rewritten once at load) -----------------
+//
+// The packed path above spends most of a 1-token matmul gathering 8 blocks
+// of 18-34 bytes into group vectors. A repacked row holds its full groups
+// already in group layout, so unpacking a group is two loads and four
+// and/shift ops (Q4, Q5), or four loads (Q8_0). Row r of nb blocks (nfull =
+// nb / 8 full groups) is, in nb * block-size bytes like the file's row:
+//   quants  (nfull, QB) bytes: Q4/Q5: A | B, 64 bytes each, with group vector
+//           0 = A & 15, 1 = B & 15, 2 = A >> 4, 3 = B >> 4; Q5 then 4 x 64-bit
+//           masks of bit 4 (vector z, byte j <- mask z bit j); Q8_0: the 4
+//           vectors, already offset to unsigned
+//   d       (nfull, 8) fp16, slot order (SIGMA)
+//   m       (nfull, 8) fp16, natural order (Q4_1, Q5_1)
+//   tail    the nb % 8 last blocks, unchanged, at the same offset as in the file
+// QB + 16 (+ 16) = 8 x block size for every type, so the sections fit exactly.
+// The unpacked vectors and scales are the same values the packed path builds,
+// and every (row, token) accumulator gets the same operations in the same
+// order, so a repacked matrix gives exactly the bits of the file's one.
+
+AI size_t rp_qb(int type) {
+    return type == SD_TYPE_Q8_0 ? 256 : (type == SD_TYPE_Q5_0 || type == SD_TYPE_Q5_1) ? 160 : 128;
+}
+
+// Group g of a repacked row with nfull full groups.
+AI void rp_group(int type, const uint8_t *row, int64_t nfull, int64_t g, __m512i out[4], __m512 *dw) {
+    const uint8_t *q = row + (size_t)g * rp_qb(type);
+    if (type == SD_TYPE_Q8_0) {
+        for (int z = 0; z < 4; z++) out[z] = _mm512_loadu_si512(q + 64 * z);
+    } else {
+        const __m512i m4 = _mm512_set1_epi8(0x0f);
+        __m512i a = _mm512_loadu_si512(q), b = _mm512_loadu_si512(q + 64);
+        out[0] = _mm512_and_si512(a, m4);
+        out[1] = _mm512_and_si512(b, m4);
+        out[2] = _mm512_and_si512(_mm512_srli_epi16(a, 4), m4);
+        out[3] = _mm512_and_si512(_mm512_srli_epi16(b, 4), m4);
+        if (type == SD_TYPE_Q5_0 || type == SD_TYPE_Q5_1) {
+            const __m512i h = _mm512_set1_epi8(0x10);
+            for (int z = 0; z < 4; z++)
+                out[z] = _mm512_mask_add_epi8(out[z], _cvtu64_mask64(ld64(q + 128 + 8 * z)), out[z], h);
+        }
+    }
+    const __m128i dh = _mm_loadu_si128((const __m128i *)(row + (size_t)nfull * rp_qb(type) + (size_t)g * 16));
+    *dw = _mm512_permutexvar_ps(_mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0),
+                                _mm512_castps256_ps512(_mm256_cvtph_ps(dh)));
+}
+
+// m of a repacked row, natural order, zero-padded to a multiple of 16 blocks.
+AI void rp_row_m(int type, const uint8_t *row, int64_t nb, float *m) {
+    const int64_t nfull = nb / 8;
+    const uint16_t *mh = (const uint16_t *)(row + (size_t)nfull * (rp_qb(type) + 16));
+    int64_t b = 0;
+    for (; b + 8 <= nfull * 8; b += 8)
+        _mm256_storeu_ps(m + b, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mh + b))));
+    pack_tail_m(type, row, nb, m);
+}
+
+static int repack_legacy(int type, const void *src, void *dst, int64_t n_in, int64_t n_rows) {
+    const int64_t nb = n_in / SD_QK, nfull = nb / 8;
+    if (n_in % SD_QK || nb > PK_NB_MAX) return -1;
+    const size_t wts = w_tsize(type), rb = (size_t)nb * wts, qb = rp_qb(type);
+    for (int64_t r = 0; r < n_rows; r++) {
+        const uint8_t *row = (const uint8_t *)src + r * rb;
+        uint8_t *o = (uint8_t *)dst + r * rb;
+        for (int64_t g = 0; g < nfull; g++) {
+            const uint8_t *g0 = row + (size_t)g * 8 * wts;
+            __m512i v[4];
+            __m512 dw;
+            float mtmp[8];
+            pack_group(type, g0, wts, v, &dw, mtmp);
+            uint8_t *q = o + g * qb;
+            if (type == SD_TYPE_Q8_0) {
+                for (int z = 0; z < 4; z++) _mm512_storeu_si512(q + 64 * z, v[z]);
+            } else {
+                const __m512i m4 = _mm512_set1_epi8(0x0f);
+                for (int z = 0; z < 2; z++)
+                    _mm512_storeu_si512(q + 64 * z, _mm512_or_si512(_mm512_and_si512(v[z], m4),
+                                                                    _mm512_slli_epi16(_mm512_and_si512(v[z + 2], m4), 4)));
+                if (type == SD_TYPE_Q5_0 || type == SD_TYPE_Q5_1)
+                    for (int z = 0; z < 4; z++) {
+                        uint64_t k = _cvtmask64_u64(_mm512_test_epi8_mask(v[z], _mm512_set1_epi8(0x10)));
+                        memcpy(q + 128 + 8 * z, &k, 8);
+                    }
+            }
+            for (int sl = 0; sl < 8; sl++) // d: the first 2 bytes of every legacy block
+                memcpy(o + nfull * qb + g * 16 + 2 * sl, g0 + SIGMA[sl] * wts, 2);
+            if (w_has_min(type))
+                for (int i = 0; i < 8; i++) memcpy(o + nfull * (qb + 16) + g * 16 + 2 * i, g0 + i * wts + 2, 2);
+        }
+        memcpy(o + nfull * 8 * wts, row + nfull * 8 * wts, (size_t)(nb - nfull * 8) * wts);
+    }
+    return 0;
+}
+
+AI void pack_rows_rp(int type, int R, int64_t nb, const uint8_t *w, size_t wrb, wpack *pk) {
+    const int64_t nfull = nb / 8;
+    for (int r = 0; r < R; r++) {
+        const uint8_t *row = w + r * wrb;
+        for (int64_t g = 0; g < nfull; g++) rp_group(type, row, nfull, g, pk->w[r][g], &pk->d[r][g]);
+        if (nb % 8) pack_tail(type, row, nb, pk->w[r][nfull], &pk->d[r][nfull]);
+        if (w_has_min(type)) rp_row_m(type, row, nb, (float *)pk->m[r]);
+    }
+}
+
+// One token, R <= RP1_R rows: the weights go straight from memory into
+// registers (no pack buffer); the float operations on each accumulator are
+// those of tile_packed with T = 1. The four dpbusd of a group run as two
+// chains added at the end (integer sums: any order gives the same bits).
+#define RP1_R 4
+#define RP1_PF 16 // rows of software prefetch ahead
+AI __m512i dot4(__m512i a0, const __m512i w[4], const __m512i x[4], int nv) {
+    if (nv == 1) return _mm512_dpbusd_epi32(a0, w[0], x[0]);
+    __m512i s0 = _mm512_dpbusd_epi32(a0, w[0], x[0]);
+    __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], x[1]);
+    if (nv == 4) {
+        s0 = _mm512_dpbusd_epi32(s0, w[2], x[2]);
+        s1 = _mm512_dpbusd_epi32(s1, w[3], x[3]);
+    }
+    return _mm512_add_epi32(s0, s1);
+}
+
+AI void rp_tile1(int type, int R, int64_t nb, const uint8_t *w, size_t wrb, const uint8_t *x, float *y) {
+    const int64_t ng = (nb + 7) / 8, nb16 = (nb + 15) / 16, nfull = nb / 8;
+    const size_t oq = pk_head(type, nb), od = oq + (size_t)ng * 256, oa = od + (size_t)ng * 64;
+    const size_t os = w_offset(type) ? oa + (size_t)ng * 64 : oa;
+    __m512 acc[RP1_R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < nfull; g++) {
+        __m512i xv[4];
+#pragma GCC unroll 4
+        for (int z = 0; z < 4; z++) xv[z] = in_reg(_mm512_load_si512(x + oq + g * 256 + 64 * z));
+        __m512 dx = in_reg_ps(_mm512_load_ps(x + od + g * 64));
+        __m512i a0 = w_offset(type) ? in_reg(_mm512_load_si512(x + oa + g * 64)) : _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            __m512i wv[4];
+            __m512 dw;
+            rp_group(type, w + r * wrb, nfull, g, wv, &dw);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot4(a0, wv, xv, 4)), _mm512_mul_ps(dw, dx), acc[r]);
+        }
+    }
+    if (ng > nfull) {
+        const int nv = tail_nv(nb);
+        __m512i a0 = w_offset(type) ? _mm512_load_si512(x + oa + nfull * 64) : _mm512_setzero_si512();
+        __m512 dx = _mm512_load_ps(x + od + nfull * 64);
+        __m512i xv[4];
+        for (int z = 0; z < nv; z++) xv[z] = _mm512_load_si512(x + oq + nfull * 256 + 64 * z);
+        for (int r = 0; r < R; r++) {
+            __m512i wv[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
+                             _mm512_setzero_si512()}; // pack_tail fills the first nv
+            __m512 dw;
+            pack_tail(type, w + r * wrb, nb, wv, &dw);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot4(a0, wv, xv, nv)), _mm512_mul_ps(dw, dx), acc[r]);
+        }
+    }
+    if (w_has_min(type)) {
+        _Alignas(64) float m[RP1_R][PK_NB_MAX + 16];
+        for (int r = 0; r < R; r++) rp_row_m(type, w + r * wrb, nb, m[r]);
+        for (int64_t k = 0; k < nb16; k++) {
+            __m512 sv = _mm512_load_ps(x + os + k * 64);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) acc[r] = _mm512_fmadd_ps(_mm512_load_ps(m[r] + k * 16), sv, acc[r]);
+        }
+    }
+    const __m512 z = _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) y[r] = _mm_cvtss_f32(reduce4(acc[r], z, z, z));
+}
+
+AI void gemm_repacked(int type, int64_t n_in, const void *W, size_t wrb, int64_t r0, int64_t r1, const void *xq,
+                      size_t xrb, int64_t n_tok, float *y, int64_t ldy) {
+    const int64_t nb = n_in / SD_QK;
+    const uint8_t *w = W;
+    // the activations are always packed for a repacked type (sd_matmul uses its packer)
+    SD_ASSERT(xrb == pack_bytes(type, n_in) && nb <= PK_NB_MAX && ((uintptr_t)xq & 63) == 0 && xrb % 64 == 0);
+    int64_t r = r0;
+    if (n_tok == 1) {
+        // Measured on the default model (2 threads): 4 rows per tile and a
+        // software prefetch 16 rows ahead, 2.3-2.4 ms per token; 2 rows 2.4-2.6,
+        // no prefetch 2.9-4.1 (the hardware prefetcher alone lags behind).
+        const int64_t pf1 = RP1_PF;
+        for (; r + 4 <= r1; r += 4) {
+            if (r + 4 + pf1 <= r1) {
+                const char *p = (const char *)(w + (r + pf1) * wrb);
+                for (size_t o = 0; o < 4 * wrb; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+            }
+            rp_tile1(type, 4, nb, w + r * wrb, wrb, xq, y + r);
+        }
+        for (; r + 2 <= r1; r += 2) {
+            if (r + 2 + pf1 <= r1) {
+                const char *p = (const char *)(w + (r + pf1) * wrb);
+                for (size_t o = 0; o < 2 * wrb; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+            }
+            rp_tile1(type, 2, nb, w + r * wrb, wrb, xq, y + r);
+        }
+        for (; r < r1; r++) rp_tile1(type, 1, nb, w + r * wrb, wrb, xq, y + r);
+        return;
+    }
+    _Alignas(64) wpack pk;
+    for (; r + PK_R <= r1; r += PK_R) {
+        if (r + PK_R * (PK_PF + 1) <= r1) { // the rows PK_PF pairs ahead
+            const char *p = (const char *)(w + (r + PK_R * PK_PF) * wrb);
+            for (size_t o = 0; o < PK_R * wrb; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+        }
+        pack_rows_rp(type, PK_R, nb, w + r * wrb, wrb, &pk);
+        packed_all_tokens(type, PK_R, nb, &pk, xq, xrb, n_tok, y + r, ldy);
+    }
+    for (; r < r1; r++) {
+        pack_rows_rp(type, 1, nb, w + r * wrb, wrb, &pk);
+        packed_all_tokens(type, 1, nb, &pk, xq, xrb, n_tok, y + r, ldy);
+    }
+}
+
+#define DEFINE_RP(name, TYPE)                                                                                 \
+    static void gemm_rp_##name(int64_t n_in, const void *W, size_t wrb, int64_t r0, int64_t r1, const void *xq, \
+                               size_t xrb, int64_t n_tok, float *y, int64_t ldy) {                              \
+        gemm_repacked(TYPE, n_in, W, wrb, r0, r1, xq, xrb, n_tok, y, ldy);                                      \
+    }                                                                                                           \
+    static int repack_##name(const void *src, void *dst, int64_t n_in, int64_t n_rows) {                       \
+        return repack_legacy(TYPE, src, dst, n_in, n_rows);                                                     \
+    }
+DEFINE_RP(q4_0, SD_TYPE_Q4_0)
+DEFINE_RP(q4_1, SD_TYPE_Q4_1)
+DEFINE_RP(q5_0, SD_TYPE_Q5_0)
+DEFINE_RP(q5_1, SD_TYPE_Q5_1)
+DEFINE_RP(q8_0, SD_TYPE_Q8_0)
+
+
 // ---- float weights against float activations ---------------------------------
 
 static float dot_f32(int64_t n, const void *wv, const void *xv) {
@@ -815,6 +1051,17 @@ const char *sd_kernels_x86_init(sd_type_traits *traits, sd_from_float_fn act[SD_
     pack[SD_TYPE_Q8_0] = pack_q8_0;
     act[SD_TYPE_Q8_0] = q8_0_quantize;
     act[SD_TYPE_Q8_1] = q8_1_quantize;
+#define SET_RP(name, RT)                 \
+    traits[RT].gemm = gemm_rp_##name;    \
+    traits[RT].repack = repack_##name;   \
+    traits[RT].supported = 1;            \
+    pack[RT] = pack_##name;
+    SET_RP(q4_0, SD_TYPE_Q4_0_R)
+    SET_RP(q4_1, SD_TYPE_Q4_1_R)
+    SET_RP(q5_0, SD_TYPE_Q5_0_R)
+    SET_RP(q5_1, SD_TYPE_Q5_1_R)
+    SET_RP(q8_0, SD_TYPE_Q8_0_R)
+#undef SET_RP
     return "avx512-vnni";
 }
 

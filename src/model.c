@@ -245,6 +245,60 @@ static int load_tensors(sd_model *m, char *err, size_t errlen) {
     return 0;
 }
 
+// Rewrites *field in its repacked type when this CPU has a kernel for one,
+// pointing *field at the model's copy. Out of memory is an error; a matrix
+// the kernel does not take stays as it is.
+static int repack_one(sd_model *m, const sd_tensor **field, char *err, size_t errlen) {
+    const sd_tensor *t = *field;
+    int rt = sd_quant_repack_type(t->type, t->ne[0]);
+    if (rt < 0) return 0;
+    for (int i = 0; i < m->n_rp; i++) // already done (e.g. an output shared by name)
+        if (m->rp[i].data && m->rp[i].name.ptr == t->name.ptr) {
+            *field = &m->rp[i];
+            return 0;
+        }
+    size_t nb = sd_row_size(t->type, t->ne[0]) * (size_t)t->ne[1];
+    void *buf = aligned_alloc(64, (nb + 64 + 63) / 64 * 64); // + 64: kernels may read a vector past the end
+    if (!buf) return sd_err(err, errlen, "out of memory repacking tensor '%.*s'", (int)t->name.len, t->name.ptr);
+    if (sd_type_get(rt)->repack(t->data, buf, t->ne[0], t->ne[1]) != 0) {
+        free(buf);
+        return 0;
+    }
+    memset((char *)buf + nb, 0, 64);
+    sd_tensor *c = &m->rp[m->n_rp];
+    *c = *t;
+    c->type = rt;
+    c->data = buf;
+    c->nbytes = nb;
+    m->rp_src[m->n_rp] = t;
+    m->rp_buf[m->n_rp++] = buf;
+    *field = c;
+    return 0;
+}
+
+const sd_tensor *sd_model_file_tensor(const sd_model *m, const sd_tensor *t) {
+    if (t && m->rp && t >= m->rp && t < m->rp + m->n_rp) return m->rp_src[t - m->rp];
+    return t;
+}
+
+// Every matrix that goes through sd_matmul (not token_embd, whose rows are
+// looked up: a tied output gets its own repacked copy).
+static int repack_weights(sd_model *m, char *err, size_t errlen) {
+    int n_max = m->hp.n_layer * 7 + 1, r;
+    m->rp = calloc((size_t)n_max, sizeof(sd_tensor));
+    m->rp_buf = calloc((size_t)n_max, sizeof(void *));
+    m->rp_src = calloc((size_t)n_max, sizeof(sd_tensor *));
+    if (!m->rp || !m->rp_buf || !m->rp_src) return sd_err(err, errlen, "out of memory");
+    if ((r = repack_one(m, &m->output, err, errlen))) return r;
+    for (int l = 0; l < m->hp.n_layer; l++) {
+        sd_layer *L = &m->layers[l];
+        const sd_tensor **f[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++)
+            if ((r = repack_one(m, f[i], err, errlen))) return r;
+    }
+    return 0;
+}
+
 int sd_model_load(sd_model **out, const char *path, char *err, size_t errlen) {
     *out = NULL;
     // Kernel selection happens once per process: sd_type_get runs
@@ -260,7 +314,8 @@ int sd_model_load(sd_model **out, const char *path, char *err, size_t errlen) {
         return r;
     }
     char sub[400];
-    if ((r = load_hparams(m, sub, sizeof sub)) < 0 || (r = load_tensors(m, sub, sizeof sub)) < 0) {
+    if ((r = load_hparams(m, sub, sizeof sub)) < 0 || (r = load_tensors(m, sub, sizeof sub)) < 0 ||
+        (r = repack_weights(m, sub, sizeof sub)) < 0) {
         sd_err(err, errlen, "%s: %s", path, sub);
         sd_model_free(m);
         return r;
@@ -278,6 +333,10 @@ void sd_model_free(sd_model *m) {
     if (!m) return;
     if (m->tok) sd_tokenizer_free(m->tok);
     free(m->layers);
+    for (int i = 0; i < m->n_rp; i++) free(m->rp_buf[i]);
+    free(m->rp_buf);
+    free(m->rp_src);
+    free(m->rp);
     if (m->gguf) sd_gguf_close(m->gguf);
     free(m);
 }

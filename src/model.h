@@ -45,6 +45,18 @@ struct sd_model {
     sd_layer *layers;          // (n_layer)
     sd_tokenizer *tok;
     size_t n_bytes;            // tensor bytes
+    // Matrices rewritten at load into a kernel's layout (sd_quant_repack_type):
+    // the layer / output pointers above then point into rp, whose data are
+    // the rp_buf buffers (the file's copy stays mapped for token_embd).
+    sd_tensor *rp;             // (n_rp_max) tensor headers, type = the repacked id
+    void **rp_buf;             // (n_rp_max) owned, 64-byte aligned
+    const sd_tensor **rp_src;  // (n_rp_max) the file's tensor each rp entry was made from
+    int n_rp;                  // used entries
 };
+
+// The file's tensor behind t: t itself, or for a repacked matrix the mapped
+// original (for code that reads weights in the file's layout, e.g. a
+// reference forward in the tests).
+const sd_tensor *sd_model_file_tensor(const sd_model *m, const sd_tensor *t);
 
 #endif

@@ -386,6 +386,9 @@ static float q5_1_dot_ref(int64_t n, const void *w, const void *xv) {
 // size checks of files that contain them).
 #define U_(id, nm, bl, ts) [id] = {nm, bl, ts, 0, 0, NULL, NULL, NULL, NULL, NULL}
 
+// A repacked type: base's block and activation format, no kernels until selected.
+#define R_(id, nm, bs, bl, ts, vdt) [id] = {nm, bl, ts, 0, vdt, NULL, NULL, NULL, NULL, NULL, NULL, bs}
+
 static sd_type_traits g_traits[SD_TYPE_COUNT] = {
     T_(SD_TYPE_F32, "F32", 1, 4, 1, SD_TYPE_F32, f32_to_float, f32_from_float, f32_dot_ref),
     T_(SD_TYPE_F16, "F16", 1, 2, 1, SD_TYPE_F32, f16_to_float, f16_from_float, f16_dot_ref),
@@ -410,6 +413,16 @@ static sd_type_traits g_traits[SD_TYPE_COUNT] = {
     U_(22, "IQ2_S", 256, 82), U_(23, "IQ4_XS", 256, 136), U_(24, "I8", 1, 1), U_(25, "I16", 1, 2),
     U_(26, "I32", 1, 4), U_(27, "I64", 1, 8), U_(28, "F64", 1, 8), U_(29, "IQ1_M", 256, 56),
     U_(34, "TQ1_0", 256, 54), U_(35, "TQ2_0", 256, 66),
+    // Repacked forms (supported, gemm and repack are set by the kernel
+    // selection when the CPU has the kernel): same block size and row bytes.
+    R_(SD_TYPE_Q4_0_R, "Q4_0 (repacked)", SD_TYPE_Q4_0, SD_QK, sizeof(sd_block_q4_0), SD_TYPE_Q8_0),
+    R_(SD_TYPE_Q4_1_R, "Q4_1 (repacked)", SD_TYPE_Q4_1, SD_QK, sizeof(sd_block_q4_1), SD_TYPE_Q8_1),
+    R_(SD_TYPE_Q5_0_R, "Q5_0 (repacked)", SD_TYPE_Q5_0, SD_QK, sizeof(sd_block_q5_0), SD_TYPE_Q8_0),
+    R_(SD_TYPE_Q5_1_R, "Q5_1 (repacked)", SD_TYPE_Q5_1, SD_QK, sizeof(sd_block_q5_1), SD_TYPE_Q8_1),
+    R_(SD_TYPE_Q8_0_R, "Q8_0 (repacked)", SD_TYPE_Q8_0, SD_QK, sizeof(sd_block_q8_0), SD_TYPE_Q8_0),
+    R_(SD_TYPE_Q4_K_R, "Q4_K (repacked)", SD_TYPE_Q4_K, SD_QK_K, sizeof(sd_block_q4_K), SD_TYPE_Q8_K),
+    R_(SD_TYPE_Q5_K_R, "Q5_K (repacked)", SD_TYPE_Q5_K, SD_QK_K, sizeof(sd_block_q5_K), SD_TYPE_Q8_K),
+    R_(SD_TYPE_Q6_K_R, "Q6_K (repacked)", SD_TYPE_Q6_K, SD_QK_K, sizeof(sd_block_q6_K), SD_TYPE_Q8_K),
 };
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -429,6 +442,10 @@ void sd_quant_init(int force_ref) {
     for (int t = 0; t < SD_TYPE_COUNT; t++) {
         g_traits[t].vec_dot = g_traits[t].vec_dot_ref;
         g_traits[t].gemm = NULL;
+        if (t >= SD_TYPE_FILE_COUNT) {
+            g_traits[t].supported = 0;
+            g_traits[t].repack = NULL;
+        }
         g_act[t] = NULL;
         g_pack[t] = NULL;
     }
@@ -462,6 +479,19 @@ sd_act_pack_fn sd_quant_act_packer(int t) {
     if (t < 0 || t >= SD_TYPE_COUNT) return NULL;
     if (!atomic_load_explicit(&g_inited, memory_order_acquire)) sd_quant_init(0);
     return g_pack[t];
+}
+
+int sd_quant_repack_type(int t, int64_t n_in) {
+    if (t < 0 || t >= SD_TYPE_FILE_COUNT) return -1;
+    if (!atomic_load_explicit(&g_inited, memory_order_acquire)) sd_quant_init(0);
+    for (int r = SD_TYPE_FILE_COUNT; r < SD_TYPE_COUNT; r++) {
+        const sd_type_traits *tr = &g_traits[r];
+        if (tr->base == t && tr->repack && tr->supported && tr->gemm && n_in % tr->blck == 0) {
+            // the kernel's own limits are checked by repack itself (-1)
+            return r;
+        }
+    }
+    return -1;
 }
 
 size_t sd_row_size(int t, int64_t n) {

@@ -19,7 +19,13 @@ enum sd_type {
     SD_TYPE_Q5_0 = 6, SD_TYPE_Q5_1 = 7, SD_TYPE_Q8_0 = 8, SD_TYPE_Q8_1 = 9,
     SD_TYPE_Q4_K = 12, SD_TYPE_Q5_K = 13, SD_TYPE_Q6_K = 14, SD_TYPE_Q8_K = 15,
     SD_TYPE_BF16 = 30,
-    SD_TYPE_COUNT = 40,
+    SD_TYPE_FILE_COUNT = 40, // ids below this are ggml's; a file's tensor type must be one of them
+    // Internal "repacked" weight types (never valid in a file): the same matrix
+    // as base type X, rows rewritten once at load into the layout the CPU's
+    // kernel reads fastest (same bytes per row). See sd_quant_repack_type.
+    SD_TYPE_Q4_0_R = 40, SD_TYPE_Q4_1_R = 41, SD_TYPE_Q5_0_R = 42, SD_TYPE_Q5_1_R = 43,
+    SD_TYPE_Q8_0_R = 44, SD_TYPE_Q4_K_R = 45, SD_TYPE_Q5_K_R = 46, SD_TYPE_Q6_K_R = 47,
+    SD_TYPE_COUNT = 48,
 };
 
 // ---- block layouts (ggml-compatible; packed, little endian) ----
@@ -50,6 +56,12 @@ typedef float (*sd_vec_dot_fn)(int64_t n, const void *w, const void *x);
 typedef void (*sd_gemm_fn)(int64_t n_in, const void *W, size_t w_row_bytes, int64_t r0, int64_t r1,
                            const void *xq, size_t x_row_bytes, int64_t n_tok, float *y, int64_t ldy);
 
+// Rewrites n_rows rows of n_in elements of a base type (src, the file's
+// layout) into a repacked type's layout (dst, the same number of bytes).
+// Returns 0, or -1 when the kernel does not handle rows of n_in elements
+// (dst is then unspecified and must not be used).
+typedef int (*sd_repack_fn)(const void *src, void *dst, int64_t n_in, int64_t n_rows);
+
 typedef struct {
     const char *name;          // "Q4_K", ...
     int blck;                  // elements per block
@@ -61,6 +73,11 @@ typedef struct {
     sd_vec_dot_fn vec_dot_ref; // reference dot
     sd_vec_dot_fn vec_dot;     // best available dot for this CPU (may equal ref)
     sd_gemm_fn gemm;           // best available tile kernel, or NULL
+    // Repacked types only (ids >= SD_TYPE_FILE_COUNT): set by the kernel
+    // selection when this CPU has a kernel for the layout (supported = 1,
+    // gemm set, to_float / vec_dot NULL); base is the file type it stands for.
+    sd_repack_fn repack;       // base rows -> this layout, or NULL
+    int base;                  // base type id (meaningful when repack != NULL)
 } sd_type_traits;
 
 // Traits for type t (a zero entry with supported=0 for unknown ids < SD_TYPE_COUNT);
@@ -71,6 +88,10 @@ const sd_type_traits *sd_type_get(int t);
 void sd_quant_init(int force_ref);
 // Name of the selected kernel family, e.g. "avx512-vnni", "avx2", "scalar".
 const char *sd_quant_backend(void);
+// The repacked type that file type t's matrices with rows of n_in elements
+// can be rewritten to for this CPU's kernels, or -1 (none: use t as it is).
+// The repacked matrix gives the same bits as t through sd_matmul.
+int sd_quant_repack_type(int t, int64_t n_in);
 // Bytes of a row of n elements (n must be a multiple of blck).
 size_t sd_row_size(int t, int64_t n);
 

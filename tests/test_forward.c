@@ -623,7 +623,7 @@ static void test_default_model(void) {
         CHECK(0, "load: %s", g_err);
         return;
     }
-    CHECK(m->hp.n_layer == 30 && m->hp.n_head_kv == 3 && m->hp.n_vocab == 49152 && m->output == m->tok_embd,
+    CHECK(m->hp.n_layer == 30 && m->hp.n_head_kv == 3 && m->hp.n_vocab == 49152 && sd_model_file_tensor(m, m->output) == m->tok_embd,
           "hparams");
     sd_session *s = new_session(m, 256, 64, 1);
     CHECK(s != NULL, "%s", g_err);

@@ -25,7 +25,7 @@ static float frand(void) {
 static void test_matmul_batch_invariance(void) {
     sd_pool *pool = sd_pool_new(2);
     const int n_tok = 19;
-    for (int t = 0; t < SD_TYPE_COUNT; t++) {
+    for (int t = 0; t < SD_TYPE_FILE_COUNT; t++) {
         const sd_type_traits *tr = sd_type_get(t);
         if (!tr || !tr->supported || t == SD_TYPE_Q8_K || t == SD_TYPE_Q8_1) continue;
         const int64_t n_in = tr->blck == 256 ? 768 : 576, n_out = 45;

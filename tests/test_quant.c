@@ -143,7 +143,7 @@ static void random_row(int t, void *dst, int64_t n, int raw) {
 // dequantized weights and activations, for every supported type.
 static void test_vec_dot(void) {
     const int64_t sizes[] = {32, 64, 96, 256, 288, 576, 1536};
-    for (int t = 0; t < SD_TYPE_COUNT; t++) {
+    for (int t = 0; t < SD_TYPE_FILE_COUNT; t++) {
         const sd_type_traits *tr = sd_type_get(t);
         if (!tr->supported) continue;
         const sd_type_traits *vt = sd_type_get(tr->vec_dot_type);
@@ -214,7 +214,7 @@ static void test_matmul(void) {
     sd_pool *pool = sd_pool_new(2);
     CHECK(pool != NULL, "pool");
     if (!pool) return;
-    for (int t = 0; t < SD_TYPE_COUNT; t++) {
+    for (int t = 0; t < SD_TYPE_FILE_COUNT; t++) {
         const sd_type_traits *tr = sd_type_get(t);
         if (!tr->supported) continue;
         // Row lengths: for 32-blocks, block counts 9, 1, 18, 3, 12, 13, 16, 23
@@ -270,7 +270,7 @@ static void test_matmul(void) {
 // and sd_matmul on rows too long for the packed path.
 static void test_gemm_plain_rows(void) {
     const int64_t toks[] = {1, 2, 3, 4, 5, 9};
-    for (int t = 0; t < SD_TYPE_COUNT; t++) {
+    for (int t = 0; t < SD_TYPE_FILE_COUNT; t++) {
         const sd_type_traits *tr = sd_type_get(t);
         if (!tr->supported || !tr->gemm) continue;
         const sd_type_traits *vt = sd_type_get(tr->vec_dot_type);
@@ -328,6 +328,7 @@ static void test_force_ref(void) {
     const sd_type_traits *tr = sd_type_get(SD_TYPE_Q4_1);
     CHECK(tr->vec_dot == tr->vec_dot_ref && tr->gemm == NULL, "force_ref keeps Q4_1 scalar");
     CHECK(strcmp(sd_quant_backend(), "scalar") == 0, "backend %s", sd_quant_backend());
+    CHECK(sd_quant_repack_type(SD_TYPE_Q4_1, 576) < 0, "force_ref: no repacked types");
     sd_quant_init(0);
     printf("  backend after re-init: %s\n", sd_quant_backend());
 }
@@ -407,7 +408,7 @@ static int matmul_invariance_case(sd_pool *pool, int t, int64_t n_in, int64_t n_
 static void test_matmul_batch_invariance(void) {
     sd_pool *pool = sd_pool_new(2);
     CHECK(pool != NULL, "pool");
-    for (int t = 0; t < SD_TYPE_COUNT; t++) {
+    for (int t = 0; t < SD_TYPE_FILE_COUNT; t++) {
         const sd_type_traits *tr = sd_type_get(t);
         if (!tr->supported || tr->blck == SD_QK_K) continue; // K-quants: tests/test_quant_k.c
         // 32-blocks: 18, 13, 23, 3 blocks per row (pair/group/tail shapes of the packed path)
@@ -421,6 +422,69 @@ static void test_matmul_batch_invariance(void) {
     sd_pool_free(pool);
 }
 
+// Repacked weights (SD_TYPE_*_R, rewritten at load for the CPU's kernel):
+// sd_matmul on a repacked matrix gives, bit for bit, what the file's layout
+// gives for one token, for every batch size 1..19 and with a thread pool,
+// on row lengths whose last group has 0..7 blocks (every tail layout).
+// A type without a repacked form on this CPU is reported, not skipped silently.
+static void test_repacked(void) {
+    const int bases[] = {SD_TYPE_Q4_0, SD_TYPE_Q4_1, SD_TYPE_Q5_0, SD_TYPE_Q5_1, SD_TYPE_Q8_0,
+                         SD_TYPE_Q4_K, SD_TYPE_Q5_K, SD_TYPE_Q6_K};
+    sd_pool *pool = sd_pool_new(2);
+    int n_checked = 0;
+    for (size_t bi = 0; bi < sizeof bases / sizeof *bases; bi++) {
+        const int t = bases[bi];
+        const sd_type_traits *tr = sd_type_get(t);
+        const int64_t ins32[] = {256, 288, 320, 352, 384, 416, 448, 480, 576, 96, 1536};
+        const int64_t insk[] = {256, 768, 1536};
+        const int64_t *ins = tr->blck == SD_QK ? ins32 : insk;
+        const int n_ins = tr->blck == SD_QK ? (int)(sizeof ins32 / sizeof *ins32) : 3;
+        if (sd_quant_repack_type(t, ins[0]) < 0) {
+            printf("  %s: no repacked form on this CPU (backend %s)\n", tr->name, sd_quant_backend());
+            continue;
+        }
+        for (int ii = 0; ii < n_ins; ii++) {
+            const int64_t n_in = ins[ii], n_out = 37, n_tok_max = 19;
+            const int rt = sd_quant_repack_type(t, n_in);
+            CHECK(rt >= SD_TYPE_FILE_COUNT && rt < SD_TYPE_COUNT, "%s n_in=%lld: repacked id %d", tr->name,
+                  (long long)n_in, rt);
+            if (rt < 0) continue;
+            const sd_type_traits *rtr = sd_type_get(rt);
+            CHECK(rtr->base == t && rtr->supported && rtr->gemm && rtr->repack, "%s: repacked traits", tr->name);
+            CHECK(sd_row_size(rt, n_in) == sd_row_size(t, n_in), "%s: repacked row size", tr->name);
+            const size_t wrb = sd_row_size(t, n_in);
+            uint8_t *W = malloc(wrb * n_out), *R = malloc(wrb * n_out + 64);
+            float *x = malloc(sizeof(float) * n_in * n_tok_max);
+            float *y1 = malloc(sizeof(float) * n_out * n_tok_max), *yb = malloc(sizeof(float) * n_out * n_tok_max);
+            for (int64_t r = 0; r < n_out; r++) random_row(t, W + r * wrb, n_in, (int)(r & 1));
+            for (int64_t i = 0; i < n_in * n_tok_max; i++) x[i] = 4.0f * rnd_sym();
+            CHECK(rtr->repack(W, R, n_in, n_out) == 0, "%s n_in=%lld: repack", tr->name, (long long)n_in);
+            size_t ws = SD_MAX(sd_matmul_wsize(t, n_in, n_tok_max), sd_matmul_wsize(rt, n_in, n_tok_max));
+            sd_mm_ctx ctx = {NULL, malloc(ws), ws};
+            for (int64_t k = 0; k < n_tok_max; k++) sd_matmul(&ctx, t, W, n_in, n_out, x + k * n_in, 1, y1 + k * n_out);
+            for (int use_pool = 0; use_pool < 2; use_pool++) {
+                ctx.pool = use_pool ? pool : NULL;
+                for (int64_t n_tok = 1; n_tok <= n_tok_max; n_tok++) {
+                    int64_t off = (n_tok * 7) % (n_tok_max - n_tok + 1);
+                    sd_matmul(&ctx, rt, R, n_in, n_out, x + off * n_in, n_tok, yb);
+                    int n_diff = 0;
+                    for (int64_t k = 0; k < n_tok * n_out; k++)
+                        n_diff += memcmp(&yb[k], &y1[off * n_out + k], sizeof(float)) != 0;
+                    CHECK(n_diff == 0, "%s n_in=%lld n_tok=%lld pool=%d: %d outputs differ from the file layout",
+                          tr->name, (long long)n_in, (long long)n_tok, use_pool, n_diff);
+                }
+            }
+            n_checked++;
+            free(ctx.wbuf), free(W), free(R), free(x), free(y1), free(yb);
+        }
+    }
+    // never for file ids' own table range or types without a kernel
+    CHECK(sd_quant_repack_type(SD_TYPE_F32, 64) < 0 && sd_quant_repack_type(SD_TYPE_Q4_1_R, 64) < 0,
+          "no repacked form of F32 or of a repacked type");
+    printf("  %d repacked matrix shapes equal to the file layout\n", n_checked);
+    sd_pool_free(pool);
+}
+
 int main(void) {
     sd_quant_init(0);
     T_RUN(test_traits);
@@ -431,6 +495,7 @@ int main(void) {
     T_RUN(test_matmul);
     T_RUN(test_gemm_plain_rows);
     T_RUN(test_matmul_batch_invariance);
+    T_RUN(test_repacked);
     T_RUN(test_force_ref);
     T_EXIT();
 }

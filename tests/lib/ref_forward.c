@@ -64,6 +64,7 @@ void ref_truncate(ref_state *r, int n) {
 
 // y[o] = sum_k W[o][k] * x[k] (+ b[o]) with W dequantized row by row.
 static void matvec(ref_state *r, const sd_tensor *w, const sd_tensor *b, const float *x, float *y) {
+    w = sd_model_file_tensor(r->m, w); // the file's layout (the model may hold a repacked copy)
     const int64_t n_in = w->ne[0], n_out = w->ne[1];
     const sd_type_traits *tr = sd_type_get(w->type);
     const sd_type_traits *at = sd_type_get(tr->vec_dot_type);
