@@ -54,77 +54,95 @@ static inline float hsum8(__m256 v) {
 }
 #endif
 
-// out[r] = scale * dot(q, row r) for n rows of dimension d; row r starts at
-// base + (idx ? idx[r] : r) * stride. Returns max(mx, the scores).
-static float scores_rows(const float *q, const float *base, size_t stride, const int32_t *idx, int n, int d,
-                         float scale, float *out, float mx) {
+// SD_ATT_MQ (session.h) queries of one KV head are processed together by
+// the attention (GQA: the query heads sharing a KV head read the same key
+// and value rows once).
+
+// For each query qi < nq: out[qi][r] = scale * dot(q[qi], row r) for n rows
+// of dimension d; row r starts at base + (idx ? idx[r] : r) * stride.
+// mx[qi] = max(mx[qi], its scores). Every (query, row) dot is the same
+// sequence of operations whatever nq is and wherever the row falls, so the
+// scores do not depend on how queries and rows are grouped (batch invariance).
+static inline __attribute__((always_inline)) void scores_rows_mq(const float *const *q, int nq, const float *base,
+                                                                 size_t stride, const int32_t *idx, int n, int d,
+                                                                 float scale, float *const *out, float *mx) {
     int r = 0;
 #ifdef SD_FWD_AVX2
     if (d % 8 == 0) {
         // Eight rows at a time; one horizontal reduction gives all eight dots.
-        __m256 vmx = _mm256_set1_ps(mx);
+        __m256 vmx[SD_ATT_MQ];
+        for (int qi = 0; qi < nq; qi++) vmx[qi] = _mm256_set1_ps(mx[qi]);
         for (; r + 8 <= n; r += 8) {
-            const float *k0, *k1, *k2, *k3, *k4, *k5, *k6, *k7;
-            if (idx) {
-                k0 = base + (size_t)idx[r] * stride, k1 = base + (size_t)idx[r + 1] * stride;
-                k2 = base + (size_t)idx[r + 2] * stride, k3 = base + (size_t)idx[r + 3] * stride;
-                k4 = base + (size_t)idx[r + 4] * stride, k5 = base + (size_t)idx[r + 5] * stride;
-                k6 = base + (size_t)idx[r + 6] * stride, k7 = base + (size_t)idx[r + 7] * stride;
-            } else {
-                k0 = base + (size_t)r * stride, k1 = k0 + stride, k2 = k1 + stride, k3 = k2 + stride;
-                k4 = k3 + stride, k5 = k4 + stride, k6 = k5 + stride, k7 = k6 + stride;
-            }
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+            const float *k[8];
+            for (int j = 0; j < 8; j++) k[j] = base + (size_t)(idx ? idx[r + j] : r + j) * stride;
+            __m256 a[SD_ATT_MQ][8];
+            for (int qi = 0; qi < nq; qi++)
+                for (int j = 0; j < 8; j++) a[qi][j] = _mm256_setzero_ps();
             for (int c = 0; c < d; c += 8) {
-                __m256 qv = _mm256_loadu_ps(q + c);
-                a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + c), a0);
-                a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + c), a1);
-                a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + c), a2);
-                a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + c), a3);
-                a4 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k4 + c), a4);
-                a5 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k5 + c), a5);
-                a6 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k6 + c), a6);
-                a7 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k7 + c), a7);
+                __m256 qv[SD_ATT_MQ];
+                for (int qi = 0; qi < nq; qi++) qv[qi] = _mm256_loadu_ps(q[qi] + c);
+                for (int j = 0; j < 8; j++) {
+                    __m256 kv = _mm256_loadu_ps(k[j] + c);
+                    for (int qi = 0; qi < nq; qi++) a[qi][j] = _mm256_fmadd_ps(qv[qi], kv, a[qi][j]);
+                }
             }
-            __m256 h01 = _mm256_hadd_ps(a0, a1), h23 = _mm256_hadd_ps(a2, a3);
-            __m256 h45 = _mm256_hadd_ps(a4, a5), h67 = _mm256_hadd_ps(a6, a7);
-            __m256 h0 = _mm256_hadd_ps(h01, h23), h1 = _mm256_hadd_ps(h45, h67);
-            __m256 v = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
-            v = _mm256_mul_ps(v, _mm256_set1_ps(scale));
-            _mm256_storeu_ps(out + r, v);
-            vmx = _mm256_max_ps(vmx, v);
+            for (int qi = 0; qi < nq; qi++) {
+                __m256 h01 = _mm256_hadd_ps(a[qi][0], a[qi][1]), h23 = _mm256_hadd_ps(a[qi][2], a[qi][3]);
+                __m256 h45 = _mm256_hadd_ps(a[qi][4], a[qi][5]), h67 = _mm256_hadd_ps(a[qi][6], a[qi][7]);
+                __m256 h0 = _mm256_hadd_ps(h01, h23), h1 = _mm256_hadd_ps(h45, h67);
+                __m256 v = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
+                v = _mm256_mul_ps(v, _mm256_set1_ps(scale));
+                _mm256_storeu_ps(out[qi] + r, v);
+                vmx[qi] = _mm256_max_ps(vmx[qi], v);
+            }
         }
         for (; r < n; r++) {
             const float *k = base + (size_t)(idx ? idx[r] : r) * stride;
-            __m256 acc = _mm256_setzero_ps();
-            for (int c = 0; c < d; c += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), _mm256_loadu_ps(k + c), acc);
-            // Reduce in exactly the order of the eight-row hadd path above, so
-            // that a key's score does not depend on whether it fell into a
-            // group of eight: batched and one-token forwards stay bit-identical.
-            float l[8];
-            _mm256_storeu_ps(l, acc);
-            out[r] = (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))) * scale;
-            if (out[r] > mx) mx = out[r];
+            for (int qi = 0; qi < nq; qi++) {
+                __m256 acc = _mm256_setzero_ps();
+                for (int c = 0; c < d; c += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q[qi] + c), _mm256_loadu_ps(k + c), acc);
+                // Reduce in exactly the order of the eight-row hadd path above, so
+                // that a key's score does not depend on whether it fell into a
+                // group of eight: batched and one-token forwards stay bit-identical.
+                float l[8];
+                _mm256_storeu_ps(l, acc);
+                out[qi][r] = (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))) * scale;
+                if (out[qi][r] > mx[qi]) mx[qi] = out[qi][r];
+            }
         }
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmx), _mm256_extractf128_ps(vmx, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-        float m8 = _mm_cvtss_f32(m4);
-        return m8 > mx ? m8 : mx;
+        for (int qi = 0; qi < nq; qi++) {
+            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmx[qi]), _mm256_extractf128_ps(vmx[qi], 1));
+            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+            float m8 = _mm_cvtss_f32(m4);
+            if (m8 > mx[qi]) mx[qi] = m8;
+        }
+        return;
     }
 #endif
     for (; r < n; r++) {
         const float *k = base + (size_t)(idx ? idx[r] : r) * stride;
-        float acc[4] = {0, 0, 0, 0};
-        int c = 0;
-        for (; c + 4 <= d; c += 4)
-            for (int t = 0; t < 4; t++) acc[t] += q[c + t] * k[c + t];
-        float sum = acc[0] + acc[1] + acc[2] + acc[3];
-        for (; c < d; c++) sum += q[c] * k[c];
-        out[r] = sum * scale;
-        if (out[r] > mx) mx = out[r];
+        for (int qi = 0; qi < nq; qi++) {
+            float acc[4] = {0, 0, 0, 0};
+            int c = 0;
+            for (; c + 4 <= d; c += 4)
+                for (int t = 0; t < 4; t++) acc[t] += q[qi][c + t] * k[c + t];
+            float sum = acc[0] + acc[1] + acc[2] + acc[3];
+            for (; c < d; c++) sum += q[qi][c] * k[c];
+            out[qi][r] = sum * scale;
+            if (out[qi][r] > mx[qi]) mx[qi] = out[qi][r];
+        }
     }
-    return mx;
+}
+
+// scores_rows_mq with the query count as a compile-time constant.
+static void scores_rows(const float *const *q, int nq, const float *base, size_t stride, const int32_t *idx, int n,
+                        int d, float scale, float *const *out, float *mx) {
+    switch (nq) {
+    case 3: scores_rows_mq(q, 3, base, stride, idx, n, d, scale, out, mx); break;
+    case 2: scores_rows_mq(q, 2, base, stride, idx, n, d, scale, out, mx); break;
+    default: scores_rows_mq(q, 1, base, stride, idx, n, d, scale, out, mx); break;
+    }
 }
 
 // sc[j] = exp(sc[j] - mx) for j < n; returns the sum.
@@ -147,34 +165,47 @@ static float softmax_exp(float *sc, int n, float mx) {
     return sum;
 }
 
-// o[0..d) += sum_r p[r] * row r (rows addressed as in scores_rows).
-static void accum_rows(float *o, const float *p, const float *base, size_t stride, const int32_t *idx, int n,
-                       int d) {
+// For each query qi < nq: o[qi][0..d) += sum_r p[qi][r] * row r (rows
+// addressed as in scores_rows). Each output element gets the same sequence
+// of operations whatever nq is.
+static inline __attribute__((always_inline)) void accum_rows_mq(float *const *o, const float *const *p, int nq,
+                                                                const float *base, size_t stride,
+                                                                const int32_t *idx, int n, int d) {
     int c = 0;
 #ifdef SD_FWD_AVX2
-    // 32 output dims at a time stay in registers over all rows.
+    // 32 output dims of every query stay in registers over all rows.
     for (; c + 32 <= d; c += 32) {
-        __m256 a0 = _mm256_loadu_ps(o + c), a1 = _mm256_loadu_ps(o + c + 8);
-        __m256 a2 = _mm256_loadu_ps(o + c + 16), a3 = _mm256_loadu_ps(o + c + 24);
+        __m256 a[SD_ATT_MQ][4];
+        for (int qi = 0; qi < nq; qi++)
+            for (int u = 0; u < 4; u++) a[qi][u] = _mm256_loadu_ps(o[qi] + c + 8 * u);
         for (int r = 0; r < n; r++) {
             const float *v = base + (size_t)(idx ? idx[r] : r) * stride + c;
-            __m256 pr = _mm256_set1_ps(p[r]);
-            a0 = _mm256_fmadd_ps(pr, _mm256_loadu_ps(v), a0);
-            a1 = _mm256_fmadd_ps(pr, _mm256_loadu_ps(v + 8), a1);
-            a2 = _mm256_fmadd_ps(pr, _mm256_loadu_ps(v + 16), a2);
-            a3 = _mm256_fmadd_ps(pr, _mm256_loadu_ps(v + 24), a3);
+            __m256 vv[4];
+            for (int u = 0; u < 4; u++) vv[u] = _mm256_loadu_ps(v + 8 * u);
+            for (int qi = 0; qi < nq; qi++) {
+                __m256 pr = _mm256_set1_ps(p[qi][r]);
+                for (int u = 0; u < 4; u++) a[qi][u] = _mm256_fmadd_ps(pr, vv[u], a[qi][u]);
+            }
         }
-        _mm256_storeu_ps(o + c, a0);
-        _mm256_storeu_ps(o + c + 8, a1);
-        _mm256_storeu_ps(o + c + 16, a2);
-        _mm256_storeu_ps(o + c + 24, a3);
+        for (int qi = 0; qi < nq; qi++)
+            for (int u = 0; u < 4; u++) _mm256_storeu_ps(o[qi] + c + 8 * u, a[qi][u]);
     }
 #endif
     if (c < d)
-        for (int r = 0; r < n; r++) {
-            const float *v = base + (size_t)(idx ? idx[r] : r) * stride;
-            for (int k = c; k < d; k++) o[k] += p[r] * v[k];
-        }
+        for (int qi = 0; qi < nq; qi++)
+            for (int r = 0; r < n; r++) {
+                const float *v = base + (size_t)(idx ? idx[r] : r) * stride;
+                for (int k = c; k < d; k++) o[qi][k] += p[qi][r] * v[k];
+            }
+}
+
+static void accum_rows(float *const *o, const float *const *p, int nq, const float *base, size_t stride,
+                       const int32_t *idx, int n, int d) {
+    switch (nq) {
+    case 3: accum_rows_mq(o, p, 3, base, stride, idx, n, d); break;
+    case 2: accum_rows_mq(o, p, 2, base, stride, idx, n, d); break;
+    default: accum_rows_mq(o, p, 1, base, stride, idx, n, d); break;
+    }
 }
 
 // out = x / rms(x) * w over n elements.
@@ -226,37 +257,54 @@ typedef struct {
     int n;      // batch nodes
 } fwd_job;
 
-// Attention for items (node i, query head h), split across threads: scores
-// against the committed rows and the node's ancestors, softmax, weighted sum
-// of the value rows.
+// Attention for items (node i, up to SD_ATT_MQ query heads of one KV head),
+// split across threads: scores against the committed rows and the node's
+// ancestors, softmax, weighted sum of the value rows. The heads of an item
+// share every key and value row load.
 static void attention_task(void *arg, int ith, int nth) {
     const fwd_job *job = arg;
     sd_session *s = job->s;
     const sd_hparams *hp = &s->m->hp;
-    const int hd = hp->head_dim, n_head = hp->n_head, grp = hp->n_head / hp->n_head_kv;
+    const int hd = hp->head_dim, grp = hp->n_head / hp->n_head_kv;
     const int kvd = s->kv_dim, n_past = s->n_past, nb = s->n_batch;
+    const int per_kv = (grp + SD_ATT_MQ - 1) / SD_ATT_MQ; // items per (node, KV head)
     const float scale = 1.0f / sqrtf((float)hd);
     const float *kc = s->k_cache + (size_t)job->layer * s->n_ctx * kvd;
     const float *vc = s->v_cache + (size_t)job->layer * s->n_ctx * kvd;
-    float *sc = s->att_scores + (size_t)ith * (size_t)(s->n_ctx + 16);
+    float *sc0 = s->att_scores + (size_t)ith * SD_ATT_MQ * (size_t)(s->n_ctx + 16);
     long lo, hi;
-    sd_split_range((long)job->n * n_head, ith, nth, &lo, &hi);
+    sd_split_range((long)job->n * hp->n_head_kv * per_kv, ith, nth, &lo, &hi);
     for (long it = lo; it < hi; it++) {
-        const int i = (int)(it / n_head), h = (int)(it % n_head), g = h / grp;
-        const float *q = s->q + (size_t)i * s->q_dim + (size_t)h * hd;
+        const int i = (int)(it / (hp->n_head_kv * per_kv)), rest = (int)(it % (hp->n_head_kv * per_kv));
+        const int g = rest / per_kv, h0 = g * grp + (rest % per_kv) * SD_ATT_MQ;
+        const int nq = SD_MIN(SD_ATT_MQ, g * grp + grp - h0);
+        const float *q[SD_ATT_MQ];
+        float *sc[SD_ATT_MQ], *o[SD_ATT_MQ], mx[SD_ATT_MQ];
+        for (int qi = 0; qi < nq; qi++) {
+            q[qi] = s->q + (size_t)i * s->q_dim + (size_t)(h0 + qi) * hd;
+            sc[qi] = sc0 + (size_t)qi * (size_t)(s->n_ctx + 16);
+            o[qi] = s->att + (size_t)i * s->q_dim + (size_t)(h0 + qi) * hd;
+            mx[qi] = -INFINITY;
+        }
         const float *kb = kc + (size_t)g * hd, *vb = vc + (size_t)g * hd;
         const float *kb_new = kb + (size_t)n_past * kvd, *vb_new = vb + (size_t)n_past * kvd;
         const int32_t *anc = s->anc + (size_t)i * nb;
         const int na = s->n_anc[i];
-        float mx = scores_rows(q, kb, (size_t)kvd, NULL, n_past, hd, scale, sc, -INFINITY);
-        mx = scores_rows(q, kb_new, (size_t)kvd, anc, na, hd, scale, sc + n_past, mx);
+        scores_rows(q, nq, kb, (size_t)kvd, NULL, n_past, hd, scale, sc, mx);
+        float *scn[SD_ATT_MQ];
+        const float *pc[SD_ATT_MQ], *pn[SD_ATT_MQ];
+        for (int qi = 0; qi < nq; qi++) scn[qi] = sc[qi] + n_past;
+        scores_rows(q, nq, kb_new, (size_t)kvd, anc, na, hd, scale, scn, mx);
         const int tot = n_past + na;
-        const float inv = 1.0f / softmax_exp(sc, tot, mx);
-        for (int j = 0; j < tot; j++) sc[j] *= inv;
-        float *o = s->att + (size_t)i * s->q_dim + (size_t)h * hd;
-        memset(o, 0, (size_t)hd * sizeof(float));
-        accum_rows(o, sc, vb, (size_t)kvd, NULL, n_past, hd);
-        accum_rows(o, sc + n_past, vb_new, (size_t)kvd, anc, na, hd);
+        for (int qi = 0; qi < nq; qi++) {
+            const float inv = 1.0f / softmax_exp(sc[qi], tot, mx[qi]);
+            for (int j = 0; j < tot; j++) sc[qi][j] *= inv;
+            memset(o[qi], 0, (size_t)hd * sizeof(float));
+            pc[qi] = sc[qi];
+            pn[qi] = sc[qi] + n_past;
+        }
+        accum_rows(o, pc, nq, vb, (size_t)kvd, NULL, n_past, hd);
+        accum_rows(o, pn, nq, vb_new, (size_t)kvd, anc, na, hd);
     }
 }
 

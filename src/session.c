@@ -83,7 +83,7 @@ int sd_session_new(sd_session **out, const sd_model *m, const sd_session_params 
     s->logits = malloc(B * (size_t)hp->n_vocab * sizeof(float));
     s->pool = p->share_threads ? sd_pool_ref(p->share_threads->pool) : sd_pool_new(n_threads);
     s->n_threads = sd_pool_size(s->pool);
-    s->att_scores = malloc((size_t)s->n_threads * (size_t)(n_ctx + 16) * sizeof(float));
+    s->att_scores = malloc((size_t)s->n_threads * SD_ATT_MQ * (size_t)(n_ctx + 16) * sizeof(float));
     s->mm.pool = s->pool;
     s->mm.wbuf_size = max_wsize(m, n_batch);
     s->mm.wbuf = malloc(s->mm.wbuf_size ? s->mm.wbuf_size : 1);

@@ -11,6 +11,9 @@
 #include "quant.h"
 #include "threadpool.h"
 
+// Query heads of one KV head that the attention processes together (forward.c).
+#define SD_ATT_MQ 3
+
 struct sd_session {
     const sd_model *m;
     int n_ctx;          // KV slots per layer
@@ -33,7 +36,7 @@ struct sd_session {
     float *ff_g;        // (n_batch, n_ff) gate, then silu(gate) * up
     float *ff_u;        // (n_batch, n_ff) up
     float *rope_cs;     // (n_batch, n_rot / 2, 2) cos, sin of each node's angles
-    float *att_scores;  // (n_threads, n_ctx) softmax scratch per thread
+    float *att_scores;  // (n_threads, SD_ATT_MQ, n_ctx + 16) softmax scratch per thread and query
     int32_t *anc;       // (n_batch, n_batch) tree mask as lists: row i = ancestors of node i and i itself, increasing
     int32_t *n_anc;     // (n_batch) count of anc[i]
     int32_t *parent;    // (n_batch) parent of each node of the last forward (-1: root)
