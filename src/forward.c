@@ -17,6 +17,9 @@
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define SD_FWD_AVX2 1
+#if defined(__AVX512F__)
+#define SD_FWD_AVX512 1
+#endif
 #endif
 
 // ---------------------------------------------------------------- small vector helpers
@@ -172,6 +175,26 @@ static inline __attribute__((always_inline)) void accum_rows_mq(float *const *o,
                                                                 const float *base, size_t stride,
                                                                 const int32_t *idx, int n, int d) {
     int c = 0;
+#ifdef SD_FWD_AVX512
+    // 64 output dims of every query stay in registers over all rows. (Each
+    // element gets the same FMAs whatever the vector width.)
+    for (; c + 64 <= d; c += 64) {
+        __m512 a[SD_ATT_MQ][4];
+        for (int qi = 0; qi < nq; qi++)
+            for (int u = 0; u < 4; u++) a[qi][u] = _mm512_loadu_ps(o[qi] + c + 16 * u);
+        for (int r = 0; r < n; r++) {
+            const float *v = base + (size_t)(idx ? idx[r] : r) * stride + c;
+            __m512 vv[4];
+            for (int u = 0; u < 4; u++) vv[u] = _mm512_loadu_ps(v + 16 * u);
+            for (int qi = 0; qi < nq; qi++) {
+                __m512 pr = _mm512_set1_ps(p[qi][r]);
+                for (int u = 0; u < 4; u++) a[qi][u] = _mm512_fmadd_ps(pr, vv[u], a[qi][u]);
+            }
+        }
+        for (int qi = 0; qi < nq; qi++)
+            for (int u = 0; u < 4; u++) _mm512_storeu_ps(o[qi] + c + 16 * u, a[qi][u]);
+    }
+#endif
 #ifdef SD_FWD_AVX2
     // 32 output dims of every query stay in registers over all rows.
     for (; c + 32 <= d; c += 32) {

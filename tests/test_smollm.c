@@ -110,8 +110,8 @@ static void test_stops(void) {
         CHECK(gs.n_generated == 3 && gs.finish == SD_FINISH_LENGTH, "n_predict 3: %d tokens, finish %s",
               gs.n_generated, sd_finish_name(gs.finish));
     if (chat_greedy(m, "Say hello.", 200, &c, &gs) == 0)
-        CHECK(gs.finish == SD_FINISH_EOG && gs.n_generated < 200, "no end of turn within 200 tokens: finish %s",
-              sd_finish_name(gs.finish));
+        CHECK(gs.finish == SD_FINISH_EOG && gs.n_generated < 200, "no end of turn within 200 tokens: finish %s: '%s'",
+              sd_finish_name(gs.finish), c.text);
     sd_model_free(m);
 }
 
