@@ -629,6 +629,19 @@ AI __m512 in_reg_ps(__m512 v) {
     return v;
 }
 
+// a0 + the dpbusd of nv vector pairs, as two chains added at the end
+// (integer sums: any order gives the same bits, and the chains halve the latency).
+AI __m512i dot4(__m512i a0, const __m512i w[4], const __m512i x[4], int nv) {
+    if (nv == 1) return _mm512_dpbusd_epi32(a0, w[0], x[0]);
+    __m512i s0 = _mm512_dpbusd_epi32(a0, w[0], x[0]);
+    __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], x[1]);
+    if (nv == 4) {
+        s0 = _mm512_dpbusd_epi32(s0, w[2], x[2]);
+        s1 = _mm512_dpbusd_epi32(s1, w[3], x[3]);
+    }
+    return _mm512_add_epi32(s0, s1);
+}
+
 // One group (NV vectors) of the R x T tile.
 AI void tile_group(int type, int R, int T, int NV, const wpack *pk, int64_t g, const uint8_t *x, size_t xrb,
                    size_t oq, size_t od, size_t oa, __m512 acc[PK_R][4]) {
@@ -650,9 +663,7 @@ AI void tile_group(int type, int R, int T, int NV, const wpack *pk, int64_t g, c
         __m512i a0 = w_offset(type) ? _mm512_load_si512(x + t * xrb + oa + g * 64) : _mm512_setzero_si512();
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
-            __m512i isum = a0;
-#pragma GCC unroll 4
-            for (int z = 0; z < NV; z++) isum = _mm512_dpbusd_epi32(isum, wv[r][z], xv[z]);
+            __m512i isum = dot4(a0, wv[r], xv, NV);
             acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw[r], dx), acc[r][t]);
         }
     }
@@ -862,17 +873,6 @@ AI void pack_rows_rp(int type, int R, int64_t nb, const uint8_t *w, size_t wrb, 
 // chains added at the end (integer sums: any order gives the same bits).
 #define RP1_R 4
 #define RP1_PF 16 // rows of software prefetch ahead
-AI __m512i dot4(__m512i a0, const __m512i w[4], const __m512i x[4], int nv) {
-    if (nv == 1) return _mm512_dpbusd_epi32(a0, w[0], x[0]);
-    __m512i s0 = _mm512_dpbusd_epi32(a0, w[0], x[0]);
-    __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], x[1]);
-    if (nv == 4) {
-        s0 = _mm512_dpbusd_epi32(s0, w[2], x[2]);
-        s1 = _mm512_dpbusd_epi32(s1, w[3], x[3]);
-    }
-    return _mm512_add_epi32(s0, s1);
-}
-
 AI void rp_tile1(int type, int R, int64_t nb, const uint8_t *w, size_t wrb, const uint8_t *x, float *y) {
     const int64_t ng = (nb + 7) / 8, nb16 = (nb + 15) / 16, nfull = nb / 8;
     const size_t oq = pk_head(type, nb), od = oq + (size_t)ng * 256, oa = od + (size_t)ng * 64;
