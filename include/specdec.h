@@ -66,6 +66,12 @@ typedef struct sd_batch {
     const int32_t *parent;   // (n) or NULL
     const int32_t *pos;      // (n) or NULL
     const uint8_t *logits;   // (n) or NULL
+    // 1: every matrix multiply of this forward uses float activations against
+    // the dequantized weights instead of 8-bit activations: slower (about 2x
+    // on the default model), more accurate. Prompts are evaluated so by
+    // default (sd_gen_params.fast_prompt); tokens being generated or verified
+    // never are, so a token gets the same bits alone as in a tree batch.
+    int precise;
 } sd_batch;
 
 // Evaluates the batch. The KV rows of the batch are written as pending rows

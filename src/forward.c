@@ -374,6 +374,7 @@ static void swiglu_cols(void *arg, int64_t r0, int64_t r1) {
 }
 
 static void matmul_t(sd_session *s, const sd_tensor *w, const float *x, int n_tok, float *y) {
+    if (s->mm.act_f32) w = sd_model_file_tensor(s->m, w);
     sd_matmul(&s->mm, w->type, w->data, w->ne[0], w->ne[1], x, n_tok, y);
 }
 
@@ -385,8 +386,9 @@ static void matmul_multi_t(sd_session *s, int n_mats, const sd_tensor *const *w,
     int64_t n_out[4];
     for (int m = 0; m < n_mats; m++) {
         SD_ASSERT(w[m]->ne[0] == w[0]->ne[0]);
-        types[m] = w[m]->type;
-        W[m] = w[m]->data;
+        const sd_tensor *f = s->mm.act_f32 ? sd_model_file_tensor(s->m, w[m]) : w[m];
+        types[m] = f->type;
+        W[m] = f->data;
         n_out[m] = w[m]->ne[1];
     }
     sd_matmul_multi(&s->mm, n_mats, types, W, w[0]->ne[0], n_out, x, n_tok, y);
@@ -462,6 +464,7 @@ static int prepare_batch(sd_session *s, const sd_batch *b, char *err, size_t err
 int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errlen) {
     int n_out = prepare_batch(s, b, err, errlen);
     if (n_out < 0) return n_out;
+    s->mm.act_f32 = b->precise != 0; // matmul_t & co. then use the file's weight layouts
     const sd_model *m = s->m;
     const sd_hparams *hp = &m->hp;
     const int n = b->n, E = hp->n_embd, kvd = s->kv_dim, qd = s->q_dim;
@@ -511,8 +514,10 @@ int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errle
         {
             // gate and up in one pool run, each thread applying SwiGLU to its
             // columns (shapes were validated at load: both are [n_embd, n_ff])
-            const int ty[2] = {L->w_gate->type, L->w_up->type};
-            const void *W2[2] = {L->w_gate->data, L->w_up->data};
+            const sd_tensor *wg = L->w_gate, *wu = L->w_up;
+            if (s->mm.act_f32) wg = sd_model_file_tensor(m, wg), wu = sd_model_file_tensor(m, wu);
+            const int ty[2] = {wg->type, wu->type};
+            const void *W2[2] = {wg->data, wu->data};
             float *y2[2] = {s->ff_g, s->ff_u};
             sd_matmul_multi_post(&s->mm, 2, ty, W2, E, hp->n_ff, s->xn, n, y2, swiglu_cols, &job);
         }
@@ -524,6 +529,7 @@ int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errle
     for (int k = 0; k < n_out; k++)
         rmsnorm(s->xn + (size_t)k * E, s->x + (size_t)s->out_rows[k] * E, m->out_norm->data, E, hp->rms_eps);
     if (n_out > 0) matmul_t(s, m->output, s->xn, n_out, s->logits);
+    s->mm.act_f32 = 0;
     s->n_pending = n;
     return 0;
 }

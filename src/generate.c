@@ -10,6 +10,7 @@ sd_gen_params sd_gen_default_params(void) {
     sd_gen_params p;
     p.n_predict = 256;
     p.n_batch = 0;
+    p.fast_prompt = 0;
     return p;
 }
 
@@ -63,7 +64,8 @@ int sd_generate(sd_session *s, sd_sampler *smp, const int32_t *prompt, int n_pro
         int n = SD_MIN(n_batch, n_prompt - i);
         memset(want, 0, (size_t)n);
         if (i + n == n_prompt) want[n - 1] = 1;
-        sd_batch b = {.n = n, .tokens = prompt + i, .parent = NULL, .pos = NULL, .logits = want};
+        sd_batch b = {.n = n, .tokens = prompt + i, .parent = NULL, .pos = NULL, .logits = want,
+                      .precise = !gp.fast_prompt};
         if (sd_session_forward(s, &b, ferr, sizeof ferr) < 0 ||
             sd_session_commit(s, NULL, 0, ferr, sizeof ferr) < 0) {
             rc = sd_err(err, errlen, "generate: prompt evaluation failed: %s", ferr);

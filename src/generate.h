@@ -18,6 +18,8 @@ enum sd_finish {
 typedef struct sd_gen_params {
     int n_predict;  // most tokens to generate (EOG included); <= 0: until EOG or context full
     int n_batch;    // prompt tokens per forward call; 0 = 512. Must not exceed the session's n_batch
+    int fast_prompt; // 0 (default): the prompt is evaluated with float activations (sd_batch.precise:
+                     // a more accurate cache and first token, slower prompt); 1: 8-bit like the rest
 } sd_gen_params;
 
 typedef struct sd_gen_stats {

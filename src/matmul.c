@@ -82,13 +82,92 @@ typedef struct {
     const void *xq;   // (n_tok, x_row_bytes) activations in vec_dot_type
     size_t x_row_bytes;
     int64_t n_tok;
+    int f32;          // 1: x stays float, each weight row is dequantized (ctx->act_f32)
 } mm_job;
+
+// ---- float activations (ctx->act_f32) -------------------------------------
+// Weight rows are dequantized (type's to_float) RF at a time, then every
+// (row, token) dot runs in 16 float lanes over the row in order and ends with
+// a fixed tree over the lanes: the same operations whatever the tile, so the
+// result does not depend on the batch either.
+#define SD_F32_RF 4            // rows per tile
+#define SD_F32_TF 4            // tokens per tile
+#define SD_F32_MAX_IN 16384    // longest row (the row buffers live on the stack)
+
+static float lanes16_sum(float *a) {
+    for (int w = 8; w >= 1; w /= 2)
+        for (int l = 0; l < w; l++) a[l] += a[l + w];
+    return a[0];
+}
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+// y[t * ldy + r] for R rows (wrow[r], n floats) and T tokens (x + t * n).
+static inline __attribute__((always_inline)) void f32_tile(int R, int T, const float *const *wrow, const float *x, int64_t n, float *y, int64_t ldy) {
+#if defined(__AVX512F__)
+    __m512 acc[SD_F32_RF][SD_F32_TF];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= n; k += 16) {
+        __m512 xv[SD_F32_TF];
+        for (int t = 0; t < T; t++) xv[t] = _mm512_loadu_ps(x + t * n + k);
+        for (int r = 0; r < R; r++) {
+            __m512 wv = _mm512_loadu_ps(wrow[r] + k);
+            for (int t = 0; t < T; t++) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
+        }
+    }
+    const __mmask16 km = (__mmask16)((1u << (n - k)) - 1);
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) {
+            if (k < n)
+                acc[r][t] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(km, wrow[r] + k), _mm512_maskz_loadu_ps(km, x + t * n + k),
+                                            acc[r][t]);
+            float l[16];
+            _mm512_storeu_ps(l, acc[r][t]);
+            y[t * ldy + r] = lanes16_sum(l);
+        }
+#else
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) {
+            float l[16] = {0};
+            for (int64_t k = 0; k < n; k++) l[k % 16] += wrow[r][k] * x[t * n + k];
+            y[t * ldy + r] = lanes16_sum(l);
+        }
+#endif
+}
+
+static void f32_rows(const void *W, size_t wrb, sd_to_float_fn to_float, int64_t n_in, int64_t r0, int64_t r1,
+                     const float *x, int64_t n_tok, float *y, int64_t ldy) {
+    float buf[SD_F32_RF][SD_F32_MAX_IN];
+    for (int64_t r = r0; r < r1; r += SD_F32_RF) {
+        const int R = (int)SD_MIN((int64_t)SD_F32_RF, r1 - r);
+        const float *wrow[SD_F32_RF];
+        for (int i = 0; i < R; i++) {
+            to_float((const char *)W + (size_t)(r + i) * wrb, buf[i], n_in);
+            wrow[i] = buf[i];
+        }
+        for (int64_t t = 0; t < n_tok; t += SD_F32_TF) {
+            const int T = (int)SD_MIN((int64_t)SD_F32_TF, n_tok - t);
+            if (R == SD_F32_RF && T == SD_F32_TF) // the full tile, with constant bounds
+                f32_tile(SD_F32_RF, SD_F32_TF, wrow, x + t * n_in, n_in, y + t * ldy + r, ldy);
+            else
+                f32_tile(R, T, wrow, x + t * n_in, n_in, y + t * ldy + r, ldy);
+        }
+    }
+}
 
 // Rows [r0, r1) of matrix m of the job, all tokens.
 static void mm_rows(const mm_job *j, int m, int64_t r0, int64_t r1) {
     if (r0 >= r1) return;
     const int64_t n_out = j->n_out[m];
     float *y = j->y[m];
+    if (j->f32) {
+        f32_rows(j->W[m], j->w_row_bytes, j->tr->to_float, j->n_in, r0, r1, j->x, j->n_tok, y, n_out);
+        return;
+    }
     if (j->tr->gemm) {
         j->tr->gemm(j->n_in, j->W[m], j->w_row_bytes, r0, r1, j->xq, j->x_row_bytes, j->n_tok, y, n_out);
         return;
@@ -186,6 +265,11 @@ static void matmul_run(sd_mm_ctx *ctx, int wtype, int n_mats, const void *const 
     if (nc == 0) return;
     atomic_init(&j.n_conv_done, 0);
     int vdt = tr->vec_dot_type;
+    if (ctx && ctx->act_f32 && tr->to_float && n_in <= SD_F32_MAX_IN) {
+        j.f32 = 1;
+        sd_pool_run(ctx->pool, mm_task, &j);
+        return;
+    }
     if (!act_is_f32(vdt)) {
         SD_ASSERT(ctx && ctx->wbuf);
         char *buf = (char *)(((uintptr_t)ctx->wbuf + 63) & ~(uintptr_t)63);

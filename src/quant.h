@@ -104,6 +104,8 @@ typedef struct sd_mm_ctx {
     sd_pool *pool;    // may be NULL (single thread)
     void *wbuf;       // scratch for converted activations
     size_t wbuf_size; // bytes; at least sd_matmul_wsize(...) of every call
+    int act_f32;      // 1: float activations against dequantized weights (types with
+                      // to_float; the file's layouts only), no 8-bit rounding; 0: normal
 } sd_mm_ctx;
 size_t sd_matmul_wsize(int wtype, int64_t n_in, int64_t n_tok);
 void sd_matmul(sd_mm_ctx *ctx, int wtype, const void *W, int64_t n_in, int64_t n_out,

@@ -13,6 +13,7 @@ sd_spec_params sd_spec_default_params(void) {
     p.n_predict = 256;
     p.n_batch = 0;
     p.max_nodes = 16;
+    p.fast_prompt = 0;
     return p;
 }
 
@@ -121,7 +122,10 @@ int sd_spec_generate(sd_session *s, sd_sampler *smp, sd_drafter *d, const int32_
         int n = SD_MIN(n_batch, n_prompt - i);
         memset(want, 0, (size_t)n);
         if (i + n == n_prompt) want[n - 1] = 1;
-        sd_batch b = {.n = n, .tokens = prompt + i, .parent = NULL, .pos = NULL, .logits = want};
+        // (the same prompt numerics as sd_generate: the cache the speculative
+        // loop starts from equals plain decoding's)
+        sd_batch b = {.n = n, .tokens = prompt + i, .parent = NULL, .pos = NULL, .logits = want,
+                      .precise = !sp.fast_prompt};
         if (sd_session_forward(s, &b, ferr, sizeof ferr) < 0 || sd_session_commit(s, NULL, 0, ferr, sizeof ferr) < 0) {
             rc = sd_err(err, errlen, "speculative: prompt evaluation failed: %s", ferr);
             goto done;

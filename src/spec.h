@@ -26,6 +26,7 @@ typedef struct sd_spec_params {
     int n_predict;   // most tokens to generate (EOG included); <= 0: until EOG or context full
     int n_batch;     // prompt tokens per forward call; 0 = 512; must not exceed the session's n_batch
     int max_nodes;   // tree size per target forward, root included; default 16 (<= session n_batch)
+    int fast_prompt; // as sd_gen_params.fast_prompt (default 0: precise prompt, like sd_generate)
 } sd_spec_params;
 
 typedef struct sd_spec_stats {

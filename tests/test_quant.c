@@ -236,7 +236,7 @@ static void test_matmul(void) {
                 for (int64_t r = 0; r < n_out; r++) random_row(t, W + r * wrb, n_in, r & 1);
                 for (int64_t r = 0; r < n_out; r++) tr->to_float(W + r * wrb, wf + r * n_in, n_in);
                 fill_random(x, n_in * n_tok_max);
-                sd_mm_ctx ctx = {pool, NULL, sd_matmul_wsize(t, n_in, n_tok_max)};
+                sd_mm_ctx ctx = {pool, NULL, sd_matmul_wsize(t, n_in, n_tok_max), 0};
                 ctx.wbuf = malloc(ctx.wbuf_size + 1);
                 for (size_t ti = 0; ti < sizeof toks / sizeof *toks; ti++) {
                     int64_t n_tok = toks[ti];
@@ -310,7 +310,7 @@ static void test_gemm_plain_rows(void) {
         float *x = malloc(sizeof(float) * (size_t)(n_in * n_tok)), y[18], yr[18];
         for (int64_t r = 0; r < n_out; r++) random_row(t, W + r * wrb, n_in, 0);
         fill_random(x, n_in * n_tok);
-        sd_mm_ctx ctx = {pool, NULL, sd_matmul_wsize(t, n_in, n_tok)};
+        sd_mm_ctx ctx = {pool, NULL, sd_matmul_wsize(t, n_in, n_tok), 0};
         ctx.wbuf = malloc(ctx.wbuf_size);
         sd_matmul(&ctx, t, W, n_in, n_out, x, n_tok, y);
         sd_matmul_ref(t, W, n_in, n_out, x, n_tok, yr);
@@ -460,7 +460,7 @@ static void test_repacked(void) {
             for (int64_t i = 0; i < n_in * n_tok_max; i++) x[i] = 4.0f * rnd_sym();
             CHECK(rtr->repack(W, R, n_in, n_out) == 0, "%s n_in=%lld: repack", tr->name, (long long)n_in);
             size_t ws = SD_MAX(sd_matmul_wsize(t, n_in, n_tok_max), sd_matmul_wsize(rt, n_in, n_tok_max));
-            sd_mm_ctx ctx = {NULL, malloc(ws), ws};
+            sd_mm_ctx ctx = {NULL, malloc(ws), ws, 0};
             for (int64_t k = 0; k < n_tok_max; k++) sd_matmul(&ctx, t, W, n_in, n_out, x + k * n_in, 1, y1 + k * n_out);
             for (int use_pool = 0; use_pool < 2; use_pool++) {
                 ctx.pool = use_pool ? pool : NULL;
@@ -485,6 +485,57 @@ static void test_repacked(void) {
     sd_pool_free(pool);
 }
 
+// Float activations (sd_mm_ctx.act_f32, used for prompts): every type with a
+// dequantizer, y equals the double dot of the dequantized row with the float
+// activations to float rounding, and a token gets the same bits alone as in
+// batches of 2..19 (with and without a pool).
+static void test_matmul_f32_act(void) {
+    sd_pool *pool = sd_pool_new(2);
+    const int64_t n_in = 576, n_out = 37, n_tok_max = 19;
+    int n_types = 0;
+    for (int t = 0; t < SD_TYPE_FILE_COUNT; t++) {
+        const sd_type_traits *tr = sd_type_get(t);
+        const int64_t nin = tr->blck == SD_QK_K ? 768 : n_in;
+        if (!tr->supported || !tr->to_float || nin % tr->blck) continue;
+        const size_t wrb = sd_row_size(t, nin);
+        uint8_t *W = malloc(wrb * n_out);
+        float *x = malloc(sizeof(float) * nin * n_tok_max), *row = malloc(sizeof(float) * nin);
+        float *y1 = malloc(sizeof(float) * n_out * n_tok_max), *yb = malloc(sizeof(float) * n_out * n_tok_max);
+        for (int64_t r = 0; r < n_out; r++) random_row(t, W + r * wrb, nin, 0);
+        for (int64_t i = 0; i < nin * n_tok_max; i++) x[i] = 4.0f * rnd_sym();
+        sd_mm_ctx ctx = {NULL, NULL, 0, 1};
+        for (int64_t k = 0; k < n_tok_max; k++) sd_matmul(&ctx, t, W, nin, n_out, x + k * nin, 1, y1 + k * n_out);
+        double worst = 0;
+        for (int64_t k = 0; k < n_tok_max; k++)
+            for (int64_t r = 0; r < n_out; r++) {
+                tr->to_float(W + r * wrb, row, nin);
+                double ref = 0, mag = 0;
+                for (int64_t i = 0; i < nin; i++) {
+                    ref += (double)row[i] * x[k * nin + i];
+                    mag += fabs((double)row[i] * x[k * nin + i]);
+                }
+                double e = fabs(y1[k * n_out + r] - ref) / (mag > 0 ? mag : 1);
+                if (e > worst) worst = e;
+            }
+        CHECK(worst < 1e-5, "%s: float-activation matmul off the double dot by %.2e of sum |w x|", tr->name, worst);
+        for (int use_pool = 0; use_pool < 2; use_pool++) {
+            ctx.pool = use_pool ? pool : NULL;
+            for (int64_t n_tok = 2; n_tok <= n_tok_max; n_tok++) {
+                int64_t off = (n_tok * 7) % (n_tok_max - n_tok + 1);
+                sd_matmul(&ctx, t, W, nin, n_out, x + off * nin, n_tok, yb);
+                CHECK(memcmp(yb, y1 + off * n_out, sizeof(float) * n_tok * n_out) == 0,
+                      "%s n_tok=%lld pool=%d: float-activation results depend on the batch", tr->name,
+                      (long long)n_tok, use_pool);
+            }
+        }
+        n_types++;
+        free(W), free(x), free(row), free(y1), free(yb);
+    }
+    printf("  %d types with float activations\n", n_types);
+    CHECK(n_types >= 11, "only %d types", n_types);
+    sd_pool_free(pool);
+}
+
 int main(void) {
     sd_quant_init(0);
     T_RUN(test_traits);
@@ -496,6 +547,7 @@ int main(void) {
     T_RUN(test_gemm_plain_rows);
     T_RUN(test_matmul_batch_invariance);
     T_RUN(test_repacked);
+    T_RUN(test_matmul_f32_act);
     T_RUN(test_force_ref);
     T_EXIT();
 }

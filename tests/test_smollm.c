@@ -31,7 +31,7 @@ static int collect_cb(int32_t t, void *user) {
 }
 
 // Greedy chat answer to question (at most n tokens) into c; 0 on success.
-static int chat_greedy(sd_model *m, const char *question, int n, collect *c, sd_gen_stats *st) {
+static int chat_greedy_ex(sd_model *m, const char *question, int n, int fast_prompt, collect *c, sd_gen_stats *st) {
     char err[512] = "", prompt[4096];
     const sd_tokenizer *tok = sd_model_tokenizer(m);
     int rc = sd_chat_format(tok, NULL, question, prompt, sizeof prompt, err, sizeof err);
@@ -59,12 +59,18 @@ static int chat_greedy(sd_model *m, const char *question, int n, collect *c, sd_
         c->tok = tok;
         sd_gen_params gp = sd_gen_default_params();
         gp.n_predict = n;
+        gp.fast_prompt = fast_prompt;
         rc = sd_generate(s, smp, ids, n_ids, &gp, collect_cb, c, st, err, sizeof err);
         CHECK(rc == 0, "generate: %s", err);
     }
     sd_sampler_free(smp);
     sd_session_free(s);
     return rc;
+}
+
+// The library's defaults (float activations for the prompt).
+static int chat_greedy(sd_model *m, const char *question, int n, collect *c, sd_gen_stats *st) {
+    return chat_greedy_ex(m, question, n, 0, c, st);
 }
 
 static void test_capital_of_france(void) {
@@ -77,20 +83,24 @@ static void test_capital_of_france(void) {
     if (rc) return;
     collect c;
     sd_gen_stats gs;
-    // The prompt asks for a short answer on purpose. For the bare question
-    // "What is the capital of France?" the first answer token is a near-tie
-    // ("The" beats "L" by 0.08 in exact float arithmetic); 8-bit activation
-    // quantization (which specdec, like llama.cpp, uses before every quantized
-    // matmul) moves logits by about 0.15-0.2 and decides that tie either way:
-    // with specdec's kernels the model then starts "L'Etoile ...". With this
-    // prompt the smallest gap between the top two tokens along the greedy answer
-    // is 0.46-0.66, well above that noise (measured against a float64 numpy
-    // forward and an F32 copy of the model; see docs/numerics.md).
-    if (chat_greedy(m, "What is the capital of France? Answer in one word.", 24, &c, &gs) == 0) {
+    // The question exactly as the issue asks it. Its first answer token is a
+    // near-tie ("The" beats "L" by 0.08 in exact float arithmetic), and 8-bit
+    // activations (before every quantized matmul) move logits by 0.15-0.2:
+    // with the prompt evaluated in 8 bits too (--fast-prompt) the model starts
+    // "L'Etoile ...". The default evaluates the prompt with float activations
+    // (sd_batch.precise), which decides the first token as exact arithmetic
+    // does; see docs/numerics.md.
+    if (chat_greedy(m, "What is the capital of France?", 24, &c, &gs) == 0) {
         CHECK(strstr(c.text, "Paris") != NULL, "answer without 'Paris': '%s'", c.text);
         CHECK(gs.n_generated >= 1 && gs.n_generated <= 24, "n_generated %d", gs.n_generated);
         CHECK(gs.tokens_per_second > 0, "tokens_per_second %f", gs.tokens_per_second);
         printf("  answer: %s\n", c.text);
+    }
+    // A question whose answer has no near-tie (smallest top-two gap along the
+    // greedy answer 0.46-0.66) gives Paris with the fast prompt path as well.
+    if (chat_greedy_ex(m, "What is the capital of France? Answer in one word.", 24, 1, &c, &gs) == 0) {
+        CHECK(strstr(c.text, "Paris") != NULL, "fast prompt: answer without 'Paris': '%s'", c.text);
+        printf("  answer (fast prompt, one-word question): %s\n", c.text);
     }
     sd_model_free(m);
 }

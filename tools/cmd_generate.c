@@ -43,6 +43,9 @@ static void usage(FILE *f) {
             "  -t, --threads N       threads (default: number of cores, %d here)\n"
             "  -c, --ctx N           context length in tokens (default: min(model's, 4096))\n"
             "  -b, --batch N         prompt tokens per forward pass (default 512)\n"
+            "  --fast-prompt         evaluate the prompt with 8-bit activations like the generated\n"
+            "                        tokens (about 2x faster prompt; by default the prompt uses\n"
+            "                        float activations: a more accurate cache and first token)\n"
             "  --json                print one JSON object at the end instead of streaming:\n"
             "                        text, n_prompt_tokens, n_generated, tokens_per_second,\n"
             "                        prompt_ms, generate_ms, model, n_threads, finish_reason\n"
@@ -158,7 +161,7 @@ static int on_token(int32_t t, void *user) {
 
 int cmd_generate(int argc, char **argv) {
     const char *model_path = NULL, *prompt = NULL, *system = NULL;
-    int n_predict = 256, chat = 0, json = 0, n_threads = 0, n_ctx = 0, n_batch = 512;
+    int n_predict = 256, chat = 0, json = 0, n_threads = 0, n_ctx = 0, n_batch = 512, fast_prompt = 0;
     sd_sampler_params sp = sd_sampler_default_params();
     // speculative decoding
     const char *draft_paths[SPEC_MAX_DRAFTS];
@@ -221,6 +224,8 @@ int cmd_generate(int argc, char **argv) {
         } else if (!strcmp(a, "-b") || !strcmp(a, "--batch")) {
             VAL();
             if (cli_int(a, v, 1, 1 << 16, &n_batch)) return 1;
+        } else if (!strcmp(a, "--fast-prompt")) {
+            fast_prompt = 1;
         } else if (!strcmp(a, "--json")) {
             json = 1;
         } else if (!strcmp(a, "--draft")) {
@@ -565,6 +570,7 @@ int cmd_generate(int argc, char **argv) {
     sd_gen_params gp = sd_gen_default_params();
     gp.n_predict = n_predict;
     gp.n_batch = n_batch;
+    gp.fast_prompt = fast_prompt;
     sd_gen_stats st;
     sd_spec_stats sst;
     memset(&sst, 0, sizeof sst);
@@ -573,6 +579,7 @@ int cmd_generate(int argc, char **argv) {
         sd_spec_params spp = sd_spec_default_params();
         spp.n_predict = n_predict;
         spp.n_batch = n_batch;
+        spp.fast_prompt = fast_prompt;
         spp.max_nodes = max_nodes;
         grc = sd_spec_generate(s, smp, drafter, ids, n_ids, &spp, on_token, &o, &sst, err, sizeof err);
         st = sst.gen;
