@@ -922,6 +922,78 @@ AI void rp_tile1(int type, int R, int64_t nb, const uint8_t *w, size_t wrb, cons
     for (int r = 0; r < R; r++) y[r] = _mm_cvtss_f32(reduce4(acc[r], z, z, z));
 }
 
+// Two tokens, R <= RP1_R rows, like rp_tile1 (each accumulator gets the
+// operations of tile_packed with T = 2; reduce4 lane t depends on token t only).
+AI void rp_tile2(int type, int R, int64_t nb, const uint8_t *w, size_t wrb, const uint8_t *x, size_t xrb, float *y,
+                 int64_t ldy) {
+    const int64_t ng = (nb + 7) / 8, nb16 = (nb + 15) / 16, nfull = nb / 8;
+    const size_t oq = pk_head(type, nb), od = oq + (size_t)ng * 256, oa = od + (size_t)ng * 64;
+    const size_t os = w_offset(type) ? oa + (size_t)ng * 64 : oa;
+    const uint8_t *x1 = x + xrb;
+    __m512 acc0[RP1_R], acc1[RP1_R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) acc0[r] = acc1[r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < nfull; g++) {
+        __m512i xa[4], xb[4];
+#pragma GCC unroll 4
+        for (int z = 0; z < 4; z++) {
+            xa[z] = in_reg(_mm512_load_si512(x + oq + g * 256 + 64 * z));
+            xb[z] = in_reg(_mm512_load_si512(x1 + oq + g * 256 + 64 * z));
+        }
+        __m512 da = in_reg_ps(_mm512_load_ps(x + od + g * 64)), db = in_reg_ps(_mm512_load_ps(x1 + od + g * 64));
+        __m512i aa = w_offset(type) ? in_reg(_mm512_load_si512(x + oa + g * 64)) : _mm512_setzero_si512();
+        __m512i ab = w_offset(type) ? in_reg(_mm512_load_si512(x1 + oa + g * 64)) : _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            __m512i wv[4];
+            __m512 dw;
+            rp_group(type, w + r * wrb, nfull, g, wv, &dw);
+            acc0[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot4(aa, wv, xa, 4)), _mm512_mul_ps(dw, da), acc0[r]);
+            acc1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot4(ab, wv, xb, 4)), _mm512_mul_ps(dw, db), acc1[r]);
+        }
+    }
+    if (ng > nfull) {
+        const int nv = tail_nv(nb);
+        __m512i aa = w_offset(type) ? _mm512_load_si512(x + oa + nfull * 64) : _mm512_setzero_si512();
+        __m512i ab = w_offset(type) ? _mm512_load_si512(x1 + oa + nfull * 64) : _mm512_setzero_si512();
+        __m512 da = _mm512_load_ps(x + od + nfull * 64), db = _mm512_load_ps(x1 + od + nfull * 64);
+        __m512i xa[4], xb[4];
+        for (int z = 0; z < nv; z++) {
+            xa[z] = _mm512_load_si512(x + oq + nfull * 256 + 64 * z);
+            xb[z] = _mm512_load_si512(x1 + oq + nfull * 256 + 64 * z);
+        }
+        for (int r = 0; r < R; r++) {
+            __m512i wv[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
+                             _mm512_setzero_si512()}; // pack_tail fills the first nv
+            __m512 dw;
+            pack_tail(type, w + r * wrb, nb, wv, &dw);
+            acc0[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot4(aa, wv, xa, nv)), _mm512_mul_ps(dw, da), acc0[r]);
+            acc1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot4(ab, wv, xb, nv)), _mm512_mul_ps(dw, db), acc1[r]);
+        }
+    }
+    if (w_has_min(type)) {
+        _Alignas(64) float m[RP1_R][PK_NB_MAX + 16];
+        for (int r = 0; r < R; r++) rp_row_m(type, w + r * wrb, nb, m[r]);
+        for (int64_t k = 0; k < nb16; k++) {
+            __m512 sa = _mm512_load_ps(x + os + k * 64), sb = _mm512_load_ps(x1 + os + k * 64);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                __m512 mv = _mm512_load_ps(m[r] + k * 16);
+                acc0[r] = _mm512_fmadd_ps(mv, sa, acc0[r]);
+                acc1[r] = _mm512_fmadd_ps(mv, sb, acc1[r]);
+            }
+        }
+    }
+    const __m512 z = _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        float v[4];
+        _mm_storeu_ps(v, reduce4(acc0[r], acc1[r], z, z));
+        y[r] = v[0];
+        y[ldy + r] = v[1];
+    }
+}
+
 AI void gemm_repacked(int type, int64_t n_in, const void *W, size_t wrb, int64_t r0, int64_t r1, const void *xq,
                       size_t xrb, int64_t n_tok, float *y, int64_t ldy) {
     const int64_t nb = n_in / SD_QK;
@@ -949,6 +1021,17 @@ AI void gemm_repacked(int type, int64_t n_in, const void *W, size_t wrb, int64_t
             rp_tile1(type, 2, nb, w + r * wrb, wrb, xq, y + r);
         }
         for (; r < r1; r++) rp_tile1(type, 1, nb, w + r * wrb, wrb, xq, y + r);
+        return;
+    }
+    if (n_tok == 2) {
+        for (; r + 4 <= r1; r += 4) {
+            if (r + 4 + RP1_PF <= r1) {
+                const char *p = (const char *)(w + (r + RP1_PF) * wrb);
+                for (size_t o = 0; o < 4 * wrb; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+            }
+            rp_tile2(type, 4, nb, w + r * wrb, wrb, xq, xrb, y + r, ldy);
+        }
+        for (; r < r1; r++) rp_tile2(type, 1, nb, w + r * wrb, wrb, xq, xrb, y + r, ldy);
         return;
     }
     _Alignas(64) wpack pk;
