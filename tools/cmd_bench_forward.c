@@ -24,7 +24,7 @@ static void usage(FILE *f) {
             "  -t, --threads N    threads (default: number of cores)\n"
             "  --batch LIST       comma-separated batch sizes (default 1,2,4,8,16,32,64)\n"
             "  --ctx N            committed context before each timed forward (default 128)\n"
-            "  --reps R           timed repetitions per batch size; the median is reported (default 5)\n"
+            "  --reps R           timed repetitions per batch size; the median is reported (default 21)\n"
             "  --decode N         tokens of greedy decoding for decode_tokens_per_s (default 64)\n"
             "  --bw-mb MB         buffer size of the bandwidth probe (default 256)\n"
             "  --json             print one JSON object: model_bytes, mem_bw_gbs, floor_ms,\n"
@@ -128,7 +128,7 @@ static int32_t argmax(const float *x, int n) {
 
 int cmd_bench_forward(int argc, char **argv) {
     const char *model_path = NULL;
-    int n_threads = 0, ctx = 128, reps = 5, n_decode = 64, bw_mb = 256, json = 0;
+    int n_threads = 0, ctx = 128, reps = 21, n_decode = 64, bw_mb = 256, json = 0;
     int batches[MAX_BATCHES] = {1, 2, 4, 8, 16, 32, 64}, n_batches = 7;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
