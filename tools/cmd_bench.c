@@ -66,6 +66,8 @@ static void usage(FILE *f) {
             "  --limit N           only the first N prompts\n"
             "  --draft-p-min P     chain/tree drafts stop below this top probability (default 0)\n"
             "  --no-chat           use the prompt text as is (models without a chat template)\n"
+            "  --fast-prompt       prompts with 8-bit activations (as generate --fast-prompt);\n"
+            "                      prompt time is not part of tokens/s either way\n"
             "  -t, --threads N     threads (default: number of cores)\n"
             "  --draft-threads N   threads of the draft models; 0 (default) = share the target's\n"
             "  --out FILE          write the full results as JSON\n"
@@ -211,7 +213,7 @@ static void token_str(const sd_tokenizer *tok, int32_t t, char *buf, size_t n) {
 int cmd_bench(int argc, char **argv) {
     const char *model_path = NULL, *prompts_path = NULL, *methods_arg = "ar,chain:4", *out_path = NULL;
     const char *draft_paths[SPEC_MAX_DRAFTS];
-    int n_drafts = 0, n_predict = 128, limit = 0, n_threads = 0, chat = 1, draft_threads = 0;
+    int n_drafts = 0, n_predict = 128, limit = 0, n_threads = 0, chat = 1, draft_threads = 0, fast_prompt = 0;
     float temp = 0.0f, p_min = 0.0f;
     uint64_t seed = sd_sampler_default_params().seed;
     for (int i = 1; i < argc; i++) {
@@ -243,6 +245,8 @@ int cmd_bench(int argc, char **argv) {
         } else if (!strcmp(a, "--seed")) {
             VAL();
             if (cli_u64(a, v, &seed)) return 1;
+        } else if (!strcmp(a, "--fast-prompt")) {
+            fast_prompt = 1;
         } else if (!strcmp(a, "--limit")) {
             VAL();
             if (cli_int(a, v, 1, 1 << 30, &limit)) return 1;
@@ -441,6 +445,7 @@ int cmd_bench(int argc, char **argv) {
                 sd_gen_params gp = sd_gen_default_params();
                 gp.n_predict = n_predict;
                 gp.n_batch = BENCH_BATCH;
+                gp.fast_prompt = fast_prompt;
                 sd_gen_stats st;
                 grc = sd_generate(s, smp, ids[p], n_ids[p], &gp, collect, &tb, &st, err, sizeof err);
                 r->n_tokens = st.n_generated;
@@ -451,6 +456,7 @@ int cmd_bench(int argc, char **argv) {
                 sd_spec_params spp = sd_spec_default_params();
                 spp.n_predict = n_predict;
                 spp.n_batch = BENCH_BATCH;
+                spp.fast_prompt = fast_prompt;
                 spp.max_nodes = max_nodes[k];
                 sd_spec_stats st;
                 grc = sd_spec_generate(s, smp, drafters[k], ids[p], n_ids[p], &spp, collect, &tb, &st, err,
