@@ -63,6 +63,9 @@ extern void sd_quant_k_init(sd_type_traits *traits, int force_ref);
 typedef size_t (*sd_act_pack_fn)(const float *x, void *dst, int64_t n_in);
 extern const char *sd_kernels_x86_init(sd_type_traits *traits, sd_from_float_fn act[SD_TYPE_COUNT],
                                        sd_act_pack_fn pack[SD_TYPE_COUNT]);
+// AVX2 + FMA dots of the legacy quants (src/kernels_avx2.c), for CPUs without
+// AVX-512 VNNI; NULL when the CPU lacks AVX2.
+extern const char *sd_kernels_avx2_init(sd_type_traits *traits);
 
 // ---------------------------------------------------------------------------
 // float formats
@@ -437,8 +440,28 @@ const sd_type_traits *sd_type_get(int t) {
     return &g_traits[t];
 }
 
+// mode: 0 the best the CPU has, 1 scalar references only, 2 the AVX2 family
+// even where AVX-512 VNNI exists (tests).
+static void quant_init_locked(int mode);
+
 void sd_quant_init(int force_ref) {
     pthread_mutex_lock(&g_lock);
+    quant_init_locked(force_ref ? 1 : 0);
+    pthread_mutex_unlock(&g_lock);
+}
+
+int sd_quant_init_backend(const char *name) {
+    int mode = !strcmp(name, "auto") ? 0 : !strcmp(name, "scalar") ? 1 : !strcmp(name, "avx2") ? 2 : -1;
+    if (mode < 0) return -1;
+    pthread_mutex_lock(&g_lock);
+    quant_init_locked(mode);
+    int ok = mode != 2 || strcmp(g_backend, "avx2") == 0;
+    pthread_mutex_unlock(&g_lock);
+    return ok ? 0 : -1;
+}
+
+static void quant_init_locked(int mode) {
+    const int force_ref = mode == 1;
     for (int t = 0; t < SD_TYPE_COUNT; t++) {
         g_traits[t].vec_dot = g_traits[t].vec_dot_ref;
         g_traits[t].gemm = NULL;
@@ -450,11 +473,11 @@ void sd_quant_init(int force_ref) {
         g_pack[t] = NULL;
     }
     const char *be = NULL;
-    if (!force_ref) be = sd_kernels_x86_init(g_traits, g_act, g_pack);
+    if (mode == 0) be = sd_kernels_x86_init(g_traits, g_act, g_pack);
+    if (!be && !force_ref) be = sd_kernels_avx2_init(g_traits);
     g_backend = be ? be : "scalar";
     sd_quant_k_init(g_traits, force_ref);
     atomic_store_explicit(&g_inited, 1, memory_order_release);
-    pthread_mutex_unlock(&g_lock);
 }
 
 const char *sd_quant_backend(void) {

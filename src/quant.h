@@ -86,6 +86,11 @@ const sd_type_traits *sd_type_get(int t);
 // Selects optimized kernels for this CPU; idempotent, thread-safe. Called by
 // model loading and by tests. force_ref=1 keeps every kernel scalar.
 void sd_quant_init(int force_ref);
+// Installs a kernel family by name: "auto" (what sd_quant_init(0) picks),
+// "scalar" (= sd_quant_init(1)) or "avx2" (the AVX2 dots of the legacy
+// quants even on an AVX-512 CPU: for tests). Returns 0, or -1 for an unknown
+// name or a CPU without it. Same threading rules as sd_quant_init.
+int sd_quant_init_backend(const char *name);
 // Name of the selected kernel family, e.g. "avx512-vnni", "avx2", "scalar".
 const char *sd_quant_backend(void);
 // The repacked type that file type t's matrices with rows of n_in elements

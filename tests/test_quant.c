@@ -536,6 +536,24 @@ static void test_matmul_f32_act(void) {
     sd_pool_free(pool);
 }
 
+// The AVX2 kernels of the legacy quants (CPUs without AVX-512 VNNI), forced
+// on this CPU: the same checks as for the default kernels.
+static void test_avx2_backend(void) {
+    if (sd_quant_init_backend("avx2") != 0) {
+        sd_quant_init(0);
+        SKIP("this CPU has no AVX2 + FMA + F16C (backend %s)", sd_quant_backend());
+    }
+    printf("  backend: %s\n", sd_quant_backend());
+    CHECK(strcmp(sd_quant_backend(), "avx2") == 0, "backend %s", sd_quant_backend());
+    CHECK(sd_type_get(SD_TYPE_Q4_1)->vec_dot != sd_type_get(SD_TYPE_Q4_1)->vec_dot_ref, "Q4_1 dot is the reference");
+    test_vec_dot();
+    test_matmul();
+    test_gemm_plain_rows();
+    test_matmul_batch_invariance();
+    sd_quant_init(0);
+    CHECK(sd_quant_init_backend("no-such") == -1, "unknown backend name accepted");
+}
+
 int main(void) {
     sd_quant_init(0);
     T_RUN(test_traits);
@@ -549,5 +567,6 @@ int main(void) {
     T_RUN(test_repacked);
     T_RUN(test_matmul_f32_act);
     T_RUN(test_force_ref);
+    T_RUN(test_avx2_backend);
     T_EXIT();
 }

@@ -6,6 +6,7 @@
 
 #include "cli_common.h"
 #include "common.h"
+#include "quant.h"
 #include "specdec.h"
 #include "threadpool.h"
 
@@ -27,6 +28,7 @@ static void usage(FILE *f) {
             "  --reps R           timed repetitions per batch size; the median is reported (default 21)\n"
             "  --decode N         tokens of greedy decoding for decode_tokens_per_s (default 64)\n"
             "  --bw-mb MB         buffer size of the bandwidth probe (default 256)\n"
+            "  --kernels NAME     auto (default: the best this CPU has), avx2 or scalar\n"
             "  --json             print one JSON object: model_bytes, mem_bw_gbs, floor_ms,\n"
             "                     n_threads, decode_tokens_per_s, batches [{n, ms}], ratio_N_over_1\n"
             "  -h, --help         show this help\n");
@@ -158,6 +160,10 @@ int cmd_bench_forward(int argc, char **argv) {
         } else if (!strcmp(a, "--bw-mb")) {
             VAL();
             if (cli_int(a, v, 1, 1 << 16, &bw_mb)) return 1;
+        } else if (!strcmp(a, "--kernels")) {
+            VAL();
+            if (sd_quant_init_backend(v) != 0)
+                return cli_error("--kernels %s: unknown, or this CPU cannot run it (auto, avx2, scalar)", v);
         } else if (!strcmp(a, "--json")) {
             json = 1;
         } else {
@@ -265,6 +271,8 @@ int cmd_bench_forward(int argc, char **argv) {
     if (json) {
         printf("{\"model\": ");
         cli_json_string(stdout, model_path, strlen(model_path));
+        printf(", \"kernels\": ");
+        cli_json_string(stdout, sd_quant_backend(), strlen(sd_quant_backend()));
         printf(", \"model_bytes\": %zu, \"mem_bw_gbs\": %.3f, \"floor_ms\": %.4f, \"n_threads\": %d, "
                "\"ctx\": %d, \"reps\": %d, \"decode_tokens_per_s\": %.3f, \"batches\": [",
                info.n_bytes, bw, floor_ms, n_threads, ctx, reps, decode_tps);
