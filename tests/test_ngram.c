@@ -1,7 +1,9 @@
 // test_ngram.c - the prompt-lookup / retrieval drafter: the suffix array
 // against brute force, the .sdsa file (round trip, rejection of bad files,
 // rebuild), the n-gram index (longest n wins, frequency ranking, tree shape
-// and caps, incremental updates), and losslessness through sd_spec_generate
+// and caps, incremental updates), the per-step sizing (no draft without a
+// match, long chains for long copies, periodic continuations, cost-aware
+// sizes, learning from rejections), and losslessness through sd_spec_generate
 // on synthetic models (greedy equality, sampled distribution) and on the
 // default model when present.
 #include <stdint.h>
@@ -346,10 +348,27 @@ static int tree_valid(void) {
     return 1;
 }
 
+// The fill sizing (every step fills max_branches x K): the tree-structure tests.
 static sd_drafter *new_ngram(int N, int K, int branches, int matches) {
     sd_draft_ngram_params p = sd_draft_ngram_default_params();
     p.n_max = N, p.k_max = K, p.max_branches = branches, p.max_matches = matches;
     p.n_ctx = 16;   // small: exercises the growth path
+    p.sizing = SD_NGRAM_FILL;
+    sd_drafter *d = NULL;
+    if (sd_draft_ngram_new(&d, &p, NULL, g_err, sizeof g_err) < 0) return NULL;
+    return d;
+}
+// The default per-step sizing; cost: NULL = the built-in relative curve.
+static sd_drafter *new_sized(int N, int K, int branches, const sd_cost_curve *cost) {
+    sd_draft_ngram_params p = sd_draft_ngram_default_params();
+    p.n_max = N, p.k_max = K, p.max_branches = branches;
+    p.n_ctx = 16;
+    if (cost) {
+        p.tree_auto.on = 1;
+        p.tree_auto.cost = cost;
+        p.tree_auto.max_nodes = 64;
+        p.tree_auto.max_depth = K;
+    }
     sd_drafter *d = NULL;
     if (sd_draft_ngram_new(&d, &p, NULL, g_err, sizeof g_err) < 0) return NULL;
     return d;
@@ -490,6 +509,142 @@ static void test_ngram_incremental(void) {
     sd_tree_free(&g_tree);
 }
 
+// ------------------------------------------------------------ per-step sizing
+static void curve3(sd_cost_curve *c, double c2, double c32) {   // 1 node = 1 ms
+    sd_cost_curve_init(c);
+    sd_cost_curve_set(c, 1, 1.0);
+    sd_cost_curve_set(c, 2, c2);
+    sd_cost_curve_set(c, 32, c32);
+}
+static int g_reports;
+static sd_tree_shape g_report;
+static void on_report(void *user, const sd_tree_shape *sh) {
+    (void)user;
+    g_reports++;
+    g_report = *sh;
+}
+
+static void test_ngram_sized(void) {
+    if (sd_tree_init(&g_tree, 64, 320, 0) < 0) SKIP("oom");
+    int32_t ch[64];
+    static int32_t text[4096];
+    // 40 distinct tokens, then the first 20 again: a 20-token copy.
+    for (int i = 0; i < 40; i++) text[i] = 100 + 7 * i;
+    for (int i = 0; i < 20; i++) text[40 + i] = text[i];
+    sd_drafter *d = new_sized(3, 16, 4, NULL);
+    CHECK(d != NULL, "%s", g_err);
+    if (!d) return;
+    int32_t none[] = {1, 2, 3, 4, 5};
+    CHECK(propose(d, none, 5, 64) == 0 && g_tree.n == 1, "no match, no draft: %d nodes", g_tree.n);
+    d->vt->reset(d);
+    CHECK(propose(d, text, 60, 64) == 0, "%s", g_err);
+    int nc = first_chain(ch), ok = nc >= 12 && g_tree.n == nc + 1;
+    for (int j = 0; j < nc && ok; j++) ok = ch[j] == text[20 + j];
+    CHECK(ok, "a 20-token copy gets a long chain of the copied text: %d of %d nodes", nc, g_tree.n - 1);
+    int long_chain = nc;
+    // Only a 1-token match (text[5] after text[39]): a short draft.
+    d->vt->reset(d);
+    text[40] = text[5];
+    CHECK(propose(d, text, 41, 64) == 0, "%s", g_err);
+    nc = first_chain(ch);
+    CHECK(nc >= 1 && nc <= 3 && ch[0] == text[6], "1-token match: %d nodes (long copy: %d)", nc, long_chain);
+    sd_drafter_free(d);
+    // Periodic text: the continuation goes on with the period.
+    d = new_sized(3, 8, 4, NULL);
+    int32_t per[] = {1, 2, 3, 1, 2, 3, 1, 2};
+    CHECK(d && propose(d, per, 8, 64) == 0, "%s", g_err);
+    nc = first_chain(ch);
+    ok = nc >= 4;
+    for (int j = 0; j < nc && ok; j++) ok = ch[j] == 1 + (j + 2) % 3;
+    CHECK(ok, "periodic continuation 3 1 2 3 ...: %d tokens", nc);
+    sd_drafter_free(d);
+
+    // The target's cost curve decides: a 1-token match is not worth a 50%
+    // dearer forward, but is worth a free one; a long copy is worth it even then.
+    sd_cost_curve steep, flat;
+    curve3(&steep, 1.5, 20.0);
+    curve3(&flat, 1.0, 1.0);
+    sd_drafter *ds = new_sized(3, 16, 4, &steep), *df = new_sized(3, 16, 4, &flat);
+    CHECK(ds && df, "%s", g_err);
+    if (ds && df) {
+        CHECK(propose(ds, text, 41, 64) == 0 && g_tree.n == 1, "steep curve, 1-token match: %d nodes", g_tree.n);
+        CHECK(propose(df, text, 41, 64) == 0 && g_tree.n > 1, "flat curve, 1-token match: %d nodes", g_tree.n);
+        text[40] = text[0];
+        int nsteep = 0, nflat = 0;
+        CHECK(propose(ds, text, 60, 64) == 0 && (nsteep = g_tree.n - 1) >= 2, "steep curve, copy: %d nodes",
+              g_tree.n - 1);
+        CHECK(propose(df, text, 60, 64) == 0 && (nflat = g_tree.n - 1) == 16, "flat curve, copy: %d nodes",
+              g_tree.n - 1);
+        printf("  20-token copy: %d nodes on the relative curve, %d on a steep one, %d on a flat one\n", long_chain,
+               nsteep, nflat);
+    }
+    sd_drafter_free(ds);
+    sd_drafter_free(df);
+
+    // Learning: 1-token matches that are always rejected stop being drafted
+    // (a node costs 15% of a forward: worth it at the prior 25%, not at the
+    // learnt acceptance).
+    sd_cost_curve mid;
+    curve3(&mid, 1.15, 20.0);
+    d = new_sized(3, 8, 4, &mid);
+    int n = 0;
+    for (int i = 0; i < 200; i++) text[n++] = 10 + i;   // each token once, followed by the next
+    int first = 0, last = 0, steps = 300;
+    for (int st = 0; st < steps && d; st++) {
+        text[n] = 10 + (int32_t)(rnd() % 200);   // an earlier token, so there is a match
+        n++;
+        if (propose(d, text, n, 64) < 0) break;
+        if (st < 10) first += g_tree.n - 1;
+        if (st >= steps - 50) last += g_tree.n - 1;
+        int32_t path[1] = {0};
+        int32_t bonus = 10 + (int32_t)(rnd() % 200);
+        if (g_tree.n > 1 && bonus == g_tree.token[1]) bonus = 10 + (bonus - 10 + 1) % 200;   // always rejected
+        if (d->vt->accept(d, &g_tree, path, 1, bonus, g_err, sizeof g_err) < 0) break;
+        text[n++] = bonus;
+    }
+    CHECK(first >= 3 && last <= 5, "drafted %d nodes in the first 10 steps, %d in the last 50", first, last);
+    printf("  always rejected: %d draft nodes in the first 10 steps, %d in the last 50\n", first, last);
+    // reset forgets what was learnt: the same tree as a fresh drafter.
+    sd_drafter *fresh = new_sized(3, 8, 4, &mid);
+    if (d && fresh) {
+        d->vt->reset(d);
+        CHECK(propose(fresh, text, 201, 64) == 0, "%s", g_err);
+        int fn = g_tree.n;
+        int32_t ft[64];
+        memcpy(ft, g_tree.token, sizeof(int32_t) * (size_t)fn);
+        CHECK(propose(d, text, 201, 64) == 0 && g_tree.n == fn && fn > 1 &&
+                  !memcmp(ft, g_tree.token, sizeof(int32_t) * (size_t)fn),
+              "after reset: %d nodes, fresh drafter %d", g_tree.n, fn);
+    }
+    sd_drafter_free(fresh);
+    sd_drafter_free(d);
+
+    // The automatic variant reports its representative choice once, at creation.
+    sd_draft_ngram_params p = sd_draft_ngram_default_params();
+    p.tree_auto.on = 1;
+    p.tree_auto.cost = &steep;
+    p.tree_auto.max_nodes = 32;
+    p.tree_auto.max_depth = 8;
+    p.tree_auto.report = on_report;
+    g_reports = 0;
+    d = NULL;
+    CHECK(sd_draft_ngram_new(&d, &p, NULL, g_err, sizeof g_err) == 0 && g_reports == 1, "%d reports: %s", g_reports,
+          g_err);
+    int n_steep = g_report.n;
+    sd_drafter_free(d);
+    p.tree_auto.cost = &flat;
+    d = NULL;
+    CHECK(sd_draft_ngram_new(&d, &p, NULL, g_err, sizeof g_err) == 0 && g_reports == 2, "%d reports: %s", g_reports,
+          g_err);
+    CHECK(g_report.n == 9 && g_report.depth == 8 && n_steep < g_report.n,
+          "reported chains: %d nodes (steep), %d (flat)", n_steep, g_report.n);
+    sd_drafter_free(d);
+    p.tree_auto.cost = NULL;
+    d = NULL;
+    CHECK(sd_draft_ngram_new(&d, &p, NULL, g_err, sizeof g_err) < 0 && !d, "no cost curve refused: %s", g_err);
+    sd_tree_free(&g_tree);
+}
+
 // Datastore candidates join the tree.
 static void test_ngram_datastore_tree(void) {
     if (!need_models()) SKIP("synthetic models: %.200s", g_err);
@@ -501,6 +656,7 @@ static void test_ngram_datastore_tree(void) {
     sd_draft_ngram_params p = sd_draft_ngram_default_params();
     p.datastore = corpus;
     p.k_max = 6;
+    p.sizing = SD_NGRAM_FILL;
     sd_drafter *d = NULL;
     CHECK(sd_draft_ngram_new(&d, &p, tok, g_err, sizeof g_err) == 0, "%s", g_err);
     sd_tree_init(&g_tree, 32, 320, 0);
@@ -517,6 +673,18 @@ static void test_ngram_datastore_tree(void) {
         CHECK(nc == 0 && nd > 0 && nch == 6 && nw >= 6 && !memcmp(ch, w7, sizeof(int32_t) * 6),
               "corpus continuation 'w7 w8 w9': %d ctx, %d corpus matches, chain of %d", nc, nd, nch);
         CHECK(tree_valid() && g_tree.n <= 32, "tree");
+        // The per-step sizing drafts a prefix of the same continuation.
+        sd_drafter_free(d);
+        d = NULL;
+        p.sizing = SD_NGRAM_SIZED;
+        CHECK(sd_draft_ngram_new(&d, &p, tok, g_err, sizeof g_err) == 0, "%s", g_err);
+        if (d) {
+            CHECK(propose(d, text, n, 32) == 0, "%s", g_err);
+            nch = first_chain(ch);
+            CHECK(nch >= 1 && !memcmp(ch, w7, sizeof(int32_t) * (size_t)nch) && tree_valid(),
+                  "sized: corpus continuation prefix of %d tokens", nch);
+        }
+        p.sizing = SD_NGRAM_FILL;
     }
     sd_drafter_free(d);
     d = NULL;
@@ -592,7 +760,18 @@ out:
 static void test_greedy_lossless(void) {
     if (!need_models()) SKIP("synthetic models: %.200s", g_err);
     sd_drafter *d = new_ngram(3, 8, 4, 16);
-    check_greedy(d, "ngram 3,8");
+    check_greedy(d, "ngram 3,8 fill");
+    sd_drafter_free(d);
+    d = new_sized(3, 8, 4, NULL);
+    check_greedy(d, "ngram 3,8 sized");
+    sd_drafter_free(d);
+    sd_cost_curve cc;   // a measured-looking curve: the automatic variant
+    sd_cost_curve_init(&cc);
+    sd_cost_curve_set(&cc, 1, 2.0);
+    sd_cost_curve_set(&cc, 4, 3.0);
+    sd_cost_curve_set(&cc, 32, 12.0);
+    d = new_sized(3, 16, 4, &cc);
+    check_greedy(d, "ngram 3,16 sized+curve");
     sd_drafter_free(d);
     d = new_ngram(1, 4, 1, 4);
     check_greedy(d, "ngram 1,4 chain");
@@ -604,7 +783,7 @@ static void test_greedy_lossless(void) {
     dp.k = 3;
     dp.n_ctx = 512;
     dp.n_threads = 1;
-    sd_drafter *subs[2] = {new_ngram(3, 6, 2, 16), NULL};
+    sd_drafter *subs[2] = {new_sized(3, 6, 2, NULL), NULL};
     d = NULL;
     CHECK(dft && subs[0] && sd_draft_model_new(&subs[1], dft, g_tgt, &dp, g_err, sizeof g_err) == 0, "%s", g_err);
     if (subs[0] && subs[1]) {
@@ -627,6 +806,11 @@ static void test_greedy_lossless(void) {
     CHECK(sd_draft_ngram_new(&d, &p, sd_model_tokenizer(g_tgt), g_err, sizeof g_err) == 0, "%s", g_err);
     check_greedy(d, "ngram 3,8 + datastore");
     sd_drafter_free(d);
+    p.sizing = SD_NGRAM_FILL;
+    d = NULL;
+    CHECK(sd_draft_ngram_new(&d, &p, sd_model_tokenizer(g_tgt), g_err, sizeof g_err) == 0, "%s", g_err);
+    check_greedy(d, "ngram 3,8 fill + datastore");
+    sd_drafter_free(d);
     remove(idx);
     remove(corpus);
 }
@@ -640,7 +824,7 @@ static void ref_probs(sd_session *ref, sd_sampler *smp, const int32_t *seq, int 
         int c = SD_MIN(64, n - i);
         memset(want, 0, sizeof want);
         want[c - 1] = i + c == n;
-        sd_batch b = {c, seq + i, NULL, NULL, want};
+        sd_batch b = {.n = c, .tokens = seq + i, .parent = NULL, .pos = NULL, .logits = want};
         if (sd_session_forward(ref, &b, g_err, sizeof g_err) < 0 || sd_session_commit(ref, NULL, 0, g_err, sizeof g_err) < 0)
             break;
         if (i + c == n) lg = sd_session_logits(ref, c - 1);
@@ -665,7 +849,7 @@ static void ref_probs_fn(void *ud, const int32_t *seq, int n, float *probs) {
 static void test_sampled(void) {
     if (!need_models()) SKIP("synthetic models: %.200s", g_err);
     sd_session *s = new_session(g_tgt, 512, 1), *ref = new_session(g_tgt, 512, 1);
-    sd_drafter *d = new_ngram(2, 4, 3, 16), *d1 = new_ngram(1, 3, 2, 4);
+    sd_drafter *d = new_sized(2, 4, 3, NULL), *d1 = new_ngram(1, 3, 2, 4);
     sd_sampler_params sp = sd_sampler_default_params();
     sp.temp = 0.9f;
     sd_sampler *smp = NULL, *smp2 = NULL;
@@ -770,6 +954,20 @@ static void test_default_model(void) {
                np, b.n, gs.tokens_per_second, st.gen.tokens_per_second, st.mean_accepted, st.n_draft_accepted,
                st.n_draft_nodes);
         CHECK(st.mean_accepted > 1.3, "mean_accepted %.2f <= 1.3", st.mean_accepted);
+        // The per-step sizing: the same text, about as many tokens per
+        // forward from far fewer verified nodes.
+        sd_drafter *z = new_sized(3, 16, 4, NULL);
+        sd_spec_stats sz;
+        CHECK(z && run_spec(s, smp, z, prompt, np, 64, 32, &b, &sz) == 0, "%s", g_err);
+        CHECK(same_tokens(&a, &b), "sized: speculative output differs from plain greedy (%d vs %d tokens)", b.n, a.n);
+        printf("  sized: n-gram %.1f tok/s, mean_accepted %.2f (%d of %d drafts, %.2f nodes per forward vs %.2f)\n",
+               sz.gen.tokens_per_second, sz.mean_accepted, sz.n_draft_accepted, sz.n_draft_nodes,
+               1.0 + (double)sz.n_draft_nodes / SD_MAX(1, sz.n_target_forwards),
+               1.0 + (double)st.n_draft_nodes / SD_MAX(1, st.n_target_forwards));
+        CHECK(sz.mean_accepted > 1.3 && sz.n_draft_nodes < st.n_draft_nodes,
+              "sized: mean_accepted %.2f, %d draft nodes (fill: %d)", sz.mean_accepted, sz.n_draft_nodes,
+              st.n_draft_nodes);
+        sd_drafter_free(z);
     }
     sd_drafter_free(d);
     sd_sampler_free(smp);
@@ -784,6 +982,7 @@ int main(void) {
     T_RUN(test_datastore_open);
     T_RUN(test_ngram_lookup);
     T_RUN(test_ngram_incremental);
+    T_RUN(test_ngram_sized);
     T_RUN(test_ngram_datastore_tree);
     T_RUN(test_greedy_lossless);
     T_RUN(test_sampled);

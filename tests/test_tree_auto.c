@@ -1,5 +1,6 @@
-// test_tree_auto.c - acceptance statistics, cost curve and the Sequoia tree
-// optimiser (src/tree_auto.c) on cases whose answer is known.
+// test_tree_auto.c - acceptance statistics, cost curve, the Sequoia tree
+// optimiser and the per-step sizer (src/tree_auto.c) on cases whose answer
+// is known.
 #include <stdint.h>
 
 #include "t.h"
@@ -537,6 +538,134 @@ static void test_measure(void) {
     sd_model_free(m);
 }
 
+// ---------------------------------------------------------------- per-step sizing
+static double brute_choose(const sd_cost_curve *c, double rate, const double *f, int m) {
+    double best = 1.0 - rate * sd_cost_curve_verify_ms(c, 1), sum = 1.0;
+    int bk = 0;
+    for (int k = 1; k <= m; k++) {
+        sum += f[k - 1];
+        double v = sum - rate * sd_cost_curve_verify_ms(c, k + 1);
+        if (v > best + 1e-12) best = v, bk = k;
+    }
+    return bk;
+}
+
+static void test_step_sizer(void) {
+    sd_cost_curve c;
+    sd_step_sizer z;
+    // A known optimum: 1 + sum f - (ms of k + 1 nodes) at rate 1 is 0, 0.8,
+    // 1.4, 1.9, 1.825, 1.55 for k = 0..5.
+    sd_cost_curve_init(&c);
+    sd_cost_curve_set(&c, 1, 1.0);
+    sd_cost_curve_set(&c, 2, 1.1);
+    sd_cost_curve_set(&c, 4, 1.5);
+    sd_cost_curve_set(&c, 8, 3.0);
+    sd_step_sizer_init(&z, &c);
+    double f[] = {0.9, 0.8, 0.7, 0.3, 0.1}, gain = 0;
+    CHECK(fabs(sd_step_sizer_rate(&z) - 1.0) < 1e-12, "initial rate %.4f = plain decoding", sd_step_sizer_rate(&z));
+    int k = sd_step_sizer_choose(&z, f, 5, &gain);
+    CHECK(k == 3 && fabs(gain - 1.9) < 1e-9, "known optimum: k=%d gain %.4f (expected 3, 1.9)", k, gain);
+    CHECK(sd_step_sizer_choose(&z, f, 0, NULL) == 0, "no candidates");
+    // Flat for small n (2 and 3 nodes cost what 1 does): even weak nodes are
+    // taken while free, and not beyond.
+    sd_cost_curve_init(&c);
+    sd_cost_curve_set(&c, 1, 1.0);
+    sd_cost_curve_set(&c, 3, 1.0);
+    sd_cost_curve_set(&c, 4, 2.0);
+    sd_step_sizer_init(&z, &c);
+    double weak[] = {0.05, 0.03, 0.01};
+    k = sd_step_sizer_choose(&z, weak, 3, NULL);
+    CHECK(k == 2, "flat start: %d weak nodes taken (expected 2)", k);
+    // ... and when the second node costs 30% more, a 25% node is not worth it,
+    // a 40% one is.
+    sd_cost_curve_set(&c, 2, 1.3);
+    sd_cost_curve_set(&c, 3, 1.5);
+    sd_step_sizer_init(&z, &c);
+    double q25[] = {0.25}, q40[] = {0.4};
+    CHECK(sd_step_sizer_choose(&z, q25, 1, NULL) == 0 && sd_step_sizer_choose(&z, q40, 1, NULL) == 1,
+          "steeper start: 25%% node refused, 40%% taken");
+    // Brute force on random curves and candidate lists.
+    uint64_t r = 12345;
+    int bad = 0;
+    for (int it = 0; it < 2000; it++) {
+        sd_cost_curve_init(&c);
+        double ms = 1.0 + (double)(r % 100) / 50.0;
+        for (int n = 1; n <= 32; n *= 2) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            ms += (double)((r >> 33) % 1000) / 400.0 * (n > 1);
+            sd_cost_curve_set(&c, n, ms);
+        }
+        sd_step_sizer_init(&z, &c);
+        int m = (int)((r >> 20) % 31);
+        double ff[32], prev = 1.0;
+        for (int i = 0; i < m; i++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            prev *= (double)((r >> 33) % 1000) / 1000.0;
+            ff[i] = prev;
+        }
+        for (int s = 0; s < (int)(it % 5); s++) sd_step_sizer_observe(&z, 1 + (int)(r >> 40) % 8, 1 + s, -1);
+        if (sd_step_sizer_choose(&z, ff, m, NULL) != brute_choose(&z.cost, sd_step_sizer_rate(&z), ff, m)) bad++;
+    }
+    CHECK(bad == 0, "%d of 2000 random cases differ from brute force", bad);
+    // The rate follows what the steps achieve, charged at the curve's ms.
+    sd_cost_curve_init(&c);
+    sd_cost_curve_set(&c, 1, 2.0);
+    sd_cost_curve_set(&c, 4, 3.0);
+    sd_cost_curve_set(&c, 32, 10.0);
+    sd_step_sizer_init(&z, &c);
+    for (int i = 0; i < 400; i++) sd_step_sizer_observe(&z, 4, 3, -1);
+    CHECK(fabs(sd_step_sizer_rate(&z) - 1.0) < 1e-6, "rate %.4f tokens/ms (3 tokens per 3 ms)", sd_step_sizer_rate(&z));
+    // A measured curve is refined by plausible timings only; the relative curve never.
+    for (int i = 0; i < 200; i++) sd_step_sizer_observe(&z, 4, 1, 6.0);
+    double c4 = sd_cost_curve_verify_ms(&z.cost, 4);
+    CHECK(c4 > 5.0 && c4 < 6.5, "refined towards 6 ms: %.3f", c4);
+    for (int i = 0; i < 200; i++) sd_step_sizer_observe(&z, 4, 1, 0.001);
+    CHECK(fabs(sd_cost_curve_verify_ms(&z.cost, 4) - c4) < 1e-12, "implausibly fast timings ignored");
+    sd_step_sizer_init(&z, NULL);
+    CHECK(z.relative && sd_cost_curve_verify_ms(&z.cost, 1) == 1.0 && sd_cost_curve_verify_ms(&z.cost, 2) > 1.0,
+          "relative curve");
+    for (int i = 0; i < 50; i++) sd_step_sizer_observe(&z, 2, 1, 50.0);
+    CHECK(sd_cost_curve_verify_ms(&z.cost, 2) < 2.0, "the relative curve is not refined");
+
+    // Sequoia's optimiser on the same flat-start curve: a free node pays at 25%.
+    sd_accept_table t;
+    double p25[] = {0.25};
+    sd_accept_table_const(&t, p25, 1);
+    sd_cost_curve_init(&c);
+    sd_cost_curve_set(&c, 1, 4.7);
+    sd_cost_curve_set(&c, 2, 4.9);
+    sd_cost_curve_set(&c, 4, 5.9);
+    sd_cost_curve_set(&c, 8, 8.6);
+    sd_tree_opt_params op = sd_tree_opt_default_params();
+    sd_tree_shape sh;
+    char err[256];
+    CHECK(sd_tree_opt(ws, &t, &c, &op, &sh, err, sizeof err) == 0 && sh.n >= 2, "Sequoia, flat start: n=%d", sh.n);
+    sd_cost_curve_set(&c, 2, 4.7 * 1.3);
+    sd_cost_curve_set(&c, 4, 4.7 * 1.6);
+    CHECK(sd_tree_opt(ws, &t, &c, &op, &sh, err, sizeof err) == 0 && sh.n == 1, "Sequoia, +30%% per node: n=%d", sh.n);
+}
+
+static void test_class_stats(void) {
+    sd_class_stats s;
+    double prior[3] = {0.25, 0.6, 0.9};
+    sd_class_stats_init(&s, 3, prior, 4.0, 0.9);
+    CHECK(fabs(sd_class_stats_p(&s, 0) - 0.25) < 1e-12 && fabs(sd_class_stats_p(&s, 2) - 0.9) < 1e-12,
+          "prior at the start");
+    CHECK(sd_class_stats_p(&s, 3) == 0.0 && sd_class_stats_p(&s, -1) == 0.0, "unknown class: 0");
+    for (int i = 0; i < 200; i++) {   // class 0 always rejected, class 1 accepted 80% at share 0.5
+        sd_class_stats_step(&s);
+        sd_class_stats_add(&s, 0, 1.0, 0);
+        sd_class_stats_add(&s, 1, 0.5, i % 5 != 0);
+    }
+    double p0 = sd_class_stats_p(&s, 0), p1 = sd_class_stats_p(&s, 1);
+    // decay 0.9: 10 effective observations against 4 pseudo-observations
+    CHECK(p0 > 0.05 && p0 < 0.09, "always rejected: p %.3f (expected 1/14 = 0.071)", p0);
+    CHECK(p1 > 0.99 && p1 <= 0.995, "per unit share: 0.8 / 0.5 capped below 1: %.3f", p1);
+    CHECK(fabs(sd_class_stats_p(&s, 2) - 0.9) < 1e-12, "unobserved class keeps its prior");
+    sd_class_stats_reset(&s);
+    CHECK(fabs(sd_class_stats_p(&s, 0) - 0.25) < 1e-12, "reset");
+}
+
 int main(void) {
     char err[256];
     if (sd_tree_opt_ws_new(&ws, err, sizeof err) < 0) {
@@ -554,6 +683,8 @@ int main(void) {
     T_RUN(test_bundle);
     T_RUN(test_bundle_converges);
     T_RUN(test_measure);
+    T_RUN(test_step_sizer);
+    T_RUN(test_class_stats);
     sd_tree_opt_ws_free(ws);
     T_EXIT();
 }

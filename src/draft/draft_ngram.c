@@ -12,12 +12,41 @@
 // text that no longer extends the copy (a new sequence without reset) clears
 // the index.
 //
-// The proposal. Continuations of the matches go into a trie whose node
-// weights are the summed weights of the continuations through them. A
-// parent is at least as heavy as its children and was created before them,
-// so ordering the trie nodes by (weight desc, creation asc) lists parents
-// first: taking nodes in that order while the branch budget and the node
-// limit allow gives a tree closed under ancestors.
+// The proposal (SD_NGRAM_FILL). Continuations of the matches go into a trie
+// whose node weights are the summed weights of the continuations through
+// them. A parent is at least as heavy as its children and was created before
+// them, so ordering the trie nodes by (weight desc, creation asc) lists
+// parents first: taking nodes in that order while the branch budget and the
+// node limit allow gives a tree closed under ancestors.
+//
+// The proposal (SD_NGRAM_SIZED, the default). How much to draft is decided
+// per step from the evidence, because the evidence varies enormously from
+// step to step: one step copies a 20-token stretch of the prompt, the next
+// has only a 1-token match, the next none at all.
+//  - Matches. The chains of the n-grams ending the text (n = N down to 1,
+//    newest first, at most max_matches in all) give the matches; each match's
+//    true length l is measured backwards beyond N (up to NG_LMAX), so a long
+//    copy is recognised as one. A continuation that runs into the end of the
+//    text goes on with itself (a match at distance P predicts period P), so
+//    repetitive text gets full-length drafts.
+//  - Probability. Once the first j-1 tokens of a continuation are accepted,
+//    its match is l + j - 1 tokens long; measured on greedy outputs, the
+//    acceptance of the next token depends on that length alone (the same at
+//    depth 1 and deeper), and is higher when two or more matches agree. So a
+//    trie node's class is (bucket of its longest match extended to its depth,
+//    one or several supporting matches), and P(node | parent accepted) =
+//    p(class) * share, share being the node's part of the evidence weight
+//    among its siblings (each match weighs the prior odds of its length, so a
+//    long match outweighs many short ones). p(class) starts from a prior and
+//    is learnt online from every verified child (sd_class_stats). The path
+//    probability f of a node is the product down from the root.
+//  - Size. The candidates in decreasing f (closed under ancestors), within
+//    max_branches continuations and the node limit, go to the per-step sizer
+//    (tree_auto.h): it keeps the k that maximise E[tokens] - rate * ms under
+//    the target's cost curve. With no match, or only weak ones on a curve
+//    where an extra node is not nearly free, nothing is drafted and the step
+//    is a plain 1-token forward; a long copy gets a long chain; siblings
+//    appear only when their evidence is comparable.
 #include "draft_ngram.h"
 
 #include <stdlib.h>
@@ -72,7 +101,28 @@ typedef struct ng {
     int32_t *t_nch;        // (trie_cap) children taken into the tree
     // Last proposal, for inspection.
     int last_n, last_ctx, last_ds;
-    sd_draft_auto *au;     // tree_auto.on: the automatic sizing state, else NULL
+    sd_draft_auto *au;     // SD_NGRAM_FILL with tree_auto.on: the Sequoia sizing state, else NULL
+    // SD_NGRAM_SIZED: match lengths, probabilities and the learnt state.
+    int32_t *occ_e;        // (max_matches) end positions of this step's context matches
+    int32_t *occ_l;        // (max_matches) their match lengths (<= NG_LMAX)
+    int32_t *cont;         // (k_max) one continuation
+    double *t_wd;          // (trie_cap) summed evidence weight through the node
+    double *t_wch;         // (trie_cap) summed weight of the node's children
+    int32_t *t_m;          // (trie_cap) longest context match through the node, extended to its depth (0: none)
+    int32_t *t_mds;        // (trie_cap) the same for corpus matches
+    int32_t *t_sup;        // (trie_cap) context matches through the node
+    double *t_f;           // (trie_cap) probability that the path to the node is accepted
+    double *t_p;           // (trie_cap) P(node accepted | parent accepted)
+    double *t_share;       // (trie_cap) weight share among the siblings
+    int32_t *t_cls;        // (trie_cap) evidence class
+    double *sel_f;         // (trie_cap) f of the candidates in the order taken
+    int32_t *sel_x;        // (trie_cap) their trie nodes
+    int32_t *n_cls;        // (trie_cap) class of tree node i of the last proposal
+    double *n_share;       // (trie_cap) share of tree node i of the last proposal
+    int last_tree_n;       // nodes of the last proposed tree (0: none pending)
+    double t_prop_end;     // sd_time_ms at the end of the last propose (0: none)
+    sd_class_stats cls;    // acceptance per class
+    sd_step_sizer sizer;   // cost curve and running rate
 } ng;
 
 static uint64_t ng_mix(uint64_t h, int32_t t) {
@@ -194,12 +244,41 @@ static void trie_sort(ng *g, int32_t *idx, int n) {   // shell sort: no allocati
     }
 }
 
+// Brings the index up to the committed text.
+static int ng_sync(ng *g, const sd_draft_ctx *ctx, char *err, size_t errlen) {
+    const int L = ctx->n_tokens;
+    if (g->n_hist > L || (g->n_hist > 0 && (g->hist[0] != ctx->tokens[0] ||
+                                             g->hist[g->n_hist - 1] != ctx->tokens[g->n_hist - 1]))) {
+        g->n_hist = 0;
+        g->tab_dirty = 1;
+    }
+    if (g->tab_dirty) ng_clear_tab(g);
+    for (int i = g->n_hist; i < L; i++)
+        if (ng_append(g, ctx->tokens[i]) < 0) return sd_err(err, errlen, "n-gram drafter: out of memory");
+    return 0;
+}
+
+// Newest end position of the n-gram with key (-1: none).
+static int ng_head(const ng *g, uint64_t key, int n) {
+    uint32_t s = ng_slot0(key, g->tab_mask);
+    while (g->tab[s].head >= 0 && (g->tab[s].key != key || g->tab[s].n != n)) s = (s + 1) & g->tab_mask;
+    return g->tab[s].head;
+}
+
 // ------------------------------------------------------------------ vtable
 static int ng_propose_capped(ng *g, const sd_draft_ctx *ctx, sd_tree *tree, int node_cap, int depth_cap,
                              char *err, size_t errlen);
 
+static int ng_propose_sized(ng *g, const sd_draft_ctx *ctx, sd_tree *tree, char *err, size_t errlen);
+
 static int ng_propose(sd_drafter *dr, const sd_draft_ctx *ctx, sd_tree *tree, char *err, size_t errlen) {
     ng *g = dr->impl;
+    if (g->p.sizing == SD_NGRAM_SIZED) {
+        int rc = ng_propose_sized(g, ctx, tree, err, errlen);
+        g->last_tree_n = rc < 0 ? 0 : tree->n;
+        g->t_prop_end = sd_time_ms();
+        return rc;
+    }
     if (!g->au) return ng_propose_capped(g, ctx, tree, 0, 0, err, errlen);
     const sd_tree_shape *shape = sd_draft_auto_begin(g->au);
     int rc = shape->n > 1 ? ng_propose_capped(g, ctx, tree, shape->n, shape->depth, err, errlen)
@@ -213,15 +292,7 @@ static int ng_propose_capped(ng *g, const sd_draft_ctx *ctx, sd_tree *tree, int 
                              char *err, size_t errlen) {
     const int L = ctx->n_tokens;
     g->last_n = g->last_ctx = g->last_ds = 0;
-    // Bring the index up to the committed text.
-    if (g->n_hist > L || (g->n_hist > 0 && (g->hist[0] != ctx->tokens[0] ||
-                                             g->hist[g->n_hist - 1] != ctx->tokens[g->n_hist - 1]))) {
-        g->n_hist = 0;
-        g->tab_dirty = 1;
-    }
-    if (g->tab_dirty) ng_clear_tab(g);
-    for (int i = g->n_hist; i < L; i++)
-        if (ng_append(g, ctx->tokens[i]) < 0) return sd_err(err, errlen, "n-gram drafter: out of memory");
+    if (ng_sync(g, ctx, err, errlen) < 0) return -1;
     int max_nodes = ctx->max_nodes > 0 ? SD_MIN(ctx->max_nodes, tree->cap) : tree->cap;
     if (node_cap > 0) max_nodes = SD_MIN(max_nodes, node_cap);
     if (L < 1 || max_nodes <= 1) return 0;
@@ -292,10 +363,246 @@ static int ng_propose_capped(ng *g, const sd_draft_ctx *ctx, sd_tree *tree, int 
     return 0;
 }
 
+// ------------------------------------------------------------------ per-step sizing
+// Evidence classes: the match length m of a candidate (its context match
+// extended to the candidate's depth) in NG_NCLS buckets; corpus matches use
+// the next NG_NCLS classes.
+#define NG_LMAX 64    // longest match length measured (the backward extension stops there)
+#define NG_NCLS 10
+static int ng_bucket(int m) {
+    static const int hi[NG_NCLS - 1] = {1, 2, 3, 4, 6, 8, 12, 16, 24};
+    int b = 0;
+    while (b < NG_NCLS - 1 && m > hi[b]) b++;
+    return b;
+}
+// Prior P(accepted) of the most recent longest context match's next token by
+// match length (measured on greedy chat outputs of a small instruct model:
+// 1-token matches are right about a quarter of the time, 3-token matches 60%,
+// matches of 16+ tokens, copies, more than 90%); corpus matches are weaker.
+static const double ng_prior_ctx[NG_NCLS] = {0.25, 0.45, 0.6, 0.68, 0.75, 0.8, 0.82, 0.88, 0.92, 0.95};
+static const double ng_prior_ctx2[NG_NCLS] = {0.45, 0.65, 0.78, 0.82, 0.9, 0.92, 0.93, 0.94, 0.95, 0.97};
+static const double ng_prior_ds[NG_NCLS] = {0.1, 0.2, 0.3, 0.4, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75};
+// Evidence weight of a match of length l among the matches of a step: the
+// odds of the prior, so a long match outweighs many short ones.
+static double ng_weight(int l, int ds) {
+    double q = (ds ? ng_prior_ds : ng_prior_ctx)[ng_bucket(l)];
+    return q / (1.0 - q);
+}
+
+// Inserts one continuation (len tokens) whose match has length l, weight w.
+static void trie_insert_sized(ng *g, const int32_t *c, int len, double w, int l, int ds) {
+    int cur = 0;
+    g->t_wd[0] += w;
+    for (int j = 0; j < len; j++) {
+        int ch = g->t_child[cur];
+        while (ch >= 0 && g->t_tok[ch] != c[j]) ch = g->t_sib[ch];
+        if (ch < 0) {
+            if (g->n_trie >= g->trie_cap) return;
+            ch = g->n_trie++;
+            g->t_tok[ch] = c[j];
+            g->t_par[ch] = cur;
+            g->t_child[ch] = -1;
+            g->t_sib[ch] = -1;
+            g->t_w[ch] = 0;
+            g->t_wd[ch] = 0;
+            g->t_m[ch] = g->t_mds[ch] = g->t_sup[ch] = 0;
+            if (g->t_child[cur] < 0) g->t_child[cur] = ch;
+            else {
+                int s = g->t_child[cur];
+                while (g->t_sib[s] >= 0) s = g->t_sib[s];
+                g->t_sib[s] = ch;
+            }
+        }
+        g->t_wd[ch] += w;
+        int m = SD_MIN(l + j, NG_LMAX);
+        int32_t *mm = ds ? &g->t_mds[ch] : &g->t_m[ch];
+        if (m > *mm) *mm = m;
+        if (!ds) g->t_sup[ch]++;
+        cur = ch;
+    }
+}
+
+// a before b: more probable first, then created first.
+static int sized_before(const ng *g, int32_t a, int32_t b) {
+    return g->t_f[a] > g->t_f[b] || (g->t_f[a] == g->t_f[b] && a < b);
+}
+
+static void sized_sort(ng *g, int32_t *idx, int n) {   // shell sort: no allocation
+    static const int gaps[] = {701, 301, 132, 57, 23, 10, 4, 1};
+    for (size_t gi = 0; gi < sizeof gaps / sizeof *gaps; gi++) {
+        int gap = gaps[gi];
+        for (int i = gap; i < n; i++) {
+            int32_t v = idx[i];
+            int j = i;
+            while (j >= gap && sized_before(g, v, idx[j - gap])) {
+                idx[j] = idx[j - gap];
+                j -= gap;
+            }
+            idx[j] = v;
+        }
+    }
+}
+
+// The continuation of length len after end position e of the text h[0..L):
+// h[e+1..L) and then, where the text ends, the continuation itself (a match
+// at distance P = L-1-e predicts a text of period P: "a b a b" -> "a b ...").
+static void ng_continuation(const int32_t *h, int L, int e, int len, int32_t *out) {
+    int P = L - 1 - e;
+    for (int j = 0; j < len; j++) out[j] = e + 1 + j < L ? h[e + 1 + j] : out[j - P];
+}
+
+static int ng_propose_sized(ng *g, const sd_draft_ctx *ctx, sd_tree *tree, char *err, size_t errlen) {
+    const int L = ctx->n_tokens;
+    g->last_n = g->last_ctx = g->last_ds = 0;
+    if (ng_sync(g, ctx, err, errlen) < 0) return -1;
+    int max_nodes = ctx->max_nodes > 0 ? SD_MIN(ctx->max_nodes, tree->cap) : tree->cap;
+    if (g->p.tree_auto.on) max_nodes = SD_MIN(max_nodes, g->p.tree_auto.max_nodes);
+    if (L < 2 || max_nodes <= 1) return 0;
+    const int K = g->p.tree_auto.on ? SD_MIN(g->p.k_max, g->p.tree_auto.max_depth) : g->p.k_max;
+    const int32_t *h = g->hist;
+    trie_reset(g);
+    g->t_wd[0] = 0;
+    g->t_m[0] = g->t_mds[0] = 0;
+
+    // Context matches: n = N down to 1, most recent first; each match's
+    // length is measured backwards beyond n (up to NG_LMAX). A match longer
+    // than n < N was already met in the chain of n + 1.
+    uint64_t hh = 0x243F6A8885A308D3ull;
+    uint64_t keys[SD_NGRAM_MAX_N + 1];
+    int nmax = SD_MIN(g->p.n_max, L - 1);
+    for (int n = 1; n <= nmax; n++) keys[n] = ng_key(hh = ng_mix(hh, h[L - n]), n);
+    int n_occ = 0;
+    for (int n = nmax; n >= 1 && n_occ < g->p.max_matches; n--) {
+        const int32_t *prev = g->prev + (size_t)(n - 1) * (size_t)g->cap;
+        for (int e = ng_head(g, keys[n], n); e >= 0 && n_occ < g->p.max_matches; e = prev[e]) {
+            if (e >= L - 1) continue;   // the final position itself
+            int l = 0;
+            while (l < NG_LMAX && l <= e && h[e - l] == h[L - 1 - l]) l++;
+            if (l < n) continue;               // hash collision
+            if (l > n && n < nmax) continue;   // counted with n + 1
+            g->occ_e[n_occ] = e;
+            g->occ_l[n_occ] = l;
+            n_occ++;
+            if (!g->last_n) g->last_n = n;
+        }
+    }
+    g->last_ctx = n_occ;
+    for (int i = 0; i < n_occ; i++) {
+        ng_continuation(h, L, g->occ_e[i], K, g->cont);
+        trie_insert_sized(g, g->cont, K, ng_weight(g->occ_l[i], 0), g->occ_l[i], 0);
+    }
+    // Corpus matches: the longest suffix (<= N tokens) present in the corpus.
+    if (g->ds) {
+        const sd_datastore *ds = g->ds;
+        for (int m = SD_MIN(g->p.n_max, L); m >= SD_MAX(1, g->p.ds_min_n) && g->last_ds == 0; m--) {
+            int64_t lo, hi;
+            sd_sa_range(ds->tok, ds->n, ds->sa, h + L - m, m, &lo, &hi);
+            int64_t cnt = hi - lo;
+            if (cnt <= 0) continue;
+            int take = (int)SD_MIN(cnt, (int64_t)g->p.ds_max_matches);
+            for (int i = 0; i < take; i++) {
+                int64_t p = ds->sa[lo + (int64_t)i * cnt / take] + (int64_t)m;   // spread over the range
+                int len = (int)SD_MIN((int64_t)K, ds->n - p);
+                if (len <= 0) continue;
+                trie_insert_sized(g, ds->tok + p, len, ng_weight(m, 1), m, 1);
+                g->last_ds++;
+            }
+        }
+    }
+    if (g->n_trie <= 1) return 0;
+
+    // Probabilities, parents before children (creation order).
+    for (int i = 0; i < g->n_trie; i++) g->t_wch[i] = 0;
+    for (int x = 1; x < g->n_trie; x++) g->t_wch[g->t_par[x]] += g->t_wd[x];
+    g->t_f[0] = 1.0;
+    for (int x = 1; x < g->n_trie; x++) {
+        int par = g->t_par[x];
+        double share = g->t_wch[par] > 0 ? g->t_wd[x] / g->t_wch[par] : 0.0;
+        int c = g->t_m[x] > 0 ? ng_bucket(g->t_m[x]) + (g->t_sup[x] >= 2 ? NG_NCLS : 0)
+                              : 2 * NG_NCLS + ng_bucket(g->t_mds[x]);
+        g->t_cls[x] = c;
+        g->t_share[x] = share;
+        g->t_p[x] = sd_class_stats_p(&g->cls, c) * share;
+        g->t_f[x] = g->t_f[par] * g->t_p[x];
+    }
+    // Candidates by probability (a parent is strictly more probable than its
+    // children and was created first: the order is closed under ancestors),
+    // within the branch budget and the node limit.
+    int n_ord = 0;
+    for (int i = 1; i < g->n_trie; i++) g->t_order[n_ord++] = i;
+    sized_sort(g, g->t_order, n_ord);
+    for (int i = 0; i < g->n_trie; i++) g->t_sel[i] = -1, g->t_nch[i] = 0;
+    g->t_sel[0] = 0;
+    int leaves = 0, m = 0;
+    for (int o = 0; o < n_ord && m < max_nodes - 1; o++) {
+        int x = g->t_order[o], par = g->t_par[x];
+        if (g->t_sel[par] < 0 || !(g->t_f[x] > 0)) continue;
+        int inc = g->t_nch[par] > 0 || par == 0;
+        if (leaves + inc > g->p.max_branches) continue;
+        g->t_sel[x] = 1;   // taken (tree ids assigned below)
+        g->t_nch[par]++;
+        leaves += inc;
+        g->sel_x[m] = x;
+        g->sel_f[m] = g->t_f[x];
+        m++;
+    }
+    int k = sd_step_sizer_choose(&g->sizer, g->sel_f, m, NULL);
+    for (int i = 0; i < g->n_trie; i++) g->t_sel[i] = -1;
+    g->t_sel[0] = 0;
+    for (int i = 0; i < k; i++) {
+        int x = g->sel_x[i];
+        int id = sd_tree_add(tree, g->t_sel[g->t_par[x]], g->t_tok[x], (float)g->t_p[x]);
+        if (id < 0) break;
+        g->t_sel[x] = id;
+        g->n_cls[id] = g->t_cls[x];
+        g->n_share[id] = g->t_share[x];
+    }
+    return 0;
+}
+
+// The tree the sizer drafts, at the start, after a single fresh match of l
+// tokens (a chain: shown as the representative choice when the tree is
+// automatic; the real tree varies per step with the evidence).
+static void ng_policy_shape(const ng *g, int l, sd_tree_shape *sh) {
+    int K = g->p.tree_auto.on ? SD_MIN(g->p.k_max, g->p.tree_auto.max_depth) : g->p.k_max;
+    int max_n = g->p.tree_auto.on ? g->p.tree_auto.max_nodes : 1 + K;
+    K = SD_MIN(SD_MIN(K, max_n - 1), SD_TA_MAX_NODES - 1);
+    double f[SD_TA_MAX_NODES], acc = 1.0;
+    for (int j = 0; j < K; j++) f[j] = acc *= sd_class_stats_p(&g->cls, ng_bucket(SD_MIN(l + j, NG_LMAX)));
+    int k = sd_step_sizer_choose(&g->sizer, f, K, NULL);
+    memset(sh, 0, sizeof *sh);
+    sh->n = k + 1;
+    sh->depth = k;
+    sh->expected_tokens = 1.0;
+    for (int i = 0; i <= k; i++) {
+        sh->parent[i] = i - 1;
+        sh->depth_of[i] = i;
+        sh->f[i] = i ? f[i - 1] : 1.0;
+        if (i) sh->expected_tokens += f[i - 1];
+    }
+    double base = sd_cost_curve_verify_ms(&g->sizer.cost, 1);
+    sh->cost_ms = sd_cost_curve_verify_ms(&g->sizer.cost, sh->n);
+    sh->tokens_per_s = sh->cost_ms > 0 ? sh->expected_tokens / sh->cost_ms * 1000.0 : 0.0;
+    sh->speedup = base > 0 ? sh->tokens_per_s / (1000.0 / base) : 0.0;
+}
+
 static int ng_accept(sd_drafter *dr, const sd_tree *tree, const int32_t *path, int n_path, int32_t bonus,
                      char *err, size_t errlen) {
     ng *g = dr->impl;
     if (g->au && sd_draft_auto_accept(g->au, tree, path, n_path, err, errlen) < 0) return -1;
+    if (g->p.sizing == SD_NGRAM_SIZED && g->last_tree_n == tree->n && n_path >= 1) {
+        // Every child of an accepted node is an observation of its class.
+        sd_class_stats_step(&g->cls);
+        for (int i = 0; i < n_path; i++) {
+            int u = path[i], next = i + 1 < n_path ? path[i + 1] : -1;
+            for (int c = u + 1; c < tree->n; c++)
+                if (tree->parent[c] == u) sd_class_stats_add(&g->cls, g->n_cls[c], g->n_share[c], c == next);
+        }
+        double ms = g->t_prop_end > 0 ? sd_time_ms() - g->t_prop_end : -1.0;
+        sd_step_sizer_observe(&g->sizer, tree->n, n_path, ms);
+    }
+    g->last_tree_n = 0;
+    g->t_prop_end = 0;
     if (g->n_hist == 0 || g->hist[g->n_hist - 1] != tree->token[0]) {   // not in step: resync at propose
         g->n_hist = 0;
         g->tab_dirty = 1;
@@ -311,6 +618,15 @@ static void ng_reset(sd_drafter *dr) {
     ng *g = dr->impl;
     g->n_hist = 0;
     g->tab_dirty = 1;
+    g->last_tree_n = 0;
+    g->t_prop_end = 0;
+    // A new sequence drafts as a fresh drafter would (the same seed gives the
+    // same output): the learnt acceptance and rate go; the cost curve, a
+    // property of the machine, stays.
+    if (g->p.sizing == SD_NGRAM_SIZED) {
+        sd_class_stats_reset(&g->cls);
+        sd_step_sizer_reset(&g->sizer);
+    }
     sd_draft_auto_reset(g->au);
 }
 
@@ -331,6 +647,22 @@ static void ng_free(sd_drafter *dr) {
         free(g->t_order);
         free(g->t_sel);
         free(g->t_nch);
+        free(g->occ_e);
+        free(g->occ_l);
+        free(g->cont);
+        free(g->t_wd);
+        free(g->t_wch);
+        free(g->t_m);
+        free(g->t_mds);
+        free(g->t_sup);
+        free(g->t_f);
+        free(g->t_p);
+        free(g->t_share);
+        free(g->t_cls);
+        free(g->sel_f);
+        free(g->sel_x);
+        free(g->n_cls);
+        free(g->n_share);
         free(g);
     }
     free(dr);
@@ -355,6 +687,8 @@ int sd_draft_ngram_new(sd_drafter **out, const sd_draft_ngram_params *pp, const 
                        size_t errlen) {
     *out = NULL;
     sd_draft_ngram_params p = pp ? *pp : sd_draft_ngram_default_params();
+    if (p.sizing != SD_NGRAM_SIZED && p.sizing != SD_NGRAM_FILL)
+        return sd_err(err, errlen, "n-gram drafter: unknown sizing %d", p.sizing);
     if (p.n_max < 1 || p.n_max > SD_NGRAM_MAX_N)
         return sd_err(err, errlen, "n-gram drafter: N must be in 1..%d (got %d)", SD_NGRAM_MAX_N, p.n_max);
     if (p.k_max < 1 || p.k_max > 256) return sd_err(err, errlen, "n-gram drafter: K must be in 1..256 (got %d)", p.k_max);
@@ -385,7 +719,25 @@ int sd_draft_ngram_new(sd_drafter **out, const sd_draft_ngram_params *pp, const 
     g->t_order = malloc(sizeof(int32_t) * tc);
     g->t_sel = malloc(sizeof(int32_t) * tc);
     g->t_nch = malloc(sizeof(int32_t) * tc);
+    g->occ_e = malloc(sizeof(int32_t) * (size_t)p.max_matches);
+    g->occ_l = malloc(sizeof(int32_t) * (size_t)p.max_matches);
+    g->cont = malloc(sizeof(int32_t) * (size_t)p.k_max);
+    g->t_wd = malloc(sizeof(double) * tc);
+    g->t_wch = malloc(sizeof(double) * tc);
+    g->t_m = malloc(sizeof(int32_t) * tc);
+    g->t_mds = malloc(sizeof(int32_t) * tc);
+    g->t_sup = malloc(sizeof(int32_t) * tc);
+    g->t_f = malloc(sizeof(double) * tc);
+    g->t_p = malloc(sizeof(double) * tc);
+    g->t_share = malloc(sizeof(double) * tc);
+    g->t_cls = malloc(sizeof(int32_t) * tc);
+    g->sel_f = malloc(sizeof(double) * tc);
+    g->sel_x = malloc(sizeof(int32_t) * tc);
+    g->n_cls = malloc(sizeof(int32_t) * tc);
+    g->n_share = malloc(sizeof(double) * tc);
     if (!g->t_tok || !g->t_par || !g->t_child || !g->t_sib || !g->t_w || !g->t_order || !g->t_sel || !g->t_nch ||
+        !g->occ_e || !g->occ_l || !g->cont || !g->t_wd || !g->t_wch || !g->t_m || !g->t_mds || !g->t_sup || !g->t_f ||
+        !g->t_p || !g->t_share || !g->t_cls || !g->sel_f || !g->sel_x || !g->n_cls || !g->n_share ||
         ng_grow(g, p.n_ctx) < 0) {
         ng_free(dr);
         return sd_err(err, errlen, "n-gram drafter: out of memory");
@@ -394,9 +746,33 @@ int sd_draft_ngram_new(sd_drafter **out, const sd_draft_ngram_params *pp, const 
         ng_free(dr);
         return -1;
     }
-    if (p.tree_auto.on && sd_draft_auto_new(&g->au, &p.tree_auto, err, errlen) < 0) {
+    if (p.sizing == SD_NGRAM_FILL && p.tree_auto.on && sd_draft_auto_new(&g->au, &p.tree_auto, err, errlen) < 0) {
         ng_free(dr);
         return -1;
+    }
+    if (p.sizing == SD_NGRAM_SIZED) {
+        if (p.tree_auto.on) {
+            if (!p.tree_auto.cost || p.tree_auto.cost->n_points < 1) {
+                ng_free(dr);
+                return sd_err(err, errlen, "n-gram drafter: the automatic tree needs the target's cost curve");
+            }
+            if (p.tree_auto.max_nodes < 2 || p.tree_auto.max_depth < 1) {
+                ng_free(dr);
+                return sd_err(err, errlen, "n-gram drafter: automatic tree limits %d nodes, depth %d",
+                              p.tree_auto.max_nodes, p.tree_auto.max_depth);
+            }
+        }
+        double prior[3 * NG_NCLS];
+        for (int c = 0; c < NG_NCLS; c++)
+            prior[c] = ng_prior_ctx[c], prior[NG_NCLS + c] = ng_prior_ctx2[c], prior[2 * NG_NCLS + c] = ng_prior_ds[c];
+        sd_class_stats_init(&g->cls, 3 * NG_NCLS, prior, 4.0, 0.98);
+        sd_step_sizer_init(&g->sizer, p.tree_auto.on ? p.tree_auto.cost : NULL);
+        g->p.tree_auto.cost = NULL;   // copied into the sizer
+        if (p.tree_auto.on && p.tree_auto.report) {
+            sd_tree_shape sh;
+            ng_policy_shape(g, p.n_max, &sh);
+            p.tree_auto.report(p.tree_auto.user, &sh);
+        }
     }
     *out = dr;
     return 0;

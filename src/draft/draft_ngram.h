@@ -25,8 +25,11 @@
 // (context matches weigh ctx_weight, corpus matches 1); the tree keeps the
 // heaviest trie nodes first (ties: most recent match first), at most
 // max_branches distinct continuations and at most the step's node limit.
-// Children are deterministic (SD_CHILDREN_ANY), so stochastic verification
-// stays lossless.
+// That is the SD_NGRAM_FILL sizing; the default, SD_NGRAM_SIZED, uses every
+// n (each match's length measured), and keeps only the nodes whose estimated
+// probability of acceptance pays for their verification under the target's
+// cost curve (draft_ngram.c explains it). Children are deterministic
+// (SD_CHILDREN_ANY), so stochastic verification stays lossless.
 #ifndef SD_DRAFT_NGRAM_H
 #define SD_DRAFT_NGRAM_H
 
@@ -40,17 +43,37 @@ typedef struct sd_draft_ngram_params {
     int k_max;            // K: most tokens of one continuation; default 8
     int max_branches;     // most distinct continuations in one tree; default 4 (1 = a chain)
     int max_matches;      // context occurrences examined per step (most recent first); default 16
-    int ctx_weight;       // weight of a context match in the trie (a corpus match weighs 1); default 2
+    int ctx_weight;       // SD_NGRAM_FILL: weight of a context match in the trie (a corpus match
+                          // weighs 1); default 2. (SD_NGRAM_SIZED weighs matches by their length.)
     int n_ctx;            // committed tokens the index is sized for up front (grows by doubling); default 4096
     const char *datastore;  // corpus text file for retrieval, or NULL (default); its index is FILE.sdsa
     int ds_max_matches;   // corpus occurrences used per step (spread over the match range); default 32
     int ds_min_n;         // shortest corpus match used; default 1
-    // Automatic tree sizing (tree_auto.h): when tree_auto.on, each step's tree
-    // is capped to the node count and depth of the shape the optimiser
-    // chooses from this drafter's acceptance statistics and the target's cost
-    // curve (instead of max_branches x k_max). Default off.
+    // Automatic tree sizing (tree_auto.h), default off. With SD_NGRAM_SIZED:
+    // the per-step sizer uses tree_auto.cost (the target's measured curve,
+    // refined online from timed steps) instead of the built-in relative
+    // curve, trees stay within tree_auto.max_nodes and depth
+    // min(k_max, tree_auto.max_depth), and tree_auto.report is called once
+    // at creation with the chain drafted after a fresh n_max-token match (the
+    // representative choice; the tree varies per step). With SD_NGRAM_FILL:
+    // each step's tree is capped to the node count and depth of the Sequoia
+    // shape chosen from this drafter's acceptance statistics by depth and rank
+    // and the cost curve (instead of max_branches x k_max).
     sd_draft_auto_params tree_auto;
+    // How much to draft (added with the per-step sizing; see the top of
+    // draft_ngram.c). SD_NGRAM_SIZED (default): every candidate node gets the
+    // probability that its path is accepted (from the length of the matched
+    // context, learnt online per length class, and its share of the
+    // matches), and the step keeps the nodes that pay for their verification
+    // (tree_auto.h, per-step sizing) under the target's cost curve:
+    // tree_auto.cost when tree_auto.on (measured, refined online), else a
+    // typical relative curve. SD_NGRAM_FILL: every step fills the tree up to
+    // max_branches continuations of k_max tokens and the node limit (with
+    // tree_auto.on, capped to the Sequoia shape of sd_draft_auto).
+    int sizing;
 } sd_draft_ngram_params;
+
+enum { SD_NGRAM_SIZED = 0, SD_NGRAM_FILL = 1 };
 
 sd_draft_ngram_params sd_draft_ngram_default_params(void);
 
