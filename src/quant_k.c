@@ -58,9 +58,16 @@ float sd_q6_K_dot_ref(int64_t n, const void *w, const void *x);
 // Sets traits[T].vec_dot and traits[T].gemm for T = Q4_K, Q5_K, Q6_K
 // (traits: array of SD_TYPE_COUNT entries) to the best kernels compiled in
 // (AVX-512: vec_dot + tile kernel; AVX2: vec_dot only; else the reference),
-// or to the reference dot and no tile kernel when force_ref. Touches no other
-// entry; no state of its own, so it may be called any number of times.
+// or to the reference dot and no tile kernel when force_ref; with AVX-512
+// (and not force_ref) also gemm, repack and supported = 1 of the repacked
+// types Q4_K_R, Q5_K_R, Q6_K_R (left as sd_quant_init reset them otherwise).
+// Touches no other entry; no state of its own, so it may be called any
+// number of times.
 void sd_quant_k_init(sd_type_traits *traits, int force_ref);
+// quant_k_x86.c: sets the tile kernels (gemm) of Q4_K, Q5_K, Q6_K and
+// gemm / repack / supported of Q4_K_R, Q5_K_R, Q6_K_R when built with
+// AVX-512; returns 0 and touches nothing otherwise.
+int sd_quant_k_x86_init(sd_type_traits *traits);
 
 _Static_assert(sizeof(sd_block_q4_K) == 144, "Q4_K block size");
 _Static_assert(sizeof(sd_block_q5_K) == 176, "Q5_K block size");
@@ -122,7 +129,15 @@ static void k_q6_unpack_ref(const sd_block_q6_K *b, int8_t q[SD_QK_K]) {
 // ---------------------------------------------------------------------------
 // reference dequantization
 
+#if defined(K_HAVE_AVX512)
+static void k_q4_K_to_float_avx512(const void *src, float *dst, int64_t n); // the same values, vectorized
+#endif
+
 void sd_q4_K_to_float(const void *src, float *dst, int64_t n) {
+#if defined(K_HAVE_AVX512)
+    k_q4_K_to_float_avx512(src, dst, n);
+    return;
+#endif
     const sd_block_q4_K *b = src;
     for (int64_t i = 0; i < n / SD_QK_K; i++, b++) {
         const float d = k_h2f(b->d), dmin = k_h2f(b->dmin);
@@ -160,13 +175,28 @@ void sd_q5_K_to_float(const void *src, float *dst, int64_t n) {
     }
 }
 
+// (d * scale) * q, with d * scale formed once per group of 16: the same
+// value as d * scales[e / 16] * q[e] element by element (C evaluates that
+// left to right), in loops the compiler vectorizes. This dequantizer is on
+// the hot path of float-activation matmuls.
+#if defined(K_HAVE_AVX512)
+static void k_q6_K_to_float_avx512(const void *src, float *dst, int64_t n); // the same values, vectorized
+#endif
+
 void sd_q6_K_to_float(const void *src, float *dst, int64_t n) {
+#if defined(K_HAVE_AVX512)
+    k_q6_K_to_float_avx512(src, dst, n);
+    return;
+#endif
     const sd_block_q6_K *b = src;
     for (int64_t i = 0; i < n / SD_QK_K; i++, b++) {
         const float d = k_h2f(b->d);
         int8_t q[SD_QK_K];
         k_q6_unpack_ref(b, q);
-        for (int e = 0; e < SD_QK_K; e++) dst[e] = d * b->scales[e / 16] * q[e];
+        for (int g = 0; g < 16; g++) {
+            const float ds = d * b->scales[g];
+            for (int k = 0; k < 16; k++) dst[16 * g + k] = ds * q[16 * g + k];
+        }
         dst += SD_QK_K;
     }
 }
@@ -465,16 +495,12 @@ float sd_q6_K_dot_ref(int64_t n, const void *w, const void *x) {
 //
 // vec_dot (one row, one token) keeps the natural element order: maddubs
 // (u8 x s8 -> s16 pairs, no saturation: |pair| <= 2 * 63 * 128) and a
-// multiply-add with the group multipliers (dpwssd with VNNI).
+// multiply-add with the group multipliers (dpwssd with VNNI). sd_matmul does
+// not use it when a tile kernel exists.
 //
-// The tile kernel instead transposes 4-byte units so that int32 lane g of
-// every vector belongs to group g (lane g of vector v = elements 16g + 4v ..
-// 16g + 4v + 3), for the weights once when a row chunk is unpacked and for
-// each token's activations once per (token, super-block, K_TR-row block). Then
-// the inner loop is one dpbusd per 64 products with no per-group multiply;
-// the group scales are applied in float once per super-block. Rows are
-// unpacked a chunk of super-blocks at a time into a stack buffer and reused
-// for every token of the batch.
+// The tile kernel (gemm) of these types and of their repacked forms lives in
+// quant_k_x86.c (load-time repacked layouts; the file layout is repacked on
+// the fly a few rows at a time, giving the same bits).
 
 #if defined(__AVX2__)
 static inline float k_hsum256(__m256 v) {
@@ -489,11 +515,8 @@ static inline float k_hsum256(__m256 v) {
 
 #if defined(__AVX512VNNI__)
 #define K_DPWSSD(acc, p, s) _mm512_dpwssd_epi32((acc), (p), (s))
-#define K_DPBUSD(acc, u, s) _mm512_dpbusd_epi32((acc), (u), (s))
 #else
 #define K_DPWSSD(acc, p, s) _mm512_add_epi32((acc), _mm512_madd_epi16((p), (s)))
-#define K_DPBUSD(acc, u, s) \
-    _mm512_add_epi32((acc), _mm512_madd_epi16(_mm512_maddubs_epi16((u), (s)), _mm512_set1_epi16(1)))
 #endif
 
 #define K_INLINE static inline __attribute__((always_inline))
@@ -511,14 +534,6 @@ typedef struct {
     float d;       // super-block scale of the products
 } k_reg;
 
-// The tile kernel's buffer entry: transposed quants (see above) and the
-// float factors per group.
-typedef struct {
-    _Alignas(64) uint8_t w[4][64]; // (4 x 16 lanes x 4) u8 quants, lane = group
-    float dsc[16];                 // (16) d * sc[g]
-    float dcm[16];                 // (16) correction per group
-} k_unp;
-
 // int16 lane i of the result = v16[base + i / div]
 K_INLINE __m512i k_spread16(__m512i v16, int base, int div) {
     const __m512i iota = _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14,
@@ -526,25 +541,6 @@ K_INLINE __m512i k_spread16(__m512i v16, int base, int div) {
     const unsigned sh = div == 16 ? 4 : div == 8 ? 3 : 1;
     return _mm512_permutexvar_epi16(_mm512_add_epi16(_mm512_set1_epi16((short)base), _mm512_srli_epi16(iota, sh)),
                                     v16);
-}
-
-// Transposes 4 natural-order vectors (64 elements each) so that int32 lane
-// g of out[j] holds elements 16g + 4j .. 16g + 4j + 3.
-K_INLINE void k_transpose(const __m512i in[4], __m512i out[4]) {
-    // level 1: lane 8j + g (j < 2) = dword 4g + j (ia) or 4g + 2 + j (ib) of (in0, in1)
-    const __m512i ia = _mm512_set_epi32(31, 27, 23, 19, 15, 11, 7, 3, 30, 26, 22, 18, 14, 10, 6, 2);
-    const __m512i ib = _mm512_set_epi32(29, 25, 21, 17, 13, 9, 5, 1, 28, 24, 20, 16, 12, 8, 4, 0);
-    // level 2: groups 0..7 from the first source, 8..15 from the second
-    const __m512i j0 = _mm512_set_epi32(23, 22, 21, 20, 19, 18, 17, 16, 7, 6, 5, 4, 3, 2, 1, 0);
-    const __m512i j1 = _mm512_set_epi32(31, 30, 29, 28, 27, 26, 25, 24, 15, 14, 13, 12, 11, 10, 9, 8);
-    const __m512i A = _mm512_permutex2var_epi32(in[0], ib, in[1]);
-    const __m512i B = _mm512_permutex2var_epi32(in[0], ia, in[1]);
-    const __m512i C = _mm512_permutex2var_epi32(in[2], ib, in[3]);
-    const __m512i D = _mm512_permutex2var_epi32(in[2], ia, in[3]);
-    out[0] = _mm512_permutex2var_epi32(A, j0, C);
-    out[1] = _mm512_permutex2var_epi32(A, j1, C);
-    out[2] = _mm512_permutex2var_epi32(B, j0, D);
-    out[3] = _mm512_permutex2var_epi32(B, j1, D);
 }
 
 // k_scales_decode16 with vector operations: 16 bytes sc[0..7], m[0..7].
@@ -611,6 +607,52 @@ K_INLINE void k_unpack_q6(const sd_block_q6_K *b, k_reg *u) {
     u->dcm = _mm512_mul_ps(scf, _mm512_set1_ps(u->dcmul));
 }
 
+// sd_q4_K_to_float: d0 * q - m0 per element with d0 = d * sc, m0 = dmin * m
+// (both exact, and so is d0 * q: fused or not, one rounding of the same
+// difference, as in the scalar code).
+static void k_q4_K_to_float_avx512(const void *src, float *dst, int64_t n) {
+    const sd_block_q4_K *b = src;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int64_t i = 0; i < n / SD_QK_K; i++, b++, dst += SD_QK_K) {
+        const float d = k_h2f(b->d), dmin = k_h2f(b->dmin);
+        uint8_t sc[8], m[8];
+        k_scales_decode(b->scales, sc, m);
+        for (int c = 0; c < 4; c++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * c));
+            const __m256i nib[2] = {_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4)};
+            for (int h = 0; h < 2; h++) {
+                const __m512 d0 = _mm512_set1_ps(d * sc[2 * c + h]), m0 = _mm512_set1_ps(dmin * m[2 * c + h]);
+                const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(nib[h])));
+                const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(nib[h], 1)));
+                _mm512_storeu_ps(dst + 64 * c + 32 * h, _mm512_fmsub_ps(d0, lo, m0));
+                _mm512_storeu_ps(dst + 64 * c + 32 * h + 16, _mm512_fmsub_ps(d0, hi, m0));
+            }
+        }
+    }
+}
+
+// sd_q6_K_to_float: k_unpack_q6's quants (q + 32, element order), then
+// (d * scale) * (q + 32 - 32) per group of 16 -- the scalar code's values.
+static void k_q6_K_to_float_avx512(const void *src, float *dst, int64_t n) {
+    const sd_block_q6_K *b = src;
+    const __m512i off = _mm512_set1_epi32(32);
+    for (int64_t i = 0; i < n / SD_QK_K; i++, b++, dst += SD_QK_K) {
+        k_reg u;
+        k_unpack_q6(b, &u);
+        const float d = k_h2f(b->d);
+        for (int v = 0; v < 4; v++)
+            for (int j = 0; j < 4; j++) {
+                const float ds = d * b->scales[4 * v + j];
+                const __m128i q8 = j == 0   ? _mm512_extracti32x4_epi32(u.w[v], 0)
+                                   : j == 1 ? _mm512_extracti32x4_epi32(u.w[v], 1)
+                                   : j == 2 ? _mm512_extracti32x4_epi32(u.w[v], 2)
+                                            : _mm512_extracti32x4_epi32(u.w[v], 3);
+                const __m512 qf = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(q8), off));
+                _mm512_storeu_ps(dst + 64 * v + 16 * j, _mm512_mul_ps(qf, _mm512_set1_ps(ds)));
+            }
+    }
+}
+
 K_INLINE void k_unpack_type(int type, const void *blk, k_reg *u) {
     if (type == SD_TYPE_Q4_K) {
         const sd_block_q4_K *b = blk;
@@ -621,12 +663,6 @@ K_INLINE void k_unpack_type(int type, const void *blk, k_reg *u) {
     } else {
         k_unpack_q6(blk, u);
     }
-}
-
-// dx * bsums as 16 floats
-K_INLINE __m512 k_bx(const sd_block_q8_K *x) {
-    const __m512i b32 = _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)x->bsums));
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(b32), _mm512_set1_ps(x->d));
 }
 
 K_INLINE float k_vec_dot_avx512(int type, size_t bsize, int64_t n, const void *w, const void *xv) {
@@ -660,151 +696,6 @@ static float k_q6_K_dot_avx512(int64_t n, const void *w, const void *x) {
     return k_vec_dot_avx512(SD_TYPE_Q6_K, sizeof(sd_block_q6_K), n, w, x);
 }
 
-#ifndef K_TR
-#define K_TR 8 // weight rows per micro-kernel call (<= 8)
-#endif
-#ifndef K_TT
-#define K_TT 2 // tokens per micro-kernel call (<= 2)
-#endif
-#ifndef K_KC
-#define K_KC 8 // super-blocks per unpacked chunk
-#endif
-#define K_RP 16 // rows per output panel
-#define K_TG 32 // tokens per output panel (a bigger batch unpacks the weights again per 32 tokens)
-
-// Micro-kernel: NR unpacked rows (buf[r * K_KC + s]) x NT tokens (x[t][s])
-// over nsb super-blocks; out[r][t] = partial dot.
-K_INLINE void k_micro(const int NR, const int NT, const k_unp *buf, int nsb, const sd_block_q8_K *const *x,
-                      float out[K_TR][K_TT]) {
-    __m512 facc[K_TR][K_TT];
-    for (int r = 0; r < NR; r++)
-        for (int t = 0; t < NT; t++) facc[r][t] = _mm512_setzero_ps();
-    for (int s = 0; s < nsb; s++) {
-        __m512i xt[K_TT][4];
-        __m512 bx[K_TT], dx[K_TT];
-        for (int t = 0; t < NT; t++) {
-            __m512i xn[4];
-            for (int v = 0; v < 4; v++) xn[v] = _mm512_loadu_si512((const void *)(x[t][s].qs + 64 * v));
-            k_transpose(xn, xt[t]);
-            bx[t] = k_bx(&x[t][s]);
-            dx[t] = _mm512_set1_ps(x[t][s].d);
-        }
-        for (int r = 0; r < NR; r++) {
-            const k_unp *u = &buf[r * K_KC + s];
-            __m512i acc[K_TT];
-            for (int v = 0; v < 4; v++) {
-                const __m512i wv = _mm512_load_si512((const void *)u->w[v]);
-                for (int t = 0; t < NT; t++)
-                    acc[t] = v == 0 ? K_DPBUSD(_mm512_setzero_si512(), wv, xt[t][0]) : K_DPBUSD(acc[t], wv, xt[t][v]);
-            }
-            const __m512 dsc = _mm512_load_ps(u->dsc), dcm = _mm512_load_ps(u->dcm);
-            for (int t = 0; t < NT; t++) {
-                const __m512 p = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[t]), dsc);
-                facc[r][t] = _mm512_fmadd_ps(p, dx[t], facc[r][t]);
-                facc[r][t] = _mm512_fnmadd_ps(bx[t], dcm, facc[r][t]);
-            }
-        }
-    }
-    for (int r = 0; r < NR; r++)
-        for (int t = 0; t < NT; t++) out[r][t] = _mm512_reduce_add_ps(facc[r][t]);
-}
-
-// Dispatches a runtime (nr, nt) to a specialised micro-kernel.
-static void k_micro_any(int nr, int nt, const k_unp *buf, int nsb, const sd_block_q8_K *const *x,
-                        float out[K_TR][K_TT]) {
-#define K_CASE(R, T)                                                                                   \
-    case (R) * 8 + (T):                                                                                \
-        if ((R) <= K_TR && (T) <= K_TT) k_micro((R), (T), buf, nsb, x, out);                           \
-        break;
-    switch (nr * 8 + nt) {
-        K_CASE(1, 1) K_CASE(2, 1) K_CASE(3, 1) K_CASE(4, 1) K_CASE(5, 1) K_CASE(6, 1) K_CASE(7, 1) K_CASE(8, 1)
-        K_CASE(1, 2) K_CASE(2, 2) K_CASE(3, 2) K_CASE(4, 2) K_CASE(5, 2) K_CASE(6, 2) K_CASE(7, 2) K_CASE(8, 2)
-    default: SD_ASSERT(0);
-    }
-#undef K_CASE
-}
-
-K_INLINE void k_gemm_avx512(int type, size_t bsize, int64_t n_in, const void *W, size_t w_row_bytes, int64_t r0,
-                            int64_t r1, const void *xq, size_t x_row_bytes, int64_t n_tok, float *y, int64_t ldy) {
-    const int64_t nsb = n_in / SD_QK_K;
-    // No special case for n_tok == 1 (batch invariance): every (row, token)
-    // dot runs through k_micro with the same chunking of super-blocks
-    // (K_KC, from s0 = 0) and the same float accumulation into ysum,
-    // whatever n_tok, the token's place in a K_TT pair or the row split.
-    // Outputs are gathered for a panel of K_RP rows x K_TG tokens and stored
-    // once: y rows of different tokens are ldy apart, often a multiple of
-    // 4 KiB, and updating them chunk by chunk thrashes a cache set.
-    k_unp buf[K_TR * K_KC];
-    float ysum[K_TG][K_RP];
-    for (int64_t rp = r0; rp < r1; rp += K_RP) {
-        const int64_t rp1 = SD_MIN(rp + K_RP, r1);
-        for (int64_t t0 = 0; t0 < n_tok; t0 += K_TG) {
-            const int ntg = (int)SD_MIN((int64_t)K_TG, n_tok - t0);
-            memset(ysum, 0, sizeof ysum);
-            for (int64_t r = rp; r < rp1; r += K_TR) {
-                const int nr = (int)SD_MIN((int64_t)K_TR, rp1 - r);
-                for (int64_t s0 = 0; s0 < nsb; s0 += K_KC) {
-                    const int kc = (int)SD_MIN((int64_t)K_KC, nsb - s0);
-                    for (int i = 0; i < nr; i++) {
-                        const uint8_t *row = (const uint8_t *)W + (size_t)(r + i) * w_row_bytes;
-                        for (int s = 0; s < kc; s++) {
-                            k_reg u;
-                            __m512i wt[4];
-                            k_unp *m = &buf[i * K_KC + s];
-                            k_unpack_type(type, row + (size_t)(s0 + s) * bsize, &u);
-                            k_transpose(u.w, wt);
-                            for (int v = 0; v < 4; v++) _mm512_store_si512((void *)m->w[v], wt[v]);
-                            _mm512_store_ps(m->dsc, u.dsc);
-                            _mm512_store_ps(m->dcm, u.dcm);
-                        }
-                    }
-                    // Ask for the next chunk's weights now: the hardware
-                    // prefetcher sees only short bursts here and leaves
-                    // most of a chunk to demand misses.
-                    {
-                        int64_t pr = r, ps = s0 + K_KC;
-                        if (ps >= nsb) {
-                            pr = r + K_TR;
-                            ps = 0;
-                        }
-                        if (pr < r1) {
-                            const int64_t pkc = SD_MIN((int64_t)K_KC, nsb - ps), pnr = SD_MIN((int64_t)K_TR, r1 - pr);
-                            for (int64_t i = 0; i < pnr; i++) {
-                                const char *p = (const char *)W + (size_t)(pr + i) * w_row_bytes + (size_t)ps * bsize;
-                                for (size_t o = 0; o < (size_t)pkc * bsize; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
-                            }
-                        }
-                    }
-                    for (int t = 0; t < ntg; t += K_TT) {
-                        const int nt = SD_MIN(K_TT, ntg - t);
-                        const sd_block_q8_K *x[K_TT];
-                        for (int j = 0; j < nt; j++)
-                            x[j] = (const sd_block_q8_K *)((const uint8_t *)xq + (size_t)(t0 + t + j) * x_row_bytes) +
-                                   s0;
-                        float out[K_TR][K_TT];
-                        k_micro_any(nr, nt, buf, kc, x, out);
-                        for (int i = 0; i < nr; i++)
-                            for (int j = 0; j < nt; j++) ysum[t + j][r - rp + i] += out[i][j];
-                    }
-                }
-            }
-            for (int t = 0; t < ntg; t++) memcpy(&y[(t0 + t) * ldy + rp], ysum[t], sizeof(float) * (size_t)(rp1 - rp));
-        }
-    }
-}
-
-static void k_q4_K_gemm_avx512(int64_t n_in, const void *W, size_t wrb, int64_t r0, int64_t r1, const void *xq,
-                               size_t xrb, int64_t n_tok, float *y, int64_t ldy) {
-    k_gemm_avx512(SD_TYPE_Q4_K, sizeof(sd_block_q4_K), n_in, W, wrb, r0, r1, xq, xrb, n_tok, y, ldy);
-}
-static void k_q5_K_gemm_avx512(int64_t n_in, const void *W, size_t wrb, int64_t r0, int64_t r1, const void *xq,
-                               size_t xrb, int64_t n_tok, float *y, int64_t ldy) {
-    k_gemm_avx512(SD_TYPE_Q5_K, sizeof(sd_block_q5_K), n_in, W, wrb, r0, r1, xq, xrb, n_tok, y, ldy);
-}
-static void k_q6_K_gemm_avx512(int64_t n_in, const void *W, size_t wrb, int64_t r0, int64_t r1, const void *xq,
-                               size_t xrb, int64_t n_tok, float *y, int64_t ldy) {
-    k_gemm_avx512(SD_TYPE_Q6_K, sizeof(sd_block_q6_K), n_in, W, wrb, r0, r1, xq, xrb, n_tok, y, ldy);
-}
 #endif // K_HAVE_AVX512
 
 // ---------------------------------------------------------------------------
@@ -924,12 +815,12 @@ void sd_quant_k_init(sd_type_traits *traits, int force_ref) {
     traits[SD_TYPE_Q4_K].vec_dot = k_q4_K_dot_avx512;
     traits[SD_TYPE_Q5_K].vec_dot = k_q5_K_dot_avx512;
     traits[SD_TYPE_Q6_K].vec_dot = k_q6_K_dot_avx512;
-    traits[SD_TYPE_Q4_K].gemm = k_q4_K_gemm_avx512;
-    traits[SD_TYPE_Q5_K].gemm = k_q5_K_gemm_avx512;
-    traits[SD_TYPE_Q6_K].gemm = k_q6_K_gemm_avx512;
 #elif defined(K_HAVE_AVX2)
     traits[SD_TYPE_Q4_K].vec_dot = k_q4_K_dot_avx2;
     traits[SD_TYPE_Q5_K].vec_dot = k_q5_K_dot_avx2;
     traits[SD_TYPE_Q6_K].vec_dot = k_q6_K_dot_avx2;
 #endif
+    // tile kernels of Q4_K / Q5_K / Q6_K and their repacked forms (AVX-512
+    // builds; a no-op otherwise)
+    sd_quant_k_x86_init(traits);
 }

@@ -462,7 +462,7 @@ static void test_matmul_batch_invariance(void) {
     sd_pool *pool = sd_pool_new(2);
     CHECK(pool != NULL, "pool");
     for (size_t k = 0; k < sizeof k_types / sizeof k_types[0]; k++) {
-        const int64_t ins[] = {768, 2304}; // 3 and 9 super-blocks (one and two K_KC chunks)
+        const int64_t ins[] = {768, 2304}; // 3 and 9 super-blocks (odd: a half unit; 9: two unit chunks)
         for (int ii = 0; ii < 2; ii++)
             for (int use_pool = 0; use_pool < 2; use_pool++)
                 matmul_invariance_case(use_pool ? pool : NULL, k_types[k].type, ins[ii], 37);
