@@ -462,7 +462,7 @@ int sd_gguf_open(sd_gguf **out, const char *path, char *err, size_t errlen) {
     size_t size = (size_t)st.st_size;
     void *map = NULL;
     if (size > 0) {
-        map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+        map = mmap(NULL, size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0); // every weight is read at load (repacking) or per token: fault the file in at once
         if (map == MAP_FAILED) {
             int e = errno;
             close(fd);

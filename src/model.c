@@ -7,6 +7,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "common.h"
 #include "tokenizer.h"
@@ -258,19 +259,33 @@ static int repack_one(sd_model *m, const sd_tensor **field, char *err, size_t er
             return 0;
         }
     size_t nb = sd_row_size(t->type, t->ne[0]) * (size_t)t->ne[1];
-    void *buf = aligned_alloc(64, (nb + 64 + 63) / 64 * 64); // + 64: kernels may read a vector past the end
-    if (!buf) return sd_err(err, errlen, "out of memory repacking tensor '%.*s'", (int)t->name.len, t->name.ptr);
+    size_t size = (nb + 64 + 4095) / 4096 * 4096; // + 64: kernels may read a vector past the end
+    // Anonymous pages (zeroed), with transparent huge pages where the system
+    // allows them on request: a 1 GB model then takes a few hundred page
+    // faults to fill instead of a quarter of a million.
+    void *buf = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (buf == MAP_FAILED)
+        return sd_err(err, errlen, "out of memory repacking tensor '%.*s'", (int)t->name.len, t->name.ptr);
+#ifdef MADV_HUGEPAGE
+    (void)madvise(buf, size, MADV_HUGEPAGE);
+#endif
     if (sd_type_get(rt)->repack(t->data, buf, t->ne[0], t->ne[1]) != 0) {
-        free(buf);
+        munmap(buf, size);
         return 0;
     }
-    memset((char *)buf + nb, 0, 64);
+    // The file's copy is not read again (token_embd, looked up by row, is never
+    // repacked itself): give its pages back to the page cache.
+    if (t != m->tok_embd) {
+        uintptr_t a = ((uintptr_t)t->data + 4095) & ~(uintptr_t)4095, e = ((uintptr_t)t->data + nb) & ~(uintptr_t)4095;
+        if (e > a) (void)madvise((void *)a, e - a, MADV_DONTNEED);
+    }
     sd_tensor *c = &m->rp[m->n_rp];
     *c = *t;
     c->type = rt;
     c->data = buf;
     c->nbytes = nb;
     m->rp_src[m->n_rp] = t;
+    m->rp_size[m->n_rp] = size;
     m->rp_buf[m->n_rp++] = buf;
     *field = c;
     return 0;
@@ -288,7 +303,8 @@ static int repack_weights(sd_model *m, char *err, size_t errlen) {
     m->rp = calloc((size_t)n_max, sizeof(sd_tensor));
     m->rp_buf = calloc((size_t)n_max, sizeof(void *));
     m->rp_src = calloc((size_t)n_max, sizeof(sd_tensor *));
-    if (!m->rp || !m->rp_buf || !m->rp_src) return sd_err(err, errlen, "out of memory");
+    m->rp_size = calloc((size_t)n_max, sizeof(size_t));
+    if (!m->rp || !m->rp_buf || !m->rp_src || !m->rp_size) return sd_err(err, errlen, "out of memory");
     if ((r = repack_one(m, &m->output, err, errlen))) return r;
     for (int l = 0; l < m->hp.n_layer; l++) {
         sd_layer *L = &m->layers[l];
@@ -333,9 +349,10 @@ void sd_model_free(sd_model *m) {
     if (!m) return;
     if (m->tok) sd_tokenizer_free(m->tok);
     free(m->layers);
-    for (int i = 0; i < m->n_rp; i++) free(m->rp_buf[i]);
+    for (int i = 0; i < m->n_rp; i++) munmap(m->rp_buf[i], m->rp_size[i]);
     free(m->rp_buf);
     free(m->rp_src);
+    free(m->rp_size);
     free(m->rp);
     if (m->gguf) sd_gguf_close(m->gguf);
     free(m);

@@ -49,7 +49,8 @@ struct sd_model {
     // the layer / output pointers above then point into rp, whose data are
     // the rp_buf buffers (the file's copy stays mapped for token_embd).
     sd_tensor *rp;             // (n_rp_max) tensor headers, type = the repacked id
-    void **rp_buf;             // (n_rp_max) owned, 64-byte aligned
+    void **rp_buf;             // (n_rp_max) owned anonymous mappings (page aligned)
+    size_t *rp_size;           // (n_rp_max) bytes of each mapping
     const sd_tensor **rp_src;  // (n_rp_max) the file's tensor each rp entry was made from
     int n_rp;                  // used entries
 };
