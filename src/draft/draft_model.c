@@ -220,6 +220,9 @@ static int dm_sync(dm *d, const int32_t *text, int n, char *err, size_t errlen) 
 static int dm_propose_shape(dm *d, const sd_draft_ctx *ctx, sd_tree *tree, const sd_tree_shape *shape, char *err,
                             size_t errlen);
 
+// Catch-ups longer than this many tokens are not timed for the automatic tree.
+#define DM_SYNC_UNTIMED 8
+
 static int dm_propose(sd_drafter *dr, const sd_draft_ctx *ctx, sd_tree *tree, char *err, size_t errlen) {
     dm *d = dr->impl;
     if (tree->n != 1) return sd_err(err, errlen, "draft model: the tree must hold only the root");
@@ -229,6 +232,15 @@ static int dm_propose(sd_drafter *dr, const sd_draft_ctx *ctx, sd_tree *tree, ch
         return sd_err(err, errlen, "draft model: the tree root is not the last committed token");
     d->ctx = ctx;
     if (d->au) {   // time the whole propose, synchronisation included
+        // ... except a long catch-up (the prompt, on the first step), which
+        // is not a per-step cost and would teach the sizing that drafting is
+        // dear: done before the timed part.
+        int L = 0;
+        while (L < d->n_cached && L < ctx->n_tokens - 1 && d->cached[L] == ctx->tokens[L]) L++;
+        if (ctx->n_tokens - L > DM_SYNC_UNTIMED) {
+            int rc = dm_sync(d, ctx->tokens, ctx->n_tokens, err, errlen);
+            if (rc <= 0) return rc;
+        }
         const sd_tree_shape *shape = sd_draft_auto_begin(d->au);
         int rc = dm_propose_shape(d, ctx, tree, shape, err, errlen);
         sd_draft_auto_end(d->au);
@@ -436,6 +448,17 @@ int sd_draft_model_new(sd_drafter **out, const sd_model *draft, const sd_model *
     if (dp.shape == SD_DRAFT_AUTO) {
         sd_draft_auto_params ap = dp.tree_auto;
         ap.on = 1;
+        // The drafter's own cost, measured now (a chain node costs one
+        // 1-token forward; a level of w nodes one w-token forward), so that the
+        // first tree already weighs it instead of learning it from timings.
+        sd_cost_curve dc;
+        sd_cost_curve_init(&dc);
+        static const int dn[] = {1, 4};
+        if (sd_cost_curve_measure(&dc, d->s, dn, 2, 3, 0.0, err, errlen) >= 2) {
+            double d1 = sd_cost_curve_verify_ms(&dc, 1), d4 = sd_cost_curve_verify_ms(&dc, 4);
+            ap.draft_ms_per_node = SD_MAX(0.0, (d4 - d1) / 3.0);
+            ap.draft_ms_per_depth = d1 - ap.draft_ms_per_node;
+        }
         if (sd_draft_auto_new(&d->au, &ap, err, errlen) < 0) {
             dm_free(dr);
             return -1;
@@ -611,7 +634,8 @@ int sd_draft_auto_new(sd_draft_auto **out, const sd_draft_auto_params *p, char *
     }
     double fixed = a->ta->cost.draft_ms_fixed, pd = a->ta->cost.draft_ms_per_depth,
            pn = a->ta->cost.draft_ms_per_node;
-    a->ta->cost = *p->cost;   // the target's curve; the drafter model starts from 0 (learnt online)
+    if (p->draft_ms_per_depth > 0 || p->draft_ms_per_node > 0) pd = p->draft_ms_per_depth, pn = p->draft_ms_per_node;
+    a->ta->cost = *p->cost;   // the target's curve; the drafter's cost as measured, else learnt online from 0
     a->ta->cost.draft_ms_fixed = fixed, a->ta->cost.draft_ms_per_depth = pd, a->ta->cost.draft_ms_per_node = pn;
     if (sd_tree_auto_optimise(a->ta, err, errlen) < 0) {
         sd_draft_auto_free(a);

@@ -33,6 +33,8 @@ typedef struct sd_draft_auto_params {
     int reopt_every;                // re-optimise after this many steps; default 16
     sd_tree_auto_report_fn report;  // or NULL
     void *user;                     // for report
+    double draft_ms_per_depth;      // the drafter's cost model to start from (sd_cost_curve's
+    double draft_ms_per_node;       // fields, ms); both 0 (default): learnt online from 0
 } sd_draft_auto_params;
 
 sd_draft_auto_params sd_draft_auto_default_params(void);
