@@ -37,15 +37,16 @@
 // rows, rows of more than PK_NB_MAX blocks) is invariant in itself but does
 // not give the packed path's bits.
 //
-// Measured (this 2-vCPU EPYC, 2 threads, all matmuls of the default model =
-// 30 x 7 Q4_1 + the 49152 x 576 Q8_0 output, ~96 MB, noisy shared machine):
-// 1 token 3.0 ms (~32 GB/s), 2: 3.45, 4: 4.7, 8: 7.75, 16: 14.0, 64: 44 ms.
-// After keeping the activation vectors and scales of a tile in registers
-// (in_reg: GCC otherwise re-loads them as a memory operand of every dpbusd /
-// mul, and the tile was bound by L1 loads) and prefetching the weights a few
-// row pairs ahead for batches: the same matrices on 1 thread (CPU time,
-// synthetic weights) 1 token 5.25 ms, 4: 6.6, 8: 10.0, 16: 16.0 ms (before:
-// 5.27, 7.9, 13.0, 25.7 ms).
+// Repacked weights (SD_TYPE_*_R, see "repacked weights" below): models are
+// rewritten at load so that a group's unpacking is two loads and four ops;
+// one and two tokens then go straight from memory to registers, larger
+// batches through the packed path above.
+//
+// Measured (this 2-vCPU Zen 5 EPYC): a single core's vpdpbusd peak is about
+// one 512-bit instruction per cycle (2.3-2.6 G/s); on L2-resident 1536 x 576
+// Q4_1 weights, 1 thread: 1 token 19 us, 2: 26 us, 4: 36 us, 8: 54 us (about
+// 80% of that peak), 16: 88 us. Whole default model, 2 threads: 1 token
+// 2.4-2.6 ms (1.25x its memory-bandwidth floor), 8 tokens 5.7 ms.
 #include "quant.h"
 
 #include <string.h>
