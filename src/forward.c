@@ -70,6 +70,64 @@ static inline __attribute__((always_inline)) void scores_rows_mq(const float *co
                                                                  size_t stride, const int32_t *idx, int n, int d,
                                                                  float scale, float *const *out, float *mx) {
     int r = 0;
+#ifdef SD_FWD_AVX512
+    if (d % 16 == 0) {
+        // Eight rows at a time, 16 dims per step; the two halves of each
+        // accumulator are added, then the eight sums reduce as in the AVX2
+        // path below. (Head sizes that are multiples of 16 always take this
+        // path, so a score's bits never depend on the batch.)
+        __m256 vmx[SD_ATT_MQ];
+        for (int qi = 0; qi < nq; qi++) vmx[qi] = _mm256_set1_ps(mx[qi]);
+        for (; r + 8 <= n; r += 8) {
+            const float *k[8];
+            for (int j = 0; j < 8; j++) k[j] = base + (size_t)(idx ? idx[r + j] : r + j) * stride;
+            __m512 a[SD_ATT_MQ][8];
+            for (int qi = 0; qi < nq; qi++)
+                for (int j = 0; j < 8; j++) a[qi][j] = _mm512_setzero_ps();
+            for (int c = 0; c < d; c += 16) {
+                __m512 qv[SD_ATT_MQ];
+                for (int qi = 0; qi < nq; qi++) qv[qi] = _mm512_loadu_ps(q[qi] + c);
+                for (int j = 0; j < 8; j++) {
+                    __m512 kv = _mm512_loadu_ps(k[j] + c);
+                    for (int qi = 0; qi < nq; qi++) a[qi][j] = _mm512_fmadd_ps(qv[qi], kv, a[qi][j]);
+                }
+            }
+            for (int qi = 0; qi < nq; qi++) {
+                __m256 b[8];
+                for (int j = 0; j < 8; j++)
+                    b[j] = _mm256_add_ps(_mm512_castps512_ps256(a[qi][j]), _mm512_extractf32x8_ps(a[qi][j], 1));
+                __m256 h01 = _mm256_hadd_ps(b[0], b[1]), h23 = _mm256_hadd_ps(b[2], b[3]);
+                __m256 h45 = _mm256_hadd_ps(b[4], b[5]), h67 = _mm256_hadd_ps(b[6], b[7]);
+                __m256 h0 = _mm256_hadd_ps(h01, h23), h1 = _mm256_hadd_ps(h45, h67);
+                __m256 v = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
+                v = _mm256_mul_ps(v, _mm256_set1_ps(scale));
+                _mm256_storeu_ps(out[qi] + r, v);
+                vmx[qi] = _mm256_max_ps(vmx[qi], v);
+            }
+        }
+        for (; r < n; r++) {
+            const float *k = base + (size_t)(idx ? idx[r] : r) * stride;
+            for (int qi = 0; qi < nq; qi++) {
+                __m512 acc = _mm512_setzero_ps();
+                for (int c = 0; c < d; c += 16)
+                    acc = _mm512_fmadd_ps(_mm512_loadu_ps(q[qi] + c), _mm512_loadu_ps(k + c), acc);
+                // the reduction order of the eight-row path above
+                float l[8];
+                _mm256_storeu_ps(l, _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1)));
+                out[qi][r] = (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))) * scale;
+                if (out[qi][r] > mx[qi]) mx[qi] = out[qi][r];
+            }
+        }
+        for (int qi = 0; qi < nq; qi++) {
+            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmx[qi]), _mm256_extractf128_ps(vmx[qi], 1));
+            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+            float m8 = _mm_cvtss_f32(m4);
+            if (m8 > mx[qi]) mx[qi] = m8;
+        }
+        return;
+    }
+#endif
 #ifdef SD_FWD_AVX2
     if (d % 8 == 0) {
         // Eight rows at a time; one horizontal reduction gives all eight dots.
