@@ -61,6 +61,35 @@ static inline float hsum8(__m256 v) {
 // the attention (GQA: the query heads sharing a KV head read the same key
 // and value rows once).
 
+#ifdef SD_FWD_AVX2
+// The eight horizontal sums of a[0..7], in lane j, always in the same order
+// (every score of a row goes through it: batch invariance), times scale,
+// stored to out[0..8); vmx = max(vmx, them).
+static inline __m256 sum8_store(const __m256 a[8], float scale, float *out, __m256 vmx) {
+    __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
+    __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
+    __m256 h0 = _mm256_hadd_ps(h01, h23), h1 = _mm256_hadd_ps(h45, h67);
+    __m256 v = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
+    v = _mm256_mul_ps(v, _mm256_set1_ps(scale));
+    _mm256_storeu_ps(out, v);
+    return _mm256_max_ps(vmx, v);
+}
+
+// The sum of one accumulator in the order sum8_store gives each lane.
+static inline float sum8_one(__m256 acc, float scale) {
+    float l[8];
+    _mm256_storeu_ps(l, acc);
+    return (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))) * scale;
+}
+
+static inline float hmax8(__m256 v) {
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    return _mm_cvtss_f32(m4);
+}
+#endif
+
 // For each query qi < nq: out[qi][r] = scale * dot(q[qi], row r) for n rows
 // of dimension d; row r starts at base + (idx ? idx[r] : r) * stride.
 // mx[qi] = max(mx[qi], its scores). Every (query, row) dot is the same
@@ -96,13 +125,7 @@ static inline __attribute__((always_inline)) void scores_rows_mq(const float *co
                 __m256 b[8];
                 for (int j = 0; j < 8; j++)
                     b[j] = _mm256_add_ps(_mm512_castps512_ps256(a[qi][j]), _mm512_extractf32x8_ps(a[qi][j], 1));
-                __m256 h01 = _mm256_hadd_ps(b[0], b[1]), h23 = _mm256_hadd_ps(b[2], b[3]);
-                __m256 h45 = _mm256_hadd_ps(b[4], b[5]), h67 = _mm256_hadd_ps(b[6], b[7]);
-                __m256 h0 = _mm256_hadd_ps(h01, h23), h1 = _mm256_hadd_ps(h45, h67);
-                __m256 v = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
-                v = _mm256_mul_ps(v, _mm256_set1_ps(scale));
-                _mm256_storeu_ps(out[qi] + r, v);
-                vmx[qi] = _mm256_max_ps(vmx[qi], v);
+                vmx[qi] = sum8_store(b, scale, out[qi] + r, vmx[qi]);
             }
         }
         for (; r < n; r++) {
@@ -112,19 +135,11 @@ static inline __attribute__((always_inline)) void scores_rows_mq(const float *co
                 for (int c = 0; c < d; c += 16)
                     acc = _mm512_fmadd_ps(_mm512_loadu_ps(q[qi] + c), _mm512_loadu_ps(k + c), acc);
                 // the reduction order of the eight-row path above
-                float l[8];
-                _mm256_storeu_ps(l, _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1)));
-                out[qi][r] = (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))) * scale;
+                out[qi][r] = sum8_one(_mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1)), scale);
                 if (out[qi][r] > mx[qi]) mx[qi] = out[qi][r];
             }
         }
-        for (int qi = 0; qi < nq; qi++) {
-            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmx[qi]), _mm256_extractf128_ps(vmx[qi], 1));
-            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-            m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-            float m8 = _mm_cvtss_f32(m4);
-            if (m8 > mx[qi]) mx[qi] = m8;
-        }
+        for (int qi = 0; qi < nq; qi++) mx[qi] = SD_MAX(mx[qi], hmax8(vmx[qi]));
         return;
     }
 #endif
@@ -147,15 +162,7 @@ static inline __attribute__((always_inline)) void scores_rows_mq(const float *co
                     for (int qi = 0; qi < nq; qi++) a[qi][j] = _mm256_fmadd_ps(qv[qi], kv, a[qi][j]);
                 }
             }
-            for (int qi = 0; qi < nq; qi++) {
-                __m256 h01 = _mm256_hadd_ps(a[qi][0], a[qi][1]), h23 = _mm256_hadd_ps(a[qi][2], a[qi][3]);
-                __m256 h45 = _mm256_hadd_ps(a[qi][4], a[qi][5]), h67 = _mm256_hadd_ps(a[qi][6], a[qi][7]);
-                __m256 h0 = _mm256_hadd_ps(h01, h23), h1 = _mm256_hadd_ps(h45, h67);
-                __m256 v = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
-                v = _mm256_mul_ps(v, _mm256_set1_ps(scale));
-                _mm256_storeu_ps(out[qi] + r, v);
-                vmx[qi] = _mm256_max_ps(vmx[qi], v);
-            }
+            for (int qi = 0; qi < nq; qi++) vmx[qi] = sum8_store(a[qi], scale, out[qi] + r, vmx[qi]);
         }
         for (; r < n; r++) {
             const float *k = base + (size_t)(idx ? idx[r] : r) * stride;
@@ -165,19 +172,11 @@ static inline __attribute__((always_inline)) void scores_rows_mq(const float *co
                 // Reduce in exactly the order of the eight-row hadd path above, so
                 // that a key's score does not depend on whether it fell into a
                 // group of eight: batched and one-token forwards stay bit-identical.
-                float l[8];
-                _mm256_storeu_ps(l, acc);
-                out[qi][r] = (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))) * scale;
+                out[qi][r] = sum8_one(acc, scale);
                 if (out[qi][r] > mx[qi]) mx[qi] = out[qi][r];
             }
         }
-        for (int qi = 0; qi < nq; qi++) {
-            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmx[qi]), _mm256_extractf128_ps(vmx[qi], 1));
-            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-            m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-            float m8 = _mm_cvtss_f32(m4);
-            if (m8 > mx[qi]) mx[qi] = m8;
-        }
+        for (int qi = 0; qi < nq; qi++) mx[qi] = SD_MAX(mx[qi], hmax8(vmx[qi]));
         return;
     }
 #endif
