@@ -196,28 +196,37 @@ static void trie_reset(ng *g) {
     g->t_w[0] = 0;
 }
 
+// The child of node cur with token tok, created (all counts zero, appended
+// at the end of the sibling list: creation order) if absent; -1 when the trie
+// is full.
+static int trie_child(ng *g, int cur, int32_t tok) {
+    int ch = g->t_child[cur];
+    while (ch >= 0 && g->t_tok[ch] != tok) ch = g->t_sib[ch];
+    if (ch >= 0) return ch;
+    if (g->n_trie >= g->trie_cap) return -1;
+    ch = g->n_trie++;
+    g->t_tok[ch] = tok;
+    g->t_par[ch] = cur;
+    g->t_child[ch] = -1;
+    g->t_sib[ch] = -1;
+    g->t_w[ch] = 0;
+    g->t_wd[ch] = 0;
+    g->t_m[ch] = g->t_mds[ch] = g->t_sup[ch] = 0;
+    if (g->t_child[cur] < 0) g->t_child[cur] = ch;
+    else {
+        int s = g->t_child[cur];
+        while (g->t_sib[s] >= 0) s = g->t_sib[s];
+        g->t_sib[s] = ch;
+    }
+    return ch;
+}
+
 static void trie_insert(ng *g, const int32_t *c, int len, int w) {
     int cur = 0;
     g->t_w[0] += w;
     for (int j = 0; j < len; j++) {
-        int ch = g->t_child[cur];
-        while (ch >= 0 && g->t_tok[ch] != c[j]) ch = g->t_sib[ch];
-        if (ch < 0) {
-            if (g->n_trie >= g->trie_cap) return;
-            ch = g->n_trie++;
-            g->t_tok[ch] = c[j];
-            g->t_par[ch] = cur;
-            g->t_child[ch] = -1;
-            g->t_w[ch] = 0;
-            // Appended at the end of the sibling list: creation order.
-            g->t_sib[ch] = -1;
-            if (g->t_child[cur] < 0) g->t_child[cur] = ch;
-            else {
-                int s = g->t_child[cur];
-                while (g->t_sib[s] >= 0) s = g->t_sib[s];
-                g->t_sib[s] = ch;
-            }
-        }
+        int ch = trie_child(g, cur, c[j]);
+        if (ch < 0) return;
         g->t_w[ch] += w;
         cur = ch;
     }
@@ -228,14 +237,15 @@ static int trie_before(const ng *g, int32_t a, int32_t b) {
     return g->t_w[a] > g->t_w[b] || (g->t_w[a] == g->t_w[b] && a < b);
 }
 
-static void trie_sort(ng *g, int32_t *idx, int n) {   // shell sort: no allocation
+// Sorts idx by before (shell sort: no allocation).
+static void trie_sort(const ng *g, int32_t *idx, int n, int (*before)(const ng *, int32_t, int32_t)) {
     static const int gaps[] = {701, 301, 132, 57, 23, 10, 4, 1};
     for (size_t gi = 0; gi < sizeof gaps / sizeof *gaps; gi++) {
         int gap = gaps[gi];
         for (int i = gap; i < n; i++) {
             int32_t v = idx[i];
             int j = i;
-            while (j >= gap && trie_before(g, v, idx[j - gap])) {
+            while (j >= gap && before(g, v, idx[j - gap])) {
                 idx[j] = idx[j - gap];
                 j -= gap;
             }
@@ -344,7 +354,7 @@ static int ng_propose_capped(ng *g, const sd_draft_ctx *ctx, sd_tree *tree, int 
     // Heaviest trie nodes first, within the branch budget and the node limit.
     int n_ord = 0;
     for (int i = 1; i < g->n_trie; i++) g->t_order[n_ord++] = i;
-    trie_sort(g, g->t_order, n_ord);
+    trie_sort(g, g->t_order, n_ord, trie_before);
     for (int i = 0; i < g->n_trie; i++) g->t_sel[i] = -1, g->t_nch[i] = 0;
     g->t_sel[0] = 0;
     int leaves = 0;
@@ -394,25 +404,8 @@ static void trie_insert_sized(ng *g, const int32_t *c, int len, double w, int l,
     int cur = 0;
     g->t_wd[0] += w;
     for (int j = 0; j < len; j++) {
-        int ch = g->t_child[cur];
-        while (ch >= 0 && g->t_tok[ch] != c[j]) ch = g->t_sib[ch];
-        if (ch < 0) {
-            if (g->n_trie >= g->trie_cap) return;
-            ch = g->n_trie++;
-            g->t_tok[ch] = c[j];
-            g->t_par[ch] = cur;
-            g->t_child[ch] = -1;
-            g->t_sib[ch] = -1;
-            g->t_w[ch] = 0;
-            g->t_wd[ch] = 0;
-            g->t_m[ch] = g->t_mds[ch] = g->t_sup[ch] = 0;
-            if (g->t_child[cur] < 0) g->t_child[cur] = ch;
-            else {
-                int s = g->t_child[cur];
-                while (g->t_sib[s] >= 0) s = g->t_sib[s];
-                g->t_sib[s] = ch;
-            }
-        }
+        int ch = trie_child(g, cur, c[j]);
+        if (ch < 0) return;
         g->t_wd[ch] += w;
         int m = SD_MIN(l + j, NG_LMAX);
         int32_t *mm = ds ? &g->t_mds[ch] : &g->t_m[ch];
@@ -427,21 +420,6 @@ static int sized_before(const ng *g, int32_t a, int32_t b) {
     return g->t_f[a] > g->t_f[b] || (g->t_f[a] == g->t_f[b] && a < b);
 }
 
-static void sized_sort(ng *g, int32_t *idx, int n) {   // shell sort: no allocation
-    static const int gaps[] = {701, 301, 132, 57, 23, 10, 4, 1};
-    for (size_t gi = 0; gi < sizeof gaps / sizeof *gaps; gi++) {
-        int gap = gaps[gi];
-        for (int i = gap; i < n; i++) {
-            int32_t v = idx[i];
-            int j = i;
-            while (j >= gap && sized_before(g, v, idx[j - gap])) {
-                idx[j] = idx[j - gap];
-                j -= gap;
-            }
-            idx[j] = v;
-        }
-    }
-}
 
 // The continuation of length len after end position e of the text h[0..L):
 // h[e+1..L) and then, where the text ends, the continuation itself (a match
@@ -530,7 +508,7 @@ static int ng_propose_sized(ng *g, const sd_draft_ctx *ctx, sd_tree *tree, char 
     // within the branch budget and the node limit.
     int n_ord = 0;
     for (int i = 1; i < g->n_trie; i++) g->t_order[n_ord++] = i;
-    sized_sort(g, g->t_order, n_ord);
+    trie_sort(g, g->t_order, n_ord, sized_before);
     for (int i = 0; i < g->n_trie; i++) g->t_sel[i] = -1, g->t_nch[i] = 0;
     g->t_sel[0] = 0;
     int leaves = 0, m = 0;
