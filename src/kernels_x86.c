@@ -724,22 +724,31 @@ AI void packed_all_tokens(int type, int R, int64_t nb, const wpack *pk, const ui
     }
 }
 
-AI void gemm_packed(int type, int64_t n_in, const void *W, size_t wrb, int64_t r0, int64_t r1, const void *xq,
-                    size_t xrb, int64_t n_tok, float *y, int64_t ldy) {
+AI void pack_rows_rp(int type, int R, int64_t nb, const uint8_t *w, size_t wrb, wpack *pk); // repacked rows, below
+
+// Software prefetch of n bytes from p into L1.
+AI void prefetch_bytes(const uint8_t *p, size_t n) {
+    for (size_t o = 0; o < n; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
+}
+
+// Rows [r0, r1), all tokens, through the L1 pack of each row pair; rp: the
+// rows are in the repacked layout (SD_TYPE_*_R) rather than the file's.
+AI void gemm_packed(int type, int rp, int64_t n_in, const void *W, size_t wrb, int64_t r0, int64_t r1,
+                    const void *xq, size_t xrb, int64_t n_tok, float *y, int64_t ldy) {
     const int64_t nb = n_in / SD_QK;
     const uint8_t *w = W;
     _Alignas(64) wpack pk;
     int64_t r = r0;
     for (; r + PK_R <= r1; r += PK_R) {
-        if (n_tok > 1 && r + PK_R * (PK_PF + 1) <= r1) { // the rows PK_PF pairs ahead
-            const char *p = (const char *)(w + (r + PK_R * PK_PF) * wrb);
-            for (size_t o = 0; o < PK_R * wrb; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
-        }
-        pack_rows(type, PK_R, nb, w + r * wrb, wrb, &pk);
+        if (n_tok > 1 && r + PK_R * (PK_PF + 1) <= r1) // the rows PK_PF pairs ahead
+            prefetch_bytes(w + (r + PK_R * PK_PF) * wrb, PK_R * wrb);
+        if (rp) pack_rows_rp(type, PK_R, nb, w + r * wrb, wrb, &pk);
+        else pack_rows(type, PK_R, nb, w + r * wrb, wrb, &pk);
         packed_all_tokens(type, PK_R, nb, &pk, xq, xrb, n_tok, y + r, ldy);
     }
     for (; r < r1; r++) {
-        pack_rows(type, 1, nb, w + r * wrb, wrb, &pk);
+        if (rp) pack_rows_rp(type, 1, nb, w + r * wrb, wrb, &pk);
+        else pack_rows(type, 1, nb, w + r * wrb, wrb, &pk);
         packed_all_tokens(type, 1, nb, &pk, xq, xrb, n_tok, y + r, ldy);
     }
 }
@@ -749,7 +758,7 @@ AI void gemm_packed(int type, int64_t n_in, const void *W, size_t wrb, int64_t r
                             size_t xrb, int64_t n_tok, float *y, int64_t ldy) {                              \
         if (xrb == pack_bytes(TYPE, n_in) && n_in / SD_QK <= PK_NB_MAX && ((uintptr_t)xq & 63) == 0 &&      \
             xrb % 64 == 0)                                                                                   \
-            gemm_packed(TYPE, n_in, W, wrb, r0, r1, xq, xrb, n_tok, y, ldy);                                 \
+            gemm_packed(TYPE, 0, n_in, W, wrb, r0, r1, xq, xrb, n_tok, y, ldy);                                 \
         else                                                                                                 \
             gemm_generic(TYPE, n_in, W, wrb, r0, r1, xq, xrb, n_tok, y, ldy);                                \
     }                                                                                                        \
@@ -1001,52 +1010,22 @@ AI void gemm_repacked(int type, int64_t n_in, const void *W, size_t wrb, int64_t
     const uint8_t *w = W;
     // the activations are always packed for a repacked type (sd_matmul uses its packer)
     SD_ASSERT(xrb == pack_bytes(type, n_in) && nb <= PK_NB_MAX && ((uintptr_t)xq & 63) == 0 && xrb % 64 == 0);
+    if (n_tok > 2) {
+        gemm_packed(type, 1, n_in, W, wrb, r0, r1, xq, xrb, n_tok, y, ldy);
+        return;
+    }
+    // One or two tokens, measured on the default model (2 threads): 4 rows
+    // per tile and a software prefetch 16 rows ahead, 2.3-2.4 ms per token;
+    // 2 rows 2.4-2.6, no prefetch 2.9-4.1 (the hardware prefetcher lags).
     int64_t r = r0;
-    if (n_tok == 1) {
-        // Measured on the default model (2 threads): 4 rows per tile and a
-        // software prefetch 16 rows ahead, 2.3-2.4 ms per token; 2 rows 2.4-2.6,
-        // no prefetch 2.9-4.1 (the hardware prefetcher alone lags behind).
-        const int64_t pf1 = RP1_PF;
-        for (; r + 4 <= r1; r += 4) {
-            if (r + 4 + pf1 <= r1) {
-                const char *p = (const char *)(w + (r + pf1) * wrb);
-                for (size_t o = 0; o < 4 * wrb; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
-            }
-            rp_tile1(type, 4, nb, w + r * wrb, wrb, xq, y + r);
-        }
-        for (; r + 2 <= r1; r += 2) {
-            if (r + 2 + pf1 <= r1) {
-                const char *p = (const char *)(w + (r + pf1) * wrb);
-                for (size_t o = 0; o < 2 * wrb; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
-            }
-            rp_tile1(type, 2, nb, w + r * wrb, wrb, xq, y + r);
-        }
-        for (; r < r1; r++) rp_tile1(type, 1, nb, w + r * wrb, wrb, xq, y + r);
-        return;
-    }
-    if (n_tok == 2) {
-        for (; r + 4 <= r1; r += 4) {
-            if (r + 4 + RP1_PF <= r1) {
-                const char *p = (const char *)(w + (r + RP1_PF) * wrb);
-                for (size_t o = 0; o < 4 * wrb; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
-            }
-            rp_tile2(type, 4, nb, w + r * wrb, wrb, xq, xrb, y + r, ldy);
-        }
-        for (; r < r1; r++) rp_tile2(type, 1, nb, w + r * wrb, wrb, xq, xrb, y + r, ldy);
-        return;
-    }
-    _Alignas(64) wpack pk;
-    for (; r + PK_R <= r1; r += PK_R) {
-        if (r + PK_R * (PK_PF + 1) <= r1) { // the rows PK_PF pairs ahead
-            const char *p = (const char *)(w + (r + PK_R * PK_PF) * wrb);
-            for (size_t o = 0; o < PK_R * wrb; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
-        }
-        pack_rows_rp(type, PK_R, nb, w + r * wrb, wrb, &pk);
-        packed_all_tokens(type, PK_R, nb, &pk, xq, xrb, n_tok, y + r, ldy);
+    for (; r + 4 <= r1; r += 4) {
+        if (r + 4 + RP1_PF <= r1) prefetch_bytes(w + (r + RP1_PF) * wrb, 4 * wrb);
+        if (n_tok == 1) rp_tile1(type, 4, nb, w + r * wrb, wrb, xq, y + r);
+        else rp_tile2(type, 4, nb, w + r * wrb, wrb, xq, xrb, y + r, ldy);
     }
     for (; r < r1; r++) {
-        pack_rows_rp(type, 1, nb, w + r * wrb, wrb, &pk);
-        packed_all_tokens(type, 1, nb, &pk, xq, xrb, n_tok, y + r, ldy);
+        if (n_tok == 1) rp_tile1(type, 1, nb, w + r * wrb, wrb, xq, y + r);
+        else rp_tile2(type, 1, nb, w + r * wrb, wrb, xq, xrb, y + r, ldy);
     }
 }
 
