@@ -430,8 +430,15 @@ static void swiglu_cols(void *arg, int64_t r0, int64_t r1) {
     for (long t = 0; t < job->n; t++) swiglu_span(s->ff_g + t * n_ff + r0, s->ff_u + t * n_ff + r0, (long)(r1 - r0));
 }
 
+// The tensor a matmul of this forward reads: with float activations
+// (sd_batch.precise) the file's layout, which has a dequantizer, else the
+// model's (possibly repacked) copy.
+static const sd_tensor *mm_weight(const sd_session *s, const sd_tensor *w) {
+    return s->mm.act_f32 ? sd_model_file_tensor(s->m, w) : w;
+}
+
 static void matmul_t(sd_session *s, const sd_tensor *w, const float *x, int n_tok, float *y) {
-    if (s->mm.act_f32) w = sd_model_file_tensor(s->m, w);
+    w = mm_weight(s, w);
     sd_matmul(&s->mm, w->type, w->data, w->ne[0], w->ne[1], x, n_tok, y);
 }
 
@@ -443,7 +450,7 @@ static void matmul_multi_t(sd_session *s, int n_mats, const sd_tensor *const *w,
     int64_t n_out[4];
     for (int m = 0; m < n_mats; m++) {
         SD_ASSERT(w[m]->ne[0] == w[0]->ne[0]);
-        const sd_tensor *f = s->mm.act_f32 ? sd_model_file_tensor(s->m, w[m]) : w[m];
+        const sd_tensor *f = mm_weight(s, w[m]);
         types[m] = f->type;
         W[m] = f->data;
         n_out[m] = w[m]->ne[1];
@@ -571,8 +578,7 @@ int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errle
         {
             // gate and up in one pool run, each thread applying SwiGLU to its
             // columns (shapes were validated at load: both are [n_embd, n_ff])
-            const sd_tensor *wg = L->w_gate, *wu = L->w_up;
-            if (s->mm.act_f32) wg = sd_model_file_tensor(m, wg), wu = sd_model_file_tensor(m, wu);
+            const sd_tensor *wg = mm_weight(s, L->w_gate), *wu = mm_weight(s, L->w_up);
             const int ty[2] = {wg->type, wu->type};
             const void *W2[2] = {wg->data, wu->data};
             float *y2[2] = {s->ff_g, s->ff_u};

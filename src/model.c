@@ -253,11 +253,6 @@ static int repack_one(sd_model *m, const sd_tensor **field, char *err, size_t er
     const sd_tensor *t = *field;
     int rt = sd_quant_repack_type(t->type, t->ne[0]);
     if (rt < 0) return 0;
-    for (int i = 0; i < m->n_rp; i++) // already done (e.g. an output shared by name)
-        if (m->rp[i].data && m->rp[i].name.ptr == t->name.ptr) {
-            *field = &m->rp[i];
-            return 0;
-        }
     size_t nb = sd_row_size(t->type, t->ne[0]) * (size_t)t->ne[1];
     size_t size = (nb + 64 + 4095) / 4096 * 4096; // + 64: kernels may read a vector past the end
     // Anonymous pages (zeroed), with transparent huge pages where the system

@@ -187,11 +187,18 @@ static int dm_dist(void *ud, const sd_tree *t, const int32_t *nodes, int n_nodes
 // Brings the draft cache to text[0..n) (root included) and leaves the logits
 // after the root in root_logits. Returns 1 if done, 0 if the text does not
 // fit the draft's context (nothing is drafted), <0 on error.
+// Tokens of text[0..n) the draft cache keeps: the common prefix, short of the
+// root (its logits are needed, and logits are not kept).
+static int dm_kept(const dm *d, const int32_t *text, int n) {
+    int L = 0;
+    while (L < d->n_cached && L < n - 1 && d->cached[L] == text[L]) L++;
+    return L;
+}
+
 static int dm_sync(dm *d, const int32_t *text, int n, char *err, size_t errlen) {
     char ferr[256];
     if (n > d->n_ctx) return 0;
-    int L = 0;
-    while (L < d->n_cached && L < n - 1 && d->cached[L] == text[L]) L++;
+    int L = dm_kept(d, text, n);
     if (L < d->n_cached || sd_session_n_past(d->s) != d->n_cached) {
         if (sd_session_truncate(d->s, L, ferr, sizeof ferr) < 0)
             return sd_err(err, errlen, "draft model: %s", ferr);
@@ -234,10 +241,9 @@ static int dm_propose(sd_drafter *dr, const sd_draft_ctx *ctx, sd_tree *tree, ch
     if (d->au) {   // time the whole propose, synchronisation included
         // ... except a long catch-up (the prompt, on the first step), which
         // is not a per-step cost and would teach the sizing that drafting is
-        // dear: done before the timed part.
-        int L = 0;
-        while (L < d->n_cached && L < ctx->n_tokens - 1 && d->cached[L] == ctx->tokens[L]) L++;
-        if (ctx->n_tokens - L > DM_SYNC_UNTIMED) {
+        // dear: done before the timed part (the timed sync then evaluates
+        // only the root again).
+        if (ctx->n_tokens - dm_kept(d, ctx->tokens, ctx->n_tokens) > DM_SYNC_UNTIMED) {
             int rc = dm_sync(d, ctx->tokens, ctx->n_tokens, err, errlen);
             if (rc <= 0) return rc;
         }
