@@ -68,68 +68,6 @@ TGT_AI float hsum(__m256 v) {
     return _mm_cvtss_f32(h);
 }
 
-// Q4_0 / Q5_0 (offset 8 / 16) against Q8_0.
-TGT_AI float dot_off(int q5, int64_t n, const void *wv, const void *xv) {
-    const sd_block_q8_0 *x = xv;
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < n / SD_QK; b++) {
-        __m256i u, xs = _mm256_loadu_si256((const __m256i *)x[b].qs);
-        float d;
-        if (q5) {
-            const sd_block_q5_0 *w = (const sd_block_q5_0 *)wv + b;
-            u = _mm256_or_si256(nib32(w->qs), q5_hi(w->qh));
-            d = h2f(w->d);
-        } else {
-            const sd_block_q4_0 *w = (const sd_block_q4_0 *)wv + b;
-            u = nib32(w->qs);
-            d = h2f(w->d);
-        }
-        __m256i is = _mm256_sub_epi32(dot_us(u, xs), _mm256_mullo_epi32(sum_s(xs), _mm256_set1_epi32(q5 ? 16 : 8)));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_set1_ps(d * h2f(x[b].d)), acc);
-    }
-    return hsum(acc);
-}
-
-// Q4_1 / Q5_1 against Q8_1.
-TGT_AI float dot_min(int q5, int64_t n, const void *wv, const void *xv) {
-    const sd_block_q8_1 *x = xv;
-    __m256 acc = _mm256_setzero_ps();
-    float ms = 0;
-    for (int64_t b = 0; b < n / SD_QK; b++) {
-        __m256i u, xs = _mm256_loadu_si256((const __m256i *)x[b].qs);
-        float d, m;
-        if (q5) {
-            const sd_block_q5_1 *w = (const sd_block_q5_1 *)wv + b;
-            u = _mm256_or_si256(nib32(w->qs), q5_hi(w->qh));
-            d = h2f(w->d), m = h2f(w->m);
-        } else {
-            const sd_block_q4_1 *w = (const sd_block_q4_1 *)wv + b;
-            u = nib32(w->qs);
-            d = h2f(w->d), m = h2f(w->m);
-        }
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_us(u, xs)), _mm256_set1_ps(d * x[b].d), acc);
-        ms += m * x[b].s;
-    }
-    return hsum(acc) + ms;
-}
-
-static TGT float dot_q4_0(int64_t n, const void *w, const void *x) { return dot_off(0, n, w, x); }
-static TGT float dot_q5_0(int64_t n, const void *w, const void *x) { return dot_off(1, n, w, x); }
-static TGT float dot_q4_1(int64_t n, const void *w, const void *x) { return dot_min(0, n, w, x); }
-static TGT float dot_q5_1(int64_t n, const void *w, const void *x) { return dot_min(1, n, w, x); }
-
-static TGT float dot_q8_0(int64_t n, const void *wv, const void *xv) {
-    const sd_block_q8_0 *w = wv, *x = xv;
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < n / SD_QK; b++) {
-        __m256i wq = _mm256_loadu_si256((const __m256i *)w[b].qs), xq = _mm256_loadu_si256((const __m256i *)x[b].qs);
-        // |w| * (x with w's sign): vpmaddubsw needs one unsigned operand
-        __m256i is = dot_us(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_set1_ps(h2f(w[b].d) * h2f(x[b].d)), acc);
-    }
-    return hsum(acc);
-}
-
 // The unsigned weight bytes, d and m of block b of a row (Q8_0: |w|, the
 // signs go onto the activations in tile_row).
 TGT_AI __m256i w_block(int type, const void *wv, int64_t b, float *d, float *m) {
@@ -163,8 +101,8 @@ TGT_AI __m256i w_block(int type, const void *wv, int64_t b, float *d, float *m) 
 }
 
 // One weight row against T <= 4 activation rows: each block's weights are
-// unpacked once for all T tokens. Every token gets exactly the operations of
-// the vec_dot functions above, in the same order (same bits).
+// unpacked once for all T tokens, and every token gets the same operations
+// in the same order whatever T is (vec_dot is the T = 1 case: same bits).
 TGT_AI void tile_row(int type, int T, int64_t n, const void *w, const char *xq, size_t xrb, float *y, int64_t ldy) {
     __m256 acc[4];
     float ms[4] = {0, 0, 0, 0};
@@ -193,6 +131,19 @@ TGT_AI void tile_row(int type, int T, int64_t n, const void *w, const char *xq, 
     }
     for (int t = 0; t < T; t++) y[t * ldy] = with_min ? hsum(acc[t]) + ms[t] : hsum(acc[t]);
 }
+
+// vec_dot: one weight row, one activation row.
+#define DOT(name, TYPE)                                                    \
+    static TGT float dot_##name(int64_t n, const void *w, const void *x) { \
+        float y;                                                           \
+        tile_row(TYPE, 1, n, w, (const char *)x, 0, &y, 1);                \
+        return y;                                                          \
+    }
+DOT(q4_0, SD_TYPE_Q4_0)
+DOT(q4_1, SD_TYPE_Q4_1)
+DOT(q5_0, SD_TYPE_Q5_0)
+DOT(q5_1, SD_TYPE_Q5_1)
+DOT(q8_0, SD_TYPE_Q8_0)
 
 #define GEMM(name, TYPE)                                                                                        \
     static TGT void gemm_##name(int64_t n_in, const void *W, size_t wrb, int64_t r0, int64_t r1, const void *xq, \

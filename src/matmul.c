@@ -265,12 +265,9 @@ static void matmul_run(sd_mm_ctx *ctx, int wtype, int n_mats, const void *const 
     if (nc == 0) return;
     atomic_init(&j.n_conv_done, 0);
     int vdt = tr->vec_dot_type;
-    if (ctx && ctx->act_f32 && tr->to_float && n_in <= SD_F32_MAX_IN) {
-        j.f32 = 1;
-        sd_pool_run(ctx->pool, mm_task, &j);
-        return;
-    }
-    if (!act_is_f32(vdt)) {
+    // float activations: x is used as it is, no conversion
+    j.f32 = ctx && ctx->act_f32 && tr->to_float && n_in <= SD_F32_MAX_IN;
+    if (!j.f32 && !act_is_f32(vdt)) {
         SD_ASSERT(ctx && ctx->wbuf);
         char *buf = (char *)(((uintptr_t)ctx->wbuf + 63) & ~(uintptr_t)63);
         size_t room = ctx->wbuf_size - (size_t)(buf - (char *)ctx->wbuf);

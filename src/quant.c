@@ -441,25 +441,7 @@ const sd_type_traits *sd_type_get(int t) {
 }
 
 // mode: 0 the best the CPU has, 1 scalar references only, 2 the AVX2 family
-// even where AVX-512 VNNI exists (tests).
-static void quant_init_locked(int mode);
-
-void sd_quant_init(int force_ref) {
-    pthread_mutex_lock(&g_lock);
-    quant_init_locked(force_ref ? 1 : 0);
-    pthread_mutex_unlock(&g_lock);
-}
-
-int sd_quant_init_backend(const char *name) {
-    int mode = !strcmp(name, "auto") ? 0 : !strcmp(name, "scalar") ? 1 : !strcmp(name, "avx2") ? 2 : -1;
-    if (mode < 0) return -1;
-    pthread_mutex_lock(&g_lock);
-    quant_init_locked(mode);
-    int ok = mode != 2 || strcmp(g_backend, "avx2") == 0;
-    pthread_mutex_unlock(&g_lock);
-    return ok ? 0 : -1;
-}
-
+// even where AVX-512 VNNI exists (tests). Called with g_lock held.
 static void quant_init_locked(int mode) {
     const int force_ref = mode == 1;
     for (int t = 0; t < SD_TYPE_COUNT; t++) {
@@ -478,6 +460,23 @@ static void quant_init_locked(int mode) {
     g_backend = be ? be : "scalar";
     sd_quant_k_init(g_traits, force_ref);
     atomic_store_explicit(&g_inited, 1, memory_order_release);
+}
+
+void sd_quant_init(int force_ref) {
+    pthread_mutex_lock(&g_lock);
+    quant_init_locked(force_ref ? 1 : 0);
+    pthread_mutex_unlock(&g_lock);
+}
+
+int sd_quant_init_backend(const char *name) {
+    int mode = !strcmp(name, "auto") ? 0 : !strcmp(name, "scalar") ? 1 : !strcmp(name, "avx2") ? 2 : -1;
+    if (mode < 0) return -1;
+    pthread_mutex_lock(&g_lock);
+    quant_init_locked(mode);
+    int ok = mode != 2 || strcmp(g_backend, "avx2") == 0;
+    if (!ok) quant_init_locked(0); // not on this CPU: back to the best it has
+    pthread_mutex_unlock(&g_lock);
+    return ok ? 0 : -1;
 }
 
 const char *sd_quant_backend(void) {
