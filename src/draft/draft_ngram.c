@@ -298,6 +298,32 @@ static int ng_propose(sd_drafter *dr, const sd_draft_ctx *ctx, sd_tree *tree, ch
 }
 
 // propose with at most node_cap nodes (root included) of depth <= depth_cap (0: no caps).
+static double ng_weight(int l, int ds);
+static void trie_insert_sized(ng *g, const int32_t *c, int len, double w, int l, int ds);
+
+// Retrieval: the continuations (up to K tokens) of the longest suffix of
+// h[0..L) (at most N tokens) present in the corpus, spread over its
+// occurrences, into the trie (sized: weighted by the match length).
+static void ng_retrieve(ng *g, const int32_t *h, int L, int K, int sized) {
+    const sd_datastore *ds = g->ds;
+    if (!ds) return;
+    for (int m = SD_MIN(g->p.n_max, L); m >= SD_MAX(1, g->p.ds_min_n) && g->last_ds == 0; m--) {
+        int64_t lo, hi;
+        sd_sa_range(ds->tok, ds->n, ds->sa, h + L - m, m, &lo, &hi);
+        int64_t cnt = hi - lo;
+        if (cnt <= 0) continue;
+        int take = (int)SD_MIN(cnt, (int64_t)g->p.ds_max_matches);
+        for (int i = 0; i < take; i++) {
+            int64_t p = ds->sa[lo + (int64_t)i * cnt / take] + (int64_t)m;   // spread over the range
+            int len = (int)SD_MIN((int64_t)K, ds->n - p);
+            if (len <= 0) continue;
+            if (sized) trie_insert_sized(g, ds->tok + p, len, ng_weight(m, 1), m, 1);
+            else trie_insert(g, ds->tok + p, len, 1);
+            g->last_ds++;
+        }
+    }
+}
+
 static int ng_propose_capped(ng *g, const sd_draft_ctx *ctx, sd_tree *tree, int node_cap, int depth_cap,
                              char *err, size_t errlen) {
     const int L = ctx->n_tokens;
@@ -331,24 +357,7 @@ static int ng_propose_capped(ng *g, const sd_draft_ctx *ctx, sd_tree *tree, int 
         if (g->last_ctx) g->last_n = n;
     }
 
-    // Retrieval: the longest suffix (<= N tokens) present in the corpus.
-    if (g->ds) {
-        const sd_datastore *ds = g->ds;
-        for (int m = SD_MIN(g->p.n_max, L); m >= SD_MAX(1, g->p.ds_min_n) && g->last_ds == 0; m--) {
-            int64_t lo, hi;
-            sd_sa_range(ds->tok, ds->n, ds->sa, h + L - m, m, &lo, &hi);
-            int64_t cnt = hi - lo;
-            if (cnt <= 0) continue;
-            int take = (int)SD_MIN(cnt, (int64_t)g->p.ds_max_matches);
-            for (int i = 0; i < take; i++) {
-                int64_t p = ds->sa[lo + (int64_t)i * cnt / take] + (int64_t)m;   // spread over the range
-                int len = (int)SD_MIN((int64_t)K, ds->n - p);
-                if (len <= 0) continue;
-                trie_insert(g, ds->tok + p, len, 1);
-                g->last_ds++;
-            }
-        }
-    }
+    ng_retrieve(g, h, L, K, 0);
     if (g->n_trie <= 1) return 0;
 
     // Heaviest trie nodes first, within the branch budget and the node limit.
@@ -469,24 +478,7 @@ static int ng_propose_sized(ng *g, const sd_draft_ctx *ctx, sd_tree *tree, char 
         ng_continuation(h, L, g->occ_e[i], K, g->cont);
         trie_insert_sized(g, g->cont, K, ng_weight(g->occ_l[i], 0), g->occ_l[i], 0);
     }
-    // Corpus matches: the longest suffix (<= N tokens) present in the corpus.
-    if (g->ds) {
-        const sd_datastore *ds = g->ds;
-        for (int m = SD_MIN(g->p.n_max, L); m >= SD_MAX(1, g->p.ds_min_n) && g->last_ds == 0; m--) {
-            int64_t lo, hi;
-            sd_sa_range(ds->tok, ds->n, ds->sa, h + L - m, m, &lo, &hi);
-            int64_t cnt = hi - lo;
-            if (cnt <= 0) continue;
-            int take = (int)SD_MIN(cnt, (int64_t)g->p.ds_max_matches);
-            for (int i = 0; i < take; i++) {
-                int64_t p = ds->sa[lo + (int64_t)i * cnt / take] + (int64_t)m;   // spread over the range
-                int len = (int)SD_MIN((int64_t)K, ds->n - p);
-                if (len <= 0) continue;
-                trie_insert_sized(g, ds->tok + p, len, ng_weight(m, 1), m, 1);
-                g->last_ds++;
-            }
-        }
-    }
+    ng_retrieve(g, h, L, K, 1);
     if (g->n_trie <= 1) return 0;
 
     // Probabilities, parents before children (creation order).
