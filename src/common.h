@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 // Writes a formatted message into err (if non-NULL) and returns -1, so that
 // error paths read `return sd_err(err, errlen, "bad key '%s'", k);`.
@@ -35,6 +36,23 @@ float sd_fp16_to_fp32(uint16_t h);
 uint16_t sd_fp32_to_fp16(float f);
 float sd_bf16_to_fp32(uint16_t h);
 uint16_t sd_fp32_to_bf16(float f);
+
+// Little-endian loads from possibly unaligned bytes (file blocks).
+static inline uint16_t sd_ld16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+static inline uint32_t sd_ld32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+static inline uint64_t sd_ld64(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
 
 #define SD_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define SD_MAX(a, b) ((a) > (b) ? (a) : (b))

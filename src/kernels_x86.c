@@ -65,21 +65,6 @@ const char *sd_kernels_x86_init(sd_type_traits *traits, sd_from_float_fn act[SD_
 
 #define AI static inline __attribute__((always_inline))
 
-static inline uint32_t ld32(const uint8_t *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-static inline uint16_t ld16(const uint8_t *p) {
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return v;
-}
-static inline uint64_t ld64(const uint8_t *p) {
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return v;
-}
 
 // ---- per-type constants ---------------------------------------------------
 
@@ -121,14 +106,14 @@ AI __m512i unpack_nibbles(const uint8_t *qs0, const uint8_t *qs1) {
 
 // Bit 4 of every quant value of two Q5 blocks (qh of block 0 in mask bits 0-31).
 AI __m512i q5_high_bits(const uint8_t *qh0, const uint8_t *qh1) {
-    __mmask64 k = _cvtu64_mask64((uint64_t)ld32(qh0) | (uint64_t)ld32(qh1) << 32);
+    __mmask64 k = _cvtu64_mask64((uint64_t)sd_ld32(qh0) | (uint64_t)sd_ld32(qh1) << 32);
     return _mm512_maskz_mov_epi8(k, _mm512_set1_epi8(0x10));
 }
 
 // Scales from the first 4 header bytes of two blocks: (d, m) fp16 or (d, -).
 AI void scales_dm(const uint8_t *h0, const uint8_t *h1, int with_m, __m512 *dw, __m512 *mv) {
-    __m128i v = _mm_cvtsi32_si128((int)(with_m ? ld32(h0) : ld16(h0)));
-    v = _mm_insert_epi32(v, (int)(with_m ? ld32(h1) : ld16(h1)), 1);
+    __m128i v = _mm_cvtsi32_si128((int)(with_m ? sd_ld32(h0) : sd_ld16(h0)));
+    v = _mm_insert_epi32(v, (int)(with_m ? sd_ld32(h1) : sd_ld16(h1)), 1);
     __m512 f = _mm512_castps128_ps512(_mm_cvtph_ps(v)); // d0 m0 d1 m1
     *dw = _mm512_permutexvar_ps(_mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0), f);
     if (with_m) *mv = _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1), f);
@@ -177,12 +162,12 @@ AI void prep_x(int type, const uint8_t *x0, const uint8_t *x1, int tail, xprep *
     o->x = tail ? _mm512_zextsi256_si512(lo)
                 : _mm512_inserti64x4(_mm512_castsi256_si512(lo), _mm256_loadu_si256((const __m256i *)(x1 + qoff)), 1);
     if (q81) {
-        __m512 f = _mm512_castps128_ps512(_mm_castsi128_ps(_mm_set_epi64x((long long)ld64(x1), (long long)ld64(x0))));
+        __m512 f = _mm512_castps128_ps512(_mm_castsi128_ps(_mm_set_epi64x((long long)sd_ld64(x1), (long long)sd_ld64(x0))));
         o->dx = _mm512_permutexvar_ps(_mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0), f);
         o->sv = _mm512_maskz_permutexvar_ps(tail ? 0x0001 : 0x0101,
                                             _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 1), f);
     } else {
-        __m128i v = _mm_insert_epi32(_mm_cvtsi32_si128(ld16(x0)), ld16(x1), 1);
+        __m128i v = _mm_insert_epi32(_mm_cvtsi32_si128(sd_ld16(x0)), sd_ld16(x1), 1);
         __m512 f = _mm512_castps128_ps512(_mm_cvtph_ps(v));
         o->dx = _mm512_permutexvar_ps(_mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0), f);
     }
@@ -440,16 +425,16 @@ AI void pack_group(int type, const uint8_t *base, size_t stride, __m512i out[4],
     // Q5: the first 8 bytes of every block (qh inside), slot order; hv from them.
     __m512i h8 = _mm512_setzero_si512();
     if (type == SD_TYPE_Q5_0 || type == SD_TYPE_Q5_1)
-        h8 = _mm512_set_epi64((long long)ld64(blk[7]), (long long)ld64(blk[3]), (long long)ld64(blk[6]),
-                              (long long)ld64(blk[2]), (long long)ld64(blk[5]), (long long)ld64(blk[1]),
-                              (long long)ld64(blk[4]), (long long)ld64(blk[0]));
+        h8 = _mm512_set_epi64((long long)sd_ld64(blk[7]), (long long)sd_ld64(blk[3]), (long long)sd_ld64(blk[6]),
+                              (long long)sd_ld64(blk[2]), (long long)sd_ld64(blk[5]), (long long)sd_ld64(blk[1]),
+                              (long long)sd_ld64(blk[4]), (long long)sd_ld64(blk[0]));
     __m256i hv = type == SD_TYPE_Q5_0 || type == SD_TYPE_Q5_1
                      ? _mm512_cvtepi64_epi32(h8)
-                     : _mm256_set_epi32((int)ld32(blk[7]), (int)ld32(blk[3]), (int)ld32(blk[6]), (int)ld32(blk[2]),
-                                        (int)ld32(blk[5]), (int)ld32(blk[1]), (int)ld32(blk[4]), (int)ld32(blk[0]));
+                     : _mm256_set_epi32((int)sd_ld32(blk[7]), (int)sd_ld32(blk[3]), (int)sd_ld32(blk[6]), (int)sd_ld32(blk[2]),
+                                        (int)sd_ld32(blk[5]), (int)sd_ld32(blk[1]), (int)sd_ld32(blk[4]), (int)sd_ld32(blk[0]));
 #else
-    __m256i hv = _mm256_set_epi32((int)ld32(blk[7]), (int)ld32(blk[3]), (int)ld32(blk[6]), (int)ld32(blk[2]),
-                                  (int)ld32(blk[5]), (int)ld32(blk[1]), (int)ld32(blk[4]), (int)ld32(blk[0]));
+    __m256i hv = _mm256_set_epi32((int)sd_ld32(blk[7]), (int)sd_ld32(blk[3]), (int)sd_ld32(blk[6]), (int)sd_ld32(blk[2]),
+                                  (int)sd_ld32(blk[5]), (int)sd_ld32(blk[1]), (int)sd_ld32(blk[4]), (int)sd_ld32(blk[0]));
 #endif
     __m512 dm = _mm512_cvtph_ps(hv); // d, m of slot 0, d, m of slot 1, ...
     *dw = _mm512_permutexvar_ps(_mm512_set_epi32(14, 14, 12, 12, 10, 10, 8, 8, 6, 6, 4, 4, 2, 2, 0, 0), dm);
@@ -498,7 +483,7 @@ AI void pack_group(int type, const uint8_t *base, size_t stride, __m512i out[4],
         }
 #else
         uint32_t qh[8];
-        for (int i = 0; i < 8; i++) qh[i] = ld32(blk[i] + ho);
+        for (int i = 0; i < 8; i++) qh[i] = sd_ld32(blk[i] + ho);
         for (int z = 0; z < 4; z++) out[z] = _mm512_or_si512(out[z], q5_group_high(qh, z));
 #endif
     }
@@ -506,8 +491,8 @@ AI void pack_group(int type, const uint8_t *base, size_t stride, __m512i out[4],
 
 // A partial group in the 2-vector layout (blocks blk[0..3]).
 AI void pack_group4(int type, const uint8_t *const blk[4], __m512i out[2], __m512 *dw) {
-    __m128i hv = _mm_set_epi16(0, 0, 0, 0, (short)ld16(blk[3]), (short)ld16(blk[2]), (short)ld16(blk[1]),
-                               (short)ld16(blk[0]));
+    __m128i hv = _mm_set_epi16(0, 0, 0, 0, (short)sd_ld16(blk[3]), (short)sd_ld16(blk[2]), (short)sd_ld16(blk[1]),
+                               (short)sd_ld16(blk[0]));
     *dw = _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
                                 _mm512_castps128_ps512(_mm_cvtph_ps(hv)));
     size_t qo = type == SD_TYPE_Q4_0 ? 2 : type == SD_TYPE_Q4_1 ? 4 : type == SD_TYPE_Q5_0 ? 6 : type == SD_TYPE_Q5_1 ? 8 : 2;
@@ -535,10 +520,10 @@ AI void pack_group4(int type, const uint8_t *const blk[4], __m512i out[2], __m51
 #if SD_Q5_BITALG
         // qwords 2i and 2i+1 hold qh of block i (zero-extended); mask bits
         // 16i..16i+15 of out[0] = qh bits 0-15, of out[1] = qh bits 16-31.
-        __m512i q = _mm512_set_epi64((long long)ld32(blk[3] + ho), (long long)ld32(blk[3] + ho),
-                                     (long long)ld32(blk[2] + ho), (long long)ld32(blk[2] + ho),
-                                     (long long)ld32(blk[1] + ho), (long long)ld32(blk[1] + ho),
-                                     (long long)ld32(blk[0] + ho), (long long)ld32(blk[0] + ho));
+        __m512i q = _mm512_set_epi64((long long)sd_ld32(blk[3] + ho), (long long)sd_ld32(blk[3] + ho),
+                                     (long long)sd_ld32(blk[2] + ho), (long long)sd_ld32(blk[2] + ho),
+                                     (long long)sd_ld32(blk[1] + ho), (long long)sd_ld32(blk[1] + ho),
+                                     (long long)sd_ld32(blk[0] + ho), (long long)sd_ld32(blk[0] + ho));
         const __m512i i0 = _mm512_set_epi64(0x0f0e0d0c0b0a0908LL, 0x0706050403020100LL, 0x0f0e0d0c0b0a0908LL,
                                             0x0706050403020100LL, 0x0f0e0d0c0b0a0908LL, 0x0706050403020100LL,
                                             0x0f0e0d0c0b0a0908LL, 0x0706050403020100LL);
@@ -548,7 +533,7 @@ AI void pack_group4(int type, const uint8_t *const blk[4], __m512i out[2], __m51
 #else
         uint64_t k0 = 0, k1 = 0;
         for (int i = 0; i < 4; i++) {
-            uint32_t qh = ld32(blk[i] + ho);
+            uint32_t qh = sd_ld32(blk[i] + ho);
             k0 |= (uint64_t)(qh & 0xffff) << (16 * i);
             k1 |= (uint64_t)(qh >> 16) << (16 * i);
         }
@@ -591,7 +576,7 @@ AI void pack_tail(int type, const uint8_t *row, int64_t nb, __m512i out[4], __m5
 // m of the tail blocks (natural order) and the zero padding up to 16 blocks.
 AI void pack_tail_m(int type, const uint8_t *row, int64_t nb, float *m) {
     const size_t wts = w_tsize(type);
-    for (int64_t b = nb / 8 * 8; b < nb; b++) m[b] = _cvtsh_ss(ld16(row + b * wts + 2));
+    for (int64_t b = nb / 8 * 8; b < nb; b++) m[b] = _cvtsh_ss(sd_ld16(row + b * wts + 2));
     for (int64_t b = nb; b < (nb + 15) / 16 * 16; b++) m[b] = 0;
 }
 
@@ -812,7 +797,7 @@ AI void rp_group(int type, const uint8_t *row, int64_t nfull, int64_t g, __m512i
         if (type == SD_TYPE_Q5_0 || type == SD_TYPE_Q5_1) {
             const __m512i h = _mm512_set1_epi8(0x10);
             for (int z = 0; z < 4; z++)
-                out[z] = _mm512_mask_add_epi8(out[z], _cvtu64_mask64(ld64(q + 128 + 8 * z)), out[z], h);
+                out[z] = _mm512_mask_add_epi8(out[z], _cvtu64_mask64(sd_ld64(q + 128 + 8 * z)), out[z], h);
         }
     }
     const __m128i dh = _mm_loadu_si128((const __m128i *)(row + (size_t)nfull * rp_qb(type) + (size_t)g * 16));

@@ -105,21 +105,6 @@ int sd_quant_k_x86_init(sd_type_traits *traits);
 
 static inline float kx_h2f(uint16_t h) { return sd_fp16_to_fp32(h); }
 
-static inline uint16_t kx_ld16(const uint8_t *p) {
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return v;
-}
-static inline uint32_t kx_ld32(const uint8_t *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-static inline uint64_t kx_ld64(const uint8_t *p) {
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return v;
-}
 
 // Unit sizes of the Q4_K_R / Q5_K_R rows (bytes).
 static inline size_t kx_pair_bytes(int has_qh) { return has_qh ? 352 : 288; }
@@ -170,7 +155,7 @@ static void kx_repack_q45_unit(const uint8_t *const b[2], int has_qh, uint8_t *d
             const int L = 8 * h + j, c = j / 2, shift = 4 * (j & 1);
             for (int i = 0; i < 4; i++) {
                 // elements 32j + 8i .. 32j + 8i + 7 of the sub-block's nibbles
-                const uint64_t n = (kx_ld64(qs + 32 * c + 8 * i) >> shift) & 0x0F0F0F0F0F0F0F0Full;
+                const uint64_t n = (sd_ld64(qs + 32 * c + 8 * i) >> shift) & 0x0F0F0F0F0F0F0F0Full;
                 const uint32_t v = (uint32_t)n | (uint32_t)(n >> 32) << 4;
                 memcpy(Q + vw * i + 4 * L, &v, 4);
             }
@@ -178,7 +163,7 @@ static void kx_repack_q45_unit(const uint8_t *const b[2], int has_qh, uint8_t *d
                 // bit k of H byte 4L + bb = bit 4 of element 32j + 4k + bb = bit j of qh[4k + bb]
                 uint32_t v = 0;
                 for (int k = 0; k < 8; k++) {
-                    const uint32_t q4 = (kx_ld32(qh + 4 * k) >> j) & 0x01010101u;
+                    const uint32_t q4 = (sd_ld32(qh + 4 * k) >> j) & 0x01010101u;
                     v |= q4 << k;
                 }
                 memcpy(H + 4 * L, &v, 4);
@@ -211,7 +196,7 @@ static void kx_pair_header(const uint8_t *unit, int has_qh, int half, uint8_t ou
     }
     memset(out, 0, 32);
     memcpy(out, hdr, 8);
-    const uint32_t w = kx_ld32(hdr + 8);
+    const uint32_t w = sd_ld32(hdr + 8);
     const uint64_t mlo = (uint64_t)(w & 0xFFFF) | (uint64_t)(w >> 16) << 32;
     memcpy(out + 16, &mlo, 8);
     memcpy(out + 24, hdr + 12, 2);
@@ -233,7 +218,7 @@ static void kx_repack_q6_block(const uint8_t *blk, uint8_t *dst) {
     for (int g = 0; g < 16; g++) {
         // w[k] word g = elements 16g + 4k .. 16g + 4k + 3
         uint32_t w[4];
-        for (int k = 0; k < 4; k++) w[k] = kx_ld32(q + 16 * g + 4 * k);
+        for (int k = 0; k < 4; k++) w[k] = sd_ld32(q + 16 * g + 4 * k);
         const uint32_t l0 = (w[0] & 0x0F0F0F0Fu) | (w[1] & 0x0F0F0F0Fu) << 4;
         const uint32_t l1 = (w[2] & 0x0F0F0F0Fu) | (w[3] & 0x0F0F0F0Fu) << 4;
         const uint32_t hh = ((w[0] >> 4) & 0x03030303u) | ((w[1] >> 4) & 0x03030303u) << 2 |
@@ -315,7 +300,7 @@ float sd_quant_k_r_dot_ref(int base_type, int64_t n, const void *wv, const void 
             const uint8_t *u = w + b * 210;
             kx_xp6 xp;
             kx_prep6_block(&x[b], &xp);
-            const float d = kx_h2f(kx_ld16(u + 208));
+            const float d = kx_h2f(sd_ld16(u + 208));
             for (int g = 0; g < 16; g++) {
                 int32_t acc = xp.acc0[g];
                 for (int k = 0; k < 4; k++)
@@ -340,7 +325,7 @@ float sd_quant_k_r_dot_ref(int base_type, int64_t n, const void *wv, const void 
         kx_pair_header(u, has_qh, half, hdr);
         kx_xp45 xp;
         kx_prep45_pair(x, nb, p, &xp);
-        const uint64_t mlo = kx_ld64(hdr + 16);
+        const uint64_t mlo = sd_ld64(hdr + 16);
         for (int L = 0; L < 16; L++) {
             int32_t acc = 0;
             if (L < vw / 4)
@@ -352,8 +337,8 @@ float sd_quant_k_r_dot_ref(int base_type, int64_t n, const void *wv, const void 
                         acc += q * xp.x[k][nn];
                     }
             const int sc = hdr[L] & 63, m = (hdr[L] >> 6) << 4 | (int)((mlo >> (4 * kx_mnib(L))) & 15);
-            const float dsc = (float)sc * kx_h2f(kx_ld16(hdr + 24 + 2 * (L >> 3)));
-            const float dcm = (float)m * kx_h2f(kx_ld16(hdr + 28 + 2 * (L >> 3)));
+            const float dsc = (float)sc * kx_h2f(sd_ld16(hdr + 24 + 2 * (L >> 3)));
+            const float dcm = (float)m * kx_h2f(sd_ld16(hdr + 28 + 2 * (L >> 3)));
             const float t = (float)acc * dsc;
             facc[L] = fmaf(t, xp.dx[L], facc[L]);
             facc[L] = fmaf(-dcm, xp.bxs[L], facc[L]);
@@ -463,7 +448,7 @@ KX_INLINE void kx_dec45(const uint8_t *h, __m512 *dsc, __m512 *dcm) {
     const __m512i X = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)h));
     const __m512i sc = _mm512_and_si512(X, _mm512_set1_epi32(63));
     const __m512i mlo = _mm512_and_si512(
-        _mm512_srlv_epi64(_mm512_set1_epi64((long long)kx_ld64(h + 16)), _mm512_set_epi64(28, 24, 20, 16, 12, 8, 4, 0)),
+        _mm512_srlv_epi64(_mm512_set1_epi64((long long)sd_ld64(h + 16)), _mm512_set_epi64(28, 24, 20, 16, 12, 8, 4, 0)),
         _mm512_set1_epi32(15));
     // (X >> 2) & 0x30 | mlo
     const __m512i m = _mm512_ternarylogic_epi32(_mm512_srli_epi32(X, 2), mlo, _mm512_set1_epi32(0x30), 0xEC);
@@ -533,7 +518,7 @@ KX_INLINE void kx_unpack6(const uint8_t *u, __m512i w[4]) {
 
 KX_INLINE __m512 kx_dsc6(const uint8_t *u) {
     return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(u + 192)))),
-                         _mm512_set1_ps(_cvtsh_ss(kx_ld16(u + 208))));
+                         _mm512_set1_ps(_cvtsh_ss(sd_ld16(u + 208))));
 }
 
 // The float step of a pair (Q4/Q5) / a block (Q6) for one (row, token).
