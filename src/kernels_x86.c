@@ -278,218 +278,190 @@ static void q8_1_quantize(const float *src, void *dst, int64_t n) {
 
 // ---- packed path (sd_matmul, every batch size) ------------------------------
 //
-// Both operands are rearranged so that a group of 8 blocks fills 4 zmm with
-// 2 lanes (8 bytes) per block: vector z holds elements 8z..8z+7 of each block,
-// the blocks in slot order SIGMA = 0,4,1,5,2,6,3,7 (what unpacking two
-// 4-block loads of nibbles gives for free). Four chained dpbusd then sum a
-// whole group per lane pair, and one int->float conversion, one scale product
-// and one FMA per (row, token) pair cover 8 blocks.
+// Both operands are rearranged so that a group of 16 blocks fills 8 zmm with
+// one 32-bit lane per block: vector z holds elements 4z..4z+3 of every block.
+// Eight chained dpbusd then give each lane the integer dot of a whole block,
+// and one int->float conversion, one scale product and one FMA per (row,
+// token) pair cover 16 blocks (plus one FMA for the min of Q4_1 / Q5_1).
+//
+// The last group of a row may be partial (nt = nb % 16 blocks); it is laid
+// out for G = 2, 4, 8 or 16 blocks (the smallest that holds nt) in G / 2
+// vectors, L = 16 / G lanes per block: lane l of vector z holds elements
+// (z L + l % L) * 4 .. + 3 of block l / L. G = 16 is the full layout above;
+// G = 2 puts block 0 then block 1 in element order in one vector, G = 4 puts
+// elements 16z..16z+15 of blocks 0..3 in vector z. Missing blocks are zero
+// on the activation side.
 //
 // sd_matmul converts the activations with pack_act_* (below): each row is the
 // standard Q8_0 / Q8_1 row, padded to 64 bytes, followed by a trailer
-// (ng = ceil(nb / 8) groups, nb16 = ceil(nb / 16)):
-//   qs  (ng, 4, 64) int8   the quant bytes in group layout
+// (ng = ceil(nb / 16) groups):
+//   qs  (ng, 8, 64) int8   the quant bytes in group layout (G / 2 vectors used)
 //   dx  (ng, 16) float     d of the block of each lane
-//   a0  (ng, 16) int32     offset types: -offset * (sum of the lane's 16 bytes)
-//   s   (nb16, 16) float   Q8_1 types: s of every block, natural order
-// The last, partial group of nt = nb % 8 blocks uses fewer vectors when it
-// can (tail_nv): nt <= 2: one vector holding the blocks in element order,
-// lanes 0-7 / 8-15 (like the fused path); nt <= 4: two vectors, vector z
-// holding elements 16z..16z+15 of blocks 0..3 (4 lanes per block); else the
-// full layout. Blocks past nb are zero everywhere. gemm_* recognize such rows by
-// x_row_bytes == pack_bytes(type, n_in) and otherwise take the fused path on
-// plain rows. The weight side of a 2-row tile is unpacked once into the same
-// layout on the stack and reused for all tokens.
+//   a0  (ng, 16) int32     offset types: -offset * (sum of the lane's bytes)
+//   s   (ng, 16) float     Q8_1 types: s of block 16 g + i in lane i (0 past nb)
+// gemm_* recognize such rows by x_row_bytes == pack_bytes(type, n_in) and
+// otherwise take the fused path on plain rows. The weight side of a 2-row
+// tile is unpacked once into the same layout on the stack (wpack) and reused
+// for all tokens.
+//
+// Every (row, token) accumulator gets, group after group, acc = fma(float(isum),
+// dw * dx, acc), then for types with a min acc = fma(m, s, acc) (m and s by
+// block, lane i = block i of the group), and at the end the reduce4 tree.
+// The one- and two-token kernels on repacked rows (rp_direct) do exactly the
+// same, so every path gives the same bits.
 
 #define PK_NB_MAX 512 // packed path for n_in <= 16384; larger rows use the fused path
 #ifndef PK_PF
 #define PK_PF 4 // batches: software prefetch of the weights of the row pair this far ahead
 #endif
-#define PK_R 2        // rows per packed tile (3 and 4 measured no better); the pack lives on
-                      // the stack (~45 KB per call: fine for default 8 MB thread stacks)
+#define PK_R 2 // rows per packed tile; the pack lives on the stack (~45 KB per call)
+#define PK_G 16 // blocks per full group
 
-static const int SIGMA[8] = {0, 4, 1, 5, 2, 6, 3, 7};
-
-// Vectors used by the last group of a row of nb blocks (4 if it is full).
-AI int tail_nv(int64_t nb) {
-    int nt = (int)(nb % 8);
-    return nt == 0 ? 4 : nt <= 2 ? 1 : nt <= 4 ? 2 : 4;
+// Blocks G of the layout of group g of a row of nb blocks (see above).
+AI int grp_blocks(int64_t nb, int64_t g) {
+    int64_t nt = nb - g * PK_G;
+    return nt >= PK_G ? PK_G : nt <= 2 ? 2 : nt <= 4 ? 4 : nt <= 8 ? 8 : PK_G;
 }
 
 AI size_t pk_align(size_t n) { return (n + 63) & ~(size_t)63; }
 AI size_t pk_head(int type, int64_t nb) { return pk_align((size_t)nb * x_tsize(type)); }
 AI size_t pack_bytes(int type, int64_t n_in) {
-    int64_t nb = n_in / SD_QK, ng = (nb + 7) / 8, nb16 = (nb + 15) / 16;
-    size_t sz = pk_head(type, nb) + (size_t)ng * (256 + 64);
+    int64_t nb = n_in / SD_QK, ng = (nb + PK_G - 1) / PK_G;
+    size_t sz = pk_head(type, nb) + (size_t)ng * (512 + 64);
     if (w_offset(type)) sz += (size_t)ng * 64;
-    if (w_has_min(type)) sz += (size_t)nb16 * 64;
+    if (w_has_min(type)) sz += (size_t)ng * 64;
     return sz;
 }
 
 // Quantizes one activation row into the standard blocks plus the trailer.
 AI size_t pack_act(int type, const float *x, void *dst, int64_t n) {
-    const int64_t nb = n / SD_QK, ng = (nb + 7) / 8, nb16 = (nb + 15) / 16;
+    const int64_t nb = n / SD_QK, ng = (nb + PK_G - 1) / PK_G;
     if (!dst) return pack_bytes(type, n);
     uint8_t *head = dst;
     uint8_t *qs = head + pk_head(type, nb);
-    float *dx = (float *)(qs + ng * 256);
+    float *dx = (float *)(qs + ng * 512);
     int32_t *a0 = (int32_t *)(dx + ng * 16);
     float *sd = w_offset(type) ? (float *)(a0 + ng * 16) : (float *)a0;
-    memset(qs, 0, (size_t)ng * 256);
-    memset(dx, 0, (size_t)ng * 64);
-    for (int64_t b = 0; b < nb; b++) {
-        __m512i q0, q1;
-        float d = quant_block(x + b * SD_QK, &q0, &q1);
-        uint8_t q[32];
-        _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(q0));
-        _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(q1));
-        float dval;
-        if (w_has_min(type)) {
-            sd_block_q8_1 *y = (sd_block_q8_1 *)head + b;
-            int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
-            y->d = d;
-            y->s = d * (float)sum;
-            memcpy(y->qs, q, 32);
-            sd[b] = y->s;
-            dval = d;
-        } else {
-            sd_block_q8_0 *y = (sd_block_q8_0 *)head + b;
-            y->d = sd_fp32_to_fp16(d);
-            memcpy(y->qs, q, 32);
-            dval = sd_fp16_to_fp32(y->d);
+    _Alignas(64) int32_t q4[PK_G * 8]; // one group's quants, block-major (8 dwords per block)
+    _Alignas(64) float dg[PK_G], sg[PK_G];
+    for (int64_t g = 0; g < ng; g++) {
+        const int64_t b0 = g * PK_G;
+        const int nt = (int)SD_MIN(nb - b0, (int64_t)PK_G), G = grp_blocks(nb, g), L = PK_G / G;
+        memset(q4, 0, sizeof q4);
+        memset(dg, 0, sizeof dg);
+        memset(sg, 0, sizeof sg);
+        for (int i = 0; i < nt; i++) {
+            const int64_t b = b0 + i;
+            __m512i v0, v1;
+            float d = quant_block(x + b * SD_QK, &v0, &v1);
+            __m256i q = _mm256_set_m128i(_mm512_cvtepi32_epi8(v1), _mm512_cvtepi32_epi8(v0));
+            _mm256_store_si256((__m256i *)(q4 + 8 * i), q);
+            if (w_has_min(type)) {
+                sd_block_q8_1 *y = (sd_block_q8_1 *)head + b;
+                int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(v0, v1));
+                y->d = d;
+                y->s = d * (float)sum;
+                _mm256_storeu_si256((__m256i *)y->qs, q);
+                sg[i] = y->s;
+                dg[i] = d;
+            } else {
+                sd_block_q8_0 *y = (sd_block_q8_0 *)head + b;
+                y->d = sd_fp32_to_fp16(d);
+                _mm256_storeu_si256((__m256i *)y->qs, q);
+                dg[i] = sd_fp16_to_fp32(y->d);
+            }
         }
-        int64_t g = b / 8;
-        int i = (int)(b % 8), nv = g < nb / 8 ? 4 : tail_nv(nb);
-        uint8_t *qg = qs + g * 256;
-        float *dg = dx + g * 16;
-        if (nv == 1) {
-            memcpy(qg + i * 32, q, 32);
-            for (int l = 0; l < 8; l++) dg[i * 8 + l] = dval;
-        } else if (nv == 2) {
-            memcpy(qg + i * 16, q, 16);
-            memcpy(qg + 64 + i * 16, q + 16, 16);
-            for (int l = 0; l < 4; l++) dg[i * 4 + l] = dval;
-        } else {
-            int slot = 0;
-            while (SIGMA[slot] != i) slot++;
-            for (int z = 0; z < 4; z++) memcpy(qg + z * 64 + slot * 8, q + z * 8, 8);
-            dg[2 * slot] = dg[2 * slot + 1] = dval;
+        // lane l of vector z <- dword z L + l % L of block l / L
+        const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+        const __m512i blk = _mm512_srli_epi32(lane, __builtin_ctz((unsigned)L)); // l / L
+        const __m512i sub = _mm512_and_si512(lane, _mm512_set1_epi32(L - 1));    // l % L
+        const __m512i base = _mm512_add_epi32(_mm512_slli_epi32(blk, 3), sub);   // block * 8 + l % L
+        __m512i c = _mm512_setzero_si512();
+        const __m512i off = _mm512_set1_epi8((char)w_offset(type));
+        for (int z = 0; z < 8; z++) {
+            __m512i v = z < G / 2 ? _mm512_i32gather_epi32(_mm512_add_epi32(base, _mm512_set1_epi32(z * L)), q4, 4)
+                                  : _mm512_setzero_si512();
+            _mm512_store_si512(qs + g * 512 + z * 64, v);
+            if (w_offset(type)) c = _mm512_dpbusd_epi32(c, off, v);
         }
+        _mm512_store_ps(dx + g * 16, _mm512_permutexvar_ps(blk, _mm512_load_ps(dg)));
+        if (w_offset(type)) _mm512_store_si512(a0 + g * 16, _mm512_sub_epi32(_mm512_setzero_si512(), c));
+        if (w_has_min(type)) _mm512_store_ps(sd + g * 16, _mm512_load_ps(sg));
     }
-    if (w_offset(type))
-        for (int64_t g = 0; g < ng; g++) {
-            const __m512i off = _mm512_set1_epi8((char)w_offset(type));
-            __m512i c = _mm512_setzero_si512();
-            for (int z = 0; z < 4; z++) c = _mm512_dpbusd_epi32(c, off, _mm512_loadu_si512(qs + g * 256 + z * 64));
-            _mm512_storeu_si512(a0 + g * 16, _mm512_sub_epi32(_mm512_setzero_si512(), c));
-        }
-    if (w_has_min(type))
-        for (int64_t b = nb; b < nb16 * 16; b++) sd[b] = 0;
     return pack_bytes(type, n);
 }
 
-// (+1: rows not a multiple of 4 KB apart, which would alias in the store buffer)
-typedef struct {
-    __m512i w[PK_R][PK_NB_MAX / 8 + 1][4]; // unsigned weight bytes, group layout
-    __m512 d[PK_R][PK_NB_MAX / 8 + 1];     // d of the block of each lane
-    __m512 m[PK_R][PK_NB_MAX / 16 + 1];    // dense m, natural order (types with a min)
-} wpack;
+// ---- weights in group layout --------------------------------------------------
+//
+// Repacked rows (SD_TYPE_*_R, rewritten once at load) keep each full group
+// of 16 blocks in the form the kernels unpack with a few ops, in the same
+// bytes as the file's row (nfull = nb / 16):
+//   quants  (nfull, QB) bytes. Q4/Q5: 4 vectors, lane i of vector p = bytes
+//           4p..4p+3 of block i's qs, so group vector p = low nibbles and
+//           vector p + 4 = high nibbles (elements 4p.. and 16 + 4p..); Q5
+//           then 8 x 64-bit masks of bit 4 (vector z, byte 4i + k <- qh bit
+//           4z + k of block i); Q8_0: the 8 vectors, offset to unsigned
+//   d       (nfull, 16) fp16, block order
+//   m       (nfull, 16) fp16, block order (Q4_1, Q5_1)
+//   tail    the nb % 16 last blocks, unchanged, at the same offset as in the file
+// QB + 32 (+ 32) = 16 x block size for every type, so the sections fit exactly.
 
-// Q5 high bits with AVX512-BITALG (vpshufbitqmb builds a 64-bit byte mask
-// from the qh of 8 blocks in one instruction); otherwise the mask is built
-// with scalar shifts (q5_group_high).
-#ifdef __AVX512BITALG__
-#define SD_Q5_BITALG 1
-#else
-#define SD_Q5_BITALG 0
-#endif
-
-// Q5 bit 4 of group vector z: slot s gets bits 8z..8z+7 of its block's qh.
-#if !SD_Q5_BITALG
-AI __m512i q5_group_high(const uint32_t qh[8], int z) {
-    uint64_t k = 0;
-    for (int s = 0; s < 8; s++) k |= (uint64_t)((qh[SIGMA[s]] >> (8 * z)) & 0xff) << (8 * s);
-    return _mm512_maskz_mov_epi8(_cvtu64_mask64(k), _mm512_set1_epi8(0x10));
+AI size_t rp_qb(int type) {
+    return type == SD_TYPE_Q8_0 ? 512 : (type == SD_TYPE_Q5_0 || type == SD_TYPE_Q5_1) ? 320 : 256;
 }
-#endif
+AI size_t w_qoff(int type) { // quant bytes inside a file block
+    return type == SD_TYPE_Q4_0 ? 2 : type == SD_TYPE_Q4_1 ? 4 : type == SD_TYPE_Q5_0 ? 6 : type == SD_TYPE_Q5_1 ? 8 : 2;
+}
+AI size_t w_hoff(int type) { return type == SD_TYPE_Q5_0 ? 2 : 4; } // qh inside a Q5 block
 
-// One group of 8 blocks (pointers blk[i] to block i; repeated blocks past the
-// end of the row are harmless: their activations are zero).
-// Also writes the m of the 8 blocks (natural order) to mout for types with a min.
-// Block i is at base + i * stride (stride 0 repeats one block).
-AI void pack_group(int type, const uint8_t *base, size_t stride, __m512i out[4], __m512 *dw, float *mout) {
-    const uint8_t *blk[8];
-    for (int i = 0; i < 8; i++) blk[i] = base + i * stride;
-    // The first 4 bytes of every block (d and m, or d and 2 bytes of data), slot order.
-#if SD_Q5_BITALG
-    // Q5: the first 8 bytes of every block (qh inside), slot order; hv from them.
-    __m512i h8 = _mm512_setzero_si512();
+// The repacked form of 16 file blocks (block i at base + i * stride): quants
+// to q (rp_qb bytes), d (fp16, 32 bytes) to dh, m to mh (types with a min).
+static void rp_build(int type, const uint8_t *base, size_t stride, uint8_t *q, uint8_t *dh, uint8_t *mh) {
+    const size_t qo = w_qoff(type);
+    for (int i = 0; i < PK_G; i++) {
+        const uint8_t *blk = base + i * stride;
+        memcpy(dh + 2 * i, blk, 2);
+        if (w_has_min(type)) memcpy(mh + 2 * i, blk + 2, 2);
+        if (type == SD_TYPE_Q8_0) {
+            for (int z = 0; z < 8; z++)
+                for (int k = 0; k < 4; k++) q[64 * z + 4 * i + k] = blk[qo + 4 * z + k] ^ 0x80;
+        } else {
+            for (int p = 0; p < 4; p++) memcpy(q + 64 * p + 4 * i, blk + qo + 4 * p, 4);
+        }
+    }
     if (type == SD_TYPE_Q5_0 || type == SD_TYPE_Q5_1)
-        h8 = _mm512_set_epi64((long long)sd_ld64(blk[7]), (long long)sd_ld64(blk[3]), (long long)sd_ld64(blk[6]),
-                              (long long)sd_ld64(blk[2]), (long long)sd_ld64(blk[5]), (long long)sd_ld64(blk[1]),
-                              (long long)sd_ld64(blk[4]), (long long)sd_ld64(blk[0]));
-    __m256i hv = type == SD_TYPE_Q5_0 || type == SD_TYPE_Q5_1
-                     ? _mm512_cvtepi64_epi32(h8)
-                     : _mm256_set_epi32((int)sd_ld32(blk[7]), (int)sd_ld32(blk[3]), (int)sd_ld32(blk[6]), (int)sd_ld32(blk[2]),
-                                        (int)sd_ld32(blk[5]), (int)sd_ld32(blk[1]), (int)sd_ld32(blk[4]), (int)sd_ld32(blk[0]));
-#else
-    __m256i hv = _mm256_set_epi32((int)sd_ld32(blk[7]), (int)sd_ld32(blk[3]), (int)sd_ld32(blk[6]), (int)sd_ld32(blk[2]),
-                                  (int)sd_ld32(blk[5]), (int)sd_ld32(blk[1]), (int)sd_ld32(blk[4]), (int)sd_ld32(blk[0]));
-#endif
-    __m512 dm = _mm512_cvtph_ps(hv); // d, m of slot 0, d, m of slot 1, ...
-    *dw = _mm512_permutexvar_ps(_mm512_set_epi32(14, 14, 12, 12, 10, 10, 8, 8, 6, 6, 4, 4, 2, 2, 0, 0), dm);
-    if (w_has_min(type)) // block b sits in slot SIGMA^-1(b) = 0,2,4,6,1,3,5,7; its m at 2 * slot + 1
-        _mm256_storeu_ps(mout, _mm512_castps512_ps256(_mm512_permutexvar_ps(
-                                   _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 15, 11, 7, 3, 13, 9, 5, 1), dm)));
+        for (int z = 0; z < 8; z++) {
+            uint64_t k = 0;
+            for (int i = 0; i < PK_G; i++) k |= (uint64_t)((sd_ld32(base + i * stride + w_hoff(type)) >> (4 * z)) & 15) << (4 * i);
+            memcpy(q + 256 + 8 * z, &k, 8);
+        }
+}
+
+// The 8 unsigned group vectors from repacked quants q.
+AI void rp_unpack(int type, const uint8_t *q, __m512i out[8]) {
     if (type == SD_TYPE_Q8_0) {
-        __m512i v[4]; // v[i] = blocks (i, i + 4), 32 bytes each
-        for (int i = 0; i < 4; i++)
-            v[i] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(blk[i] + 2))),
-                                      _mm256_loadu_si256((const __m256i *)(blk[i + 4] + 2)), 1);
-        const __m512i i01 = _mm512_set_epi64(13, 9, 5, 1, 12, 8, 4, 0);
-        const __m512i i23 = _mm512_set_epi64(15, 11, 7, 3, 14, 10, 6, 2);
-        __m512i ab01 = _mm512_permutex2var_epi64(v[0], i01, v[1]), cd01 = _mm512_permutex2var_epi64(v[2], i01, v[3]);
-        __m512i ab23 = _mm512_permutex2var_epi64(v[0], i23, v[1]), cd23 = _mm512_permutex2var_epi64(v[2], i23, v[3]);
-        const __m512i bias = _mm512_set1_epi8((char)0x80);
-        out[0] = _mm512_xor_si512(_mm512_shuffle_i64x2(ab01, cd01, 0x44), bias);
-        out[1] = _mm512_xor_si512(_mm512_shuffle_i64x2(ab01, cd01, 0xee), bias);
-        out[2] = _mm512_xor_si512(_mm512_shuffle_i64x2(ab23, cd23, 0x44), bias);
-        out[3] = _mm512_xor_si512(_mm512_shuffle_i64x2(ab23, cd23, 0xee), bias);
+#pragma GCC unroll 8
+        for (int z = 0; z < 8; z++) out[z] = _mm512_loadu_si512(q + 64 * z);
         return;
     }
-    size_t qo = type == SD_TYPE_Q4_0 ? 2 : type == SD_TYPE_Q4_1 ? 4 : type == SD_TYPE_Q5_0 ? 6 : 8;
-#define LD128(i) _mm_loadu_si128((const __m128i *)(blk[i] + qo))
-    __m512i y0 = _mm512_castsi128_si512(LD128(0)), y1 = _mm512_castsi128_si512(LD128(4));
-    y0 = _mm512_inserti32x4(_mm512_inserti32x4(_mm512_inserti32x4(y0, LD128(1), 1), LD128(2), 2), LD128(3), 3);
-    y1 = _mm512_inserti32x4(_mm512_inserti32x4(_mm512_inserti32x4(y1, LD128(5), 1), LD128(6), 2), LD128(7), 3);
-#undef LD128
-    __m512i a = _mm512_unpacklo_epi64(y0, y1), b = _mm512_unpackhi_epi64(y0, y1); // qs 0-7, qs 8-15
     const __m512i m4 = _mm512_set1_epi8(0x0f);
-    out[0] = _mm512_and_si512(a, m4);
-    out[1] = _mm512_and_si512(b, m4);
-    out[2] = _mm512_and_si512(_mm512_srli_epi16(a, 4), m4);
-    out[3] = _mm512_and_si512(_mm512_srli_epi16(b, 4), m4);
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; p++) {
+        __m512i a = _mm512_loadu_si512(q + 64 * p);
+        out[p] = _mm512_and_si512(a, m4);
+        out[p + 4] = _mm512_and_si512(_mm512_srli_epi16(a, 4), m4);
+    }
     if (type == SD_TYPE_Q5_0 || type == SD_TYPE_Q5_1) {
-        size_t ho = type == SD_TYPE_Q5_0 ? 2 : 4;
-#if SD_Q5_BITALG
-        // qword s of h8 holds slot s's block bytes 0-7, qh at bit 8*ho; mask
-        // bit 8s+j of vector z = qh bit 8z+j (vpshufbitqmb), then a masked
-        // add of 0x10 (= OR: the nibbles are < 16).
         const __m512i h = _mm512_set1_epi8(0x10);
-        for (int z = 0; z < 4; z++) {
-            const __m512i idx = _mm512_add_epi8(_mm512_set1_epi64(0x0706050403020100LL),
-                                                _mm512_set1_epi8((char)(8 * ho + 8 * z)));
-            out[z] = _mm512_mask_add_epi8(out[z], _mm512_bitshuffle_epi64_mask(h8, idx), out[z], h);
-        }
-#else
-        uint32_t qh[8];
-        for (int i = 0; i < 8; i++) qh[i] = sd_ld32(blk[i] + ho);
-        for (int z = 0; z < 4; z++) out[z] = _mm512_or_si512(out[z], q5_group_high(qh, z));
-#endif
+#pragma GCC unroll 8
+        for (int z = 0; z < 8; z++)
+            out[z] = _mm512_mask_add_epi8(out[z], _cvtu64_mask64(sd_ld64(q + 256 + 8 * z)), out[z], h);
     }
 }
 
-// A partial group in the 2-vector layout (blocks blk[0..3]).
+AI __m512 ld_ph16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+
+// A partial group of 4 blocks (G = 4, L = 4): vector z = elements 16z..16z+15 of blocks 0..3.
 AI void pack_group4(int type, const uint8_t *const blk[4], __m512i out[2], __m512 *dw) {
     __m128i hv = _mm_set_epi16(0, 0, 0, 0, (short)sd_ld16(blk[3]), (short)sd_ld16(blk[2]), (short)sd_ld16(blk[1]),
                                (short)sd_ld16(blk[0]));
@@ -543,52 +515,200 @@ AI void pack_group4(int type, const uint8_t *const blk[4], __m512i out[2], __m51
     }
 }
 
-// The partial last group (nb % 8 blocks) of a row, from the blocks in the
-// file's layout at row + (nb / 8 * 8) * wts (repacked rows keep their tail
-// blocks there too); missing blocks repeat the last one.
-AI void pack_tail(int type, const uint8_t *row, int64_t nb, __m512i out[4], __m512 *dw) {
-    const size_t wts = w_tsize(type);
-    const int64_t g = nb / 8;
-    const uint8_t *blk[8];
-    for (int i = 0; i < 8; i++) {
-        int64_t b = g * 8 + i;
-        blk[i] = row + (size_t)(b < nb ? b : nb - 1) * wts;
+// A partial group of 8 blocks (G = 8, L = 2): vector z = elements 8z..8z+7
+// of blocks 0..7.
+AI void pack_group8(int type, const uint8_t *const blk[8], __m512i out[4], __m512 *dw) {
+    __m128i hv = _mm_set_epi16((short)sd_ld16(blk[7]), (short)sd_ld16(blk[6]), (short)sd_ld16(blk[5]),
+                               (short)sd_ld16(blk[4]), (short)sd_ld16(blk[3]), (short)sd_ld16(blk[2]),
+                               (short)sd_ld16(blk[1]), (short)sd_ld16(blk[0]));
+    *dw = _mm512_permutexvar_ps(_mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0),
+                                _mm512_castps256_ps512(_mm256_cvtph_ps(hv)));
+    const size_t qo = w_qoff(type);
+#define LD8(o) _mm512_set_epi64((long long)sd_ld64(blk[7] + (o)), (long long)sd_ld64(blk[6] + (o)),            \
+                                (long long)sd_ld64(blk[5] + (o)), (long long)sd_ld64(blk[4] + (o)),            \
+                                (long long)sd_ld64(blk[3] + (o)), (long long)sd_ld64(blk[2] + (o)),            \
+                                (long long)sd_ld64(blk[1] + (o)), (long long)sd_ld64(blk[0] + (o)))
+    if (type == SD_TYPE_Q8_0) {
+        const __m512i bias = _mm512_set1_epi8((char)0x80);
+        for (int z = 0; z < 4; z++) out[z] = _mm512_xor_si512(LD8(qo + 8 * z), bias);
+        return;
     }
-    int nv = tail_nv(nb);
-    if (nv == 4) {
-        // 5..7 blocks: full layout, scalar-built from a copy with the
-        // missing blocks repeated (rare; never on the hot path of
-        // the default model).
-        uint8_t tmp[8 * sizeof(sd_block_q8_0)]; // the largest legacy block
-        for (int i = 0; i < 8; i++) memcpy(tmp + i * wts, blk[i], wts);
-        float mtmp[8];
-        pack_group(type, tmp, wts, out, dw, mtmp);
-    } else if (nv == 2) {
-        pack_group4(type, blk, out, dw);
-    } else {
+    __m512i a = LD8(qo), b = LD8(qo + 8);
+#undef LD8
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    out[0] = _mm512_and_si512(a, m4);
+    out[1] = _mm512_and_si512(b, m4);
+    out[2] = _mm512_and_si512(_mm512_srli_epi16(a, 4), m4);
+    out[3] = _mm512_and_si512(_mm512_srli_epi16(b, 4), m4);
+    if (type == SD_TYPE_Q5_0 || type == SD_TYPE_Q5_1) {
+        const __m512i h = _mm512_set1_epi8(0x10);
+        for (int z = 0; z < 4; z++) {
+            uint64_t k = 0;
+            for (int i = 0; i < 8; i++) k |= (uint64_t)((sd_ld32(blk[i] + w_hoff(type)) >> (8 * z)) & 0xff) << (8 * i);
+            out[z] = _mm512_mask_add_epi8(out[z], _cvtu64_mask64(k), out[z], h);
+        }
+    }
+}
+
+// The last, partial group of a row of nb blocks (nb % 16 != 0), from its
+// blocks in the file's layout at row + nfull * 16 * wts (repacked rows keep
+// their tail there too): the G / 2 vectors, the lane scales, and m in block
+// lanes (zero past nb). Missing blocks repeat the last one (their activations
+// are zero).
+AI void tail_group(int type, const uint8_t *row, int64_t nb, __m512i out[8], __m512 *dw, __m512 *mv) {
+    const size_t wts = w_tsize(type);
+    const int64_t b0 = nb / PK_G * PK_G;
+    const int nt = (int)(nb - b0), G = grp_blocks(nb, nb / PK_G);
+    const uint8_t *blk[PK_G];
+    for (int i = 0; i < PK_G; i++) blk[i] = row + (size_t)(b0 + (i < nt ? i : nt - 1)) * wts;
+    if (w_has_min(type)) {
+        _Alignas(32) uint16_t mh[16] = {0};
+        for (int i = 0; i < nt; i++) mh[i] = sd_ld16(blk[i] + 2);
+        *mv = ld_ph16((const uint8_t *)mh);
+    }
+    if (G == 2) {
         wprep wp;
         prep_w(type, blk[0], blk[1], &wp);
         out[0] = wp.w;
         *dw = wp.dw;
+    } else if (G == 4) {
+        pack_group4(type, blk, out, dw);
+    } else if (G == 8) {
+        pack_group8(type, blk, out, dw);
+    } else { // 9..15 blocks: the full layout, from a copy with the missing blocks repeated (rare)
+        uint8_t tmp[PK_G * sizeof(sd_block_q8_0)], q[512], dh[32], mh[32];
+        for (int i = 0; i < PK_G; i++) memcpy(tmp + i * wts, blk[i], wts);
+        rp_build(type, tmp, wts, q, dh, mh);
+        rp_unpack(type, q, out);
+        *dw = ld_ph16(dh);
     }
 }
 
-// m of the tail blocks (natural order) and the zero padding up to 16 blocks.
-AI void pack_tail_m(int type, const uint8_t *row, int64_t nb, float *m) {
-    const size_t wts = w_tsize(type);
-    for (int64_t b = nb / 8 * 8; b < nb; b++) m[b] = _cvtsh_ss(sd_ld16(row + b * wts + 2));
-    for (int64_t b = nb; b < (nb + 15) / 16 * 16; b++) m[b] = 0;
+// Repacked rows also keep a last group of exactly 2, 4 or 8 blocks (nt = G)
+// in group form, in the tail's nt * block-size bytes (rp_tail_ok):
+//   quants  Q4/Q5: 16 G bytes of nibbles; for NV = G / 2 >= 2, byte j of
+//           packed vector p < NV / 2 = group vector p (low) and p + NV / 2
+//           (high); for NV = 1, byte j = vector bytes j (low) and j + 32
+//           (high). Q5 then NV x 64-bit masks of bit 4. Q8_0: the NV vectors.
+//   d       G fp16, block order
+//   m       G fp16, block order (Q4_1, Q5_1)
+AI int rp_tail_ok(int64_t nb) {
+    int nt = (int)(nb % PK_G);
+    return nt == 2 || nt == 4 || nt == 8;
+}
+AI size_t rp_tail_qb(int type, int G) {
+    return type == SD_TYPE_Q8_0 ? 32 * (size_t)G : (type == SD_TYPE_Q5_0 || type == SD_TYPE_Q5_1) ? 20 * (size_t)G : 16 * (size_t)G;
 }
 
-AI void pack_rows(int type, int R, int64_t nb, const uint8_t *w, size_t wrb, wpack *pk) {
+// The last group of a repacked row (rp_tail_ok(nb)), NV = G / 2 vectors.
+AI void rp_tail_unpack(int type, int NV, const uint8_t *t, __m512i out[8], __m512 *dw, __m512 *mv) {
+    const int G = 2 * NV, L = PK_G / G;
+    const size_t qb = rp_tail_qb(type, G);
+    if (type == SD_TYPE_Q8_0) {
+        for (int z = 0; z < NV; z++) out[z] = _mm512_loadu_si512(t + 64 * z);
+    } else {
+        const __m512i m4 = _mm512_set1_epi8(0x0f);
+        if (NV == 1) {
+            __m256i y = _mm256_loadu_si256((const __m256i *)t);
+            __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(y), _mm256_srli_epi16(y, 4), 1);
+            out[0] = _mm512_and_si512(v, m4);
+        } else {
+            for (int p = 0; p < NV / 2; p++) {
+                __m512i a = _mm512_loadu_si512(t + 64 * p);
+                out[p] = _mm512_and_si512(a, m4);
+                out[p + NV / 2] = _mm512_and_si512(_mm512_srli_epi16(a, 4), m4);
+            }
+        }
+        if (type == SD_TYPE_Q5_0 || type == SD_TYPE_Q5_1) {
+            const __m512i h = _mm512_set1_epi8(0x10);
+            for (int z = 0; z < NV; z++)
+                out[z] = _mm512_mask_add_epi8(out[z], _cvtu64_mask64(sd_ld64(t + 16 * G + 8 * z)), out[z], h);
+        }
+    }
+    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    __m128i dh = _mm_loadu_si128((const __m128i *)(t + qb)); // G <= 8 fp16
+    *dw = _mm512_permutexvar_ps(_mm512_srli_epi32(lane, __builtin_ctz((unsigned)L)),
+                                _mm512_castps256_ps512(_mm256_cvtph_ps(dh)));
+    if (w_has_min(type)) {
+        __m128i mh = _mm_loadu_si128((const __m128i *)(t + qb + 2 * G));
+        *mv = _mm512_maskz_mov_ps((__mmask16)((1u << G) - 1), _mm512_castps256_ps512(_mm256_cvtph_ps(mh)));
+    }
+}
+
+// Writes the repacked form of the last group of a file row (rp_tail_ok(nb)) to o.
+static void rp_tail_build(int type, const uint8_t *row, int64_t nb, uint8_t *o) {
     const size_t wts = w_tsize(type);
+    const int G = (int)(nb % PK_G), NV = G / 2;
+    const uint8_t *tb = row + (size_t)(nb - G) * wts;
+    __m512i v[8];
+    __m512 dw, mv;
+    tail_group(type, row, nb, v, &dw, &mv);
+    _Alignas(64) uint8_t u[8][64] = {{0}};
+    for (int z = 0; z < NV; z++) _mm512_store_si512(u[z], v[z]);
+    if (type == SD_TYPE_Q8_0) {
+        memcpy(o, u, (size_t)NV * 64);
+    } else {
+        if (NV == 1)
+            for (int j = 0; j < 32; j++) o[j] = (uint8_t)((u[0][j] & 15) | (u[0][j + 32] & 15) << 4);
+        else
+            for (int p = 0; p < NV / 2; p++)
+                for (int j = 0; j < 64; j++) o[64 * p + j] = (uint8_t)((u[p][j] & 15) | (u[p + NV / 2][j] & 15) << 4);
+        if (type == SD_TYPE_Q5_0 || type == SD_TYPE_Q5_1)
+            for (int z = 0; z < NV; z++) {
+                uint64_t k = 0;
+                for (int j = 0; j < 64; j++) k |= (uint64_t)((u[z][j] >> 4) & 1) << j;
+                memcpy(o + 16 * G + 8 * z, &k, 8);
+            }
+    }
+    const size_t qb = rp_tail_qb(type, G);
+    for (int i = 0; i < G; i++) {
+        memcpy(o + qb + 2 * i, tb + i * wts, 2);
+        if (w_has_min(type)) memcpy(o + qb + 2 * G + 2 * i, tb + i * wts + 2, 2);
+    }
+}
+
+// The last group of a row: repacked form (rp and rp_tail_ok), else from the file's blocks.
+AI void row_tail(int type, int rp, int NV, const uint8_t *row, int64_t nb, __m512i out[8], __m512 *dw, __m512 *mv) {
+    if (rp && rp_tail_ok(nb)) rp_tail_unpack(type, NV, row + (size_t)(nb / PK_G * PK_G) * w_tsize(type), out, dw, mv);
+    else tail_group(type, row, nb, out, dw, mv);
+}
+
+// (+1: rows not a multiple of 4 KB apart, which would alias in the store buffer)
+typedef struct {
+    __m512i w[PK_R][PK_NB_MAX / PK_G + 1][8]; // unsigned weight bytes, group layout
+    __m512 d[PK_R][PK_NB_MAX / PK_G + 1];     // d of the block of each lane
+    __m512 m[PK_R][PK_NB_MAX / PK_G + 1];     // m by block (types with a min)
+} wpack;
+
+// R rows into the pack; rp: the rows are repacked (SD_TYPE_*_R), else the file's layout.
+AI void pack_rows(int type, int rp, int R, int64_t nb, const uint8_t *w, size_t wrb, wpack *pk) {
+    const int64_t nfull = nb / PK_G;
+    const size_t qb = rp_qb(type), wts = w_tsize(type);
     for (int r = 0; r < R; r++) {
         const uint8_t *row = w + r * wrb;
-        const int64_t nfull = nb / 8;
-        for (int64_t g = 0; g < nfull; g++)
-            pack_group(type, row + (size_t)g * 8 * wts, wts, pk->w[r][g], &pk->d[r][g], (float *)pk->m[r] + g * 8);
-        if (nb % 8) pack_tail(type, row, nb, pk->w[r][nfull], &pk->d[r][nfull]);
-        if (w_has_min(type)) pack_tail_m(type, row, nb, (float *)pk->m[r]); // full groups wrote theirs
+        for (int64_t g = 0; g < nfull; g++) {
+            if (rp) {
+                rp_unpack(type, row + g * qb, pk->w[r][g]);
+                pk->d[r][g] = ld_ph16(row + nfull * qb + g * 32);
+                if (w_has_min(type)) pk->m[r][g] = ld_ph16(row + nfull * (qb + 32) + g * 32);
+            } else {
+                uint8_t q[512], dh[32], mh[32];
+                rp_build(type, row + g * PK_G * wts, wts, q, dh, mh);
+                rp_unpack(type, q, pk->w[r][g]);
+                pk->d[r][g] = ld_ph16(dh);
+                if (w_has_min(type)) pk->m[r][g] = ld_ph16(mh);
+            }
+        }
+        if (nb % PK_G) {
+            const int nv = grp_blocks(nb, nfull) / 2;
+            if (rp && rp_tail_ok(nb)) { // NV a constant for each call
+                if (nv == 1) row_tail(type, 1, 1, row, nb, pk->w[r][nfull], &pk->d[r][nfull], &pk->m[r][nfull]);
+                else if (nv == 2) row_tail(type, 1, 2, row, nb, pk->w[r][nfull], &pk->d[r][nfull], &pk->m[r][nfull]);
+                else row_tail(type, 1, 4, row, nb, pk->w[r][nfull], &pk->d[r][nfull], &pk->m[r][nfull]);
+            } else {
+                tail_group(type, row, nb, pk->w[r][nfull], &pk->d[r][nfull], &pk->m[r][nfull]);
+            }
+        }
     }
 }
 
@@ -603,98 +723,96 @@ AI __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
 }
 
 // v, kept in a register: the compiler would otherwise fold the load into
-// every dpbusd that uses it (R loads of the same activation vector per
-// group; the tile is then bound by L1 loads rather than by dpbusd).
+// every dpbusd that uses it.
 AI __m512i in_reg(__m512i v) {
     __asm__("" : "+v"(v));
     return v;
 }
 
-AI __m512 in_reg_ps(__m512 v) {
-    __asm__("" : "+v"(v));
-    return v;
+// Offsets of the trailer sections in a packed activation row.
+typedef struct {
+    size_t q, d, a, s;
+} xoffs;
+AI xoffs x_offsets(int type, int64_t nb) {
+    const int64_t ng = (nb + PK_G - 1) / PK_G;
+    xoffs o;
+    o.q = pk_head(type, nb);
+    o.d = o.q + (size_t)ng * 512;
+    o.a = o.d + (size_t)ng * 64;
+    o.s = w_offset(type) ? o.a + (size_t)ng * 64 : o.a;
+    return o;
 }
 
-// a0 + the dpbusd of nv vector pairs, as two chains added at the end
-// (integer sums: any order gives the same bits, and the chains halve the latency).
-AI __m512i dot4(__m512i a0, const __m512i w[4], const __m512i x[4], int nv) {
-    if (nv == 1) return _mm512_dpbusd_epi32(a0, w[0], x[0]);
-    __m512i s0 = _mm512_dpbusd_epi32(a0, w[0], x[0]);
-    __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], x[1]);
-    if (nv == 4) {
-        s0 = _mm512_dpbusd_epi32(s0, w[2], x[2]);
-        s1 = _mm512_dpbusd_epi32(s1, w[3], x[3]);
-    }
-    return _mm512_add_epi32(s0, s1);
+// The float step of one group for one (row, token) accumulator: the same in every kernel.
+AI __m512 grp_acc(int type, __m512 acc, __m512i isum, __m512 dw, __m512 dx, __m512 m, __m512 s) {
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, dx), acc);
+    if (w_has_min(type)) acc = _mm512_fmadd_ps(m, s, acc);
+    return acc;
 }
 
-// One group (NV vectors) of the R x T tile.
+// One group (NV vectors) of the R x T tile from the pack.
 AI void tile_group(int type, int R, int T, int NV, const wpack *pk, int64_t g, const uint8_t *x, size_t xrb,
-                   size_t oq, size_t od, size_t oa, __m512 acc[PK_R][4]) {
-    __m512i wv[PK_R][4];
-    __m512 dw[PK_R];
+                   xoffs o, __m512 acc[PK_R][4]) {
+    __m512i is[PK_R][4];
 #pragma GCC unroll 4
-    for (int r = 0; r < R; r++) {
+    for (int t = 0; t < T; t++) {
+        __m512i a0 = w_offset(type) ? _mm512_load_si512(x + t * xrb + o.a + g * 64) : _mm512_setzero_si512();
 #pragma GCC unroll 4
-        for (int z = 0; z < NV; z++) wv[r][z] = pk->w[r][g][z];
-        dw[r] = pk->d[r][g];
+        for (int r = 0; r < R; r++) is[r][t] = a0;
+    }
+#pragma GCC unroll 8
+    for (int z = 0; z < NV; z++) {
+        __m512i wv[PK_R];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) wv[r] = pk->w[r][g][z];
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            __m512i xv = in_reg(_mm512_load_si512(x + t * xrb + o.q + g * 512 + 64 * z));
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) is[r][t] = _mm512_dpbusd_epi32(is[r][t], wv[r], xv);
+        }
     }
 #pragma GCC unroll 4
     for (int t = 0; t < T; t++) {
-        const uint8_t *xg = x + t * xrb + oq + g * 256;
-        __m512i xv[4];
+        __m512 dx = _mm512_load_ps(x + t * xrb + o.d + g * 64);
+        __m512 s = w_has_min(type) ? _mm512_load_ps(x + t * xrb + o.s + g * 64) : dx;
 #pragma GCC unroll 4
-        for (int z = 0; z < NV; z++) xv[z] = in_reg(_mm512_load_si512(xg + 64 * z));
-        __m512 dx = in_reg_ps(_mm512_load_ps(x + t * xrb + od + g * 64));
-        __m512i a0 = w_offset(type) ? _mm512_load_si512(x + t * xrb + oa + g * 64) : _mm512_setzero_si512();
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            __m512i isum = dot4(a0, wv[r], xv, NV);
-            acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw[r], dx), acc[r][t]);
-        }
+        for (int r = 0; r < R; r++) acc[r][t] = grp_acc(type, acc[r][t], is[r][t], pk->d[r][g], dx, pk->m[r][g], s);
     }
 }
 
-AI void tile_packed(int type, int R, int T, int64_t nb, const wpack *pk, const uint8_t *x, size_t xrb, float *y,
-                    int64_t ldy) {
-    const int64_t ng = (nb + 7) / 8, nb16 = (nb + 15) / 16, nfull = nb / 8;
-    const size_t oq = pk_head(type, nb), od = oq + (size_t)ng * 256, oa = od + (size_t)ng * 64;
-    const size_t os = w_offset(type) ? oa + (size_t)ng * 64 : oa;
-    __m512 acc[PK_R][4];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < nfull; g++) tile_group(type, R, T, 4, pk, g, x, xrb, oq, od, oa, acc);
-    if (ng > nfull) switch (tail_nv(nb)) {
-        case 1: tile_group(type, R, T, 1, pk, nfull, x, xrb, oq, od, oa, acc); break;
-        case 2: tile_group(type, R, T, 2, pk, nfull, x, xrb, oq, od, oa, acc); break;
-        default: tile_group(type, R, T, 4, pk, nfull, x, xrb, oq, od, oa, acc); break;
-        }
-    if (w_has_min(type))
-        for (int64_t k = 0; k < nb16; k++) {
-            __m512 mv[PK_R];
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) mv[r] = in_reg_ps(pk->m[r][k]);
-#pragma GCC unroll 4
-            for (int t = 0; t < T; t++) {
-                __m512 sv = in_reg_ps(_mm512_load_ps(x + t * xrb + os + k * 64));
-#pragma GCC unroll 4
-                for (int r = 0; r < R; r++) acc[r][t] = _mm512_fmadd_ps(mv[r], sv, acc[r][t]);
-            }
-        }
-    // Batch invariance: every token's accumulator is reduced by the same
-    // reduce4 tree (lane t of its result depends on acc[.][t] only, with the
-    // same order of additions for every t), whatever T is; missing tokens are
-    // zero vectors whose sums are discarded.
+// Batch invariance: every token's accumulator is reduced by the same reduce4
+// tree (lane t of its result depends on acc[.][t] only, with the same order
+// of additions for every t), whatever T is; missing tokens are zero vectors
+// whose sums are discarded.
+AI void store_tile(int R, int T, __m512 acc[][4], float *y, int64_t ldy) {
+    const __m512 z = _mm512_setzero_ps();
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
-        const __m512 z = _mm512_setzero_ps();
         float v[4];
         _mm_storeu_ps(v, reduce4(acc[r][0], T > 1 ? acc[r][1] : z, T > 2 ? acc[r][2] : z, T > 3 ? acc[r][3] : z));
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) y[t * ldy + r] = v[t];
     }
+}
+
+AI void tile_packed(int type, int R, int T, int64_t nb, const wpack *pk, const uint8_t *x, size_t xrb, float *y,
+                    int64_t ldy) {
+    const int64_t nfull = nb / PK_G;
+    const xoffs o = x_offsets(type, nb);
+    __m512 acc[PK_R][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < nfull; g++) tile_group(type, R, T, 8, pk, g, x, xrb, o, acc);
+    if (nb % PK_G) switch (grp_blocks(nb, nfull)) {
+        case 2: tile_group(type, R, T, 1, pk, nfull, x, xrb, o, acc); break;
+        case 4: tile_group(type, R, T, 2, pk, nfull, x, xrb, o, acc); break;
+        case 8: tile_group(type, R, T, 4, pk, nfull, x, xrb, o, acc); break;
+        default: tile_group(type, R, T, 8, pk, nfull, x, xrb, o, acc); break;
+        }
+    store_tile(R, T, acc, y, ldy);
 }
 
 AI void packed_all_tokens(int type, int R, int64_t nb, const wpack *pk, const uint8_t *x, size_t xrb,
@@ -708,8 +826,6 @@ AI void packed_all_tokens(int type, int R, int64_t nb, const wpack *pk, const ui
     default: break;
     }
 }
-
-AI void pack_rows_rp(int type, int R, int64_t nb, const uint8_t *w, size_t wrb, wpack *pk); // repacked rows, below
 
 // Software prefetch of n bytes from p into L1.
 AI void prefetch_bytes(const uint8_t *p, size_t n) {
@@ -727,13 +843,11 @@ AI void gemm_packed(int type, int rp, int64_t n_in, const void *W, size_t wrb, i
     for (; r + PK_R <= r1; r += PK_R) {
         if (n_tok > 1 && r + PK_R * (PK_PF + 1) <= r1) // the rows PK_PF pairs ahead
             prefetch_bytes(w + (r + PK_R * PK_PF) * wrb, PK_R * wrb);
-        if (rp) pack_rows_rp(type, PK_R, nb, w + r * wrb, wrb, &pk);
-        else pack_rows(type, PK_R, nb, w + r * wrb, wrb, &pk);
+        pack_rows(type, rp, PK_R, nb, w + r * wrb, wrb, &pk);
         packed_all_tokens(type, PK_R, nb, &pk, xq, xrb, n_tok, y + r, ldy);
     }
     for (; r < r1; r++) {
-        if (rp) pack_rows_rp(type, 1, nb, w + r * wrb, wrb, &pk);
-        else pack_rows(type, 1, nb, w + r * wrb, wrb, &pk);
+        pack_rows(type, rp, 1, nb, w + r * wrb, wrb, &pk);
         packed_all_tokens(type, 1, nb, &pk, xq, xrb, n_tok, y + r, ldy);
     }
 }
@@ -759,234 +873,92 @@ DEFINE_TYPE(q5_0, SD_TYPE_Q5_0)
 DEFINE_TYPE(q5_1, SD_TYPE_Q5_1)
 DEFINE_TYPE(q8_0, SD_TYPE_Q8_0)
 
-// ---- repacked weights (SD_TYPE_*_R: rewritten once at load) -----------------
-//
-// The packed path above spends most of a 1-token matmul gathering 8 blocks
-// of 18-34 bytes into group vectors. A repacked row holds its full groups
-// already in group layout, so unpacking a group is two loads and four
-// and/shift ops (Q4, Q5), or four loads (Q8_0). Row r of nb blocks (nfull =
-// nb / 8 full groups) is, in nb * block-size bytes like the file's row:
-//   quants  (nfull, QB) bytes: Q4/Q5: A | B, 64 bytes each, with group vector
-//           0 = A & 15, 1 = B & 15, 2 = A >> 4, 3 = B >> 4; Q5 then 4 x 64-bit
-//           masks of bit 4 (vector z, byte j <- mask z bit j); Q8_0: the 4
-//           vectors, already offset to unsigned
-//   d       (nfull, 8) fp16, slot order (SIGMA)
-//   m       (nfull, 8) fp16, natural order (Q4_1, Q5_1)
-//   tail    the nb % 8 last blocks, unchanged, at the same offset as in the file
-// QB + 16 (+ 16) = 8 x block size for every type, so the sections fit exactly.
-// The unpacked vectors and scales are the same values the packed path builds,
-// and every (row, token) accumulator gets the same operations in the same
-// order, so a repacked matrix gives exactly the bits of the file's one.
-
-AI size_t rp_qb(int type) {
-    return type == SD_TYPE_Q8_0 ? 256 : (type == SD_TYPE_Q5_0 || type == SD_TYPE_Q5_1) ? 160 : 128;
-}
-
-// Group g of a repacked row with nfull full groups.
-AI void rp_group(int type, const uint8_t *row, int64_t nfull, int64_t g, __m512i out[4], __m512 *dw) {
-    const uint8_t *q = row + (size_t)g * rp_qb(type);
-    if (type == SD_TYPE_Q8_0) {
-        for (int z = 0; z < 4; z++) out[z] = _mm512_loadu_si512(q + 64 * z);
-    } else {
-        const __m512i m4 = _mm512_set1_epi8(0x0f);
-        __m512i a = _mm512_loadu_si512(q), b = _mm512_loadu_si512(q + 64);
-        out[0] = _mm512_and_si512(a, m4);
-        out[1] = _mm512_and_si512(b, m4);
-        out[2] = _mm512_and_si512(_mm512_srli_epi16(a, 4), m4);
-        out[3] = _mm512_and_si512(_mm512_srli_epi16(b, 4), m4);
-        if (type == SD_TYPE_Q5_0 || type == SD_TYPE_Q5_1) {
-            const __m512i h = _mm512_set1_epi8(0x10);
-            for (int z = 0; z < 4; z++)
-                out[z] = _mm512_mask_add_epi8(out[z], _cvtu64_mask64(sd_ld64(q + 128 + 8 * z)), out[z], h);
-        }
-    }
-    const __m128i dh = _mm_loadu_si128((const __m128i *)(row + (size_t)nfull * rp_qb(type) + (size_t)g * 16));
-    *dw = _mm512_permutexvar_ps(_mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0),
-                                _mm512_castps256_ps512(_mm256_cvtph_ps(dh)));
-}
-
-// m of a repacked row, natural order, zero-padded to a multiple of 16 blocks.
-AI void rp_row_m(int type, const uint8_t *row, int64_t nb, float *m) {
-    const int64_t nfull = nb / 8;
-    const uint16_t *mh = (const uint16_t *)(row + (size_t)nfull * (rp_qb(type) + 16));
-    int64_t b = 0;
-    for (; b + 8 <= nfull * 8; b += 8)
-        _mm256_storeu_ps(m + b, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mh + b))));
-    pack_tail_m(type, row, nb, m);
-}
+// ---- repacked weights (SD_TYPE_*_R) --------------------------------------------
 
 static int repack_legacy(int type, const void *src, void *dst, int64_t n_in, int64_t n_rows) {
-    const int64_t nb = n_in / SD_QK, nfull = nb / 8;
+    const int64_t nb = n_in / SD_QK, nfull = nb / PK_G;
     if (n_in % SD_QK || nb > PK_NB_MAX) return -1;
     const size_t wts = w_tsize(type), rb = (size_t)nb * wts, qb = rp_qb(type);
     for (int64_t r = 0; r < n_rows; r++) {
         const uint8_t *row = (const uint8_t *)src + r * rb;
         uint8_t *o = (uint8_t *)dst + r * rb;
-        for (int64_t g = 0; g < nfull; g++) {
-            const uint8_t *g0 = row + (size_t)g * 8 * wts;
-            __m512i v[4];
-            __m512 dw;
-            float mtmp[8];
-            pack_group(type, g0, wts, v, &dw, mtmp);
-            uint8_t *q = o + g * qb;
-            if (type == SD_TYPE_Q8_0) {
-                for (int z = 0; z < 4; z++) _mm512_storeu_si512(q + 64 * z, v[z]);
-            } else {
-                const __m512i m4 = _mm512_set1_epi8(0x0f);
-                for (int z = 0; z < 2; z++)
-                    _mm512_storeu_si512(q + 64 * z, _mm512_or_si512(_mm512_and_si512(v[z], m4),
-                                                                    _mm512_slli_epi16(_mm512_and_si512(v[z + 2], m4), 4)));
-                if (type == SD_TYPE_Q5_0 || type == SD_TYPE_Q5_1)
-                    for (int z = 0; z < 4; z++) {
-                        uint64_t k = _cvtmask64_u64(_mm512_test_epi8_mask(v[z], _mm512_set1_epi8(0x10)));
-                        memcpy(q + 128 + 8 * z, &k, 8);
-                    }
-            }
-            for (int sl = 0; sl < 8; sl++) // d: the first 2 bytes of every legacy block
-                memcpy(o + nfull * qb + g * 16 + 2 * sl, g0 + SIGMA[sl] * wts, 2);
-            if (w_has_min(type))
-                for (int i = 0; i < 8; i++) memcpy(o + nfull * (qb + 16) + g * 16 + 2 * i, g0 + i * wts + 2, 2);
-        }
-        memcpy(o + nfull * 8 * wts, row + nfull * 8 * wts, (size_t)(nb - nfull * 8) * wts);
+        for (int64_t g = 0; g < nfull; g++)
+            rp_build(type, row + (size_t)g * PK_G * wts, wts, o + g * qb, o + nfull * qb + g * 32,
+                     o + nfull * (qb + 32) + g * 32);
+        if (rp_tail_ok(nb)) rp_tail_build(type, row, nb, o + nfull * PK_G * wts);
+        else memcpy(o + nfull * PK_G * wts, row + nfull * PK_G * wts, (size_t)(nb - nfull * PK_G) * wts);
     }
     return 0;
 }
 
-AI void pack_rows_rp(int type, int R, int64_t nb, const uint8_t *w, size_t wrb, wpack *pk) {
-    const int64_t nfull = nb / 8;
+// One or two tokens (T), R <= RP_R rows: the weights go straight from memory
+// into registers (no pack buffer); each accumulator gets the operations of
+// tile_packed. The eight dpbusd of a group run as two chains added at the
+// end (integer sums: any order gives the same bits).
+#define RP_R 4
+#define RP_PF 16 // rows of software prefetch ahead
+
+// Group g (NV vectors; full: repacked, else the tail in the file's layout).
+AI void rp_direct_group(int type, int R, int T, int NV, int full, int64_t nb, const uint8_t *w, size_t wrb,
+                        const uint8_t *x, size_t xrb, xoffs o, int64_t g, __m512 acc[][4]) {
+    const int64_t nfull = nb / PK_G;
+    const size_t qb = rp_qb(type);
+    __m512i xv[8], a0[2];
+    __m512 dx[2], s[2];
+#pragma GCC unroll 2
+    for (int t = 0; t < T; t++) {
+        const uint8_t *xt = x + t * xrb;
+        a0[t] = w_offset(type) ? _mm512_load_si512(xt + o.a + g * 64) : _mm512_setzero_si512();
+        dx[t] = _mm512_load_ps(xt + o.d + g * 64);
+        s[t] = w_has_min(type) ? _mm512_load_ps(xt + o.s + g * 64) : dx[t];
+    }
+    if (T == 1) // one token: its 8 vectors stay in registers for all rows
+#pragma GCC unroll 8
+        for (int z = 0; z < NV; z++) xv[z] = in_reg(_mm512_load_si512(x + o.q + g * 512 + 64 * z));
+#pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
         const uint8_t *row = w + r * wrb;
-        for (int64_t g = 0; g < nfull; g++) rp_group(type, row, nfull, g, pk->w[r][g], &pk->d[r][g]);
-        if (nb % 8) pack_tail(type, row, nb, pk->w[r][nfull], &pk->d[r][nfull]);
-        if (w_has_min(type)) rp_row_m(type, row, nb, (float *)pk->m[r]);
-    }
-}
-
-// One token, R <= RP1_R rows: the weights go straight from memory into
-// registers (no pack buffer); the float operations on each accumulator are
-// those of tile_packed with T = 1. The four dpbusd of a group run as two
-// chains added at the end (integer sums: any order gives the same bits).
-#define RP1_R 4
-#define RP1_PF 16 // rows of software prefetch ahead
-AI void rp_tile1(int type, int R, int64_t nb, const uint8_t *w, size_t wrb, const uint8_t *x, float *y) {
-    const int64_t ng = (nb + 7) / 8, nb16 = (nb + 15) / 16, nfull = nb / 8;
-    const size_t oq = pk_head(type, nb), od = oq + (size_t)ng * 256, oa = od + (size_t)ng * 64;
-    const size_t os = w_offset(type) ? oa + (size_t)ng * 64 : oa;
-    __m512 acc[RP1_R];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < nfull; g++) {
-        __m512i xv[4];
-#pragma GCC unroll 4
-        for (int z = 0; z < 4; z++) xv[z] = in_reg(_mm512_load_si512(x + oq + g * 256 + 64 * z));
-        __m512 dx = in_reg_ps(_mm512_load_ps(x + od + g * 64));
-        __m512i a0 = w_offset(type) ? in_reg(_mm512_load_si512(x + oa + g * 64)) : _mm512_setzero_si512();
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            __m512i wv[4];
-            __m512 dw;
-            rp_group(type, w + r * wrb, nfull, g, wv, &dw);
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot4(a0, wv, xv, 4)), _mm512_mul_ps(dw, dx), acc[r]);
+        __m512i wv[8];
+        __m512 dw, mv = _mm512_setzero_ps();
+        if (full) {
+            rp_unpack(type, row + g * qb, wv);
+            dw = ld_ph16(row + nfull * qb + g * 32);
+            if (w_has_min(type)) mv = ld_ph16(row + nfull * (qb + 32) + g * 32);
+        } else {
+            row_tail(type, 1, NV, row, nb, wv, &dw, &mv);
         }
-    }
-    if (ng > nfull) {
-        const int nv = tail_nv(nb);
-        __m512i a0 = w_offset(type) ? _mm512_load_si512(x + oa + nfull * 64) : _mm512_setzero_si512();
-        __m512 dx = _mm512_load_ps(x + od + nfull * 64);
-        __m512i xv[4];
-        for (int z = 0; z < nv; z++) xv[z] = _mm512_load_si512(x + oq + nfull * 256 + 64 * z);
-        for (int r = 0; r < R; r++) {
-            __m512i wv[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
-                             _mm512_setzero_si512()}; // pack_tail fills the first nv
-            __m512 dw;
-            pack_tail(type, w + r * wrb, nb, wv, &dw);
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot4(a0, wv, xv, nv)), _mm512_mul_ps(dw, dx), acc[r]);
-        }
-    }
-    if (w_has_min(type)) {
-        _Alignas(64) float m[RP1_R][PK_NB_MAX + 16];
-        for (int r = 0; r < R; r++) rp_row_m(type, w + r * wrb, nb, m[r]);
-        for (int64_t k = 0; k < nb16; k++) {
-            __m512 sv = _mm512_load_ps(x + os + k * 64);
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) acc[r] = _mm512_fmadd_ps(_mm512_load_ps(m[r] + k * 16), sv, acc[r]);
-        }
-    }
-    const __m512 z = _mm512_setzero_ps();
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++) y[r] = _mm_cvtss_f32(reduce4(acc[r], z, z, z));
-}
-
-// Two tokens, R <= RP1_R rows, like rp_tile1 (each accumulator gets the
-// operations of tile_packed with T = 2; reduce4 lane t depends on token t only).
-AI void rp_tile2(int type, int R, int64_t nb, const uint8_t *w, size_t wrb, const uint8_t *x, size_t xrb, float *y,
-                 int64_t ldy) {
-    const int64_t ng = (nb + 7) / 8, nb16 = (nb + 15) / 16, nfull = nb / 8;
-    const size_t oq = pk_head(type, nb), od = oq + (size_t)ng * 256, oa = od + (size_t)ng * 64;
-    const size_t os = w_offset(type) ? oa + (size_t)ng * 64 : oa;
-    const uint8_t *x1 = x + xrb;
-    __m512 acc0[RP1_R], acc1[RP1_R];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++) acc0[r] = acc1[r] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < nfull; g++) {
-        __m512i xa[4], xb[4];
-#pragma GCC unroll 4
-        for (int z = 0; z < 4; z++) {
-            xa[z] = in_reg(_mm512_load_si512(x + oq + g * 256 + 64 * z));
-            xb[z] = in_reg(_mm512_load_si512(x1 + oq + g * 256 + 64 * z));
-        }
-        __m512 da = in_reg_ps(_mm512_load_ps(x + od + g * 64)), db = in_reg_ps(_mm512_load_ps(x1 + od + g * 64));
-        __m512i aa = w_offset(type) ? in_reg(_mm512_load_si512(x + oa + g * 64)) : _mm512_setzero_si512();
-        __m512i ab = w_offset(type) ? in_reg(_mm512_load_si512(x1 + oa + g * 64)) : _mm512_setzero_si512();
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            __m512i wv[4];
-            __m512 dw;
-            rp_group(type, w + r * wrb, nfull, g, wv, &dw);
-            acc0[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot4(aa, wv, xa, 4)), _mm512_mul_ps(dw, da), acc0[r]);
-            acc1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot4(ab, wv, xb, 4)), _mm512_mul_ps(dw, db), acc1[r]);
-        }
-    }
-    if (ng > nfull) {
-        const int nv = tail_nv(nb);
-        __m512i aa = w_offset(type) ? _mm512_load_si512(x + oa + nfull * 64) : _mm512_setzero_si512();
-        __m512i ab = w_offset(type) ? _mm512_load_si512(x1 + oa + nfull * 64) : _mm512_setzero_si512();
-        __m512 da = _mm512_load_ps(x + od + nfull * 64), db = _mm512_load_ps(x1 + od + nfull * 64);
-        __m512i xa[4], xb[4];
-        for (int z = 0; z < nv; z++) {
-            xa[z] = _mm512_load_si512(x + oq + nfull * 256 + 64 * z);
-            xb[z] = _mm512_load_si512(x1 + oq + nfull * 256 + 64 * z);
-        }
-        for (int r = 0; r < R; r++) {
-            __m512i wv[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
-                             _mm512_setzero_si512()}; // pack_tail fills the first nv
-            __m512 dw;
-            pack_tail(type, w + r * wrb, nb, wv, &dw);
-            acc0[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot4(aa, wv, xa, nv)), _mm512_mul_ps(dw, da), acc0[r]);
-            acc1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot4(ab, wv, xb, nv)), _mm512_mul_ps(dw, db), acc1[r]);
-        }
-    }
-    if (w_has_min(type)) {
-        _Alignas(64) float m[RP1_R][PK_NB_MAX + 16];
-        for (int r = 0; r < R; r++) rp_row_m(type, w + r * wrb, nb, m[r]);
-        for (int64_t k = 0; k < nb16; k++) {
-            __m512 sa = _mm512_load_ps(x + os + k * 64), sb = _mm512_load_ps(x1 + os + k * 64);
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) {
-                __m512 mv = _mm512_load_ps(m[r] + k * 16);
-                acc0[r] = _mm512_fmadd_ps(mv, sa, acc0[r]);
-                acc1[r] = _mm512_fmadd_ps(mv, sb, acc1[r]);
+#pragma GCC unroll 2
+        for (int t = 0; t < T; t++) {
+            const uint8_t *xq = x + t * xrb + o.q + g * 512;
+            __m512i c0 = a0[t], c1 = _mm512_setzero_si512();
+#pragma GCC unroll 8
+            for (int z = 0; z < NV; z++) {
+                __m512i xz = T == 1 ? xv[z] : _mm512_load_si512(xq + 64 * z);
+                if (z % 2 == 0) c0 = _mm512_dpbusd_epi32(c0, wv[z], xz);
+                else c1 = _mm512_dpbusd_epi32(c1, wv[z], xz);
             }
+            acc[r][t] = grp_acc(type, acc[r][t], _mm512_add_epi32(c0, c1), dw, dx[t], mv, s[t]);
         }
     }
-    const __m512 z = _mm512_setzero_ps();
+}
+
+AI void rp_direct(int type, int R, int T, int64_t nb, const uint8_t *w, size_t wrb, const uint8_t *x, size_t xrb,
+                  float *y, int64_t ldy) {
+    const int64_t nfull = nb / PK_G;
+    const xoffs o = x_offsets(type, nb);
+    __m512 acc[RP_R][4];
 #pragma GCC unroll 4
-    for (int r = 0; r < R; r++) {
-        float v[4];
-        _mm_storeu_ps(v, reduce4(acc0[r], acc1[r], z, z));
-        y[r] = v[0];
-        y[ldy + r] = v[1];
-    }
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < 4; t++) acc[r][t] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < nfull; g++) rp_direct_group(type, R, T, 8, 1, nb, w, wrb, x, xrb, o, g, acc);
+    if (nb % PK_G) switch (grp_blocks(nb, nfull)) {
+        case 2: rp_direct_group(type, R, T, 1, 0, nb, w, wrb, x, xrb, o, nfull, acc); break;
+        case 4: rp_direct_group(type, R, T, 2, 0, nb, w, wrb, x, xrb, o, nfull, acc); break;
+        case 8: rp_direct_group(type, R, T, 4, 0, nb, w, wrb, x, xrb, o, nfull, acc); break;
+        default: rp_direct_group(type, R, T, 8, 0, nb, w, wrb, x, xrb, o, nfull, acc); break;
+        }
+    store_tile(R, T, acc, y, ldy);
 }
 
 AI void gemm_repacked(int type, int64_t n_in, const void *W, size_t wrb, int64_t r0, int64_t r1, const void *xq,
@@ -999,18 +971,17 @@ AI void gemm_repacked(int type, int64_t n_in, const void *W, size_t wrb, int64_t
         gemm_packed(type, 1, n_in, W, wrb, r0, r1, xq, xrb, n_tok, y, ldy);
         return;
     }
-    // One or two tokens, measured on the default model (2 threads): 4 rows
-    // per tile and a software prefetch 16 rows ahead, 2.3-2.4 ms per token;
-    // 2 rows 2.4-2.6, no prefetch 2.9-4.1 (the hardware prefetcher lags).
+    // One or two tokens: 4 rows per tile and a software prefetch 16 rows
+    // ahead (the hardware prefetcher lags on weights streamed from memory).
     int64_t r = r0;
-    for (; r + 4 <= r1; r += 4) {
-        if (r + 4 + RP1_PF <= r1) prefetch_bytes(w + (r + RP1_PF) * wrb, 4 * wrb);
-        if (n_tok == 1) rp_tile1(type, 4, nb, w + r * wrb, wrb, xq, y + r);
-        else rp_tile2(type, 4, nb, w + r * wrb, wrb, xq, xrb, y + r, ldy);
+    for (; r + RP_R <= r1; r += RP_R) {
+        if (r + RP_R + RP_PF <= r1) prefetch_bytes(w + (r + RP_PF) * wrb, RP_R * wrb);
+        if (n_tok == 1) rp_direct(type, RP_R, 1, nb, w + r * wrb, wrb, xq, xrb, y + r, ldy);
+        else rp_direct(type, RP_R, 2, nb, w + r * wrb, wrb, xq, xrb, y + r, ldy);
     }
     for (; r < r1; r++) {
-        if (n_tok == 1) rp_tile1(type, 1, nb, w + r * wrb, wrb, xq, y + r);
-        else rp_tile2(type, 1, nb, w + r * wrb, wrb, xq, xrb, y + r, ldy);
+        if (n_tok == 1) rp_direct(type, 1, 1, nb, w + r * wrb, wrb, xq, xrb, y + r, ldy);
+        else rp_direct(type, 1, 2, nb, w + r * wrb, wrb, xq, xrb, y + r, ldy);
     }
 }
 
@@ -1027,7 +998,6 @@ DEFINE_RP(q4_1, SD_TYPE_Q4_1)
 DEFINE_RP(q5_0, SD_TYPE_Q5_0)
 DEFINE_RP(q5_1, SD_TYPE_Q5_1)
 DEFINE_RP(q8_0, SD_TYPE_Q8_0)
-
 
 // ---- float weights against float activations ---------------------------------
 

@@ -411,10 +411,10 @@ static void test_matmul_batch_invariance(void) {
     for (int t = 0; t < SD_TYPE_FILE_COUNT; t++) {
         const sd_type_traits *tr = sd_type_get(t);
         if (!tr->supported || tr->blck == SD_QK_K) continue; // K-quants: tests/test_quant_k.c
-        // 32-blocks: 18, 13, 23, 3 blocks per row (pair/group/tail shapes of the packed path)
-        const int64_t ins32[] = {576, 416, 736, 96}, insf[] = {288, 40};
+        // 32-blocks: 18, 13, 23, 3, 48 blocks per row (the group and tail shapes of the packed path)
+        const int64_t ins32[] = {576, 416, 736, 96, 1536}, insf[] = {288, 40};
         const int64_t *ins = tr->blck == SD_QK ? ins32 : insf;
-        int n_ins = tr->blck == SD_QK ? 4 : 2;
+        int n_ins = tr->blck == SD_QK ? 5 : 2;
         for (int ii = 0; ii < n_ins; ii++)
             for (int use_pool = 0; use_pool < 2; use_pool++)
                 matmul_invariance_case(use_pool ? pool : NULL, t, ins[ii], 37);
@@ -425,7 +425,7 @@ static void test_matmul_batch_invariance(void) {
 // Repacked weights (SD_TYPE_*_R, rewritten at load for the CPU's kernel):
 // sd_matmul on a repacked matrix gives, bit for bit, what the file's layout
 // gives for one token, for every batch size 1..19 and with a thread pool,
-// on row lengths whose last group has 0..7 blocks (every tail layout).
+// on row lengths whose last group has 0..15 blocks (every tail layout).
 // A type without a repacked form on this CPU is reported, not skipped silently.
 static void test_repacked(void) {
     const int bases[] = {SD_TYPE_Q4_0, SD_TYPE_Q4_1, SD_TYPE_Q5_0, SD_TYPE_Q5_1, SD_TYPE_Q8_0,
@@ -435,7 +435,9 @@ static void test_repacked(void) {
     for (size_t bi = 0; bi < sizeof bases / sizeof *bases; bi++) {
         const int t = bases[bi];
         const sd_type_traits *tr = sd_type_get(t);
-        const int64_t ins32[] = {256, 288, 320, 352, 384, 416, 448, 480, 576, 96, 1536};
+        // 16..31 blocks (a full group of 16 and every tail length 0..15), then 1, 3, 8, 13 and 48 blocks
+        const int64_t ins32[] = {512, 544, 576, 608, 640, 672, 704, 736, 768, 800, 832, 864, 896, 928, 960, 992,
+                                 32, 96, 256, 416, 1536};
         const int64_t insk[] = {256, 768, 1536};
         const int64_t *ins = tr->blck == SD_QK ? ins32 : insk;
         const int n_ins = tr->blck == SD_QK ? (int)(sizeof ins32 / sizeof *ins32) : 3;
