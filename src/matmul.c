@@ -29,9 +29,10 @@
 #include "common.h"
 #include "quant.h"
 
-// Row chunks given to threads are multiples of this (the tile height of the
-// kernels), so no tile straddles two threads.
-#define SD_MM_ROW_ALIGN 4
+// Row chunks given to threads are multiples of this (the panel height of the
+// legacy-quant kernels, a multiple of the K-quant tiles' 4), so no panel
+// straddles two threads.
+#define SD_MM_ROW_ALIGN 16
 
 // Batches of at least this many tokens use the activation packer of the
 // weight type (if any), whose rows feed the tile kernel without per-token
