@@ -267,7 +267,7 @@ static void test_matmul(void) {
 
 // The tile kernels called directly on plain vec_dot_type rows (the path
 // sd_matmul does not take for the legacy types, whose activations it packs),
-// and sd_matmul on rows too long for the packed path.
+// and sd_matmul on rows too long for the panel path.
 static void test_gemm_plain_rows(void) {
     const int64_t toks[] = {1, 2, 3, 4, 5, 9};
     for (int t = 0; t < SD_TYPE_FILE_COUNT; t++) {
@@ -299,7 +299,7 @@ static void test_gemm_plain_rows(void) {
         }
         free(W), free(xq), free(x), free(y);
     }
-    // rows longer than the packed path supports (n_in > 16384) through sd_matmul
+    // rows longer than the panel path supports (n_in > 16384) through sd_matmul
     sd_pool *pool = sd_pool_new(2);
     const int types[] = {SD_TYPE_Q4_1, SD_TYPE_Q8_0};
     for (int i = 0; i < 2; i++) {
@@ -411,7 +411,7 @@ static void test_matmul_batch_invariance(void) {
     for (int t = 0; t < SD_TYPE_FILE_COUNT; t++) {
         const sd_type_traits *tr = sd_type_get(t);
         if (!tr->supported || tr->blck == SD_QK_K) continue; // K-quants: tests/test_quant_k.c
-        // 32-blocks: 18, 13, 23, 3, 48 blocks per row (the group and tail shapes of the packed path)
+        // 32-blocks: 18, 13, 23, 3, 48 blocks per row; 37 rows = 2 panels of 16 and 5 rows
         const int64_t ins32[] = {576, 416, 736, 96, 1536}, insf[] = {288, 40};
         const int64_t *ins = tr->blck == SD_QK ? ins32 : insf;
         int n_ins = tr->blck == SD_QK ? 5 : 2;
@@ -425,7 +425,8 @@ static void test_matmul_batch_invariance(void) {
 // Repacked weights (SD_TYPE_*_R, rewritten at load for the CPU's kernel):
 // sd_matmul on a repacked matrix gives, bit for bit, what the file's layout
 // gives for one token, for every batch size 1..19 and with a thread pool,
-// on row lengths whose last group has 0..15 blocks (every tail layout).
+// on row lengths of 1..48 blocks; 37 rows = 2 panels of 16 plus 5 rows the
+// repacked matrix keeps in the file's layout.
 // A type without a repacked form on this CPU is reported, not skipped silently.
 static void test_repacked(void) {
     const int bases[] = {SD_TYPE_Q4_0, SD_TYPE_Q4_1, SD_TYPE_Q5_0, SD_TYPE_Q5_1, SD_TYPE_Q8_0,
