@@ -239,39 +239,36 @@ AI void gemm_generic(int type, int64_t n_in, const void *W, size_t wrb, int64_t 
 
 // ---- activation quantizers (same bytes as the references in quant.c) --------
 
-// One block of 32 floats: scale d and the 32 rounded values as int32.
-AI float quant_block(const float *x, __m512i *q0, __m512i *q1) {
+// One block of 32 floats: returns the scale d, writes the 32 rounded values
+// to qs and, when sum is not NULL, their sum.
+AI float quant_block(const float *x, int8_t *qs, int *sum) {
     __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
     float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
     float d = amax / 127.0f;
     float id = d != 0.0f ? 1.0f / d : 0.0f;
     __m512 vid = _mm512_set1_ps(id);
-    *q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, vid)); // round to nearest even
-    *q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, vid));
+    __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, vid)); // round to nearest even
+    __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, vid));
+    _mm_storeu_si128((__m128i *)qs, _mm512_cvtepi32_epi8(q0));
+    _mm_storeu_si128((__m128i *)(qs + 16), _mm512_cvtepi32_epi8(q1));
+    if (sum) *sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
     return d;
 }
 
 static void q8_0_quantize(const float *src, void *dst, int64_t n) {
     sd_block_q8_0 *y = dst;
     for (int64_t b = 0; b < n / SD_QK; b++) {
-        __m512i q0, q1;
-        float d = quant_block(src + b * SD_QK, &q0, &q1);
-        y[b].d = sd_fp32_to_fp16(d);
-        _mm_storeu_si128((__m128i *)y[b].qs, _mm512_cvtepi32_epi8(q0));
-        _mm_storeu_si128((__m128i *)(y[b].qs + 16), _mm512_cvtepi32_epi8(q1));
+        y[b].d = sd_fp32_to_fp16(quant_block(src + b * SD_QK, y[b].qs, NULL));
     }
 }
 
 static void q8_1_quantize(const float *src, void *dst, int64_t n) {
     sd_block_q8_1 *y = dst;
     for (int64_t b = 0; b < n / SD_QK; b++) {
-        __m512i q0, q1;
-        float d = quant_block(src + b * SD_QK, &q0, &q1);
-        int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        int sum;
+        float d = quant_block(src + b * SD_QK, y[b].qs, &sum);
         y[b].d = d;
         y[b].s = d * (float)sum;
-        _mm_storeu_si128((__m128i *)y[b].qs, _mm512_cvtepi32_epi8(q0));
-        _mm_storeu_si128((__m128i *)(y[b].qs + 16), _mm512_cvtepi32_epi8(q1));
     }
 }
 
@@ -346,11 +343,8 @@ AI size_t pack_act(int type, const float *x, void *dst, int64_t n) {
     }
     xblock *o = dst;
     for (int64_t b = 0; b < nb; b++) {
-        __m512i v0, v1;
-        float d = quant_block(x + b * SD_QK, &v0, &v1);
-        _mm_storeu_si128((__m128i *)o[b].qs, _mm512_cvtepi32_epi8(v0));
-        _mm_storeu_si128((__m128i *)(o[b].qs + 16), _mm512_cvtepi32_epi8(v1));
-        int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(v0, v1));
+        int sum;
+        float d = quant_block(x + b * SD_QK, o[b].qs, &sum);
         if (w_has_min(type)) {
             o[b].d = d;
             o[b].u.s = d * (float)sum;
@@ -425,6 +419,11 @@ AI void pn_unpack(int type, const uint8_t *q, __m512i out[8]) {
 AI __m512 ld_ph16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 AI __m512i bcast32(const int8_t *p) { return _mm512_set1_epi32((int)sd_ld32((const uint8_t *)p)); }
 
+// Software prefetch of n bytes from p into L1.
+AI void prefetch_bytes(const uint8_t *p, size_t n) {
+    for (size_t o = 0; o < n; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
+}
+
 // One panel (nb blocks at P, 16 x block size each) against T <= PN_T tokens:
 // y[t * ldy + i] for rows i < nrows (16 unless the last, partial panel).
 // pf: a later panel to prefetch into L1 block by block along the way, or NULL.
@@ -436,8 +435,7 @@ AI void pn_tile(int type, int T, int64_t nb, const uint8_t *P, const uint8_t *x,
     for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *q = P + (size_t)b * bb;
-        if (pf)
-            for (size_t o = 0; o < bb; o += 64) _mm_prefetch((const char *)pf + (size_t)b * bb + o, _MM_HINT_T0);
+        if (pf) prefetch_bytes(pf + (size_t)b * bb, bb);
         __m512i wv[8];
         pn_unpack(type, q, wv);
         const __m512 dw = ld_ph16(q + qb);
@@ -479,11 +477,6 @@ AI void pn_all_tokens(int type, int64_t nb, const uint8_t *P, const uint8_t *x, 
 #undef PN_CASE
     default: break;
     }
-}
-
-// Software prefetch of n bytes from p into L1.
-AI void prefetch_bytes(const uint8_t *p, size_t n) {
-    for (size_t o = 0; o < n; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
 }
 
 // Rows [r0, r1) of file-layout rows (16 at a time rearranged into a panel on
