@@ -64,11 +64,15 @@ int sd_session_new(sd_session **out, const sd_model *m, const sd_session_params 
     s->q_dim = hp->n_head * hp->head_dim;
     const size_t B = (size_t)n_batch;
     const size_t kv_elems = (size_t)hp->n_layer * (size_t)n_ctx * (size_t)s->kv_dim;
-    s->k_cache = malloc(kv_elems * sizeof(float));
+    s->kt_nblk = (n_ctx + SD_KT_W - 1) / SD_KT_W;
+    // calloc: the slots past the written ones are read (and ignored) by the
+    // score vectors, so they should hold numbers
+    s->kt = calloc((size_t)hp->n_layer * (size_t)s->kv_dim * (size_t)s->kt_nblk * SD_KT_W, sizeof(float));
     s->v_cache = malloc(kv_elems * sizeof(float));
     s->x = malloc(B * hp->n_embd * sizeof(float));
     s->xn = malloc(B * SD_MAX(hp->n_embd, s->q_dim) * sizeof(float));
     s->q = malloc(B * s->q_dim * sizeof(float));
+    s->k = malloc(B * s->kv_dim * sizeof(float));
     s->att = malloc(B * s->q_dim * sizeof(float));
     s->ff_g = malloc(B * hp->n_ff * sizeof(float));
     s->ff_u = malloc(B * hp->n_ff * sizeof(float));
@@ -83,11 +87,11 @@ int sd_session_new(sd_session **out, const sd_model *m, const sd_session_params 
     s->logits = malloc(B * (size_t)hp->n_vocab * sizeof(float));
     s->pool = p->share_threads ? sd_pool_ref(p->share_threads->pool) : sd_pool_new(n_threads);
     s->n_threads = sd_pool_size(s->pool);
-    s->att_scores = malloc((size_t)s->n_threads * SD_ATT_MQ * (size_t)(n_ctx + 16) * sizeof(float));
+    s->att_scores = malloc((size_t)s->n_threads * SD_ATT_QB * (size_t)s->kt_nblk * SD_KT_W * sizeof(float));
     s->mm.pool = s->pool;
     s->mm.wbuf_size = max_wsize(m, n_batch);
     s->mm.wbuf = malloc(s->mm.wbuf_size ? s->mm.wbuf_size : 1);
-    if (!s->k_cache || !s->v_cache || !s->x || !s->xn || !s->q || !s->att || !s->ff_g || !s->ff_u ||
+    if (!s->kt || !s->v_cache || !s->x || !s->xn || !s->q || !s->k || !s->att || !s->ff_g || !s->ff_u ||
         !s->rope_cs || !s->rope_freq || !s->anc || !s->n_anc || !s->parent || !s->pos ||
         !s->out_rows || !s->logit_row || !s->logits || !s->pool || !s->att_scores || !s->mm.wbuf) {
         sd_session_free(s);
@@ -103,11 +107,12 @@ int sd_session_new(sd_session **out, const sd_model *m, const sd_session_params 
 
 void sd_session_free(sd_session *s) {
     if (!s) return;
-    free(s->k_cache);
+    free(s->kt);
     free(s->v_cache);
     free(s->x);
     free(s->xn);
     free(s->q);
+    free(s->k);
     free(s->att);
     free(s->ff_g);
     free(s->ff_u);
@@ -159,14 +164,14 @@ int sd_session_commit(sd_session *s, const int32_t *rows, int n_rows, char *err,
     // overwrites a source row still to be read.
     const sd_hparams *hp = &s->m->hp;
     const size_t kvd = (size_t)s->kv_dim;
-    for (int l = 0; l < hp->n_layer; l++) {
+    int first = 0; // rows before it stay where they are
+    while (first < n_rows && rows[first] == first) first++;
+    for (int l = 0; l < hp->n_layer && first < n_rows; l++) {
         if (s->layer_skip && s->layer_skip[l]) continue;   // no rows were written
-        float *kc = s->k_cache + (size_t)l * s->n_ctx * kvd;
         float *vc = s->v_cache + (size_t)l * s->n_ctx * kvd;
-        for (int k = 0; k < n_rows; k++) {
-            if (rows[k] == k) continue;
+        for (int k = first; k < n_rows; k++) {
+            sd_kt_move(s, l, s->n_past + k, s->n_past + rows[k]);
             size_t dst = (size_t)(s->n_past + k) * kvd, src = (size_t)(s->n_past + rows[k]) * kvd;
-            memcpy(kc + dst, kc + src, kvd * sizeof(float));
             memcpy(vc + dst, vc + src, kvd * sizeof(float));
         }
     }

@@ -11,8 +11,11 @@
 #include "quant.h"
 #include "threadpool.h"
 
-// Query heads of one KV head that the attention processes together (forward.c).
-#define SD_ATT_MQ 3
+// Most queries of one KV head that the attention processes together
+// (attention.c): every key and value row load serves all of them.
+#define SD_ATT_QB 8
+// Positions per block of the transposed K cache.
+#define SD_KT_W 16
 
 struct sd_session {
     const sd_model *m;
@@ -24,19 +27,24 @@ struct sd_session {
     int kv_dim;         // n_head_kv * head_dim
     int q_dim;          // n_head * head_dim
 
-    // KV cache, float32, RoPE already applied to K.
-    float *k_cache;     // (n_layer, n_ctx, kv_dim)
+    // KV cache, float32, RoPE already applied to K. K is kept transposed in
+    // blocks of SD_KT_W positions (attention.c): dimension c of positions
+    // 16 b .. 16 b + 15 of KV head g is kt[l][g][b][c][0..16), contiguous.
+    // V is by positions.
+    float *kt;          // (n_layer, n_head_kv, kt_nblk, head_dim, SD_KT_W)
+    int kt_nblk;        // blocks per layer and KV head: n_ctx / SD_KT_W rounded up
     float *v_cache;     // (n_layer, n_ctx, kv_dim)
 
     // Per-forward scratch.
     float *x;           // (n_batch, n_embd) residual stream
     float *xn;          // (n_batch, n_embd) normalised input of a block / projection output
     float *q;           // (n_batch, q_dim) queries (RoPE applied)
+    float *k;           // (n_batch, kv_dim) keys of the batch before they go to kt
     float *att;         // (n_batch, q_dim) attention output
     float *ff_g;        // (n_batch, n_ff) gate, then silu(gate) * up
     float *ff_u;        // (n_batch, n_ff) up
     float *rope_cs;     // (n_batch, n_rot / 2, 2) cos, sin of each node's angles
-    float *att_scores;  // (n_threads, SD_ATT_MQ, n_ctx + 16) softmax scratch per thread and query
+    float *att_scores;  // (n_threads, SD_ATT_QB, kt_nblk * SD_KT_W) scores / probabilities per thread and query
     int32_t *anc;       // (n_batch, n_batch) tree mask as lists: row i = ancestors of node i and i itself, increasing
     int32_t *n_anc;     // (n_batch) count of anc[i]
     int32_t *parent;    // (n_batch) parent of each node of the last forward (-1: root)
@@ -53,5 +61,13 @@ struct sd_session {
     sd_pool *pool;
     sd_mm_ctx mm;       // wbuf sized for the largest matmul with n_batch tokens
 };
+
+// attention.c: the attention of layer `layer` for the n nodes of the current
+// forward (their K rows already in kt, V rows in v_cache, queries in q),
+// into att; the copy of n key rows (n, kv_dim) into kt at slots n_past.. of
+// a layer; and the move of slot src to slot dst of every layer's kt.
+void sd_attention(sd_session *s, int layer, int n);
+void sd_kt_store(sd_session *s, int layer, const float *k, int n);
+void sd_kt_move(sd_session *s, int layer, int dst, int src);
 
 #endif

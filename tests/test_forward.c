@@ -252,10 +252,10 @@ static void long_context(int n_embd, int n_head, int n_head_kv) {
 }
 
 static void test_long_context_vs_reference(void) {
-    long_context(64, 4, 1);  // GQA 4:1 (query heads go 3 + 1 per KV head through the attention)
+    long_context(64, 4, 1);  // GQA 4:1
     long_context(112, 7, 1); // GQA 7:1 (3 + 3 + 1), as Qwen2.5-0.5B
-    long_context(48, 4, 2);  // head dim 12: scalar attention path
-    long_context(160, 4, 4); // head dim 40: 32-wide vector part + scalar tail
+    long_context(48, 4, 2);  // head dim 12: the attention's outputs take the scalar tail
+    long_context(160, 4, 4); // head dim 40: 32-wide vector part + scalar tail (AVX-512)
 }
 
 // ---------------------------------------------------------------- batch / tree semantics

@@ -137,7 +137,7 @@ static void test_synthetic_model_invariance(void) {
             continue;
         }
         check_model_invariance(path, 2);
-        if (types[k] == SD_TYPE_F32) { // GQA 7:1: the attention's query groups of 3 + 3 + 1
+        if (types[k] == SD_TYPE_F32) { // GQA 7:1: the attention's query blocks mix heads of different nodes
             p.n_embd = 112;
             p.n_head = 7;
             p.n_head_kv = 1;
