@@ -46,11 +46,12 @@ struct sd_model {
     sd_tokenizer *tok;
     size_t n_bytes;            // tensor bytes
     // Matrices rewritten at load into a kernel's layout (sd_quant_repack_type):
-    // the layer / output pointers above then point into rp, whose data are
-    // the rp_buf buffers (the file's copy stays mapped for token_embd).
+    // the layer / output pointers above then point into rp, whose data lie
+    // in one arena, in the order the forward reads them (the file's copy
+    // stays mapped for token_embd).
     sd_tensor *rp;             // (n_rp_max) tensor headers, type = the repacked id
-    void **rp_buf;             // (n_rp_max) owned anonymous mappings (page aligned)
-    size_t *rp_size;           // (n_rp_max) bytes of each mapping
+    void *rp_arena;            // owned anonymous mapping, 2 MiB aligned (huge pages)
+    size_t rp_arena_size;      // its bytes
     const sd_tensor **rp_src;  // (n_rp_max) the file's tensor each rp entry was made from
     int n_rp;                  // used entries
 };
