@@ -256,6 +256,7 @@ static void test_long_context_vs_reference(void) {
     long_context(112, 7, 1); // GQA 7:1 (3 + 3 + 1), as Qwen2.5-0.5B
     long_context(48, 4, 2);  // head dim 12: the attention's outputs take the scalar tail
     long_context(160, 4, 4); // head dim 40: 32-wide vector part + scalar tail (AVX-512)
+    long_context(256, 2, 1); // head dim 128 (Qwen2.5): two 64-dim output chunks
 }
 
 // ---------------------------------------------------------------- batch / tree semantics

@@ -143,6 +143,10 @@ static void test_synthetic_model_invariance(void) {
             p.n_head_kv = 1;
             if (synth_write(path, &p, err, sizeof err) < 0) CHECK(0, "synth_write: %s", err);
             else check_model_invariance(path, 2);
+            p.n_embd = 256; // head dim 128 (Qwen2.5), GQA 2:1
+            p.n_head = 2;
+            if (synth_write(path, &p, err, sizeof err) < 0) CHECK(0, "synth_write: %s", err);
+            else check_model_invariance(path, 2);
         }
         unlink(path);
     }
