@@ -247,10 +247,10 @@ static int load_tensors(sd_model *m, char *err, size_t errlen) {
 }
 
 // Bytes the repacked copy of t takes in the arena (0: not repacked).
+static size_t matrix_bytes(const sd_tensor *t) { return sd_row_size(t->type, t->ne[0]) * (size_t)t->ne[1]; }
 static size_t repack_bytes(const sd_tensor *t) {
     if (sd_quant_repack_type(t->type, t->ne[0]) < 0) return 0;
-    size_t nb = sd_row_size(t->type, t->ne[0]) * (size_t)t->ne[1];
-    return (nb + 64 + 4095) / 4096 * 4096; // + 64: kernels may read a vector past the end
+    return (matrix_bytes(t) + 64 + 4095) / 4096 * 4096; // + 64: kernels may read a vector past the end
 }
 
 // Rewrites the matrix *field into the kernel's layout at *cursor (advanced),
@@ -260,11 +260,11 @@ static void repack_one(sd_model *m, const sd_tensor **field, uint8_t **cursor) {
     const sd_tensor *t = *field;
     const size_t size = repack_bytes(t);
     if (!size) return;
-    int rt = sd_quant_repack_type(t->type, t->ne[0]);
+    const int rt = sd_quant_repack_type(t->type, t->ne[0]);
     uint8_t *buf = *cursor;
     *cursor += size;
     if (sd_type_get(rt)->repack(t->data, buf, t->ne[0], t->ne[1]) != 0) return;
-    size_t nb = sd_row_size(t->type, t->ne[0]) * (size_t)t->ne[1];
+    const size_t nb = matrix_bytes(t);
     // The file's copy is not read again (token_embd, looked up by row, is never
     // repacked itself): give its pages back to the page cache.
     if (t != m->tok_embd) {
