@@ -57,8 +57,23 @@ static void rope_row(float *row, int n_heads, int head_dim, int n_rot, int type,
 
 typedef struct {
     sd_session *s;
-    int n;      // batch nodes
+    int n;                // batch nodes
+    const float *norm_w;  // pre_norm: the RMSNorm weights
+    int add;              // pre_norm: 1 if xn holds a sublayer's output still to be added to x
 } fwd_job;
+
+// sd_mm_pre_fn: for nodes [t0, t1), x += xn (if add), then xn = rmsnorm(x).
+static void pre_norm(void *arg, int64_t t0, int64_t t1) {
+    const fwd_job *job = arg;
+    sd_session *s = job->s;
+    const int E = s->m->hp.n_embd;
+    for (int64_t t = t0; t < t1; t++) {
+        float *x = s->x + t * E, *xn = s->xn + t * E;
+        if (job->add)
+            for (int k = 0; k < E; k++) x[k] += xn[k];
+        rmsnorm(xn, x, job->norm_w, E, s->m->hp.rms_eps);
+    }
+}
 
 // silu(g) * u over n elements; element-wise, so each element's result is the
 // same wherever it sits (the partial last group goes through the same vector
@@ -104,7 +119,7 @@ static void matmul_t(sd_session *s, const sd_tensor *w, const float *x, int n_to
 
 // Matrices w[0..n_mats) (n_mats <= 4) sharing the input x (their ne[0]).
 static void matmul_multi_t(sd_session *s, int n_mats, const sd_tensor *const *w, const float *x, int n_tok,
-                           float *const *y) {
+                           float *const *y, const sd_mm_hooks *hooks) {
     int types[4];
     const void *W[4];
     int64_t n_out[4];
@@ -115,7 +130,7 @@ static void matmul_multi_t(sd_session *s, int n_mats, const sd_tensor *const *w,
         W[m] = f->data;
         n_out[m] = w[m]->ne[1];
     }
-    sd_matmul_multi(&s->mm, n_mats, types, W, w[0]->ne[0], n_out, x, n_tok, y);
+    sd_matmul_multi(&s->mm, n_mats, types, W, w[0]->ne[0], n_out, x, n_tok, y, hooks);
 }
 
 static void add_bias(float *y, const sd_tensor *b, int n_tok, int dim) {
@@ -200,7 +215,10 @@ int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errle
     for (int i = 0; i < n; i++)
         et->to_float((const uint8_t *)m->tok_embd->data + (size_t)b->tokens[i] * erow, s->x + (size_t)i * E, E);
 
-    fwd_job job = {s, n};
+    // The residual stream x: each sublayer's output lands in xn, and the next
+    // matmul's pre hook (pre_norm) adds it to x and normalizes x into xn, node
+    // by node, split among the threads.
+    fwd_job job = {.s = s, .n = n};
     for (int l = 0; l < hp->n_layer; l++) {
         // A skipped layer (sd_session_set_layer_skip) is the identity on the
         // residual stream and writes no KV rows.
@@ -208,13 +226,13 @@ int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errle
         const sd_layer *L = &m->layers[l];
         float *vc = s->v_cache + ((size_t)l * s->n_ctx + s->n_past) * kvd;
 
-        for (int i = 0; i < n; i++)
-            rmsnorm(s->xn + (size_t)i * E, s->x + (size_t)i * E, L->attn_norm->data, E, hp->rms_eps);
         {
-            // Q, K and V in one pool run (one activation conversion).
+            // attention norm, then Q, K and V in one pool run (one activation conversion)
+            job.norm_w = L->attn_norm->data;
+            const sd_mm_hooks h = {.pre = pre_norm, .pre_arg = &job};
             const sd_tensor *w3[3] = {L->wq, L->wk, L->wv};
             float *y3[3] = {s->q, s->k, vc};
-            matmul_multi_t(s, 3, w3, s->xn, n, y3);
+            matmul_multi_t(s, 3, w3, s->xn, n, y3, &h);
         }
         add_bias(s->q, L->bq, n, qd);
         add_bias(s->k, L->bk, n, kvd);
@@ -229,26 +247,29 @@ int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errle
         sd_attention(s, l, n);
 
         matmul_t(s, L->wo, s->att, n, s->xn);
-        for (size_t k = 0; k < (size_t)n * E; k++) s->x[k] += s->xn[k];
-
-        for (int i = 0; i < n; i++)
-            rmsnorm(s->xn + (size_t)i * E, s->x + (size_t)i * E, L->ffn_norm->data, E, hp->rms_eps);
+        job.add = 1;
         {
-            // gate and up in one pool run, each thread applying SwiGLU to its
-            // columns (shapes were validated at load: both are [n_embd, n_ff])
-            const sd_tensor *wg = mm_weight(s, L->w_gate), *wu = mm_weight(s, L->w_up);
-            const int ty[2] = {wg->type, wu->type};
-            const void *W2[2] = {wg->data, wu->data};
+            // residual add and FFN norm, then gate and up in one pool run, each
+            // thread applying SwiGLU to its columns (shapes were validated at
+            // load: both are [n_embd, n_ff])
+            job.norm_w = L->ffn_norm->data;
+            const sd_mm_hooks h = {.pre = pre_norm, .pre_arg = &job, .post = swiglu_cols, .post_arg = &job};
+            const sd_tensor *w2[2] = {L->w_gate, L->w_up};
             float *y2[2] = {s->ff_g, s->ff_u};
-            sd_matmul_multi_post(&s->mm, 2, ty, W2, E, hp->n_ff, s->xn, n, y2, swiglu_cols, &job);
+            matmul_multi_t(s, 2, w2, s->xn, n, y2, &h);
         }
         matmul_t(s, L->w_down, s->ff_g, n, s->xn);
-        for (size_t k = 0; k < (size_t)n * E; k++) s->x[k] += s->xn[k];
     }
 
-    // Final norm and output projection, only for the rows that asked for logits.
-    for (int k = 0; k < n_out; k++)
-        rmsnorm(s->xn + (size_t)k * E, s->x + (size_t)s->out_rows[k] * E, m->out_norm->data, E, hp->rms_eps);
+    // Final residual add and norm, then the output projection, only for the
+    // rows that asked for logits (row k reads node out_rows[k] >= k, so xn is
+    // rewritten in place safely).
+    for (int k = 0; k < n_out; k++) {
+        float *x = s->x + (size_t)s->out_rows[k] * E;
+        if (job.add)
+            for (int e = 0; e < E; e++) x[e] += s->xn[(size_t)s->out_rows[k] * E + e];
+        rmsnorm(s->xn + (size_t)k * E, x, m->out_norm->data, E, hp->rms_eps);
+    }
     if (n_out > 0) matmul_t(s, m->output, s->xn, n_out, s->logits);
     s->mm.act_f32 = 0;
     s->n_pending = n;

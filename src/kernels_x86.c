@@ -22,8 +22,8 @@
 //    32-bit lane per row, a token's 4 activation bytes broadcast to all
 //    lanes; per block one int->float conversion, scale product and FMA serve
 //    16 rows, and a token's 16 results leave as one vector (no horizontal
-//    sums). Up to 8 tokens per pass over a panel, so each unpacked weight
-//    vector serves 8 dpbusd. See "panel path" below.
+//    sums). Up to 16 tokens per pass over a panel, so each unpacked weight
+//    vector serves 16 dpbusd. See "panel path" below.
 // Either way each weight byte is read from memory once per sd_matmul call.
 //
 // Batch invariance (required by speculative verification): a (row, token)
@@ -50,9 +50,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-// Activation packer of a weight type: writes the row for the tile kernel and
-// returns its size in bytes (dst NULL: only the size). See "panel path".
-typedef size_t (*sd_act_pack_fn)(const float *x, void *dst, int64_t n_in);
 const char *sd_kernels_x86_init(sd_type_traits *traits, sd_from_float_fn act[SD_TYPE_COUNT],
                                 sd_act_pack_fn pack[SD_TYPE_COUNT]);
 
@@ -277,8 +274,8 @@ static void q8_1_quantize(const float *src, void *dst, int64_t n) {
 // The weights are taken 16 rows at a time (a panel), one 32-bit lane per row:
 // for block b of the panel, vector c (c < 8) holds elements 4c..4c+3 of block
 // b of each of the 16 rows, and a token's 4 activation bytes of the same
-// elements are broadcast to all lanes. Eight chained dpbusd give each lane
-// the integer dot of its row's block; then, per block, one int->float
+// elements are broadcast to all lanes. Eight dpbusd (two chains of four) give
+// each lane the integer dot of its row's block; then, per block, one int->float
 // conversion, one scale product and one FMA (plus one FMA for the min of
 // Q4_1 / Q5_1) serve 16 rows. The 16 results of a token come out as one
 // vector, already in row order: no horizontal sums, no partial groups.
@@ -294,8 +291,16 @@ static void q8_1_quantize(const float *src, void *dst, int64_t n) {
 // 32, 40 bytes: float d (for the Q8_0-activation types rounded through fp16,
 // as the reference quantizer does), then float s = d * sum(qs) (types with a
 // min) or int32 a0 = -offset * sum(qs) (offset types), then the 32 signed
-// quant bytes. gemm_* recognize such rows by x_row_bytes == pack_bytes(type,
-// n_in) and otherwise take the fused path on plain rows.
+// quant bytes. gemm_* recognize such a batch by x_row_bytes ==
+// pack_bytes(type, n_in) and otherwise take the fused path on plain rows.
+//
+// Activation layout: the batch is cut into tiles of PN_T = 16 tokens (the
+// last one shorter); tile g starts at byte 16g * x_row_bytes and holds, block
+// after block, that block of each of its T tokens: block b of its token t at
+// xblock index b * T + t. A pass over a panel takes one whole tile, and with
+// T a compile-time constant every activation load is one pointer plus a fixed
+// offset: 16 accumulators, 8 weight vectors and no spills. (Rows of more than
+// PK_NB_MAX blocks are plain Q8_0 / Q8_1 rows instead, token after token.)
 //
 // Repacked matrices (SD_TYPE_*_R, rewritten once at load) hold their rows in
 // panels: panel p = rows 16p..16p+15, in the same 16 * row bytes, block
@@ -312,7 +317,7 @@ static void q8_1_quantize(const float *src, void *dst, int64_t n) {
 
 #define PK_NB_MAX 512 // panel path for n_in <= 16384; longer rows use the fused path
 #define PN_ROWS 16    // rows per panel
-#define PN_T 8        // tokens per pass over a panel (8 dpbusd chains)
+#define PN_T 16       // tokens per pass over a panel (a tile of the activation layout)
 #define PN_PF 2       // panels of software prefetch ahead
 
 typedef struct {
@@ -324,36 +329,37 @@ typedef struct {
     int8_t qs[SD_QK];
 } xblock;
 
-// (Rows longer than PK_NB_MAX blocks, which the fused path takes, are packed
-// as plain Q8_0 / Q8_1 rows.)
 AI size_t pack_bytes(int type, int64_t n_in) {
     const int64_t nb = n_in / SD_QK;
     if (nb > PK_NB_MAX) return (size_t)nb * x_tsize(type);
     return ((size_t)nb * sizeof(xblock) + 63) & ~(size_t)63;
 }
 
-// Quantizes one activation row into xblocks.
-AI size_t pack_act(int type, const float *x, void *dst, int64_t n) {
+// Quantizes token t of an n_tok-token batch into xblocks at its place in the
+// batch buffer dst (see "activation layout" above).
+AI size_t pack_act(int type, const float *x, void *dst, int64_t n, int64_t t, int64_t n_tok) {
     const int64_t nb = n / SD_QK;
-    if (!dst) return pack_bytes(type, n);
+    const size_t xrb = pack_bytes(type, n);
+    if (!dst) return xrb;
     if (nb > PK_NB_MAX) {
-        if (w_has_min(type)) q8_1_quantize(x, dst, n);
-        else q8_0_quantize(x, dst, n);
-        return pack_bytes(type, n);
+        if (w_has_min(type)) q8_1_quantize(x, (uint8_t *)dst + (size_t)t * xrb, n);
+        else q8_0_quantize(x, (uint8_t *)dst + (size_t)t * xrb, n);
+        return xrb;
     }
-    xblock *o = dst;
-    for (int64_t b = 0; b < nb; b++) {
+    const int64_t t0 = t / PN_T * PN_T, T = SD_MIN((int64_t)PN_T, n_tok - t0);
+    xblock *o = (xblock *)((uint8_t *)dst + (size_t)t0 * xrb) + (t - t0);
+    for (int64_t b = 0; b < nb; b++, o += T) {
         int sum;
-        float d = quant_block(x + b * SD_QK, o[b].qs, &sum);
+        float d = quant_block(x + b * SD_QK, o->qs, &sum);
         if (w_has_min(type)) {
-            o[b].d = d;
-            o[b].u.s = d * (float)sum;
+            o->d = d;
+            o->u.s = d * (float)sum;
         } else {
-            o[b].d = sd_fp16_to_fp32(sd_fp32_to_fp16(d));
-            o[b].u.a0 = -w_offset(type) * sum;
+            o->d = sd_fp16_to_fp32(sd_fp32_to_fp16(d));
+            o->u.a0 = -w_offset(type) * sum;
         }
     }
-    return pack_bytes(type, n);
+    return xrb;
 }
 
 AI size_t rp_qb(int type) {
@@ -424,58 +430,58 @@ AI void prefetch_bytes(const uint8_t *p, size_t n) {
     for (size_t o = 0; o < n; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
 }
 
-// One panel (nb blocks at P, 16 x block size each) against T <= PN_T tokens:
+// One panel (nb blocks at P, 16 x block size each) against the T <= PN_T
+// tokens of one activation tile (xi: block b of token t at xi[b * T + t]):
 // y[t * ldy + i] for rows i < nrows (16 unless the last, partial panel).
 // pf: a later panel to prefetch into L1 block by block along the way, or NULL.
-AI void pn_tile(int type, int T, int64_t nb, const uint8_t *P, const uint8_t *x, size_t xrb, float *y, int64_t ldy,
-                int nrows, const uint8_t *pf) {
+AI void pn_tile(int type, int T, int64_t nb, const uint8_t *P, const xblock *xi, float *y, int64_t ldy, int nrows,
+                const uint8_t *pf) {
     const size_t bb = PN_ROWS * w_tsize(type), qb = rp_qb(type);
     __m512 acc[PN_T];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
+    for (int64_t b = 0; b < nb; b++, xi += T) {
         const uint8_t *q = P + (size_t)b * bb;
         if (pf) prefetch_bytes(pf + (size_t)b * bb, bb);
         __m512i wv[8];
         pn_unpack(type, q, wv);
         const __m512 dw = ld_ph16(q + qb);
         const __m512 mv = w_has_min(type) ? ld_ph16(q + qb + 32) : dw;
-#pragma GCC unroll 8
+#pragma GCC unroll 16
         for (int t = 0; t < T; t++) {
-            const xblock *xb = (const xblock *)(x + t * xrb) + b;
+            const xblock *xb = xi + t;
+            // two chains per token (integer sums: the same bits), half the latency
             __m512i c0 = w_offset(type) ? _mm512_set1_epi32(xb->u.a0) : _mm512_setzero_si512();
             __m512i c1 = _mm512_setzero_si512();
-            if (T == 1) { // one token: two chains (integer sums: same bits)
 #pragma GCC unroll 4
-                for (int c = 0; c < 8; c += 2) {
-                    c0 = _mm512_dpbusd_epi32(c0, wv[c], bcast32(xb->qs + 4 * c));
-                    c1 = _mm512_dpbusd_epi32(c1, wv[c + 1], bcast32(xb->qs + 4 * c + 4));
-                }
-                c0 = _mm512_add_epi32(c0, c1);
-            } else {
-#pragma GCC unroll 8
-                for (int c = 0; c < 8; c++) c0 = _mm512_dpbusd_epi32(c0, wv[c], bcast32(xb->qs + 4 * c));
+            for (int c = 0; c < 8; c += 2) {
+                c0 = _mm512_dpbusd_epi32(c0, wv[c], bcast32(xb->qs + 4 * c));
+                c1 = _mm512_dpbusd_epi32(c1, wv[c + 1], bcast32(xb->qs + 4 * c + 4));
             }
+            c0 = _mm512_add_epi32(c0, c1);
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c0), _mm512_mul_ps(dw, _mm512_set1_ps(xb->d)), acc[t]);
             if (w_has_min(type)) acc[t] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xb->u.s), acc[t]);
         }
     }
     const __mmask16 k = (__mmask16)((1u << nrows) - 1);
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int t = 0; t < T; t++) _mm512_mask_storeu_ps(y + t * ldy, k, acc[t]);
 }
 
-// A panel against all tokens, PN_T at a time (the first pass prefetches pf).
+// A panel against all tokens, one activation tile at a time (the first tile
+// prefetches pf).
 AI void pn_all_tokens(int type, int64_t nb, const uint8_t *P, const uint8_t *x, size_t xrb, int64_t n_tok, float *y,
                       int64_t ldy, int nrows, const uint8_t *pf) {
-    int64_t t = 0;
-    for (; t + PN_T <= n_tok; t += PN_T, pf = NULL)
-        pn_tile(type, PN_T, nb, P, x + t * xrb, xrb, y + t * ldy, ldy, nrows, pf);
-    switch (n_tok - t) {
-#define PN_CASE(T) case T: pn_tile(type, T, nb, P, x + t * xrb, xrb, y + t * ldy, ldy, nrows, pf); break;
-    PN_CASE(7) PN_CASE(6) PN_CASE(5) PN_CASE(4) PN_CASE(3) PN_CASE(2) PN_CASE(1)
+    for (int64_t t = 0; t < n_tok; t += PN_T, pf = NULL) {
+        const xblock *xi = (const xblock *)(x + t * xrb);
+        float *yt = y + t * ldy;
+        switch (SD_MIN((int64_t)PN_T, n_tok - t)) { // a constant T per case: fixed offsets, all in registers
+#define PN_CASE(T) case T: pn_tile(type, T, nb, P, xi, yt, ldy, nrows, pf); break;
+        PN_CASE(16) PN_CASE(15) PN_CASE(14) PN_CASE(13) PN_CASE(12) PN_CASE(11) PN_CASE(10) PN_CASE(9)
+        PN_CASE(8) PN_CASE(7) PN_CASE(6) PN_CASE(5) PN_CASE(4) PN_CASE(3) PN_CASE(2) PN_CASE(1)
 #undef PN_CASE
-    default: break;
+        default: break;
+        }
     }
 }
 
@@ -510,7 +516,9 @@ AI void gemm_file_rows(int type, int64_t nb, const uint8_t *w, size_t wrb, int64
         tile(TYPE, 1, 1, n / SD_QK, w, 0, x, 0, &y, 1);                                                      \
         return y;                                                                                            \
     }                                                                                                        \
-    static size_t pack_##name(const float *x, void *dst, int64_t n) { return pack_act(TYPE, x, dst, n); }
+    static size_t pack_##name(const float *x, void *dst, int64_t n, int64_t t, int64_t n_tok) {              \
+        return pack_act(TYPE, x, dst, n, t, n_tok);                                                          \
+    }
 DEFINE_TYPE(q4_0, SD_TYPE_Q4_0)
 DEFINE_TYPE(q4_1, SD_TYPE_Q4_1)
 DEFINE_TYPE(q5_0, SD_TYPE_Q5_0)

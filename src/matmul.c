@@ -2,14 +2,14 @@
 //
 // One call, one sd_pool_run, for one matrix (sd_matmul) or several that share
 // the input and the weight type (sd_matmul_multi: Q, K, V; gate and up, with
-// sd_matmul_multi_post applying SwiGLU in the same run): fewer, fatter pool
-// runs, and the activations converted once. (1) the n_tok activation rows are converted
-// once to the weight type's vec_dot_type (into ctx->wbuf): by the calling
-// thread before the run for batches below SD_MM_PAR_CONV_MIN_TOK (no barrier
-// inside the run), else by all threads, each a share of the tokens, followed
-// by a spin-then-yield barrier; (2) the threads split the output rows
-// (of all the matrices, concatenated) among themselves in chunks of
-// SD_MM_ROW_ALIGN rows, and each
+// a post hook applying SwiGLU in the same run): fewer, fatter pool runs, and
+// the activations converted once. (1) The n_tok input rows are produced (the
+// pre hook, e.g. residual add + RMSNorm) and converted to the weight type's
+// activation format (into ctx->wbuf): by the calling thread before the run
+// for batches below SD_MM_PAR_PRE_MIN_TOK (no barrier inside the run), else by
+// all threads, each a share of the tokens, followed by a spin-then-yield
+// barrier; (2) the threads split the output rows (of all the matrices,
+// concatenated) among themselves in chunks of SD_MM_ROW_ALIGN rows, and each
 // thread runs the type's tile kernel (gemm) over its rows for all tokens, so
 // every weight block is read from memory once for the whole batch. Types
 // without a tile kernel fall back to one vec_dot per (row, token).
@@ -43,9 +43,11 @@
 // token must get the same bits alone as in a batch (batch invariance).
 #define SD_MM_PACK_MIN_TOK 1
 
-// Batches of at least this many tokens are converted by all threads of the
-// pool (then a barrier); smaller ones by the calling thread alone.
-#define SD_MM_PAR_CONV_MIN_TOK 64
+// Batches of at least this many tokens are prepared (pre hook) and converted
+// by all threads of the pool (then a barrier); smaller ones by the calling
+// thread alone. Measured on the default model, 2 threads: at 16 tokens the
+// serial preparation was a tenth of a forward.
+#define SD_MM_PAR_PRE_MIN_TOK 4
 
 #if defined(__x86_64__) || defined(__i386__)
 #define SD_CPU_RELAX() __builtin_ia32_pause()
@@ -56,19 +58,20 @@
 // quant.c (internal): fastest quantizer into activation format t, and the
 // activation packer of weight type t (NULL if none; dst NULL returns the size).
 sd_from_float_fn sd_quant_act_quantizer(int t);
-typedef size_t (*sd_act_pack_fn)(const float *x, void *dst, int64_t n_in);
 sd_act_pack_fn sd_quant_act_packer(int t);
 
 // Most matrices one sd_matmul_multi call takes.
 #define SD_MM_MULTI_MAX 4
 
 typedef struct {
-    // activation conversion, done by all threads before the multiply
+    // input rows and their conversion, before the multiply
     const float *x;          // (n_tok, n_in) input activations
-    sd_from_float_fn quant;  // plain conversion, or NULL when pack is used
+    sd_mm_pre_fn pre;        // produces rows of x first, or NULL
+    void *pre_arg;
+    sd_from_float_fn quant;  // plain conversion, or NULL when pack is used (or no conversion)
     sd_act_pack_fn pack;     // packed conversion, or NULL
-    int conv_in_task;        // 1: the pool threads convert (large batches), 0: done before the run
-    atomic_int n_conv_done;  // threads done converting (a one-shot barrier)
+    int pre_in_task;         // 1: the pool threads prepare and convert (larger batches), 0: done before the run
+    atomic_int n_pre_done;   // threads done with that (a one-shot barrier)
     const sd_type_traits *tr;
     sd_mm_post_fn post;      // NULL, or: all n_out equal, a thread computes the same rows of every matrix, then post
     void *post_arg;
@@ -180,26 +183,27 @@ static void mm_rows(const mm_job *j, int m, int64_t r0, int64_t r1) {
     }
 }
 
-// Converts activation rows [t0, t1) of the job.
-static void mm_convert(const mm_job *j, long t0, long t1) {
+// Prepares (pre hook) and converts activation rows [t0, t1) of the job.
+static void mm_prepare(const mm_job *j, long t0, long t1) {
+    if (t0 >= t1) return;
+    if (j->pre) j->pre(j->pre_arg, t0, t1);
     for (long t = t0; t < t1; t++) {
-        char *dst = (char *)j->xq + (size_t)t * j->x_row_bytes;
-        if (j->pack) j->pack(j->x + t * j->n_in, dst, j->n_in);
-        else j->quant(j->x + t * j->n_in, dst, j->n_in);
+        if (j->pack) j->pack(j->x + t * j->n_in, (void *)j->xq, j->n_in, t, j->n_tok);
+        else if (j->quant) j->quant(j->x + t * j->n_in, (char *)j->xq + (size_t)t * j->x_row_bytes, j->n_in);
     }
 }
 
 static void mm_task(void *arg, int ith, int nth) {
     mm_job *j = arg;
-    if (j->conv_in_task) {
+    if (j->pre_in_task) {
         long t0, t1;
         sd_split_range((long)j->n_tok, ith, nth, &t0, &t1);
-        mm_convert(j, t0, t1);
-        atomic_fetch_add_explicit(&j->n_conv_done, 1, memory_order_acq_rel);
+        mm_prepare(j, t0, t1);
+        atomic_fetch_add_explicit(&j->n_pre_done, 1, memory_order_acq_rel);
         // spin, then yield: on a busy machine the peer may be descheduled,
         // and pure spinning would burn our time slice waiting for it
         long spins = 0;
-        while (atomic_load_explicit(&j->n_conv_done, memory_order_acquire) < nth) {
+        while (atomic_load_explicit(&j->n_pre_done, memory_order_acquire) < nth) {
             if (++spins < 2000) SD_CPU_RELAX();
             else sched_yield();
         }
@@ -238,21 +242,26 @@ size_t sd_matmul_wsize(int wtype, int64_t n_in, int64_t n_tok) {
     if (!tr || !tr->supported || act_is_f32(tr->vec_dot_type)) return 0;
     size_t rb = sd_row_size(tr->vec_dot_type, n_in);
     sd_act_pack_fn pack = sd_quant_act_packer(wtype);
-    if (pack) rb = SD_MAX(rb, pack(NULL, NULL, n_in));
+    if (pack) rb = SD_MAX(rb, pack(NULL, NULL, n_in, 0, 1));
     return (size_t)n_tok * rb + 64; // + 64: alignment of the buffer start
 }
 
 // Common body of sd_matmul and sd_matmul_multi: n_mats matrices of type
 // wtype with rows of n_in elements, all applied to the same x.
 static void matmul_run(sd_mm_ctx *ctx, int wtype, int n_mats, const void *const *W, int64_t n_in,
-                       const int64_t *n_out, const float *x, int64_t n_tok, float *const *y, sd_mm_post_fn post,
-                       void *post_arg) {
+                       const int64_t *n_out, const float *x, int64_t n_tok, float *const *y,
+                       const sd_mm_hooks *hooks) {
     const sd_type_traits *tr = sd_type_get(wtype);
     SD_ASSERT(tr && tr->supported && n_in % tr->blck == 0 && n_mats >= 1 && n_mats <= SD_MM_MULTI_MAX);
     if (n_tok <= 0) return;
     mm_job j = {.x = x, .tr = tr, .n_mats = n_mats, .w_row_bytes = sd_row_size(wtype, n_in), .n_in = n_in,
-                .xq = x, .x_row_bytes = (size_t)n_in * sizeof(float), .n_tok = n_tok, .post = post,
-                .post_arg = post_arg};
+                .xq = x, .x_row_bytes = (size_t)n_in * sizeof(float), .n_tok = n_tok};
+    if (hooks) {
+        j.pre = hooks->pre;
+        j.pre_arg = hooks->pre_arg;
+        j.post = hooks->post;
+        j.post_arg = hooks->post_arg;
+    }
     long nc = 0;
     for (int m = 0; m < n_mats; m++) {
         j.W[m] = W[m];
@@ -262,8 +271,7 @@ static void matmul_run(sd_mm_ctx *ctx, int wtype, int n_mats, const void *const 
         nc += (long)((j.n_out[m] + SD_MM_ROW_ALIGN - 1) / SD_MM_ROW_ALIGN);
     }
     j.chunk0[n_mats] = nc;
-    if (nc == 0) return;
-    atomic_init(&j.n_conv_done, 0);
+    atomic_init(&j.n_pre_done, 0);
     int vdt = tr->vec_dot_type;
     // float activations: x is used as it is, no conversion
     j.f32 = ctx && ctx->act_f32 && tr->to_float && n_in <= SD_F32_MAX_IN;
@@ -272,56 +280,46 @@ static void matmul_run(sd_mm_ctx *ctx, int wtype, int n_mats, const void *const 
         char *buf = (char *)(((uintptr_t)ctx->wbuf + 63) & ~(uintptr_t)63);
         size_t room = ctx->wbuf_size - (size_t)(buf - (char *)ctx->wbuf);
         sd_act_pack_fn pack = n_tok >= SD_MM_PACK_MIN_TOK ? sd_quant_act_packer(wtype) : NULL;
-        size_t xrb = pack ? pack(NULL, NULL, n_in) : sd_row_size(vdt, n_in);
+        size_t xrb = pack ? pack(NULL, NULL, n_in, 0, 1) : sd_row_size(vdt, n_in);
         SD_ASSERT(ctx->wbuf_size >= 64 && room >= (size_t)n_tok * xrb);
         j.pack = pack;
         j.quant = pack ? NULL : sd_quant_act_quantizer(vdt);
         j.xq = buf;
         j.x_row_bytes = xrb;
     }
-    if (j.quant || j.pack) {
-        // Small batches are converted here, by the caller (a few us), which
-        // saves the threads a barrier; large ones by all threads.
-        if (n_tok >= SD_MM_PAR_CONV_MIN_TOK && ctx && ctx->pool && sd_pool_size(ctx->pool) > 1) j.conv_in_task = 1;
-        else mm_convert(&j, 0, (long)n_tok);
-    }
+    // Small batches are prepared and converted here, by the caller (a few
+    // us), which saves the threads a barrier; larger ones by all threads.
+    if (nc > 0 && n_tok >= SD_MM_PAR_PRE_MIN_TOK && (j.pre || j.quant || j.pack) && ctx && ctx->pool &&
+        sd_pool_size(ctx->pool) > 1)
+        j.pre_in_task = 1;
+    else
+        mm_prepare(&j, 0, (long)n_tok);
+    if (nc == 0) return;
     sd_pool_run(ctx ? ctx->pool : NULL, mm_task, &j);
 }
 
 void sd_matmul(sd_mm_ctx *ctx, int wtype, const void *W, int64_t n_in, int64_t n_out,
                const float *x, int64_t n_tok, float *y) {
-    matmul_run(ctx, wtype, 1, &W, n_in, &n_out, x, n_tok, &y, NULL, NULL);
+    matmul_run(ctx, wtype, 1, &W, n_in, &n_out, x, n_tok, &y, NULL);
 }
 
 void sd_matmul_multi(sd_mm_ctx *ctx, int n_mats, const int *wtypes, const void *const *W, int64_t n_in,
-                     const int64_t *n_out, const float *x, int64_t n_tok, float *const *y) {
-    int same = n_mats >= 1 && n_mats <= SD_MM_MULTI_MAX;
-    for (int m = 1; m < n_mats && same; m++) same = wtypes[m] == wtypes[0];
+                     const int64_t *n_out, const float *x, int64_t n_tok, float *const *y, const sd_mm_hooks *hooks) {
+    SD_ASSERT(n_mats >= 1 && n_mats <= SD_MM_MULTI_MAX);
+    int same = 1;
+    for (int m = 1; m < n_mats; m++) {
+        same = same && wtypes[m] == wtypes[0];
+        SD_ASSERT(!(hooks && hooks->post) || n_out[m] == n_out[0]);
+    }
     if (same) {
-        matmul_run(ctx, wtypes[0], n_mats, W, n_in, n_out, x, n_tok, y, NULL, NULL);
+        matmul_run(ctx, wtypes[0], n_mats, W, n_in, n_out, x, n_tok, y, hooks);
         return;
     }
     // Mixed types: the activations need one conversion per type anyway.
+    if (n_tok <= 0) return;
+    if (hooks && hooks->pre) hooks->pre(hooks->pre_arg, 0, n_tok);
     for (int m = 0; m < n_mats; m++) sd_matmul(ctx, wtypes[m], W[m], n_in, n_out[m], x, n_tok, y[m]);
-}
-
-void sd_matmul_multi_post(sd_mm_ctx *ctx, int n_mats, const int *wtypes, const void *const *W, int64_t n_in,
-                          int64_t n_out, const float *x, int64_t n_tok, float *const *y, sd_mm_post_fn post,
-                          void *post_arg) {
-    SD_ASSERT(n_mats >= 1 && n_mats <= SD_MM_MULTI_MAX && post);
-    int64_t outs[SD_MM_MULTI_MAX];
-    int same = 1;
-    for (int m = 0; m < n_mats; m++) {
-        outs[m] = n_out;
-        same = same && wtypes[m] == wtypes[0];
-    }
-    if (n_tok <= 0 || n_out <= 0) return;
-    if (same) {
-        matmul_run(ctx, wtypes[0], n_mats, W, n_in, outs, x, n_tok, y, post, post_arg);
-        return;
-    }
-    for (int m = 0; m < n_mats; m++) sd_matmul(ctx, wtypes[m], W[m], n_in, n_out, x, n_tok, y[m]);
-    post(post_arg, 0, n_out);
+    if (hooks && hooks->post && n_out[0] > 0) hooks->post(hooks->post_arg, 0, n_out[0]);
 }
 
 void sd_matmul_ref(int wtype, const void *W, int64_t n_in, int64_t n_out,

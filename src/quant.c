@@ -58,9 +58,8 @@ extern void sd_quant_k_init(sd_type_traits *traits, int force_ref);
 // (leaving the table alone) when this build or this CPU lacks the extensions.
 // act[t] receives a fast quantizer for activation format t (bytes identical
 // to the reference from_float) where one exists; pack[w] an activation packer
-// for weight type w: it writes the standard vec_dot_type row followed by a
-// kernel-private trailer that traits[w].gemm recognizes by the row stride.
-typedef size_t (*sd_act_pack_fn)(const float *x, void *dst, int64_t n_in);
+// for weight type w (see sd_act_pack_fn): traits[w].gemm recognizes its
+// layout by the row stride.
 extern const char *sd_kernels_x86_init(sd_type_traits *traits, sd_from_float_fn act[SD_TYPE_COUNT],
                                        sd_act_pack_fn pack[SD_TYPE_COUNT]);
 // AVX2 + FMA dots of the legacy quants (src/kernels_avx2.c), for CPUs without

@@ -45,6 +45,11 @@ typedef struct { float d; int8_t qs[SD_QK_K]; int16_t bsums[SD_QK_K / 16]; } sd_
 // Reference kernels, all scalar C.
 typedef void (*sd_to_float_fn)(const void *src, float *dst, int64_t n);   // n multiple of blck
 typedef void (*sd_from_float_fn)(const float *src, void *dst, int64_t n);
+// Activation packer of a weight type (internal: matmul.c and the kernels):
+// writes token t of an n_tok-token batch, x (n_in floats), into the batch's
+// buffer dst in the layout the type's tile kernel reads, and returns the bytes
+// per token (the buffer holds n_tok times that). dst NULL: only the size.
+typedef size_t (*sd_act_pack_fn)(const float *x, void *dst, int64_t n_in, int64_t t, int64_t n_tok);
 // Dot product of one weight row (type T, n elements) with one activation row
 // already converted to traits[T].vec_dot_type.
 typedef float (*sd_vec_dot_fn)(int64_t n, const void *w, const void *x);
@@ -115,26 +120,36 @@ typedef struct sd_mm_ctx {
 size_t sd_matmul_wsize(int wtype, int64_t n_in, int64_t n_tok);
 void sd_matmul(sd_mm_ctx *ctx, int wtype, const void *W, int64_t n_in, int64_t n_out,
                const float *x, int64_t n_tok, float *y);
+// Produces input rows [t0, t1) of a sd_matmul_multi's x (e.g. the residual add
+// and RMSNorm before Q, K, V). Must give each row the same bits whatever t0, t1.
+typedef void (*sd_mm_pre_fn)(void *arg, int64_t t0, int64_t t1);
+// Element-wise step over the columns [r0, r1) of the outputs of a
+// sd_matmul_multi (all tokens); must give each element the same bits whatever
+// r0, r1.
+typedef void (*sd_mm_post_fn)(void *arg, int64_t r0, int64_t r1);
+// Work done inside a sd_matmul_multi's pool run (fields may be NULL):
+//  - pre(pre_arg, t0, t1) before the multiply: the threads' token ranges
+//    partition [0, n_tok) and every thread waits until all rows are ready;
+//  - post(post_arg, r0, r1) after it, on the rows [r0, r1) a thread computed
+//    of every matrix (the ranges partition [0, n_out); all n_out must be
+//    equal, e.g. gate and up followed by SwiGLU), without a barrier.
+// The result has the same bits as pre(pre_arg, 0, n_tok), the multiply, then
+// post(post_arg, 0, n_out).
+typedef struct sd_mm_hooks {
+    sd_mm_pre_fn pre;
+    void *pre_arg;
+    sd_mm_post_fn post;
+    void *post_arg;
+} sd_mm_hooks;
 // Several matrices applied to the same x (e.g. Q, K and V): matrix m has type
 // wtypes[m], rows of n_in elements, n_out[m] rows, and its result goes to
 // y[m], (n_tok, n_out[m]) float. When all types are equal, x is converted once
 // and one pool run computes all of them (the threads split the concatenated
 // rows), else it is one sd_matmul per matrix. 1 <= n_mats <= 4. Every y[m]
 // has the same bits as sd_matmul(ctx, wtypes[m], W[m], ...) would give.
+// hooks may be NULL.
 void sd_matmul_multi(sd_mm_ctx *ctx, int n_mats, const int *wtypes, const void *const *W, int64_t n_in,
-                     const int64_t *n_out, const float *x, int64_t n_tok, float *const *y);
-// Element-wise step over the columns [r0, r1) of the outputs of a
-// sd_matmul_multi_post (all tokens); must give each element the same bits
-// whatever r0, r1.
-typedef void (*sd_mm_post_fn)(void *arg, int64_t r0, int64_t r1);
-// Like sd_matmul_multi for n_mats matrices of the same n_out (e.g. gate and
-// up): each thread computes the same rows [r0, r1) of every matrix, then calls
-// post(post_arg, r0, r1) on them, inside the same pool run (no barrier). The
-// ranges of the threads partition [0, n_out). Same bits as sd_matmul per
-// matrix followed by post(post_arg, 0, n_out).
-void sd_matmul_multi_post(sd_mm_ctx *ctx, int n_mats, const int *wtypes, const void *const *W, int64_t n_in,
-                          int64_t n_out, const float *x, int64_t n_tok, float *const *y, sd_mm_post_fn post,
-                          void *post_arg);
+                     const int64_t *n_out, const float *x, int64_t n_tok, float *const *y, const sd_mm_hooks *hooks);
 // Same, scalar reference path (for tests).
 void sd_matmul_ref(int wtype, const void *W, int64_t n_in, int64_t n_out,
                    const float *x, int64_t n_tok, float *y);

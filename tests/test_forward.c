@@ -76,6 +76,7 @@ typedef struct {
     int type;
     float tol;   // max |logit - ref| against the float reference (logit std is ~3)
     float tolq;  // same against the reference that quantizes activations like sd_matmul
+    int mix;     // type of attn_v and ffn_up (mixed files, e.g. Q4_K_M), or 0: all of type
 } type_case;
 
 // Tolerances, from measurements (max over the 8 logit rows of each model; the
@@ -93,10 +94,13 @@ typedef struct {
 //   an isolated jump (measured up to 0.25): tolq 0.5, and the median
 //   difference must stay below 1e-4.
 static const type_case k_types[] = {
-    {SD_TYPE_F32, 2e-3f, 2e-3f},  {SD_TYPE_F16, 2e-3f, 2e-3f},  {SD_TYPE_BF16, 2e-3f, 2e-3f},
-    {SD_TYPE_Q8_0, 0.6f, 0.5f},  {SD_TYPE_Q4_0, 0.6f, 0.5f},  {SD_TYPE_Q4_1, 0.6f, 0.5f},
-    {SD_TYPE_Q5_0, 0.6f, 0.5f},  {SD_TYPE_Q5_1, 0.6f, 0.5f},  {SD_TYPE_Q4_K, 0.6f, 0.5f},
-    {SD_TYPE_Q5_K, 0.6f, 0.5f},  {SD_TYPE_Q6_K, 0.6f, 0.5f},
+    {SD_TYPE_F32, 2e-3f, 2e-3f, 0},  {SD_TYPE_F16, 2e-3f, 2e-3f, 0},  {SD_TYPE_BF16, 2e-3f, 2e-3f, 0},
+    {SD_TYPE_Q8_0, 0.6f, 0.5f, 0},  {SD_TYPE_Q4_0, 0.6f, 0.5f, 0},  {SD_TYPE_Q4_1, 0.6f, 0.5f, 0},
+    {SD_TYPE_Q5_0, 0.6f, 0.5f, 0},  {SD_TYPE_Q5_1, 0.6f, 0.5f, 0},  {SD_TYPE_Q4_K, 0.6f, 0.5f, 0},
+    {SD_TYPE_Q5_K, 0.6f, 0.5f, 0},  {SD_TYPE_Q6_K, 0.6f, 0.5f, 0},
+    // Q, K, V and gate, up of different types: one matmul per type, the
+    // RMSNorm before them done once
+    {SD_TYPE_Q4_K, 0.6f, 0.5f, SD_TYPE_Q6_K}, {SD_TYPE_Q4_1, 0.6f, 0.5f, SD_TYPE_Q8_0},
 };
 
 static int type_usable(int t) {
@@ -117,7 +121,10 @@ static void check_vs_ref(const char *arch, const type_case *tc) {
     synth_params p = synth_default_params();
     p.arch = arch;
     p.wtype = tc->type;
+    if (tc->mix) p.mix_type = tc->mix;
     const sd_type_traits *tr = sd_type_get(tc->type);
+    char name[48]; // the type, "+" the mixed-in type if any
+    snprintf(name, sizeof name, "%s%s%s", tr->name, tc->mix ? "+" : "", tc->mix ? sd_type_get(tc->mix)->name : "");
     if (tr->blck == SD_QK_K) {
         p.n_embd = 256;
         p.n_ff = 512;
@@ -126,7 +133,7 @@ static void check_vs_ref(const char *arch, const type_case *tc) {
     p.seed = 100 + (uint64_t)tc->type;
     sd_model *m;
     if (synth_load(&p, "vsref", &m) < 0) {
-        CHECK(0, "%s %s: %s", arch, tr->name, g_err);
+        CHECK(0, "%s %s: %s", arch, name, g_err);
         return;
     }
     sd_session *s = new_session(m, 64, 16, 2);
@@ -168,12 +175,12 @@ static void check_vs_ref(const char *arch, const type_case *tc) {
     }
     qsort(dq, (size_t)nq, sizeof(float), cmp_float);
     float med = nq ? dq[nq / 2] : 0;
-    CHECK(worst <= tc->tol, "%s %s: max |logit - ref| = %g > tol %g", arch, tr->name, worst, tc->tol);
-    CHECK(worstq <= tc->tolq, "%s %s: max |logit - ref(act quant)| = %g > tol %g", arch, tr->name, worstq, tc->tolq);
-    CHECK(med <= 1e-4f, "%s %s: median |logit - ref(act quant)| = %g > 1e-4", arch, tr->name, med);
+    CHECK(worst <= tc->tol, "%s %s: max |logit - ref| = %g > tol %g", arch, name, worst, tc->tol);
+    CHECK(worstq <= tc->tolq, "%s %s: max |logit - ref(act quant)| = %g > tol %g", arch, name, worstq, tc->tolq);
+    CHECK(med <= 1e-4f, "%s %s: median |logit - ref(act quant)| = %g > 1e-4", arch, name, med);
     printf("  info: %-5s %-5s vs float ref max %.2e (tol %.2g); vs act-quant ref max %.2e median %.0e (tol %.2g); "
            "logit std %.2f\n",
-           arch, tr->name, worst, tc->tol, worstq, med, tc->tolq, sd);
+           arch, name, worst, tc->tol, worstq, med, tc->tolq, sd);
 out:
     free(ref);
     free(refq);

@@ -150,6 +150,21 @@ static void test_synthetic_model_invariance(void) {
         }
         unlink(path);
     }
+    // Mixed types (as in Q4_K_M files): attn_v and ffn_up of another type, so
+    // Q, K, V and gate, up take one matmul per type after a shared RMSNorm.
+    static const int mixes[][2] = {{SD_TYPE_Q4_K, SD_TYPE_Q6_K}, {SD_TYPE_Q4_1, SD_TYPE_Q8_0}};
+    for (size_t k = 0; k < sizeof mixes / sizeof *mixes; k++) {
+        char path[256], err[256];
+        snprintf(path, sizeof path, "/tmp/sd_inv_mix_%d_%d.gguf", (int)getpid(), (int)k);
+        synth_params p = synth_default_params();
+        p.wtype = mixes[k][0];
+        p.mix_type = mixes[k][1];
+        p.n_embd = 256;
+        p.n_ff = 512;
+        if (synth_write(path, &p, err, sizeof err) < 0) CHECK(0, "synth_write: %s", err);
+        else check_model_invariance(path, 2);
+        unlink(path);
+    }
 }
 
 static void test_default_model_invariance(void) {

@@ -24,6 +24,7 @@ synth_params synth_default_params(void) {
     p.rope_base = 10000.0f;
     p.wtype = SD_TYPE_F32;
     p.embd_type = -1;
+    p.mix_type = -1;
     p.tied = 1;
     p.biases = -1;
     p.seed = 1234;
@@ -84,6 +85,7 @@ int synth_write(const char *path, const synth_params *p, char *err, size_t errle
     const int E = p->n_embd, F = p->n_ff, V = p->n_vocab, hd = E / p->n_head;
     const int KV = hd * p->n_head_kv;
     const int etype = p->embd_type >= 0 ? p->embd_type : p->wtype;
+    const int mtype = p->mix_type >= 0 ? p->mix_type : p->wtype;
     const int qwen = strcmp(p->arch, "qwen2") == 0;
     const int biases = p->biases >= 0 ? p->biases : qwen;
     sd_gguf_writer *w = sd_gguf_writer_new();
@@ -160,7 +162,7 @@ int synth_write(const char *path, const synth_params *p, char *err, size_t errle
         ADD(BLK("attn_norm.weight"), SD_TYPE_F32, 1, E, 1, 1.0f, 0.2f);
         ADD(BLK("attn_q.weight"), p->wtype, 2, E, E, 0.0f, s_e * 1.5f);
         ADD(BLK("attn_k.weight"), p->wtype, 2, E, KV, 0.0f, s_e * 1.5f);
-        ADD(BLK("attn_v.weight"), p->wtype, 2, E, KV, 0.0f, s_e);
+        ADD(BLK("attn_v.weight"), mtype, 2, E, KV, 0.0f, s_e);
         ADD(BLK("attn_output.weight"), p->wtype, 2, E, E, 0.0f, s_e);
         if (biases) {
             ADD(BLK("attn_q.bias"), SD_TYPE_F32, 1, E, 1, 0.0f, 0.3f);
@@ -169,7 +171,7 @@ int synth_write(const char *path, const synth_params *p, char *err, size_t errle
         }
         ADD(BLK("ffn_norm.weight"), SD_TYPE_F32, 1, E, 1, 1.0f, 0.2f);
         ADD(BLK("ffn_gate.weight"), p->wtype, 2, E, F, 0.0f, s_e * 1.5f);
-        ADD(BLK("ffn_up.weight"), p->wtype, 2, E, F, 0.0f, s_e);
+        ADD(BLK("ffn_up.weight"), mtype, 2, E, F, 0.0f, s_e);
         ADD(BLK("ffn_down.weight"), p->wtype, 2, F, E, 0.0f, s_f);
 #undef BLK
     }

@@ -30,6 +30,7 @@ typedef struct synth_params {
     float rope_base;       // default 10000
     int wtype;             // enum sd_type of the layer matrices; default SD_TYPE_F32
     int embd_type;         // type of token_embd / output; -1 (default) = wtype
+    int mix_type;          // type of attn_v and ffn_up (mixed files such as Q4_K_M); -1 (default) = wtype
     int tied;              // 1 (default): no output.weight, logits use token_embd
     int biases;            // 1: write attn_{q,k,v}.bias; default 1 for qwen2, 0 for llama (-1 = by arch)
     uint64_t seed;         // default 1234
