@@ -40,11 +40,12 @@
 // rearranged panel by panel on the fly (same bits, slower).
 //
 // Measured (this 2-vCPU Zen 5 EPYC, 3.8 GHz): a core issues two 512-bit
-// vpdpbusd per cycle (with 8 independent chains; latency 4 cycles). Q4_1,
-// 1 thread, 576 x 1536 weights and 16 tokens: 0.047 ms, about 60% of that
-// peak, the same when the weights stream from memory (software prefetch two
-// panels ahead, block by block). Whole default model, 2 threads: 1 token
-// 2.2-2.4 ms, 8 tokens 3.8-4.1 ms, 16 tokens 6.5-6.9 ms.
+// vpdpbusd per cycle (with 8 independent chains; latency 4 cycles), sharing
+// the two pipes with the float FMAs. One panel against 16 tokens on hot data:
+// Q4_1 70%, Q8_0 73% of that peak (the per-block float work caps Q4_1 at
+// 73%). Q4_1, 1 thread, 576 x 1536 weights streamed from memory (software
+// prefetch two panels ahead, block by block), 16 tokens: 0.043-0.045 ms,
+// 64-66%. Whole default model, 2 threads: see the README.
 #include "quant.h"
 
 #include <stdlib.h>
