@@ -246,18 +246,7 @@ static void rnd_weights(const ktype *kt, uint8_t *w, int64_t n, int from_data) {
         free(x);
         return;
     }
-    for (size_t i = 0; i < (size_t)nb * kt->bsize; i++) w[i] = (uint8_t)rnd_u32();
-    for (int64_t b = 0; b < nb; b++) {
-        uint8_t *blk = w + b * kt->bsize;
-        uint16_t d = sd_fp32_to_fp16(0.001f + 0.05f * fabsf(rnd_unif()));
-        uint16_t dm = sd_fp32_to_fp16(0.001f + 0.05f * fabsf(rnd_unif()));
-        if (kt->type == SD_TYPE_Q6_K) {
-            memcpy(blk + 208, &d, 2);
-        } else {
-            memcpy(blk, &d, 2);
-            memcpy(blk + 2, &dm, 2);
-        }
-    }
+    qc_k_random_blocks(kt->type, w, nb, rnd_u32);
 }
 
 // Random Q8_K activations; extreme=1 uses the full int8 range incl. -128.
@@ -269,15 +258,7 @@ static void rnd_act(sd_block_q8_K *x, int64_t n, int extreme) {
         free(f);
         return;
     }
-    for (int64_t b = 0; b < n / SD_QK_K; b++) {
-        x[b].d = 0.01f + 0.1f * fabsf(rnd_unif());
-        for (int i = 0; i < SD_QK_K; i++) x[b].qs[i] = (int8_t)(rnd_u32() & 1 ? -128 : (int)(rnd_u32() % 256) - 128);
-        for (int g = 0; g < 16; g++) {
-            int s = 0;
-            for (int k = 0; k < 16; k++) s += x[b].qs[16 * g + k];
-            x[b].bsums[g] = (int16_t)s;
-        }
-    }
+    qc_q8_K_extreme(x, n / SD_QK_K, rnd_u32);
 }
 
 // sum |w_i * x_i| over dequantized values: the scale of rounding errors.

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "lib/quant_check.h"
 #include "quant.h"
 #include "t.h"
 #include "threadpool.h"
@@ -57,18 +58,7 @@ static float rnd_unif(void) { return (rnd_u32() >> 8) / 16777216.f * 2 - 1; } //
 // Random weight blocks: arbitrary bytes (every quant and scale pattern) with
 // a sane fp16 d / dmin.
 static void rnd_weights(const ktype *kt, uint8_t *w, int64_t nb) {
-    for (size_t i = 0; i < (size_t)nb * kt->bsize; i++) w[i] = (uint8_t)rnd_u32();
-    for (int64_t b = 0; b < nb; b++) {
-        uint8_t *blk = w + b * kt->bsize;
-        uint16_t d = sd_fp32_to_fp16(0.001f + 0.05f * fabsf(rnd_unif()));
-        uint16_t dm = sd_fp32_to_fp16(0.001f + 0.05f * fabsf(rnd_unif()));
-        if (kt->type == SD_TYPE_Q6_K) {
-            memcpy(blk + 208, &d, 2);
-        } else {
-            memcpy(blk, &d, 2);
-            memcpy(blk + 2, &dm, 2);
-        }
-    }
+    qc_k_random_blocks(kt->type, w, nb, rnd_u32);
 }
 
 // Random Q8_K activations (through the library's quantizer, or extreme
@@ -81,15 +71,7 @@ static void rnd_act(sd_block_q8_K *x, int64_t nb, int extreme) {
         free(f);
         return;
     }
-    for (int64_t b = 0; b < nb; b++) {
-        x[b].d = 0.01f + 0.1f * fabsf(rnd_unif());
-        for (int i = 0; i < SD_QK_K; i++) x[b].qs[i] = (int8_t)(rnd_u32() & 1 ? -128 : (int)(rnd_u32() % 256) - 128);
-        for (int g = 0; g < 16; g++) {
-            int s = 0;
-            for (int k = 0; k < 16; k++) s += x[b].qs[16 * g + k];
-            x[b].bsums[g] = (int16_t)s;
-        }
-    }
+    qc_q8_K_extreme(x, nb, rnd_u32);
 }
 
 // sum |w_i * x_i| over the dequantized row: the scale of rounding errors.

@@ -1,9 +1,12 @@
 // quant_check.c - see quant_check.h.
 #include "quant_check.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "common.h"
 
 int qc_matmul_invariance_case(sd_pool *pool, int t, int64_t n_in, int64_t n_out, float (*rnd)(void),
                               qc_fail_fn fail) {
@@ -46,4 +49,34 @@ int qc_matmul_invariance_case(sd_pool *pool, int t, int64_t n_in, int64_t n_out,
 out:
     free(wf), free(x), free(y1), free(yb), free(W), free(ctx.wbuf);
     return n_bad;
+}
+
+static float unif(uint32_t (*u32)(void)) { return (u32() >> 8) / 16777216.f * 2 - 1; } // [-1, 1)
+
+void qc_k_random_blocks(int type, uint8_t *w, int64_t nb, uint32_t (*u32)(void)) {
+    const size_t bsize = sd_row_size(type, SD_QK_K);
+    for (size_t i = 0; i < (size_t)nb * bsize; i++) w[i] = (uint8_t)u32();
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *blk = w + b * bsize;
+        uint16_t d = sd_fp32_to_fp16(0.001f + 0.05f * fabsf(unif(u32)));
+        uint16_t dm = sd_fp32_to_fp16(0.001f + 0.05f * fabsf(unif(u32)));
+        if (type == SD_TYPE_Q6_K) {
+            memcpy(blk + 208, &d, 2);
+        } else {
+            memcpy(blk, &d, 2);
+            memcpy(blk + 2, &dm, 2);
+        }
+    }
+}
+
+void qc_q8_K_extreme(sd_block_q8_K *x, int64_t nb, uint32_t (*u32)(void)) {
+    for (int64_t b = 0; b < nb; b++) {
+        x[b].d = 0.01f + 0.1f * fabsf(unif(u32));
+        for (int i = 0; i < SD_QK_K; i++) x[b].qs[i] = (int8_t)(u32() & 1 ? -128 : (int)(u32() % 256) - 128);
+        for (int g = 0; g < 16; g++) {
+            int s = 0;
+            for (int k = 0; k < 16; k++) s += x[b].qs[16 * g + k];
+            x[b].bsums[g] = (int16_t)s;
+        }
+    }
 }

@@ -23,4 +23,13 @@ typedef void (*qc_fail_fn)(const char *msg);
 int qc_matmul_invariance_case(sd_pool *pool, int t, int64_t n_in, int64_t n_out, float (*rnd)(void),
                               qc_fail_fn fail);
 
+// Random K-quant weight blocks (Q4_K, Q5_K, Q6_K): nb blocks of arbitrary
+// bytes (every quant and scale pattern) with a sane fp16 d (and dmin) written
+// in. u32: the caller's random generator.
+void qc_k_random_blocks(int type, uint8_t *w, int64_t nb, uint32_t (*u32)(void));
+
+// nb Q8_K activation blocks of extreme bytes (the full int8 range, -128 half
+// of the time) with a positive d and consistent bsums.
+void qc_q8_K_extreme(sd_block_q8_K *x, int64_t nb, uint32_t (*u32)(void));
+
 #endif
