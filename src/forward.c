@@ -133,6 +133,23 @@ static void matmul_multi_t(sd_session *s, int n_mats, const sd_tensor *const *w,
     sd_matmul_multi(&s->mm, n_mats, types, W, w[0]->ne[0], n_out, x, n_tok, y, hooks);
 }
 
+// Tells the next matrix run which weights the run after it reads (w[0..n_mats),
+// same_rows: that run has a post hook): a prefetch hint, see sd_mm_next.
+static void hint_next(sd_session *s, int n_mats, const sd_tensor *const *w, int same_rows) {
+    sd_mm_next nx = {.n_mats = n_mats, .same_rows = same_rows};
+    if (s->mm.act_f32) n_mats = nx.n_mats = 0; // float activations read the file's layouts
+    for (int m = 0; m < n_mats; m++) {
+        if (w[m]->type != w[0]->type) { // mixed types: one run per type, hint the first
+            nx.n_mats = m;
+            break;
+        }
+        nx.W[m] = w[m]->data;
+        nx.n_out[m] = w[m]->ne[1];
+    }
+    if (n_mats > 0) nx.wrb = sd_row_size(w[0]->type, w[0]->ne[0]);
+    s->mm.next = nx;
+}
+
 static void add_bias(float *y, const sd_tensor *b, int n_tok, int dim) {
     if (!b) return;
     const float *bv = b->data;
@@ -232,6 +249,7 @@ int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errle
             const sd_mm_hooks h = {.pre = pre_norm, .pre_arg = &job};
             const sd_tensor *w3[3] = {L->wq, L->wk, L->wv};
             float *y3[3] = {s->q, s->k, vc};
+            hint_next(s, 1, &L->wo, 0);
             matmul_multi_t(s, 3, w3, s->xn, n, y3, &h);
         }
         add_bias(s->q, L->bq, n, qd);
@@ -246,6 +264,8 @@ int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errle
         sd_kt_store(s, l, s->k, n);
         sd_attention(s, l, n);
 
+        const sd_tensor *ffn[2] = {L->w_gate, L->w_up};
+        hint_next(s, 2, ffn, 1);
         matmul_t(s, L->wo, s->att, n, s->xn);
         job.add = 1;
         {
@@ -254,9 +274,19 @@ int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errle
             // load: both are [n_embd, n_ff])
             job.norm_w = L->ffn_norm->data;
             const sd_mm_hooks h = {.pre = pre_norm, .pre_arg = &job, .post = swiglu_cols, .post_arg = &job};
-            const sd_tensor *w2[2] = {L->w_gate, L->w_up};
             float *y2[2] = {s->ff_g, s->ff_u};
-            matmul_multi_t(s, 2, w2, s->xn, n, y2, &h);
+            hint_next(s, 1, &L->w_down, 0);
+            matmul_multi_t(s, 2, ffn, s->xn, n, y2, &h);
+        }
+        // after the down matrix: the next layer's Q, K, V, or the output matrix
+        int l1 = l + 1;
+        while (l1 < hp->n_layer && s->layer_skip && s->layer_skip[l1]) l1++;
+        if (l1 < hp->n_layer) {
+            const sd_layer *L1 = &m->layers[l1];
+            const sd_tensor *w3[3] = {L1->wq, L1->wk, L1->wv};
+            hint_next(s, 3, w3, 0);
+        } else if (n_out > 0) {
+            hint_next(s, 1, &m->output, 0);
         }
         matmul_t(s, L->w_down, s->ff_g, n, s->xn);
     }

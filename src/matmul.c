@@ -86,6 +86,7 @@ typedef struct {
     size_t x_row_bytes;
     int64_t n_tok;
     int f32;          // 1: x stays float, each weight row is dequantized (ctx->act_f32)
+    sd_mm_next next;  // the next run's weights (a prefetch hint), n_mats 0 if unknown
 } mm_job;
 
 // ---- float activations (ctx->act_f32) -------------------------------------
@@ -193,9 +194,70 @@ static void mm_prepare(const mm_job *j, long t0, long t1) {
     }
 }
 
+// Most bytes of a thread's next share read ahead while it waits: enough for
+// a few microseconds of hand-over at full bandwidth; small against L2.
+#define SD_MM_PF_MAX (64 << 10)
+
+// Thread ith's share of a run over the matrices (W, n_out) with rows of wrb
+// bytes: its first range, rows [*r0, *r1) of matrix *m (empty if none).
+// same_rows: the split of a run with a post hook (the same rows of every
+// matrix), else the row chunks of all matrices concatenated.
+static void mm_share(int n_mats, const int64_t *n_out, int same_rows, int ith, int nth, int *m, int64_t *r0,
+                     int64_t *r1) {
+    const long A = SD_MM_ROW_ALIGN;
+    long lo, hi;
+    *m = 0;
+    *r0 = *r1 = 0;
+    if (same_rows) {
+        sd_split_range((long)((n_out[0] + A - 1) / A), ith, nth, &lo, &hi);
+    } else {
+        long total = 0;
+        for (int i = 0; i < n_mats; i++) total += (long)((n_out[i] + A - 1) / A);
+        sd_split_range(total, ith, nth, &lo, &hi);
+        if (lo >= hi) return;
+        for (; *m < n_mats; (*m)++) { // the matrix holding chunk lo
+            long c = (long)((n_out[*m] + A - 1) / A);
+            if (lo < c) break;
+            lo -= c;
+            hi -= c;
+        }
+        if (*m == n_mats) return;
+    }
+    *r0 = (int64_t)lo * A;
+    *r1 = SD_MIN((int64_t)hi * A, n_out[*m]);
+}
+
+// Sets this thread's read-ahead window to the start of its share of the run
+// described by nx (none if nx->n_mats is 0).
+static void mm_read_ahead(const sd_mm_next *nx, int ith, int nth) {
+    int m;
+    int64_t r0, r1;
+    if (nx->n_mats <= 0) {
+        sd_pool_prefetch(NULL, 0);
+        return;
+    }
+    mm_share(nx->n_mats, nx->n_out, nx->same_rows, ith, nth, &m, &r0, &r1);
+    const size_t bytes = r1 > r0 ? (size_t)(r1 - r0) * nx->wrb : 0;
+    sd_pool_prefetch(bytes ? (const char *)nx->W[m] + (size_t)r0 * nx->wrb : NULL, SD_MIN(bytes, (size_t)SD_MM_PF_MAX));
+}
+
+static void mm_task_rows(mm_job *j, int ith, int nth);
+
 static void mm_task(void *arg, int ith, int nth) {
     mm_job *j = arg;
+    mm_task_rows(j, ith, nth);
+    mm_read_ahead(&j->next, ith, nth); // consumed while this thread waits for the next run
+}
+
+static void mm_task_rows(mm_job *j, int ith, int nth) {
     if (j->pre_in_task) {
+        // while waiting for the others' rows: the start of our own weights
+        sd_mm_next cur = {.n_mats = j->n_mats, .same_rows = j->post != NULL, .wrb = j->w_row_bytes};
+        for (int m = 0; m < j->n_mats; m++) {
+            cur.W[m] = j->W[m];
+            cur.n_out[m] = j->n_out[m];
+        }
+        mm_read_ahead(&cur, ith, nth);
         long t0, t1;
         sd_split_range((long)j->n_tok, ith, nth, &t0, &t1);
         mm_prepare(j, t0, t1);
@@ -204,6 +266,7 @@ static void mm_task(void *arg, int ith, int nth) {
         // and pure spinning would burn our time slice waiting for it
         long spins = 0;
         while (atomic_load_explicit(&j->n_pre_done, memory_order_acquire) < nth) {
+            if (sd_pool_wait_step()) continue;
             if (++spins < 2000) SD_CPU_RELAX();
             else sched_yield();
         }
@@ -253,8 +316,13 @@ static void matmul_run(sd_mm_ctx *ctx, int wtype, int n_mats, const void *const 
                        const sd_mm_hooks *hooks) {
     const sd_type_traits *tr = sd_type_get(wtype);
     SD_ASSERT(tr && tr->supported && n_in % tr->blck == 0 && n_mats >= 1 && n_mats <= SD_MM_MULTI_MAX);
+    sd_mm_next next = {0};
+    if (ctx) { // the hint is for this run only
+        next = ctx->next;
+        ctx->next.n_mats = 0;
+    }
     if (n_tok <= 0) return;
-    mm_job j = {.x = x, .tr = tr, .n_mats = n_mats, .w_row_bytes = sd_row_size(wtype, n_in), .n_in = n_in,
+    mm_job j = {.next = next, .x = x, .tr = tr, .n_mats = n_mats, .w_row_bytes = sd_row_size(wtype, n_in), .n_in = n_in,
                 .xq = x, .x_row_bytes = (size_t)n_in * sizeof(float), .n_tok = n_tok};
     if (hooks) {
         j.pre = hooks->pre;

@@ -110,12 +110,27 @@ size_t sd_row_size(int t, int64_t n);
 // x is (n_tok, n_in) float, y is (n_tok, n_out) float. Activations are
 // converted to the vec_dot_type once per call; every weight block is read once
 // for the whole batch; threads of the pool split the output rows.
+// The weights the next matrix run will read, as a hint (n_mats 0: none): each
+// thread, once done with its rows of a run, reads the start of its share of
+// the next run into cache while it waits for the others and for the caller's
+// work between the runs (sd_pool_prefetch), so that memory stays busy across
+// the hand-over. Describes the next call's split: its matrices, their rows,
+// the weight row size, and same_rows = 1 if it has a post hook.
+typedef struct sd_mm_next {
+    int n_mats;      // 0..4
+    int same_rows;
+    size_t wrb;
+    const void *W[4];
+    int64_t n_out[4];
+} sd_mm_next;
+
 typedef struct sd_mm_ctx {
     sd_pool *pool;    // may be NULL (single thread)
     void *wbuf;       // scratch for converted activations
     size_t wbuf_size; // bytes; at least sd_matmul_wsize(...) of every call
     int act_f32;      // 1: float activations against dequantized weights (types with
                       // to_float; the file's layouts only), no 8-bit rounding; 0: normal
+    sd_mm_next next;  // optional hint for the next run; every run consumes (clears) it
 } sd_mm_ctx;
 size_t sd_matmul_wsize(int wtype, int64_t n_in, int64_t n_tok);
 void sd_matmul(sd_mm_ctx *ctx, int wtype, const void *W, int64_t n_in, int64_t n_out,

@@ -48,6 +48,25 @@ static inline void cpu_relax(void) {
 #endif
 }
 
+// The calling thread's read-ahead window (sd_pool_prefetch): consumed one
+// cache line per poll by the wait loops below.
+static _Thread_local const char *pf_cur, *pf_end;
+
+void sd_pool_prefetch(const void *p, size_t n) {
+    pf_cur = p;
+    pf_end = p ? pf_cur + n : NULL;
+}
+
+int sd_pool_wait_step(void) {
+    if (pf_cur < pf_end) {
+        __builtin_prefetch(pf_cur, 0, 2);
+        pf_cur += 64;
+        return 1;
+    }
+    cpu_relax();
+    return 0;
+}
+
 static void *worker_main(void *a) {
     worker_arg wa = *(worker_arg *)a;
     free(a);
@@ -58,6 +77,7 @@ static void *worker_main(void *a) {
         long spins = 0;
         while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen &&
                !atomic_load(&p->stop)) {
+            if (sd_pool_wait_step()) continue; // prefetching: not counted as a spin
             if (++spins < SD_POOL_SPIN) {
                 cpu_relax();
             } else if (spins < SD_POOL_SPIN + 18000) {
@@ -147,6 +167,7 @@ void sd_pool_run(sd_pool *p, sd_task_fn fn, void *arg) {
     fn(arg, 0, p->n);
     long spins = 0;
     while (atomic_load_explicit(&p->n_done, memory_order_acquire) != p->n - 1) {
+        if (sd_pool_wait_step()) continue;
         if (++spins < 2000)
             cpu_relax();
         else

@@ -7,6 +7,8 @@
 #ifndef SD_THREADPOOL_H
 #define SD_THREADPOOL_H
 
+#include <stddef.h>
+
 typedef struct sd_pool sd_pool;
 typedef void (*sd_task_fn)(void *arg, int ith, int nth);
 
@@ -21,6 +23,15 @@ int sd_pool_size(const sd_pool *p);
 // Runs fn on all threads (caller included) and waits. Not reentrant: fn must
 // not call sd_pool_run on the same pool. p may be NULL: fn(arg, 0, 1).
 void sd_pool_run(sd_pool *p, sd_task_fn fn, void *arg);
+
+// Read-ahead while waiting: sets the calling thread's window to [p, p + n)
+// (p NULL: none). The pool's wait loops (between jobs, and the caller's wait
+// for the workers) prefetch the window one cache line per poll instead of
+// idling, so the weights of the next job are on their way during the
+// hand-over. sd_pool_wait_step() is one such poll for other wait loops:
+// prefetches the next line and returns 1, or pauses and returns 0.
+void sd_pool_prefetch(const void *p, size_t n);
+int sd_pool_wait_step(void);
 
 // Splits [0, n) into nth nearly equal contiguous parts; part ith is [*lo, *hi).
 void sd_split_range(long n, int ith, int nth, long *lo, long *hi);

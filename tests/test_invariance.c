@@ -38,7 +38,7 @@ static void test_matmul_batch_invariance(void) {
         for (int64_t r = 0; r < n_out; r++)
             tr->from_float(wf + r * n_in, (char *)w + r * sd_row_size(t, n_in), n_in);
         for (int use_pool = 0; use_pool < 2; use_pool++) {
-            sd_mm_ctx ctx = {use_pool ? pool : NULL, NULL, 0, 0};
+            sd_mm_ctx ctx = {.pool = use_pool ? pool : NULL};
             ctx.wbuf_size = sd_matmul_wsize(t, n_in, n_tok);
             ctx.wbuf = malloc(ctx.wbuf_size);
             sd_matmul(&ctx, t, w, n_in, n_out, x, n_tok, yb);

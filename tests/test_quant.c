@@ -236,7 +236,7 @@ static void test_matmul(void) {
                 for (int64_t r = 0; r < n_out; r++) random_row(t, W + r * wrb, n_in, r & 1);
                 for (int64_t r = 0; r < n_out; r++) tr->to_float(W + r * wrb, wf + r * n_in, n_in);
                 fill_random(x, n_in * n_tok_max);
-                sd_mm_ctx ctx = {pool, NULL, sd_matmul_wsize(t, n_in, n_tok_max), 0};
+                sd_mm_ctx ctx = {.pool = pool, .wbuf_size = sd_matmul_wsize(t, n_in, n_tok_max)};
                 ctx.wbuf = malloc(ctx.wbuf_size + 1);
                 for (size_t ti = 0; ti < sizeof toks / sizeof *toks; ti++) {
                     int64_t n_tok = toks[ti];
@@ -310,7 +310,7 @@ static void test_gemm_plain_rows(void) {
         float *x = malloc(sizeof(float) * (size_t)(n_in * n_tok)), y[18], yr[18];
         for (int64_t r = 0; r < n_out; r++) random_row(t, W + r * wrb, n_in, 0);
         fill_random(x, n_in * n_tok);
-        sd_mm_ctx ctx = {pool, NULL, sd_matmul_wsize(t, n_in, n_tok), 0};
+        sd_mm_ctx ctx = {.pool = pool, .wbuf_size = sd_matmul_wsize(t, n_in, n_tok)};
         ctx.wbuf = malloc(ctx.wbuf_size);
         sd_matmul(&ctx, t, W, n_in, n_out, x, n_tok, y);
         sd_matmul_ref(t, W, n_in, n_out, x, n_tok, yr);
@@ -463,7 +463,7 @@ static void test_repacked(void) {
             for (int64_t i = 0; i < n_in * n_tok_max; i++) x[i] = 4.0f * rnd_sym();
             CHECK(rtr->repack(W, R, n_in, n_out) == 0, "%s n_in=%lld: repack", tr->name, (long long)n_in);
             size_t ws = SD_MAX(sd_matmul_wsize(t, n_in, n_tok_max), sd_matmul_wsize(rt, n_in, n_tok_max));
-            sd_mm_ctx ctx = {NULL, malloc(ws), ws, 0};
+            sd_mm_ctx ctx = {.wbuf = malloc(ws), .wbuf_size = ws};
             for (int64_t k = 0; k < n_tok_max; k++) sd_matmul(&ctx, t, W, n_in, n_out, x + k * n_in, 1, y1 + k * n_out);
             for (int use_pool = 0; use_pool < 2; use_pool++) {
                 ctx.pool = use_pool ? pool : NULL;
@@ -506,7 +506,7 @@ static void test_matmul_f32_act(void) {
         float *y1 = malloc(sizeof(float) * n_out * n_tok_max), *yb = malloc(sizeof(float) * n_out * n_tok_max);
         for (int64_t r = 0; r < n_out; r++) random_row(t, W + r * wrb, nin, 0);
         for (int64_t i = 0; i < nin * n_tok_max; i++) x[i] = 4.0f * rnd_sym();
-        sd_mm_ctx ctx = {NULL, NULL, 0, 1};
+        sd_mm_ctx ctx = {.act_f32 = 1};
         for (int64_t k = 0; k < n_tok_max; k++) sd_matmul(&ctx, t, W, nin, n_out, x + k * nin, 1, y1 + k * n_out);
         double worst = 0;
         for (int64_t k = 0; k < n_tok_max; k++)

@@ -400,7 +400,7 @@ static void test_matmul_k_types(void) {
                 kt->from_float(w, W + r * wrb, n_in);
             }
             rnd_data(x, nt * n_in);
-            sd_mm_ctx ctx = {s % 2 ? pool : NULL, NULL, sd_matmul_wsize(kt->type, n_in, nt), 0};
+            sd_mm_ctx ctx = {.pool = s % 2 ? pool : NULL, .wbuf_size = sd_matmul_wsize(kt->type, n_in, nt)};
             ctx.wbuf = malloc(ctx.wbuf_size);
             sd_matmul(&ctx, kt->type, W, n_in, n_out, x, nt, y);
             sd_matmul_ref(kt->type, W, n_in, n_out, x, nt, yr);

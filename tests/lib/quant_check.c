@@ -18,7 +18,7 @@ int qc_matmul_invariance_case(sd_pool *pool, int t, int64_t n_in, int64_t n_out,
     float *y1 = malloc(sizeof(float) * (size_t)(n_out * n_tok_max));
     float *yb = malloc(sizeof(float) * (size_t)(n_out * n_tok_max));
     uint8_t *W = malloc(wrb * (size_t)n_out);
-    sd_mm_ctx ctx = {pool, NULL, sd_matmul_wsize(t, n_in, n_tok_max), 0};
+    sd_mm_ctx ctx = {.pool = pool, .wbuf_size = sd_matmul_wsize(t, n_in, n_tok_max)};
     ctx.wbuf = malloc(ctx.wbuf_size + 1);
     int n_bad = 0;
     char msg[256];
