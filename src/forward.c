@@ -17,17 +17,24 @@
 
 // ---------------------------------------------------------------- small helpers
 
-// out = x / rms(x) * w over n elements.
+// out = x / rms(x) * w over n elements (the sum of squares in four vector
+// chains, a fixed order for a given n: each row gets the same bits anywhere).
 static void rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
-    float acc[8] = {0};
+    vf a0 = vf_zero(), a1 = vf_zero(), a2 = vf_zero(), a3 = vf_zero();
     int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++) acc[k] += x[i + k] * x[i + k];
-    float ss = 0;
-    for (int k = 0; k < 8; k++) ss += acc[k];
+    for (; i + 4 * SD_VW <= n; i += 4 * SD_VW) {
+        a0 = vf_fma(vf_load(x + i), vf_load(x + i), a0);
+        a1 = vf_fma(vf_load(x + i + SD_VW), vf_load(x + i + SD_VW), a1);
+        a2 = vf_fma(vf_load(x + i + 2 * SD_VW), vf_load(x + i + 2 * SD_VW), a2);
+        a3 = vf_fma(vf_load(x + i + 3 * SD_VW), vf_load(x + i + 3 * SD_VW), a3);
+    }
+    for (; i + SD_VW <= n; i += SD_VW) a0 = vf_fma(vf_load(x + i), vf_load(x + i), a0);
+    float ss = vf_hsum(vf_add(vf_add(a0, a1), vf_add(a2, a3)));
     for (; i < n; i++) ss += x[i] * x[i];
-    float r = 1.0f / sqrtf(ss / (float)n + eps);
-    for (i = 0; i < n; i++) out[i] = x[i] * r * w[i];
+    const float r = 1.0f / sqrtf(ss / (float)n + eps);
+    const vf vr = vf_set1(r);
+    for (i = 0; i + SD_VW <= n; i += SD_VW) vf_store(out + i, vf_mul(vf_mul(vf_load(x + i), vr), vf_load(w + i)));
+    for (; i < n; i++) out[i] = x[i] * r * w[i];
 }
 
 // Rotates the first n_rot dims of each of n_heads heads of one row.
@@ -36,7 +43,13 @@ static void rope_row(float *row, int n_heads, int head_dim, int n_rot, int type,
     for (int h = 0; h < n_heads; h++) {
         float *v = row + (size_t)h * head_dim;
         if (type == SD_ROPE_NORM) {
-            for (int k = 0; k < half; k++) {
+            int k = 0;
+#if SD_VW > 1
+            // SD_VW / 2 pairs at a time (cs holds the pairs (cos, sin) the same way)
+            for (; 2 * k + SD_VW <= n_rot; k += SD_VW / 2)
+                vf_store(v + 2 * k, vf_rot_pairs(vf_load(v + 2 * k), vf_load(cs + 2 * k)));
+#endif
+            for (; k < half; k++) {
                 float c = cs[2 * k], s = cs[2 * k + 1];
                 float a = v[2 * k], b = v[2 * k + 1];
                 v[2 * k] = a * c - b * s;
@@ -78,22 +91,18 @@ static void pre_norm(void *arg, int64_t t0, int64_t t1) {
 // silu(g) * u over n elements; element-wise, so each element's result is the
 // same wherever it sits (the partial last group goes through the same vector
 // code via a padded copy): batch invariance.
+static inline vf swiglu_vec(vf g, vf u) {
+    return vf_mul(vf_div(g, vf_add(vf_set1(1.0f), vf_exp(vf_sub(vf_zero(), g)))), u);
+}
 static void swiglu_span(float *g, const float *u, long n) {
-    const vf one = vf_set1(1.0f);
-    for (long k = 0; k < n; k += SD_VW) {
+    long k = 0;
+    for (; k + SD_VW <= n; k += SD_VW) vf_store(g + k, swiglu_vec(vf_load(g + k), vf_load(u + k)));
+    if (k < n) {
         float tg[SD_VW] = {0}, tu[SD_VW] = {0};
-        const long m = SD_MIN(SD_VW, n - k);
-        float *gp = g + k;
-        const float *up = u + k;
-        if (m < SD_VW) {
-            memcpy(tg, gp, (size_t)m * sizeof(float));
-            memcpy(tu, up, (size_t)m * sizeof(float));
-            gp = tg;
-            up = tu;
-        }
-        const vf v = vf_load(gp);
-        vf_store(gp, vf_mul(vf_div(v, vf_add(one, vf_exp(vf_sub(vf_zero(), v)))), vf_load(up)));
-        if (m < SD_VW) memcpy(g + k, tg, (size_t)m * sizeof(float));
+        memcpy(tg, g + k, (size_t)(n - k) * sizeof(float));
+        memcpy(tu, u + k, (size_t)(n - k) * sizeof(float));
+        vf_store(tg, swiglu_vec(vf_load(tg), vf_load(tu)));
+        memcpy(g + k, tg, (size_t)(n - k) * sizeof(float));
     }
 }
 

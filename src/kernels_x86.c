@@ -336,6 +336,72 @@ AI size_t pack_bytes(int type, int64_t n_in) {
     return ((size_t)nb * sizeof(xblock) + 63) & ~(size_t)63;
 }
 
+// Reduces 16 vectors to one: lane j = the reduction (max, or 32-bit integer
+// add, by OP) over all 16 lanes of v[j]. A tree of lane shuffles (15 steps
+// for 16 vectors, where one vector at a time takes 4), then the lanes put in
+// block order.
+#define RED16_MAX 0
+#define RED16_ADD 1
+AI __m512 red16_op(int op, __m512 a, __m512 b) {
+    return op == RED16_MAX ? _mm512_max_ps(a, b)
+                           : _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(a), _mm512_castps_si512(b)));
+}
+AI __m512 red16(int op, const __m512 *v) {
+    __m512 r[8], s[4], t[2];
+    for (int i = 0; i < 8; i++) // quarters: v[2i] in the low half, v[2i+1] in the high half
+        r[i] = red16_op(op, _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                        _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int i = 0; i < 4; i++) // one quarter per vector
+        s[i] = red16_op(op, _mm512_shuffle_f32x4(r[2 * i], r[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                        _mm512_shuffle_f32x4(r[2 * i], r[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    for (int i = 0; i < 2; i++) // two lanes per vector
+        t[i] = red16_op(op, _mm512_unpacklo_ps(s[2 * i], s[2 * i + 1]), _mm512_unpackhi_ps(s[2 * i], s[2 * i + 1]));
+    const __m512 u = red16_op(op, _mm512_shuffle_ps(t[0], t[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_ps(t[0], t[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    // lane k of u holds vector (k % 4) * 4 + k / 4: a 4 x 4 transpose, its own inverse
+    const __m512i idx = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+    return _mm512_permutexvar_ps(idx, u);
+}
+
+// 16 consecutive blocks of one token (512 floats at x) into xblocks o[0],
+// o[T], ..., o[15 T]: the same bytes as quant_block per block (max, the
+// divisions and the rounding are the same operations lane by lane, and the
+// sums are exact), with the horizontal max and sum of 16 blocks done at once.
+AI void pack16(int type, const float *x, xblock *o, int64_t T) {
+    __m512 v[16];
+    for (int j = 0; j < 16; j++)
+        v[j] = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x + 32 * j)), _mm512_abs_ps(_mm512_loadu_ps(x + 32 * j + 16)));
+    const __m512 d = _mm512_div_ps(red16(RED16_MAX, v), _mm512_set1_ps(127.0f));
+    const __m512 id = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_NEQ_OQ), _mm512_set1_ps(1.0f), d);
+    float dv[16], idv[16];
+    _mm512_storeu_ps(dv, d);
+    _mm512_storeu_ps(idv, id);
+    for (int j = 0; j < 16; j++) {
+        const __m512 vid = _mm512_set1_ps(idv[j]);
+        const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 32 * j), vid));
+        const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 32 * j + 16), vid));
+        int8_t *qs = o[j * T].qs;
+        _mm_storeu_si128((__m128i *)qs, _mm512_cvtepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(qs + 16), _mm512_cvtepi32_epi8(q1));
+        v[j] = _mm512_castsi512_ps(_mm512_add_epi32(q0, q1));
+    }
+    const __m512i sum = _mm512_castps_si512(red16(RED16_ADD, v));
+    int32_t sv[16];
+    float s[16];
+    _mm512_storeu_si512(sv, sum);
+    _mm512_storeu_ps(s, _mm512_mul_ps(d, _mm512_cvtepi32_ps(sum)));
+    for (int j = 0; j < 16; j++) {
+        xblock *b = o + j * T;
+        if (w_has_min(type)) {
+            b->d = dv[j];
+            b->u.s = s[j];
+        } else {
+            b->d = sd_fp16_to_fp32(sd_fp32_to_fp16(dv[j]));
+            b->u.a0 = -w_offset(type) * sv[j];
+        }
+    }
+}
+
 // Quantizes token t of an n_tok-token batch into xblocks at its place in the
 // batch buffer dst (see "activation layout" above).
 AI size_t pack_act(int type, const float *x, void *dst, int64_t n, int64_t t, int64_t n_tok) {
@@ -349,7 +415,9 @@ AI size_t pack_act(int type, const float *x, void *dst, int64_t n, int64_t t, in
     }
     const int64_t t0 = t / PN_T * PN_T, T = SD_MIN((int64_t)PN_T, n_tok - t0);
     xblock *o = (xblock *)((uint8_t *)dst + (size_t)t0 * xrb) + (t - t0);
-    for (int64_t b = 0; b < nb; b++, o += T) {
+    int64_t b = 0;
+    for (; b + 16 <= nb; b += 16, o += 16 * T) pack16(type, x + b * SD_QK, o, T);
+    for (; b < nb; b++, o += T) {
         int sum;
         float d = quant_block(x + b * SD_QK, o->qs, &sum);
         if (w_has_min(type)) {

@@ -30,6 +30,10 @@ static inline float vf_hsum(vf v) {
     return _mm_cvtss_f32(q);
 }
 static inline float vf_hmax(vf v) { return _mm512_reduce_max_ps(v); }
+// v holds pairs (a, b), cs pairs (c, s): returns the pairs (a c - b s, a s + b c).
+static inline vf vf_rot_pairs(vf v, vf cs) {
+    return _mm512_fmaddsub_ps(v, _mm512_moveldup_ps(cs), _mm512_mul_ps(_mm512_permute_ps(v, 0xB1), _mm512_movehdup_ps(cs)));
+}
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define SD_VW 8
@@ -56,6 +60,9 @@ static inline float vf_hmax(vf v) {
     q = _mm_max_ss(q, _mm_movehdup_ps(q));
     return _mm_cvtss_f32(q);
 }
+static inline vf vf_rot_pairs(vf v, vf cs) {
+    return _mm256_fmaddsub_ps(v, _mm256_moveldup_ps(cs), _mm256_mul_ps(_mm256_permute_ps(v, 0xB1), _mm256_movehdup_ps(cs)));
+}
 #else
 #define SD_VW 1
 typedef float vf;
@@ -72,6 +79,7 @@ typedef float vf;
 #define vf_hsum(v) (v)
 #define vf_hmax(v) (v)
 #endif
+// (vf_rot_pairs needs SD_VW >= 2: callers keep a scalar loop for SD_VW 1.)
 
 // exp(x), lane-wise: range reduction to r in [-ln2/2, ln2/2], a degree-6
 // polynomial, the scaling by 2^n through the exponent bits. Relative error
