@@ -19,6 +19,8 @@ static void usage(FILE *f) {
             "Times one forward pass of n chained tokens (logits for every token, as\n"
             "verification needs) after a context of --ctx committed tokens, for each n of\n"
             "--batch; measures plain greedy decoding speed and the memory read bandwidth.\n"
+            "The batch sizes take turns (one forward of each per round), so that drifting\n"
+            "conditions on a shared machine affect all of them alike.\n"
             "\n"
             "options:\n"
             "  -m, --model FILE   GGUF model (required)\n"
@@ -200,7 +202,7 @@ int cmd_bench_forward(int argc, char **argv) {
     }
     int n_tok = ctx + max_b;
     toks = malloc((size_t)n_tok * sizeof(int32_t));
-    times = malloc((size_t)reps * sizeof(double));
+    times = malloc((size_t)reps * (size_t)n_batches * sizeof(double));
     no_logits = calloc((size_t)sp.n_batch, 1);
     if (!toks || !times || !no_logits) {
         cli_error("out of memory");
@@ -220,26 +222,32 @@ int cmd_bench_forward(int argc, char **argv) {
     }
     if (!json) fprintf(stderr, "specdec: %s, %d threads, context %d\n", model_path, n_threads, ctx);
 
-    for (int bi = 0; bi < n_batches; bi++) {
-        int n = batches[bi];
-        sd_batch b = {.n = n, .tokens = toks + ctx}; // chain, logits for every node
-        for (int r = -1; r < reps; r++) {            // r = -1: warm-up
+    // The batch sizes take turns, one forward each per round, so that all of
+    // them see the same conditions (on a shared machine the memory bandwidth
+    // and the cores' speed drift over seconds): their ratios compare like with
+    // like. Nothing is committed: each forward's pending rows are dropped by
+    // the next one, and the cache stays at ctx rows.
+    for (int r = -1; r < reps; r++) { // r = -1: warm-up
+        for (int bi = 0; bi < n_batches; bi++) {
+            const int n = batches[bi];
+            sd_batch b = {.n = n, .tokens = toks + ctx}; // chain, logits for every node
             double t0 = sd_time_ms();
             if (sd_session_forward(s, &b, err, sizeof err) < 0) {
                 cli_error("forward of %d tokens failed: %s", n, err);
                 goto out;
             }
             double ms = sd_time_ms() - t0;
-            if (r >= 0) times[r] = ms;
+            if (r >= 0) times[(size_t)bi * reps + r] = ms;
         }
-        // nothing was committed: the pending rows are dropped by the next forward;
-        // truncating keeps the cache at exactly ctx rows regardless
-        if (sd_session_truncate(s, ctx, err, sizeof err) < 0) {
-            cli_error("truncate failed: %s", err);
-            goto out;
-        }
-        qsort(times, (size_t)reps, sizeof(double), cmp_double);
-        ms_med[bi] = reps % 2 ? times[reps / 2] : 0.5 * (times[reps / 2 - 1] + times[reps / 2]);
+    }
+    if (sd_session_truncate(s, ctx, err, sizeof err) < 0) {
+        cli_error("truncate failed: %s", err);
+        goto out;
+    }
+    for (int bi = 0; bi < n_batches; bi++) {
+        double *t = times + (size_t)bi * reps;
+        qsort(t, (size_t)reps, sizeof(double), cmp_double);
+        ms_med[bi] = reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);
     }
 
     // plain greedy decoding after the same context
