@@ -268,18 +268,21 @@ void sd_attention(sd_session *s, int layer, int n) {
     else att_task(&job, 0, 1);
 }
 
-void sd_kt_store(sd_session *s, int layer, const float *k, int n) {
+void sd_kt_store_dims(sd_session *s, int layer, const float *k, int n, int d0, int d1) {
     const sd_hparams *hp = &s->m->hp;
     const int hd = hp->head_dim;
-    for (int g = 0; g < hp->n_head_kv; g++) {
+    for (int g = d0 / hd; g * hd < d1; g++) {
         float *kt = kt_head(s, layer, g);
+        const int c0 = SD_MAX(d0 - g * hd, 0), c1 = SD_MIN(d1 - g * hd, hd);
         for (int i = 0; i < n; i++) {
             float *dst = kt + kt_off(hd, s->n_past + i);
             const float *row = k + (size_t)i * s->kv_dim + (size_t)g * hd;
-            for (int c = 0; c < hd; c++) dst[(size_t)c * SD_KT_W] = row[c];
+            for (int c = c0; c < c1; c++) dst[(size_t)c * SD_KT_W] = row[c];
         }
     }
 }
+
+void sd_kt_store(sd_session *s, int layer, const float *k, int n) { sd_kt_store_dims(s, layer, k, n, 0, s->kv_dim); }
 
 void sd_kt_move(sd_session *s, int layer, int dst, int src) {
     const sd_hparams *hp = &s->m->hp;

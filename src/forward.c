@@ -37,24 +37,30 @@ static void rmsnorm(float *out, const float *x, const float *w, int n, float eps
     for (; i < n; i++) out[i] = x[i] * r * w[i];
 }
 
+// RoPE_NORM on the dims [j0, j1) of one head (v: its first dim; j0, j1
+// even): the pair (2k, 2k + 1) turns by the angle whose (cos, sin) is
+// (cs[2k], cs[2k + 1]). SD_VW dims at a time, the rest one pair at a time
+// with the same fused operations (a c - b s and b c + a s, each with one
+// product rounded), so a dim gets the same bits whatever the span.
+static void rope_norm_span(float *v, int j0, int j1, const float *cs) {
+    int j = j0;
+#if SD_VW > 1
+    for (; j + SD_VW <= j1; j += SD_VW) vf_store(v + j, vf_rot_pairs(vf_load(v + j), vf_load(cs + j)));
+#endif
+    for (; j < j1; j += 2) {
+        const float c = cs[j], s = cs[j + 1], a = v[j], b = v[j + 1];
+        v[j] = fmaf(a, c, -(b * s));
+        v[j + 1] = fmaf(b, c, a * s);
+    }
+}
+
 // Rotates the first n_rot dims of each of n_heads heads of one row.
 static void rope_row(float *row, int n_heads, int head_dim, int n_rot, int type, const float *cs) {
     const int half = n_rot / 2;
     for (int h = 0; h < n_heads; h++) {
         float *v = row + (size_t)h * head_dim;
         if (type == SD_ROPE_NORM) {
-            int k = 0;
-#if SD_VW > 1
-            // SD_VW / 2 pairs at a time (cs holds the pairs (cos, sin) the same way)
-            for (; 2 * k + SD_VW <= n_rot; k += SD_VW / 2)
-                vf_store(v + 2 * k, vf_rot_pairs(vf_load(v + 2 * k), vf_load(cs + 2 * k)));
-#endif
-            for (; k < half; k++) {
-                float c = cs[2 * k], s = cs[2 * k + 1];
-                float a = v[2 * k], b = v[2 * k + 1];
-                v[2 * k] = a * c - b * s;
-                v[2 * k + 1] = a * s + b * c;
-            }
+            rope_norm_span(v, 0, n_rot, cs);
         } else {
             for (int k = 0; k < half; k++) {
                 float c = cs[2 * k], s = cs[2 * k + 1];
@@ -73,6 +79,8 @@ typedef struct {
     int n;                // batch nodes
     const float *norm_w;  // pre_norm: the RMSNorm weights
     int add;              // pre_norm: 1 if xn holds a sublayer's output still to be added to x
+    int layer;            // qkv_rows: the layer
+    float *v_out;         // qkv_rows: where V went (the cache rows of the batch)
 } fwd_job;
 
 // sd_mm_pre_fn: for nodes [t0, t1), x += xn (if add), then xn = rmsnorm(x).
@@ -114,6 +122,46 @@ static void swiglu_cols(void *arg, int64_t r0, int64_t r1) {
     for (long t = 0; t < job->n; t++) swiglu_span(s->ff_g + t * n_ff + r0, s->ff_u + t * n_ff + r0, (long)(r1 - r0));
 }
 
+// b added to columns [r0, r1) of n rows of dim floats (b NULL: nothing).
+static void add_bias_cols(float *y, const sd_tensor *b, int n, int dim, int64_t r0, int64_t r1) {
+    if (!b) return;
+    const float *bv = b->data;
+    for (int t = 0; t < n; t++)
+        for (int64_t k = r0; k < r1; k++) y[(size_t)t * dim + k] += bv[k];
+}
+
+// RoPE_NORM on columns [r0, r1) (even) of n rows of heads of head_dim.
+static void rope_cols(const sd_session *s, float *y, int n, int dim, int64_t r0, int64_t r1) {
+    const sd_hparams *hp = &s->m->hp;
+    const int hd = hp->head_dim, half = hp->n_rot / 2;
+    for (int t = 0; t < n; t++) {
+        const float *cs = s->rope_cs + (size_t)t * half * 2;
+        for (int64_t h = r0 / hd; h * hd < r1; h++) {
+            const int j0 = (int)SD_MAX(r0 - h * hd, 0), j1 = (int)SD_MIN(SD_MIN(r1 - h * hd, hd), hp->n_rot);
+            if (j0 < j1) rope_norm_span(y + (size_t)t * dim + h * hd, j0, j1, cs);
+        }
+    }
+}
+
+// sd_mm_rows_fn of the Q, K, V run (RoPE_NORM models): the thread that
+// computed columns [r0, r1) of Q, K or V adds their bias, rotates them (Q,
+// K) and stores K's into the transposed cache, while they are in its cache.
+static void qkv_rows(void *arg, int m, int64_t r0, int64_t r1) {
+    const fwd_job *job = arg;
+    sd_session *s = job->s;
+    const sd_layer *L = &s->m->layers[job->layer];
+    if (m == 0) {
+        add_bias_cols(s->q, L->bq, job->n, s->q_dim, r0, r1);
+        rope_cols(s, s->q, job->n, s->q_dim, r0, r1);
+    } else if (m == 1) {
+        add_bias_cols(s->k, L->bk, job->n, s->kv_dim, r0, r1);
+        rope_cols(s, s->k, job->n, s->kv_dim, r0, r1);
+        sd_kt_store_dims(s, job->layer, s->k, job->n, (int)r0, (int)r1);
+    } else {
+        add_bias_cols(job->v_out, L->bv, job->n, s->kv_dim, r0, r1);
+    }
+}
+
 // The tensor a matmul of this forward reads: with float activations
 // (sd_batch.precise) the file's layout, which has a dequantizer, else the
 // model's (possibly repacked) copy.
@@ -143,9 +191,9 @@ static void matmul_multi_t(sd_session *s, int n_mats, const sd_tensor *const *w,
 }
 
 // Tells the next matrix run which weights the run after it reads (w[0..n_mats),
-// same_rows: that run has a post hook): a prefetch hint, see sd_mm_next.
-static void hint_next(sd_session *s, int n_mats, const sd_tensor *const *w, int same_rows) {
-    sd_mm_next nx = {.n_mats = n_mats, .same_rows = same_rows};
+// a prefetch hint, see sd_mm_next.
+static void hint_next(sd_session *s, int n_mats, const sd_tensor *const *w) {
+    sd_mm_next nx = {.n_mats = n_mats};
     if (s->mm.act_f32) n_mats = nx.n_mats = 0; // float activations read the file's layouts
     for (int m = 0; m < n_mats; m++) {
         if (w[m]->type != w[0]->type) { // mixed types: one run per type, hint the first
@@ -254,27 +302,34 @@ int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errle
 
         {
             // attention norm, then Q, K and V in one pool run (one activation conversion)
+            // and, for RoPE_NORM, the biases, the rotation and the K cache
+            // store on each thread's own columns (qkv_rows); the NEOX
+            // rotation pairs dims half a head apart, so it runs here after
             job.norm_w = L->attn_norm->data;
-            const sd_mm_hooks h = {.pre = pre_norm, .pre_arg = &job};
+            job.layer = l;
+            job.v_out = vc;
+            const int in_task = hp->rope_type == SD_ROPE_NORM;
+            const sd_mm_hooks h = {.pre = pre_norm, .pre_arg = &job, .rows = in_task ? qkv_rows : NULL, .rows_arg = &job};
             const sd_tensor *w3[3] = {L->wq, L->wk, L->wv};
             float *y3[3] = {s->q, s->k, vc};
-            hint_next(s, 1, &L->wo, 0);
+            hint_next(s, 1, &L->wo);
             matmul_multi_t(s, 3, w3, s->xn, n, y3, &h);
+            if (!in_task) {
+                add_bias(s->q, L->bq, n, qd);
+                add_bias(s->k, L->bk, n, kvd);
+                add_bias(vc, L->bv, n, kvd);
+                for (int i = 0; i < n; i++) {
+                    const float *cs = s->rope_cs + (size_t)i * half * 2;
+                    rope_row(s->q + (size_t)i * qd, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_type, cs);
+                    rope_row(s->k + (size_t)i * kvd, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_type, cs);
+                }
+                sd_kt_store(s, l, s->k, n);
+            }
         }
-        add_bias(s->q, L->bq, n, qd);
-        add_bias(s->k, L->bk, n, kvd);
-        add_bias(vc, L->bv, n, kvd);
-        for (int i = 0; i < n; i++) {
-            const float *cs = s->rope_cs + (size_t)i * half * 2;
-            rope_row(s->q + (size_t)i * qd, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_type, cs);
-            rope_row(s->k + (size_t)i * kvd, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_type, cs);
-        }
-
-        sd_kt_store(s, l, s->k, n);
         sd_attention(s, l, n);
 
         const sd_tensor *ffn[2] = {L->w_gate, L->w_up};
-        hint_next(s, 2, ffn, 1);
+        hint_next(s, 2, ffn);
         matmul_t(s, L->wo, s->att, n, s->xn);
         job.add = 1;
         {
@@ -284,7 +339,7 @@ int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errle
             job.norm_w = L->ffn_norm->data;
             const sd_mm_hooks h = {.pre = pre_norm, .pre_arg = &job, .post = swiglu_cols, .post_arg = &job};
             float *y2[2] = {s->ff_g, s->ff_u};
-            hint_next(s, 1, &L->w_down, 0);
+            hint_next(s, 1, &L->w_down);
             matmul_multi_t(s, 2, ffn, s->xn, n, y2, &h);
         }
         // after the down matrix: the next layer's Q, K, V, or the output matrix
@@ -293,9 +348,9 @@ int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errle
         if (l1 < hp->n_layer) {
             const sd_layer *L1 = &m->layers[l1];
             const sd_tensor *w3[3] = {L1->wq, L1->wk, L1->wv};
-            hint_next(s, 3, w3, 0);
+            hint_next(s, 3, w3);
         } else if (n_out > 0) {
-            hint_next(s, 1, &m->output, 0);
+            hint_next(s, 1, &m->output);
         }
         matmul_t(s, L->w_down, s->ff_g, n, s->xn);
     }

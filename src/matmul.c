@@ -8,9 +8,10 @@
 // activation format (into ctx->wbuf): by the calling thread before the run
 // for batches below SD_MM_PAR_PRE_MIN_TOK (no barrier inside the run), else by
 // all threads, each a share of the tokens, followed by a spin-then-yield
-// barrier; (2) the threads split the output rows (of all the matrices,
-// concatenated) among themselves in chunks of SD_MM_ROW_ALIGN rows, and each
-// thread runs the type's tile kernel (gemm) over its rows for all tokens, so
+// barrier; (2) the threads split the output rows of each matrix among
+// themselves in chunks of SD_MM_ROW_ALIGN rows, and each thread runs the
+// type's tile kernel (gemm) over its rows for all tokens (then the post or
+// rows hook on them, while they are in its cache), so
 // every weight block is read from memory once for the whole batch. Types
 // without a tile kernel fall back to one vec_dot per (row, token).
 //
@@ -75,11 +76,12 @@ typedef struct {
     const sd_type_traits *tr;
     sd_mm_post_fn post;      // NULL, or: all n_out equal, a thread computes the same rows of every matrix, then post
     void *post_arg;
+    sd_mm_rows_fn rows;      // NULL, or (without post) called on each range of a matrix's rows a thread computed
+    void *rows_arg;
     int n_mats;                        // matrices sharing x and the weight type (1..SD_MM_MULTI_MAX)
     const void *W[SD_MM_MULTI_MAX];    // (n_out[i], w_row_bytes) each
     int64_t n_out[SD_MM_MULTI_MAX];    // rows of each matrix
     float *y[SD_MM_MULTI_MAX];         // (n_tok, n_out[i]) each
-    long chunk0[SD_MM_MULTI_MAX + 1];  // first row chunk of matrix i in the concatenation; chunk0[n_mats] = total
     size_t w_row_bytes;
     int64_t n_in;
     const void *xq;   // (n_tok, x_row_bytes) activations in vec_dot_type
@@ -198,47 +200,27 @@ static void mm_prepare(const mm_job *j, long t0, long t1) {
 // a few microseconds of hand-over at full bandwidth; small against L2.
 #define SD_MM_PF_MAX (64 << 10)
 
-// Thread ith's share of a run over the matrices (W, n_out) with rows of wrb
-// bytes: its first range, rows [*r0, *r1) of matrix *m (empty if none).
-// same_rows: the split of a run with a post hook (the same rows of every
-// matrix), else the row chunks of all matrices concatenated.
-static void mm_share(int n_mats, const int64_t *n_out, int same_rows, int ith, int nth, int *m, int64_t *r0,
-                     int64_t *r1) {
-    const long A = SD_MM_ROW_ALIGN;
+// Thread ith's rows [*r0, *r1) of a matrix of n_out rows: its part of the
+// matrix's row chunks, counted from thread rot (the threads that took the
+// extra chunk of earlier matrices come last; rot 0 for the first).
+static void mm_range(int64_t n_out, int rot, int ith, int nth, int64_t *r0, int64_t *r1) {
     long lo, hi;
-    *m = 0;
-    *r0 = *r1 = 0;
-    if (same_rows) {
-        sd_split_range((long)((n_out[0] + A - 1) / A), ith, nth, &lo, &hi);
-    } else {
-        long total = 0;
-        for (int i = 0; i < n_mats; i++) total += (long)((n_out[i] + A - 1) / A);
-        sd_split_range(total, ith, nth, &lo, &hi);
-        if (lo >= hi) return;
-        for (; *m < n_mats; (*m)++) { // the matrix holding chunk lo
-            long c = (long)((n_out[*m] + A - 1) / A);
-            if (lo < c) break;
-            lo -= c;
-            hi -= c;
-        }
-        if (*m == n_mats) return;
-    }
-    *r0 = (int64_t)lo * A;
-    *r1 = SD_MIN((int64_t)hi * A, n_out[*m]);
+    sd_split_range((long)((n_out + SD_MM_ROW_ALIGN - 1) / SD_MM_ROW_ALIGN), (ith + nth - rot) % nth, nth, &lo, &hi);
+    *r0 = (int64_t)lo * SD_MM_ROW_ALIGN;
+    *r1 = SD_MIN((int64_t)hi * SD_MM_ROW_ALIGN, n_out);
 }
 
 // Sets this thread's read-ahead window to the start of its share of the run
 // described by nx (none if nx->n_mats is 0).
 static void mm_read_ahead(const sd_mm_next *nx, int ith, int nth) {
-    int m;
     int64_t r0, r1;
     if (nx->n_mats <= 0) {
         sd_pool_prefetch(NULL, 0);
         return;
     }
-    mm_share(nx->n_mats, nx->n_out, nx->same_rows, ith, nth, &m, &r0, &r1);
+    mm_range(nx->n_out[0], 0, ith, nth, &r0, &r1); // its rows of the first matrix
     const size_t bytes = r1 > r0 ? (size_t)(r1 - r0) * nx->wrb : 0;
-    sd_pool_prefetch(bytes ? (const char *)nx->W[m] + (size_t)r0 * nx->wrb : NULL, SD_MIN(bytes, (size_t)SD_MM_PF_MAX));
+    sd_pool_prefetch(bytes ? (const char *)nx->W[0] + (size_t)r0 * nx->wrb : NULL, SD_MIN(bytes, (size_t)SD_MM_PF_MAX));
 }
 
 static void mm_task_rows(mm_job *j, int ith, int nth);
@@ -252,7 +234,7 @@ static void mm_task(void *arg, int ith, int nth) {
 static void mm_task_rows(mm_job *j, int ith, int nth) {
     if (j->pre_in_task) {
         // while waiting for the others' rows: the start of our own weights
-        sd_mm_next cur = {.n_mats = j->n_mats, .same_rows = j->post != NULL, .wrb = j->w_row_bytes};
+        sd_mm_next cur = {.n_mats = j->n_mats, .wrb = j->w_row_bytes};
         for (int m = 0; m < j->n_mats; m++) {
             cur.W[m] = j->W[m];
             cur.n_out[m] = j->n_out[m];
@@ -271,30 +253,24 @@ static void mm_task_rows(mm_job *j, int ith, int nth) {
             else sched_yield();
         }
     }
-    if (j->post) {
-        // Same rows of every matrix, then the caller's element-wise step on them.
-        long n_chunks = (long)((j->n_out[0] + SD_MM_ROW_ALIGN - 1) / SD_MM_ROW_ALIGN), lo, hi;
-        sd_split_range(n_chunks, ith, nth, &lo, &hi);
-        int64_t r0 = (int64_t)lo * SD_MM_ROW_ALIGN, r1 = SD_MIN((int64_t)hi * SD_MM_ROW_ALIGN, j->n_out[0]);
-        if (r0 >= r1) return;
-        for (int m = 0; m < j->n_mats; m++) mm_rows(j, m, r0, r1);
-        j->post(j->post_arg, r0, r1);
-        return;
-    }
-    // The row chunks of all matrices, concatenated, are split evenly: the
-    // matrices share the weight type and n_in, so a chunk costs the same
-    // wherever it is. (Measured: handing the last quarter of the chunks out
-    // dynamically, through an atomic counter, made decoding slower.)
-    long lo, hi;
-    sd_split_range(j->chunk0[j->n_mats], ith, nth, &lo, &hi);
-    for (int m = 0; m < j->n_mats && lo < hi; m++) {
-        long c0 = SD_MAX(lo, j->chunk0[m]), c1 = SD_MIN(hi, j->chunk0[m + 1]);
-        if (c0 >= c1) continue;
-        c0 -= j->chunk0[m];
-        c1 -= j->chunk0[m];
-        int64_t r0 = (int64_t)c0 * SD_MM_ROW_ALIGN, r1 = SD_MIN((int64_t)c1 * SD_MM_ROW_ALIGN, j->n_out[m]);
+    // Each matrix's row chunks are split evenly (the matrices share the
+    // weight type and n_in, so a chunk costs the same in all of them): each
+    // thread gets its part of every matrix, and of whatever the rows hook
+    // does with them. With a post hook (all n_out equal) a thread takes the
+    // same rows of every matrix, then applies post to them. (Measured:
+    // handing chunks out dynamically, through atomic counters, was no faster.)
+    int rot = 0;
+    int64_t p0 = 0, p1 = 0;
+    for (int m = 0; m < j->n_mats; m++) {
+        int64_t r0, r1;
+        mm_range(j->n_out[m], j->post ? 0 : rot, ith, nth, &r0, &r1);
+        rot = (int)((rot + (j->n_out[m] + SD_MM_ROW_ALIGN - 1) / SD_MM_ROW_ALIGN) % nth);
+        if (m == 0) p0 = r0, p1 = r1;
+        if (r0 >= r1) continue;
         mm_rows(j, m, r0, r1);
+        if (j->rows) j->rows(j->rows_arg, m, r0, r1);
     }
+    if (j->post && p0 < p1) j->post(j->post_arg, p0, p1);
 }
 
 // True if activations are used as float without conversion.
@@ -329,16 +305,16 @@ static void matmul_run(sd_mm_ctx *ctx, int wtype, int n_mats, const void *const 
         j.pre_arg = hooks->pre_arg;
         j.post = hooks->post;
         j.post_arg = hooks->post_arg;
+        j.rows = hooks->post ? NULL : hooks->rows;
+        j.rows_arg = hooks->rows_arg;
     }
-    long nc = 0;
+    long nc = 0; // row chunks in all
     for (int m = 0; m < n_mats; m++) {
         j.W[m] = W[m];
         j.n_out[m] = n_out[m] > 0 ? n_out[m] : 0;
         j.y[m] = y[m];
-        j.chunk0[m] = nc;
         nc += (long)((j.n_out[m] + SD_MM_ROW_ALIGN - 1) / SD_MM_ROW_ALIGN);
     }
-    j.chunk0[n_mats] = nc;
     atomic_init(&j.n_pre_done, 0);
     int vdt = tr->vec_dot_type;
     // float activations: x is used as it is, no conversion
@@ -386,7 +362,10 @@ void sd_matmul_multi(sd_mm_ctx *ctx, int n_mats, const int *wtypes, const void *
     // Mixed types: the activations need one conversion per type anyway.
     if (n_tok <= 0) return;
     if (hooks && hooks->pre) hooks->pre(hooks->pre_arg, 0, n_tok);
-    for (int m = 0; m < n_mats; m++) sd_matmul(ctx, wtypes[m], W[m], n_in, n_out[m], x, n_tok, y[m]);
+    for (int m = 0; m < n_mats; m++) {
+        sd_matmul(ctx, wtypes[m], W[m], n_in, n_out[m], x, n_tok, y[m]);
+        if (hooks && !hooks->post && hooks->rows && n_out[m] > 0) hooks->rows(hooks->rows_arg, m, 0, n_out[m]);
+    }
     if (hooks && hooks->post && n_out[0] > 0) hooks->post(hooks->post_arg, 0, n_out[0]);
 }
 

@@ -115,10 +115,9 @@ size_t sd_row_size(int t, int64_t n);
 // the next run into cache while it waits for the others and for the caller's
 // work between the runs (sd_pool_prefetch), so that memory stays busy across
 // the hand-over. Describes the next call's split: its matrices, their rows,
-// the weight row size, and same_rows = 1 if it has a post hook.
+// the weight row size.
 typedef struct sd_mm_next {
     int n_mats;      // 0..4
-    int same_rows;
     size_t wrb;
     const void *W[4];
     int64_t n_out[4];
@@ -142,19 +141,27 @@ typedef void (*sd_mm_pre_fn)(void *arg, int64_t t0, int64_t t1);
 // sd_matmul_multi (all tokens); must give each element the same bits whatever
 // r0, r1.
 typedef void (*sd_mm_post_fn)(void *arg, int64_t r0, int64_t r1);
+// Step over the columns [r0, r1) of matrix m's output (all tokens), e.g.
+// RoPE on Q and K; must give each element the same bits whatever r0, r1.
+typedef void (*sd_mm_rows_fn)(void *arg, int m, int64_t r0, int64_t r1);
 // Work done inside a sd_matmul_multi's pool run (fields may be NULL):
 //  - pre(pre_arg, t0, t1) before the multiply: the threads' token ranges
 //    partition [0, n_tok) and every thread waits until all rows are ready;
 //  - post(post_arg, r0, r1) after it, on the rows [r0, r1) a thread computed
 //    of every matrix (the ranges partition [0, n_out); all n_out must be
-//    equal, e.g. gate and up followed by SwiGLU), without a barrier.
+//    equal, e.g. gate and up followed by SwiGLU), without a barrier;
+//  - rows(rows_arg, m, r0, r1) (runs without post) after a thread computed
+//    rows [r0, r1) of matrix m, on those rows: whoever computed an output
+//    also finishes it, while it is in that core's cache.
 // The result has the same bits as pre(pre_arg, 0, n_tok), the multiply, then
-// post(post_arg, 0, n_out).
+// post(post_arg, 0, n_out) or rows(rows_arg, m, 0, n_out[m]) for every m.
 typedef struct sd_mm_hooks {
     sd_mm_pre_fn pre;
     void *pre_arg;
     sd_mm_post_fn post;
     void *post_arg;
+    sd_mm_rows_fn rows;
+    void *rows_arg;
 } sd_mm_hooks;
 // Several matrices applied to the same x (e.g. Q, K and V): matrix m has type
 // wtypes[m], rows of n_in elements, n_out[m] rows, and its result goes to

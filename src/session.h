@@ -68,9 +68,11 @@ struct sd_session {
 // attention.c: the attention of layer `layer` for the n nodes of the current
 // forward (their K rows already in kt, V rows in v_cache, queries in q),
 // into att; the copy of n key rows (n, kv_dim) into a layer's kt at slots
-// n_past..; and the move of a layer's kt slot src to slot dst (commit).
+// n_past.. (all dims, or dims [d0, d1) of every row); and the move of a
+// layer's kt slot src to slot dst (commit).
 void sd_attention(sd_session *s, int layer, int n);
 void sd_kt_store(sd_session *s, int layer, const float *k, int n);
+void sd_kt_store_dims(sd_session *s, int layer, const float *k, int n, int d0, int d1);
 void sd_kt_move(sd_session *s, int layer, int dst, int src);
 
 #endif
