@@ -1,0 +1,175 @@
+// test_matmul.c - sd_matmul_multi's hooks and the pool's read-ahead window.
+//
+// The forward pass leans on these contracts (forward.c): the pre hook prepares
+// every input row exactly once before any thread multiplies; the post hook and
+// the rows hook see every output row exactly once, after it was computed;
+// the result has the same bits as one sd_matmul per matrix whatever the
+// thread count; and a prefetch hint for the next run changes nothing but
+// timing. Each is checked with no pool, 2 and 3 threads, one token and
+// batches that straddle the 16-token tiles, one type and mixed types.
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "quant.h"
+#include "t.h"
+#include "threadpool.h"
+
+#define N_IN 256
+#define MAX_TOK 19
+#define MAX_OUT 200
+
+static uint32_t rng = 12345;
+static float frand(void) {
+    rng = rng * 1664525u + 1013904223u;
+    return (float)(rng >> 8) / 16777216.0f * 2.0f - 1.0f;
+}
+
+typedef struct {
+    const float *src;                // the rows pre produces: x = src + 1
+    float *x;                        // the matmul's input
+    int64_t n_tok;
+    atomic_int pre_count[MAX_TOK];   // times pre produced each token
+    atomic_int rows_count[3][MAX_OUT];
+    atomic_int post_count[MAX_OUT];
+    atomic_int bad_order;            // a hook saw rows not yet computed
+    float *const *y;
+    const float *const *ref;         // expected outputs
+    const int64_t *n_out;
+} hook_state;
+
+static void pre_fn(void *arg, int64_t t0, int64_t t1) {
+    hook_state *h = arg;
+    for (int64_t t = t0; t < t1; t++) {
+        for (int i = 0; i < N_IN; i++) h->x[t * N_IN + i] = h->src[t * N_IN + i] + 1.0f;
+        atomic_fetch_add(&h->pre_count[t], 1);
+    }
+}
+
+static void rows_fn(void *arg, int m, int64_t r0, int64_t r1) {
+    hook_state *h = arg;
+    for (int64_t r = r0; r < r1; r++) {
+        atomic_fetch_add(&h->rows_count[m][r], 1);
+        for (int64_t t = 0; t < h->n_tok; t++)
+            if (memcmp(&h->y[m][t * h->n_out[m] + r], &h->ref[m][t * h->n_out[m] + r], sizeof(float)))
+                atomic_store(&h->bad_order, 1);
+    }
+}
+
+static void post_fn(void *arg, int64_t r0, int64_t r1) {
+    hook_state *h = arg;
+    for (int64_t r = r0; r < r1; r++) {
+        atomic_fetch_add(&h->post_count[r], 1);
+        for (int m = 0; m < 2; m++)
+            for (int64_t t = 0; t < h->n_tok; t++)
+                if (memcmp(&h->y[m][t * h->n_out[m] + r], &h->ref[m][t * h->n_out[m] + r], sizeof(float)))
+                    atomic_store(&h->bad_order, 1);
+    }
+}
+
+// n_mats matrices of types[m] with n_out[m] rows; with_post: post hook (then
+// all n_out are equal), else rows hook.
+static void run_case(sd_pool *pool, int n_mats, const int *types, const int64_t *n_out, int with_post,
+                     int64_t n_tok, int with_hint) {
+    uint8_t *W[3] = {NULL, NULL, NULL};
+    float *y[3], *ref[3];
+    float *src = malloc(sizeof(float) * N_IN * MAX_TOK), *x = malloc(sizeof(float) * N_IN * MAX_TOK);
+    float *xr = malloc(sizeof(float) * N_IN * MAX_TOK), wf[N_IN];
+    size_t ws = 0;
+    for (int64_t i = 0; i < N_IN * n_tok; i++) src[i] = frand(), xr[i] = src[i] + 1.0f;
+    for (int m = 0; m < n_mats; m++) {
+        const sd_type_traits *tr = sd_type_get(types[m]);
+        const size_t wrb = sd_row_size(types[m], N_IN);
+        W[m] = malloc(wrb * (size_t)n_out[m]);
+        for (int64_t r = 0; r < n_out[m]; r++) {
+            for (int i = 0; i < N_IN; i++) wf[i] = frand();
+            tr->from_float(wf, W[m] + r * wrb, N_IN);
+        }
+        y[m] = malloc(sizeof(float) * (size_t)(n_out[m] * n_tok));
+        ref[m] = malloc(sizeof(float) * (size_t)(n_out[m] * n_tok));
+        for (int64_t i = 0; i < n_out[m] * n_tok; i++) y[m][i] = NAN;
+        ws = SD_MAX(ws, sd_matmul_wsize(types[m], N_IN, n_tok));
+    }
+    sd_mm_ctx ctx = {.pool = pool, .wbuf_size = ws};
+    ctx.wbuf = malloc(ws);
+    // the reference: one sd_matmul per matrix on the prepared rows, no pool
+    sd_mm_ctx c1 = {.wbuf = ctx.wbuf, .wbuf_size = ws};
+    for (int m = 0; m < n_mats; m++) sd_matmul(&c1, types[m], W[m], N_IN, n_out[m], xr, n_tok, ref[m]);
+
+    hook_state *h = calloc(1, sizeof *h);
+    h->src = src, h->x = x, h->n_tok = n_tok, h->y = y, h->ref = (const float *const *)ref, h->n_out = n_out;
+    sd_mm_hooks hooks = {.pre = pre_fn, .pre_arg = h};
+    if (with_post) hooks.post = post_fn, hooks.post_arg = h;
+    else hooks.rows = rows_fn, hooks.rows_arg = h;
+    if (with_hint) { // the next run's weights: these same matrices
+        ctx.next.n_mats = n_mats;
+        ctx.next.wrb = sd_row_size(types[0], N_IN);
+        for (int m = 0; m < n_mats; m++) ctx.next.W[m] = W[m], ctx.next.n_out[m] = n_out[m];
+    }
+    const void *Wc[3] = {W[0], W[1], W[2]};
+    sd_matmul_multi(&ctx, n_mats, types, Wc, N_IN, n_out, x, n_tok, y, &hooks);
+
+    const int nth = sd_pool_size(pool);
+    char what[96];
+    snprintf(what, sizeof what, "%d mats (types %d..) post=%d n_tok=%lld threads=%d hint=%d", n_mats, types[0],
+             with_post, (long long)n_tok, nth, with_hint);
+    for (int64_t t = 0; t < n_tok; t++) CHECK(h->pre_count[t] == 1, "%s: pre made token %lld %d times", what, (long long)t, h->pre_count[t]);
+    for (int m = 0; m < n_mats; m++) {
+        int n_diff = 0;
+        for (int64_t i = 0; i < n_out[m] * n_tok; i++) n_diff += memcmp(&y[m][i], &ref[m][i], sizeof(float)) != 0;
+        CHECK(n_diff == 0, "%s: matrix %d: %d outputs differ from sd_matmul", what, m, n_diff);
+        for (int64_t r = 0; r < n_out[m]; r++) {
+            if (with_post) continue;
+            CHECK(h->rows_count[m][r] == 1, "%s: rows hook saw row %lld of matrix %d %d times", what, (long long)r, m,
+                  h->rows_count[m][r]);
+        }
+    }
+    if (with_post)
+        for (int64_t r = 0; r < n_out[0]; r++)
+            CHECK(h->post_count[r] == 1, "%s: post saw row %lld %d times", what, (long long)r, h->post_count[r]);
+    CHECK(!h->bad_order, "%s: a hook ran on rows before they were computed", what);
+    CHECK(ctx.next.n_mats == 0, "%s: the run did not consume the prefetch hint", what);
+    for (int m = 0; m < n_mats; m++) free(W[m]), free(y[m]), free(ref[m]);
+    free(src), free(x), free(xr), free(ctx.wbuf), free(h);
+}
+
+static void test_hooks(void) {
+    sd_pool *pools[3] = {NULL, sd_pool_new(2), sd_pool_new(3)};
+    const int64_t toks[] = {1, 3, 4, 17, 19};
+    const int64_t qkv[3] = {160, 48, 48 + 5}, ffn[2] = {112, 112}, one[1] = {200};
+    const int same3[3] = {SD_TYPE_Q4_1, SD_TYPE_Q4_1, SD_TYPE_Q4_1}, mixed3[3] = {SD_TYPE_Q4_1, SD_TYPE_Q8_0, SD_TYPE_Q4_1};
+    const int same2[2] = {SD_TYPE_Q8_0, SD_TYPE_Q8_0}, k1[1] = {SD_TYPE_Q4_K};
+    for (int p = 0; p < 3; p++)
+        for (size_t ti = 0; ti < sizeof toks / sizeof *toks; ti++) {
+            run_case(pools[p], 3, same3, qkv, 0, toks[ti], ti % 2);
+            run_case(pools[p], 3, mixed3, qkv, 0, toks[ti], 1);
+            run_case(pools[p], 2, same2, ffn, 1, toks[ti], ti % 2);
+            run_case(pools[p], 1, k1, one, 0, toks[ti], 0);
+        }
+    sd_pool_free(pools[1]);
+    sd_pool_free(pools[2]);
+}
+
+// sd_pool_prefetch sets a window that sd_pool_wait_step consumes one cache
+// line per call; the pool's own waits consume it too.
+static void test_read_ahead_window(void) {
+    static char buf[4096];
+    sd_pool_prefetch(buf, 200); // lines at 0, 64, 128, 192
+    int n = 0;
+    while (sd_pool_wait_step()) n++;
+    CHECK(n == 4, "200 bytes: %d prefetch steps, expected 4", n);
+    CHECK(sd_pool_wait_step() == 0, "an empty window pauses");
+    sd_pool_prefetch(buf, sizeof buf);
+    CHECK(sd_pool_wait_step() == 1, "a new window prefetches");
+    sd_pool_prefetch(NULL, 0);
+    CHECK(sd_pool_wait_step() == 0, "a cleared window pauses");
+}
+
+int main(void) {
+    sd_quant_init(0);
+    T_RUN(test_hooks);
+    T_RUN(test_read_ahead_window);
+    T_EXIT();
+}
