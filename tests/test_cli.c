@@ -138,6 +138,27 @@ static void test_generate_json(void) {
     CHECK(rc == 1 && strstr(g_out, "but the context is 4 (-c)"), "long prompt: exit %d: %s", rc, g_out);
 }
 
+// bench-forward --json: every field the issue lists, consistent with each
+// other (a structure check: timings are the benchmark's business, not a test's)
+static void test_bench_forward_json(void) {
+    NEED_BINARY();
+    struct stat st;
+    if (stat(MODEL, &st) != 0) SKIP("%s is absent (run scripts/fetch-models.sh)", MODEL);
+    int rc = run("bench-forward -m " MODEL " -t 2 --batch 1,3 --reps 3 --ctx 16 --decode 4 --bw-mb 8 --json", 0);
+    CHECK(rc == 0, "exit %d: %s", rc, g_out);
+    const char *keys[] = {"model_bytes", "mem_bw_gbs", "floor_ms", "mem_bw_median_gbs", "floor_median_ms",
+                          "n_threads", "decode_tokens_per_s", "ratio_3_over_1"};
+    double v[8];
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
+        CHECK(json_num(keys[i], &v[i]) && v[i] > 0, "field %s missing or not positive in:\n%s", keys[i], g_out);
+    CHECK(v[3] <= v[1] && v[4] >= v[2], "median bandwidth %g above the best %g, or floors %g < %g", v[3], v[1], v[4], v[2]);
+    CHECK(fabs(v[2] - v[0] / (v[1] * 1e6)) < 1e-3 * v[2] + 1e-4, "floor_ms %g != model_bytes / mem_bw", v[2]);
+    CHECK(v[5] == 2, "n_threads %g", v[5]);
+    CHECK(strstr(g_out, "\"batches\": [{\"n\": 1, \"ms\": ") && strstr(g_out, "{\"n\": 3, \"ms\": "),
+          "batches missing:\n%s", g_out);
+    CHECK(g_out[0] == '{' && strchr(g_out, '}') != NULL, "not one JSON object:\n%s", g_out);
+}
+
 // stories260K through the CLI: convert, then greedy generate
 static void test_convert_and_generate(void) {
     NEED_BINARY();
@@ -181,6 +202,7 @@ int main(void) {
     T_RUN(test_bad_usage);
     T_RUN(test_missing_files);
     T_RUN(test_generate_json);
+    T_RUN(test_bench_forward_json);
     T_RUN(test_convert_and_generate);
     T_EXIT();
 }

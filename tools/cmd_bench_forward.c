@@ -7,6 +7,7 @@
 #include "cli_common.h"
 #include "common.h"
 #include "quant.h"
+#include "session.h"
 #include "specdec.h"
 #include "threadpool.h"
 
@@ -19,8 +20,10 @@ static void usage(FILE *f) {
             "Times one forward pass of n chained tokens (logits for every token, as\n"
             "verification needs) after a context of --ctx committed tokens, for each n of\n"
             "--batch; measures plain greedy decoding speed and the memory read bandwidth.\n"
-            "The batch sizes take turns (one forward of each per round), so that drifting\n"
-            "conditions on a shared machine affect all of them alike.\n"
+            "The batch sizes take turns (one forward of each per round, after one pass of\n"
+            "the bandwidth probe), so that drifting conditions on a shared machine affect\n"
+            "all of them alike. mem_bw_gbs is the best probe pass (floor_ms = model bytes\n"
+            "over it), mem_bw_median_gbs the median one (the bandwidth while the forwards ran).\n"
             "\n"
             "options:\n"
             "  -m, --model FILE   GGUF model (required)\n"
@@ -32,6 +35,7 @@ static void usage(FILE *f) {
             "  --bw-mb MB         buffer size of the bandwidth probe (default 256)\n"
             "  --kernels NAME     auto (default: the best this CPU has), avx2 or scalar\n"
             "  --json             print one JSON object: model_bytes, mem_bw_gbs, floor_ms,\n"
+            "                     mem_bw_median_gbs, floor_median_ms,\n"
             "                     n_threads, decode_tokens_per_s, batches [{n, ms}], ratio_N_over_1\n"
             "  -h, --help         show this help\n");
 }
@@ -70,28 +74,25 @@ static void bw_fill(void *arg, int ith, int nth) {
     for (long i = lo; i < hi; i++) p[i] = (uint64_t)i * 0x9E3779B97F4A7C15ull;
 }
 
-// Best read bandwidth in GB/s over several passes, or 0 on failure.
-static double mem_bandwidth(int n_threads, int mb) {
+// The probe's buffer, written once by the threads that read it.
+static int bw_init(bw_task *t, sd_pool *pool, int mb) {
     size_t bytes = (size_t)mb << 20;
-    uint64_t *buf = aligned_alloc(64, bytes);
-    if (!buf) return 0.0;
-    sd_pool *pool = sd_pool_new(n_threads);
-    bw_task t = {.buf = buf, .n = (long)(bytes / 8)};
-    sd_pool_run(pool, bw_fill, &t); // first touch from the threads that read
-    double best = 0.0;
-    for (int pass = 0; pass < 6; pass++) {
-        double t0 = sd_time_ms();
-        sd_pool_run(pool, bw_read, &t);
-        double ms = sd_time_ms() - t0;
-        double gbs = ms > 0 ? (double)bytes / (ms * 1e6) : 0.0;
-        if (gbs > best) best = gbs;
-    }
+    t->buf = aligned_alloc(64, bytes);
+    t->n = (long)(bytes / 8);
+    if (!t->buf) return -1;
+    sd_pool_run(pool, bw_fill, t);
+    return 0;
+}
+
+// One pass over the buffer by all threads: GB/s (0 if too fast to time).
+static double bw_pass(bw_task *t, sd_pool *pool) {
+    double t0 = sd_time_ms();
+    sd_pool_run(pool, bw_read, t);
+    double ms = sd_time_ms() - t0;
     uint64_t s = 0;
-    for (int i = 0; i < 64; i++) s += t.sink[i];
+    for (int i = 0; i < 64; i++) s += t->sink[i];
     if (s == 42) fputc(' ', stderr); // keep the sums alive
-    sd_pool_free(pool);
-    free(buf);
-    return best;
+    return ms > 0 ? (double)t->n * 8 / (ms * 1e6) : 0.0;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -185,7 +186,8 @@ int cmd_bench_forward(int argc, char **argv) {
     sd_session *s = NULL;
     int32_t *toks = NULL;
     uint8_t *no_logits = NULL;
-    double *times = NULL, ms_med[MAX_BATCHES];
+    double *times = NULL, *bw_passes = NULL, ms_med[MAX_BATCHES];
+    bw_task bwt = {0};
     if (sd_model_load(&m, model_path, err, sizeof err) < 0) {
         cli_error("cannot load model '%s': %s", model_path, err);
         goto out;
@@ -203,8 +205,9 @@ int cmd_bench_forward(int argc, char **argv) {
     int n_tok = ctx + max_b;
     toks = malloc((size_t)n_tok * sizeof(int32_t));
     times = malloc((size_t)reps * (size_t)n_batches * sizeof(double));
+    bw_passes = malloc((size_t)reps * sizeof(double));
     no_logits = calloc((size_t)sp.n_batch, 1);
-    if (!toks || !times || !no_logits) {
+    if (!toks || !times || !bw_passes || !no_logits) {
         cli_error("out of memory");
         goto out;
     }
@@ -225,9 +228,25 @@ int cmd_bench_forward(int argc, char **argv) {
     // The batch sizes take turns, one forward each per round, so that all of
     // them see the same conditions (on a shared machine the memory bandwidth
     // and the cores' speed drift over seconds): their ratios compare like with
-    // like. Nothing is committed: each forward's pending rows are dropped by
-    // the next one, and the cache stays at ctx rows.
+    // like. Each round starts with a pass of the bandwidth probe (on the
+    // session's own threads) and an untimed forward that brings the weights
+    // back into the caches the probe flushed: the probe's passes sample the
+    // same period as the forwards. Nothing is committed: each forward's
+    // pending rows are dropped by the next one, and the cache stays at ctx rows.
+    if (bw_init(&bwt, s->pool, bw_mb) != 0) {
+        cli_error("out of memory for the bandwidth probe (--bw-mb %d)", bw_mb);
+        goto out;
+    }
     for (int r = -1; r < reps; r++) { // r = -1: warm-up
+        const double gbs = bw_pass(&bwt, s->pool);
+        if (r >= 0) bw_passes[r] = gbs;
+        {
+            sd_batch b = {.n = batches[0], .tokens = toks + ctx};
+            if (sd_session_forward(s, &b, err, sizeof err) < 0) {
+                cli_error("forward of %d tokens failed: %s", batches[0], err);
+                goto out;
+            }
+        }
         for (int bi = 0; bi < n_batches; bi++) {
             const int n = batches[bi];
             sd_batch b = {.n = n, .tokens = toks + ctx}; // chain, logits for every node
@@ -268,10 +287,13 @@ int cmd_bench_forward(int argc, char **argv) {
         cli_error("truncate failed: %s", err);
         goto out;
     }
-    // the probe runs last so that its buffer does not evict the weights from
-    // the caches before the timings
-    double bw = mem_bandwidth(n_threads, bw_mb);
-    double floor_ms = bw > 0 ? (double)info.n_bytes / (bw * 1e6) : 0.0;
+    // the machine's bandwidth: the best pass; the bandwidth while the forwards
+    // ran: the median pass
+    qsort(bw_passes, (size_t)reps, sizeof(double), cmp_double);
+    const double bw = bw_passes[reps - 1];
+    const double bw_med = reps % 2 ? bw_passes[reps / 2] : 0.5 * (bw_passes[reps / 2 - 1] + bw_passes[reps / 2]);
+    const double floor_ms = bw > 0 ? (double)info.n_bytes / (bw * 1e6) : 0.0;
+    const double floor_med_ms = bw_med > 0 ? (double)info.n_bytes / (bw_med * 1e6) : 0.0;
     int i1 = -1;
     for (int i = 0; i < n_batches; i++)
         if (batches[i] == 1) i1 = i;
@@ -281,9 +303,10 @@ int cmd_bench_forward(int argc, char **argv) {
         cli_json_string(stdout, model_path, strlen(model_path));
         printf(", \"kernels\": ");
         cli_json_string(stdout, sd_quant_backend(), strlen(sd_quant_backend()));
-        printf(", \"model_bytes\": %zu, \"mem_bw_gbs\": %.3f, \"floor_ms\": %.4f, \"n_threads\": %d, "
-               "\"ctx\": %d, \"reps\": %d, \"decode_tokens_per_s\": %.3f, \"batches\": [",
-               info.n_bytes, bw, floor_ms, n_threads, ctx, reps, decode_tps);
+        printf(", \"model_bytes\": %zu, \"mem_bw_gbs\": %.3f, \"floor_ms\": %.4f, \"mem_bw_median_gbs\": %.3f, "
+               "\"floor_median_ms\": %.4f, \"n_threads\": %d, \"ctx\": %d, \"reps\": %d, \"decode_tokens_per_s\": %.3f, "
+               "\"batches\": [",
+               info.n_bytes, bw, floor_ms, bw_med, floor_med_ms, n_threads, ctx, reps, decode_tps);
         for (int i = 0; i < n_batches; i++)
             printf("%s{\"n\": %d, \"ms\": %.4f}", i ? ", " : "", batches[i], ms_med[i]);
         printf("]");
@@ -294,7 +317,8 @@ int cmd_bench_forward(int argc, char **argv) {
     } else {
         printf("model          %s (%.1f MB of weights)\n", model_path, info.n_bytes / 1e6);
         printf("threads        %d\n", n_threads);
-        printf("memory read    %.2f GB/s  ->  floor %.3f ms per pass over the weights\n", bw, floor_ms);
+        printf("memory read    %.2f GB/s best pass   ->  floor %.3f ms per pass over the weights\n", bw, floor_ms);
+        printf("               %.2f GB/s median pass ->  %.3f ms\n", bw_med, floor_med_ms);
         printf("decode         %.2f tokens/s (greedy, %d tokens after %d of context)\n", decode_tps, n_decode, ctx);
         printf("\n%8s %12s %14s %12s\n", "batch n", "ms/forward", "ms per token", "vs n=1");
         for (int i = 0; i < n_batches; i++) {
@@ -310,6 +334,8 @@ int cmd_bench_forward(int argc, char **argv) {
 out:
     free(toks);
     free(times);
+    free(bw_passes);
+    free((void *)bwt.buf);
     free(no_logits);
     sd_session_free(s);
     sd_model_free(m);
