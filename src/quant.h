@@ -114,13 +114,12 @@ size_t sd_row_size(int t, int64_t n);
 // thread, once done with its rows of a run, reads the start of its share of
 // the next run into cache while it waits for the others and for the caller's
 // work between the runs (sd_pool_prefetch), so that memory stays busy across
-// the hand-over. Describes the next call's split: its matrices, their rows,
-// the weight row size.
+// the hand-over (only the first matrix's share is read ahead).
 typedef struct sd_mm_next {
-    int n_mats;      // 0..4
-    size_t wrb;
-    const void *W[4];
-    int64_t n_out[4];
+    int n_mats;       // matrices of the next call, 0..4 (0: no hint)
+    size_t wrb;       // bytes per weight row (the first matrix's type and n_in)
+    const void *W[4]; // (n_out[m], wrb) the weights the next call reads, in the layout it reads
+    int64_t n_out[4]; // rows of each
 } sd_mm_next;
 
 typedef struct sd_mm_ctx {
