@@ -165,7 +165,7 @@ typedef struct sd_mm_hooks {
 // Several matrices applied to the same x (e.g. Q, K and V): matrix m has type
 // wtypes[m], rows of n_in elements, n_out[m] rows, and its result goes to
 // y[m], (n_tok, n_out[m]) float. When all types are equal, x is converted once
-// and one pool run computes all of them (the threads split the concatenated
+// and one pool run computes all of them (the threads split each matrix's
 // rows), else it is one sd_matmul per matrix. 1 <= n_mats <= 4. Every y[m]
 // has the same bits as sd_matmul(ctx, wtypes[m], W[m], ...) would give.
 // hooks may be NULL.
