@@ -261,11 +261,20 @@ static void att_task(void *arg, int ith, int nth) {
 // calling thread: waking the pool costs more than the work.
 #define SD_ATT_PAR_MIN 16384
 
-void sd_attention(sd_session *s, int layer, int n) {
+int sd_attention_parallel(const sd_session *s, int n) {
     const sd_hparams *hp = &s->m->hp;
+    return sd_pool_size(s->pool) > 1 && (long)n * hp->n_head * (s->n_past + n) * hp->head_dim >= SD_ATT_PAR_MIN;
+}
+
+void sd_attention(sd_session *s, int layer, int n) {
     att_job job = {s, layer, n};
-    if ((long)n * hp->n_head * (s->n_past + n) * hp->head_dim >= SD_ATT_PAR_MIN) sd_pool_run(s->pool, att_task, &job);
+    if (sd_attention_parallel(s, n)) sd_pool_run(s->pool, att_task, &job);
     else att_task(&job, 0, 1);
+}
+
+void sd_attention_part(sd_session *s, int layer, int n, int ith, int nth) {
+    att_job job = {s, layer, n};
+    att_task(&job, ith, nth);
 }
 
 void sd_kt_store_dims(sd_session *s, int layer, const float *k, int n, int d0, int d1) {

@@ -162,6 +162,12 @@ static void qkv_rows(void *arg, int m, int64_t r0, int64_t r1) {
     }
 }
 
+// The after hook of the Q, K, V run: the attention, on the run's threads.
+static void att_after(void *arg, int ith, int nth) {
+    const fwd_job *job = arg;
+    sd_attention_part(job->s, job->layer, job->n, ith, nth);
+}
+
 // The tensor a matmul of this forward reads: with float activations
 // (sd_batch.precise) the file's layout, which has a dequantizer, else the
 // model's (possibly repacked) copy.
@@ -308,8 +314,12 @@ int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errle
             job.norm_w = L->attn_norm->data;
             job.layer = l;
             job.v_out = vc;
+            // and then, with enough attention work to split, the attention on
+            // the same threads after a barrier (one pool run fewer per layer)
             const int in_task = hp->rope_type == SD_ROPE_NORM;
-            const sd_mm_hooks h = {.pre = pre_norm, .pre_arg = &job, .rows = in_task ? qkv_rows : NULL, .rows_arg = &job};
+            const int att_in_task = in_task && sd_attention_parallel(s, n);
+            const sd_mm_hooks h = {.pre = pre_norm, .pre_arg = &job, .rows = in_task ? qkv_rows : NULL, .rows_arg = &job,
+                                   .after = att_in_task ? att_after : NULL, .after_arg = &job};
             const sd_tensor *w3[3] = {L->wq, L->wk, L->wv};
             float *y3[3] = {s->q, s->k, vc};
             hint_next(s, 1, &L->wo);
@@ -325,8 +335,8 @@ int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errle
                 }
                 sd_kt_store(s, l, s->k, n);
             }
+            if (!att_in_task) sd_attention(s, l, n);
         }
-        sd_attention(s, l, n);
 
         const sd_tensor *ffn[2] = {L->w_gate, L->w_up};
         hint_next(s, 2, ffn);

@@ -73,6 +73,9 @@ typedef struct {
     sd_act_pack_fn pack;     // packed conversion, or NULL
     int pre_in_task;         // 1: the pool threads prepare and convert (larger batches), 0: done before the run
     atomic_int n_pre_done;   // threads done with that (a one-shot barrier)
+    atomic_int n_rows_done;  // threads done with their rows and hooks (the barrier before after)
+    void (*after)(void *arg, int ith, int nth); // NULL, or run on every thread once all rows are done
+    void *after_arg;
     const sd_type_traits *tr;
     sd_mm_post_fn post;      // NULL, or: all n_out equal, a thread computes the same rows of every matrix, then post
     void *post_arg;
@@ -225,9 +228,27 @@ static void mm_read_ahead(const sd_mm_next *nx, int ith, int nth) {
 
 static void mm_task_rows(mm_job *j, int ith, int nth);
 
+// Spin (prefetching the read-ahead window, then yielding) until all nth
+// threads have added themselves to *count.
+static void mm_barrier(atomic_int *count, int nth) {
+    atomic_fetch_add_explicit(count, 1, memory_order_acq_rel);
+    // spin, then yield: on a busy machine the peer may be descheduled, and
+    // pure spinning would burn our time slice waiting for it
+    long spins = 0;
+    while (atomic_load_explicit(count, memory_order_acquire) < nth) {
+        if (sd_pool_wait_step()) continue;
+        if (++spins < 2000) SD_CPU_RELAX();
+        else sched_yield();
+    }
+}
+
 static void mm_task(void *arg, int ith, int nth) {
     mm_job *j = arg;
     mm_task_rows(j, ith, nth);
+    if (j->after) {
+        if (nth > 1) mm_barrier(&j->n_rows_done, nth);
+        j->after(j->after_arg, ith, nth);
+    }
     mm_read_ahead(&j->next, ith, nth); // consumed while this thread waits for the next run
 }
 
@@ -243,15 +264,7 @@ static void mm_task_rows(mm_job *j, int ith, int nth) {
         long t0, t1;
         sd_split_range((long)j->n_tok, ith, nth, &t0, &t1);
         mm_prepare(j, t0, t1);
-        atomic_fetch_add_explicit(&j->n_pre_done, 1, memory_order_acq_rel);
-        // spin, then yield: on a busy machine the peer may be descheduled,
-        // and pure spinning would burn our time slice waiting for it
-        long spins = 0;
-        while (atomic_load_explicit(&j->n_pre_done, memory_order_acquire) < nth) {
-            if (sd_pool_wait_step()) continue;
-            if (++spins < 2000) SD_CPU_RELAX();
-            else sched_yield();
-        }
+        mm_barrier(&j->n_pre_done, nth);
     }
     // Each matrix's row chunks are split evenly (the matrices share the
     // weight type and n_in, so a chunk costs the same in all of them): each
@@ -307,6 +320,8 @@ static void matmul_run(sd_mm_ctx *ctx, int wtype, int n_mats, const void *const 
         j.post_arg = hooks->post_arg;
         j.rows = hooks->post ? NULL : hooks->rows;
         j.rows_arg = hooks->rows_arg;
+        j.after = hooks->after;
+        j.after_arg = hooks->after_arg;
     }
     long nc = 0; // row chunks in all
     for (int m = 0; m < n_mats; m++) {
@@ -316,6 +331,7 @@ static void matmul_run(sd_mm_ctx *ctx, int wtype, int n_mats, const void *const 
         nc += (long)((j.n_out[m] + SD_MM_ROW_ALIGN - 1) / SD_MM_ROW_ALIGN);
     }
     atomic_init(&j.n_pre_done, 0);
+    atomic_init(&j.n_rows_done, 0);
     int vdt = tr->vec_dot_type;
     // float activations: x is used as it is, no conversion
     j.f32 = ctx && ctx->act_f32 && tr->to_float && n_in <= SD_F32_MAX_IN;
@@ -338,7 +354,10 @@ static void matmul_run(sd_mm_ctx *ctx, int wtype, int n_mats, const void *const 
         j.pre_in_task = 1;
     else
         mm_prepare(&j, 0, (long)n_tok);
-    if (nc == 0) return;
+    if (nc == 0) {
+        if (j.after) sd_pool_run(ctx ? ctx->pool : NULL, j.after, j.after_arg);
+        return;
+    }
     sd_pool_run(ctx ? ctx->pool : NULL, mm_task, &j);
 }
 
@@ -367,6 +386,7 @@ void sd_matmul_multi(sd_mm_ctx *ctx, int n_mats, const int *wtypes, const void *
         if (hooks && !hooks->post && hooks->rows && n_out[m] > 0) hooks->rows(hooks->rows_arg, m, 0, n_out[m]);
     }
     if (hooks && hooks->post && n_out[0] > 0) hooks->post(hooks->post_arg, 0, n_out[0]);
+    if (hooks && hooks->after) sd_pool_run(ctx ? ctx->pool : NULL, hooks->after, hooks->after_arg);
 }
 
 void sd_matmul_ref(int wtype, const void *W, int64_t n_in, int64_t n_out,

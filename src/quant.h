@@ -151,9 +151,14 @@ typedef void (*sd_mm_rows_fn)(void *arg, int m, int64_t r0, int64_t r1);
 //    equal, e.g. gate and up followed by SwiGLU), without a barrier;
 //  - rows(rows_arg, m, r0, r1) (runs without post) after a thread computed
 //    rows [r0, r1) of matrix m, on those rows: whoever computed an output
-//    also finishes it, while it is in that core's cache.
+//    also finishes it, while it is in that core's cache;
+//  - after(after_arg, ith, nth) once all threads are done with all of the
+//    above (a barrier), on every thread of the pool (n_tok >= 1): work that
+//    needs every output (e.g. the attention after Q, K, V), without a new
+//    pool run.
 // The result has the same bits as pre(pre_arg, 0, n_tok), the multiply, then
-// post(post_arg, 0, n_out) or rows(rows_arg, m, 0, n_out[m]) for every m.
+// post(post_arg, 0, n_out) or rows(rows_arg, m, 0, n_out[m]) for every m,
+// then after(after_arg, ith, nth) on the pool's threads.
 typedef struct sd_mm_hooks {
     sd_mm_pre_fn pre;
     void *pre_arg;
@@ -161,6 +166,8 @@ typedef struct sd_mm_hooks {
     void *post_arg;
     sd_mm_rows_fn rows;
     void *rows_arg;
+    void (*after)(void *arg, int ith, int nth);
+    void *after_arg;
 } sd_mm_hooks;
 // Several matrices applied to the same x (e.g. Q, K and V): matrix m has type
 // wtypes[m], rows of n_in elements, n_out[m] rows, and its result goes to

@@ -71,6 +71,11 @@ struct sd_session {
 // n_past.. (all dims, or dims [d0, d1) of every row); and the move of a
 // layer's kt slot src to slot dst (commit).
 void sd_attention(sd_session *s, int layer, int n);
+// Whether sd_attention of n nodes would split the work among the pool's
+// threads (enough of it), and thread ith's part of that split (all parts
+// together, on nth threads at once, equal sd_attention).
+int sd_attention_parallel(const sd_session *s, int n);
+void sd_attention_part(sd_session *s, int layer, int n, int ith, int nth);
 void sd_kt_store(sd_session *s, int layer, const float *k, int n);
 void sd_kt_store_dims(sd_session *s, int layer, const float *k, int n, int d0, int d1);
 void sd_kt_move(sd_session *s, int layer, int dst, int src);

@@ -2,7 +2,8 @@
 //
 // The forward pass leans on these contracts (forward.c): the pre hook prepares
 // every input row exactly once before any thread multiplies; the post hook and
-// the rows hook see every output row exactly once, after it was computed;
+// the rows hook see every output row exactly once, after it was computed; the
+// after hook runs once on every thread, when all of that is done;
 // the result has the same bits as one sd_matmul per matrix whatever the
 // thread count; and a prefetch hint for the next run changes nothing but
 // timing. Each is checked with no pool, 2 and 3 threads, one token and
@@ -35,6 +36,10 @@ typedef struct {
     atomic_int rows_count[3][MAX_OUT];
     atomic_int post_count[MAX_OUT];
     atomic_int bad_order;            // a hook saw rows not yet computed
+    atomic_int after_calls[4];       // after() calls per thread
+    atomic_int after_nth;            // the nth after() saw
+    atomic_int after_early;          // after() ran before every output and hook was done
+    int n_mats;
     float *const *y;
     const float *const *ref;         // expected outputs
     const int64_t *n_out;
@@ -69,6 +74,18 @@ static void post_fn(void *arg, int64_t r0, int64_t r1) {
     }
 }
 
+static void after_fn(void *arg, int ith, int nth) {
+    hook_state *h = arg;
+    atomic_fetch_add(&h->after_calls[ith & 3], 1);
+    atomic_store(&h->after_nth, nth);
+    for (int m = 0; m < h->n_mats; m++) {
+        for (int64_t i = 0; i < h->n_out[m] * h->n_tok; i++)
+            if (memcmp(&h->y[m][i], &h->ref[m][i], sizeof(float))) atomic_store(&h->after_early, 1);
+        for (int64_t r = 0; r < h->n_out[m]; r++)
+            if (h->rows_count[m][r] == 0 && h->post_count[r] == 0) atomic_store(&h->after_early, 1);
+    }
+}
+
 // n_mats matrices of types[m] with n_out[m] rows; with_post: post hook (then
 // all n_out are equal), else rows hook.
 static void run_case(sd_pool *pool, int n_mats, const int *types, const int64_t *n_out, int with_post,
@@ -100,7 +117,8 @@ static void run_case(sd_pool *pool, int n_mats, const int *types, const int64_t 
 
     hook_state *h = calloc(1, sizeof *h);
     h->src = src, h->x = x, h->n_tok = n_tok, h->y = y, h->ref = (const float *const *)ref, h->n_out = n_out;
-    sd_mm_hooks hooks = {.pre = pre_fn, .pre_arg = h};
+    h->n_mats = n_mats;
+    sd_mm_hooks hooks = {.pre = pre_fn, .pre_arg = h, .after = after_fn, .after_arg = h};
     if (with_post) hooks.post = post_fn, hooks.post_arg = h;
     else hooks.rows = rows_fn, hooks.rows_arg = h;
     if (with_hint) { // the next run's weights: these same matrices
@@ -130,6 +148,9 @@ static void run_case(sd_pool *pool, int n_mats, const int *types, const int64_t 
         for (int64_t r = 0; r < n_out[0]; r++)
             CHECK(h->post_count[r] == 1, "%s: post saw row %lld %d times", what, (long long)r, h->post_count[r]);
     CHECK(!h->bad_order, "%s: a hook ran on rows before they were computed", what);
+    CHECK(!h->after_early, "%s: after ran before every row and hook was done", what);
+    CHECK(h->after_nth == nth, "%s: after saw nth %d", what, h->after_nth);
+    for (int i = 0; i < nth; i++) CHECK(h->after_calls[i] == 1, "%s: after ran %d times on thread %d", what, h->after_calls[i], i);
     CHECK(ctx.next.n_mats == 0, "%s: the run did not consume the prefetch hint", what);
     for (int m = 0; m < n_mats; m++) free(W[m]), free(y[m]), free(ref[m]);
     free(src), free(x), free(xr), free(ctx.wbuf), free(h);
