@@ -196,29 +196,16 @@ static void matmul_multi_t(sd_session *s, int n_mats, const sd_tensor *const *w,
     sd_matmul_multi(&s->mm, n_mats, types, W, w[0]->ne[0], n_out, x, n_tok, y, hooks);
 }
 
-// Tells the next matrix run which weights the run after it reads (w[0..n_mats),
-// a prefetch hint, see sd_mm_next.
-static void hint_next(sd_session *s, int n_mats, const sd_tensor *const *w) {
-    sd_mm_next nx = {.n_mats = n_mats};
-    if (s->mm.act_f32) n_mats = nx.n_mats = 0; // float activations read the file's layouts
-    for (int m = 0; m < n_mats; m++) {
-        if (w[m]->type != w[0]->type) { // mixed types: one run per type, hint the first
-            nx.n_mats = m;
-            break;
-        }
-        nx.W[m] = w[m]->data;
-        nx.n_out[m] = w[m]->ne[1];
-    }
-    if (n_mats > 0) nx.wrb = sd_row_size(w[0]->type, w[0]->ne[0]);
-    s->mm.next = nx;
+// Tells the next matrix run which matrix the run after it reads first (w): a
+// prefetch hint, see sd_mm_next. None with float activations, which read the
+// file's layouts.
+static void hint_next(sd_session *s, const sd_tensor *w) {
+    const sd_mm_next nx = {.W = w->data, .n_out = w->ne[1], .wrb = sd_row_size(w->type, w->ne[0])};
+    const sd_mm_next none = {0};
+    s->mm.next = s->mm.act_f32 ? none : nx;
 }
 
-static void add_bias(float *y, const sd_tensor *b, int n_tok, int dim) {
-    if (!b) return;
-    const float *bv = b->data;
-    for (int t = 0; t < n_tok; t++)
-        for (int k = 0; k < dim; k++) y[(size_t)t * dim + k] += bv[k];
-}
+static void add_bias(float *y, const sd_tensor *b, int n_tok, int dim) { add_bias_cols(y, b, n_tok, dim, 0, dim); }
 
 // ---------------------------------------------------------------- the forward pass
 
@@ -307,22 +294,22 @@ int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errle
         float *vc = s->v_cache + ((size_t)l * s->n_ctx + s->n_past) * kvd;
 
         {
-            // attention norm, then Q, K and V in one pool run (one activation conversion)
-            // and, for RoPE_NORM, the biases, the rotation and the K cache
-            // store on each thread's own columns (qkv_rows); the NEOX
-            // rotation pairs dims half a head apart, so it runs here after
+            // Attention norm, then Q, K and V in one pool run (one activation
+            // conversion). For RoPE_NORM the same run adds the biases, rotates
+            // and stores K into the cache on each thread's own columns
+            // (qkv_rows) and, with enough attention work to split, runs the
+            // attention on its threads behind a barrier (att_after). The NEOX
+            // rotation pairs dims half a head apart: it runs here, after.
             job.norm_w = L->attn_norm->data;
             job.layer = l;
             job.v_out = vc;
-            // and then, with enough attention work to split, the attention on
-            // the same threads after a barrier (one pool run fewer per layer)
             const int in_task = hp->rope_type == SD_ROPE_NORM;
             const int att_in_task = in_task && sd_attention_parallel(s, n);
             const sd_mm_hooks h = {.pre = pre_norm, .pre_arg = &job, .rows = in_task ? qkv_rows : NULL, .rows_arg = &job,
                                    .after = att_in_task ? att_after : NULL, .after_arg = &job};
             const sd_tensor *w3[3] = {L->wq, L->wk, L->wv};
             float *y3[3] = {s->q, s->k, vc};
-            hint_next(s, 1, &L->wo);
+            hint_next(s, L->wo);
             matmul_multi_t(s, 3, w3, s->xn, n, y3, &h);
             if (!in_task) {
                 add_bias(s->q, L->bq, n, qd);
@@ -339,7 +326,7 @@ int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errle
         }
 
         const sd_tensor *ffn[2] = {L->w_gate, L->w_up};
-        hint_next(s, 2, ffn);
+        hint_next(s, L->w_gate);
         matmul_t(s, L->wo, s->att, n, s->xn);
         job.add = 1;
         {
@@ -349,18 +336,16 @@ int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errle
             job.norm_w = L->ffn_norm->data;
             const sd_mm_hooks h = {.pre = pre_norm, .pre_arg = &job, .post = swiglu_cols, .post_arg = &job};
             float *y2[2] = {s->ff_g, s->ff_u};
-            hint_next(s, 1, &L->w_down);
+            hint_next(s, L->w_down);
             matmul_multi_t(s, 2, ffn, s->xn, n, y2, &h);
         }
         // after the down matrix: the next layer's Q, K, V, or the output matrix
         int l1 = l + 1;
         while (l1 < hp->n_layer && s->layer_skip && s->layer_skip[l1]) l1++;
         if (l1 < hp->n_layer) {
-            const sd_layer *L1 = &m->layers[l1];
-            const sd_tensor *w3[3] = {L1->wq, L1->wk, L1->wv};
-            hint_next(s, 3, w3);
+            hint_next(s, m->layers[l1].wq);
         } else if (n_out > 0) {
-            hint_next(s, 1, &m->output);
+            hint_next(s, m->output);
         }
         matmul_t(s, L->w_down, s->ff_g, n, s->xn);
     }

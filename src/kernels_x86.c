@@ -336,6 +336,19 @@ AI size_t pack_bytes(int type, int64_t n_in) {
     return ((size_t)nb * sizeof(xblock) + 63) & ~(size_t)63;
 }
 
+// The scale fields of an xblock from its quantization (scale d, sum of the
+// quants): d and d * sum for types with a min, else d rounded through fp16
+// (the weights' scale precision) and the offset correction -offset * sum.
+AI void xblock_scales(int type, xblock *o, float d, int sum) {
+    if (w_has_min(type)) {
+        o->d = d;
+        o->u.s = d * (float)sum;
+    } else {
+        o->d = sd_fp16_to_fp32(sd_fp32_to_fp16(d));
+        o->u.a0 = -w_offset(type) * sum;
+    }
+}
+
 // Reduces 16 vectors to one: lane j = the reduction (max, or 32-bit integer
 // add, by OP) over all 16 lanes of v[j]. A tree of lane shuffles (15 steps
 // for 16 vectors, where one vector at a time takes 4), then the lanes put in
@@ -385,21 +398,9 @@ AI void pack16(int type, const float *x, xblock *o, int64_t T) {
         _mm_storeu_si128((__m128i *)(qs + 16), _mm512_cvtepi32_epi8(q1));
         v[j] = _mm512_castsi512_ps(_mm512_add_epi32(q0, q1));
     }
-    const __m512i sum = _mm512_castps_si512(red16(RED16_ADD, v));
     int32_t sv[16];
-    float s[16];
-    _mm512_storeu_si512(sv, sum);
-    _mm512_storeu_ps(s, _mm512_mul_ps(d, _mm512_cvtepi32_ps(sum)));
-    for (int j = 0; j < 16; j++) {
-        xblock *b = o + j * T;
-        if (w_has_min(type)) {
-            b->d = dv[j];
-            b->u.s = s[j];
-        } else {
-            b->d = sd_fp16_to_fp32(sd_fp32_to_fp16(dv[j]));
-            b->u.a0 = -w_offset(type) * sv[j];
-        }
-    }
+    _mm512_storeu_si512(sv, _mm512_castps_si512(red16(RED16_ADD, v)));
+    for (int j = 0; j < 16; j++) xblock_scales(type, o + j * T, dv[j], sv[j]);
 }
 
 // Quantizes token t of an n_tok-token batch into xblocks at its place in the
@@ -419,14 +420,8 @@ AI size_t pack_act(int type, const float *x, void *dst, int64_t n, int64_t t, in
     for (; b + 16 <= nb; b += 16, o += 16 * T) pack16(type, x + b * SD_QK, o, T);
     for (; b < nb; b++, o += T) {
         int sum;
-        float d = quant_block(x + b * SD_QK, o->qs, &sum);
-        if (w_has_min(type)) {
-            o->d = d;
-            o->u.s = d * (float)sum;
-        } else {
-            o->d = sd_fp16_to_fp32(sd_fp32_to_fp16(d));
-            o->u.a0 = -w_offset(type) * sum;
-        }
+        const float d = quant_block(x + b * SD_QK, o->qs, &sum);
+        xblock_scales(type, o, d, sum);
     }
     return xrb;
 }

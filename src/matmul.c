@@ -74,7 +74,7 @@ typedef struct {
     int pre_in_task;         // 1: the pool threads prepare and convert (larger batches), 0: done before the run
     atomic_int n_pre_done;   // threads done with that (a one-shot barrier)
     atomic_int n_rows_done;  // threads done with their rows and hooks (the barrier before after)
-    void (*after)(void *arg, int ith, int nth); // NULL, or run on every thread once all rows are done
+    sd_task_fn after;        // NULL, or run on every thread once all rows are done
     void *after_arg;
     const sd_type_traits *tr;
     sd_mm_post_fn post;      // NULL, or: all n_out equal, a thread computes the same rows of every matrix, then post
@@ -213,17 +213,13 @@ static void mm_range(int64_t n_out, int rot, int ith, int nth, int64_t *r0, int6
     *r1 = SD_MIN((int64_t)hi * SD_MM_ROW_ALIGN, n_out);
 }
 
-// Sets this thread's read-ahead window to the start of its share of the run
-// described by nx (none if nx->n_mats is 0).
+// Sets this thread's read-ahead window to the start of its share of the
+// matrix nx (none if nx->W is NULL).
 static void mm_read_ahead(const sd_mm_next *nx, int ith, int nth) {
-    int64_t r0, r1;
-    if (nx->n_mats <= 0) {
-        sd_pool_prefetch(NULL, 0);
-        return;
-    }
-    mm_range(nx->n_out[0], 0, ith, nth, &r0, &r1); // its rows of the first matrix
+    int64_t r0 = 0, r1 = 0;
+    if (nx->W) mm_range(nx->n_out, 0, ith, nth, &r0, &r1);
     const size_t bytes = r1 > r0 ? (size_t)(r1 - r0) * nx->wrb : 0;
-    sd_pool_prefetch(bytes ? (const char *)nx->W[0] + (size_t)r0 * nx->wrb : NULL, SD_MIN(bytes, (size_t)SD_MM_PF_MAX));
+    sd_pool_prefetch(bytes ? (const char *)nx->W + (size_t)r0 * nx->wrb : NULL, SD_MIN(bytes, (size_t)SD_MM_PF_MAX));
 }
 
 static void mm_task_rows(mm_job *j, int ith, int nth);
@@ -255,11 +251,7 @@ static void mm_task(void *arg, int ith, int nth) {
 static void mm_task_rows(mm_job *j, int ith, int nth) {
     if (j->pre_in_task) {
         // while waiting for the others' rows: the start of our own weights
-        sd_mm_next cur = {.n_mats = j->n_mats, .wrb = j->w_row_bytes};
-        for (int m = 0; m < j->n_mats; m++) {
-            cur.W[m] = j->W[m];
-            cur.n_out[m] = j->n_out[m];
-        }
+        const sd_mm_next cur = {.W = j->W[0], .n_out = j->n_out[0], .wrb = j->w_row_bytes};
         mm_read_ahead(&cur, ith, nth);
         long t0, t1;
         sd_split_range((long)j->n_tok, ith, nth, &t0, &t1);
@@ -308,7 +300,7 @@ static void matmul_run(sd_mm_ctx *ctx, int wtype, int n_mats, const void *const 
     sd_mm_next next = {0};
     if (ctx) { // the hint is for this run only
         next = ctx->next;
-        ctx->next.n_mats = 0;
+        ctx->next.W = NULL;
     }
     if (n_tok <= 0) return;
     mm_job j = {.next = next, .x = x, .tr = tr, .n_mats = n_mats, .w_row_bytes = sd_row_size(wtype, n_in), .n_in = n_in,

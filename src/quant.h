@@ -110,16 +110,15 @@ size_t sd_row_size(int t, int64_t n);
 // x is (n_tok, n_in) float, y is (n_tok, n_out) float. Activations are
 // converted to the vec_dot_type once per call; every weight block is read once
 // for the whole batch; threads of the pool split the output rows.
-// The weights the next matrix run will read, as a hint (n_mats 0: none): each
-// thread, once done with its rows of a run, reads the start of its share of
-// the next run into cache while it waits for the others and for the caller's
-// work between the runs (sd_pool_prefetch), so that memory stays busy across
-// the hand-over (only the first matrix's share is read ahead).
+// The first matrix the next matrix run will read, as a hint (W NULL: none):
+// each thread, once done with its rows of a run, reads the start of its share
+// of that matrix into cache while it waits for the others and for the
+// caller's work between the runs (sd_pool_prefetch), so that memory stays
+// busy across the hand-over.
 typedef struct sd_mm_next {
-    int n_mats;       // matrices of the next call, 0..4 (0: no hint)
-    size_t wrb;       // bytes per weight row (the first matrix's type and n_in)
-    const void *W[4]; // (n_out[m], wrb) the weights the next call reads, in the layout it reads
-    int64_t n_out[4]; // rows of each
+    const void *W;    // (n_out, wrb) the weights, in the layout the next call reads; NULL: no hint
+    int64_t n_out;    // rows
+    size_t wrb;       // bytes per row
 } sd_mm_next;
 
 typedef struct sd_mm_ctx {
@@ -166,7 +165,7 @@ typedef struct sd_mm_hooks {
     void *post_arg;
     sd_mm_rows_fn rows;
     void *rows_arg;
-    void (*after)(void *arg, int ith, int nth);
+    sd_task_fn after;
     void *after_arg;
 } sd_mm_hooks;
 // Several matrices applied to the same x (e.g. Q, K and V): matrix m has type

@@ -32,6 +32,13 @@ static int have_binary(void) {
     return stat(SPECDEC, &st) == 0;
 }
 
+// Skips the case (saying why) when the default model is absent.
+#define NEED_MODEL()                                                                     \
+    do {                                                                                 \
+        struct stat st_;                                                                 \
+        if (stat(MODEL, &st_) != 0) SKIP("%s is absent (run scripts/fetch-models.sh)", MODEL); \
+    } while (0)
+
 #define NEED_BINARY()                                                            \
     do {                                                                         \
         CHECK(have_binary(), "%s is missing: build it with make", SPECDEC); \
@@ -115,8 +122,7 @@ static int json_num(const char *key, double *v) {
 
 static void test_generate_json(void) {
     NEED_BINARY();
-    struct stat st;
-    if (stat(MODEL, &st) != 0) SKIP("%s is absent (run scripts/fetch-models.sh)", MODEL);
+    NEED_MODEL();
     int rc = run("generate -m " MODEL " -p \"The capital of France is\" -n 8 --temp 0 -t 2 --json", 0);
     CHECK(rc == 0, "exit %d: %s", rc, g_out);
     const char *keys[] = {"n_prompt_tokens", "n_generated", "tokens_per_second", "prompt_ms", "generate_ms", "n_threads"};
@@ -142,8 +148,7 @@ static void test_generate_json(void) {
 // other (a structure check: timings are the benchmark's business, not a test's)
 static void test_bench_forward_json(void) {
     NEED_BINARY();
-    struct stat st;
-    if (stat(MODEL, &st) != 0) SKIP("%s is absent (run scripts/fetch-models.sh)", MODEL);
+    NEED_MODEL();
     int rc = run("bench-forward -m " MODEL " -t 2 --batch 1,3 --reps 3 --ctx 16 --decode 4 --bw-mb 8 --json", 0);
     CHECK(rc == 0, "exit %d: %s", rc, g_out);
     const char *keys[] = {"model_bytes", "mem_bw_gbs", "floor_ms", "mem_bw_median_gbs", "floor_median_ms",

@@ -121,10 +121,10 @@ static void run_case(sd_pool *pool, int n_mats, const int *types, const int64_t 
     sd_mm_hooks hooks = {.pre = pre_fn, .pre_arg = h, .after = after_fn, .after_arg = h};
     if (with_post) hooks.post = post_fn, hooks.post_arg = h;
     else hooks.rows = rows_fn, hooks.rows_arg = h;
-    if (with_hint) { // the next run's weights: these same matrices
-        ctx.next.n_mats = n_mats;
+    if (with_hint) { // the next run's first matrix: this one
+        ctx.next.W = W[0];
+        ctx.next.n_out = n_out[0];
         ctx.next.wrb = sd_row_size(types[0], N_IN);
-        for (int m = 0; m < n_mats; m++) ctx.next.W[m] = W[m], ctx.next.n_out[m] = n_out[m];
     }
     const void *Wc[3] = {W[0], W[1], W[2]};
     sd_matmul_multi(&ctx, n_mats, types, Wc, N_IN, n_out, x, n_tok, y, &hooks);
@@ -151,7 +151,7 @@ static void run_case(sd_pool *pool, int n_mats, const int *types, const int64_t 
     CHECK(!h->after_early, "%s: after ran before every row and hook was done", what);
     CHECK(h->after_nth == nth, "%s: after saw nth %d", what, h->after_nth);
     for (int i = 0; i < nth; i++) CHECK(h->after_calls[i] == 1, "%s: after ran %d times on thread %d", what, h->after_calls[i], i);
-    CHECK(ctx.next.n_mats == 0, "%s: the run did not consume the prefetch hint", what);
+    CHECK(ctx.next.W == NULL, "%s: the run did not consume the prefetch hint", what);
     for (int m = 0; m < n_mats; m++) free(W[m]), free(y[m]), free(ref[m]);
     free(src), free(x), free(xr), free(ctx.wbuf), free(h);
 }

@@ -100,6 +100,12 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y ? 1 : 0;
 }
 
+// Sorts t[0..n) (n >= 1) and returns its median.
+static double median(double *t, int n) {
+    qsort(t, (size_t)n, sizeof(double), cmp_double);
+    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
 static int parse_batches(const char *s, int *out, int *n) {
     *n = 0;
     const char *p = s;
@@ -263,11 +269,7 @@ int cmd_bench_forward(int argc, char **argv) {
         cli_error("truncate failed: %s", err);
         goto out;
     }
-    for (int bi = 0; bi < n_batches; bi++) {
-        double *t = times + (size_t)bi * reps;
-        qsort(t, (size_t)reps, sizeof(double), cmp_double);
-        ms_med[bi] = reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);
-    }
+    for (int bi = 0; bi < n_batches; bi++) ms_med[bi] = median(times + (size_t)bi * reps, reps);
 
     // plain greedy decoding after the same context
     double t0 = sd_time_ms();
@@ -289,9 +291,7 @@ int cmd_bench_forward(int argc, char **argv) {
     }
     // the machine's bandwidth: the best pass; the bandwidth while the forwards
     // ran: the median pass
-    qsort(bw_passes, (size_t)reps, sizeof(double), cmp_double);
-    const double bw = bw_passes[reps - 1];
-    const double bw_med = reps % 2 ? bw_passes[reps / 2] : 0.5 * (bw_passes[reps / 2 - 1] + bw_passes[reps / 2]);
+    const double bw_med = median(bw_passes, reps), bw = bw_passes[reps - 1]; // median() sorted them
     const double floor_ms = bw > 0 ? (double)info.n_bytes / (bw * 1e6) : 0.0;
     const double floor_med_ms = bw_med > 0 ? (double)info.n_bytes / (bw_med * 1e6) : 0.0;
     int i1 = -1;
