@@ -236,6 +236,11 @@ static void att_block(const att_job *job, int g, int u0, int nq, float *scratch)
     for (int k = 0; k < nq; k += ATT_OQ)
         outputs_tq(SD_MIN(ATT_OQ, nq - k), (const float *const *)sc + k, anc + k, na + k, vb, kvd, n_past, hd,
                    inv + k, o + k);
+    if (s->att_act) // the output projection's input, converted here while it is in this core's cache
+        for (int k = 0; k < nq; k++) {
+            const int i = (u0 + k) / grp, h = g * grp + (u0 + k) % grp;
+            sd_mm_act_put(s->att_act, s->att + (size_t)i * s->q_dim, i, (int64_t)h * hd, (int64_t)(h + 1) * hd);
+        }
 }
 
 // The queries of all KV heads, (g, u) flattened, split evenly over the

@@ -3,8 +3,12 @@
 // All nodes of a batch go through every weight matrix together, so the weights
 // are streamed from memory once per call whatever the batch size. Matrices
 // with the same input share one pool run (Q, K, V; gate and up, with SwiGLU
-// applied by each thread to its columns), so a layer costs 4 matmul runs plus
-// the attention run (attention.c). Attention honours the tree: node i sees the
+// applied by each thread to its columns), and the attention (attention.c)
+// runs inside the Q, K, V run where it can, so a layer costs 4 pool runs.
+// The inputs of the output projection and of the down matrix are converted
+// to 8 bits by the threads that computed them (the attention, SwiGLU); the
+// normalized inputs of Q, K, V and of gate and up by all threads, a share of
+// the nodes each, in the run's preparation. Attention honours the tree: node i sees the
 // committed cache [0, n_past) plus its ancestors in the batch and itself. The
 // K/V rows of node i are written at slot n_past + i (RoPE already applied with
 // the node's own position), so a later sd_session_commit only has to move rows.
@@ -81,6 +85,7 @@ typedef struct {
     int add;              // pre_norm: 1 if xn holds a sublayer's output still to be added to x
     int layer;            // qkv_rows: the layer
     float *v_out;         // qkv_rows: where V went (the cache rows of the batch)
+    const sd_mm_act *act; // swiglu_cols: where the result also goes, converted for the down matrix (or NULL)
 } fwd_job;
 
 // sd_mm_pre_fn: for nodes [t0, t1), x += xn (if add), then xn = rmsnorm(x).
@@ -114,12 +119,17 @@ static void swiglu_span(float *g, const float *u, long n) {
     }
 }
 
-// sd_mm_post_fn: ff_g = silu(ff_g) * ff_u on columns [r0, r1) of every batch row.
+// sd_mm_post_fn: ff_g = silu(ff_g) * ff_u on columns [r0, r1) of every batch
+// row, then (job->act) those columns converted for the down matrix: the
+// thread that computed them is the only one that reads ff_g and ff_u.
 static void swiglu_cols(void *arg, int64_t r0, int64_t r1) {
     const fwd_job *job = arg;
     sd_session *s = job->s;
     const long n_ff = s->m->hp.n_ff;
-    for (long t = 0; t < job->n; t++) swiglu_span(s->ff_g + t * n_ff + r0, s->ff_u + t * n_ff + r0, (long)(r1 - r0));
+    for (long t = 0; t < job->n; t++) {
+        swiglu_span(s->ff_g + t * n_ff + r0, s->ff_u + t * n_ff + r0, (long)(r1 - r0));
+        if (job->act) sd_mm_act_put(job->act, s->ff_g + t * n_ff, t, r0, r1);
+    }
 }
 
 // b added to columns [r0, r1) of n rows of dim floats (b NULL: nothing).
@@ -207,6 +217,19 @@ static void hint_next(sd_session *s, const sd_tensor *w) {
 
 static void add_bias(float *y, const sd_tensor *b, int n_tok, int dim) { add_bias_cols(y, b, n_tok, dim, 0, dim); }
 
+// Sets a up (in abuf) for the activations of w's matmul over n tokens,
+// converted by their producers (sd_mm_act), when that matmul takes converted
+// activations and the producers' column ranges can start at multiples of its
+// block: those of a head (head_dim > 0), or of a matmul's row chunks (16
+// rows, or the block itself when it is a multiple of 16: sd_mm_hooks.align).
+// Returns a or NULL.
+static const sd_mm_act *act_for(sd_session *s, sd_mm_act *a, const sd_tensor *w, int n, int head_dim) {
+    const sd_tensor *f = mm_weight(s, w);
+    if (sd_mm_act_begin(&s->mm, a, f->type, f->ne[0], n) != 0) return NULL;
+    if (head_dim > 0) return head_dim % a->blk == 0 ? a : NULL;
+    return 16 % a->blk == 0 || a->blk % 16 == 0 ? a : NULL;
+}
+
 // ---------------------------------------------------------------- the forward pass
 
 // Checks the batch and records its structure (parents, positions, ancestor
@@ -286,6 +309,12 @@ int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errle
     // matmul's pre hook (pre_norm) adds it to x and normalizes x into xn, node
     // by node, split among the threads.
     fwd_job job = {.s = s, .n = n};
+    // The inputs of the output projection and of the down matrix are
+    // converted by their producers, each thread its own columns (the
+    // attention its heads, SwiGLU its columns), into abuf (the runs that fill
+    // it read their own input from wbuf), so no thread reads another's floats
+    // there.
+    sd_mm_act o_act, d_act;
     for (int l = 0; l < hp->n_layer; l++) {
         // A skipped layer (sd_session_set_layer_skip) is the identity on the
         // residual stream and writes no KV rows.
@@ -303,6 +332,7 @@ int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errle
             job.norm_w = L->attn_norm->data;
             job.layer = l;
             job.v_out = vc;
+            s->att_act = act_for(s, &o_act, L->wo, n, hp->head_dim);
             const int in_task = hp->rope_type == SD_ROPE_NORM;
             const int att_in_task = in_task && sd_attention_parallel(s, n);
             const sd_mm_hooks h = {.pre = pre_norm, .pre_arg = &job, .rows = in_task ? qkv_rows : NULL, .rows_arg = &job,
@@ -327,14 +357,22 @@ int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errle
 
         const sd_tensor *ffn[2] = {L->w_gate, L->w_up};
         hint_next(s, L->w_gate);
-        matmul_t(s, L->wo, s->att, n, s->xn);
+        {
+            const sd_mm_hooks h = {.act = s->att_act};
+            const sd_tensor *w1[1] = {L->wo};
+            float *y1[1] = {s->xn};
+            matmul_multi_t(s, 1, w1, s->att, n, y1, &h);
+            s->att_act = NULL;
+        }
         job.add = 1;
         {
             // residual add and FFN norm, then gate and up in one pool run, each
             // thread applying SwiGLU to its columns (shapes were validated at
             // load: both are [n_embd, n_ff])
             job.norm_w = L->ffn_norm->data;
-            const sd_mm_hooks h = {.pre = pre_norm, .pre_arg = &job, .post = swiglu_cols, .post_arg = &job};
+            job.act = act_for(s, &d_act, L->w_down, n, 0);
+            const sd_mm_hooks h = {.pre = pre_norm, .pre_arg = &job, .post = swiglu_cols, .post_arg = &job,
+                                   .align = job.act ? SD_MAX(job.act->blk, 16) : 0};
             float *y2[2] = {s->ff_g, s->ff_u};
             hint_next(s, L->w_down);
             matmul_multi_t(s, 2, ffn, s->xn, n, y2, &h);
@@ -347,7 +385,13 @@ int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errle
         } else if (n_out > 0) {
             hint_next(s, m->output);
         }
-        matmul_t(s, L->w_down, s->ff_g, n, s->xn);
+        {
+            const sd_mm_hooks h = {.act = job.act};
+            const sd_tensor *w1[1] = {L->w_down};
+            float *y1[1] = {s->xn};
+            matmul_multi_t(s, 1, w1, s->ff_g, n, y1, &h);
+            job.act = NULL;
+        }
     }
 
     // Final residual add and norm, then the output projection, only for the

@@ -376,20 +376,23 @@ AI __m512 red16(int op, const __m512 *v) {
     return _mm512_permutexvar_ps(idx, u);
 }
 
-// 16 consecutive blocks of one token (512 floats at x) into xblocks o[0],
-// o[T], ..., o[15 T]: the same bytes as quant_block per block (max, the
-// divisions and the rounding are the same operations lane by lane, and the
-// sums are exact), with the horizontal max and sum of 16 blocks done at once.
-AI void pack16(int type, const float *x, xblock *o, int64_t T) {
+// nb <= 16 consecutive blocks of one token (32 nb floats at x) into xblocks
+// o[0], o[T], ..., o[(nb - 1) T]: the same bytes as quant_block per block
+// (max, the divisions and the rounding are the same operations lane by lane,
+// and the sums are exact), with the horizontal max and sum of 16 blocks done
+// at once.
+AI void pack16(int type, const float *x, xblock *o, int64_t T, int nb) {
     __m512 v[16];
     for (int j = 0; j < 16; j++)
-        v[j] = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x + 32 * j)), _mm512_abs_ps(_mm512_loadu_ps(x + 32 * j + 16)));
+        v[j] = j < nb ? _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x + 32 * j)),
+                                      _mm512_abs_ps(_mm512_loadu_ps(x + 32 * j + 16)))
+                      : _mm512_setzero_ps();
     const __m512 d = _mm512_div_ps(red16(RED16_MAX, v), _mm512_set1_ps(127.0f));
     const __m512 id = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_NEQ_OQ), _mm512_set1_ps(1.0f), d);
     float dv[16], idv[16];
     _mm512_storeu_ps(dv, d);
     _mm512_storeu_ps(idv, id);
-    for (int j = 0; j < 16; j++) {
+    for (int j = 0; j < nb; j++) {
         const __m512 vid = _mm512_set1_ps(idv[j]);
         const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 32 * j), vid));
         const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 32 * j + 16), vid));
@@ -400,25 +403,32 @@ AI void pack16(int type, const float *x, xblock *o, int64_t T) {
     }
     int32_t sv[16];
     _mm512_storeu_si512(sv, _mm512_castps_si512(red16(RED16_ADD, v)));
-    for (int j = 0; j < 16; j++) xblock_scales(type, o + j * T, dv[j], sv[j]);
+    for (int j = 0; j < nb; j++) xblock_scales(type, o + j * T, dv[j], sv[j]);
 }
 
-// Quantizes token t of an n_tok-token batch into xblocks at its place in the
-// batch buffer dst (see "activation layout" above).
-AI size_t pack_act(int type, const float *x, void *dst, int64_t n, int64_t t, int64_t n_tok) {
+// Quantizes blocks [b0, b1) of token t of an n_tok-token batch (x: the
+// token's whole row) into xblocks at their place in the batch buffer dst (see
+// "activation layout" above). A block's bytes do not depend on b0, b1.
+AI size_t pack_act(int type, const float *x, void *dst, int64_t n, int64_t t, int64_t n_tok, int64_t b0, int64_t b1) {
     const int64_t nb = n / SD_QK;
     const size_t xrb = pack_bytes(type, n);
     if (!dst) return xrb;
     if (nb > PK_NB_MAX) {
-        if (w_has_min(type)) q8_1_quantize(x, (uint8_t *)dst + (size_t)t * xrb, n);
-        else q8_0_quantize(x, (uint8_t *)dst + (size_t)t * xrb, n);
+        uint8_t *o = (uint8_t *)dst + (size_t)t * xrb + (size_t)b0 * x_tsize(type);
+        if (w_has_min(type)) q8_1_quantize(x + b0 * SD_QK, o, (b1 - b0) * SD_QK);
+        else q8_0_quantize(x + b0 * SD_QK, o, (b1 - b0) * SD_QK);
         return xrb;
     }
     const int64_t t0 = t / PN_T * PN_T, T = SD_MIN((int64_t)PN_T, n_tok - t0);
-    xblock *o = (xblock *)((uint8_t *)dst + (size_t)t0 * xrb) + (t - t0);
-    int64_t b = 0;
-    for (; b + 16 <= nb; b += 16, o += 16 * T) pack16(type, x + b * SD_QK, o, T);
-    for (; b < nb; b++, o += T) {
+    xblock *o = (xblock *)((uint8_t *)dst + (size_t)t0 * xrb) + (t - t0) + b0 * T;
+    int64_t b = b0;
+    for (; b + 16 <= b1; b += 16, o += 16 * T) pack16(type, x + b * SD_QK, o, T, 16);
+    if (b1 - b >= 2) { // a partial group: the same, with empty lanes
+        pack16(type, x + b * SD_QK, o, T, (int)(b1 - b));
+        o += (b1 - b) * T;
+        b = b1;
+    }
+    for (; b < b1; b++, o += T) {
         int sum;
         const float d = quant_block(x + b * SD_QK, o->qs, &sum);
         xblock_scales(type, o, d, sum);
@@ -580,8 +590,9 @@ AI void gemm_file_rows(int type, int64_t nb, const uint8_t *w, size_t wrb, int64
         tile(TYPE, 1, 1, n / SD_QK, w, 0, x, 0, &y, 1);                                                      \
         return y;                                                                                            \
     }                                                                                                        \
-    static size_t pack_##name(const float *x, void *dst, int64_t n, int64_t t, int64_t n_tok) {              \
-        return pack_act(TYPE, x, dst, n, t, n_tok);                                                          \
+    static size_t pack_##name(const float *x, void *dst, int64_t n, int64_t t, int64_t n_tok, int64_t b0,   \
+                              int64_t b1) {                                                                  \
+        return pack_act(TYPE, x, dst, n, t, n_tok, b0, b1);                                                  \
     }
 DEFINE_TYPE(q4_0, SD_TYPE_Q4_0)
 DEFINE_TYPE(q4_1, SD_TYPE_Q4_1)

@@ -90,6 +90,7 @@ typedef struct {
     const void *xq;   // (n_tok, x_row_bytes) activations in vec_dot_type
     size_t x_row_bytes;
     int64_t n_tok;
+    int64_t align;    // thread row ranges start at multiples of this (SD_MM_ROW_ALIGN or hooks->align)
     int f32;          // 1: x stays float, each weight row is dequantized (ctx->act_f32)
     sd_mm_next next;  // the next run's weights (a prefetch hint), n_mats 0 if unknown
 } mm_job;
@@ -194,7 +195,7 @@ static void mm_prepare(const mm_job *j, long t0, long t1) {
     if (t0 >= t1) return;
     if (j->pre) j->pre(j->pre_arg, t0, t1);
     for (long t = t0; t < t1; t++) {
-        if (j->pack) j->pack(j->x + t * j->n_in, (void *)j->xq, j->n_in, t, j->n_tok);
+        if (j->pack) j->pack(j->x + t * j->n_in, (void *)j->xq, j->n_in, t, j->n_tok, 0, j->n_in / SD_QK);
         else if (j->quant) j->quant(j->x + t * j->n_in, (char *)j->xq + (size_t)t * j->x_row_bytes, j->n_in);
     }
 }
@@ -204,20 +205,20 @@ static void mm_prepare(const mm_job *j, long t0, long t1) {
 #define SD_MM_PF_MAX (64 << 10)
 
 // Thread ith's rows [*r0, *r1) of a matrix of n_out rows: its part of the
-// matrix's row chunks, counted from thread rot (the threads that took the
-// extra chunk of earlier matrices come last; rot 0 for the first).
-static void mm_range(int64_t n_out, int rot, int ith, int nth, int64_t *r0, int64_t *r1) {
+// matrix's chunks of align rows, counted from thread rot (the threads that
+// took the extra chunk of earlier matrices come last; rot 0 for the first).
+static void mm_range(int64_t n_out, int64_t align, int rot, int ith, int nth, int64_t *r0, int64_t *r1) {
     long lo, hi;
-    sd_split_range((long)((n_out + SD_MM_ROW_ALIGN - 1) / SD_MM_ROW_ALIGN), (ith + nth - rot) % nth, nth, &lo, &hi);
-    *r0 = (int64_t)lo * SD_MM_ROW_ALIGN;
-    *r1 = SD_MIN((int64_t)hi * SD_MM_ROW_ALIGN, n_out);
+    sd_split_range((long)((n_out + align - 1) / align), (ith + nth - rot) % nth, nth, &lo, &hi);
+    *r0 = (int64_t)lo * align;
+    *r1 = SD_MIN((int64_t)hi * align, n_out);
 }
 
 // Sets this thread's read-ahead window to the start of its share of the
 // matrix nx (none if nx->W is NULL).
 static void mm_read_ahead(const sd_mm_next *nx, int ith, int nth) {
     int64_t r0 = 0, r1 = 0;
-    if (nx->W) mm_range(nx->n_out, 0, ith, nth, &r0, &r1);
+    if (nx->W) mm_range(nx->n_out, SD_MM_ROW_ALIGN, 0, ith, nth, &r0, &r1);
     const size_t bytes = r1 > r0 ? (size_t)(r1 - r0) * nx->wrb : 0;
     sd_pool_prefetch(bytes ? (const char *)nx->W + (size_t)r0 * nx->wrb : NULL, SD_MIN(bytes, (size_t)SD_MM_PF_MAX));
 }
@@ -268,8 +269,8 @@ static void mm_task_rows(mm_job *j, int ith, int nth) {
     int64_t p0 = 0, p1 = 0;
     for (int m = 0; m < j->n_mats; m++) {
         int64_t r0, r1;
-        mm_range(j->n_out[m], j->post ? 0 : rot, ith, nth, &r0, &r1);
-        rot = (int)((rot + (j->n_out[m] + SD_MM_ROW_ALIGN - 1) / SD_MM_ROW_ALIGN) % nth);
+        mm_range(j->n_out[m], j->align, j->post ? 0 : rot, ith, nth, &r0, &r1);
+        rot = (int)((rot + (j->n_out[m] + j->align - 1) / j->align) % nth);
         if (m == 0) p0 = r0, p1 = r1;
         if (r0 >= r1) continue;
         mm_rows(j, m, r0, r1);
@@ -286,15 +287,17 @@ size_t sd_matmul_wsize(int wtype, int64_t n_in, int64_t n_tok) {
     if (!tr || !tr->supported || act_is_f32(tr->vec_dot_type)) return 0;
     size_t rb = sd_row_size(tr->vec_dot_type, n_in);
     sd_act_pack_fn pack = sd_quant_act_packer(wtype);
-    if (pack) rb = SD_MAX(rb, pack(NULL, NULL, n_in, 0, 1));
+    if (pack) rb = SD_MAX(rb, pack(NULL, NULL, n_in, 0, 1, 0, 0));
     return (size_t)n_tok * rb + 64; // + 64: alignment of the buffer start
 }
 
 // Common body of sd_matmul and sd_matmul_multi: n_mats matrices of type
-// wtype with rows of n_in elements, all applied to the same x.
+// wtype with rows of n_in elements, all applied to the same x, or to
+// activations already converted (hooks->act).
 static void matmul_run(sd_mm_ctx *ctx, int wtype, int n_mats, const void *const *W, int64_t n_in,
                        const int64_t *n_out, const float *x, int64_t n_tok, float *const *y,
                        const sd_mm_hooks *hooks) {
+    const sd_mm_act *act = hooks ? hooks->act : NULL;
     const sd_type_traits *tr = sd_type_get(wtype);
     SD_ASSERT(tr && tr->supported && n_in % tr->blck == 0 && n_mats >= 1 && n_mats <= SD_MM_MULTI_MAX);
     sd_mm_next next = {0};
@@ -304,7 +307,7 @@ static void matmul_run(sd_mm_ctx *ctx, int wtype, int n_mats, const void *const 
     }
     if (n_tok <= 0) return;
     mm_job j = {.next = next, .x = x, .tr = tr, .n_mats = n_mats, .w_row_bytes = sd_row_size(wtype, n_in), .n_in = n_in,
-                .xq = x, .x_row_bytes = (size_t)n_in * sizeof(float), .n_tok = n_tok};
+                .xq = x, .x_row_bytes = (size_t)n_in * sizeof(float), .n_tok = n_tok, .align = SD_MM_ROW_ALIGN};
     if (hooks) {
         j.pre = hooks->pre;
         j.pre_arg = hooks->pre_arg;
@@ -314,6 +317,10 @@ static void matmul_run(sd_mm_ctx *ctx, int wtype, int n_mats, const void *const 
         j.rows_arg = hooks->rows_arg;
         j.after = hooks->after;
         j.after_arg = hooks->after_arg;
+        if (hooks->align > 0) {
+            SD_ASSERT(hooks->align % SD_MM_ROW_ALIGN == 0);
+            j.align = hooks->align;
+        }
     }
     long nc = 0; // row chunks in all
     for (int m = 0; m < n_mats; m++) {
@@ -326,13 +333,17 @@ static void matmul_run(sd_mm_ctx *ctx, int wtype, int n_mats, const void *const 
     atomic_init(&j.n_rows_done, 0);
     int vdt = tr->vec_dot_type;
     // float activations: x is used as it is, no conversion
-    j.f32 = ctx && ctx->act_f32 && tr->to_float && n_in <= SD_F32_MAX_IN;
-    if (!j.f32 && !act_is_f32(vdt)) {
+    j.f32 = !act && ctx && ctx->act_f32 && tr->to_float && n_in <= SD_F32_MAX_IN;
+    if (act) {
+        SD_ASSERT(act->wtype == wtype && act->n_in == n_in && act->n_tok == n_tok && !j.pre);
+        j.xq = act->buf;
+        j.x_row_bytes = act->row_bytes;
+    } else if (!j.f32 && !act_is_f32(vdt)) {
         SD_ASSERT(ctx && ctx->wbuf);
         char *buf = (char *)(((uintptr_t)ctx->wbuf + 63) & ~(uintptr_t)63);
         size_t room = ctx->wbuf_size - (size_t)(buf - (char *)ctx->wbuf);
         sd_act_pack_fn pack = n_tok >= SD_MM_PACK_MIN_TOK ? sd_quant_act_packer(wtype) : NULL;
-        size_t xrb = pack ? pack(NULL, NULL, n_in, 0, 1) : sd_row_size(vdt, n_in);
+        size_t xrb = pack ? pack(NULL, NULL, n_in, 0, 1, 0, 0) : sd_row_size(vdt, n_in);
         SD_ASSERT(ctx->wbuf_size >= 64 && room >= (size_t)n_tok * xrb);
         j.pack = pack;
         j.quant = pack ? NULL : sd_quant_act_quantizer(vdt);
@@ -371,6 +382,7 @@ void sd_matmul_multi(sd_mm_ctx *ctx, int n_mats, const int *wtypes, const void *
         return;
     }
     // Mixed types: the activations need one conversion per type anyway.
+    SD_ASSERT(!(hooks && hooks->act));
     if (n_tok <= 0) return;
     if (hooks && hooks->pre) hooks->pre(hooks->pre_arg, 0, n_tok);
     for (int m = 0; m < n_mats; m++) {
@@ -379,6 +391,38 @@ void sd_matmul_multi(sd_mm_ctx *ctx, int n_mats, const int *wtypes, const void *
     }
     if (hooks && hooks->post && n_out[0] > 0) hooks->post(hooks->post_arg, 0, n_out[0]);
     if (hooks && hooks->after) sd_pool_run(ctx ? ctx->pool : NULL, hooks->after, hooks->after_arg);
+}
+
+int sd_mm_act_begin(sd_mm_ctx *ctx, sd_mm_act *a, int wtype, int64_t n_in, int64_t n_tok) {
+    memset(a, 0, sizeof(*a));
+    const sd_type_traits *tr = sd_type_get(wtype);
+    if (!ctx || !ctx->abuf || ctx->act_f32 || !tr || !tr->supported || n_tok <= 0 || n_in % tr->blck) return -1;
+    const int vdt = tr->vec_dot_type;
+    const sd_type_traits *vt = sd_type_get(vdt);
+    if (act_is_f32(vdt) || !vt || vt->blck <= 0 || n_in % vt->blck) return -1;
+    sd_act_pack_fn pack = n_tok >= SD_MM_PACK_MIN_TOK ? sd_quant_act_packer(wtype) : NULL;
+    const size_t xrb = pack ? pack(NULL, NULL, n_in, 0, 1, 0, 0) : sd_row_size(vdt, n_in);
+    char *buf = (char *)(((uintptr_t)ctx->abuf + 63) & ~(uintptr_t)63);
+    if (ctx->abuf_size < 64 || ctx->abuf_size - (size_t)(buf - (char *)ctx->abuf) < (size_t)n_tok * xrb) return -1;
+    *a = (sd_mm_act){.wtype = wtype, .n_in = n_in, .n_tok = n_tok, .blk = pack ? SD_QK : vt->blck, .buf = buf,
+                     .row_bytes = xrb, .pack = pack, .quant = pack ? NULL : sd_quant_act_quantizer(vdt),
+                     .qbytes = vt->tsize};
+    return 0;
+}
+
+void sd_mm_act_put(const sd_mm_act *a, const float *x, int64_t t, int64_t c0, int64_t c1) {
+    SD_ASSERT(t >= 0 && t < a->n_tok && c0 >= 0 && c0 % a->blk == 0 && c1 <= a->n_in &&
+              (c1 % a->blk == 0 || c1 == a->n_in));
+    if (c0 >= c1) return;
+    if (a->pack) {
+        a->pack(x, a->buf, a->n_in, t, a->n_tok, c0 / SD_QK, c1 / SD_QK);
+        return;
+    }
+    a->quant(x + c0, (char *)a->buf + (size_t)t * a->row_bytes + (size_t)(c0 / a->blk) * a->qbytes, c1 - c0);
+}
+
+void sd_mm_range(int64_t n_out, int64_t align, int ith, int nth, int64_t *r0, int64_t *r1) {
+    mm_range(n_out, align > 0 ? align : SD_MM_ROW_ALIGN, 0, ith, nth, r0, r1);
 }
 
 void sd_matmul_ref(int wtype, const void *W, int64_t n_in, int64_t n_out,

@@ -46,10 +46,13 @@ typedef struct { float d; int8_t qs[SD_QK_K]; int16_t bsums[SD_QK_K / 16]; } sd_
 typedef void (*sd_to_float_fn)(const void *src, float *dst, int64_t n);   // n multiple of blck
 typedef void (*sd_from_float_fn)(const float *src, void *dst, int64_t n);
 // Activation packer of a weight type (internal: matmul.c and the kernels):
-// writes token t of an n_tok-token batch, x (n_in floats), into the batch's
-// buffer dst in the layout the type's tile kernel reads, and returns the bytes
-// per token (the buffer holds n_tok times that). dst NULL: only the size.
-typedef size_t (*sd_act_pack_fn)(const float *x, void *dst, int64_t n_in, int64_t t, int64_t n_tok);
+// writes blocks [b0, b1) (of SD_QK elements) of token t of an n_tok-token
+// batch, x (the token's n_in floats), into the batch's buffer dst in the
+// layout the type's tile kernel reads, and returns the bytes per token (the
+// buffer holds n_tok times that). A block's bytes do not depend on b0, b1.
+// dst NULL: only the size.
+typedef size_t (*sd_act_pack_fn)(const float *x, void *dst, int64_t n_in, int64_t t, int64_t n_tok, int64_t b0,
+                                 int64_t b1);
 // Dot product of one weight row (type T, n elements) with one activation row
 // already converted to traits[T].vec_dot_type.
 typedef float (*sd_vec_dot_fn)(int64_t n, const void *w, const void *x);
@@ -128,6 +131,8 @@ typedef struct sd_mm_ctx {
     int act_f32;      // 1: float activations against dequantized weights (types with
                       // to_float; the file's layouts only), no 8-bit rounding; 0: normal
     sd_mm_next next;  // optional hint for the next run; every run consumes (clears) it
+    void *abuf;       // optional: room for activations converted ahead (sd_mm_act)
+    size_t abuf_size; // bytes
 } sd_mm_ctx;
 size_t sd_matmul_wsize(int wtype, int64_t n_in, int64_t n_tok);
 void sd_matmul(sd_mm_ctx *ctx, int wtype, const void *W, int64_t n_in, int64_t n_out,
@@ -154,7 +159,12 @@ typedef void (*sd_mm_rows_fn)(void *arg, int m, int64_t r0, int64_t r1);
 //  - after(after_arg, ith, nth) once all threads are done with all of the
 //    above (a barrier), on every thread of the pool (n_tok >= 1): work that
 //    needs every output (e.g. the attention after Q, K, V), without a new
-//    pool run.
+//    pool run;
+//  - align (0: 16): the threads' row ranges start at multiples of it (a
+//    multiple of 16), e.g. the block size of a conversion the post hook does;
+//    thread ith's range of a matrix of n rows is sd_mm_range's;
+//  - act: the input was converted ahead (sd_mm_act; x may be NULL, pre must
+//    be NULL, all types equal).
 // The result has the same bits as pre(pre_arg, 0, n_tok), the multiply, then
 // post(post_arg, 0, n_out) or rows(rows_arg, m, 0, n_out[m]) for every m,
 // then after(after_arg, ith, nth) on the pool's threads.
@@ -167,7 +177,12 @@ typedef struct sd_mm_hooks {
     void *rows_arg;
     sd_task_fn after;
     void *after_arg;
+    int64_t align;
+    const struct sd_mm_act *act;
 } sd_mm_hooks;
+// Rows [*r0, *r1) of a single matrix of n_out rows that thread ith of nth
+// computes in a run with row alignment align (sd_mm_hooks.align; 0: 16).
+void sd_mm_range(int64_t n_out, int64_t align, int ith, int nth, int64_t *r0, int64_t *r1);
 // Several matrices applied to the same x (e.g. Q, K and V): matrix m has type
 // wtypes[m], rows of n_in elements, n_out[m] rows, and its result goes to
 // y[m], (n_tok, n_out[m]) float. When all types are equal, x is converted once
@@ -177,6 +192,32 @@ typedef struct sd_mm_hooks {
 // hooks may be NULL.
 void sd_matmul_multi(sd_mm_ctx *ctx, int n_mats, const int *wtypes, const void *const *W, int64_t n_in,
                      const int64_t *n_out, const float *x, int64_t n_tok, float *const *y, const sd_mm_hooks *hooks);
+// Activations converted ahead of their matmul: whoever produces columns of
+// the input x converts them with sd_mm_act_put as it goes (e.g. each thread
+// its own columns, while they are in its cache, instead of every thread
+// reading the others' floats in the matmul's preparation), then
+// sd_matmul_multi with hooks->act multiplies without a conversion step. The
+// outputs have the same bits as with x itself.
+typedef struct sd_mm_act {
+    int wtype;             // the weight type they are converted for
+    int64_t n_in, n_tok;
+    int64_t blk;           // put's column ranges start at multiples of this (elements)
+    void *buf;             // n_tok rows of row_bytes, in ctx->abuf
+    size_t row_bytes;
+    sd_act_pack_fn pack;   // the weight type's packer, or NULL:
+    sd_from_float_fn quant; // rows of its vec_dot_type (blocks of blk elements, qbytes each)
+    size_t qbytes;
+} sd_mm_act;
+// Sets a up for a matmul of weight type wtype over n_tok rows of n_in
+// elements in ctx->abuf (so the run whose hooks fill it must not read it:
+// its own input is in wbuf). Returns 0, or -1 when that matmul takes no
+// converted activations (float activations: ctx->act_f32 or a float
+// vec_dot_type; no abuf or too small): then give it x as floats.
+int sd_mm_act_begin(sd_mm_ctx *ctx, sd_mm_act *a, int wtype, int64_t n_in, int64_t n_tok);
+// Converts columns [c0, c1) of token t (x: the token's n_in floats); c0 a
+// multiple of a->blk, c1 too or n_in. Calls on disjoint ranges may run in
+// parallel. Every column of every token must be put before sd_matmul_act.
+void sd_mm_act_put(const sd_mm_act *a, const float *x, int64_t t, int64_t c0, int64_t c1);
 // Same, scalar reference path (for tests).
 void sd_matmul_ref(int wtype, const void *W, int64_t n_in, int64_t n_out,
                    const float *x, int64_t n_tok, float *y);

@@ -38,6 +38,18 @@ static size_t max_wsize(const sd_model *m, int64_t n_tok) {
     return w;
 }
 
+// Cache-line aligned memory (zeroed if zero): the rows of the per-forward
+// buffers are whole lines (their dims are multiples of 16 floats), so the
+// threads that split a row's columns in chunks of 16 never write the same
+// line. (malloc aligns large blocks to 16 bytes only: every row boundary
+// would be a line both threads write.)
+static void *line_alloc(size_t n, int zero) {
+    const size_t r = n ? (n + 63) / 64 * 64 : 64;
+    void *p = aligned_alloc(64, r);
+    if (p && zero) memset(p, 0, r);
+    return p;
+}
+
 int sd_session_new(sd_session **out, const sd_model *m, const sd_session_params *p,
                    char *err, size_t errlen) {
     *out = NULL;
@@ -65,17 +77,17 @@ int sd_session_new(sd_session **out, const sd_model *m, const sd_session_params 
     const size_t B = (size_t)n_batch;
     const size_t kv_elems = (size_t)hp->n_layer * (size_t)n_ctx * (size_t)s->kv_dim;
     s->kt_nblk = (n_ctx + SD_KT_W - 1) / SD_KT_W;
-    // calloc: the slots past the written ones are read (and ignored) by the
+    // zeroed: the slots past the written ones are read (and ignored) by the
     // score vectors, so they should hold numbers
-    s->kt = calloc((size_t)hp->n_layer * (size_t)s->kv_dim * (size_t)s->kt_nblk * SD_KT_W, sizeof(float));
-    s->v_cache = malloc(kv_elems * sizeof(float));
-    s->x = malloc(B * hp->n_embd * sizeof(float));
-    s->xn = malloc(B * SD_MAX(hp->n_embd, s->q_dim) * sizeof(float));
-    s->q = malloc(B * s->q_dim * sizeof(float));
-    s->k = malloc(B * s->kv_dim * sizeof(float));
-    s->att = malloc(B * s->q_dim * sizeof(float));
-    s->ff_g = malloc(B * hp->n_ff * sizeof(float));
-    s->ff_u = malloc(B * hp->n_ff * sizeof(float));
+    s->kt = line_alloc((size_t)hp->n_layer * (size_t)s->kv_dim * (size_t)s->kt_nblk * SD_KT_W * sizeof(float), 1);
+    s->v_cache = line_alloc(kv_elems * sizeof(float), 0);
+    s->x = line_alloc(B * hp->n_embd * sizeof(float), 0);
+    s->xn = line_alloc(B * SD_MAX(hp->n_embd, s->q_dim) * sizeof(float), 0);
+    s->q = line_alloc(B * s->q_dim * sizeof(float), 0);
+    s->k = line_alloc(B * s->kv_dim * sizeof(float), 0);
+    s->att = line_alloc(B * s->q_dim * sizeof(float), 0);
+    s->ff_g = line_alloc(B * hp->n_ff * sizeof(float), 0);
+    s->ff_u = line_alloc(B * hp->n_ff * sizeof(float), 0);
     s->rope_cs = malloc(B * (size_t)(hp->n_rot / 2 + 1) * 2 * sizeof(float));
     s->rope_freq = malloc((size_t)(hp->n_rot / 2 + 1) * sizeof(double));
     s->anc = malloc(B * B * sizeof(int32_t));
@@ -84,16 +96,19 @@ int sd_session_new(sd_session **out, const sd_model *m, const sd_session_params 
     s->pos = malloc(B * sizeof(int32_t));
     s->out_rows = malloc(B * sizeof(int32_t));
     s->logit_row = malloc(B * sizeof(int32_t));
-    s->logits = malloc(B * (size_t)hp->n_vocab * sizeof(float));
+    s->logits = line_alloc(B * (size_t)hp->n_vocab * sizeof(float), 0);
     s->pool = p->share_threads ? sd_pool_ref(p->share_threads->pool) : sd_pool_new(n_threads);
     s->n_threads = sd_pool_size(s->pool);
-    s->att_scores = malloc((size_t)s->n_threads * SD_ATT_QB * (size_t)s->kt_nblk * SD_KT_W * sizeof(float));
+    s->att_scores = line_alloc((size_t)s->n_threads * SD_ATT_QB * (size_t)s->kt_nblk * SD_KT_W * sizeof(float), 0);
     s->mm.pool = s->pool;
     s->mm.wbuf_size = max_wsize(m, n_batch);
     s->mm.wbuf = malloc(s->mm.wbuf_size ? s->mm.wbuf_size : 1);
+    s->mm.abuf_size = s->mm.wbuf_size;
+    s->mm.abuf = malloc(s->mm.abuf_size ? s->mm.abuf_size : 1);
     if (!s->kt || !s->v_cache || !s->x || !s->xn || !s->q || !s->k || !s->att || !s->ff_g || !s->ff_u ||
         !s->rope_cs || !s->rope_freq || !s->anc || !s->n_anc || !s->parent || !s->pos ||
-        !s->out_rows || !s->logit_row || !s->logits || !s->pool || !s->att_scores || !s->mm.wbuf) {
+        !s->out_rows || !s->logit_row || !s->logits || !s->pool || !s->att_scores || !s->mm.wbuf ||
+        !s->mm.abuf) {
         sd_session_free(s);
         return sd_err(err, errlen, "out of memory allocating a session (n_ctx %d, n_batch %d: %.0f MiB of KV cache)",
                       n_ctx, n_batch, 2.0 * (double)kv_elems * 4 / (1 << 20));
@@ -127,6 +142,7 @@ void sd_session_free(sd_session *s) {
     free(s->logit_row);
     free(s->logits);
     free(s->mm.wbuf);
+    free(s->mm.abuf);
     free(s->layer_skip);
     sd_pool_free(s->pool);
     free(s);

@@ -44,6 +44,7 @@ struct sd_session {
     float *q;           // (n_batch, q_dim) queries (RoPE applied)
     float *k;           // (n_batch, kv_dim) keys of the batch before they go to kt
     float *att;         // (n_batch, q_dim) attention output
+    const sd_mm_act *att_act; // NULL, or where the attention also puts att, converted for the output projection
     float *ff_g;        // (n_batch, n_ff) gate, then silu(gate) * up
     float *ff_u;        // (n_batch, n_ff) up
     float *rope_cs;     // (n_batch, n_rot / 2, 2) cos, sin of each node's angles
@@ -62,7 +63,7 @@ struct sd_session {
     int n_skip;          // layers with layer_skip[l] == 1
 
     sd_pool *pool;
-    sd_mm_ctx mm;       // wbuf sized for the largest matmul with n_batch tokens
+    sd_mm_ctx mm;       // wbuf and abuf sized for the largest matmul with n_batch tokens
 };
 
 // attention.c: the attention of layer `layer` for the n nodes of the current

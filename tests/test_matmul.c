@@ -1,4 +1,5 @@
-// test_matmul.c - sd_matmul_multi's hooks and the pool's read-ahead window.
+// test_matmul.c - sd_matmul_multi's hooks, activations converted ahead, and
+// the pool's read-ahead window.
 //
 // The forward pass leans on these contracts (forward.c): the pre hook prepares
 // every input row exactly once before any thread multiplies; the post hook and
@@ -173,6 +174,105 @@ static void test_hooks(void) {
     sd_pool_free(pools[2]);
 }
 
+// Activations converted ahead (sd_mm_act): columns put in pieces, in any
+// order, then a run on them (hooks->act, no x) gives the same bits as
+// sd_matmul on the floats; the rows hook's ranges are sd_mm_range's with
+// the run's alignment. Types with a packer (Q4_1, Q8_0), with plain
+// Q8_K rows (Q4_K, Q6_K), and float activations (F16: no conversion, -1).
+#define ACT_IN 512
+typedef struct {
+    atomic_int n;
+    int64_t r0[8], r1[8];
+} range_log;
+
+static void log_rows(void *arg, int m, int64_t r0, int64_t r1) {
+    (void)m;
+    range_log *lg = arg;
+    const int i = atomic_fetch_add(&lg->n, 1);
+    if (i < 8) lg->r0[i] = r0, lg->r1[i] = r1;
+}
+
+static void act_case(sd_pool *pool, int type, int64_t n_tok, int64_t n_out, int64_t align) {
+    const sd_type_traits *tr = sd_type_get(type);
+    const size_t wrb = sd_row_size(type, ACT_IN);
+    uint8_t *W = malloc(wrb * (size_t)n_out);
+    float *x = malloc(sizeof(float) * ACT_IN * (size_t)n_tok), wf[ACT_IN];
+    float *y = malloc(sizeof(float) * (size_t)(n_out * n_tok)), *ref = malloc(sizeof(float) * (size_t)(n_out * n_tok));
+    for (int64_t r = 0; r < n_out; r++) {
+        for (int i = 0; i < ACT_IN; i++) wf[i] = frand();
+        tr->from_float(wf, W + r * wrb, ACT_IN);
+    }
+    for (int64_t i = 0; i < ACT_IN * n_tok; i++) x[i] = frand() * (i % 7 == 0 ? 30.0f : 1.0f);
+    for (int64_t i = 0; i < n_out * n_tok; i++) y[i] = NAN;
+    const size_t ws = sd_matmul_wsize(type, ACT_IN, n_tok);
+    sd_mm_ctx ctx = {.pool = pool, .wbuf_size = ws, .abuf_size = ws};
+    ctx.wbuf = malloc(ws);
+    ctx.abuf = malloc(ws);
+    sd_matmul(&ctx, type, W, ACT_IN, n_out, x, n_tok, ref);
+    char what[96];
+    snprintf(what, sizeof what, "%s n_tok=%lld threads=%d align=%lld", tr->name, (long long)n_tok, sd_pool_size(pool),
+             (long long)align);
+
+    sd_mm_act a;
+    const int rc = sd_mm_act_begin(&ctx, &a, type, ACT_IN, n_tok);
+    if (type == SD_TYPE_F16) {
+        CHECK(rc == -1, "%s: float activations need no conversion ahead, begin gave %d", what, rc);
+    } else {
+        CHECK(rc == 0, "%s: sd_mm_act_begin failed", what);
+        CHECK(a.blk > 0 && ACT_IN % a.blk == 0, "%s: block %lld", what, (long long)a.blk);
+        // columns in pieces of 1..3 blocks, pieces in a shuffled order, tokens last to first
+        int64_t cuts[ACT_IN / 16 + 2];
+        int nc = 0;
+        for (int64_t c = 0; c < ACT_IN; c += a.blk * (1 + (int64_t)(frand() + 1.0f))) cuts[nc++] = c;
+        cuts[nc] = ACT_IN;
+        for (int64_t t = n_tok - 1; t >= 0; t--) {
+            int order[ACT_IN / 16 + 1];
+            for (int k = 0; k < nc; k++) order[k] = k;
+            for (int k = nc - 1; k > 0; k--) { // Fisher-Yates
+                const int j = (int)((frand() + 1.0f) * 0.5f * (float)(k + 1)) % (k + 1), tmp = order[k];
+                order[k] = order[j], order[j] = tmp;
+            }
+            for (int k = 0; k < nc; k++) sd_mm_act_put(&a, x + t * ACT_IN, t, cuts[order[k]], cuts[order[k] + 1]);
+        }
+        range_log lg = {0};
+        const sd_mm_hooks hooks = {.rows = log_rows, .rows_arg = &lg, .align = align, .act = &a};
+        sd_matmul_multi(&ctx, 1, &type, (const void *const *)&W, ACT_IN, &n_out, NULL, n_tok, &y, &hooks);
+        int n_diff = 0;
+        for (int64_t i = 0; i < n_out * n_tok; i++) n_diff += memcmp(&y[i], &ref[i], sizeof(float)) != 0;
+        CHECK(n_diff == 0, "%s: %d outputs differ from sd_matmul on the floats", what, n_diff);
+        const int nth = sd_pool_size(pool), n_logged = atomic_load(&lg.n);
+        int n_match = 0;
+        for (int i = 0; i < n_logged && i < 8; i++) {
+            CHECK(lg.r0[i] % align == 0, "%s: a thread's rows start at %lld", what, (long long)lg.r0[i]);
+            for (int ith = 0; ith < nth; ith++) {
+                int64_t r0, r1;
+                sd_mm_range(n_out, align, ith, nth, &r0, &r1);
+                n_match += r0 == lg.r0[i] && r1 == lg.r1[i];
+            }
+        }
+        CHECK(n_match == n_logged, "%s: %d of %d row ranges are sd_mm_range's", what, n_match, n_logged);
+    }
+    ctx.act_f32 = 1;
+    CHECK(sd_mm_act_begin(&ctx, &a, type, ACT_IN, n_tok) == -1, "%s: float activations (act_f32) need no conversion",
+          what);
+    ctx.act_f32 = 0;
+    ctx.abuf_size = 64;
+    CHECK(sd_mm_act_begin(&ctx, &a, type, ACT_IN, n_tok) == -1, "%s: a too small abuf accepted", what);
+    free(W), free(x), free(y), free(ref), free(ctx.wbuf), free(ctx.abuf);
+}
+
+static void test_act_ahead(void) {
+    sd_pool *pools[3] = {NULL, sd_pool_new(2), sd_pool_new(3)};
+    const int types[] = {SD_TYPE_Q4_1, SD_TYPE_Q8_0, SD_TYPE_Q4_K, SD_TYPE_Q6_K, SD_TYPE_F16};
+    const int64_t toks[] = {1, 3, 16, 19};
+    for (int p = 0; p < 3; p++)
+        for (size_t k = 0; k < sizeof types / sizeof *types; k++)
+            for (size_t ti = 0; ti < sizeof toks / sizeof *toks; ti++)
+                act_case(pools[p], types[k], toks[ti], 16 * 9 + 7, ti % 2 ? 32 : 16);
+    sd_pool_free(pools[1]);
+    sd_pool_free(pools[2]);
+}
+
 // sd_pool_prefetch sets a window that sd_pool_wait_step consumes one cache
 // line per call; the pool's own waits consume it too.
 static void test_read_ahead_window(void) {
@@ -191,6 +291,7 @@ static void test_read_ahead_window(void) {
 int main(void) {
     sd_quant_init(0);
     T_RUN(test_hooks);
+    T_RUN(test_act_ahead);
     T_RUN(test_read_ahead_window);
     T_EXIT();
 }
