@@ -179,17 +179,26 @@ static void outputs_tq(int nq, const float *const *p, const int32_t *const *anc,
     ATT_CASES(outputs_tile, ATT_OQ, p, anc, na, vb, kvd, n_past, hd, inv, o)
 }
 
-// Softmax in place over sc[0..n) (n >= 1); returns 1 / the sum of the
-// exponentials. sc must have room up to n rounded up to the vector width.
-static float softmax_row(float *sc, int n) {
+// Softmax in place over sc[0..n) (n >= 1), in two steps so that a block's
+// queries can go through each step one after another (their dependency
+// chains then overlap instead of running back to back). softmax_max pads sc
+// to the vector width with -inf (exp gives 0: the sum is unchanged; sc must
+// have room) and returns the maximum; softmax_exp replaces sc by the
+// exponentials of sc - mx and returns 1 / their sum.
+static float softmax_max(float *sc, int n) {
     const int np = (n + SD_VW - 1) / SD_VW * SD_VW;
-    for (int j = n; j < np; j++) sc[j] = -INFINITY; // exp gives 0: the sum is unchanged
+    for (int j = n; j < np; j++) sc[j] = -INFINITY;
     vf m = vf_set1(-INFINITY);
     for (int j = 0; j < np; j += SD_VW) m = vf_max(m, vf_load(sc + j));
-    const vf mx = vf_set1(vf_hmax(m));
+    return vf_hmax(m);
+}
+
+static float softmax_exp(float *sc, int n, float mx) {
+    const int np = (n + SD_VW - 1) / SD_VW * SD_VW;
+    const vf vm = vf_set1(mx);
     vf sum = vf_zero();
     for (int j = 0; j < np; j += SD_VW) {
-        const vf e = vf_exp(vf_sub(vf_load(sc + j), mx));
+        const vf e = vf_exp(vf_sub(vf_load(sc + j), vm));
         vf_store(sc + j, e);
         sum = vf_add(sum, e);
     }
@@ -228,11 +237,13 @@ static void att_block(const att_job *job, int g, int u0, int nq, float *scratch)
     const float scale = 1.0f / sqrtf((float)hd);
     for (int k = 0; k < nq; k += ATT_TQ)
         scores_tq(SD_MIN(ATT_TQ, nq - k), q + k, kt, hd, nv, scale, sc + k);
+    float mx[SD_ATT_QB];
     for (int k = 0; k < nq; k++) {
         // the ancestors' scores right after the committed ones (anc[a] >= a, increasing)
         for (int a = 0; a < na[k]; a++) sc[k][n_past + a] = sc[k][n_past + anc[k][a]];
-        inv[k] = softmax_row(sc[k], n_past + na[k]);
+        mx[k] = softmax_max(sc[k], n_past + na[k]);
     }
+    for (int k = 0; k < nq; k++) inv[k] = softmax_exp(sc[k], n_past + na[k], mx[k]);
     for (int k = 0; k < nq; k += ATT_OQ)
         outputs_tq(SD_MIN(ATT_OQ, nq - k), (const float *const *)sc + k, anc + k, na + k, vb, kvd, n_past, hd,
                    inv + k, o + k);
