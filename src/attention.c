@@ -208,7 +208,8 @@ static float softmax_exp(float *sc, int n, float mx) {
 typedef struct {
     sd_session *s;
     int layer;
-    int n; // batch nodes
+    int n;                 // batch nodes
+    const sd_mm_act *out;  // NULL, or where the outputs also go, converted for the output projection
 } att_job;
 
 // A block of nq <= SD_ATT_QB queries u0..u0+nq of KV head g; query u is head
@@ -247,10 +248,10 @@ static void att_block(const att_job *job, int g, int u0, int nq, float *scratch)
     for (int k = 0; k < nq; k += ATT_OQ)
         outputs_tq(SD_MIN(ATT_OQ, nq - k), (const float *const *)sc + k, anc + k, na + k, vb, kvd, n_past, hd,
                    inv + k, o + k);
-    if (s->att_act) // the output projection's input, converted here while it is in this core's cache
+    if (job->out) // the output projection's input, converted here while it is in this core's cache
         for (int k = 0; k < nq; k++) {
             const int i = (u0 + k) / grp, h = g * grp + (u0 + k) % grp;
-            sd_mm_act_put(s->att_act, s->att + (size_t)i * s->q_dim, i, (int64_t)h * hd, (int64_t)(h + 1) * hd);
+            sd_mm_act_put(job->out, s->att + (size_t)i * s->q_dim, i, (int64_t)h * hd, (int64_t)(h + 1) * hd);
         }
 }
 
@@ -282,14 +283,14 @@ int sd_attention_parallel(const sd_session *s, int n) {
     return sd_pool_size(s->pool) > 1 && (long)n * hp->n_head * (s->n_past + n) * hp->head_dim >= SD_ATT_PAR_MIN;
 }
 
-void sd_attention(sd_session *s, int layer, int n) {
-    att_job job = {s, layer, n};
+void sd_attention(sd_session *s, int layer, int n, const sd_mm_act *out) {
+    att_job job = {s, layer, n, out};
     if (sd_attention_parallel(s, n)) sd_pool_run(s->pool, att_task, &job);
     else att_task(&job, 0, 1);
 }
 
-void sd_attention_part(sd_session *s, int layer, int n, int ith, int nth) {
-    att_job job = {s, layer, n};
+void sd_attention_part(sd_session *s, int layer, int n, const sd_mm_act *out, int ith, int nth) {
+    att_job job = {s, layer, n, out};
     att_task(&job, ith, nth);
 }
 

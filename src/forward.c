@@ -85,7 +85,8 @@ typedef struct {
     int add;              // pre_norm: 1 if xn holds a sublayer's output still to be added to x
     int layer;            // qkv_rows: the layer
     float *v_out;         // qkv_rows: where V went (the cache rows of the batch)
-    const sd_mm_act *act; // swiglu_cols: where the result also goes, converted for the down matrix (or NULL)
+    const sd_mm_act *act; // swiglu_cols, att_after: where the result also goes, converted for the next
+                          // matrix (down; the output projection), or NULL
 } fwd_job;
 
 // sd_mm_pre_fn: for nodes [t0, t1), x += xn (if add), then xn = rmsnorm(x).
@@ -175,7 +176,7 @@ static void qkv_rows(void *arg, int m, int64_t r0, int64_t r1) {
 // The after hook of the Q, K, V run: the attention, on the run's threads.
 static void att_after(void *arg, int ith, int nth) {
     const fwd_job *job = arg;
-    sd_attention_part(job->s, job->layer, job->n, ith, nth);
+    sd_attention_part(job->s, job->layer, job->n, job->act, ith, nth);
 }
 
 // The tensor a matmul of this forward reads: with float activations
@@ -185,9 +186,13 @@ static const sd_tensor *mm_weight(const sd_session *s, const sd_tensor *w) {
     return s->mm.act_f32 ? sd_model_file_tensor(s->m, w) : w;
 }
 
-static void matmul_t(sd_session *s, const sd_tensor *w, const float *x, int n_tok, float *y) {
+// y = x w^T, or on x already converted (act, from act_for; else NULL).
+static void matmul_t(sd_session *s, const sd_tensor *w, const float *x, const sd_mm_act *act, int n_tok, float *y) {
     w = mm_weight(s, w);
-    sd_matmul(&s->mm, w->type, w->data, w->ne[0], w->ne[1], x, n_tok, y);
+    const sd_mm_hooks h = {.act = act};
+    const int type = w->type;
+    const void *W = w->data;
+    sd_matmul_multi(&s->mm, 1, &type, &W, w->ne[0], &w->ne[1], x, n_tok, &y, &h);
 }
 
 // Matrices w[0..n_mats) (n_mats <= 4) sharing the input x (their ne[0]).
@@ -332,7 +337,7 @@ int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errle
             job.norm_w = L->attn_norm->data;
             job.layer = l;
             job.v_out = vc;
-            s->att_act = act_for(s, &o_act, L->wo, n, hp->head_dim);
+            job.act = act_for(s, &o_act, L->wo, n, hp->head_dim); // filled by the attention
             const int in_task = hp->rope_type == SD_ROPE_NORM;
             const int att_in_task = in_task && sd_attention_parallel(s, n);
             const sd_mm_hooks h = {.pre = pre_norm, .pre_arg = &job, .rows = in_task ? qkv_rows : NULL, .rows_arg = &job,
@@ -352,18 +357,12 @@ int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errle
                 }
                 sd_kt_store(s, l, s->k, n);
             }
-            if (!att_in_task) sd_attention(s, l, n);
+            if (!att_in_task) sd_attention(s, l, n, job.act);
         }
 
         const sd_tensor *ffn[2] = {L->w_gate, L->w_up};
         hint_next(s, L->w_gate);
-        {
-            const sd_mm_hooks h = {.act = s->att_act};
-            const sd_tensor *w1[1] = {L->wo};
-            float *y1[1] = {s->xn};
-            matmul_multi_t(s, 1, w1, s->att, n, y1, &h);
-            s->att_act = NULL;
-        }
+        matmul_t(s, L->wo, s->att, job.act, n, s->xn);
         job.add = 1;
         {
             // residual add and FFN norm, then gate and up in one pool run, each
@@ -385,13 +384,7 @@ int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errle
         } else if (n_out > 0) {
             hint_next(s, m->output);
         }
-        {
-            const sd_mm_hooks h = {.act = job.act};
-            const sd_tensor *w1[1] = {L->w_down};
-            float *y1[1] = {s->xn};
-            matmul_multi_t(s, 1, w1, s->ff_g, n, y1, &h);
-            job.act = NULL;
-        }
+        matmul_t(s, L->w_down, s->ff_g, job.act, n, s->xn);
     }
 
     // Final residual add and norm, then the output projection, only for the
@@ -403,7 +396,7 @@ int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errle
             for (int e = 0; e < E; e++) x[e] += s->xn[(size_t)s->out_rows[k] * E + e];
         rmsnorm(s->xn + (size_t)k * E, x, m->out_norm->data, E, hp->rms_eps);
     }
-    if (n_out > 0) matmul_t(s, m->output, s->xn, n_out, s->logits);
+    if (n_out > 0) matmul_t(s, m->output, s->xn, NULL, n_out, s->logits);
     s->mm.act_f32 = 0;
     s->n_pending = n;
     return 0;

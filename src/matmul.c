@@ -291,6 +291,22 @@ size_t sd_matmul_wsize(int wtype, int64_t n_in, int64_t n_tok) {
     return (size_t)n_tok * rb + 64; // + 64: alignment of the buffer start
 }
 
+// The conversion of n_tok activation rows of n_in elements for a matmul of
+// weight type wtype (a non-float vec_dot_type): the type's packer, or else
+// the vec_dot_type's quantizer, and the bytes per row. Returns where the rows
+// go, the 64-byte aligned start of mem (size bytes), or NULL if they do not
+// fit there.
+static void *act_format(void *mem, size_t size, int wtype, int64_t n_in, int64_t n_tok, sd_act_pack_fn *pack,
+                        sd_from_float_fn *quant, size_t *row_bytes) {
+    const int vdt = sd_type_get(wtype)->vec_dot_type;
+    *pack = n_tok >= SD_MM_PACK_MIN_TOK ? sd_quant_act_packer(wtype) : NULL;
+    *quant = *pack ? NULL : sd_quant_act_quantizer(vdt);
+    *row_bytes = *pack ? (*pack)(NULL, NULL, n_in, 0, 1, 0, 0) : sd_row_size(vdt, n_in);
+    if (!mem || size < 64) return NULL;
+    char *buf = (char *)(((uintptr_t)mem + 63) & ~(uintptr_t)63);
+    return size - (size_t)(buf - (char *)mem) >= (size_t)n_tok * *row_bytes ? buf : NULL;
+}
+
 // Common body of sd_matmul and sd_matmul_multi: n_mats matrices of type
 // wtype with rows of n_in elements, all applied to the same x, or to
 // activations already converted (hooks->act).
@@ -339,15 +355,13 @@ static void matmul_run(sd_mm_ctx *ctx, int wtype, int n_mats, const void *const 
         j.xq = act->buf;
         j.x_row_bytes = act->row_bytes;
     } else if (!j.f32 && !act_is_f32(vdt)) {
-        SD_ASSERT(ctx && ctx->wbuf);
-        char *buf = (char *)(((uintptr_t)ctx->wbuf + 63) & ~(uintptr_t)63);
-        size_t room = ctx->wbuf_size - (size_t)(buf - (char *)ctx->wbuf);
-        sd_act_pack_fn pack = n_tok >= SD_MM_PACK_MIN_TOK ? sd_quant_act_packer(wtype) : NULL;
-        size_t xrb = pack ? pack(NULL, NULL, n_in, 0, 1, 0, 0) : sd_row_size(vdt, n_in);
-        SD_ASSERT(ctx->wbuf_size >= 64 && room >= (size_t)n_tok * xrb);
+        sd_act_pack_fn pack;
+        sd_from_float_fn quant;
+        size_t xrb;
+        j.xq = act_format(ctx ? ctx->wbuf : NULL, ctx ? ctx->wbuf_size : 0, wtype, n_in, n_tok, &pack, &quant, &xrb);
+        SD_ASSERT(j.xq != NULL);
         j.pack = pack;
-        j.quant = pack ? NULL : sd_quant_act_quantizer(vdt);
-        j.xq = buf;
+        j.quant = quant;
         j.x_row_bytes = xrb;
     }
     // Small batches are prepared and converted here, by the caller (a few
@@ -400,13 +414,13 @@ int sd_mm_act_begin(sd_mm_ctx *ctx, sd_mm_act *a, int wtype, int64_t n_in, int64
     const int vdt = tr->vec_dot_type;
     const sd_type_traits *vt = sd_type_get(vdt);
     if (act_is_f32(vdt) || !vt || vt->blck <= 0 || n_in % vt->blck) return -1;
-    sd_act_pack_fn pack = n_tok >= SD_MM_PACK_MIN_TOK ? sd_quant_act_packer(wtype) : NULL;
-    const size_t xrb = pack ? pack(NULL, NULL, n_in, 0, 1, 0, 0) : sd_row_size(vdt, n_in);
-    char *buf = (char *)(((uintptr_t)ctx->abuf + 63) & ~(uintptr_t)63);
-    if (ctx->abuf_size < 64 || ctx->abuf_size - (size_t)(buf - (char *)ctx->abuf) < (size_t)n_tok * xrb) return -1;
+    sd_act_pack_fn pack;
+    sd_from_float_fn quant;
+    size_t xrb;
+    void *buf = act_format(ctx->abuf, ctx->abuf_size, wtype, n_in, n_tok, &pack, &quant, &xrb);
+    if (!buf) return -1;
     *a = (sd_mm_act){.wtype = wtype, .n_in = n_in, .n_tok = n_tok, .blk = pack ? SD_QK : vt->blck, .buf = buf,
-                     .row_bytes = xrb, .pack = pack, .quant = pack ? NULL : sd_quant_act_quantizer(vdt),
-                     .qbytes = vt->tsize};
+                     .row_bytes = xrb, .pack = pack, .quant = quant, .qbytes = vt->tsize};
     return 0;
 }
 
@@ -421,9 +435,6 @@ void sd_mm_act_put(const sd_mm_act *a, const float *x, int64_t t, int64_t c0, in
     a->quant(x + c0, (char *)a->buf + (size_t)t * a->row_bytes + (size_t)(c0 / a->blk) * a->qbytes, c1 - c0);
 }
 
-void sd_mm_range(int64_t n_out, int64_t align, int ith, int nth, int64_t *r0, int64_t *r1) {
-    mm_range(n_out, align > 0 ? align : SD_MM_ROW_ALIGN, 0, ith, nth, r0, r1);
-}
 
 void sd_matmul_ref(int wtype, const void *W, int64_t n_in, int64_t n_out,
                    const float *x, int64_t n_tok, float *y) {

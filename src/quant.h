@@ -162,7 +162,6 @@ typedef void (*sd_mm_rows_fn)(void *arg, int m, int64_t r0, int64_t r1);
 //    pool run;
 //  - align (0: 16): the threads' row ranges start at multiples of it (a
 //    multiple of 16), e.g. the block size of a conversion the post hook does;
-//    thread ith's range of a matrix of n rows is sd_mm_range's;
 //  - act: the input was converted ahead (sd_mm_act; x may be NULL, pre must
 //    be NULL, all types equal).
 // The result has the same bits as pre(pre_arg, 0, n_tok), the multiply, then
@@ -180,9 +179,6 @@ typedef struct sd_mm_hooks {
     int64_t align;
     const struct sd_mm_act *act;
 } sd_mm_hooks;
-// Rows [*r0, *r1) of a single matrix of n_out rows that thread ith of nth
-// computes in a run with row alignment align (sd_mm_hooks.align; 0: 16).
-void sd_mm_range(int64_t n_out, int64_t align, int ith, int nth, int64_t *r0, int64_t *r1);
 // Several matrices applied to the same x (e.g. Q, K and V): matrix m has type
 // wtypes[m], rows of n_in elements, n_out[m] rows, and its result goes to
 // y[m], (n_tok, n_out[m]) float. When all types are equal, x is converted once
@@ -216,7 +212,7 @@ typedef struct sd_mm_act {
 int sd_mm_act_begin(sd_mm_ctx *ctx, sd_mm_act *a, int wtype, int64_t n_in, int64_t n_tok);
 // Converts columns [c0, c1) of token t (x: the token's n_in floats); c0 a
 // multiple of a->blk, c1 too or n_in. Calls on disjoint ranges may run in
-// parallel. Every column of every token must be put before sd_matmul_act.
+// parallel. Every column of every token must be put before the run that reads them.
 void sd_mm_act_put(const sd_mm_act *a, const float *x, int64_t t, int64_t c0, int64_t c1);
 // Same, scalar reference path (for tests).
 void sd_matmul_ref(int wtype, const void *W, int64_t n_in, int64_t n_out,

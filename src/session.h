@@ -44,7 +44,6 @@ struct sd_session {
     float *q;           // (n_batch, q_dim) queries (RoPE applied)
     float *k;           // (n_batch, kv_dim) keys of the batch before they go to kt
     float *att;         // (n_batch, q_dim) attention output
-    const sd_mm_act *att_act; // NULL, or where the attention also puts att, converted for the output projection
     float *ff_g;        // (n_batch, n_ff) gate, then silu(gate) * up
     float *ff_u;        // (n_batch, n_ff) up
     float *rope_cs;     // (n_batch, n_rot / 2, 2) cos, sin of each node's angles
@@ -68,15 +67,17 @@ struct sd_session {
 
 // attention.c: the attention of layer `layer` for the n nodes of the current
 // forward (their K rows already in kt, V rows in v_cache, queries in q),
-// into att; the copy of n key rows (n, kv_dim) into a layer's kt at slots
-// n_past.. (all dims, or dims [d0, d1) of every row); and the move of a
-// layer's kt slot src to slot dst (commit).
-void sd_attention(sd_session *s, int layer, int n);
+// into att and, unless out is NULL, converted into out (the output
+// projection's input, each head by the thread that computed it); the copy of
+// n key rows (n, kv_dim) into a layer's kt at slots n_past.. (all dims, or
+// dims [d0, d1) of every row); and the move of a layer's kt slot src to slot
+// dst (commit).
+void sd_attention(sd_session *s, int layer, int n, const sd_mm_act *out);
 // Whether sd_attention of n nodes would split the work among the pool's
 // threads (enough of it), and thread ith's part of that split (all parts
 // together, on nth threads at once, equal sd_attention).
 int sd_attention_parallel(const sd_session *s, int n);
-void sd_attention_part(sd_session *s, int layer, int n, int ith, int nth);
+void sd_attention_part(sd_session *s, int layer, int n, const sd_mm_act *out, int ith, int nth);
 void sd_kt_store(sd_session *s, int layer, const float *k, int n);
 void sd_kt_store_dims(sd_session *s, int layer, const float *k, int n, int d0, int d1);
 void sd_kt_move(sd_session *s, int layer, int dst, int src);
