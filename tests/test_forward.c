@@ -114,6 +114,18 @@ static int cmp_float(const void *a, const void *b) {
 }
 
 #define VSREF_ROWS 15 // 12 prompt rows (one batch) + 3 single steps: exercises 8-row attention blocks
+// A row whose logits are more than this off the act-quant reference was hit
+// by a rounding flip: a float-order difference of ~1e-6 moved one activation
+// across a rounding boundary of the 8-bit conversion, one quantization step
+// (seen: the down matrix's output of one token 2.6e-3 off while its input
+// matched to 1e-6). The attention of the next layer carries that into every
+// later row (seen: 12 of 15 rows, median 2e-2, on one type in an AVX2-only
+// build). Those rows are left out of the median; the rest, row 0 and at
+// least 3 rows in all, must match to 1e-4 (median), which a systematic
+// difference (a wrong activation format or conversion, the same at every
+// position) does not. Position-dependent errors (attention, KV cache) are
+// the business of test_long_context_vs_reference (float weights, 2e-3).
+#define VSREF_FLIP 1e-3f
 
 // Prompt of 12 tokens as one batch, then 3 single-token steps; every logit row
 // compared with the two references run token by token.
@@ -147,7 +159,7 @@ static void check_vs_ref(const char *arch, const type_case *tc) {
     const int32_t prompt[12] = {1, 300, 17, 260, 99, 5, 280, 281, 3, 312, 64, 128};
     int32_t tok = 42;
     float worst = 0, worstq = 0, sd = 0;
-    int nq = 0;
+    int nq = 0, n_flipped = 0, row0_flipped = 0;
     sd_batch b = {12, prompt, NULL, NULL, NULL, 0};
     int rc = sd_session_forward(s, &b, g_err, sizeof g_err);
     CHECK(rc == 0, "forward: %s", g_err);
@@ -170,14 +182,25 @@ static void check_vs_ref(const char *arch, const type_case *tc) {
         float d = max_abs_diff(got, ref, V), dqm = max_abs_diff(got, refq, V);
         if (!(d <= worst)) worst = d;
         if (!(dqm <= worstq)) worstq = dqm;
-        for (int v = 0; v < V; v++) dq[nq++] = fabsf(got[v] - refq[v]);
         sd = stddev(ref, V);
+        if (!(dqm <= VSREF_FLIP)) { // hit by a rounding flip: out of the median (see VSREF_FLIP)
+            n_flipped++;
+            row0_flipped |= row == 0;
+            continue;
+        }
+        for (int v = 0; v < V; v++) dq[nq++] = fabsf(got[v] - refq[v]);
     }
     qsort(dq, (size_t)nq, sizeof(float), cmp_float);
     float med = nq ? dq[nq / 2] : 0;
     CHECK(worst <= tc->tol, "%s %s: max |logit - ref| = %g > tol %g", arch, name, worst, tc->tol);
     CHECK(worstq <= tc->tolq, "%s %s: max |logit - ref(act quant)| = %g > tol %g", arch, name, worstq, tc->tolq);
     CHECK(med <= 1e-4f, "%s %s: median |logit - ref(act quant)| = %g > 1e-4", arch, name, med);
+    const int flips_ok = !row0_flipped && n_flipped <= VSREF_ROWS - 3;
+    CHECK(flips_ok, "%s %s: %d of %d rows off the act-quant reference by > %g%s", arch, name, n_flipped, VSREF_ROWS,
+          VSREF_FLIP, row0_flipped ? ", row 0 among them" : "");
+    if (n_flipped && flips_ok)
+        printf("  info: %-5s %-5s %d of %d rows hit by a rounding flip (max > %g), the median is over the other %d\n",
+               arch, name, n_flipped, VSREF_ROWS, VSREF_FLIP, VSREF_ROWS - n_flipped);
     printf("  info: %-5s %-5s vs float ref max %.2e (tol %.2g); vs act-quant ref max %.2e median %.0e (tol %.2g); "
            "logit std %.2f\n",
            arch, name, worst, tc->tol, worstq, med, tc->tolq, sd);
