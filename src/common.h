@@ -57,4 +57,12 @@ static inline uint64_t sd_ld64(const uint8_t *p) {
 #define SD_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define SD_MAX(a, b) ((a) > (b) ? (a) : (b))
 
+// One pause in a spin-wait loop (lets the other hyperthread run; none
+// outside x86).
+#if defined(__x86_64__) || defined(__i386__)
+#define SD_CPU_RELAX() __builtin_ia32_pause()
+#else
+#define SD_CPU_RELAX() ((void)0)
+#endif
+
 #endif

@@ -50,12 +50,6 @@
 // serial preparation was a tenth of a forward.
 #define SD_MM_PAR_PRE_MIN_TOK 4
 
-#if defined(__x86_64__) || defined(__i386__)
-#define SD_CPU_RELAX() __builtin_ia32_pause()
-#else
-#define SD_CPU_RELAX() ((void)0)
-#endif
-
 // quant.c (internal): fastest quantizer into activation format t, and the
 // activation packer of weight type t (NULL if none; dst NULL returns the size).
 sd_from_float_fn sd_quant_act_quantizer(int t);

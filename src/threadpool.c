@@ -42,12 +42,6 @@ typedef struct {
     int ith;
 } worker_arg;
 
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-}
-
 // The calling thread's read-ahead window (sd_pool_prefetch): consumed one
 // cache line per poll by the wait loops below.
 static _Thread_local const char *pf_cur, *pf_end;
@@ -63,7 +57,7 @@ int sd_pool_wait_step(void) {
         pf_cur += 64;
         return 1;
     }
-    cpu_relax();
+    SD_CPU_RELAX();
     return 0;
 }
 
@@ -79,7 +73,7 @@ static void *worker_main(void *a) {
                !atomic_load(&p->stop)) {
             if (sd_pool_wait_step()) continue; // prefetching: not counted as a spin
             if (++spins < SD_POOL_SPIN) {
-                cpu_relax();
+                SD_CPU_RELAX();
             } else if (spins < SD_POOL_SPIN + 18000) {
                 sched_yield(); // let a descheduled peer run on a busy machine
             } else {
@@ -169,7 +163,7 @@ void sd_pool_run(sd_pool *p, sd_task_fn fn, void *arg) {
     while (atomic_load_explicit(&p->n_done, memory_order_acquire) != p->n - 1) {
         if (sd_pool_wait_step()) continue;
         if (++spins < 2000)
-            cpu_relax();
+            SD_CPU_RELAX();
         else
             sched_yield();
     }

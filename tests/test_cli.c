@@ -152,8 +152,8 @@ static void test_bench_forward_json(void) {
     int rc = run("bench-forward -m " MODEL " -t 2 --batch 1,3 --reps 3 --ctx 16 --decode 4 --bw-mb 8 --json", 0);
     CHECK(rc == 0, "exit %d: %s", rc, g_out);
     const char *keys[] = {"model_bytes", "mem_bw_gbs", "floor_ms", "mem_bw_median_gbs", "floor_median_ms",
-                          "n_threads", "decode_tokens_per_s", "ratio_3_over_1"};
-    double v[8];
+                          "n_threads", "decode_tokens_per_s", "ratio_3_over_1", "handover_ns"};
+    double v[9];
     for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
         CHECK(json_num(keys[i], &v[i]) && v[i] > 0, "field %s missing or not positive in:\n%s", keys[i], g_out);
     CHECK(v[3] <= v[1] && v[4] >= v[2], "median bandwidth %g above the best %g, or floors %g < %g", v[3], v[1], v[4], v[2]);
@@ -162,6 +162,10 @@ static void test_bench_forward_json(void) {
     CHECK(strstr(g_out, "\"batches\": [{\"n\": 1, \"ms\": ") && strstr(g_out, "{\"n\": 3, \"ms\": "),
           "batches missing:\n%s", g_out);
     CHECK(g_out[0] == '{' && strchr(g_out, '}') != NULL, "not one JSON object:\n%s", g_out);
+    // one thread: no hand-over to time, and no field
+    rc = run("bench-forward -m " MODEL " -t 1 --batch 1 --reps 1 --ctx 4 --decode 1 --bw-mb 8 --json", 0);
+    CHECK(rc == 0 && json_num("n_threads", &v[5]) && v[5] == 1 && !strstr(g_out, "handover_ns"),
+          "-t 1: exit %d: %s", rc, g_out);
 }
 
 // stories260K through the CLI: convert, then greedy generate

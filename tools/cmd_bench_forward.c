@@ -1,6 +1,7 @@
 // cmd_bench_forward.c - specdec bench-forward: what a forward pass of n
 // tokens costs relative to one token (the quantity speculative decoding lives
 // on), plain decode speed, and the memory-bandwidth floor of one decode step.
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -35,9 +36,15 @@ static void usage(FILE *f) {
             "  --bw-mb MB         buffer size of the bandwidth probe (default 256)\n"
             "  --kernels NAME     auto (default: the best this CPU has), avx2 or scalar\n"
             "  --json             print one JSON object: model_bytes, mem_bw_gbs, floor_ms,\n"
-            "                     mem_bw_median_gbs, floor_median_ms,\n"
+            "                     mem_bw_median_gbs, floor_median_ms, handover_ns,\n"
             "                     n_threads, decode_tokens_per_s, batches [{n, ms}], ratio_N_over_1\n"
-            "  -h, --help         show this help\n");
+            "  -h, --help         show this help\n"
+            "\n"
+            "handover_ns is the median time for a cache line to go from the first thread to\n"
+            "the second and back (one probe per round; absent with one thread). On a VM\n"
+            "whose two vCPUs sometimes sit on distant cores it is several times its usual\n"
+            "value: memory bandwidth is then higher, every hand-over between the threads\n"
+            "slower, and a batched forward costs more relative to one token.\n");
 }
 
 // ---------------------------------------------------------------- bandwidth probe
@@ -93,6 +100,41 @@ static double bw_pass(bw_task *t, sd_pool *pool) {
     for (int i = 0; i < 64; i++) s += t->sink[i];
     if (s == 42) fputc(' ', stderr); // keep the sums alive
     return ms > 0 ? (double)t->n * 8 / (ms * 1e6) : 0.0;
+}
+
+// ---------------------------------------------------------------- hand-over probe
+// Threads 0 and 1 pass a counter back and forth through one cache line; the
+// others return at once.
+#define HO_TRIPS 256
+typedef struct {
+    _Alignas(64) atomic_int turn;
+    double ns; // per round trip, written by thread 0
+} ho_task;
+
+static void ho_run(void *arg, int ith, int nth) {
+    ho_task *h = arg;
+    if (nth < 2 || ith > 1) return;
+    if (ith == 0) {
+        const double t0 = sd_time_ms();
+        for (int i = 0; i < HO_TRIPS; i++) {
+            atomic_store_explicit(&h->turn, 2 * i + 1, memory_order_release);
+            while (atomic_load_explicit(&h->turn, memory_order_acquire) != 2 * i + 2) SD_CPU_RELAX();
+        }
+        h->ns = (sd_time_ms() - t0) * 1e6 / HO_TRIPS;
+    } else {
+        for (int i = 0; i < HO_TRIPS; i++) {
+            while (atomic_load_explicit(&h->turn, memory_order_acquire) != 2 * i + 1) SD_CPU_RELAX();
+            atomic_store_explicit(&h->turn, 2 * i + 2, memory_order_release);
+        }
+    }
+}
+
+// One probe: ns per round trip between the pool's threads 0 and 1 (0 with one thread).
+static double ho_pass(sd_pool *pool) {
+    ho_task h = {.ns = 0};
+    atomic_init(&h.turn, 0);
+    sd_pool_run(pool, ho_run, &h);
+    return h.ns;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -192,7 +234,7 @@ int cmd_bench_forward(int argc, char **argv) {
     sd_session *s = NULL;
     int32_t *toks = NULL;
     uint8_t *no_logits = NULL;
-    double *times = NULL, *bw_passes = NULL, ms_med[MAX_BATCHES];
+    double *times = NULL, *bw_passes = NULL, *ho_passes = NULL, ms_med[MAX_BATCHES];
     bw_task bwt = {0};
     if (sd_model_load(&m, model_path, err, sizeof err) < 0) {
         cli_error("cannot load model '%s': %s", model_path, err);
@@ -212,8 +254,9 @@ int cmd_bench_forward(int argc, char **argv) {
     toks = malloc((size_t)n_tok * sizeof(int32_t));
     times = malloc((size_t)reps * (size_t)n_batches * sizeof(double));
     bw_passes = malloc((size_t)reps * sizeof(double));
+    ho_passes = malloc((size_t)reps * sizeof(double));
     no_logits = calloc((size_t)sp.n_batch, 1);
-    if (!toks || !times || !bw_passes || !no_logits) {
+    if (!toks || !times || !bw_passes || !ho_passes || !no_logits) {
         cli_error("out of memory");
         goto out;
     }
@@ -244,8 +287,8 @@ int cmd_bench_forward(int argc, char **argv) {
         goto out;
     }
     for (int r = -1; r < reps; r++) { // r = -1: warm-up
-        const double gbs = bw_pass(&bwt, s->pool);
-        if (r >= 0) bw_passes[r] = gbs;
+        const double ho = ho_pass(s->pool), gbs = bw_pass(&bwt, s->pool);
+        if (r >= 0) bw_passes[r] = gbs, ho_passes[r] = ho;
         {
             sd_batch b = {.n = batches[0], .tokens = toks + ctx};
             if (sd_session_forward(s, &b, err, sizeof err) < 0) {
@@ -294,6 +337,7 @@ int cmd_bench_forward(int argc, char **argv) {
     const double bw_med = median(bw_passes, reps), bw = bw_passes[reps - 1]; // median() sorted them
     const double floor_ms = bw > 0 ? (double)info.n_bytes / (bw * 1e6) : 0.0;
     const double floor_med_ms = bw_med > 0 ? (double)info.n_bytes / (bw_med * 1e6) : 0.0;
+    const double ho_med = n_threads > 1 ? median(ho_passes, reps) : 0.0;
     int i1 = -1;
     for (int i = 0; i < n_batches; i++)
         if (batches[i] == 1) i1 = i;
@@ -304,9 +348,10 @@ int cmd_bench_forward(int argc, char **argv) {
         printf(", \"kernels\": ");
         cli_json_string(stdout, sd_quant_backend(), strlen(sd_quant_backend()));
         printf(", \"model_bytes\": %zu, \"mem_bw_gbs\": %.3f, \"floor_ms\": %.4f, \"mem_bw_median_gbs\": %.3f, "
-               "\"floor_median_ms\": %.4f, \"n_threads\": %d, \"ctx\": %d, \"reps\": %d, \"decode_tokens_per_s\": %.3f, "
-               "\"batches\": [",
+               "\"floor_median_ms\": %.4f, \"n_threads\": %d, \"ctx\": %d, \"reps\": %d, \"decode_tokens_per_s\": %.3f, ",
                info.n_bytes, bw, floor_ms, bw_med, floor_med_ms, n_threads, ctx, reps, decode_tps);
+        if (n_threads > 1) printf("\"handover_ns\": %.0f, ", ho_med);
+        printf("\"batches\": [");
         for (int i = 0; i < n_batches; i++)
             printf("%s{\"n\": %d, \"ms\": %.4f}", i ? ", " : "", batches[i], ms_med[i]);
         printf("]");
@@ -319,6 +364,7 @@ int cmd_bench_forward(int argc, char **argv) {
         printf("threads        %d\n", n_threads);
         printf("memory read    %.2f GB/s best pass   ->  floor %.3f ms per pass over the weights\n", bw, floor_ms);
         printf("               %.2f GB/s median pass ->  %.3f ms\n", bw_med, floor_med_ms);
+        if (n_threads > 1) printf("hand-over      %.0f ns per round trip between threads 0 and 1 (median)\n", ho_med);
         printf("decode         %.2f tokens/s (greedy, %d tokens after %d of context)\n", decode_tps, n_decode, ctx);
         printf("\n%8s %12s %14s %12s\n", "batch n", "ms/forward", "ms per token", "vs n=1");
         for (int i = 0; i < n_batches; i++) {
@@ -335,6 +381,7 @@ out:
     free(toks);
     free(times);
     free(bw_passes);
+    free(ho_passes);
     free((void *)bwt.buf);
     free(no_logits);
     sd_session_free(s);
