@@ -21,7 +21,6 @@
 // quant_k.c) run the same float operations for every (row, token) in every
 // tile shape; the vec_dot fallback is per (row, token) anyway. Checked by
 // tests/test_quant.c, tests/test_quant_k.c and tests/test_invariance.c.
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -219,18 +218,10 @@ static void mm_read_ahead(const sd_mm_next *nx, int ith, int nth) {
 
 static void mm_task_rows(mm_job *j, int ith, int nth);
 
-// Spin (prefetching the read-ahead window, then yielding) until all nth
-// threads have added themselves to *count.
+// Adds this thread to *count, then waits (reading ahead) until all nth have.
 static void mm_barrier(atomic_int *count, int nth) {
     atomic_fetch_add_explicit(count, 1, memory_order_acq_rel);
-    // spin, then yield: on a busy machine the peer may be descheduled, and
-    // pure spinning would burn our time slice waiting for it
-    long spins = 0;
-    while (atomic_load_explicit(count, memory_order_acquire) < nth) {
-        if (sd_pool_wait_step()) continue;
-        if (++spins < 2000) SD_CPU_RELAX();
-        else sched_yield();
-    }
+    sd_pool_wait_until(count, nth);
 }
 
 static void mm_task(void *arg, int ith, int nth) {

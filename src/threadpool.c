@@ -61,6 +61,16 @@ int sd_pool_wait_step(void) {
     return 0;
 }
 
+// Polls that pause before a waiter starts yielding its time slice (on a busy
+// machine the peer it waits for may be descheduled).
+#define SD_POOL_YIELD_AFTER 2000
+
+void sd_pool_wait_until(const atomic_int *v, int target) {
+    long spins = 0;
+    while (atomic_load_explicit(v, memory_order_acquire) < target)
+        if (!sd_pool_wait_step() && ++spins >= SD_POOL_YIELD_AFTER) sched_yield();
+}
+
 static void *worker_main(void *a) {
     worker_arg wa = *(worker_arg *)a;
     free(a);
@@ -71,10 +81,9 @@ static void *worker_main(void *a) {
         long spins = 0;
         while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen &&
                !atomic_load(&p->stop)) {
-            if (sd_pool_wait_step()) continue; // prefetching: not counted as a spin
-            if (++spins < SD_POOL_SPIN) {
-                SD_CPU_RELAX();
-            } else if (spins < SD_POOL_SPIN + 18000) {
+            // a poll (reading ahead is not counted as a spin, a pause is)
+            if (sd_pool_wait_step() || ++spins < SD_POOL_SPIN) continue;
+            if (spins < SD_POOL_SPIN + 18000) {
                 sched_yield(); // let a descheduled peer run on a busy machine
             } else {
                 pthread_mutex_lock(&p->mu);
@@ -159,14 +168,7 @@ void sd_pool_run(sd_pool *p, sd_task_fn fn, void *arg) {
         pthread_mutex_unlock(&p->mu);
     }
     fn(arg, 0, p->n);
-    long spins = 0;
-    while (atomic_load_explicit(&p->n_done, memory_order_acquire) != p->n - 1) {
-        if (sd_pool_wait_step()) continue;
-        if (++spins < 2000)
-            SD_CPU_RELAX();
-        else
-            sched_yield();
-    }
+    sd_pool_wait_until(&p->n_done, p->n - 1);
 }
 
 void sd_split_range(long n, int ith, int nth, long *lo, long *hi) {

@@ -7,6 +7,7 @@
 #ifndef SD_THREADPOOL_H
 #define SD_THREADPOOL_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 
 typedef struct sd_pool sd_pool;
@@ -32,6 +33,10 @@ void sd_pool_run(sd_pool *p, sd_task_fn fn, void *arg);
 // prefetches the next line and returns 1, or pauses and returns 0.
 void sd_pool_prefetch(const void *p, size_t n);
 int sd_pool_wait_step(void);
+// Waits until *v >= target, polling with sd_pool_wait_step (then also
+// yielding the time slice after a while): the wait of sd_pool_run for its
+// workers, and of barriers inside a job.
+void sd_pool_wait_until(const atomic_int *v, int target);
 
 // Splits [0, n) into nth nearly equal contiguous parts; part ith is [*lo, *hi).
 void sd_split_range(long n, int ith, int nth, long *lo, long *hi);

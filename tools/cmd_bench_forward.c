@@ -337,7 +337,8 @@ int cmd_bench_forward(int argc, char **argv) {
     const double bw_med = median(bw_passes, reps), bw = bw_passes[reps - 1]; // median() sorted them
     const double floor_ms = bw > 0 ? (double)info.n_bytes / (bw * 1e6) : 0.0;
     const double floor_med_ms = bw_med > 0 ? (double)info.n_bytes / (bw_med * 1e6) : 0.0;
-    const double ho_med = n_threads > 1 ? median(ho_passes, reps) : 0.0;
+    const int has_ho = sd_pool_size(s->pool) > 1; // a second thread to hand over to
+    const double ho_med = has_ho ? median(ho_passes, reps) : 0.0;
     int i1 = -1;
     for (int i = 0; i < n_batches; i++)
         if (batches[i] == 1) i1 = i;
@@ -350,7 +351,7 @@ int cmd_bench_forward(int argc, char **argv) {
         printf(", \"model_bytes\": %zu, \"mem_bw_gbs\": %.3f, \"floor_ms\": %.4f, \"mem_bw_median_gbs\": %.3f, "
                "\"floor_median_ms\": %.4f, \"n_threads\": %d, \"ctx\": %d, \"reps\": %d, \"decode_tokens_per_s\": %.3f, ",
                info.n_bytes, bw, floor_ms, bw_med, floor_med_ms, n_threads, ctx, reps, decode_tps);
-        if (n_threads > 1) printf("\"handover_ns\": %.0f, ", ho_med);
+        if (has_ho) printf("\"handover_ns\": %.0f, ", ho_med);
         printf("\"batches\": [");
         for (int i = 0; i < n_batches; i++)
             printf("%s{\"n\": %d, \"ms\": %.4f}", i ? ", " : "", batches[i], ms_med[i]);
@@ -364,7 +365,7 @@ int cmd_bench_forward(int argc, char **argv) {
         printf("threads        %d\n", n_threads);
         printf("memory read    %.2f GB/s best pass   ->  floor %.3f ms per pass over the weights\n", bw, floor_ms);
         printf("               %.2f GB/s median pass ->  %.3f ms\n", bw_med, floor_med_ms);
-        if (n_threads > 1) printf("hand-over      %.0f ns per round trip between threads 0 and 1 (median)\n", ho_med);
+        if (has_ho) printf("hand-over      %.0f ns per round trip between threads 0 and 1 (median)\n", ho_med);
         printf("decode         %.2f tokens/s (greedy, %d tokens after %d of context)\n", decode_tps, n_decode, ctx);
         printf("\n%8s %12s %14s %12s\n", "batch n", "ms/forward", "ms per token", "vs n=1");
         for (int i = 0; i < n_batches; i++) {
