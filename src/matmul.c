@@ -85,7 +85,7 @@ typedef struct {
     int64_t n_tok;
     int64_t align;    // thread row ranges start at multiples of this (SD_MM_ROW_ALIGN or hooks->align)
     int f32;          // 1: x stays float, each weight row is dequantized (ctx->act_f32)
-    sd_mm_next next;  // the next run's weights (a prefetch hint), n_mats 0 if unknown
+    sd_mm_next next;  // the next run's weights (a prefetch hint), W NULL if unknown
 } mm_job;
 
 // ---- float activations (ctx->act_f32) -------------------------------------
@@ -419,7 +419,6 @@ void sd_mm_act_put(const sd_mm_act *a, const float *x, int64_t t, int64_t c0, in
     }
     a->quant(x + c0, (char *)a->buf + (size_t)t * a->row_bytes + (size_t)(c0 / a->blk) * a->qbytes, c1 - c0);
 }
-
 
 void sd_matmul_ref(int wtype, const void *W, int64_t n_in, int64_t n_out,
                    const float *x, int64_t n_tok, float *y) {
