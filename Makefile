@@ -11,7 +11,7 @@ LDLIBS  += -lm -pthread
 MODEL   ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
 PROMPT  ?= Write a short story about a robot who learns to paint.
 
-SRC      := $(wildcard src/*.c src/draft/*.c)
+SRC      := $(wildcard src/*.c src/*/*.c)
 OBJ      := $(SRC:%.c=build/%.o)
 LIB      := build/libspecdec.a
 TOOL_OBJ := $(patsubst %.c,build/%.o,$(wildcard tools/*.c))
@@ -52,13 +52,13 @@ test: build/specdec $(TESTS)
 
 # Only the parser (and the target) are instrumented; what it calls from the
 # rest of the library (sd_err, sd_type_get) comes from the library archive,
-# whose gguf.o is never pulled in because src/gguf.c defines those symbols.
+# whose gguf.o is never pulled in because src/model/gguf.c defines those symbols.
 # Run: mkdir -p /tmp/gguf-fuzz/corpus && build/fuzz_gguf -artifact_prefix=/tmp/gguf-fuzz/ /tmp/gguf-fuzz/corpus tests/data/gguf-bad
 fuzz: build/fuzz_gguf
-build/fuzz_gguf: tests/fuzz/fuzz_gguf.c src/gguf.c $(LIB)
+build/fuzz_gguf: tests/fuzz/fuzz_gguf.c src/model/gguf.c $(LIB)
 	@mkdir -p build
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -std=c11 -Wall -Wextra \
-		-D_GNU_SOURCE -Iinclude -Isrc tests/fuzz/fuzz_gguf.c src/gguf.c $(LIB) $(LDLIBS) -o $@
+		-D_GNU_SOURCE -Iinclude -Isrc tests/fuzz/fuzz_gguf.c src/model/gguf.c $(LIB) $(LDLIBS) -o $@
 
 clean:
 	rm -rf build

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Generates src/unicode_data.c: the code-point ranges of the Unicode general
+"""Generates src/model/unicode_data.c: the code-point ranges of the Unicode general
 categories L (Lu Ll Lt Lm Lo) and N (Nd Nl No), as used by the pre-tokenizer
 patterns (\\p{L}, \\p{N}). Run at development time only:
 
-    python3 scripts/gen-unicode.py > src/unicode_data.c
+    python3 scripts/gen-unicode.py > src/model/unicode_data.c
 
 The data comes from Python's unicodedata module (its Unicode version is
 written into the output)."""

@@ -7,12 +7,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../include/specdec.h"
+#include "specdec.h"
 #include "common.h"
 #include "lib/ref_forward.h"
 #include "lib/synth.h"
-#include "model.h"
-#include "quant.h"
+#include "model/model.h"
+#include "kernels/quant.h"
 #include "t.h"
 
 #define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -6,8 +6,8 @@
 #include <unistd.h>
 
 #include "common.h"
-#include "gguf.h"
-#include "quant.h"
+#include "model/gguf.h"
+#include "kernels/quant.h"
 #include "t.h"
 
 #define MODEL_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -9,10 +9,10 @@
 #include <stdint.h>
 #include <unistd.h>
 
-#include "../include/specdec.h"
+#include "specdec.h"
 #include "lib/synth.h"
-#include "quant.h"
-#include "threadpool.h"
+#include "kernels/quant.h"
+#include "kernels/threadpool.h"
 
 static uint64_t rng_state = 0x1234567;
 static float frand(void) {

@@ -10,9 +10,9 @@
 #include <unistd.h>
 #include <errno.h>
 
-#include "generate.h"
-#include "gguf.h"
-#include "llama2c.h"
+#include "spec/generate.h"
+#include "model/gguf.h"
+#include "model/llama2c.h"
 #include "specdec.h"
 #include "t.h"
 

@@ -10,13 +10,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../include/specdec.h"
+#include "specdec.h"
 #include "common.h"
 #include "draft/draft_lookahead.h"
-#include "generate.h"
+#include "spec/generate.h"
 #include "lib/spec_check.h"
 #include "lib/synth.h"
-#include "spec.h"
+#include "spec/spec.h"
 #include "t.h"
 
 #define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -15,9 +15,9 @@
 #include <string.h>
 
 #include "common.h"
-#include "quant.h"
+#include "kernels/quant.h"
 #include "t.h"
-#include "threadpool.h"
+#include "kernels/threadpool.h"
 
 #define N_IN 256
 #define MAX_TOK 19

@@ -12,15 +12,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../include/specdec.h"
+#include "specdec.h"
 #include "common.h"
 #include "draft/draft_model.h"
 #include "draft/draft_ngram.h"
-#include "generate.h"
+#include "spec/generate.h"
 #include "lib/spec_check.h"
 #include "lib/synth.h"
-#include "spec.h"
-#include "suffix.h"
+#include "spec/spec.h"
+#include "draft/suffix.h"
 #include "t.h"
 
 #define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -8,9 +8,9 @@
 
 #include "common.h"
 #include "lib/quant_check.h"
-#include "quant.h"
+#include "kernels/quant.h"
 #include "t.h"
-#include "threadpool.h"
+#include "kernels/threadpool.h"
 
 #ifdef __F16C__
 #include <immintrin.h>

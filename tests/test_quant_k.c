@@ -19,9 +19,9 @@
 
 #include "common.h"
 #include "lib/quant_check.h"
-#include "quant.h"
+#include "kernels/quant.h"
 #include "t.h"
-#include "threadpool.h"
+#include "kernels/threadpool.h"
 
 void sd_q4_K_to_float(const void *src, float *dst, int64_t n);
 void sd_q5_K_to_float(const void *src, float *dst, int64_t n);

@@ -1,5 +1,5 @@
 // test_quant_k_repack.c - the repacked K-quant layouts (Q4_K_R, Q5_K_R,
-// Q6_K_R) and the tile kernel of src/quant_k_x86.c.
+// Q6_K_R) and the tile kernel of src/kernels/quant_k_x86.c.
 //
 // What is checked:
 //  - the scalar reference of the repacked layout (sd_quant_k_r_dot_ref, which
@@ -27,9 +27,9 @@
 
 #include "common.h"
 #include "lib/quant_check.h"
-#include "quant.h"
+#include "kernels/quant.h"
 #include "t.h"
-#include "threadpool.h"
+#include "kernels/threadpool.h"
 
 int sd_quant_k_repack(int base_type, const void *src, void *dst, int64_t n_in, int64_t n_rows);
 float sd_quant_k_r_dot_ref(int base_type, int64_t n, const void *w, const void *x);

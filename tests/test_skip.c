@@ -9,15 +9,15 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../include/specdec.h"
+#include "specdec.h"
 #include "common.h"
 #include "draft/draft_skip.h"
-#include "generate.h"
-#include "gguf.h"
+#include "spec/generate.h"
+#include "model/gguf.h"
 #include "lib/spec_check.h"
 #include "lib/synth.h"
-#include "model.h"
-#include "spec.h"
+#include "model/model.h"
+#include "spec/spec.h"
 #include "t.h"
 
 #define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -6,7 +6,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "generate.h"
+#include "spec/generate.h"
 #include "specdec.h"
 #include "t.h"
 

@@ -12,10 +12,10 @@
 #include <unistd.h>
 
 #include "common.h"
-#include "gguf.h"
+#include "model/gguf.h"
 #include "t.h"
-#include "tokenizer.h"
-#include "unicode.h"
+#include "model/tokenizer.h"
+#include "model/unicode.h"
 
 #define SMOLLM_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 

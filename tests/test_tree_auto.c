@@ -1,10 +1,10 @@
 // test_tree_auto.c - acceptance statistics, cost curve, the Sequoia tree
-// optimiser and the per-step sizer (src/tree_auto.c) on cases whose answer
+// optimiser and the per-step sizer (src/spec/tree_auto.c) on cases whose answer
 // is known.
 #include <stdint.h>
 
 #include "t.h"
-#include "tree_auto.h"
+#include "spec/tree_auto.h"
 
 static sd_tree_opt_ws *ws;
 

@@ -5,8 +5,8 @@
 #include <stdint.h>
 
 #include "t.h"
-#include "tree.h"
-#include "verify.h"
+#include "spec/tree.h"
+#include "spec/verify.h"
 
 // ------------------------------------------------------------ randomness
 typedef struct { uint64_t s; } rng_t;

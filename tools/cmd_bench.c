@@ -8,8 +8,8 @@
 #include "bench_prompts.h"
 #include "cli_common.h"
 #include "common.h"
-#include "generate.h"
-#include "spec.h"
+#include "spec/generate.h"
+#include "spec/spec.h"
 #include "spec_cli.h"
 #include "specdec.h"
 

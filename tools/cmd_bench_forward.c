@@ -7,10 +7,10 @@
 
 #include "cli_common.h"
 #include "common.h"
-#include "quant.h"
-#include "session.h"
+#include "kernels/quant.h"
+#include "runtime/session.h"
 #include "specdec.h"
-#include "threadpool.h"
+#include "kernels/threadpool.h"
 
 #define MAX_BATCHES 32
 

@@ -4,7 +4,7 @@
 
 #include "cli_common.h"
 #include "common.h"
-#include "llama2c.h"
+#include "model/llama2c.h"
 
 static void usage(FILE *f) {
     fprintf(f,

@@ -5,8 +5,8 @@
 
 #include "cli_common.h"
 #include "common.h"
-#include "generate.h"
-#include "spec.h"
+#include "spec/generate.h"
+#include "spec/spec.h"
 #include "spec_cli.h"
 #include "draft/draft_ngram.h"
 #include "specdec.h"

@@ -1,11 +1,11 @@
 // draft_lookahead.c - lookahead decoding: Jacobi window + n-gram pool (see
 // draft_lookahead.h for the method and the attention layout).
-#include "draft_lookahead.h"
+#include "draft/draft_lookahead.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common.h"
+#include "common.h"
 
 typedef struct la {
     int W, N, G;          // window columns, n-gram size, n-grams verified per step

@@ -45,7 +45,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../drafter.h"
+#include "draft/drafter.h"
 
 typedef struct sd_draft_lookahead_params {
     int W;              // Jacobi window width (columns), 1..256; default 2

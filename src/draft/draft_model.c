@@ -15,13 +15,13 @@
 // the accepted part, and accepted nodes that are pending rows of the last
 // forward are committed; whatever is still missing (the bonus, deeper
 // accepted nodes) is evaluated by the next synchronisation.
-#include "draft_model.h"
+#include "draft/draft_model.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common.h"
+#include "common.h"
 
 #define DM_TREE_MAX 1024   // most nodes of any tree the drafter grows
 

@@ -3,8 +3,8 @@
 #ifndef SD_DRAFT_MODEL_H
 #define SD_DRAFT_MODEL_H
 
-#include "../drafter.h"
-#include "../tree_auto.h"
+#include "draft/drafter.h"
+#include "spec/tree_auto.h"
 
 enum sd_draft_shape {
     SD_DRAFT_CHAIN = 0,    // up to k tokens in a row

@@ -47,13 +47,13 @@
 //    where an extra node is not nearly free, nothing is drafted and the step
 //    is a plain 1-token forward; a long copy gets a long chain; siblings
 //    appear only when their evidence is comparable.
-#include "draft_ngram.h"
+#include "draft/draft_ngram.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common.h"
-#include "../suffix.h"
+#include "common.h"
+#include "draft/suffix.h"
 
 sd_draft_ngram_params sd_draft_ngram_default_params(void) {
     sd_draft_ngram_params p;

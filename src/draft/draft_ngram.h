@@ -33,8 +33,8 @@
 #ifndef SD_DRAFT_NGRAM_H
 #define SD_DRAFT_NGRAM_H
 
-#include "../drafter.h"
-#include "draft_model.h"   // sd_draft_auto_params
+#include "draft/drafter.h"
+#include "draft/draft_model.h"   // sd_draft_auto_params
 
 #define SD_NGRAM_MAX_N 16   // largest n_max
 

@@ -25,7 +25,7 @@
 // skipped layers' slots are never touched, so they are never paged in by the
 // OS: resident memory is that of the kept layers only). Use
 // sd_draft_model_params.n_ctx to bound it.
-#include "draft_skip.h"
+#include "draft/draft_skip.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -34,9 +34,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common.h"
-#include "../model.h"
-#include "../session.h"
+#include "common.h"
+#include "model/model.h"
+#include "runtime/session.h"
 
 sd_draft_model_params sd_draft_skip_default_params(void) {
     sd_draft_model_params p = sd_draft_model_default_params();

@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "draft_model.h"
+#include "draft/draft_model.h"
 
 // Draft-model parameters suited to a skip drafter: chain of up to k = 8
 // tokens, adaptive p_min starting at 0.4 (see sd_draft_adapt_p_min).

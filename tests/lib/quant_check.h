@@ -8,8 +8,8 @@
 
 #include <stdint.h>
 
-#include "quant.h"
-#include "threadpool.h"
+#include "kernels/quant.h"
+#include "kernels/threadpool.h"
 
 // Called once per failed check with its message (no trailing newline).
 typedef void (*qc_fail_fn)(const char *msg);

@@ -3,14 +3,14 @@
 // One token at a time with a simple float KV cache; weights are dequantized
 // row by row with the reference to_float of their type, every dot product and
 // norm accumulates in double, activations are never quantized. Slow but
-// obviously right: the optimized batched forward (src/forward.c) is checked
+// obviously right: the optimized batched forward (src/runtime/forward.c) is checked
 // against it.
 #ifndef SD_TEST_REF_FORWARD_H
 #define SD_TEST_REF_FORWARD_H
 
 #include <stdint.h>
 
-#include "model.h"
+#include "model/model.h"
 
 typedef struct ref_state ref_state;
 

@@ -14,9 +14,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../../include/specdec.h"
-#include "generate.h"
-#include "spec.h"
+#include "specdec.h"
+#include "spec/generate.h"
+#include "spec/spec.h"
 #include "synth.h"
 
 #define SC_MAXTOK 1024

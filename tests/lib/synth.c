@@ -7,8 +7,8 @@
 #include <string.h>
 
 #include "common.h"
-#include "gguf.h"
-#include "quant.h"
+#include "model/gguf.h"
+#include "kernels/quant.h"
 
 synth_params synth_default_params(void) {
     synth_params p;

@@ -1,0 +1,221 @@
+// quant.h - tensor types, block formats, dot-product kernels, batched matmul.
+//
+// Type ids and block layouts are those of the GGUF format (ggml numbering), so
+// GGUF files load without conversion. For each weight type there is:
+//   - a plain scalar reference: dequantize a row, quantize a row, and a dot
+//     product against the activation format (the "vec_dot_type");
+//   - optimized kernels (AVX2, AVX-512, VNNI) chosen at run time from the CPU.
+// Tests compare reference and optimized kernels on random blocks (rule 11).
+#ifndef SD_QUANT_H
+#define SD_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/threadpool.h"
+
+enum sd_type {
+    SD_TYPE_F32 = 0, SD_TYPE_F16 = 1, SD_TYPE_Q4_0 = 2, SD_TYPE_Q4_1 = 3,
+    SD_TYPE_Q5_0 = 6, SD_TYPE_Q5_1 = 7, SD_TYPE_Q8_0 = 8, SD_TYPE_Q8_1 = 9,
+    SD_TYPE_Q4_K = 12, SD_TYPE_Q5_K = 13, SD_TYPE_Q6_K = 14, SD_TYPE_Q8_K = 15,
+    SD_TYPE_BF16 = 30,
+    SD_TYPE_FILE_COUNT = 40, // ids below this are ggml's; a file's tensor type must be one of them
+    // Internal "repacked" weight types (never valid in a file): the same matrix
+    // as base type X, rows rewritten once at load into the layout the CPU's
+    // kernel reads fastest (same bytes per row). See sd_quant_repack_type.
+    SD_TYPE_Q4_0_R = 40, SD_TYPE_Q4_1_R = 41, SD_TYPE_Q5_0_R = 42, SD_TYPE_Q5_1_R = 43,
+    SD_TYPE_Q8_0_R = 44, SD_TYPE_Q4_K_R = 45, SD_TYPE_Q5_K_R = 46, SD_TYPE_Q6_K_R = 47,
+    SD_TYPE_COUNT = 48,
+};
+
+// ---- block layouts (ggml-compatible; packed, little endian) ----
+#define SD_QK 32    // block size of the legacy quants
+#define SD_QK_K 256 // super-block size of the K-quants
+typedef struct { uint16_t d; int8_t qs[SD_QK]; } sd_block_q8_0;                       // 34 B
+typedef struct { uint16_t d; uint8_t qs[SD_QK / 2]; } sd_block_q4_0;                  // 18 B
+typedef struct { uint16_t d, m; uint8_t qs[SD_QK / 2]; } sd_block_q4_1;               // 20 B
+typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[SD_QK / 2]; } sd_block_q5_0;   // 22 B
+typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[SD_QK / 2]; } sd_block_q5_1; // 24 B
+typedef struct { float d, s; int8_t qs[SD_QK]; } sd_block_q8_1;  // activation format: s = d * sum(qs); (internal, 40 B)
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[SD_QK_K / 2]; } sd_block_q4_K;              // 144 B
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[SD_QK_K / 8]; uint8_t qs[SD_QK_K / 2]; } sd_block_q5_K; // 176 B
+typedef struct { uint8_t ql[SD_QK_K / 2]; uint8_t qh[SD_QK_K / 4]; int8_t scales[SD_QK_K / 16]; uint16_t d; } sd_block_q6_K; // 210 B
+typedef struct { float d; int8_t qs[SD_QK_K]; int16_t bsums[SD_QK_K / 16]; } sd_block_q8_K; // activation format, 292 B
+
+// Reference kernels, all scalar C.
+typedef void (*sd_to_float_fn)(const void *src, float *dst, int64_t n);   // n multiple of blck
+typedef void (*sd_from_float_fn)(const float *src, void *dst, int64_t n);
+// Activation packer of a weight type (internal: matmul.c and the kernels):
+// writes blocks [b0, b1) (of SD_QK elements) of token t of an n_tok-token
+// batch, x (the token's n_in floats), into the batch's buffer dst in the
+// layout the type's tile kernel reads, and returns the bytes per token (the
+// buffer holds n_tok times that). A block's bytes do not depend on b0, b1.
+// dst NULL: only the size.
+typedef size_t (*sd_act_pack_fn)(const float *x, void *dst, int64_t n_in, int64_t t, int64_t n_tok, int64_t b0,
+                                 int64_t b1);
+// Dot product of one weight row (type T, n elements) with one activation row
+// already converted to traits[T].vec_dot_type.
+typedef float (*sd_vec_dot_fn)(int64_t n, const void *w, const void *x);
+// Optional tile kernel: for weight rows r in [r0, r1) and tokens t < n_tok,
+// y[t * ldy + r] = dot(row r of W, activation row t). W rows are w_row_bytes
+// apart; activation rows (already converted to vec_dot_type) are x_row_bytes
+// apart. Reads each weight block once for all tokens. NULL: sd_matmul falls
+// back to vec_dot per (row, token).
+typedef void (*sd_gemm_fn)(int64_t n_in, const void *W, size_t w_row_bytes, int64_t r0, int64_t r1,
+                           const void *xq, size_t x_row_bytes, int64_t n_tok, float *y, int64_t ldy);
+
+// Rewrites n_rows rows of n_in elements of a base type (src, the file's
+// layout) into a repacked type's layout (dst, the same number of bytes).
+// Returns 0, or -1 when the kernel does not handle rows of n_in elements
+// (dst is then unspecified and must not be used).
+typedef int (*sd_repack_fn)(const void *src, void *dst, int64_t n_in, int64_t n_rows);
+
+typedef struct {
+    const char *name;          // "Q4_K", ...
+    int blck;                  // elements per block
+    size_t tsize;              // bytes per block
+    int supported;             // 1 if specdec can compute with this type
+    int vec_dot_type;          // activation format for dots (Q8_0, Q8_1, Q8_K, F32, ...)
+    sd_to_float_fn to_float;   // reference dequantization
+    sd_from_float_fn from_float; // reference quantization (weights and activations)
+    sd_vec_dot_fn vec_dot_ref; // reference dot
+    sd_vec_dot_fn vec_dot;     // best available dot for this CPU (may equal ref)
+    sd_gemm_fn gemm;           // best available tile kernel, or NULL
+    // Repacked types only (ids >= SD_TYPE_FILE_COUNT): set by the kernel
+    // selection when this CPU has a kernel for the layout (supported = 1,
+    // gemm set, to_float / vec_dot NULL); base is the file type it stands for.
+    sd_repack_fn repack;       // base rows -> this layout, or NULL
+    int base;                  // base type id (meaningful when repack != NULL)
+} sd_type_traits;
+
+// Traits for type t (a zero entry with supported=0 for unknown ids < SD_TYPE_COUNT);
+// NULL if t is out of range. Optimized pointers are set by sd_quant_init().
+const sd_type_traits *sd_type_get(int t);
+// Selects optimized kernels for this CPU; idempotent, thread-safe. Called by
+// model loading and by tests. force_ref=1 keeps every kernel scalar.
+void sd_quant_init(int force_ref);
+// Installs a kernel family by name: "auto" (what sd_quant_init(0) picks),
+// "scalar" (= sd_quant_init(1)) or "avx2" (the AVX2 dots of the legacy
+// quants even on an AVX-512 CPU: for tests). Returns 0, or -1 for an unknown
+// name or a CPU without it. Same threading rules as sd_quant_init.
+int sd_quant_init_backend(const char *name);
+// Name of the selected kernel family, e.g. "avx512-vnni", "avx2", "scalar".
+const char *sd_quant_backend(void);
+// The repacked type that file type t's matrices with rows of n_in elements
+// can be rewritten to for this CPU's kernels, or -1 (none: use t as it is).
+// The repacked matrix gives the same bits as t through sd_matmul.
+int sd_quant_repack_type(int t, int64_t n_in);
+// Bytes of a row of n elements (n must be a multiple of blck).
+size_t sd_row_size(int t, int64_t n);
+
+// Batched matrix multiply: y[t][r] = sum_k W[r][k] * x[t][k] for t < n_tok,
+// r < n_out. W has type wtype with rows of n_in elements (ne[0] = n_in).
+// x is (n_tok, n_in) float, y is (n_tok, n_out) float. Activations are
+// converted to the vec_dot_type once per call; every weight block is read once
+// for the whole batch; threads of the pool split the output rows.
+// The first matrix the next matrix run will read, as a hint (W NULL: none):
+// each thread, once done with its rows of a run, reads the start of its share
+// of that matrix into cache while it waits for the others and for the
+// caller's work between the runs (sd_pool_prefetch), so that memory stays
+// busy across the hand-over.
+typedef struct sd_mm_next {
+    const void *W;    // (n_out, wrb) the weights, in the layout the next call reads; NULL: no hint
+    int64_t n_out;    // rows
+    size_t wrb;       // bytes per row
+} sd_mm_next;
+
+typedef struct sd_mm_ctx {
+    sd_pool *pool;    // may be NULL (single thread)
+    void *wbuf;       // scratch for converted activations
+    size_t wbuf_size; // bytes; at least sd_matmul_wsize(...) of every call
+    int act_f32;      // 1: float activations against dequantized weights (types with
+                      // to_float; the file's layouts only), no 8-bit rounding; 0: normal
+    sd_mm_next next;  // optional hint for the next run; every run consumes (clears) it
+    void *abuf;       // optional: room for activations converted ahead (sd_mm_act)
+    size_t abuf_size; // bytes
+} sd_mm_ctx;
+size_t sd_matmul_wsize(int wtype, int64_t n_in, int64_t n_tok);
+void sd_matmul(sd_mm_ctx *ctx, int wtype, const void *W, int64_t n_in, int64_t n_out,
+               const float *x, int64_t n_tok, float *y);
+// Produces input rows [t0, t1) of a sd_matmul_multi's x (e.g. the residual add
+// and RMSNorm before Q, K, V). Must give each row the same bits whatever t0, t1.
+typedef void (*sd_mm_pre_fn)(void *arg, int64_t t0, int64_t t1);
+// Element-wise step over the columns [r0, r1) of the outputs of a
+// sd_matmul_multi (all tokens); must give each element the same bits whatever
+// r0, r1.
+typedef void (*sd_mm_post_fn)(void *arg, int64_t r0, int64_t r1);
+// Step over the columns [r0, r1) of matrix m's output (all tokens), e.g.
+// RoPE on Q and K; must give each element the same bits whatever r0, r1.
+typedef void (*sd_mm_rows_fn)(void *arg, int m, int64_t r0, int64_t r1);
+// Work done inside a sd_matmul_multi's pool run (fields may be NULL):
+//  - pre(pre_arg, t0, t1) before the multiply: the threads' token ranges
+//    partition [0, n_tok) and every thread waits until all rows are ready;
+//  - post(post_arg, r0, r1) after it, on the rows [r0, r1) a thread computed
+//    of every matrix (the ranges partition [0, n_out); all n_out must be
+//    equal, e.g. gate and up followed by SwiGLU), without a barrier;
+//  - rows(rows_arg, m, r0, r1) (runs without post) after a thread computed
+//    rows [r0, r1) of matrix m, on those rows: whoever computed an output
+//    also finishes it, while it is in that core's cache;
+//  - after(after_arg, ith, nth) once all threads are done with all of the
+//    above (a barrier), on every thread of the pool (n_tok >= 1): work that
+//    needs every output (e.g. the attention after Q, K, V), without a new
+//    pool run;
+//  - align (0: 16): the threads' row ranges start at multiples of it (a
+//    multiple of 16), e.g. the block size of a conversion the post hook does;
+//  - act: the input was converted ahead (sd_mm_act; x may be NULL, pre must
+//    be NULL, all types equal).
+// The result has the same bits as pre(pre_arg, 0, n_tok), the multiply, then
+// post(post_arg, 0, n_out) or rows(rows_arg, m, 0, n_out[m]) for every m,
+// then after(after_arg, ith, nth) on the pool's threads.
+typedef struct sd_mm_hooks {
+    sd_mm_pre_fn pre;
+    void *pre_arg;
+    sd_mm_post_fn post;
+    void *post_arg;
+    sd_mm_rows_fn rows;
+    void *rows_arg;
+    sd_task_fn after;
+    void *after_arg;
+    int64_t align;
+    const struct sd_mm_act *act;
+} sd_mm_hooks;
+// Several matrices applied to the same x (e.g. Q, K and V): matrix m has type
+// wtypes[m], rows of n_in elements, n_out[m] rows, and its result goes to
+// y[m], (n_tok, n_out[m]) float. When all types are equal, x is converted once
+// and one pool run computes all of them (the threads split each matrix's
+// rows), else it is one sd_matmul per matrix. 1 <= n_mats <= 4. Every y[m]
+// has the same bits as sd_matmul(ctx, wtypes[m], W[m], ...) would give.
+// hooks may be NULL.
+void sd_matmul_multi(sd_mm_ctx *ctx, int n_mats, const int *wtypes, const void *const *W, int64_t n_in,
+                     const int64_t *n_out, const float *x, int64_t n_tok, float *const *y, const sd_mm_hooks *hooks);
+// Activations converted ahead of their matmul: whoever produces columns of
+// the input x converts them with sd_mm_act_put as it goes (e.g. each thread
+// its own columns, while they are in its cache, instead of every thread
+// reading the others' floats in the matmul's preparation), then
+// sd_matmul_multi with hooks->act multiplies without a conversion step. The
+// outputs have the same bits as with x itself.
+typedef struct sd_mm_act {
+    int wtype;             // the weight type they are converted for
+    int64_t n_in, n_tok;
+    int64_t blk;           // put's column ranges start at multiples of this (elements)
+    void *buf;             // n_tok rows of row_bytes, in ctx->abuf
+    size_t row_bytes;
+    sd_act_pack_fn pack;   // the weight type's packer, or NULL:
+    sd_from_float_fn quant; // rows of its vec_dot_type (blocks of blk elements, qbytes each)
+    size_t qbytes;
+} sd_mm_act;
+// Sets a up for a matmul of weight type wtype over n_tok rows of n_in
+// elements in ctx->abuf (so the run whose hooks fill it must not read it:
+// its own input is in wbuf). Returns 0, or -1 when that matmul takes no
+// converted activations (float activations: ctx->act_f32 or a float
+// vec_dot_type; no abuf or too small): then give it x as floats.
+int sd_mm_act_begin(sd_mm_ctx *ctx, sd_mm_act *a, int wtype, int64_t n_in, int64_t n_tok);
+// Converts columns [c0, c1) of token t (x: the token's n_in floats); c0 a
+// multiple of a->blk, c1 too or n_in. Calls on disjoint ranges may run in
+// parallel. Every column of every token must be put before the run that reads them.
+void sd_mm_act_put(const sd_mm_act *a, const float *x, int64_t t, int64_t c0, int64_t c1);
+// Same, scalar reference path (for tests).
+void sd_matmul_ref(int wtype, const void *W, int64_t n_in, int64_t n_out,
+                   const float *x, int64_t n_tok, float *y);
+
+#endif

@@ -1,0 +1,403 @@
+// forward.c - one batched forward pass over a token tree (or chain).
+//
+// All nodes of a batch go through every weight matrix together, so the weights
+// are streamed from memory once per call whatever the batch size. Matrices
+// with the same input share one pool run (Q, K, V; gate and up, with SwiGLU
+// applied by each thread to its columns), and the attention (attention.c)
+// runs inside the Q, K, V run where it can, so a layer costs 4 pool runs.
+// The inputs of the output projection and of the down matrix are converted
+// to 8 bits by the threads that computed them (the attention, SwiGLU); the
+// normalized inputs of Q, K, V and of gate and up by all threads, a share of
+// the nodes each, in the run's preparation. Attention honours the tree: node i sees the
+// committed cache [0, n_past) plus its ancestors in the batch and itself. The
+// K/V rows of node i are written at slot n_past + i (RoPE already applied with
+// the node's own position), so a later sd_session_commit only has to move rows.
+#include <math.h>
+#include <string.h>
+
+#include "common.h"
+#include "runtime/session.h"
+#include "kernels/vmath.h"
+
+// ---------------------------------------------------------------- small helpers
+
+// out = x / rms(x) * w over n elements (the sum of squares in four vector
+// chains, a fixed order for a given n: each row gets the same bits anywhere).
+static void rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
+    vf a0 = vf_zero(), a1 = vf_zero(), a2 = vf_zero(), a3 = vf_zero();
+    int i = 0;
+    for (; i + 4 * SD_VW <= n; i += 4 * SD_VW) {
+        a0 = vf_fma(vf_load(x + i), vf_load(x + i), a0);
+        a1 = vf_fma(vf_load(x + i + SD_VW), vf_load(x + i + SD_VW), a1);
+        a2 = vf_fma(vf_load(x + i + 2 * SD_VW), vf_load(x + i + 2 * SD_VW), a2);
+        a3 = vf_fma(vf_load(x + i + 3 * SD_VW), vf_load(x + i + 3 * SD_VW), a3);
+    }
+    for (; i + SD_VW <= n; i += SD_VW) a0 = vf_fma(vf_load(x + i), vf_load(x + i), a0);
+    float ss = vf_hsum(vf_add(vf_add(a0, a1), vf_add(a2, a3)));
+    for (; i < n; i++) ss += x[i] * x[i];
+    const float r = 1.0f / sqrtf(ss / (float)n + eps);
+    const vf vr = vf_set1(r);
+    for (i = 0; i + SD_VW <= n; i += SD_VW) vf_store(out + i, vf_mul(vf_mul(vf_load(x + i), vr), vf_load(w + i)));
+    for (; i < n; i++) out[i] = x[i] * r * w[i];
+}
+
+// RoPE_NORM on the dims [j0, j1) of one head (v: its first dim; j0, j1
+// even): the pair (2k, 2k + 1) turns by the angle whose (cos, sin) is
+// (cs[2k], cs[2k + 1]). SD_VW dims at a time, the rest one pair at a time
+// with the same fused operations (a c - b s and b c + a s, each with one
+// product rounded), so a dim gets the same bits whatever the span.
+static void rope_norm_span(float *v, int j0, int j1, const float *cs) {
+    int j = j0;
+#if SD_VW > 1
+    for (; j + SD_VW <= j1; j += SD_VW) vf_store(v + j, vf_rot_pairs(vf_load(v + j), vf_load(cs + j)));
+#endif
+    for (; j < j1; j += 2) {
+        const float c = cs[j], s = cs[j + 1], a = v[j], b = v[j + 1];
+        v[j] = fmaf(a, c, -(b * s));
+        v[j + 1] = fmaf(b, c, a * s);
+    }
+}
+
+// Rotates the first n_rot dims of each of n_heads heads of one row.
+static void rope_row(float *row, int n_heads, int head_dim, int n_rot, int type, const float *cs) {
+    const int half = n_rot / 2;
+    for (int h = 0; h < n_heads; h++) {
+        float *v = row + (size_t)h * head_dim;
+        if (type == SD_ROPE_NORM) {
+            rope_norm_span(v, 0, n_rot, cs);
+        } else {
+            for (int k = 0; k < half; k++) {
+                float c = cs[2 * k], s = cs[2 * k + 1];
+                float a = v[k], b = v[k + half];
+                v[k] = a * c - b * s;
+                v[k + half] = a * s + b * c;
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------- parallel tasks
+
+typedef struct {
+    sd_session *s;
+    int n;                // batch nodes
+    const float *norm_w;  // pre_norm: the RMSNorm weights
+    int add;              // pre_norm: 1 if xn holds a sublayer's output still to be added to x
+    int layer;            // qkv_rows: the layer
+    float *v_out;         // qkv_rows: where V went (the cache rows of the batch)
+    const sd_mm_act *act; // swiglu_cols, att_after: where the result also goes, converted for the next
+                          // matrix (down; the output projection), or NULL
+} fwd_job;
+
+// sd_mm_pre_fn: for nodes [t0, t1), x += xn (if add), then xn = rmsnorm(x).
+static void pre_norm(void *arg, int64_t t0, int64_t t1) {
+    const fwd_job *job = arg;
+    sd_session *s = job->s;
+    const int E = s->m->hp.n_embd;
+    for (int64_t t = t0; t < t1; t++) {
+        float *x = s->x + t * E, *xn = s->xn + t * E;
+        if (job->add)
+            for (int k = 0; k < E; k++) x[k] += xn[k];
+        rmsnorm(xn, x, job->norm_w, E, s->m->hp.rms_eps);
+    }
+}
+
+// silu(g) * u over n elements; element-wise, so each element's result is the
+// same wherever it sits (the partial last group goes through the same vector
+// code via a padded copy): batch invariance.
+static inline vf swiglu_vec(vf g, vf u) {
+    return vf_mul(vf_div(g, vf_add(vf_set1(1.0f), vf_exp(vf_sub(vf_zero(), g)))), u);
+}
+static void swiglu_span(float *g, const float *u, long n) {
+    long k = 0;
+    for (; k + SD_VW <= n; k += SD_VW) vf_store(g + k, swiglu_vec(vf_load(g + k), vf_load(u + k)));
+    if (k < n) {
+        float tg[SD_VW] = {0}, tu[SD_VW] = {0};
+        memcpy(tg, g + k, (size_t)(n - k) * sizeof(float));
+        memcpy(tu, u + k, (size_t)(n - k) * sizeof(float));
+        vf_store(tg, swiglu_vec(vf_load(tg), vf_load(tu)));
+        memcpy(g + k, tg, (size_t)(n - k) * sizeof(float));
+    }
+}
+
+// sd_mm_post_fn: ff_g = silu(ff_g) * ff_u on columns [r0, r1) of every batch
+// row, then (job->act) those columns converted for the down matrix: the
+// thread that computed them is the only one that reads ff_g and ff_u.
+static void swiglu_cols(void *arg, int64_t r0, int64_t r1) {
+    const fwd_job *job = arg;
+    sd_session *s = job->s;
+    const long n_ff = s->m->hp.n_ff;
+    for (long t = 0; t < job->n; t++) {
+        swiglu_span(s->ff_g + t * n_ff + r0, s->ff_u + t * n_ff + r0, (long)(r1 - r0));
+        if (job->act) sd_mm_act_put(job->act, s->ff_g + t * n_ff, t, r0, r1);
+    }
+}
+
+// b added to columns [r0, r1) of n rows of dim floats (b NULL: nothing).
+static void add_bias_cols(float *y, const sd_tensor *b, int n, int dim, int64_t r0, int64_t r1) {
+    if (!b) return;
+    const float *bv = b->data;
+    for (int t = 0; t < n; t++)
+        for (int64_t k = r0; k < r1; k++) y[(size_t)t * dim + k] += bv[k];
+}
+
+// RoPE_NORM on columns [r0, r1) (even) of n rows of heads of head_dim.
+static void rope_cols(const sd_session *s, float *y, int n, int dim, int64_t r0, int64_t r1) {
+    const sd_hparams *hp = &s->m->hp;
+    const int hd = hp->head_dim, half = hp->n_rot / 2;
+    for (int t = 0; t < n; t++) {
+        const float *cs = s->rope_cs + (size_t)t * half * 2;
+        for (int64_t h = r0 / hd; h * hd < r1; h++) {
+            const int j0 = (int)SD_MAX(r0 - h * hd, 0), j1 = (int)SD_MIN(SD_MIN(r1 - h * hd, hd), hp->n_rot);
+            if (j0 < j1) rope_norm_span(y + (size_t)t * dim + h * hd, j0, j1, cs);
+        }
+    }
+}
+
+// sd_mm_rows_fn of the Q, K, V run (RoPE_NORM models): the thread that
+// computed columns [r0, r1) of Q, K or V adds their bias, rotates them (Q,
+// K) and stores K's into the transposed cache, while they are in its cache.
+static void qkv_rows(void *arg, int m, int64_t r0, int64_t r1) {
+    const fwd_job *job = arg;
+    sd_session *s = job->s;
+    const sd_layer *L = &s->m->layers[job->layer];
+    if (m == 0) {
+        add_bias_cols(s->q, L->bq, job->n, s->q_dim, r0, r1);
+        rope_cols(s, s->q, job->n, s->q_dim, r0, r1);
+    } else if (m == 1) {
+        add_bias_cols(s->k, L->bk, job->n, s->kv_dim, r0, r1);
+        rope_cols(s, s->k, job->n, s->kv_dim, r0, r1);
+        sd_kt_store_dims(s, job->layer, s->k, job->n, (int)r0, (int)r1);
+    } else {
+        add_bias_cols(job->v_out, L->bv, job->n, s->kv_dim, r0, r1);
+    }
+}
+
+// The after hook of the Q, K, V run: the attention, on the run's threads.
+static void att_after(void *arg, int ith, int nth) {
+    const fwd_job *job = arg;
+    sd_attention_part(job->s, job->layer, job->n, job->act, ith, nth);
+}
+
+// The tensor a matmul of this forward reads: with float activations
+// (sd_batch.precise) the file's layout, which has a dequantizer, else the
+// model's (possibly repacked) copy.
+static const sd_tensor *mm_weight(const sd_session *s, const sd_tensor *w) {
+    return s->mm.act_f32 ? sd_model_file_tensor(s->m, w) : w;
+}
+
+// y = x w^T, or on x already converted (act, from act_for; else NULL).
+static void matmul_t(sd_session *s, const sd_tensor *w, const float *x, const sd_mm_act *act, int n_tok, float *y) {
+    w = mm_weight(s, w);
+    const sd_mm_hooks h = {.act = act};
+    const int type = w->type;
+    const void *W = w->data;
+    sd_matmul_multi(&s->mm, 1, &type, &W, w->ne[0], &w->ne[1], x, n_tok, &y, &h);
+}
+
+// Matrices w[0..n_mats) (n_mats <= 4) sharing the input x (their ne[0]).
+static void matmul_multi_t(sd_session *s, int n_mats, const sd_tensor *const *w, const float *x, int n_tok,
+                           float *const *y, const sd_mm_hooks *hooks) {
+    int types[4];
+    const void *W[4];
+    int64_t n_out[4];
+    for (int m = 0; m < n_mats; m++) {
+        SD_ASSERT(w[m]->ne[0] == w[0]->ne[0]);
+        const sd_tensor *f = mm_weight(s, w[m]);
+        types[m] = f->type;
+        W[m] = f->data;
+        n_out[m] = w[m]->ne[1];
+    }
+    sd_matmul_multi(&s->mm, n_mats, types, W, w[0]->ne[0], n_out, x, n_tok, y, hooks);
+}
+
+// Tells the next matrix run which matrix the run after it reads first (w): a
+// prefetch hint, see sd_mm_next. None with float activations, which read the
+// file's layouts.
+static void hint_next(sd_session *s, const sd_tensor *w) {
+    const sd_mm_next nx = {.W = w->data, .n_out = w->ne[1], .wrb = sd_row_size(w->type, w->ne[0])};
+    const sd_mm_next none = {0};
+    s->mm.next = s->mm.act_f32 ? none : nx;
+}
+
+static void add_bias(float *y, const sd_tensor *b, int n_tok, int dim) { add_bias_cols(y, b, n_tok, dim, 0, dim); }
+
+// Sets a up (in abuf) for the activations of w's matmul over n tokens,
+// converted by their producers (sd_mm_act), when that matmul takes converted
+// activations and the producers' column ranges can start at multiples of its
+// block: those of a head (head_dim > 0), or of a matmul's row chunks (16
+// rows, or the block itself when it is a multiple of 16: sd_mm_hooks.align).
+// Returns a or NULL.
+static const sd_mm_act *act_for(sd_session *s, sd_mm_act *a, const sd_tensor *w, int n, int head_dim) {
+    const sd_tensor *f = mm_weight(s, w);
+    if (sd_mm_act_begin(&s->mm, a, f->type, f->ne[0], n) != 0) return NULL;
+    if (head_dim > 0) return head_dim % a->blk == 0 ? a : NULL;
+    return 16 % a->blk == 0 || a->blk % 16 == 0 ? a : NULL;
+}
+
+// ---------------------------------------------------------------- the forward pass
+
+// Checks the batch and records its structure (parents, positions, ancestor
+// lists, logit rows). Leaves the session untouched on error.
+static int prepare_batch(sd_session *s, const sd_batch *b, char *err, size_t errlen) {
+    const sd_hparams *hp = &s->m->hp;
+    if (!b || !b->tokens) return sd_err(err, errlen, "forward: no batch / tokens");
+    const int n = b->n;
+    if (n < 1 || n > s->n_batch)
+        return sd_err(err, errlen, "forward: batch of %d tokens, expected 1..%d (n_batch)", n, s->n_batch);
+    if (s->n_past + n > s->n_ctx)
+        return sd_err(err, errlen, "context full: %d cached + %d new tokens exceed n_ctx %d", s->n_past, n,
+                      s->n_ctx);
+    for (int i = 0; i < n; i++) {
+        int32_t t = b->tokens[i];
+        if (t < 0 || t >= hp->n_vocab)
+            return sd_err(err, errlen, "forward: token %d at batch index %d is out of range (n_vocab %d)", t, i,
+                          hp->n_vocab);
+        int32_t p = b->parent ? b->parent[i] : i - 1;
+        if (p < -1 || p >= i)
+            return sd_err(err, errlen, "forward: node %d has parent %d (must be -1 or a smaller index)", i, p);
+        if (b->pos && (b->pos[i] < 0 || b->pos[i] > (1 << 30)))
+            return sd_err(err, errlen, "forward: node %d has position %d", i, b->pos[i]);
+    }
+    const int nb = s->n_batch;
+    // From here on the batch is valid: the previous pending rows are dropped.
+    s->n_pending = 0;
+    int n_out = 0;
+    for (int i = 0; i < nb; i++) s->logit_row[i] = -1;
+    for (int i = 0; i < n; i++) {
+        int32_t p = b->parent ? b->parent[i] : i - 1;
+        s->parent[i] = p;
+        // Ancestor list of i: the parent's list, then i itself (increasing order).
+        int32_t *a = s->anc + (size_t)i * nb;
+        int na = 0;
+        if (p >= 0) {
+            na = s->n_anc[p];
+            memcpy(a, s->anc + (size_t)p * nb, (size_t)na * sizeof(int32_t));
+        }
+        a[na++] = i;
+        s->n_anc[i] = na;
+        s->pos[i] = b->pos ? b->pos[i] : s->n_past + na - 1;
+        if (!b->logits || b->logits[i]) {
+            s->logit_row[i] = n_out;
+            s->out_rows[n_out++] = i;
+        }
+    }
+    // RoPE angles of each node.
+    const int half = hp->n_rot / 2;
+    for (int i = 0; i < n; i++) {
+        float *cs = s->rope_cs + (size_t)i * half * 2;
+        for (int k = 0; k < half; k++) {
+            double th = (double)s->pos[i] * s->rope_freq[k];
+            cs[2 * k] = (float)cos(th);
+            cs[2 * k + 1] = (float)sin(th);
+        }
+    }
+    return n_out;
+}
+
+int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errlen) {
+    int n_out = prepare_batch(s, b, err, errlen);
+    if (n_out < 0) return n_out;
+    s->mm.act_f32 = b->precise != 0; // matmul_t & co. then use the file's weight layouts
+    const sd_model *m = s->m;
+    const sd_hparams *hp = &m->hp;
+    const int n = b->n, E = hp->n_embd, kvd = s->kv_dim, qd = s->q_dim;
+    const int half = hp->n_rot / 2;
+
+    // Embeddings.
+    const sd_type_traits *et = sd_type_get(m->tok_embd->type);
+    const size_t erow = sd_row_size(m->tok_embd->type, E);
+    for (int i = 0; i < n; i++)
+        et->to_float((const uint8_t *)m->tok_embd->data + (size_t)b->tokens[i] * erow, s->x + (size_t)i * E, E);
+
+    // The residual stream x: each sublayer's output lands in xn, and the next
+    // matmul's pre hook (pre_norm) adds it to x and normalizes x into xn, node
+    // by node, split among the threads.
+    fwd_job job = {.s = s, .n = n};
+    // The inputs of the output projection and of the down matrix are
+    // converted by their producers, each thread its own columns (the
+    // attention its heads, SwiGLU its columns), into abuf (the runs that fill
+    // it read their own input from wbuf), so no thread reads another's floats
+    // there.
+    sd_mm_act o_act, d_act;
+    for (int l = 0; l < hp->n_layer; l++) {
+        // A skipped layer (sd_session_set_layer_skip) is the identity on the
+        // residual stream and writes no KV rows.
+        if (s->layer_skip && s->layer_skip[l]) continue;
+        const sd_layer *L = &m->layers[l];
+        float *vc = s->v_cache + ((size_t)l * s->n_ctx + s->n_past) * kvd;
+
+        {
+            // Attention norm, then Q, K and V in one pool run (one activation
+            // conversion). For RoPE_NORM the same run adds the biases, rotates
+            // and stores K into the cache on each thread's own columns
+            // (qkv_rows) and, with enough attention work to split, runs the
+            // attention on its threads behind a barrier (att_after). The NEOX
+            // rotation pairs dims half a head apart: it runs here, after.
+            job.norm_w = L->attn_norm->data;
+            job.layer = l;
+            job.v_out = vc;
+            job.act = act_for(s, &o_act, L->wo, n, hp->head_dim); // filled by the attention
+            const int in_task = hp->rope_type == SD_ROPE_NORM;
+            const int att_in_task = in_task && sd_attention_parallel(s, n);
+            const sd_mm_hooks h = {.pre = pre_norm, .pre_arg = &job, .rows = in_task ? qkv_rows : NULL, .rows_arg = &job,
+                                   .after = att_in_task ? att_after : NULL, .after_arg = &job};
+            const sd_tensor *w3[3] = {L->wq, L->wk, L->wv};
+            float *y3[3] = {s->q, s->k, vc};
+            hint_next(s, L->wo);
+            matmul_multi_t(s, 3, w3, s->xn, n, y3, &h);
+            if (!in_task) {
+                add_bias(s->q, L->bq, n, qd);
+                add_bias(s->k, L->bk, n, kvd);
+                add_bias(vc, L->bv, n, kvd);
+                for (int i = 0; i < n; i++) {
+                    const float *cs = s->rope_cs + (size_t)i * half * 2;
+                    rope_row(s->q + (size_t)i * qd, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_type, cs);
+                    rope_row(s->k + (size_t)i * kvd, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_type, cs);
+                }
+                sd_kt_store(s, l, s->k, n);
+            }
+            if (!att_in_task) sd_attention(s, l, n, job.act);
+        }
+
+        const sd_tensor *ffn[2] = {L->w_gate, L->w_up};
+        hint_next(s, L->w_gate);
+        matmul_t(s, L->wo, s->att, job.act, n, s->xn);
+        job.add = 1;
+        {
+            // residual add and FFN norm, then gate and up in one pool run, each
+            // thread applying SwiGLU to its columns (shapes were validated at
+            // load: both are [n_embd, n_ff])
+            job.norm_w = L->ffn_norm->data;
+            job.act = act_for(s, &d_act, L->w_down, n, 0);
+            const sd_mm_hooks h = {.pre = pre_norm, .pre_arg = &job, .post = swiglu_cols, .post_arg = &job,
+                                   .align = job.act ? SD_MAX(job.act->blk, 16) : 0};
+            float *y2[2] = {s->ff_g, s->ff_u};
+            hint_next(s, L->w_down);
+            matmul_multi_t(s, 2, ffn, s->xn, n, y2, &h);
+        }
+        // after the down matrix: the next layer's Q, K, V, or the output matrix
+        int l1 = l + 1;
+        while (l1 < hp->n_layer && s->layer_skip && s->layer_skip[l1]) l1++;
+        if (l1 < hp->n_layer) {
+            hint_next(s, m->layers[l1].wq);
+        } else if (n_out > 0) {
+            hint_next(s, m->output);
+        }
+        matmul_t(s, L->w_down, s->ff_g, job.act, n, s->xn);
+    }
+
+    // Final residual add and norm, then the output projection, only for the
+    // rows that asked for logits (row k reads node out_rows[k] >= k, so xn is
+    // rewritten in place safely).
+    for (int k = 0; k < n_out; k++) {
+        float *x = s->x + (size_t)s->out_rows[k] * E;
+        if (job.add)
+            for (int e = 0; e < E; e++) x[e] += s->xn[(size_t)s->out_rows[k] * E + e];
+        rmsnorm(s->xn + (size_t)k * E, x, m->out_norm->data, E, hp->rms_eps);
+    }
+    if (n_out > 0) matmul_t(s, m->output, s->xn, NULL, n_out, s->logits);
+    s->mm.act_f32 = 0;
+    s->n_pending = n;
+    return 0;
+}

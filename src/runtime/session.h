@@ -1,0 +1,85 @@
+// session.h - internal: the mutable state of one sequence (KV cache, scratch,
+// logits), shared by session.c (lifetime, commit, truncate) and forward.c
+// (the batched tree-masked forward pass). Everything is sized at creation
+// (house rule 3): a forward call allocates nothing.
+#ifndef SD_SESSION_H
+#define SD_SESSION_H
+
+#include <stdint.h>
+
+#include "model/model.h"
+#include "kernels/quant.h"
+#include "kernels/threadpool.h"
+
+// Most queries of one KV head that the attention processes together
+// (attention.c): every key and value row load serves all of them. 24 = 3
+// score tiles of 8 = 4 output tiles of 6 (AVX-512); measured on the default
+// model at 16 tokens (2 threads): 7% off the forward against 8; 16 and 48 no
+// better than 24. Scratch: n_threads * SD_ATT_QB * n_ctx floats per session.
+#define SD_ATT_QB 24
+// Positions per block of the transposed K cache.
+#define SD_KT_W 16
+
+struct sd_session {
+    const sd_model *m;
+    int n_ctx;          // KV slots per layer
+    int n_batch;        // most nodes per forward
+    int n_threads;      // threads of pool (caller included)
+    int n_past;         // committed rows, slots [0, n_past)
+    int n_pending;      // rows of the last forward, at slots [n_past, n_past + n_pending); 0 after commit/truncate
+    int kv_dim;         // n_head_kv * head_dim
+    int q_dim;          // n_head * head_dim
+
+    // KV cache, float32, RoPE already applied to K. K is kept transposed in
+    // blocks of SD_KT_W positions (attention.c): dimension c of positions
+    // 16 b .. 16 b + 15 of KV head g is kt[l][g][b][c][0..16), contiguous.
+    // V is by positions.
+    float *kt;          // (n_layer, n_head_kv, kt_nblk, head_dim, SD_KT_W)
+    int kt_nblk;        // blocks per layer and KV head: n_ctx / SD_KT_W rounded up
+    float *v_cache;     // (n_layer, n_ctx, kv_dim)
+
+    // Per-forward scratch.
+    float *x;           // (n_batch, n_embd) residual stream
+    float *xn;          // (n_batch, n_embd) normalised input of a block / projection output
+    float *q;           // (n_batch, q_dim) queries (RoPE applied)
+    float *k;           // (n_batch, kv_dim) keys of the batch before they go to kt
+    float *att;         // (n_batch, q_dim) attention output
+    float *ff_g;        // (n_batch, n_ff) gate, then silu(gate) * up
+    float *ff_u;        // (n_batch, n_ff) up
+    float *rope_cs;     // (n_batch, n_rot / 2, 2) cos, sin of each node's angles
+    float *att_scores;  // (n_threads, SD_ATT_QB, kt_nblk * SD_KT_W) scores / probabilities per thread and query
+    int32_t *anc;       // (n_batch, n_batch) tree mask as lists: row i = ancestors of node i and i itself, increasing
+    int32_t *n_anc;     // (n_batch) count of anc[i]
+    int32_t *parent;    // (n_batch) parent of each node of the last forward (-1: root)
+    int32_t *pos;       // (n_batch) position of each node of the last forward
+    int32_t *out_rows;  // (n_batch) nodes that asked for logits, in order
+    int32_t *logit_row; // (n_batch) row of logits for node i, -1 if none
+    float *logits;      // (n_batch, n_vocab)
+    double *rope_freq;  // (n_rot / 2) angle per position of each rotary pair (radians; linear scaling folded in)
+
+    // Layer skipping (self-speculative drafting, sd_session_set_layer_skip).
+    uint8_t *layer_skip; // (n_layer) 1: the layer is skipped (residual passes through, no KV written); NULL: none
+    int n_skip;          // layers with layer_skip[l] == 1
+
+    sd_pool *pool;
+    sd_mm_ctx mm;       // wbuf and abuf sized for the largest matmul with n_batch tokens
+};
+
+// attention.c: the attention of layer `layer` for the n nodes of the current
+// forward (their K rows already in kt, V rows in v_cache, queries in q),
+// into att and, unless out is NULL, converted into out (the output
+// projection's input, each head by the thread that computed it); the copy of
+// n key rows (n, kv_dim) into a layer's kt at slots n_past.. (all dims, or
+// dims [d0, d1) of every row); and the move of a layer's kt slot src to slot
+// dst (commit).
+void sd_attention(sd_session *s, int layer, int n, const sd_mm_act *out);
+// Whether sd_attention of n nodes would split the work among the pool's
+// threads (enough of it), and thread ith's part of that split (all parts
+// together, on nth threads at once, equal sd_attention).
+int sd_attention_parallel(const sd_session *s, int n);
+void sd_attention_part(sd_session *s, int layer, int n, const sd_mm_act *out, int ith, int nth);
+void sd_kt_store(sd_session *s, int layer, const float *k, int n);
+void sd_kt_store_dims(sd_session *s, int layer, const float *k, int n, int d0, int d1);
+void sd_kt_move(sd_session *s, int layer, int dst, int src);
+
+#endif

@@ -1,0 +1,783 @@
+// tree_auto.c - hardware-aware tree sizing: acceptance statistics, target
+// cost curve, Sequoia's dynamic program over tree shapes, per-step sizing.
+// See tree_auto.h.
+#include "spec/tree_auto.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "runtime/session.h"
+
+// ================================================================ 1. acceptance statistics
+
+void sd_accept_stats_init(sd_accept_stats *st, int n_rank, int n_depth, double decay) {
+    static const double means[SD_TA_MAX_RANK] = {0.6, 0.12, 0.05, 0.02, 0.01, 0.01, 0.01, 0.01};
+    memset(st, 0, sizeof *st);
+    st->n_rank = SD_MAX(1, SD_MIN(n_rank, SD_TA_MAX_RANK));
+    st->n_depth = SD_MAX(1, SD_MIN(n_depth, SD_TA_MAX_DEPTH));
+    st->decay = (decay > 0 && decay <= 1) ? decay : 1.0;
+    for (int r = 0; r < SD_TA_MAX_RANK; r++) st->prior_mean[r] = means[r];
+    st->prior_strength = 4.0;
+    st->depth_strength = 8.0;
+}
+
+void sd_accept_stats_reset(sd_accept_stats *st) {
+    memset(st->tried, 0, sizeof st->tried);
+    memset(st->acc, 0, sizeof st->acc);
+    memset(st->tried_all, 0, sizeof st->tried_all);
+    memset(st->acc_all, 0, sizeof st->acc_all);
+    st->n_updates = 0;
+}
+
+// Rank of child c among the children of its parent.
+static int sibling_rank(const int32_t *parent, const float *p, int n, int c, int by_p) {
+    int r = 0, par = parent[c];
+    for (int j = 1; j < n; j++) {
+        if (j == c || parent[j] != par) continue;
+        if (by_p && p) {
+            if (p[j] > p[c] || (p[j] == p[c] && j < c)) r++;
+        } else if (j < c) {
+            r++;
+        }
+    }
+    return r;
+}
+
+int sd_accept_stats_update(sd_accept_stats *st, const int32_t *parent, const float *p, int n,
+                           const int32_t *path, int n_path) {
+    if (n < 1 || n_path < 1 || path[0] != 0) return -1;
+    for (int i = 1; i < n_path; i++)
+        if (path[i] <= 0 || path[i] >= n || parent[path[i]] != path[i - 1]) return -1;
+    int by_p = st->rank_by_p && p;
+    for (int d = 0; d < st->n_depth; d++)
+        for (int r = 0; r < st->n_rank; r++) {
+            st->tried[d][r] *= st->decay;
+            st->acc[d][r] *= st->decay;
+        }
+    for (int r = 0; r < st->n_rank; r++) {
+        st->tried_all[r] *= st->decay;
+        st->acc_all[r] *= st->decay;
+    }
+    for (int i = 0; i < n_path; i++) {
+        int u = path[i], next = i + 1 < n_path ? path[i + 1] : -1;
+        int row = SD_MIN(i, st->n_depth - 1); // children of a depth-i node are at depth i + 1 -> row i
+        for (int c = u + 1; c < n; c++) {
+            if (parent[c] != u) continue;
+            int r = sibling_rank(parent, p, n, c, by_p);
+            if (r >= st->n_rank) continue;
+            st->tried[row][r] += 1.0;
+            st->tried_all[r] += 1.0;
+            if (c == next) {
+                st->acc[row][r] += 1.0;
+                st->acc_all[r] += 1.0;
+            }
+        }
+    }
+    st->n_updates++;
+    return 0;
+}
+
+int sd_accept_stats_update_tree(sd_accept_stats *st, const sd_tree *t, const int32_t *path, int n_path) {
+    return sd_accept_stats_update(st, t->parent, t->p, t->n, path, n_path);
+}
+
+void sd_accept_stats_probs(const sd_accept_stats *st, int depth, double *out) {
+    int row = SD_MAX(0, SD_MIN(depth - 1, st->n_depth - 1));
+    double sum = 0.0;
+    for (int r = 0; r < SD_TA_MAX_RANK; r++) {
+        if (r >= st->n_rank) {
+            out[r] = 0.0;
+            continue;
+        }
+        double s0 = st->prior_strength > 0 ? st->prior_strength : 0.0;
+        double den0 = st->tried_all[r] + s0;
+        double pooled = den0 > 0 ? (st->acc_all[r] + s0 * st->prior_mean[r]) / den0 : st->prior_mean[r];
+        double v = pooled;
+        if (st->n_depth > 1) {
+            double s1 = st->depth_strength > 0 ? st->depth_strength : 0.0;
+            double den1 = st->tried[row][r] + s1;
+            v = den1 > 0 ? (st->acc[row][r] + s1 * pooled) / den1 : pooled;
+        }
+        out[r] = SD_MAX(0.0, SD_MIN(1.0, v));
+        sum += out[r];
+    }
+    if (sum > 1.0)
+        for (int r = 0; r < st->n_rank; r++) out[r] /= sum;
+}
+
+void sd_accept_table_const(sd_accept_table *t, const double *p, int n_rank) {
+    memset(t, 0, sizeof *t);
+    t->n_rank = SD_MAX(1, SD_MIN(n_rank, SD_TA_MAX_RANK));
+    t->n_depth = 1;
+    for (int r = 0; r < t->n_rank; r++) t->p[0][r] = p[r];
+}
+
+void sd_accept_stats_table(const sd_accept_stats *st, sd_accept_table *t) {
+    memset(t, 0, sizeof *t);
+    t->n_rank = st->n_rank;
+    t->n_depth = st->n_depth;
+    for (int d = 1; d <= st->n_depth; d++) sd_accept_stats_probs(st, d, t->p[d - 1]);
+}
+
+double sd_accept_table_p(const sd_accept_table *t, int depth, int rank) {
+    if (rank < 0 || rank >= t->n_rank || depth < 1) return 0.0;
+    int row = SD_MIN(depth, t->n_depth) - 1;
+    return t->p[row][rank];
+}
+
+// ================================================================ 2. cost model
+
+void sd_cost_curve_init(sd_cost_curve *c) {
+    memset(c, 0, sizeof *c);
+    c->online_weight = 0.02;
+}
+
+int sd_cost_curve_set(sd_cost_curve *c, int n, double ms) {
+    if (n < 1 || !(ms >= 0)) return -1;
+    int i = 0;
+    while (i < c->n_points && c->n[i] < n) i++;
+    if (i < c->n_points && c->n[i] == n) {
+        c->ms[i] = ms;
+        return 0;
+    }
+    if (c->n_points == SD_TA_MAX_POINTS) return -1;
+    memmove(c->n + i + 1, c->n + i, (size_t)(c->n_points - i) * sizeof c->n[0]);
+    memmove(c->ms + i + 1, c->ms + i, (size_t)(c->n_points - i) * sizeof c->ms[0]);
+    c->n[i] = n;
+    c->ms[i] = ms;
+    c->n_points++;
+    return 0;
+}
+
+void sd_cost_curve_set_draft(sd_cost_curve *c, double fixed, double per_depth, double per_node) {
+    c->draft_ms_fixed = fixed;
+    c->draft_ms_per_depth = per_depth;
+    c->draft_ms_per_node = per_node;
+}
+
+double sd_cost_curve_verify_ms(const sd_cost_curve *c, int n) {
+    int k = c->n_points;
+    if (k == 0) return 0.0;
+    if (n <= c->n[0]) return c->ms[0];
+    if (k == 1) return c->ms[0] * n / c->n[0];
+    for (int i = 1; i < k; i++)
+        if (n <= c->n[i]) {
+            double w = (double)(n - c->n[i - 1]) / (c->n[i] - c->n[i - 1]);
+            return c->ms[i - 1] + w * (c->ms[i] - c->ms[i - 1]);
+        }
+    double slope = (c->ms[k - 1] - c->ms[k - 2]) / (c->n[k - 1] - c->n[k - 2]);
+    return c->ms[k - 1] + SD_MAX(0.0, slope) * (n - c->n[k - 1]);
+}
+
+double sd_cost_curve_draft_ms(const sd_cost_curve *c, int n, int depth) {
+    if (n <= 1) return 0.0;
+    return c->draft_ms_fixed + c->draft_ms_per_depth * depth + c->draft_ms_per_node * (n - 1);
+}
+
+void sd_cost_curve_monotone(sd_cost_curve *c) {
+    // pool adjacent violators (unweighted): blocks of equal value
+    double val[SD_TA_MAX_POINTS];
+    int len[SD_TA_MAX_POINTS], nb = 0;
+    for (int i = 0; i < c->n_points; i++) {
+        val[nb] = c->ms[i];
+        len[nb] = 1;
+        nb++;
+        while (nb > 1 && val[nb - 2] > val[nb - 1]) {
+            double v = (val[nb - 2] * len[nb - 2] + val[nb - 1] * len[nb - 1]) / (len[nb - 2] + len[nb - 1]);
+            len[nb - 2] += len[nb - 1];
+            val[nb - 2] = v;
+            nb--;
+        }
+    }
+    for (int b = 0, i = 0; b < nb; b++)
+        for (int k = 0; k < len[b]; k++) c->ms[i++] = val[b];
+}
+
+static double sign_step(double est, double obs, double a) {
+    return obs > est ? a * est : obs < est ? -a * est : 0.0;
+}
+
+void sd_cost_curve_observe(sd_cost_curve *c, int n, double ms) {
+    if (n < 1 || !(ms >= 0)) return;
+    double a = c->online_weight;
+    int k = c->n_points;
+    int i = 0;
+    while (i < k && c->n[i] < n) i++;
+    if (i < k && c->n[i] == n) {
+        c->ms[i] += sign_step(c->ms[i], ms, a);
+    } else if (k < SD_TA_MAX_POINTS) {
+        sd_cost_curve_set(c, n, ms);
+    } else if (i == 0 || i == k) {
+        int j = i == 0 ? 0 : k - 1;
+        double est = sd_cost_curve_verify_ms(c, n);
+        c->ms[j] += (ms > est ? a : ms < est ? -a : 0.0) * c->ms[j];
+    } else {
+        double est = sd_cost_curve_verify_ms(c, n), step = sign_step(est, ms, a);
+        double w = (double)(n - c->n[i - 1]) / (c->n[i] - c->n[i - 1]);
+        c->ms[i - 1] += step * (1.0 - w);
+        c->ms[i] += step * w;
+    }
+    for (int j = 0; j < c->n_points; j++) c->ms[j] = SD_MAX(0.0, c->ms[j]);
+    sd_cost_curve_monotone(c);
+}
+
+void sd_cost_curve_observe_draft(sd_cost_curve *c, int n, int depth, double ms) {
+    if (n <= 1 || !(ms >= 0)) return;
+    if (c->draft_ms_fixed == 0 && c->draft_ms_per_depth == 0 && c->draft_ms_per_node == 0) {
+        c->draft_ms_per_depth = ms / SD_MAX(1, depth);
+        return;
+    }
+    double est = sd_cost_curve_draft_ms(c, n, depth);
+    double f = ms > est ? 1.0 + c->online_weight : ms < est ? 1.0 - c->online_weight : 1.0;
+    c->draft_ms_fixed *= f;
+    c->draft_ms_per_depth *= f;
+    c->draft_ms_per_node *= f;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y ? 1 : 0;
+}
+
+int sd_cost_curve_measure(sd_cost_curve *c, sd_session *s, const int *ns, int n_ns, int reps, double q,
+                          char *err, size_t errlen) {
+    static const int def_ns[] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32};
+    if (!ns) {
+        ns = def_ns;
+        n_ns = (int)(sizeof def_ns / sizeof def_ns[0]);
+    }
+    if (reps < 1) reps = 1;
+    if (reps > 64) reps = 64;
+    sd_model_info info;
+    sd_model_get_info(sd_session_model(s), &info);
+    int n_past = sd_session_n_past(s);
+    int room = SD_MIN(s->n_batch, sd_session_n_ctx(s) - n_past);
+    int32_t toks[SD_TA_MAX_NODES];
+    for (int i = 0; i < SD_TA_MAX_NODES; i++) toks[i] = (int32_t)((1000 + (int64_t)i * 7919) % info.n_vocab);
+    double times[64];
+    int n_set = 0;
+    for (int qi = 0; qi < n_ns; qi++) {
+        int n = ns[qi];
+        if (n < 1 || n > room || n > SD_TA_MAX_NODES) continue;
+        sd_batch b = {.n = n, .tokens = toks};
+        for (int r = -1; r < reps; r++) {
+            double t0 = sd_time_ms();
+            if (sd_session_forward(s, &b, err, errlen) < 0) return -1;
+            if (r >= 0) times[r] = sd_time_ms() - t0;
+        }
+        qsort(times, (size_t)reps, sizeof times[0], cmp_double);
+        double pos = SD_MAX(0.0, SD_MIN(1.0, q)) * (reps - 1);
+        int lo = (int)pos, hi = SD_MIN(lo + 1, reps - 1);
+        double val = times[lo] + (pos - lo) * (times[hi] - times[lo]);
+        if (sd_cost_curve_set(c, n, val) < 0) return sd_err(err, errlen, "cost curve: too many points");
+        n_set++;
+    }
+    if (sd_session_truncate(s, n_past, err, errlen) < 0) return -1;
+    if (n_set == 0) return sd_err(err, errlen, "cost curve: no batch size fits the session (room %d)", room);
+    sd_cost_curve_monotone(c);
+    return n_set;
+}
+
+int sd_cost_curve_from_json(sd_cost_curve *c, const char *json) {
+    const char *p = strstr(json, "\"batches\"");
+    if (!p) return -1;
+    const char *end = strchr(p, ']');
+    int n_set = 0;
+    while ((p = strstr(p, "\"n\"")) && (!end || p < end)) {
+        p += 3;
+        while (*p == ' ' || *p == ':') p++;
+        char *q;
+        long n = strtol(p, &q, 10);
+        if (q == p) return -1;
+        const char *m = strstr(q, "\"ms\"");
+        if (!m || (end && m > end)) return -1;
+        m += 4;
+        while (*m == ' ' || *m == ':') m++;
+        double ms = strtod(m, &q);
+        if (q == m) return -1;
+        if (n >= 1 && n <= 1 << 20 && sd_cost_curve_set(c, (int)n, ms) == 0) n_set++;
+        p = q;
+    }
+    return n_set > 0 ? n_set : -1;
+}
+
+// ================================================================ 3. optimiser
+
+#define DN (SD_TA_MAX_NODES + 1)
+#define DK (SD_TA_MAX_RANK + 1)
+#define DD (SD_TA_MAX_DEPTH + 1)
+
+// G(d, k, m): best expected value contributed by the children of ranks
+// k, k+1, ... of a node at depth d, using at most m nodes (the child of rank
+// k must exist before the one of rank k + 1). The subtree value of a node at
+// depth d with at most n nodes is T(d, n) = 1 + G(d, 0, n - 1).
+struct sd_tree_opt_ws {
+    double g[DD][DK][DN];    // value
+    int16_t ch[DD][DK][DN];  // nodes given to the child of rank k (0 = no more children)
+    int16_t cnt[DD][DK][DN]; // nodes actually used
+    int8_t dep[DD][DK][DN];  // deepest absolute depth used (d when none)
+    int L, N, W;             // parameters of the filled tables
+};
+
+int sd_tree_opt_ws_new(sd_tree_opt_ws **out, char *err, size_t errlen) {
+    *out = calloc(1, sizeof **out);
+    if (!*out) return sd_err(err, errlen, "tree optimiser: out of memory");
+    return 0;
+}
+
+void sd_tree_opt_ws_free(sd_tree_opt_ws *ws) { free(ws); }
+
+sd_tree_opt_params sd_tree_opt_default_params(void) {
+    sd_tree_opt_params p = {.max_nodes = 64, .max_depth = 12, .max_width = 8};
+    return p;
+}
+
+// Fills the tables for depth limit L, at most N nodes, W children per node.
+static void dp_fill(sd_tree_opt_ws *ws, const sd_accept_table *t, int N, int L, int W) {
+    ws->L = L;
+    ws->N = N;
+    ws->W = W;
+    for (int d = L; d >= 0; d--) {
+        for (int m = 0; m < N; m++) {
+            ws->g[d][W][m] = 0.0;
+            ws->ch[d][W][m] = 0;
+            ws->cnt[d][W][m] = 0;
+            ws->dep[d][W][m] = (int8_t)d;
+        }
+        for (int k = W - 1; k >= 0; k--) {
+            double q = d < L ? sd_accept_table_p(t, d + 1, k) : 0.0;
+            for (int m = 0; m < N; m++) {
+                double best = 0.0;
+                int bj = 0;
+                if (q > 0) {
+                    for (int j = 1; j <= m; j++) {
+                        double v = q * (1.0 + ws->g[d + 1][0][j - 1]) + ws->g[d][k + 1][m - j];
+                        if (v > best * (1.0 + 1e-12) + 1e-15) {
+                            best = v;
+                            bj = j;
+                        }
+                    }
+                }
+                ws->g[d][k][m] = best;
+                ws->ch[d][k][m] = (int16_t)bj;
+                if (bj == 0) {
+                    ws->cnt[d][k][m] = 0;
+                    ws->dep[d][k][m] = (int8_t)d;
+                } else {
+                    int16_t c1 = (int16_t)(1 + ws->cnt[d + 1][0][bj - 1]);
+                    ws->cnt[d][k][m] = (int16_t)(c1 + ws->cnt[d][k + 1][m - bj]);
+                    int8_t a = ws->dep[d + 1][0][bj - 1], b = ws->dep[d][k + 1][m - bj];
+                    ws->dep[d][k][m] = a > b ? a : b;
+                }
+            }
+        }
+    }
+}
+
+static int check_params(const sd_accept_table *t, int N, int L, int W, char *err, size_t errlen) {
+    if (N < 1 || N > SD_TA_MAX_NODES)
+        return sd_err(err, errlen, "tree optimiser: max_nodes %d outside 1..%d", N, SD_TA_MAX_NODES);
+    if (L < 0 || L > SD_TA_MAX_DEPTH)
+        return sd_err(err, errlen, "tree optimiser: max_depth %d outside 0..%d", L, SD_TA_MAX_DEPTH);
+    if (W < 1 || W > SD_TA_MAX_RANK)
+        return sd_err(err, errlen, "tree optimiser: max_width %d outside 1..%d", W, SD_TA_MAX_RANK);
+    if (t->n_rank < 1 || t->n_depth < 1) return sd_err(err, errlen, "tree optimiser: empty acceptance table");
+    return 0;
+}
+
+int sd_tree_opt_values(sd_tree_opt_ws *ws, const sd_accept_table *t, int max_nodes, int L, int max_width,
+                       double *value) {
+    int W = SD_MIN(max_width, t->n_rank);
+    if (check_params(t, max_nodes, L, W, NULL, 0) < 0) return -1;
+    dp_fill(ws, t, max_nodes, L, W);
+    value[0] = 0.0;
+    for (int n = 1; n <= max_nodes; n++) value[n] = 1.0 + ws->g[0][0][n - 1];
+    return 0;
+}
+
+// Depth-first construction from the filled tables into tmp arrays.
+typedef struct {
+    int n;
+    int32_t parent[SD_TA_MAX_NODES], rank[SD_TA_MAX_NODES], depth[SD_TA_MAX_NODES];
+    double f[SD_TA_MAX_NODES];
+} dfs_tree;
+
+// d: table row; r0: the row of the root (row - r0 = depth; r0 > 0 only for
+// depth-independent tables, whose rows depend only on the height left).
+static void build(const sd_tree_opt_ws *ws, const sd_accept_table *t, dfs_tree *o, int d, int r0, int n, int par,
+                  int rank, double f) {
+    int me = o->n++;
+    o->parent[me] = par;
+    o->rank[me] = rank;
+    o->depth[me] = d - r0;
+    o->f[me] = f;
+    int m = n - 1;
+    for (int k = 0; k < ws->W && m > 0; k++) {
+        int j = ws->ch[d][k][m];
+        if (j == 0) break;
+        build(ws, t, o, d + 1, r0, j, me, k, f * sd_accept_table_p(t, d - r0 + 1, k));
+        m -= j;
+    }
+}
+
+// Reorders the depth-first tree breadth-first into out.
+static void to_shape(const dfs_tree *o, sd_tree_shape *out) {
+    int32_t order[SD_TA_MAX_NODES], newid[SD_TA_MAX_NODES];
+    int head = 0, tail = 0;
+    order[tail++] = 0;
+    newid[0] = 0;
+    while (head < tail) {
+        int u = order[head++];
+        for (int c = u + 1; c < o->n; c++) // children in rank order: depth-first adds rank k before k + 1
+            if (o->parent[c] == u) {
+                newid[c] = tail;
+                order[tail++] = c;
+            }
+    }
+    // breadth-first by parent order gives depth order as well
+    out->n = o->n;
+    out->depth = 0;
+    out->expected_tokens = 0.0;
+    for (int i = 0; i < o->n; i++) {
+        int u = order[i];
+        out->parent[i] = o->parent[u] < 0 ? -1 : newid[o->parent[u]];
+        out->rank[i] = o->rank[u];
+        out->depth_of[i] = o->depth[u];
+        out->f[i] = o->f[u];
+        out->expected_tokens += o->f[u];
+        if (o->depth[u] > out->depth) out->depth = o->depth[u];
+    }
+}
+
+static void shape_from_tables(const sd_tree_opt_ws *ws, const sd_accept_table *t, int r0, int n,
+                              sd_tree_shape *out) {
+    dfs_tree o;
+    o.n = 0;
+    build(ws, t, &o, r0, r0, n, -1, 0, 1.0);
+    to_shape(&o, out);
+}
+
+int sd_tree_opt_fixed(sd_tree_opt_ws *ws, const sd_accept_table *t, int n, int L, int max_width,
+                      sd_tree_shape *out, char *err, size_t errlen) {
+    int W = SD_MIN(max_width, t->n_rank);
+    if (check_params(t, n, L, W, err, errlen) < 0) return -1;
+    dp_fill(ws, t, n, L, W);
+    memset(out, 0, sizeof *out);
+    shape_from_tables(ws, t, 0, n, out);
+    return 0;
+}
+
+static double tree_cost(const sd_cost_curve *c, int n, int depth) {
+    return sd_cost_curve_verify_ms(c, n) + sd_cost_curve_draft_ms(c, n, depth);
+}
+
+int sd_tree_opt(sd_tree_opt_ws *ws, const sd_accept_table *t, const sd_cost_curve *c,
+                const sd_tree_opt_params *p, sd_tree_shape *out, char *err, size_t errlen) {
+    int N = p->max_nodes, Lmax = p->max_depth, W = SD_MIN(p->max_width, t->n_rank);
+    if (check_params(t, N, Lmax, W, err, errlen) < 0) return -1;
+    if (c->n_points < 1) return sd_err(err, errlen, "tree optimiser: the cost curve has no points");
+    double base = sd_cost_curve_verify_ms(c, 1);
+    if (!(base > 0)) return sd_err(err, errlen, "tree optimiser: the cost of one token must be > 0");
+    double best_rate = 1.0 / base; // the root alone: plain decoding
+    int best_L = 0, best_n = 1, best_cnt = 1;
+    // A depth-independent table: the subtree tables depend only on the height
+    // left, so one fill for max_depth serves every limit L (root at row
+    // max_depth - L). Otherwise one fill per L.
+    int shared = t->n_depth == 1;
+    if (shared) dp_fill(ws, t, N, Lmax, W);
+    for (int L = 1; L <= Lmax; L++) {
+        int r0 = shared ? Lmax - L : 0;
+        if (!shared) dp_fill(ws, t, N, L, W);
+        for (int n = 2; n <= N; n++) {
+            int cnt = 1 + ws->cnt[r0][0][n - 1];
+            int dep = ws->dep[r0][0][n - 1] - r0;
+            double v = 1.0 + ws->g[r0][0][n - 1];
+            double cost = tree_cost(c, cnt, dep);
+            if (!(cost > 0)) continue;
+            double rate = v / cost;
+            if (rate > best_rate * (1.0 + 1e-9) || (rate >= best_rate * (1.0 - 1e-9) && cnt < best_cnt)) {
+                best_rate = rate;
+                best_L = L;
+                best_n = n;
+                best_cnt = cnt;
+            }
+        }
+    }
+    int r0 = shared ? Lmax - best_L : 0;
+    if (!shared) dp_fill(ws, t, best_n, best_L, W);
+    memset(out, 0, sizeof *out);
+    shape_from_tables(ws, t, r0, best_n, out);
+    out->cost_ms = tree_cost(c, out->n, out->depth);
+    out->tokens_per_s = out->cost_ms > 0 ? out->expected_tokens / out->cost_ms * 1000.0 : 0.0;
+    out->speedup = out->tokens_per_s / (1000.0 / base);
+    return 0;
+}
+
+int sd_tree_shape_widths(const sd_tree_shape *s, int *widths, int max, int *n_widths) {
+    if (max < s->depth) return -1;
+    int nch[SD_TA_MAX_NODES] = {0};
+    for (int i = 1; i < s->n; i++) nch[s->parent[i]]++;
+    int exact = 1;
+    for (int d = 0; d < s->depth; d++) {
+        int lo = 1 << 30, hi = 0;
+        for (int i = 0; i < s->n; i++)
+            if (s->depth_of[i] == d) {
+                lo = SD_MIN(lo, nch[i]);
+                hi = SD_MAX(hi, nch[i]);
+            }
+        widths[d] = hi;
+        if (lo != hi) exact = 0;
+    }
+    *n_widths = s->depth;
+    return exact;
+}
+
+int sd_tree_shape_format(const sd_tree_shape *s, char *buf, size_t len) {
+    int w[SD_TA_MAX_DEPTH], nw = 0;
+    int exact = sd_tree_shape_widths(s, w, SD_TA_MAX_DEPTH, &nw) == 1;
+    // at most ~100 + 4 * SD_TA_MAX_NODES characters: composed whole, then copied
+    char tmp[160 + 8 * SD_TA_MAX_NODES];
+    int k = snprintf(tmp, sizeof tmp, "n=%d depth=%d E=%.3f", s->n, s->depth, s->expected_tokens);
+    if (s->tokens_per_s > 0 && s->tokens_per_s < 1e12)
+        k += snprintf(tmp + k, sizeof tmp - (size_t)k, " tok/s=%.1f speedup=%.2f", s->tokens_per_s, s->speedup);
+    if (exact) {
+        k += snprintf(tmp + k, sizeof tmp - (size_t)k, " widths ");
+        for (int d = 0; d < nw; d++) k += snprintf(tmp + k, sizeof tmp - (size_t)k, "%s%d", d ? "," : "", w[d]);
+        if (nw == 0) k += snprintf(tmp + k, sizeof tmp - (size_t)k, "-");
+    } else {
+        k += snprintf(tmp + k, sizeof tmp - (size_t)k, " parents ");
+        for (int i = 1; i < s->n && i < SD_TA_MAX_NODES; i++)
+            k += snprintf(tmp + k, sizeof tmp - (size_t)k, "%s%d", i > 1 ? "," : "", s->parent[i]);
+    }
+    if (buf && len > 0) {
+        size_t c = SD_MIN((size_t)k, len - 1);
+        memcpy(buf, tmp, c);
+        buf[c] = 0;
+    }
+    return k;
+}
+
+// Inserts token (prob v) into the descending top-k list (ids, ps) of size *m.
+static void topk_insert(int32_t *ids, float *ps, int *m, int k, int32_t tok, float v) {
+    if (*m == k && v <= ps[k - 1]) return;
+    int i = *m < k ? (*m)++ : k - 1;
+    while (i > 0 && ps[i - 1] < v) {
+        ids[i] = ids[i - 1];
+        ps[i] = ps[i - 1];
+        i--;
+    }
+    ids[i] = tok;
+    ps[i] = v;
+}
+
+int sd_tree_grow_shape(sd_tree *t, const sd_tree_shape *s, const sd_tree_grow *g, char *err, size_t errlen) {
+    if (t->n != 1) return sd_err(err, errlen, "grow shape: the tree must hold only the root");
+    if (!g || !g->dist) return sd_err(err, errlen, "grow shape: no distribution callback");
+    if (s->n < 1 || s->n > SD_TA_MAX_NODES) return sd_err(err, errlen, "grow shape: bad shape (%d nodes)", s->n);
+    int32_t map[SD_TA_MAX_NODES], nch[SD_TA_MAX_NODES] = {0};
+    int32_t nodes[SD_TA_MAX_NODES], snodes[SD_TA_MAX_NODES];
+    float *rows[SD_TA_MAX_NODES];
+    for (int i = 0; i < s->n; i++) map[i] = -1;
+    for (int i = 1; i < s->n; i++) nch[s->parent[i]]++;
+    map[0] = 0;
+    for (int d = 0; d < s->depth; d++) {
+        int cnt = 0;
+        for (int i = 0; i < s->n; i++)
+            if (s->depth_of[i] == d && nch[i] > 0 && map[i] >= 0) {
+                float *row = sd_tree_dist_for(t, map[i]);
+                if (!row) return sd_err(err, errlen, "grow shape: out of distribution rows");
+                snodes[cnt] = i;
+                nodes[cnt] = map[i];
+                rows[cnt] = row;
+                cnt++;
+            }
+        if (cnt == 0) break;
+        if (g->dist(g->ud, t, nodes, cnt, rows, err, errlen) < 0) return -1;
+        for (int q = 0; q < cnt; q++) {
+            int u = snodes[q], k = SD_MIN(nch[u], SD_TA_MAX_RANK);
+            int32_t ids[SD_TA_MAX_RANK];
+            float ps[SD_TA_MAX_RANK];
+            int m = 0;
+            const float *row = rows[q];
+            for (int v = 0; v < t->n_vocab; v++)
+                if (row[v] > 0) topk_insert(ids, ps, &m, k, v, row[v]);
+            int r = 0;
+            for (int c = u + 1; c < s->n; c++) { // shape children of u, in rank order
+                if (s->parent[c] != u) continue;
+                if (r < m) {
+                    int id = sd_tree_add(t, nodes[q], ids[r], ps[r]);
+                    if (id < 0) return sd_err(err, errlen, "grow shape: the tree is full (%d nodes)", t->cap);
+                    map[c] = id;
+                }
+                r++;
+            }
+            t->mode[nodes[q]] = SD_CHILDREN_ANY;
+        }
+    }
+    return 0;
+}
+
+// ================================================================ 4. per-step sizing
+
+void sd_class_stats_init(sd_class_stats *s, int n_class, const double *prior_mean, double strength,
+                         double decay) {
+    memset(s, 0, sizeof *s);
+    s->n_class = SD_MAX(1, SD_MIN(n_class, SD_SZ_MAX_CLASS));
+    for (int c = 0; c < s->n_class; c++) {
+        double m = prior_mean ? prior_mean[c] : 0.5;
+        s->prior_mean[c] = m < 0 ? 0.0 : m > 0.99 ? 0.99 : m;
+    }
+    s->prior_strength = strength > 0 ? strength : 4.0;
+    s->decay = decay > 0 && decay <= 1 ? decay : 1.0;
+}
+
+void sd_class_stats_reset(sd_class_stats *s) {
+    memset(s->tried, 0, sizeof s->tried);
+    memset(s->acc, 0, sizeof s->acc);
+}
+
+double sd_class_stats_p(const sd_class_stats *s, int c) {
+    if (c < 0 || c >= s->n_class) return 0.0;
+    double S = s->prior_strength;
+    double p = (s->acc[c] + S * s->prior_mean[c]) / (s->tried[c] + S);
+    return p < 0.995 ? p : 0.995;   // shares < 1 can push acc above tried: stay a probability
+}
+
+void sd_class_stats_step(sd_class_stats *s) {
+    for (int c = 0; c < s->n_class; c++) {
+        s->tried[c] *= s->decay;
+        s->acc[c] *= s->decay;
+    }
+}
+
+void sd_class_stats_add(sd_class_stats *s, int c, double share, int accepted) {
+    if (c < 0 || c >= s->n_class || !(share > 0)) return;
+    s->tried[c] += share > 1 ? 1.0 : share;
+    if (accepted) s->acc[c] += 1.0;
+}
+
+#define SZ_PRIOR_STEPS 4.0
+
+void sd_step_sizer_init(sd_step_sizer *z, const sd_cost_curve *c) {
+    memset(z, 0, sizeof *z);
+    if (c && c->n_points > 0 && sd_cost_curve_verify_ms(c, 1) > 0) {
+        z->cost = *c;
+        sd_cost_curve_monotone(&z->cost);   // more nodes never cost less
+    } else {
+        static const int n[] = {1, 2, 4, 8, 16, 32};
+        static const double ms[] = {1.0, 1.15, 1.4, 2.0, 3.5, 6.5};
+        sd_cost_curve_init(&z->cost);
+        for (int i = 0; i < 6; i++) sd_cost_curve_set(&z->cost, n[i], ms[i]);
+        z->relative = 1;
+    }
+    z->decay = 0.95;
+    sd_step_sizer_reset(z);
+}
+
+void sd_step_sizer_reset(sd_step_sizer *z) {
+    z->tok_sum = SZ_PRIOR_STEPS;
+    z->ms_sum = SZ_PRIOR_STEPS * sd_cost_curve_verify_ms(&z->cost, 1);
+    z->n_steps = 0;
+}
+
+double sd_step_sizer_rate(const sd_step_sizer *z) { return z->ms_sum > 0 ? z->tok_sum / z->ms_sum : 0.0; }
+
+int sd_step_sizer_choose(const sd_step_sizer *z, const double *f, int m, double *gain) {
+    double rate = sd_step_sizer_rate(z);
+    double base = 1.0 - rate * sd_cost_curve_verify_ms(&z->cost, 1);
+    double best = base, sum = 1.0;
+    int bk = 0;
+    for (int k = 1; k <= m; k++) {
+        sum += f[k - 1];
+        double v = sum - rate * sd_cost_curve_verify_ms(&z->cost, k + 1);
+        if (v > best + 1e-12) {
+            best = v;
+            bk = k;
+        }
+    }
+    if (gain) *gain = best - base;
+    return bk;
+}
+
+void sd_step_sizer_observe(sd_step_sizer *z, int n_nodes, int n_tokens, double ms) {
+    if (n_nodes < 1 || n_tokens < 1) return;
+    z->tok_sum = z->tok_sum * z->decay + n_tokens;
+    z->ms_sum = z->ms_sum * z->decay + sd_cost_curve_verify_ms(&z->cost, n_nodes);
+    z->n_steps++;
+    // A forward cannot take much less than the curve measured on this
+    // machine (preemption only adds time): far faster "timings" measure no
+    // forward at all (a caller without a target) and are ignored.
+    if (!z->relative && ms > 0.5 * sd_cost_curve_verify_ms(&z->cost, n_nodes))
+        sd_cost_curve_observe(&z->cost, n_nodes, ms);
+}
+
+// ================================================================ the bundle
+
+sd_tree_auto_params sd_tree_auto_default_params(void) {
+    sd_tree_auto_params p;
+    p.opt = sd_tree_opt_default_params();
+    p.n_rank = 4;
+    p.n_depth = 8;
+    p.decay = 0.99;
+    p.reopt_every = 16;
+    p.refine_cost = 1;
+    return p;
+}
+
+static void chain_shape(sd_tree_shape *s, int k) {
+    memset(s, 0, sizeof *s);
+    s->n = k + 1;
+    s->depth = k;
+    for (int i = 0; i <= k; i++) {
+        s->parent[i] = i - 1;
+        s->depth_of[i] = i;
+        s->f[i] = 1.0;
+    }
+    s->expected_tokens = k + 1;
+}
+
+int sd_tree_auto_new(sd_tree_auto **out, const sd_tree_auto_params *p, char *err, size_t errlen) {
+    sd_tree_auto *a = calloc(1, sizeof *a);
+    if (!a) return sd_err(err, errlen, "tree auto: out of memory");
+    a->p = p ? *p : sd_tree_auto_default_params();
+    if (sd_tree_opt_ws_new(&a->ws, err, errlen) < 0) {
+        free(a);
+        return -1;
+    }
+    sd_accept_stats_init(&a->stats, a->p.n_rank, a->p.n_depth, a->p.decay);
+    sd_cost_curve_init(&a->cost);
+    sd_accept_stats_table(&a->stats, &a->table);
+    chain_shape(&a->shape, SD_MAX(0, SD_MIN(4, SD_MIN(a->p.opt.max_depth, a->p.opt.max_nodes - 1))));
+    *out = a;
+    return 0;
+}
+
+void sd_tree_auto_free(sd_tree_auto *a) {
+    if (!a) return;
+    sd_tree_opt_ws_free(a->ws);
+    free(a);
+}
+
+int sd_tree_auto_optimise(sd_tree_auto *a, char *err, size_t errlen) {
+    sd_accept_stats_table(&a->stats, &a->table);
+    a->steps_since_opt = 0;
+    return sd_tree_opt(a->ws, &a->table, &a->cost, &a->p.opt, &a->shape, err, errlen);
+}
+
+int sd_tree_auto_observe(sd_tree_auto *a, const sd_tree *tree, const int32_t *path, int n_path,
+                         double draft_ms, double verify_ms, char *err, size_t errlen) {
+    if (sd_accept_stats_update_tree(&a->stats, tree, path, n_path) < 0)
+        return sd_err(err, errlen, "tree auto: the accepted path is not a root-to-node chain of the tree");
+    if (a->p.refine_cost && verify_ms > 0 && a->cost.n_points > 0) sd_cost_curve_observe(&a->cost, tree->n, verify_ms);
+    if (a->p.refine_cost && draft_ms > 0) sd_cost_curve_observe_draft(&a->cost, tree->n, sd_tree_max_depth(tree), draft_ms);
+    a->steps_since_opt++;
+    if (a->p.reopt_every <= 0 || a->steps_since_opt < a->p.reopt_every || a->cost.n_points == 0) return 0;
+    int old_n = a->shape.n;
+    int32_t old_parent[SD_TA_MAX_NODES];
+    memcpy(old_parent, a->shape.parent, sizeof old_parent);
+    if (sd_tree_auto_optimise(a, err, errlen) < 0) return -1;
+    return old_n != a->shape.n || memcmp(old_parent, a->shape.parent, (size_t)old_n * sizeof old_parent[0]) != 0;
+}
