@@ -1,10 +1,12 @@
 // test_tree_auto.c - acceptance statistics, cost curve, the Sequoia tree
-// optimiser and the per-step sizer (src/spec/tree_auto.c) on cases whose answer
-// is known.
+// optimiser and the per-step sizer (src/spec/cost_curve.c, tree_opt.c,
+// tree_sizer.c) on cases whose answer is known.
 #include <stdint.h>
 
 #include "t.h"
-#include "spec/tree_auto.h"
+#include "spec/cost_curve.h"
+#include "spec/tree_opt.h"
+#include "spec/tree_sizer.h"
 
 static sd_tree_opt_ws *ws;
 

@@ -16,7 +16,7 @@
 #include "draft/draft_model.h"
 #include "draft/draft_skip.h"
 #include "specdec.h"
-#include "spec/tree_auto.h"
+#include "spec/tree_opt.h"
 
 #define SPEC_MAX_DRAFTS 8   // most --draft models
 #define SPEC_NAME_MAX 64    // longest method string

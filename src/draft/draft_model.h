@@ -4,13 +4,13 @@
 #define SD_DRAFT_MODEL_H
 
 #include "draft/drafter.h"
-#include "spec/tree_auto.h"
+#include "spec/tree_opt.h"
 
 enum sd_draft_shape {
     SD_DRAFT_CHAIN = 0,    // up to k tokens in a row
     SD_DRAFT_WIDTHS = 1,   // SpecInfer expansion: widths[d] children per node at depth d
     SD_DRAFT_DYNAMIC = 2,  // EAGLE-2: expand the dyn_b best nodes per depth for dyn_d depths, keep dyn_m nodes
-    SD_DRAFT_AUTO = 3,     // hardware-aware tree (tree_auto.h): the shape follows the measured
+    SD_DRAFT_AUTO = 3,     // hardware-aware tree (tree_opt.h): the shape follows the measured
                            // acceptance and cost; needs tree_auto.on and tree_auto.cost
 };
 
@@ -18,7 +18,7 @@ enum sd_draft_shape {
 // whenever the choice changes (the library never prints; tools do).
 typedef void (*sd_tree_auto_report_fn)(void *user, const sd_tree_shape *shape);
 
-// Automatic tree sizing for a drafter (tree_auto.h): the drafter keeps its own
+// Automatic tree sizing for a drafter (tree_opt.h): the drafter keeps its own
 // sd_tree_auto bundle (statistics of its accepted paths, a copy of the
 // target's cost curve refined online) and drafts the tree the optimiser
 // chooses. Timing: the drafter's propose is timed (draft_ms); the target's

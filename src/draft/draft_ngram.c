@@ -42,7 +42,7 @@
 //    probability f of a node is the product down from the root.
 //  - Size. The candidates in decreasing f (closed under ancestors), within
 //    max_branches continuations and the node limit, go to the per-step sizer
-//    (tree_auto.h): it keeps the k that maximise E[tokens] - rate * ms under
+//    (tree_sizer.h): it keeps the k that maximise E[tokens] - rate * ms under
 //    the target's cost curve. With no match, or only weak ones on a curve
 //    where an extra node is not nearly free, nothing is drafted and the step
 //    is a plain 1-token forward; a long copy gets a long chain; siblings
@@ -54,6 +54,7 @@
 
 #include "common.h"
 #include "draft/suffix.h"
+#include "spec/tree_sizer.h"
 
 sd_draft_ngram_params sd_draft_ngram_default_params(void) {
     sd_draft_ngram_params p;

@@ -49,7 +49,7 @@ typedef struct sd_draft_ngram_params {
     const char *datastore;  // corpus text file for retrieval, or NULL (default); its index is FILE.sdsa
     int ds_max_matches;   // corpus occurrences used per step (spread over the match range); default 32
     int ds_min_n;         // shortest corpus match used; default 1
-    // Automatic tree sizing (tree_auto.h), default off. With SD_NGRAM_SIZED:
+    // Automatic tree sizing (tree_opt.h, tree_sizer.h), default off. With SD_NGRAM_SIZED:
     // the per-step sizer uses tree_auto.cost (the target's measured curve,
     // refined online from timed steps) instead of the built-in relative
     // curve, trees stay within tree_auto.max_nodes and depth
@@ -65,7 +65,7 @@ typedef struct sd_draft_ngram_params {
     // probability that its path is accepted (from the length of the matched
     // context, learnt online per length class, and its share of the
     // matches), and the step keeps the nodes that pay for their verification
-    // (tree_auto.h, per-step sizing) under the target's cost curve:
+    // (tree_sizer.h) under the target's cost curve:
     // tree_auto.cost when tree_auto.on (measured, refined online), else a
     // typical relative curve. SD_NGRAM_FILL: every step fills the tree up to
     // max_branches continuations of k_max tokens and the node limit (with

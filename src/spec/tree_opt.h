@@ -1,26 +1,24 @@
-// tree_auto.h - hardware-aware tree sizing (after Sequoia, arXiv 2402.12374).
+// tree_opt.h - hardware-aware tree shapes (after Sequoia, arXiv 2402.12374).
 //
-// Three parts, usable separately or through the sd_tree_auto bundle below
-// (and a fourth, the per-step sizer, for drafters whose evidence varies from
-// step to step; see "4. per-step sizing"):
+// Two parts, usable separately or through the sd_tree_auto bundle below,
+// which ties them to the target's cost curve (cost_curve.h). Drafters whose
+// evidence varies from step to step size each step's tree instead
+// (tree_sizer.h).
 //
 //  1. sd_accept_stats: how often the child of sibling rank r at depth d was
 //     accepted given that its parent was accepted (Sequoia's positional
 //     acceptance vector p_r, here optionally per depth), with Beta-style
 //     pseudo-counts so early estimates are sane and exponential decay so the
 //     estimate follows the text.
-//  2. sd_cost_curve: ms per target forward against the number of tree nodes,
-//     interpolated from measured points (measured on a session at start-up,
-//     given from outside, refined online from timed verification forwards),
-//     plus a linear model of the drafter's cost.
-//  3. sd_tree_opt: Sequoia's dynamic program. Under the positional-acceptance
+//  2. sd_tree_opt: Sequoia's dynamic program. Under the positional-acceptance
 //     assumption the expected number of tokens a step emits (accepted drafts +
 //     the bonus token) is the sum over the tree's nodes of the probability that
 //     the root-to-node path is accepted = the product of p[depth][rank] along
 //     the path (the root counts 1). For every node budget n and depth limit L
 //     the DP finds the tree of greatest expected length; the optimiser returns
 //     the (n, L) tree maximising expected tokens per second,
-//     E[tokens] / (draft_ms(tree) + verify_ms(n)).
+//     E[tokens] / (draft_ms(tree) + verify_ms(n)) under the cost curve of
+//     cost_curve.h.
 //
 // Sibling rank. A node's children are ranked in the order they were added to
 // the tree (lower index = lower rank). This assumes drafters add children in
@@ -45,19 +43,18 @@
 //          target forward of tree->n nodes, timed -> verify_ms; verify -> path
 //          sd_tree_auto_observe(ta, tree, path, n_path, draft_ms, verify_ms, err, sizeof err);
 //   sd_tree_auto_free(ta);
-#ifndef SD_TREE_AUTO_H
-#define SD_TREE_AUTO_H
+#ifndef SD_TREE_OPT_H
+#define SD_TREE_OPT_H
 
 #include <stddef.h>
 #include <stdint.h>
 
 #include "specdec.h"
+#include "spec/cost_curve.h"
 #include "spec/tree.h"
 
 #define SD_TA_MAX_RANK 8      // sibling ranks tracked / used by the optimiser
 #define SD_TA_MAX_DEPTH 32    // draft depths (root excluded) tracked / searched
-#define SD_TA_MAX_NODES 128   // nodes of an optimised tree, root included
-#define SD_TA_MAX_POINTS 32   // measured points of a cost curve
 
 // ---------------------------------------------------------------- 1. acceptance statistics
 typedef struct sd_accept_stats {
@@ -115,69 +112,7 @@ void sd_accept_stats_table(const sd_accept_stats *st, sd_accept_table *t);
 // p of (depth >= 1, rank) with the clamping rules above (0 beyond n_rank).
 double sd_accept_table_p(const sd_accept_table *t, int depth, int rank);
 
-// ---------------------------------------------------------------- 2. cost model
-typedef struct sd_cost_curve {
-    int n_points;                  // measured points in use
-    int n[SD_TA_MAX_POINTS];       // node counts (root included), strictly ascending, >= 1
-    double ms[SD_TA_MAX_POINTS];   // ms per target forward of n[i] nodes (logits for all)
-    double draft_ms_fixed;         // drafter cost per step that drafts anything, ms
-    double draft_ms_per_depth;     // drafter cost per tree level (one batched draft forward each), ms
-    double draft_ms_per_node;      // drafter cost per draft node, ms
-    double online_weight;          // relative step of sd_cost_curve_observe, in [0, 1]; default 0.02
-} sd_cost_curve;
-
-// An empty curve, drafter costs 0, online_weight 0.02.
-void sd_cost_curve_init(sd_cost_curve *c);
-// Sets (replaces) the cost of n nodes. Returns 0, or <0 if n < 1, ms < 0 or the curve is full.
-int sd_cost_curve_set(sd_cost_curve *c, int n, double ms);
-// Sets the drafter's linear cost model (ms).
-void sd_cost_curve_set_draft(sd_cost_curve *c, double fixed, double per_depth, double per_node);
-// Target ms for a forward of n nodes: piecewise-linear interpolation between
-// points; below the first point its value; beyond the last the line through
-// the last two points (slope >= 0), or the last point's ms scaled by n /
-// n_last when there is one point. 0 for an empty curve.
-double sd_cost_curve_verify_ms(const sd_cost_curve *c, int n);
-// Drafter ms for a tree of n nodes (root included) and depth: 0 if n <= 1,
-// else fixed + per_depth * depth + per_node * (n - 1).
-double sd_cost_curve_draft_ms(const sd_cost_curve *c, int n, int depth);
-// Online refinement from one timed verification forward of n nodes. The
-// update is robust to outliers (a preempted forward can take 100x longer on a
-// loaded machine): the estimate moves by online_weight * estimate towards the
-// observation (a sign step, which tracks the median of the observed times,
-// each step at most online_weight relative). A measured n moves its own
-// point; an unmeasured n becomes a new point (its observation as the value)
-// while there is room, otherwise its two bracketing points move, split by
-// the interpolation weights. The points are then made non-decreasing.
-void sd_cost_curve_observe(sd_cost_curve *c, int n, double ms);
-// Online refinement of the drafter model from one timed drafting step that
-// built a tree of n nodes and depth: the three coefficients are scaled
-// together by (1 +- online_weight) towards the observation (a sign step, robust
-// to outliers; the proportions given by sd_cost_curve_set_draft stay). If
-// all three are 0, the first observation sets draft_ms_per_depth = ms / depth.
-// Steps that drafted nothing (n <= 1) are ignored.
-void sd_cost_curve_observe_draft(sd_cost_curve *c, int n, int depth, double ms);
-// Measures the curve on session s: for each ns[i] (any order; values above
-// the session's batch limit, its context room or SD_TA_MAX_NODES are
-// skipped) one warm-up and reps timed forwards of a chain of ns[i] arbitrary
-// tokens after the committed cache (so measure after a typical context);
-// the quantile q of the reps becomes the point (0.5 = the median; 0 = the
-// minimum, the robust choice on a machine shared with other work, where
-// preemption only ever adds time). The points are then made non-decreasing
-// (sd_cost_curve_monotone). Pending rows are dropped (n_past is unchanged)
-// but the session's logits are overwritten: call it before evaluating the
-// prompt or after its logits were used. ns == NULL uses {1, 2, 3, 4, 6, 8,
-// 12, 16, 24, 32}. Returns the number of points set, or <0 with a message.
-int sd_cost_curve_measure(sd_cost_curve *c, sd_session *s, const int *ns, int n_ns, int reps, double q,
-                          char *err, size_t errlen);
-// Makes the points non-decreasing in n (pool-adjacent-violators: a run of
-// points that decreases is replaced by its mean), since a forward of more
-// nodes never costs less and timing noise must not look like a free lunch.
-void sd_cost_curve_monotone(sd_cost_curve *c);
-// Parses the JSON that `specdec bench-forward --json` prints (the "batches"
-// array of {"n": N, "ms": MS}) and sets its points. Returns the number set, or <0.
-int sd_cost_curve_from_json(sd_cost_curve *c, const char *json);
-
-// ---------------------------------------------------------------- 3. optimiser
+// ---------------------------------------------------------------- 2. optimiser
 typedef struct sd_tree_shape {
     int n;                              // nodes, root included (1 = no drafting)
     int depth;                          // deepest node's depth
@@ -249,93 +184,6 @@ int sd_tree_shape_format(const sd_tree_shape *s, char *buf, size_t len);
 // children (and their missing subtrees are skipped). Children are
 // SD_CHILDREN_ANY. Returns 0 or <0 with a message.
 int sd_tree_grow_shape(sd_tree *t, const sd_tree_shape *s, const sd_tree_grow *g, char *err, size_t errlen);
-
-// ---------------------------------------------------------------- 4. per-step sizing
-// Sequoia's tree (part 3) is one shape for every step, right when every step
-// has about the same evidence (a draft model's distribution). A drafter whose
-// evidence varies from step to step (n-gram lookup: a 20-token copy of the
-// prompt in one step, a single 1-gram hit in the next) does better to size
-// each step's tree itself: it scores every candidate node with the
-// probability f that the path to it is accepted, and the sizer keeps the
-// k best (f descending, a list closed under ancestors) where k maximises
-//
-//     1 + f_1 + ... + f_k  -  rate * verify_ms(k + 1)
-//
-// rate being the running tokens per ms of the generation itself. This is the
-// per-step form of "maximise E[tokens] / E[ms]": a node is worth verifying
-// when its expected tokens pay for its extra forward time at the rate the
-// generation achieves anyway (renewal-reward: the long-run optimum of the
-// ratio makes every step maximise tokens - rate * ms). Both inputs are
-// measured: the target's cost curve (part 2; flat parts such as verify_ms(2)
-// ~ verify_ms(1) make small drafts almost free, and the rule takes them) and
-// the acceptance of each kind of evidence (sd_class_stats below).
-
-#define SD_SZ_MAX_CLASS 32   // evidence classes of sd_class_stats
-
-// Acceptance per evidence class: the drafter puts each proposed node in a
-// class (for n-gram lookup: the length of the matched context) and predicts
-// P(accepted | parent accepted) = p(class) * share, share in (0, 1] being the
-// node's part of the evidence among its siblings. After verification every
-// child of an accepted node is an observation: tried += share, acc += 1 if
-// it was the accepted child, so p(class) estimates acceptance per unit of
-// share. Beta-style prior per class, exponential forgetting.
-typedef struct sd_class_stats {
-    int n_class;                          // classes in use, 1..SD_SZ_MAX_CLASS
-    double prior_mean[SD_SZ_MAX_CLASS];   // prior acceptance per class, in [0, 1)
-    double prior_strength;                // pseudo-observations behind prior_mean (> 0)
-    double decay;                         // factor applied to the counts before each step's update, (0, 1]
-    double tried[SD_SZ_MAX_CLASS];        // decayed sum of shares of the observed nodes
-    double acc[SD_SZ_MAX_CLASS];          // decayed count of accepted observed nodes
-} sd_class_stats;
-
-// n_class clamped to 1..SD_SZ_MAX_CLASS; prior_mean (n_class entries; NULL = 0.5
-// each) clamped to [0, 0.99]; strength <= 0 -> 4; decay outside (0, 1] -> 1.
-void sd_class_stats_init(sd_class_stats *s, int n_class, const double *prior_mean, double strength,
-                         double decay);
-// Clears the observations (keeps the prior).
-void sd_class_stats_reset(sd_class_stats *s);
-// Estimated acceptance per unit share of class c (0 for c outside the
-// classes); always < 1.
-double sd_class_stats_p(const sd_class_stats *s, int c);
-// Applies the decay once (call once per verified step, before its observations).
-void sd_class_stats_step(sd_class_stats *s);
-// One observation: a node of class c with share in (0, 1] was tried below an
-// accepted parent; accepted = 1 if it was the accepted child.
-void sd_class_stats_add(sd_class_stats *s, int c, double share, int accepted);
-
-typedef struct sd_step_sizer {
-    sd_cost_curve cost;  // the target's ms per forward against nodes (a copy); when relative,
-                         // a typical shape in units of one plain forward
-    int relative;        // 1: cost is the built-in relative curve (no measured curve was given;
-                         // never refined from timings, whose units differ)
-    double decay;        // forgetting of the rate sums per step, (0, 1]; default 0.95
-    double tok_sum;      // decayed tokens emitted (accepted drafts + bonus), prior included
-    double ms_sum;       // decayed cost-curve ms spent for them, prior included
-    long n_steps;        // observed steps
-} sd_step_sizer;
-
-// c: the target's measured curve (>= 1 point; copied), or NULL for the
-// built-in relative curve (1 node = 1; 2: 1.15, 4: 1.4, 8: 2, 16: 3.5, 32:
-// 6.5: between the shapes measured for a 135M model on 2 cores, where a
-// second node cost 4% to 30% of a forward). The rate starts at plain
-// decoding's, 1 / verify_ms(1), worth 4 steps.
-void sd_step_sizer_init(sd_step_sizer *z, const sd_cost_curve *c);
-// Forgets the rate (back to plain decoding's); keeps the curve.
-void sd_step_sizer_reset(sd_step_sizer *z);
-// Tokens per ms that the objective charges (the running rate).
-double sd_step_sizer_rate(const sd_step_sizer *z);
-// f[0..m): path probabilities of the candidates in the order they would be
-// taken (descending, each after its parent). Returns k in 0..m, the number
-// to take; *gain (may be NULL) gets the objective's value of k minus that of 0.
-// Ties go to the smaller k.
-int sd_step_sizer_choose(const sd_step_sizer *z, const double *f, int m, double *gain);
-// After a verified step of n_nodes nodes (root included) that emitted
-// n_tokens tokens: updates the rate (charged at verify_ms(n_nodes) of the
-// curve, so timing noise does not reach it) and, with a measured curve,
-// refines the curve with the timed forward ms (see sd_cost_curve_observe;
-// ms <= 0, not timed, and ms below half the curve's estimate, which cannot be
-// a forward of the measured target, are ignored).
-void sd_step_sizer_observe(sd_step_sizer *z, int n_nodes, int n_tokens, double ms);
 
 // ---------------------------------------------------------------- the bundle
 typedef struct sd_tree_auto_params {
