@@ -15,6 +15,7 @@
 #include "specdec.h"
 #include "common.h"
 #include "draft/draft_model.h"
+#include "draft/draft_merge.h"
 #include "draft/draft_ngram.h"
 #include "spec/generate.h"
 #include "lib/spec_check.h"

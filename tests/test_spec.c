@@ -12,6 +12,7 @@
 #include "specdec.h"
 #include "common.h"
 #include "draft/draft_model.h"
+#include "draft/draft_merge.h"
 #include "spec/generate.h"
 #include "lib/spec_check.h"
 #include "lib/synth.h"

@@ -13,6 +13,7 @@
 
 #include <stddef.h>
 
+#include "draft/draft_merge.h"
 #include "draft/draft_model.h"
 #include "draft/draft_skip.h"
 #include "specdec.h"

@@ -1,66 +1,20 @@
-// draft_model.h - drafters built on a smaller language model (its own
-// sd_session), and a drafter that merges the trees of several drafters.
+// draft_model.h - the drafter built on a smaller language model (its own
+// sd_session); its trees are chains, SpecInfer widths, EAGLE-2 dynamic trees
+// or automatically sized ones (draft_auto.h). Several drafters' trees are
+// merged by draft_merge.h.
 #ifndef SD_DRAFT_MODEL_H
 #define SD_DRAFT_MODEL_H
 
 #include "draft/drafter.h"
-#include "spec/tree_opt.h"
+#include "draft/draft_auto.h"
 
 enum sd_draft_shape {
     SD_DRAFT_CHAIN = 0,    // up to k tokens in a row
     SD_DRAFT_WIDTHS = 1,   // SpecInfer expansion: widths[d] children per node at depth d
     SD_DRAFT_DYNAMIC = 2,  // EAGLE-2: expand the dyn_b best nodes per depth for dyn_d depths, keep dyn_m nodes
-    SD_DRAFT_AUTO = 3,     // hardware-aware tree (tree_opt.h): the shape follows the measured
+    SD_DRAFT_AUTO = 3,     // hardware-aware tree (draft_auto.h): the shape follows the measured
                            // acceptance and cost; needs tree_auto.on and tree_auto.cost
 };
-
-// Called when an automatically sized tree is chosen for the first time and
-// whenever the choice changes (the library never prints; tools do).
-typedef void (*sd_tree_auto_report_fn)(void *user, const sd_tree_shape *shape);
-
-// Automatic tree sizing for a drafter (tree_opt.h): the drafter keeps its own
-// sd_tree_auto bundle (statistics of its accepted paths, a copy of the
-// target's cost curve refined online) and drafts the tree the optimiser
-// chooses. Timing: the drafter's propose is timed (draft_ms); the target's
-// verification time is the wall time between the end of propose and the
-// start of accept (the target forward plus verification).
-typedef struct sd_draft_auto_params {
-    int on;                         // 1: size trees automatically; default 0
-    const sd_cost_curve *cost;      // the target's cost curve, at least one point (copied at creation);
-                                    // required when on
-    int max_nodes;                  // most tree nodes, root included, 2..SD_TA_MAX_NODES; default 32
-    int max_depth;                  // most draft depth, 1..SD_TA_MAX_DEPTH; default 12
-    int reopt_every;                // re-optimise after this many steps; default 16
-    sd_tree_auto_report_fn report;  // or NULL
-    void *user;                     // for report
-    double draft_ms_per_depth;      // the drafter's cost model to start from (sd_cost_curve's
-    double draft_ms_per_node;       // fields, ms); both 0 (default): learnt online from 0
-} sd_draft_auto_params;
-
-sd_draft_auto_params sd_draft_auto_default_params(void);
-
-// The sizing state a drafter embeds (used by draft_model.c and draft_ngram.c).
-typedef struct sd_draft_auto sd_draft_auto;
-// Creates it (the only allocation): optimises the first shape from the
-// statistics' prior and the cost curve and reports it. Returns 0 or <0.
-int sd_draft_auto_new(sd_draft_auto **out, const sd_draft_auto_params *p, char *err, size_t errlen);
-void sd_draft_auto_free(sd_draft_auto *a);
-// At the start of propose: the shape to draft now (records the time). While
-// the choice is not to draft (n == 1), every 8th step drafts one token (a
-// probe) so that changed acceptance can change the choice.
-const sd_tree_shape *sd_draft_auto_begin(sd_draft_auto *a);
-// At the end of propose (records the time: draft_ms).
-void sd_draft_auto_end(sd_draft_auto *a);
-// At the start of accept: observes the verified path (verify_ms = now - end
-// of propose), re-optimises when due and reports a changed shape. Returns 0
-// or <0 with a message (a path that is not a chain of the tree).
-int sd_draft_auto_accept(sd_draft_auto *a, const sd_tree *tree, const int32_t *path, int n_path, char *err,
-                         size_t errlen);
-// New sequence: forgets a pending timing (statistics and cost model are kept:
-// they describe the model pair and the machine, not one text).
-void sd_draft_auto_reset(sd_draft_auto *a);
-// The current shape (for tools and tests).
-const sd_tree_shape *sd_draft_auto_shape(const sd_draft_auto *a);
 
 #define SD_DRAFT_MAX_WIDTHS 16
 
@@ -127,11 +81,5 @@ int sd_draft_vocab_check(const sd_model *draft, const sd_model *target, char *er
 // top-k children. Fails on a vocabulary mismatch (sd_draft_vocab_check).
 int sd_draft_model_new(sd_drafter **out, const sd_model *draft, const sd_model *target,
                        const sd_draft_model_params *p, char *err, size_t errlen);
-
-// Creates a drafter that asks each of subs[0..n_subs) for a tree and merges
-// them (union by token path, SpecInfer). Takes ownership of the sub-drafters
-// (freed with it, also when creation fails). n_vocab: the target's.
-int sd_draft_merge_new(sd_drafter **out, sd_drafter **subs, int n_subs, int n_vocab, char *err,
-                       size_t errlen);
 
 #endif

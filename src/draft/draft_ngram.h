@@ -12,7 +12,7 @@
 //   sd_drafter_free(d);
 //
 // tok may be NULL when no datastore is used. The drafter can be combined with
-// a draft model through sd_draft_merge_new (draft_model.h).
+// a draft model through sd_draft_merge_new (draft_merge.h).
 //
 // What it proposes at each step: the last n tokens of the committed text
 // (n = n_max down to 1, the first n with an earlier occurrence wins) are
@@ -34,7 +34,7 @@
 #define SD_DRAFT_NGRAM_H
 
 #include "draft/drafter.h"
-#include "draft/draft_model.h"   // sd_draft_auto_params
+#include "draft/draft_auto.h"   // sd_draft_auto_params
 
 #define SD_NGRAM_MAX_N 16   // largest n_max
 
@@ -49,7 +49,7 @@ typedef struct sd_draft_ngram_params {
     const char *datastore;  // corpus text file for retrieval, or NULL (default); its index is FILE.sdsa
     int ds_max_matches;   // corpus occurrences used per step (spread over the match range); default 32
     int ds_min_n;         // shortest corpus match used; default 1
-    // Automatic tree sizing (tree_opt.h, tree_sizer.h), default off. With SD_NGRAM_SIZED:
+    // Automatic tree sizing (draft_auto.h, tree_sizer.h), default off. With SD_NGRAM_SIZED:
     // the per-step sizer uses tree_auto.cost (the target's measured curve,
     // refined online from timed steps) instead of the built-in relative
     // curve, trees stay within tree_auto.max_nodes and depth
