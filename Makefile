@@ -17,10 +17,12 @@ LIB      := build/libspecdec.a
 TOOL_OBJ := $(patsubst %.c,build/%.o,$(wildcard tools/*.c))
 TLIB_OBJ := $(patsubst %.c,build/%.o,$(wildcard tests/lib/*.c))
 TESTS    := $(patsubst tests/%.c,build/tests/%,$(wildcard tests/test_*.c))
+# Examples see only include/ (the public API), never src/.
+EXAMPLES := $(patsubst examples/%.c,build/examples/%,$(wildcard examples/*.c))
 
 .PHONY: all run test fuzz clean models
 .SECONDARY:
-all: build/specdec $(TESTS)
+all: build/specdec $(TESTS) $(EXAMPLES)
 
 build/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -32,6 +34,10 @@ $(LIB): $(OBJ)
 
 build/specdec: $(TOOL_OBJ) $(LIB)
 	$(CC) $(CFLAGS) $(TOOL_OBJ) $(LIB) $(LDLIBS) -o $@
+
+build/examples/%: examples/%.c $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(OPT) -std=c11 -Wall -Wextra -pthread -Iinclude $< $(LIB) $(LDLIBS) -o $@
 
 build/tests/%: build/tests/%.o $(TLIB_OBJ) $(LIB)
 	$(CC) $(CFLAGS) $< $(TLIB_OBJ) $(LIB) $(LDLIBS) -o $@
@@ -46,7 +52,7 @@ run: build/specdec $(MODEL)
 
 # The model is fetched first; if that fails (no network) the tests that need
 # it say so and are skipped.
-test: build/specdec $(TESTS)
+test: build/specdec $(TESTS) $(EXAMPLES)
 	@bash scripts/fetch-models.sh || echo "warning: could not fetch the default model; tests that need it will be skipped"
 	@bash scripts/run-tests.sh $(TESTS)
 

@@ -20,6 +20,7 @@ typedef struct sd_model sd_model;
 typedef struct sd_session sd_session;
 typedef struct sd_tokenizer sd_tokenizer;
 typedef struct sd_sampler sd_sampler;
+typedef struct sd_threadpool sd_threadpool;
 
 // ---------------------------------------------------------------- model
 // Loads and validates a GGUF model (architectures: llama, qwen2), including
@@ -37,16 +38,27 @@ typedef struct sd_model_info {
 void sd_model_get_info(const sd_model *m, sd_model_info *info);
 const sd_tokenizer *sd_model_tokenizer(const sd_model *m);
 
+// ---------------------------------------------------------------- threads
+// A pool of worker threads that sessions run their forward passes on. Made
+// once and passed to every session that should share it (a target and its
+// draft models, the slots of a server): sessions sharing a pool take turns,
+// they never run forward calls at the same time. Reference-counted: a
+// session keeps the pool alive, so the pool may be freed before or after
+// the sessions that use it.
+int sd_threadpool_new(sd_threadpool **out, int n_threads, char *err, size_t errlen); // 0 = number of cores
+void sd_threadpool_free(sd_threadpool *p);
+int sd_threadpool_size(const sd_threadpool *p);
+// Calls fn(arg, ith, nth) on every thread of the pool (the caller is thread
+// 0) and waits for all. Not reentrant; not while a session forward runs on p.
+void sd_threadpool_run(sd_threadpool *p, void (*fn)(void *arg, int ith, int nth), void *arg);
+
 // ---------------------------------------------------------------- session
 typedef struct sd_session_params {
     int n_ctx;       // KV cache length in tokens; 0 = min(model's n_ctx_train, 4096)
     int n_batch;     // most tokens in one forward call; 0 = 512
-    int n_threads;   // 0 = number of online cores (ignored with share_threads)
-    // NULL: the session starts its own worker threads. Otherwise it uses the
-    // worker threads of this session (a draft model's session sharing the
-    // target's): sessions that share threads must take turns, never run
-    // forward calls at the same time. Either session may be freed first.
-    const sd_session *share_threads;
+    int n_threads;   // 0 = number of online cores (ignored with pool)
+    sd_threadpool *pool; // NULL: the session starts its own pool of n_threads; otherwise it runs on this
+                         // one (and keeps a reference to it)
 } sd_session_params;
 sd_session_params sd_session_default_params(void);
 int sd_session_new(sd_session **out, const sd_model *m, const sd_session_params *p,
@@ -90,6 +102,8 @@ int sd_session_truncate(sd_session *s, int n, char *err, size_t errlen);
 int sd_session_n_past(const sd_session *s);
 int sd_session_n_ctx(const sd_session *s);
 const sd_model *sd_session_model(const sd_session *s);
+// The pool the session runs on (its own or the one it was given).
+sd_threadpool *sd_session_pool(const sd_session *s);
 // Layer skipping (self-speculative drafting): skip (n_layer bytes, nonzero =
 // skipped) makes every later forward of this session pass the residual stream
 // through the skipped layers unchanged; they neither read nor write KV rows
@@ -163,6 +177,8 @@ const sd_sampler_params *sd_sampler_get_params(const sd_sampler *s);
 // ---------------------------------------------------------------- misc
 // Number of online CPU cores.
 int sd_n_cores(void);
+// Monotonic wall clock in milliseconds (for programs' timings).
+double sd_time_ms(void);
 
 #ifdef __cplusplus
 }

@@ -85,3 +85,38 @@ uint16_t sd_fp32_to_bf16(float f) {
     x += 0x7fff + ((x >> 16) & 1);
     return (uint16_t)(x >> 16);
 }
+
+// ---------------------------------------------------------------- RNG
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+void sd_rng_seed(sd_rng *r, uint64_t seed) {
+    uint64_t x = seed;
+    for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&x);
+}
+
+uint64_t sd_rng_next(sd_rng *r) {
+    uint64_t *s = r->s;
+    uint64_t result = rotl(s[1] * 5, 7) * 9;
+    uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+double sd_rng_uniform(sd_rng *r) { return (double)(sd_rng_next(r) >> 11) * (1.0 / 9007199254740992.0); }
+
+uint64_t sd_rng_derive(uint64_t seed, uint64_t stream) {
+    uint64_t x = seed ^ (stream * 0xD1B54A32D192ED03ull);
+    return splitmix64(&x);
+}

@@ -57,6 +57,19 @@ static inline uint64_t sd_ld64(const uint8_t *p) {
 #define SD_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define SD_MAX(a, b) ((a) > (b) ? (a) : (b))
 
+// A small seeded random number generator (xoshiro256**, seeded through
+// splitmix64): the sampler's draws and each drafter's own randomness.
+typedef struct sd_rng {
+    uint64_t s[4];   // state
+} sd_rng;
+void sd_rng_seed(sd_rng *r, uint64_t seed);
+uint64_t sd_rng_next(sd_rng *r);
+// Uniform double in [0, 1) (53 bits).
+double sd_rng_uniform(sd_rng *r);
+// A seed derived from seed and a stream number (different streams of one
+// seed are independent for practical purposes).
+uint64_t sd_rng_derive(uint64_t seed, uint64_t stream);
+
 // One pause in a spin-wait loop (lets the other hyperthread run; none
 // outside x86).
 #if defined(__x86_64__) || defined(__i386__)

@@ -10,7 +10,7 @@
 #include <unistd.h>
 #include <errno.h>
 
-#include "spec/generate.h"
+#include "specdec_spec.h"
 #include "model/gguf.h"
 #include "model/llama2c.h"
 #include "specdec.h"
@@ -84,7 +84,7 @@ static void test_stories260k(void) {
         sd_gen_params gp = sd_gen_default_params();
         gp.n_predict = 60;
         sd_gen_stats st;
-        rc = sd_generate(s, smp, &bos, 1, &gp, collect_cb, &c, &st, err, sizeof err);
+        rc = sd_generate(s, smp, NULL, &bos, 1, &gp, collect_cb, &c, &st, err, sizeof err);
         CHECK(rc == 0, "generate: %s", err);
         const char *want = "Once upon a time, there was a little girl named Lily. She loved to play outside "
                            "in the park. One day, she saw a big, red ball";

@@ -13,10 +13,9 @@
 #include "specdec.h"
 #include "common.h"
 #include "draft/draft_lookahead.h"
-#include "spec/generate.h"
+#include "specdec_spec.h"
 #include "lib/spec_check.h"
 #include "lib/synth.h"
-#include "spec/spec.h"
 #include "t.h"
 
 #define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -49,17 +48,19 @@ static void fake_set(fake_logits *f, int i, int32_t argmax) {
     f->have[i] = 1;
 }
 
-// One lookahead step by hand: aux with a tree of n_tree nodes, then observe
-// with the last level's argmaxes next[0..W).
+// One lookahead step by hand: aux with a tree of n_tree nodes, then accept
+// with the last level's argmaxes next[0..W) as the target's logits.
 static int unit_step(sd_drafter *d, sd_tree *tree, sd_aux_nodes *aux, const int32_t *next, int W, int L) {
     int32_t ctx_tok[4] = {1, 2, 3, 4};
-    sd_draft_ctx ctx = {ctx_tok, 4, 16, 0, NULL, NULL};
+    sd_draft_ctx ctx = {ctx_tok, 4, 16, 0, NULL, &d->rng};
     aux->n = 0;
-    if (d->aux_vt->aux(d, &ctx, tree, aux, g_err, sizeof g_err) < 0) return -1;
+    if (d->vt->aux(d, &ctx, tree, aux, g_err, sizeof g_err) < 0) return -1;
     static fake_logits f;
     memset(&f, 0, sizeof f);
     for (int i = 0; i < W; i++) fake_set(&f, tree->n + (L - 1) * W + i, next[i]);
-    return d->aux_vt->observe(d, tree, aux, fake_get, &f, g_err, sizeof g_err);
+    int32_t path[1] = {0};
+    sd_step_record rec = {tree, path, 1, next[0], aux, -1.0, -1.0, fake_get, &f, NULL};
+    return d->vt->accept(d, &rec, g_err, sizeof g_err);
 }
 
 static void test_window_layout_and_update(void) {
@@ -229,7 +230,7 @@ static int run_plain(sd_session *s, sd_sampler *smp, const int32_t *prompt, int 
 }
 
 static int run_spec(sd_session *s, sd_sampler *smp, sd_drafter *d, const int32_t *prompt, int n_prompt,
-                    int n_predict, int max_nodes, collect_t *out, sd_spec_stats *st) {
+                    int n_predict, int max_nodes, collect_t *out, sd_gen_stats *st) {
     return sc_run_spec(s, smp, d, prompt, n_prompt, n_predict, max_nodes, out, st, g_err, sizeof g_err);
 }
 
@@ -262,11 +263,11 @@ static void check_greedy(int W, int N, int G, int text, float penalty, int n_ctx
             int fa;
             CHECK(run_plain(s, smp, prompt, np, n_predict, &a, &fa) == 0, "plain: %s", g_err);
             int np_plain = sd_session_n_past(s);
-            sd_spec_stats st;
+            sd_gen_stats st;
             CHECK(run_spec(s, smp, d, prompt, np, n_predict, 16, &b, &st) == 0, "lookahead: %s", g_err);
             CHECK(same_tokens(&a, &b), "W%d N%d G%d text %d prompt %d: output differs from plain greedy (%d vs %d)", W,
                   N, G, text, pr, b.n, a.n);
-            CHECK(st.gen.finish == fa && sd_session_n_past(s) == np_plain, "finish %d/%d, n_past %d/%d", st.gen.finish,
+            CHECK(st.finish == fa && sd_session_n_past(s) == np_plain, "finish %d/%d, n_past %d/%d", st.finish,
                   fa, sd_session_n_past(s), np_plain);
             n_fwd += st.n_target_forwards;
             n_tok += b.n;
@@ -305,7 +306,7 @@ static void test_stochastic(void) {
         static collect_t a, b;
         int32_t prompt[30];
         make_prompt(prompt, 30, 7, 6);
-        sd_spec_stats st;
+        sd_gen_stats st;
         sd_sampler_reseed(smp, 42);
         CHECK(run_spec(s, smp, d, prompt, 30, 96, 16, &a, &st) == 0 && a.n > 0, "%s", g_err);
         int acc = st.n_draft_accepted;
@@ -350,13 +351,13 @@ static void test_sampled_distribution(void) {
     sd_sampler_reseed(smp, 2024);
     static collect_t o;
     for (int r = 0; r < n_run; r++) {
-        sd_spec_stats st;
+        sd_gen_stats st;
         sd_session_truncate(s, 0, NULL, 0);
         o.n = 0;
-        sd_spec_params ps = sd_spec_default_params();
+        sd_gen_params ps = sd_gen_default_params();
         ps.n_predict = 3;
         ps.max_nodes = 16;
-        if (sd_spec_generate(s, smp, d, prompt, NP, &ps, sc_collect_cb, &o, &st, g_err, sizeof g_err) < 0 || o.n != 3) {
+        if (sd_generate(s, smp, d, prompt, NP, &ps, sc_collect_cb, &o, &st, g_err, sizeof g_err) < 0 || o.n != 3) {
             CHECK(0, "run %d: %s", r, g_err);
             break;
         }
@@ -396,7 +397,7 @@ static void test_default_model(void) {
             int np = sd_tokenize(sd_model_tokenizer(m), texts[i], strlen(texts[i]), 1, 0, prompt, 64);
             static collect_t a, b;
             int fa;
-            sd_spec_stats st;
+            sd_gen_stats st;
             run_plain(s, smp, prompt, np, 32, &a, &fa);
             CHECK(run_spec(s, smp, d, prompt, np, 32, 16, &b, &st) == 0, "%s", g_err);
             CHECK(same_tokens(&a, &b), "prompt %d: lookahead output differs from plain greedy", i);

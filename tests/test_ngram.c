@@ -17,10 +17,9 @@
 #include "draft/draft_model.h"
 #include "draft/draft_merge.h"
 #include "draft/draft_ngram.h"
-#include "spec/generate.h"
+#include "specdec_spec.h"
 #include "lib/spec_check.h"
 #include "lib/synth.h"
-#include "spec/spec.h"
 #include "draft/suffix.h"
 #include "t.h"
 
@@ -453,10 +452,10 @@ static void test_ngram_incremental(void) {
     // Accept 2 drafts (7 8) and bonus 42.
     int32_t path[3] = {0, 1, 2};
     CHECK(g_tree.token[1] == 7 && g_tree.token[2] == 8, "chain 7 8");
-    CHECK(d->vt->accept(d, &g_tree, path, 3, 42, g_err, sizeof g_err) == 0, "%s", g_err);
+    CHECK(sd_drafter_accept_path(d, &g_tree, path, 3, 42, g_err, sizeof g_err) == 0, "%s", g_err);
     text[n++] = 7, text[n++] = 8, text[n++] = 42;
     CHECK(propose(d, text, n, 16) == 0 && g_tree.n == 1, "42 unseen: %d nodes", g_tree.n);
-    CHECK(d->vt->accept(d, &g_tree, path, 1, 5, g_err, sizeof g_err) == 0, "%s", g_err);
+    CHECK(sd_drafter_accept_path(d, &g_tree, path, 1, 5, g_err, sizeof g_err) == 0, "%s", g_err);
     text[n++] = 5;
     CHECK(propose(d, text, n, 16) == 0, "%s", g_err);
     int32_t ch[64];
@@ -494,7 +493,7 @@ static void test_ngram_incremental(void) {
         for (int k = 1; k < np; k++) text[n++] = g_tree.token[p[k]];
         int32_t bonus = (int32_t)(rnd() % 6);
         text[n++] = bonus;
-        CHECK(d->vt->accept(d, &g_tree, p, np, bonus, g_err, sizeof g_err) == 0, "%s", g_err);
+        CHECK(sd_drafter_accept_path(d, &g_tree, p, np, bonus, g_err, sizeof g_err) == 0, "%s", g_err);
         steps++;
     }
     CHECK(mism == 0, "%d of %d steps differ from a fresh drafter", mism, steps);
@@ -518,11 +517,14 @@ static void curve3(sd_cost_curve *c, double c2, double c32) {   // 1 node = 1 ms
     sd_cost_curve_set(c, 32, c32);
 }
 static int g_reports;
-static sd_tree_shape g_report;
-static void on_report(void *user, const sd_tree_shape *sh) {
+static struct {
+    int n, depth;
+} g_report;
+// "tree auto: n=9 depth=8 ...": the shape's size and depth.
+static void on_report(void *user, const char *line) {
     (void)user;
     g_reports++;
-    g_report = *sh;
+    if (sscanf(line, "tree auto: n=%d depth=%d", &g_report.n, &g_report.depth) != 2) g_report.n = g_report.depth = -1;
 }
 
 static void test_ngram_sized(void) {
@@ -600,7 +602,7 @@ static void test_ngram_sized(void) {
         int32_t path[1] = {0};
         int32_t bonus = 10 + (int32_t)(rnd() % 200);
         if (g_tree.n > 1 && bonus == g_tree.token[1]) bonus = 10 + (bonus - 10 + 1) % 200;   // always rejected
-        if (d->vt->accept(d, &g_tree, path, 1, bonus, g_err, sizeof g_err) < 0) break;
+        if (sd_drafter_accept_path(d, &g_tree, path, 1, bonus, g_err, sizeof g_err) < 0) break;
         text[n++] = bonus;
     }
     CHECK(first >= 3 && last <= 5, "drafted %d nodes in the first 10 steps, %d in the last 50", first, last);
@@ -710,7 +712,7 @@ static int run_plain(sd_session *s, sd_sampler *smp, const int32_t *prompt, int 
     return sc_run_plain(s, smp, prompt, n_prompt, n_predict, out, st, g_err, sizeof g_err);
 }
 static int run_spec(sd_session *s, sd_sampler *smp, sd_drafter *d, const int32_t *prompt, int n_prompt,
-                    int n_predict, int max_nodes, collect_t *out, sd_spec_stats *st) {
+                    int n_predict, int max_nodes, collect_t *out, sd_gen_stats *st) {
     return sc_run_spec(s, smp, d, prompt, n_prompt, n_predict, max_nodes, out, st, g_err, sizeof g_err);
 }
 static int same_tokens(const collect_t *a, const collect_t *b) { return sc_same_tokens(a, b); }
@@ -737,14 +739,14 @@ static void check_greedy(sd_drafter *d, const char *name) {
         int np = 8 + pr * 9, period = pr % 2 ? 5 + pr : 0;   // odd prompts repeat a phrase
         make_prompt(prompt, np, 300 + (uint64_t)pr, 320, period);
         sd_gen_stats gs;
-        sd_spec_stats st;
+        sd_gen_stats st;
         CHECK(run_plain(s, smp, prompt, np, 80, &a, &gs) == 0, "plain: %s", g_err);
         int np_plain = sd_session_n_past(s);
         CHECK(run_spec(s, smp, d, prompt, np, 80, 16, &b, &st) == 0, "%s: %s", name, g_err);
         CHECK(same_tokens(&a, &b), "%s prompt %d: speculative output differs from plain greedy (%d vs %d tokens)",
               name, pr, b.n, a.n);
-        CHECK(st.gen.finish == gs.finish && sd_session_n_past(s) == np_plain, "%s: finish %d/%d n_past %d/%d", name,
-              st.gen.finish, gs.finish, sd_session_n_past(s), np_plain);
+        CHECK(st.finish == gs.finish && sd_session_n_past(s) == np_plain, "%s: finish %d/%d n_past %d/%d", name,
+              st.finish, gs.finish, sd_session_n_past(s), np_plain);
         acc += st.n_draft_accepted;
         nodes += st.n_draft_nodes;
         fwd += st.n_target_forwards;
@@ -861,7 +863,7 @@ static void test_sampled(void) {
     static collect_t a, b;
     int32_t prompt[24];
     make_prompt(prompt, 24, 9, 320, 4);
-    sd_spec_stats st;
+    sd_gen_stats st;
     sd_sampler_reseed(smp, 42);
     CHECK(run_spec(s, smp, d, prompt, 24, 96, 16, &a, &st) == 0 && a.n == 96, "%s", g_err);
     int nodes = st.n_draft_nodes;
@@ -946,23 +948,23 @@ static void test_default_model(void) {
         int np = sd_tokenize(tok, chat, (size_t)cl, 1, 1, prompt, 1024);
         static collect_t a, b;
         sd_gen_stats gs;
-        sd_spec_stats st;
+        sd_gen_stats st;
         CHECK(run_plain(s, smp, prompt, np, 64, &a, &gs) == 0, "plain: %s", g_err);
         CHECK(run_spec(s, smp, d, prompt, np, 64, 16, &b, &st) == 0, "%s", g_err);
         CHECK(same_tokens(&a, &b), "speculative output differs from plain greedy (%d vs %d tokens)", b.n, a.n);
         printf("  SmolLM2 summary: %d prompt tokens, %d generated; plain %.1f tok/s, n-gram %.1f tok/s, "
                "mean_accepted %.2f (%d of %d drafts)\n",
-               np, b.n, gs.tokens_per_second, st.gen.tokens_per_second, st.mean_accepted, st.n_draft_accepted,
+               np, b.n, gs.tokens_per_second, st.tokens_per_second, st.mean_accepted, st.n_draft_accepted,
                st.n_draft_nodes);
         CHECK(st.mean_accepted > 1.3, "mean_accepted %.2f <= 1.3", st.mean_accepted);
         // The per-step sizing: the same text, about as many tokens per
         // forward from far fewer verified nodes.
         sd_drafter *z = new_sized(3, 16, 4, NULL);
-        sd_spec_stats sz;
+        sd_gen_stats sz;
         CHECK(z && run_spec(s, smp, z, prompt, np, 64, 32, &b, &sz) == 0, "%s", g_err);
         CHECK(same_tokens(&a, &b), "sized: speculative output differs from plain greedy (%d vs %d tokens)", b.n, a.n);
         printf("  sized: n-gram %.1f tok/s, mean_accepted %.2f (%d of %d drafts, %.2f nodes per forward vs %.2f)\n",
-               sz.gen.tokens_per_second, sz.mean_accepted, sz.n_draft_accepted, sz.n_draft_nodes,
+               sz.tokens_per_second, sz.mean_accepted, sz.n_draft_accepted, sz.n_draft_nodes,
                1.0 + (double)sz.n_draft_nodes / SD_MAX(1, sz.n_target_forwards),
                1.0 + (double)st.n_draft_nodes / SD_MAX(1, st.n_target_forwards));
         CHECK(sz.mean_accepted > 1.3 && sz.n_draft_nodes < st.n_draft_nodes,

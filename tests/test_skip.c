@@ -12,12 +12,11 @@
 #include "specdec.h"
 #include "common.h"
 #include "draft/draft_skip.h"
-#include "spec/generate.h"
+#include "specdec_spec.h"
 #include "model/gguf.h"
 #include "lib/spec_check.h"
 #include "lib/synth.h"
 #include "model/model.h"
-#include "spec/spec.h"
 #include "t.h"
 
 #define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -192,7 +191,7 @@ static void test_adapt_rule(void) {
 
 // Plain greedy vs speculative with drafter d on session s.
 static int compare_greedy(const sd_model *m, sd_session *s, sd_drafter *d, const int32_t *prompt, int np, int n_predict,
-                          int max_nodes, sd_spec_stats *st, int *same) {
+                          int max_nodes, sd_gen_stats *st, int *same) {
     sd_model_info info;
     sd_model_get_info(m, &info);
     sd_sampler *smp = sc_new_sampler(info.n_vocab, 0.0f, 1.0f, g_err, sizeof g_err);
@@ -203,7 +202,7 @@ static int compare_greedy(const sd_model *m, sd_session *s, sd_drafter *d, const
     int np_plain = sd_session_n_past(s);
     if (rc == 0) rc = sc_run_spec(s, smp, d, prompt, np, n_predict, max_nodes, &b, st, g_err, sizeof g_err);
     *same = rc == 0 && sc_same_tokens(&a, &b) &&
-            sd_session_n_past(s) == np_plain && st->gen.finish == gs.finish;
+            sd_session_n_past(s) == np_plain && st->finish == gs.finish;
     sd_sampler_free(smp);
     return rc;
 }
@@ -235,12 +234,12 @@ static void test_greedy_lossless_synth(void) {
                 int32_t prompt[40];
                 int np = 4 + pr * 9;
                 make_prompt(prompt, np, 100 + (uint64_t)pr, 320);
-                sd_spec_stats st;
+                sd_gen_stats st;
                 int same = 0;
                 CHECK(compare_greedy(m, s, d, prompt, np, 40, 16, &st, &same) == 0, "%s", g_err);
                 CHECK(same, "skip {%s} mode %d prompt %d: speculative output differs from plain greedy", sets[si], mode,
                       pr);
-                tok += st.gen.n_generated;
+                tok += st.n_generated;
                 fwd += st.n_target_forwards;
                 if (si == 3 && mode == 1)   // no layer skipped: the draft is the target, all accepted
                     CHECK(st.n_draft_accepted == st.n_draft_nodes, "self-draft rejected %d of %d",
@@ -279,12 +278,12 @@ static void test_stochastic_smoke(void) {
         int32_t prompt[10];
         make_prompt(prompt, 10, 5, 320);
         collect_t c = {.n = 0};
-        sd_spec_params sp = sd_spec_default_params();
+        sd_gen_params sp = sd_gen_default_params();
         sp.n_predict = 64;
         sp.n_batch = 64;
-        sd_spec_stats st;
-        CHECK(sd_spec_generate(s, smp, d, prompt, 10, &sp, sc_collect_cb, &c, &st, g_err, sizeof g_err) == 0, "%s", g_err);
-        CHECK(c.n == 64 || st.gen.finish != SD_FINISH_LENGTH, "tokens %d", c.n);
+        sd_gen_stats st;
+        CHECK(sd_generate(s, smp, d, prompt, 10, &sp, sc_collect_cb, &c, &st, g_err, sizeof g_err) == 0, "%s", g_err);
+        CHECK(c.n == 64 || st.finish != SD_FINISH_LENGTH, "tokens %d", c.n);
         printf("  sampled: %d tokens, %.2f per forward\n", c.n, st.mean_accepted);
     }
     sd_sampler_free(smp);
@@ -341,7 +340,7 @@ static void test_search_finds_identity_layers(void) {
         dp.n_threads = 1;
         CHECK(s && sd_draft_skip_new(&d, m, skip, &dp, g_err, sizeof g_err) == 0, "%s", g_err);
         if (s && d) {
-            sd_spec_stats st;
+            sd_gen_stats st;
             int same = 0;
             CHECK(compare_greedy(m, s, d, p1, 20, 40, 16, &st, &same) == 0 && same, "lossless with the found set: %s",
                   g_err);
@@ -452,18 +451,18 @@ static void test_default_model(void) {
         int n = sd_skip_parse(sets[k], m->hp.n_layer, skip, g_err, sizeof g_err);
         sd_draft_model_params dp = sd_draft_skip_default_params();
         dp.n_ctx = 256;
-        dp.share_threads = s;
+        dp.pool = sd_session_pool(s);
         sd_drafter *d = NULL;
         CHECK(n > 0 && sd_draft_skip_new(&d, m, skip, &dp, g_err, sizeof g_err) == 0, "setup: %s", g_err);
         for (int i = 0; d && i < 3; i++) {
             int32_t prompt[64];
             int np = sd_tokenize(sd_model_tokenizer(m), texts[i], strlen(texts[i]), 1, 0, prompt, 64);
-            sd_spec_stats st;
+            sd_gen_stats st;
             int same = 0;
             CHECK(compare_greedy(m, s, d, prompt, np, 32, 12, &st, &same) == 0, "%s", g_err);
             CHECK(same, "skip {%s} prompt %d: speculative output differs from plain greedy", sets[k], i);
             printf("  SmolLM2 skip {%s}: %d tokens, %.2f per forward, accepted %d of %d drafts\n", sets[k],
-                   st.gen.n_generated, st.mean_accepted, st.n_draft_accepted, st.n_draft_nodes);
+                   st.n_generated, st.mean_accepted, st.n_draft_accepted, st.n_draft_nodes);
         }
         sd_drafter_free(d);
     }

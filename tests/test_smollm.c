@@ -6,7 +6,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "spec/generate.h"
+#include "specdec_spec.h"
 #include "specdec.h"
 #include "t.h"
 
@@ -60,7 +60,7 @@ static int chat_greedy_ex(sd_model *m, const char *question, int n, int fast_pro
         sd_gen_params gp = sd_gen_default_params();
         gp.n_predict = n;
         gp.fast_prompt = fast_prompt;
-        rc = sd_generate(s, smp, ids, n_ids, &gp, collect_cb, c, st, err, sizeof err);
+        rc = sd_generate(s, smp, NULL, ids, n_ids, &gp, collect_cb, c, st, err, sizeof err);
         CHECK(rc == 0, "generate: %s", err);
     }
     sd_sampler_free(smp);

@@ -13,10 +13,9 @@
 #include "common.h"
 #include "draft/draft_model.h"
 #include "draft/draft_merge.h"
-#include "spec/generate.h"
+#include "specdec_spec.h"
 #include "lib/spec_check.h"
 #include "lib/synth.h"
-#include "spec/spec.h"
 #include "t.h"
 
 #define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -54,7 +53,7 @@ static int run_plain(sd_session *s, sd_sampler *smp, const int32_t *prompt, int 
 }
 
 static int run_spec(sd_session *s, sd_sampler *smp, sd_drafter *d, const int32_t *prompt, int n_prompt,
-                    int n_predict, int max_nodes, collect_t *out, sd_spec_stats *st) {
+                    int n_predict, int max_nodes, collect_t *out, sd_gen_stats *st) {
     return sc_run_spec(s, smp, d, prompt, n_prompt, n_predict, max_nodes, out, st, g_err, sizeof g_err);
 }
 
@@ -98,13 +97,13 @@ static void check_equal(sd_drafter *d, const char *name, float penalty, int self
         make_prompt(prompt, np, 77 + (uint64_t)pr, 320);
         int fa, npa;
         CHECK(run_plain(s, smp, prompt, np, 48, &a, &fa, &npa) == 0, "plain: %s", g_err);
-        sd_spec_stats st;
+        sd_gen_stats st;
         int rc = run_spec(s, smp, d, prompt, np, 48, 16, &b, &st);
         CHECK(rc == 0, "%s: %s", name, g_err);
         CHECK(same_tokens(&a, &b), "%s prompt %d: speculative output differs from plain greedy (%d vs %d tokens)", name,
               pr, b.n, a.n);
-        CHECK(st.gen.finish == fa && sd_session_n_past(s) == npa, "%s: finish %d/%d n_past %d/%d", name,
-              st.gen.finish, fa, sd_session_n_past(s), npa);
+        CHECK(st.finish == fa && sd_session_n_past(s) == npa, "%s: finish %d/%d n_past %d/%d", name,
+              st.finish, fa, sd_session_n_past(s), npa);
         n_fwd += st.n_target_forwards;
         n_tok += b.n;
         if (self_draft) {
@@ -210,7 +209,7 @@ static void test_limits(void) {
     make_prompt(prompt, 8, 5, 320);
     for (int n = 1; n <= 12; n++) {
         int fa, npa;
-        sd_spec_stats st;
+        sd_gen_stats st;
         run_plain(s, smp, prompt, 8, n, &a, &fa, &npa);
         CHECK(run_spec(s, smp, d, prompt, 8, n, 16, &b, &st) == 0, "%s", g_err);
         CHECK(same_tokens(&a, &b) && b.n == n, "n_predict %d: %d tokens", n, b.n);
@@ -218,11 +217,11 @@ static void test_limits(void) {
     }
     // Until the context (48) is full.
     int fa, npa;
-    sd_spec_stats st;
+    sd_gen_stats st;
     run_plain(s, smp, prompt, 8, 0, &a, &fa, &npa);
     CHECK(run_spec(s, smp, d, prompt, 8, 0, 16, &b, &st) == 0, "%s", g_err);
-    CHECK(same_tokens(&a, &b) && st.gen.finish == fa && fa == SD_FINISH_CTX, "full context: %d vs %d tokens, finish %d/%d",
-          b.n, a.n, st.gen.finish, fa);
+    CHECK(same_tokens(&a, &b) && st.finish == fa && fa == SD_FINISH_CTX, "full context: %d vs %d tokens, finish %d/%d",
+          b.n, a.n, st.finish, fa);
     CHECK(sd_session_n_past(s) == npa, "full context: n_past %d, plain %d", sd_session_n_past(s), npa);
 out:
     sd_drafter_free(d);
@@ -249,10 +248,10 @@ static void test_eog_in_path(void) {
             run_plain(s, smp, prompt, 4, 96, &a, &fa, &npa);
             if (fa != SD_FINISH_EOG) continue;
             found++;
-            sd_spec_stats st;
+            sd_gen_stats st;
             CHECK(run_spec(s, smp, d, prompt, 4, 96, 16, &b, &st) == 0, "%s", g_err);
-            CHECK(same_tokens(&a, &b) && st.gen.finish == SD_FINISH_EOG, "EOG prompt %d: %d vs %d tokens, finish %d",
-                  (int)seed, b.n, a.n, st.gen.finish);
+            CHECK(same_tokens(&a, &b) && st.finish == SD_FINISH_EOG, "EOG prompt %d: %d vs %d tokens, finish %d",
+                  (int)seed, b.n, a.n, st.finish);
             CHECK(sd_session_n_past(s) == npa, "EOG: n_past %d, plain %d", sd_session_n_past(s), npa);
         }
     }
@@ -278,7 +277,7 @@ static void test_stochastic_smoke(void) {
     static collect_t a, b;
     int32_t prompt[6];
     make_prompt(prompt, 6, 9, 320);
-    sd_spec_stats st;
+    sd_gen_stats st;
     sd_sampler_reseed(smp, 42);
     CHECK(run_spec(s, smp, d, prompt, 6, 64, 16, &a, &st) == 0, "%s", g_err);
     CHECK(st.n_draft_accepted >= st.n_draft_nodes * 98 / 100, "self-draft sampling accepted %d of %d", st.n_draft_accepted,
@@ -320,7 +319,7 @@ static void check_sampled_distribution(sd_drafter *d, const char *name, int n_ru
     static collect_t out;
     double fwd = 0;
     for (int r = 0; r < n_run; r++) {
-        sd_spec_stats st;
+        sd_gen_stats st;
         if (run_spec(s, smp, d, prompt, 6, 3, 16, &out, &st) < 0 || out.n != 3) {
             CHECK(0, "%s: run %d: %s", name, r, g_err);
             break;
@@ -384,7 +383,7 @@ static void test_default_model(void) {
             int np = sd_tokenize(sd_model_tokenizer(m), texts[i], strlen(texts[i]), 1, 0, prompt, 64);
             static collect_t a, b;
             int fa, npa;
-            sd_spec_stats st;
+            sd_gen_stats st;
             run_plain(s, smp, prompt, np, 24, &a, &fa, &npa);
             CHECK(run_spec(s, smp, d, prompt, np, 24, 8, &b, &st) == 0, "%s", g_err);
             CHECK(same_tokens(&a, &b), "prompt %d: speculative output differs from plain greedy", i);

@@ -9,6 +9,11 @@
 
 #define SPECDEC_VERSION "0.1.0"
 
+#ifndef SD_MIN
+#define SD_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define SD_MAX(a, b) ((a) > (b) ? (a) : (b))
+#endif
+
 // Prints "specdec: <message>" to stderr. Returns 1 (the exit code of errors).
 int cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

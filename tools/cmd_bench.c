@@ -7,11 +7,8 @@
 
 #include "bench_prompts.h"
 #include "cli_common.h"
-#include "common.h"
-#include "spec/generate.h"
-#include "spec/spec.h"
-#include "spec_cli.h"
 #include "specdec.h"
+#include "specdec_spec.h"
 
 #define BENCH_MAX_METHODS 32
 #define BENCH_BATCH 512   // target session batch: prompt chunks and tree nodes
@@ -74,7 +71,7 @@ static void usage(FILE *f) {
             "  --draft-threads N   threads of the draft models; 0 (default) = share the target's\n"
             "  --out FILE          write the full results as JSON\n"
             "  -h, --help          show this help\n",
-            spec_methods_syntax(), SPEC_AUTO_NODES);
+            sd_methods_syntax(), SD_METHOD_AUTO_NODES);
 }
 
 // The automatic trees' choices: printed when the structure differs from the
@@ -82,27 +79,30 @@ static void usage(FILE *f) {
 // prior choice, which is printed once).
 typedef struct tree_reports {
     const char *method;   // the method being run
-    char last[BENCH_MAX_METHODS][SPEC_NAME_MAX];  // method names seen
-    sd_tree_shape shape[BENCH_MAX_METHODS];       // last shape printed per method
+    char last[BENCH_MAX_METHODS][SD_METHOD_NAME_MAX];  // method names seen
+    char shape[BENCH_MAX_METHODS][256];           // last shape printed per method
     int n;
     int in_run;           // 1: a progress line is open on stderr (start the report on a new line)
 } tree_reports;
 
-static void on_tree_report(void *user, const sd_tree_shape *shape) {
+static void on_report(void *user, const char *line) {
     tree_reports *r = user;
+    const char *pre = "tree auto: ";
+    if (strncmp(line, pre, strlen(pre))) {   // the layer-skip search's progress
+        fprintf(stderr, "%s\n", line);
+        return;
+    }
+    const char *shape = line + strlen(pre);
     int k = 0;
     while (k < r->n && strcmp(r->last[k], r->method)) k++;
     if (k == r->n) {
         if (r->n == BENCH_MAX_METHODS) return;
-        snprintf(r->last[r->n++], SPEC_NAME_MAX, "%s", r->method);
-    } else if (r->shape[k].n == shape->n &&
-               !memcmp(r->shape[k].parent, shape->parent, sizeof(int32_t) * (size_t)shape->n)) {
+        snprintf(r->last[r->n++], SD_METHOD_NAME_MAX, "%s", r->method);
+    } else if (!strncmp(r->shape[k], shape, sizeof r->shape[k] - 1)) {
         return;
     }
-    r->shape[k] = *shape;
-    char buf[1024];
-    sd_tree_shape_format(shape, buf, sizeof buf);
-    fprintf(stderr, "%stree auto (%s): %s\n", r->in_run ? "\n" : "", r->method, buf);
+    snprintf(r->shape[k], sizeof r->shape[k], "%s", shape);
+    fprintf(stderr, "%stree auto (%s): %s\n", r->in_run ? "\n" : "", r->method, shape);
     r->in_run = 0;
 }
 
@@ -214,7 +214,7 @@ static void token_str(const sd_tokenizer *tok, int32_t t, char *buf, size_t n) {
 
 int cmd_bench(int argc, char **argv) {
     const char *model_path = NULL, *prompts_path = NULL, *methods_arg = "ar,chain:4", *out_path = NULL;
-    const char *draft_paths[SPEC_MAX_DRAFTS];
+    const char *draft_paths[SD_METHOD_MAX_DRAFTS];
     int n_drafts = 0, n_predict = 128, limit = 0, n_threads = 0, chat = 1, draft_threads = 0, fast_prompt = 0;
     float temp = 0.0f, p_min = 0.0f;
     uint64_t seed = sd_sampler_default_params().seed;
@@ -230,7 +230,7 @@ int cmd_bench(int argc, char **argv) {
             model_path = v;
         } else if (!strcmp(a, "--draft")) {
             VAL();
-            if (n_drafts == SPEC_MAX_DRAFTS) return cli_error("--draft: at most %d draft models", SPEC_MAX_DRAFTS);
+            if (n_drafts == SD_METHOD_MAX_DRAFTS) return cli_error("--draft: at most %d draft models", SD_METHOD_MAX_DRAFTS);
             draft_paths[n_drafts++] = v;
         } else if (!strcmp(a, "--prompts")) {
             VAL();
@@ -276,8 +276,8 @@ int cmd_bench(int argc, char **argv) {
     if (n_threads <= 0) n_threads = sd_n_cores();
 
     char err[1024];
-    spec_method methods[BENCH_MAX_METHODS];
-    int nm = spec_methods_parse(methods_arg, methods, BENCH_MAX_METHODS, err, sizeof err);
+    sd_method methods[BENCH_MAX_METHODS];
+    int nm = sd_methods_parse(methods_arg, methods, BENCH_MAX_METHODS, err, sizeof err);
     if (nm < 0) return cli_error("%s", err);
     for (int k = 0; k < nm; k++) {
         if (methods[k].needs_draft_model && n_drafts == 0)
@@ -297,7 +297,7 @@ int cmd_bench(int argc, char **argv) {
 
     int rc = 1, mismatch = 0;
     sd_model *m = NULL;
-    sd_model *drafts[SPEC_MAX_DRAFTS] = {0};
+    sd_model *drafts[SD_METHOD_MAX_DRAFTS] = {0};
     sd_drafter *drafters[BENCH_MAX_METHODS] = {0};
     sd_session *s = NULL;
     sd_sampler *smp = NULL;
@@ -308,7 +308,7 @@ int cmd_bench(int argc, char **argv) {
     int *ar_n = calloc((size_t)np, sizeof *ar_n);
     tok_buf tb = {malloc(sizeof(int32_t) * (size_t)n_predict), 0, n_predict};
     tree_reports *reports = calloc(1, sizeof *reports);
-    sd_cost_curve cost;
+    sd_cost_curve *cost = NULL;
     int max_nodes[BENCH_MAX_METHODS];
     // categories in order of first appearance
     const char **cats = calloc((size_t)np, sizeof *cats);
@@ -351,10 +351,10 @@ int cmd_bench(int argc, char **argv) {
     }
     int max_extra = 0, auto_nodes = 0;
     for (int k = 0; k < nm; k++) {
-        max_nodes[k] = SD_MIN(spec_method_default_nodes(&methods[k], n_drafts), BENCH_BATCH);
+        max_nodes[k] = SD_MIN(sd_method_default_nodes(&methods[k], n_drafts), BENCH_BATCH);
         max_tree = SD_MAX(max_tree, max_nodes[k]);
         max_extra = SD_MAX(max_extra, methods[k].extra_nodes);
-        if (spec_method_uses_auto(&methods[k])) auto_nodes = SD_MAX(auto_nodes, max_nodes[k]);
+        if (methods[k].uses_cost_curve) auto_nodes = SD_MAX(auto_nodes, max_nodes[k]);
     }
     sd_session_params ssp = sd_session_default_params();
     ssp.n_ctx = max_prompt + n_predict + max_tree + max_extra + 8;
@@ -371,26 +371,31 @@ int cmd_bench(int argc, char **argv) {
         cli_error("%s", err);
         goto out;
     }
-    spec_env env;
-    spec_env_init(&env, m, s, n_drafts, draft_threads, p_min);
-    env.tree_report = on_tree_report;
-    env.tree_user = reports;
+    sd_method_env env = sd_method_env_default(m);
+    env.drafts = (const sd_model *const *)drafts;
+    env.n_drafts = n_drafts;
+    env.n_ctx = sd_session_n_ctx(s);
+    env.n_threads = draft_threads;
+    env.pool = draft_threads ? NULL : sd_session_pool(s);
+    env.p_min = p_min;
+    env.report = on_report;
+    env.user = reports;
     if (auto_nodes > 0) {   // the target's cost curve, once, on the empty session
         double t0 = sd_time_ms();
-        if (spec_measure_cost(&cost, s, auto_nodes, err, sizeof err) < 0) {
+        if (sd_cost_curve_new(&cost, s, auto_nodes, err, sizeof err) < 0) {
             cli_error("automatic tree: %s", err);
             goto out;
         }
-        env.cost = &cost;
-        fprintf(stderr, "tree auto: target cost measured in %.0f ms: %.2f ms at 1 node, %.2f ms at %d nodes\n",
-                sd_time_ms() - t0, cost.ms[0], cost.ms[cost.n_points - 1], cost.n[cost.n_points - 1]);
+        env.cost = cost;
+        char cdesc[128];
+        sd_cost_curve_describe(cost, cdesc, sizeof cdesc);
+        fprintf(stderr, "tree auto: target cost measured in %.0f ms: %s\n", sd_time_ms() - t0, cdesc);
     }
     for (int i = 0; i < n_drafts; i++) {
         if (sd_model_load(&drafts[i], draft_paths[i], err, sizeof err) < 0) {
             cli_error("cannot load draft model '%s': %s", draft_paths[i], err);
             goto out;
         }
-        env.drafts[i] = drafts[i];
     }
     // Every drafter is built once here to report problems (vocabulary
     // mismatch, ...) before any run, then freed: each run builds a fresh one
@@ -399,18 +404,18 @@ int cmd_bench(int argc, char **argv) {
     for (int k = 0; k < nm; k++) {
         double est = 0;
         reports->method = methods[k].name;
-        if (spec_method_prepare(&methods[k], &env, &est, err, sizeof err) < 0) {   // skip:auto: the search, once
+        if (sd_method_prepare(&methods[k], &env, &est, err, sizeof err) < 0) {   // skip:auto: the search, once
             cli_error("method '%s': %s", methods[k].name, err);
             goto out;
         }
-        if (methods[k].kind == SPEC_SKIP && est > 0) {
+        if (methods[k].kind == SD_METHOD_SKIP && est > 0) {
             fprintf(stderr, "skip set chosen for %s: {%s} (estimated %.2fx)\n", methods[k].name, methods[k].skip_list,
                     est);
             if (est < 1.0)
                 fprintf(stderr, "warning: %s: layer skipping is not expected to pay on this model (estimated %.2fx "
                                 "of plain decoding)\n", methods[k].name, est);
         }
-        if (spec_method_make(&methods[k], &env, &drafters[k], err, sizeof err) < 0) {
+        if (sd_method_make(&methods[k], &env, &drafters[k], err, sizeof err) < 0) {
             cli_error("method '%s': %s", methods[k].name, err);
             goto out;
         }
@@ -423,7 +428,7 @@ int cmd_bench(int argc, char **argv) {
     const int total = np * nm;
     for (int p = 0; p < np; p++) {
         for (int k = 0; k < nm; k++) {
-            const spec_method *me = &methods[k];
+            const sd_method *me = &methods[k];
             run_res *r = &res[(size_t)p * nm + k];
             fprintf(stderr, "%s[%d/%d] %s %s q%s ...", tty ? "\r\033[K" : "", p * nm + k + 1, total, me->name,
                     prompts[p].category, prompts[p].id);
@@ -435,39 +440,24 @@ int cmd_bench(int argc, char **argv) {
             }
             reports->method = me->name;
             reports->in_run = 1;
-            if (spec_method_make(me, &env, &drafters[k], err, sizeof err) < 0) {
+            if (sd_method_make(me, &env, &drafters[k], err, sizeof err) < 0) {
                 fputc('\n', stderr);
                 cli_error("method '%s': %s", me->name, err);
                 goto out;
             }
             sd_sampler_reseed(smp, seed + (uint64_t)p);
             tb.n = 0;
-            int grc;
-            if (me->kind == SPEC_AR) {
-                sd_gen_params gp = sd_gen_default_params();
-                gp.n_predict = n_predict;
-                gp.n_batch = BENCH_BATCH;
-                gp.fast_prompt = fast_prompt;
-                sd_gen_stats st;
-                grc = sd_generate(s, smp, ids[p], n_ids[p], &gp, collect, &tb, &st, err, sizeof err);
-                r->n_tokens = st.n_generated;
-                r->gen_ms = st.generate_ms;
-                r->n_forwards = st.n_generated > 0 ? st.n_generated - 1 : 0;
-                r->n_step_tokens = r->n_forwards;
-            } else {
-                sd_spec_params spp = sd_spec_default_params();
-                spp.n_predict = n_predict;
-                spp.n_batch = BENCH_BATCH;
-                spp.fast_prompt = fast_prompt;
-                spp.max_nodes = max_nodes[k];
-                sd_spec_stats st;
-                grc = sd_spec_generate(s, smp, drafters[k], ids[p], n_ids[p], &spp, collect, &tb, &st, err,
-                                       sizeof err);
-                r->n_tokens = st.gen.n_generated;
-                r->gen_ms = st.gen.generate_ms;
-                r->n_forwards = st.n_target_forwards;
-                r->n_step_tokens = st.gen.n_generated > 0 ? st.gen.n_generated - 1 : 0;
-            }
+            sd_gen_params gp = sd_gen_default_params();
+            gp.n_predict = n_predict;
+            gp.n_batch = BENCH_BATCH;
+            gp.fast_prompt = fast_prompt;
+            gp.max_nodes = max_nodes[k];
+            sd_gen_stats st;
+            int grc = sd_generate(s, smp, drafters[k], ids[p], n_ids[p], &gp, collect, &tb, &st, err, sizeof err);
+            r->n_tokens = st.n_generated;
+            r->gen_ms = st.generate_ms;
+            r->n_forwards = st.n_target_forwards;
+            r->n_step_tokens = st.n_generated > 0 ? st.n_generated - 1 : 0;
             sd_drafter_free(drafters[k]);
             drafters[k] = NULL;
             if (grc < 0) {
@@ -521,10 +511,10 @@ int cmd_bench(int argc, char **argv) {
     printf("tokens/s = generated tokens / generation time, target prompt processing excluded; "
            "tau = tokens per target forward (bonus included).\n");
     for (int k = 0; k < nm; k++) {
-        if (methods[k].kind == SPEC_AUTO)
+        if (methods[k].kind == SD_METHOD_AUTO)
             printf("%s = %s with an automatically sized tree (at most %d nodes).\n", methods[k].name,
                    n_drafts ? "the draft model(s)" : "n-gram lookup ngram:3-8", max_nodes[k]);
-        if (methods[k].kind == SPEC_SKIP) printf("%s skips layers {%s}.\n", methods[k].name, methods[k].skip_list);
+        if (methods[k].kind == SD_METHOD_SKIP) printf("%s skips layers {%s}.\n", methods[k].name, methods[k].skip_list);
     }
     printf("\n");
     printf("| method | tokens/s | speedup | tau | tokens | time (s) | equal to ar |\n");

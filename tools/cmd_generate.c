@@ -4,12 +4,8 @@
 #include <string.h>
 
 #include "cli_common.h"
-#include "common.h"
-#include "spec/generate.h"
-#include "spec/spec.h"
-#include "spec_cli.h"
-#include "draft/draft_ngram.h"
 #include "specdec.h"
+#include "specdec_spec.h"
 
 static volatile sig_atomic_t g_interrupted;
 
@@ -89,15 +85,13 @@ static void usage(FILE *f) {
             "\n"
             "Sampling order: repetition penalty, temperature, top-k, top-p, min-p.\n",
             (double)sp.temp, sp.top_k, (double)sp.top_p, (double)sp.min_p, (double)sp.repeat_penalty,
-            sp.repeat_last_n, (unsigned long long)sp.seed, sd_n_cores(), SPEC_AUTO_NODES);
+            sp.repeat_last_n, (unsigned long long)sp.seed, sd_n_cores(), SD_METHOD_AUTO_NODES);
 }
 
-// The automatic tree's choice, on stderr.
-static void on_tree_report(void *user, const sd_tree_shape *shape) {
+// Progress of the layer-skip search and the automatic tree's choices, on stderr.
+static void on_report(void *user, const char *line) {
     (void)user;
-    char buf[1024];
-    sd_tree_shape_format(shape, buf, sizeof buf);
-    fprintf(stderr, "specdec: tree auto: %s\n", buf);
+    fprintf(stderr, "specdec: %s\n", line);
 }
 
 typedef struct {
@@ -164,7 +158,7 @@ int cmd_generate(int argc, char **argv) {
     int n_predict = 256, chat = 0, json = 0, n_threads = 0, n_ctx = 0, n_batch = 512, fast_prompt = 0;
     sd_sampler_params sp = sd_sampler_default_params();
     // speculative decoding
-    const char *draft_paths[SPEC_MAX_DRAFTS];
+    const char *draft_paths[SD_METHOD_MAX_DRAFTS];
     int n_drafts = 0, draft_max = 4, max_nodes = 0, draft_threads = 0;
     float p_min = 0.0f;
     const char *tree_flag = NULL, *dyn_flag = NULL, *draft_max_flag = NULL, *spec_only_flag = NULL,
@@ -230,7 +224,7 @@ int cmd_generate(int argc, char **argv) {
             json = 1;
         } else if (!strcmp(a, "--draft")) {
             VAL();
-            if (n_drafts == SPEC_MAX_DRAFTS) return cli_error("--draft: at most %d draft models", SPEC_MAX_DRAFTS);
+            if (n_drafts == SD_METHOD_MAX_DRAFTS) return cli_error("--draft: at most %d draft models", SD_METHOD_MAX_DRAFTS);
             draft_paths[n_drafts++] = v;
         } else if (!strcmp(a, "--draft-max")) {
             VAL();
@@ -245,14 +239,14 @@ int cmd_generate(int argc, char **argv) {
             tree_auto = 1;
         } else if (!strcmp(a, "--tree")) {
             VAL();
-            int w[SD_DRAFT_MAX_WIDTHS];
-            if (spec_parse_ints(a, v, ',', w, SD_DRAFT_MAX_WIDTHS, 1, 64, perr, sizeof perr) < 0)
+            int w[16];
+            if (sd_parse_ints(a, v, ',', w, 16, 1, 64, perr, sizeof perr) < 0)
                 return cli_error("%s", perr);
             tree_flag = spec_only_flag = v;
         } else if (!strcmp(a, "--tree-dynamic")) {
             VAL();
             int t[3];
-            if (spec_parse_ints(a, v, ',', t, 3, 1, 1024, perr, sizeof perr) != 3 || t[0] > 16 || t[1] > 16 ||
+            if (sd_parse_ints(a, v, ',', t, 3, 1, 1024, perr, sizeof perr) != 3 || t[0] > 16 || t[1] > 16 ||
                 t[2] < 2)
                 return cli_error("--tree-dynamic: expected B,D,M with B and D in 1..16 and M >= 2, got '%s'", v);
             dyn_flag = spec_only_flag = v;
@@ -265,16 +259,16 @@ int cmd_generate(int argc, char **argv) {
         } else if (!strcmp(a, "--draft-ngram")) {
             VAL();
             int t[2];
-            if (spec_parse_ints(a, v, ',', t, 2, 1, 256, perr, sizeof perr) != 2 || t[0] > SD_NGRAM_MAX_N)
+            if (sd_parse_ints(a, v, ',', t, 2, 1, 256, perr, sizeof perr) != 2 || t[0] > 8)
                 return cli_error("--draft-ngram: expected N,K with N in 1..%d and K in 1..256, got '%s'",
-                                 SD_NGRAM_MAX_N, v);
+                                 8, v);
             ngram_flag = v;
         } else if (!strcmp(a, "--datastore")) {
             VAL();
             datastore = v;
         } else if (!strcmp(a, "--draft-skip")) {
             VAL();
-            if (!*v || strlen(v) >= sizeof ((spec_method *)0)->skip_list)
+            if (!*v || strlen(v) >= sizeof ((sd_method *)0)->skip_list)
                 return cli_error("--draft-skip: expected a layer list L1,L2,... (0-based, ranges A-B) or 'auto', got '%s'", v);
             skip_flag = v;
         } else if (!strcmp(a, "--save-skip")) {
@@ -286,7 +280,7 @@ int cmd_generate(int argc, char **argv) {
         } else if (!strcmp(a, "--lookahead")) {
             VAL();
             int t[3];
-            if (spec_parse_ints(a, v, ',', t, 3, 1, 64, perr, sizeof perr) != 3 || t[1] < 2 || t[1] > 16)
+            if (sd_parse_ints(a, v, ',', t, 3, 1, 64, perr, sizeof perr) != 3 || t[1] < 2 || t[1] > 16)
                 return cli_error("--lookahead: expected W,N,G with W and G in 1..64 and N in 2..16, got '%s'", v);
             lookahead_flag = v;
         } else {
@@ -300,8 +294,8 @@ int cmd_generate(int argc, char **argv) {
     if (!cli_file_ok("model file", model_path)) return 1;
     if (n_threads <= 0) n_threads = sd_n_cores();
     // the speculative method, as a method string of spec_cli.h
-    spec_method method, ngram_method, solo_method;   // solo: skip or lookahead (alone)
-    char label[2 * SPEC_NAME_MAX + 16] = "";   // e.g. "chain:4", "ngram:3-8", "tree:2-2+ngram:3-8"
+    sd_method method, ngram_method, solo_method;   // solo: skip or lookahead (alone)
+    char label[2 * SD_METHOD_NAME_MAX + 16] = "";   // e.g. "chain:4", "ngram:3-8", "tree:2-2+ngram:3-8"
     if ((save_skip || load_skip) && !(skip_flag && !strcmp(skip_flag, "auto")))
         return cli_error("generate: %s needs --draft-skip auto", save_skip ? "--save-skip" : "--load-skip");
     if (save_skip && load_skip) return cli_error("generate: --save-skip and --load-skip cannot be used together");
@@ -319,7 +313,7 @@ int cmd_generate(int argc, char **argv) {
     if (max_nodes > 0 && !spec)
         return cli_error("generate: --max-nodes needs a drafter (--draft, --draft-ngram, --draft-skip, --lookahead)");
     if (max_nodes == 1) return cli_error("--max-nodes: a tree needs at least 2 nodes, got 1");
-    const int auto_nodes = max_nodes > 0 ? SD_MIN(max_nodes, SPEC_AUTO_NODES) : SPEC_AUTO_NODES;
+    const int auto_nodes = max_nodes > 0 ? SD_MIN(max_nodes, SD_METHOD_AUTO_NODES) : SD_METHOD_AUTO_NODES;
     if (p_min_flag && !n_drafts && !skip_flag)
         return cli_error("generate: --draft-p-min needs a draft model (--draft D.gguf) or --draft-skip");
     if (!n_drafts && spec_only_flag)
@@ -331,23 +325,20 @@ int cmd_generate(int argc, char **argv) {
         return cli_error("generate: --draft-max sets the chain length; it cannot be combined with %s",
                          tree_flag ? "--tree" : "--tree-dynamic");
     if (ngram_flag) {
-        char mname[SPEC_NAME_MAX];
-        snprintf(mname, sizeof mname, "ngram:%s", ngram_flag);
+        char mname[SD_METHOD_NAME_MAX];
+        snprintf(mname, sizeof mname, "ngram:%s%s", ngram_flag, tree_auto ? ":auto" : "");
         for (char *c = mname; *c; c++)
             if (*c == ',') *c = '-';
-        if (spec_method_parse(mname, &ngram_method, perr, sizeof perr) < 0) return cli_error("%s", perr);
+        if (sd_method_parse(mname, &ngram_method, perr, sizeof perr) < 0) return cli_error("%s", perr);
         if (datastore && !cli_file_ok("datastore file", datastore)) return 1;
-        if (tree_auto) {
-            ngram_method.tree_auto = 1;
-            ngram_method.tree_nodes = SD_MIN(ngram_method.tree_nodes, auto_nodes);
-        }
+        if (tree_auto) ngram_method.tree_nodes = SD_MIN(ngram_method.tree_nodes, auto_nodes);
     }
     if (solo_flag) {
-        char mname[SPEC_NAME_MAX];
+        char mname[SD_METHOD_NAME_MAX];
         snprintf(mname, sizeof mname, "%s:%s", skip_flag ? "skip" : "lookahead", skip_flag ? "auto" : lookahead_flag);
         for (char *c = mname; *c; c++)
             if (*c == ',') *c = '-';
-        if (spec_method_parse(mname, &solo_method, perr, sizeof perr) < 0) return cli_error("%s", perr);
+        if (sd_method_parse(mname, &solo_method, perr, sizeof perr) < 0) return cli_error("%s", perr);
         if (skip_flag) snprintf(solo_method.skip_list, sizeof solo_method.skip_list, "%s", skip_flag);
         if (load_skip && !cli_file_ok("skip file", load_skip)) return 1;
         int nodes = solo_method.tree_nodes;
@@ -362,7 +353,7 @@ int cmd_generate(int argc, char **argv) {
                              solo_flag, nodes, solo_method.extra_nodes, n_batch);
         snprintf(label, sizeof label, "%s", skip_flag ? "skip" : solo_method.name);
     } else if (spec) {
-        char mname[SPEC_NAME_MAX];
+        char mname[SD_METHOD_NAME_MAX];
         if (!n_drafts) {
             snprintf(mname, sizeof mname, "ar");   // no model drafts: only the n-gram drafter
         } else if (tree_auto) {
@@ -378,11 +369,8 @@ int cmd_generate(int argc, char **argv) {
         } else {
             snprintf(mname, sizeof mname, "chain:%d", draft_max);
         }
-        if (spec_method_parse(mname, &method, perr, sizeof perr) < 0) return cli_error("%s", perr);
-        if (tree_auto && n_drafts) {
-            method.dp.tree_auto.max_nodes = auto_nodes;
-            method.tree_nodes = auto_nodes;
-        }
+        if (sd_method_parse(mname, &method, perr, sizeof perr) < 0) return cli_error("%s", perr);
+        if (tree_auto && n_drafts) method.tree_nodes = auto_nodes;
         for (int i = 0; i < n_drafts; i++)
             if (!cli_file_ok("draft model file", draft_paths[i])) return 1;
         const char *shape = tree_auto ? "--tree auto" : tree_flag ? "--tree" : dyn_flag ? "--tree-dynamic" : "--draft-max";
@@ -400,7 +388,7 @@ int cmd_generate(int argc, char **argv) {
                 return cli_error("%s: the tree has %d nodes (root included), more than the batch size (-b %d)",
                                  shape, nodes, n_batch);
             // room for every drafter's tree when they are merged
-            int total = (n_drafts ? spec_method_default_nodes(&method, n_drafts) : 1) + ng_nodes - 1;
+            int total = (n_drafts ? sd_method_default_nodes(&method, n_drafts) : 1) + ng_nodes - 1;
             max_nodes = SD_MIN(total, n_batch);
         }
         snprintf(label, sizeof label, "%s%s%s%s", n_drafts ? method.name : "", n_drafts && ngram_flag ? "+" : "",
@@ -412,9 +400,9 @@ int cmd_generate(int argc, char **argv) {
     sd_model *m = NULL;
     sd_session *s = NULL;
     sd_sampler *smp = NULL;
-    sd_model *drafts[SPEC_MAX_DRAFTS] = {0};
+    sd_model *drafts[SD_METHOD_MAX_DRAFTS] = {0};
     sd_drafter *drafter = NULL;
-    sd_cost_curve cost;
+    sd_cost_curve *cost = NULL;
     int32_t *ids = NULL;
     char *formatted = NULL;
     gen_out o = {0};
@@ -481,26 +469,32 @@ int cmd_generate(int argc, char **argv) {
         goto out;
     }
     if (spec) {
-        spec_env env;
-        spec_env_init(&env, m, s, n_drafts, draft_threads, p_min);
-        env.skip_user = (void *)"specdec: ";
+        sd_method_env env = sd_method_env_default(m);
+        env.drafts = (const sd_model *const *)drafts;
+        env.n_drafts = n_drafts;
+        env.n_ctx = sd_session_n_ctx(s);
+        env.n_threads = draft_threads;
+        env.pool = draft_threads ? NULL : sd_session_pool(s);
+        env.p_min = p_min;
         env.datastore = datastore;
         env.skip_save = save_skip;
         env.skip_load = load_skip;
-        env.tree_report = on_tree_report;
+        env.auto_nodes = auto_nodes;
+        env.report = on_report;
         if (tree_auto) {   // the target's cost curve, measured on the empty session before the prompt
             double t0 = sd_time_ms();
-            if (spec_measure_cost(&cost, s, max_nodes, err, sizeof err) < 0) {
+            if (sd_cost_curve_new(&cost, s, max_nodes, err, sizeof err) < 0) {
                 cli_error("--tree auto: %s", err);
                 goto out;
             }
-            env.cost = &cost;
-            fprintf(stderr, "specdec: tree auto: target cost measured in %.0f ms: %.2f ms at 1 node, %.2f ms at %d nodes\n",
-                    sd_time_ms() - t0, cost.ms[0], cost.ms[cost.n_points - 1], cost.n[cost.n_points - 1]);
+            env.cost = cost;
+            char cdesc[128];
+            sd_cost_curve_describe(cost, cdesc, sizeof cdesc);
+            fprintf(stderr, "specdec: tree auto: target cost measured in %.0f ms: %s\n", sd_time_ms() - t0, cdesc);
         }
         if (solo_flag) {
             double est = 0;
-            if (skip_flag && spec_method_prepare(&solo_method, &env, &est, err, sizeof err) < 0) {
+            if (skip_flag && sd_method_prepare(&solo_method, &env, &est, err, sizeof err) < 0) {
                 cli_error("--draft-skip: %s", err);
                 goto out;
             }
@@ -516,7 +510,7 @@ int cmd_generate(int argc, char **argv) {
                 }
             }
             if (skip_flag) snprintf(label, sizeof label, "skip:%.*s", (int)sizeof label - 8, solo_method.skip_list);
-            if (spec_method_make(&solo_method, &env, &drafter, err, sizeof err) < 0) {
+            if (sd_method_make(&solo_method, &env, &drafter, err, sizeof err) < 0) {
                 cli_error("%s: %s", solo_flag, err);
                 goto out;
             }
@@ -526,29 +520,18 @@ int cmd_generate(int argc, char **argv) {
                 cli_error("cannot load draft model '%s': %s", draft_paths[i], err);
                 goto out;
             }
-            env.drafts[i] = drafts[i];
         }
-        sd_drafter *model_d = NULL, *ngram_d = NULL;
-        if (n_drafts && spec_method_make(&method, &env, &model_d, err, sizeof err) < 0) {
-            cli_error("--draft: %s", err);
-            goto out;
-        }
-        if (ngram_flag) {
-            if (spec_method_make(&ngram_method, &env, &ngram_d, err, sizeof err) < 0) {
-                sd_drafter_free(model_d);
-                cli_error("--draft-ngram: %s", err);
+        if (!solo_flag) {   // draft model(s) and/or n-gram lookup, merged
+            sd_method all;
+            char mname[2 * SD_METHOD_NAME_MAX + 2];
+            snprintf(mname, sizeof mname, "%s%s%s", n_drafts ? method.name : "", n_drafts && ngram_flag ? "+" : "",
+                     ngram_flag ? ngram_method.name : "");
+            if (sd_method_parse(mname, &all, err, sizeof err) < 0 ||
+                sd_method_make(&all, &env, &drafter, err, sizeof err) < 0) {
+                cli_error("%s: %s", n_drafts ? "--draft" : "--draft-ngram", err);
                 goto out;
             }
-            if (datastore && !json) fprintf(stderr, "specdec: %s\n", sd_draft_ngram_note(ngram_d));
-        }
-        if (model_d && ngram_d) {
-            sd_drafter *both[2] = {model_d, ngram_d};
-            if (sd_draft_merge_new(&drafter, both, 2, info.n_vocab, err, sizeof err) < 0) {
-                cli_error("%s", err);
-                goto out;
-            }
-        } else if (model_d || ngram_d) {
-            drafter = model_d ? model_d : ngram_d;
+            if (datastore && !json) fprintf(stderr, "specdec: %s\n", sd_drafter_note(drafter));
         }
     }
 
@@ -571,21 +554,10 @@ int cmd_generate(int argc, char **argv) {
     gp.n_predict = n_predict;
     gp.n_batch = n_batch;
     gp.fast_prompt = fast_prompt;
+    gp.max_nodes = spec ? max_nodes : 1;
     sd_gen_stats st;
-    sd_spec_stats sst;
-    memset(&sst, 0, sizeof sst);
-    int grc;
-    if (spec) {
-        sd_spec_params spp = sd_spec_default_params();
-        spp.n_predict = n_predict;
-        spp.n_batch = n_batch;
-        spp.fast_prompt = fast_prompt;
-        spp.max_nodes = max_nodes;
-        grc = sd_spec_generate(s, smp, drafter, ids, n_ids, &spp, on_token, &o, &sst, err, sizeof err);
-        st = sst.gen;
-    } else {
-        grc = sd_generate(s, smp, ids, n_ids, &gp, on_token, &o, &st, err, sizeof err);
-    }
+    int grc = sd_generate(s, smp, drafter, ids, n_ids, &gp, on_token, &o, &st, err, sizeof err);
+    const sd_gen_stats sst = st;
     signal(SIGINT, SIG_DFL);
     if (!json) stream_flush(&o, 1);
     if (grc < 0) {
@@ -650,6 +622,7 @@ out:
     free(ids);
     free(formatted);
     sd_drafter_free(drafter);
+    sd_cost_curve_free(cost);
     for (int i = 0; i < n_drafts; i++) sd_model_free(drafts[i]);
     sd_sampler_free(smp);
     sd_session_free(s);

@@ -19,6 +19,15 @@ struct sd_draft_auto {
 };
 #define DA_PROBE_EVERY 8
 
+// The current shape through the report callback, as one line.
+static void report_shape(const sd_draft_auto *a) {
+    if (!a->p.report) return;
+    char buf[1024], line[1100];
+    sd_tree_shape_format(&a->ta->shape, buf, sizeof buf);
+    snprintf(line, sizeof line, "tree auto: %s", buf);
+    a->p.report(a->p.user, line);
+}
+
 sd_draft_auto_params sd_draft_auto_default_params(void) {
     sd_draft_auto_params p;
     memset(&p, 0, sizeof p);
@@ -64,7 +73,7 @@ int sd_draft_auto_new(sd_draft_auto **out, const sd_draft_auto_params *p, char *
     pr->depth_of[0] = 0, pr->depth_of[1] = 1;
     pr->f[0] = 1.0, pr->f[1] = 0.5;
     pr->expected_tokens = 1.5;
-    if (a->p.report) a->p.report(a->p.user, &a->ta->shape);
+    report_shape(a);
     *out = a;
     return 0;
 }
@@ -87,21 +96,17 @@ const sd_tree_shape *sd_draft_auto_begin(sd_draft_auto *a) {
 
 void sd_draft_auto_end(sd_draft_auto *a) { a->t_end = sd_time_ms(); }
 
-int sd_draft_auto_accept(sd_draft_auto *a, const sd_tree *tree, const int32_t *path, int n_path, char *err,
-                         size_t errlen) {
-    double now = sd_time_ms();
-    double draft_ms = 0, verify_ms = 0;
-    if (a->t_end > 0 && a->t_begin > 0) {
-        draft_ms = a->t_end - a->t_begin;
-        verify_ms = now - a->t_end;
-    }
+int sd_draft_auto_accept(sd_draft_auto *a, const sd_step_record *rec, char *err, size_t errlen) {
+    const sd_tree *tree = rec->tree;
+    double draft_ms = 0, verify_ms = rec->verify_ms;
+    if (a->t_end > 0 && a->t_begin > 0) draft_ms = a->t_end - a->t_begin;
     a->t_begin = a->t_end = 0;
     if (tree->n <= 1) draft_ms = 0;   // nothing drafted: no information on the drafter's cost
     // draft_ms or verify_ms <= 0: not used by the cost refinement
-    int rc = sd_tree_auto_observe(a->ta, tree, path, n_path, draft_ms > 0 ? draft_ms : -1.0,
+    int rc = sd_tree_auto_observe(a->ta, tree, rec->path, rec->n_path, draft_ms > 0 ? draft_ms : -1.0,
                                   verify_ms > 0 ? verify_ms : -1.0, err, errlen);
     if (rc < 0) return -1;
-    if (rc == 1 && a->p.report) a->p.report(a->p.user, &a->ta->shape);
+    if (rc == 1) report_shape(a);
     return 0;
 }
 

@@ -7,18 +7,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "draft/drafter.h"
 #include "spec/tree_opt.h"
 
 // Called when an automatically sized tree is chosen for the first time and
-// whenever the choice changes (the library never prints; tools do).
-typedef void (*sd_tree_auto_report_fn)(void *user, const sd_tree_shape *shape);
+// whenever the choice changes, with one line "tree auto: <shape>" (the
+// library never prints; tools do). The public sd_method_report_fn.
+typedef void (*sd_tree_auto_report_fn)(void *user, const char *line);
 
 // Automatic tree sizing for a drafter (tree_opt.h): the drafter keeps its own
 // sd_tree_auto bundle (statistics of its accepted paths, a copy of the
 // target's cost curve refined online) and drafts the tree the optimiser
-// chooses. Timing: the drafter's propose is timed (draft_ms); the target's
-// verification time is the wall time between the end of propose and the
-// start of accept (the target forward plus verification).
+// chooses. Timing: the drafter's own propose is timed (draft_ms); the
+// target's verification time comes from the step's record (verify_ms).
 typedef struct sd_draft_auto_params {
     int on;                         // 1: size trees automatically; default 0
     const sd_cost_curve *cost;      // the target's cost curve, at least one point (copied at creation);
@@ -46,11 +47,10 @@ void sd_draft_auto_free(sd_draft_auto *a);
 const sd_tree_shape *sd_draft_auto_begin(sd_draft_auto *a);
 // At the end of propose (records the time: draft_ms).
 void sd_draft_auto_end(sd_draft_auto *a);
-// At the start of accept: observes the verified path (verify_ms = now - end
-// of propose), re-optimises when due and reports a changed shape. Returns 0
-// or <0 with a message (a path that is not a chain of the tree).
-int sd_draft_auto_accept(sd_draft_auto *a, const sd_tree *tree, const int32_t *path, int n_path, char *err,
-                         size_t errlen);
+// At the start of accept: observes the verified path and the step's
+// verification time, re-optimises when due and reports a changed shape.
+// Returns 0 or <0 with a message (a path that is not a chain of the tree).
+int sd_draft_auto_accept(sd_draft_auto *a, const sd_step_record *rec, char *err, size_t errlen);
 // New sequence: forgets a pending timing (statistics and cost model are kept:
 // they describe the model pair and the machine, not one text).
 void sd_draft_auto_reset(sd_draft_auto *a);

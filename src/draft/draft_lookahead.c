@@ -14,8 +14,6 @@ typedef struct la {
     int pool_keys;        // blocks (distinct first tokens) in the pool
     int text_ngrams;      // 1: committed text feeds the pool too
     int nv;               // vocabulary size
-    uint64_t seed;        // initial window seed
-    uint64_t rng;         // xorshift state for the window initialisation
 
     int32_t *win;         // (L, W) window tokens, level-major; level 0 is the trunk
     int init;             // window filled
@@ -45,17 +43,7 @@ sd_draft_lookahead_params sd_draft_lookahead_default_params(void) {
     p.per_key = 0;
     p.pool_keys = 4096;
     p.text_ngrams = 0;
-    p.seed = 0x10CA;
     return p;
-}
-
-static uint64_t la_rand(la *g) {
-    uint64_t x = g->rng ? g->rng : 0x9E3779B97F4A7C15ull;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    g->rng = x;
-    return x;
 }
 
 static void pool_clear(la *g) {
@@ -148,10 +136,9 @@ static int la_aux(sd_drafter *dr, const sd_draft_ctx *ctx, const sd_tree *tree, 
     aux->n = 0;
     g->w_used = 0;
     if (!g->init) {   // initial guesses: tokens of the committed text, at random
-        g->rng = g->seed;
         for (int k = 0; k < g->L * g->W; k++)
-            g->win[k] = ctx->n_tokens > 0 ? ctx->tokens[la_rand(g) % (uint64_t)ctx->n_tokens]
-                                          : (int32_t)(la_rand(g) % (uint64_t)g->nv);
+            g->win[k] = ctx->n_tokens > 0 ? ctx->tokens[sd_rng_next(ctx->rng) % (uint64_t)ctx->n_tokens]
+                                          : (int32_t)(sd_rng_next(ctx->rng) % (uint64_t)g->nv);
         g->init = 1;
     }
     const int L = g->L;
@@ -180,15 +167,19 @@ static int32_t argmax_row(const float *row, int n) {
     return best;
 }
 
-static int la_observe(sd_drafter *dr, const sd_tree *tree, const sd_aux_nodes *aux,
-                      const float *(*logits)(void *lstate, int i), void *lstate, char *err, size_t errlen) {
+// The window slides by one position per step whatever was accepted (as in
+// the paper): each column's next guess is the target's argmax after it; the
+// committed text reaches the pool at propose.
+static int la_accept(sd_drafter *dr, const sd_step_record *rec, char *err, size_t errlen) {
     la *g = dr->impl;
+    const sd_tree *tree = rec->tree;
+    const sd_aux_nodes *aux = rec->aux;
     const int w = g->w_used, L = g->L;
     g->w_used = 0;
     if (w <= 0 || !aux || aux->n != w * L || tree->n != g->tree_n) return 0;
     const int harvest = g->n_upd >= L - 1;   // columns are model trajectories by now
     for (int i = 0; i < w; i++) {
-        const float *lg = logits(lstate, g->tree_n + (L - 1) * w + i);
+        const float *lg = rec->logits(rec->lstate, g->tree_n + (L - 1) * w + i);
         if (!lg) return sd_err(err, errlen, "lookahead: no target logits for window column %d", i);
         int32_t nx = argmax_row(lg, g->nv);
         for (int j = 0; j < L; j++) g->gram[j] = g->win[j * g->W + i];
@@ -203,20 +194,6 @@ static int la_observe(sd_drafter *dr, const sd_tree *tree, const sd_aux_nodes *a
     return 0;
 }
 
-static int la_accept(sd_drafter *dr, const sd_tree *tree, const int32_t *path, int n_path, int32_t bonus, char *err,
-                     size_t errlen) {
-    // The window slides by one position per step whatever was accepted (as
-    // in the paper); the committed text reaches the pool at propose.
-    (void)dr;
-    (void)tree;
-    (void)path;
-    (void)n_path;
-    (void)bonus;
-    (void)err;
-    (void)errlen;
-    return 0;
-}
-
 static void la_reset(sd_drafter *dr) {
     la *g = dr->impl;
     pool_clear(g);
@@ -225,7 +202,6 @@ static void la_reset(sd_drafter *dr) {
     g->w_used = 0;
     g->n_harvest = 0;
     g->n_text = 0;
-    g->rng = g->seed;
 }
 
 static void la_free(sd_drafter *dr) {
@@ -247,11 +223,11 @@ static void la_free(sd_drafter *dr) {
 static const sd_drafter_vt la_vt = {
     .name = "lookahead",
     .propose = la_propose,
+    .aux = la_aux,
     .accept = la_accept,
     .reset = la_reset,
     .free = la_free,
 };
-static const sd_drafter_aux_vt la_aux_vt = {.aux = la_aux, .observe = la_observe};
 
 int sd_draft_lookahead_new(sd_drafter **out, const sd_draft_lookahead_params *p, int n_vocab, char *err,
                            size_t errlen) {
@@ -266,16 +242,12 @@ int sd_draft_lookahead_new(sd_drafter **out, const sd_draft_lookahead_params *p,
     if (q.pool_keys < 1 || q.pool_keys > (1 << 20))
         return sd_err(err, errlen, "lookahead: pool_keys=%d must be in 1..%d", q.pool_keys, 1 << 20);
     if (n_vocab < 1) return sd_err(err, errlen, "lookahead: n_vocab=%d", n_vocab);
-    sd_drafter *dr = calloc(1, sizeof *dr);
     la *g = calloc(1, sizeof *g);
-    if (!dr || !g) {
-        free(dr);
+    sd_drafter *dr = g ? sd_drafter_alloc(&la_vt, g) : NULL;
+    if (!dr) {
         free(g);
         return sd_err(err, errlen, "lookahead: out of memory");
     }
-    dr->vt = &la_vt;
-    dr->aux_vt = &la_aux_vt;
-    dr->impl = g;
     g->W = q.W;
     g->N = q.N;
     g->G = q.G;
@@ -284,7 +256,6 @@ int sd_draft_lookahead_new(sd_drafter **out, const sd_draft_lookahead_params *p,
     g->pool_keys = q.pool_keys;
     g->text_ngrams = q.text_ngrams != 0;
     g->nv = n_vocab;
-    g->seed = q.seed;
     g->win = malloc(sizeof(int32_t) * (size_t)g->L * (size_t)g->W);
     g->key_blk = malloc(sizeof(int32_t) * (size_t)n_vocab);
     g->blk_key = malloc(sizeof(int32_t) * (size_t)q.pool_keys);

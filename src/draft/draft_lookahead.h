@@ -55,7 +55,6 @@ typedef struct sd_draft_lookahead_params {
     int pool_keys;      // most distinct first tokens in the pool; default 4096
     int text_ngrams;    // 1: also put the n-grams of the committed text (prompt and output) into the
                         // pool (an n-gram lookup on top of the Jacobi harvest); default 0 (the paper's method)
-    uint64_t seed;      // initial window tokens are drawn from the context with this seed; default 0x10CA
 } sd_draft_lookahead_params;
 
 sd_draft_lookahead_params sd_draft_lookahead_default_params(void);

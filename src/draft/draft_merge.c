@@ -65,10 +65,26 @@ static int mg_propose(sd_drafter *dr, const sd_draft_ctx *ctx, sd_tree *tree, ch
     return 0;
 }
 
-static int mg_accept(sd_drafter *dr, const sd_tree *tree, const int32_t *path, int n_path, int32_t bonus,
-                     char *err, size_t errlen) {
+// A sub-drafter's view of the target's logits: its tree node i is merged
+// node map[i]; auxiliary nodes are not merged (none).
+typedef struct sub_logits {
+    const sd_step_record *rec;
+    const int32_t *map;   // (sub tree n) merged node of each sub-tree node
+    int n;                // sub tree nodes
+} sub_logits;
+
+static const float *sub_logits_get(void *st, int i) {
+    const sub_logits *sl = st;
+    return i >= 0 && i < sl->n ? sl->rec->logits(sl->rec->lstate, sl->map[i]) : NULL;
+}
+
+static int mg_accept(sd_drafter *dr, const sd_step_record *rec, char *err, size_t errlen) {
     mg *g = dr->impl;
+    const sd_tree *tree = rec->tree;
+    const int32_t *path = rec->path;
+    const int n_path = rec->n_path;
     if (!g->trees) return 0;
+    static const sd_aux_nodes no_aux = {0, 0, NULL, NULL, NULL};
     for (int i = 0; i < g->n; i++) {
         const sd_tree *st = &g->trees[i];
         int cur = 0, len = 1;
@@ -81,9 +97,12 @@ static int mg_accept(sd_drafter *dr, const sd_tree *tree, const int32_t *path, i
             g->subpath[len++] = nxt;
             cur = nxt;
         }
-        // The sub-drafter hears its part of the path, then the token that followed it.
-        int32_t next = len < n_path ? tree->token[path[len]] : bonus;
-        int rc = g->subs[i]->vt->accept(g->subs[i], st, g->subpath, len, next, err, errlen);
+        // The sub-drafter hears its part of the path, then the token that
+        // followed it; the path's hidden rows are the first len of the merge's.
+        sub_logits sl = {rec, g->maps[i], st->n};
+        sd_step_record sub = {st, g->subpath, len, len < n_path ? tree->token[path[len]] : rec->bonus, &no_aux,
+                              rec->draft_ms, rec->verify_ms, sub_logits_get, &sl, rec->hidden};
+        int rc = g->subs[i]->vt->accept(g->subs[i], &sub, err, errlen);
         if (rc < 0) return rc;
     }
     return 0;
@@ -112,8 +131,8 @@ static const sd_drafter_vt mg_vt = {
 int sd_draft_merge_new(sd_drafter **out, sd_drafter **subs, int n_subs, int n_vocab, char *err,
                        size_t errlen) {
     *out = NULL;
-    sd_drafter *dr = calloc(1, sizeof *dr);
     mg *g = calloc(1, sizeof *g);
+    sd_drafter *dr = g ? sd_drafter_alloc(&mg_vt, g) : NULL;
     sd_drafter **s = n_subs > 0 ? malloc(sizeof *s * (size_t)n_subs) : NULL;
     if (!dr || !g || !s || n_vocab < 1) {
         for (int i = 0; i < n_subs; i++) sd_drafter_free(subs[i]);
@@ -126,8 +145,6 @@ int sd_draft_merge_new(sd_drafter **out, sd_drafter **subs, int n_subs, int n_vo
     g->subs = s;
     g->n = n_subs;
     g->n_vocab = n_vocab;
-    dr->vt = &mg_vt;
-    dr->impl = g;
     *out = dr;
     return 0;
 }

@@ -35,7 +35,7 @@ sd_draft_model_params sd_draft_model_default_params(void) {
     p.dyn_b = 4, p.dyn_d = 5, p.dyn_m = 16;
     p.n_ctx = 0;
     p.n_threads = 0;
-    p.share_threads = NULL;
+    p.pool = NULL;
     p.adapt = 0;
     p.p_min_lo = 0.05f, p.p_min_hi = 0.95f;
     p.p_min_up = 0.05f, p.p_min_down = 0.02f;
@@ -91,7 +91,7 @@ typedef struct dm {
     sd_draft_auto *au;    // SD_DRAFT_AUTO: the automatic sizing state, else NULL
 } dm;
 
-static double dm_uniform(void *st) { return sd_sampler_uniform((sd_sampler *)st); }
+static double dm_uniform(void *st) { return sd_rng_uniform((sd_rng *)st); }
 
 // Draft distribution over tree->n_vocab tokens from draft logits; hist: the
 // text up to and including the node.
@@ -293,13 +293,14 @@ static int dm_propose_shape(dm *d, const sd_draft_ctx *ctx, sd_tree *tree, const
     }
 }
 
-static int dm_accept(sd_drafter *dr, const sd_tree *tree, const int32_t *path, int n_path, int32_t bonus,
-                     char *err, size_t errlen) {
-    (void)bonus;
+static int dm_accept(sd_drafter *dr, const sd_step_record *rec, char *err, size_t errlen) {
     dm *d = dr->impl;
+    const sd_tree *tree = rec->tree;
+    const int32_t *path = rec->path;
+    const int n_path = rec->n_path;
     char ferr[256];
     int m = n_path - 1;   // accepted draft tokens: tree->token[path[1..m]]
-    if (d->au && sd_draft_auto_accept(d->au, tree, path, n_path, ferr, sizeof ferr) < 0)
+    if (d->au && sd_draft_auto_accept(d->au, rec, ferr, sizeof ferr) < 0)
         return sd_err(err, errlen, "draft model: %s", ferr);
     if (d->p.adapt) {
         int depth = 0;
@@ -397,15 +398,12 @@ int sd_draft_model_new(sd_drafter **out, const sd_model *draft, const sd_model *
          1 + dp.dyn_b * dp.dyn_b * dp.dyn_d > DM_TREE_MAX))
         return sd_err(err, errlen, "draft model: dynamic tree B=%d D=%d M=%d out of range", dp.dyn_b, dp.dyn_d,
                       dp.dyn_m);
-    sd_drafter *dr = calloc(1, sizeof *dr);
     dm *d = calloc(1, sizeof *d);
-    if (!dr || !d) {
-        free(dr);
+    sd_drafter *dr = d ? sd_drafter_alloc(&dm_vt, d) : NULL;
+    if (!dr) {
         free(d);
         return sd_err(err, errlen, "draft model: out of memory");
     }
-    dr->vt = &dm_vt;
-    dr->impl = d;
     d->m = draft;
     d->p = dp;
     sd_model_info info;
@@ -415,7 +413,7 @@ int sd_draft_model_new(sd_drafter **out, const sd_model *draft, const sd_model *
     sp.n_ctx = dp.n_ctx > 0 ? dp.n_ctx : 0;   // 0: the session's default
     sp.n_batch = 512;
     sp.n_threads = dp.n_threads;
-    sp.share_threads = dp.share_threads;
+    sp.pool = dp.pool;
     if (sd_session_new(&d->s, draft, &sp, err, errlen) < 0) {
         dm_free(dr);
         return -1;

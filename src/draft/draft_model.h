@@ -29,8 +29,8 @@ typedef struct sd_draft_model_params {
                                       // (root included); default 4, 5, 16
     int n_ctx;                        // draft KV cache in tokens; 0 = the session default
                                       // (min(n_ctx_train, 4096)). Text beyond it is not drafted for
-    int n_threads;                    // 0 = number of online cores (ignored with share_threads)
-    const sd_session *share_threads;  // run on this session's worker threads (the target's: the two
+    int n_threads;                    // 0 = number of online cores (ignored with pool)
+    sd_threadpool *pool;              // run on this pool (the target's: the two
                                       // take turns); NULL = own threads. Default NULL
     // Adaptive drafting (chain and widths trees): p_min follows the running
     // acceptance (sd_draft_adapt_p_min below). p_min is the starting value.

@@ -121,7 +121,6 @@ typedef struct ng {
     int32_t *n_cls;        // (trie_cap) class of tree node i of the last proposal
     double *n_share;       // (trie_cap) share of tree node i of the last proposal
     int last_tree_n;       // nodes of the last proposed tree (0: none pending)
-    double t_prop_end;     // sd_time_ms at the end of the last propose (0: none)
     sd_class_stats cls;    // acceptance per class
     sd_step_sizer sizer;   // cost curve and running rate
 } ng;
@@ -287,7 +286,6 @@ static int ng_propose(sd_drafter *dr, const sd_draft_ctx *ctx, sd_tree *tree, ch
     if (g->p.sizing == SD_NGRAM_SIZED) {
         int rc = ng_propose_sized(g, ctx, tree, err, errlen);
         g->last_tree_n = rc < 0 ? 0 : tree->n;
-        g->t_prop_end = sd_time_ms();
         return rc;
     }
     if (!g->au) return ng_propose_capped(g, ctx, tree, 0, 0, err, errlen);
@@ -557,10 +555,13 @@ static void ng_policy_shape(const ng *g, int l, sd_tree_shape *sh) {
     sh->speedup = base > 0 ? sh->tokens_per_s / (1000.0 / base) : 0.0;
 }
 
-static int ng_accept(sd_drafter *dr, const sd_tree *tree, const int32_t *path, int n_path, int32_t bonus,
-                     char *err, size_t errlen) {
+static int ng_accept(sd_drafter *dr, const sd_step_record *rec, char *err, size_t errlen) {
     ng *g = dr->impl;
-    if (g->au && sd_draft_auto_accept(g->au, tree, path, n_path, err, errlen) < 0) return -1;
+    const sd_tree *tree = rec->tree;
+    const int32_t *path = rec->path;
+    const int n_path = rec->n_path;
+    const int32_t bonus = rec->bonus;
+    if (g->au && sd_draft_auto_accept(g->au, rec, err, errlen) < 0) return -1;
     if (g->p.sizing == SD_NGRAM_SIZED && g->last_tree_n == tree->n && n_path >= 1) {
         // Every child of an accepted node is an observation of its class.
         sd_class_stats_step(&g->cls);
@@ -569,11 +570,9 @@ static int ng_accept(sd_drafter *dr, const sd_tree *tree, const int32_t *path, i
             for (int c = u + 1; c < tree->n; c++)
                 if (tree->parent[c] == u) sd_class_stats_add(&g->cls, g->n_cls[c], g->n_share[c], c == next);
         }
-        double ms = g->t_prop_end > 0 ? sd_time_ms() - g->t_prop_end : -1.0;
-        sd_step_sizer_observe(&g->sizer, tree->n, n_path, ms);
+        sd_step_sizer_observe(&g->sizer, tree->n, n_path, rec->verify_ms);
     }
     g->last_tree_n = 0;
-    g->t_prop_end = 0;
     if (g->n_hist == 0 || g->hist[g->n_hist - 1] != tree->token[0]) {   // not in step: resync at propose
         g->n_hist = 0;
         g->tab_dirty = 1;
@@ -590,7 +589,6 @@ static void ng_reset(sd_drafter *dr) {
     g->n_hist = 0;
     g->tab_dirty = 1;
     g->last_tree_n = 0;
-    g->t_prop_end = 0;
     // A new sequence drafts as a fresh drafter would (the same seed gives the
     // same output): the learnt acceptance and rate go; the cost curve, a
     // property of the machine, stays.
@@ -639,13 +637,21 @@ static void ng_free(sd_drafter *dr) {
     free(dr);
 }
 
-static const sd_drafter_vt ng_vt = {"ngram", ng_propose, ng_accept, ng_reset, ng_free};
-
-const char *sd_draft_ngram_note(const sd_drafter *d) {
-    if (!d || d->vt != &ng_vt) return "";
+static const char *ng_note(const sd_drafter *d) {
     const ng *g = d->impl;
     return g->ds ? g->ds->note : "";
 }
+
+static const sd_drafter_vt ng_vt = {
+    .name = "ngram",
+    .propose = ng_propose,
+    .accept = ng_accept,
+    .reset = ng_reset,
+    .free = ng_free,
+    .note = ng_note,
+};
+
+const char *sd_draft_ngram_note(const sd_drafter *d) { return d && d->vt == &ng_vt ? ng_note(d) : ""; }
 
 void sd_draft_ngram_last(const sd_drafter *d, int *n_matched, int *n_ctx_matches, int *n_ds_matches) {
     const ng *g = d && d->vt == &ng_vt ? d->impl : NULL;
@@ -669,17 +675,14 @@ int sd_draft_ngram_new(sd_drafter **out, const sd_draft_ngram_params *pp, const 
     if (p.n_ctx < 16) p.n_ctx = 16;
     if (p.ds_max_matches < 1) p.ds_max_matches = 1;
     if (p.datastore && !tok) return sd_err(err, errlen, "n-gram drafter: a datastore needs the tokenizer");
-    sd_drafter *dr = calloc(1, sizeof *dr);
     ng *g = calloc(1, sizeof *g);
-    if (!dr || !g) {
-        free(dr);
+    sd_drafter *dr = g ? sd_drafter_alloc(&ng_vt, g) : NULL;
+    if (!dr) {
         free(g);
         return sd_err(err, errlen, "n-gram drafter: out of memory");
     }
     g->p = p;
     g->p.datastore = NULL;   // not kept: the caller's string
-    dr->vt = &ng_vt;
-    dr->impl = g;
     g->trie_cap = 1 + (p.max_matches + (p.datastore ? p.ds_max_matches : 0)) * p.k_max;
     size_t tc = (size_t)g->trie_cap;
     g->t_tok = malloc(sizeof(int32_t) * tc);
@@ -741,8 +744,11 @@ int sd_draft_ngram_new(sd_drafter **out, const sd_draft_ngram_params *pp, const 
         g->p.tree_auto.cost = NULL;   // copied into the sizer
         if (p.tree_auto.on && p.tree_auto.report) {
             sd_tree_shape sh;
+            char buf[1024], line[1100];
             ng_policy_shape(g, p.n_max, &sh);
-            p.tree_auto.report(p.tree_auto.user, &sh);
+            sd_tree_shape_format(&sh, buf, sizeof buf);
+            snprintf(line, sizeof line, "tree auto: %s", buf);
+            p.tree_auto.report(p.tree_auto.user, line);
         }
     }
     *out = dr;

@@ -241,7 +241,7 @@ sd_skip_search_params sd_skip_search_default_params(void) {
     p.max_seconds = 120.0;
     p.max_skip = 0;
     p.n_threads = 0;
-    p.share_threads = NULL;
+    p.pool = NULL;
     p.dp = sd_draft_skip_default_params();
     p.progress = NULL;
     p.user = NULL;
@@ -443,7 +443,7 @@ int sd_skip_search(const sd_model *m, const int32_t *const *prompts, const int *
     sp.n_ctx = max_len + 16;
     sp.n_batch = SD_MIN(128, sp.n_ctx);
     sp.n_threads = p->n_threads;
-    sp.share_threads = p->share_threads;
+    sp.pool = p->pool;
     if (!bad && sd_session_new(&c.s, m, &sp, err, errlen) < 0) goto out;
     if (!bad) bad = !(c.want = malloc((size_t)c.s->n_batch));
     if (bad) {

@@ -78,8 +78,8 @@ typedef struct sd_skip_search_params {
     int n_predict;         // tokens of target continuation per calibration prompt; default 32
     double max_seconds;    // time budget; the best set so far is returned when it runs out; default 120
     int max_skip;          // most layers skipped; 0 = n_layer - 1
-    int n_threads;         // threads of the search session; 0 = number of cores (ignored with share_threads)
-    const sd_session *share_threads; // run on this session's worker threads (e.g. the target session
+    int n_threads;         // threads of the search session; 0 = number of cores (ignored with pool)
+    sd_threadpool *pool;   // run on this pool (e.g. the target session
                                      // about to generate); NULL = own threads. Default NULL
     sd_draft_model_params dp; // the drafting rule simulated (k, p_min, adapt...): pass the params the
                               // drafter will run with; default sd_draft_skip_default_params()

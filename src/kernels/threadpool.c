@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "specdec.h"
 
 // The fields the caller writes per job (gen, fn, arg) and the counter the
 // workers write (n_done) sit on separate cache lines, so a worker polling gen
@@ -20,7 +21,7 @@
 #define SD_POOL_SPIN 2000
 #endif
 
-struct sd_pool {
+struct sd_threadpool {
     // written by the caller once per job, polled by the workers
     _Alignas(SD_POOL_LINE) _Atomic unsigned gen; // bumped once per job
     sd_task_fn fn;            // current job
@@ -176,3 +177,19 @@ void sd_split_range(long n, int ith, int nth, long *lo, long *hi) {
     *lo = ith * per + (ith < rem ? ith : rem);
     *hi = *lo + per + (ith < rem ? 1 : 0);
 }
+
+// ---------------------------------------------------------------- public handle (specdec.h)
+int sd_threadpool_new(sd_threadpool **out, int n_threads, char *err, size_t errlen) {
+    *out = NULL;
+    if (n_threads < 0 || n_threads > 1024) return sd_err(err, errlen, "thread pool: %d threads (0..1024)", n_threads);
+    if (n_threads == 0) n_threads = sd_n_cores();
+    *out = sd_pool_new(n_threads);
+    if (!*out) return sd_err(err, errlen, "thread pool: cannot start %d threads", n_threads);
+    return 0;
+}
+
+void sd_threadpool_free(sd_threadpool *p) { sd_pool_free(p); }
+
+int sd_threadpool_size(const sd_threadpool *p) { return sd_pool_size(p); }
+
+void sd_threadpool_run(sd_threadpool *p, void (*fn)(void *arg, int ith, int nth), void *arg) { sd_pool_run(p, fn, arg); }

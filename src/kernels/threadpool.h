@@ -10,7 +10,8 @@
 #include <stdatomic.h>
 #include <stddef.h>
 
-typedef struct sd_pool sd_pool;
+// The public sd_threadpool (specdec.h) is this pool.
+typedef struct sd_threadpool sd_pool;
 typedef void (*sd_task_fn)(void *arg, int ith, int nth);
 
 // Creates a pool of n_threads (>= 1; 1 means the caller alone). NULL on failure.

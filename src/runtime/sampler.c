@@ -38,39 +38,17 @@ struct sd_sampler {
     sd_cand *cand;    // (n_vocab) candidate set
     uint8_t *mark;    // (n_vocab) 1 while a token has been penalised in this call
     float *probs;     // (n_vocab) scratch for sd_sampler_sample
-    uint64_t rng[4];  // xoshiro256** state
+    sd_rng rng;       // draws (sd_sampler_draw, sd_sampler_uniform)
 };
 
 // ---------------------------------------------------------------- RNG
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-static uint64_t xoshiro_next(uint64_t s[4]) {
-    uint64_t result = rotl(s[1] * 5, 7) * 9;
-    uint64_t t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return result;
-}
-
 void sd_sampler_reseed(sd_sampler *s, uint64_t seed) {
-    uint64_t x = seed;
-    for (int i = 0; i < 4; i++) s->rng[i] = splitmix64(&x);
+    sd_rng_seed(&s->rng, seed);
     s->p.seed = seed;
 }
 
 double sd_sampler_uniform(sd_sampler *s) {
-    return (double)(xoshiro_next(s->rng) >> 11) * (1.0 / 9007199254740992.0);
+    return sd_rng_uniform(&s->rng);
 }
 
 // ---------------------------------------------------------------- lifetime

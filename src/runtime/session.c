@@ -19,7 +19,7 @@ sd_session_params sd_session_default_params(void) {
     p.n_ctx = 0;
     p.n_batch = 0;
     p.n_threads = 0;
-    p.share_threads = NULL;
+    p.pool = NULL;
     return p;
 }
 
@@ -97,7 +97,7 @@ int sd_session_new(sd_session **out, const sd_model *m, const sd_session_params 
     s->out_rows = malloc(B * sizeof(int32_t));
     s->logit_row = malloc(B * sizeof(int32_t));
     s->logits = line_alloc(B * (size_t)hp->n_vocab * sizeof(float), 0);
-    s->pool = p->share_threads ? sd_pool_ref(p->share_threads->pool) : sd_pool_new(n_threads);
+    s->pool = p->pool ? sd_pool_ref(p->pool) : sd_pool_new(n_threads);
     s->n_threads = sd_pool_size(s->pool);
     s->att_scores = line_alloc((size_t)s->n_threads * SD_ATT_QB * (size_t)s->kt_nblk * SD_KT_W * sizeof(float), 0);
     s->mm.pool = s->pool;
@@ -231,3 +231,4 @@ const uint8_t *sd_session_layer_skip(const sd_session *s) { return s->layer_skip
 int sd_session_n_past(const sd_session *s) { return s->n_past; }
 int sd_session_n_ctx(const sd_session *s) { return s->n_ctx; }
 const sd_model *sd_session_model(const sd_session *s) { return s->m; }
+sd_threadpool *sd_session_pool(const sd_session *s) { return s->pool; }

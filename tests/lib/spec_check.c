@@ -19,19 +19,19 @@ int sc_run_plain(sd_session *s, sd_sampler *smp, const int32_t *prompt, int n_pr
     sd_gen_params gp = sd_gen_default_params();
     gp.n_predict = n_predict;
     gp.n_batch = 64;
-    return sd_generate(s, smp, prompt, n_prompt, &gp, sc_collect_cb, out, st, err, errlen);
+    return sd_generate(s, smp, NULL, prompt, n_prompt, &gp, sc_collect_cb, out, st, err, errlen);
 }
 
 int sc_run_spec(sd_session *s, sd_sampler *smp, sd_drafter *d, const int32_t *prompt, int n_prompt,
-                int n_predict, int max_nodes, sc_tokens *out, sd_spec_stats *st, char *err, size_t errlen) {
+                int n_predict, int max_nodes, sc_tokens *out, sd_gen_stats *st, char *err, size_t errlen) {
     sd_session_truncate(s, 0, NULL, 0);
-    if (d) d->vt->reset(d);
+    sd_drafter_reset(d);
     out->n = 0;
-    sd_spec_params sp = sd_spec_default_params();
+    sd_gen_params sp = sd_gen_default_params();
     sp.n_predict = n_predict;
     sp.n_batch = 64;
     sp.max_nodes = max_nodes;
-    return sd_spec_generate(s, smp, d, prompt, n_prompt, &sp, sc_collect_cb, out, st, err, errlen);
+    return sd_generate(s, smp, d, prompt, n_prompt, &sp, sc_collect_cb, out, st, err, errlen);
 }
 
 int sc_same_tokens(const sc_tokens *a, const sc_tokens *b) {

@@ -1,10 +1,10 @@
 // spec_check.h - shared harness of the speculative-decoding tests: collect
 // the generated tokens, run plain greedy (sd_generate) and speculative
-// (sd_spec_generate) decoding from a clean session, compare the outputs.
+// (sd_generate with a drafter) decoding from a clean session, compare the outputs.
 //
 // Usage:
 //   static sc_tokens a, b;
-//   sd_gen_stats gs; sd_spec_stats st;
+//   sd_gen_stats gs; sd_gen_stats st;
 //   sc_run_plain(s, smp, prompt, np, 48, &a, &gs, err, sizeof err);
 //   sc_run_spec(s, smp, d, prompt, np, 48, 16, &b, &st, err, sizeof err);
 //   if (!sc_same_tokens(&a, &b)) ...
@@ -15,8 +15,7 @@
 #include <stdint.h>
 
 #include "specdec.h"
-#include "spec/generate.h"
-#include "spec/spec.h"
+#include "specdec_spec.h"
 #include "synth.h"
 
 #define SC_MAXTOK 1024
@@ -35,9 +34,9 @@ int sc_run_plain(sd_session *s, sd_sampler *smp, const int32_t *prompt, int n_pr
                  sc_tokens *out, sd_gen_stats *st, char *err, size_t errlen);
 
 // Truncates s to empty, resets d (if not NULL), clears out, then runs
-// sd_spec_generate with n_predict, n_batch 64 and max_nodes. Returns its code.
+// sd_generate with the drafter, n_predict, n_batch 64 and max_nodes. Returns its code.
 int sc_run_spec(sd_session *s, sd_sampler *smp, sd_drafter *d, const int32_t *prompt, int n_prompt,
-                int n_predict, int max_nodes, sc_tokens *out, sd_spec_stats *st, char *err, size_t errlen);
+                int n_predict, int max_nodes, sc_tokens *out, sd_gen_stats *st, char *err, size_t errlen);
 
 // 1 when a and b hold the same token sequence, else 0.
 int sc_same_tokens(const sc_tokens *a, const sc_tokens *b);

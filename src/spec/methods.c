@@ -1,6 +1,9 @@
-// spec_cli.c - method strings -> drafters (see spec_cli.h).
-#include "spec_cli.h"
-
+// methods.c - method strings -> drafters (include/specdec_spec.h): the
+// registry of speculative methods. Adding a drafter means one entry in
+// g_methods: a parse function for its arguments and a make function that
+// builds it. The public sd_method keeps the string and what a program needs
+// to know; the parsed parameters (method_cfg) stay here and are re-derived
+// from the string when the drafter is built.
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,9 +11,30 @@
 
 #include "common.h"
 #include "draft/draft_lookahead.h"
+#include "draft/draft_merge.h"
+#include "draft/draft_model.h"
 #include "draft/draft_ngram.h"
+#include "draft/draft_skip.h"
+#include "spec/cost_curve.h"
+#include "specdec_spec.h"
 
-int spec_parse_ints(const char *flag, const char *s, char sep, int *out, int max, int lo, int hi, char *err,
+#define MAX_PARTS 4   // most methods merged by '+'
+
+// A parsed method (one part of a merge).
+typedef struct method_cfg {
+    char name[SD_METHOD_NAME_MAX]; // the part's string, e.g. "chain:4"
+    int kind;                   // enum sd_method_kind
+    int needs_draft_model;      // 1: fails without draft models
+    sd_draft_model_params dp;   // MODEL, SKIP: the draft's shape
+    int ngram_n, ngram_k;       // NGRAM: context n-gram length, tokens drafted
+    int tree_auto;              // NGRAM: 1 = tree sized automatically; MODEL uses dp.shape == SD_DRAFT_AUTO
+    char skip_list[256];        // SKIP: "auto" or a comma-separated layer list ("1,2")
+    int la_w, la_n, la_g;       // LOOKAHEAD: window width, n-gram size, n-grams verified per step
+    int tree_nodes;             // nodes of the largest tree one draft proposes, root included
+    int extra_nodes;            // batch nodes evaluated beside the tree each step
+} method_cfg;
+
+int sd_parse_ints(const char *flag, const char *s, char sep, int *out, int max, int lo, int hi, char *err,
                     size_t errlen) {
     const char *what = sep == ',' ? "comma-separated" : "dash-separated";
     int n = 0;
@@ -43,7 +67,7 @@ bad:
     return -1;
 }
 
-int spec_widths_nodes(const int *w, int n) {
+static int widths_nodes(const int *w, int n) {
     long total = 1, level = 1;
     for (int i = 0; i < n; i++) {
         level *= w[i];
@@ -56,9 +80,9 @@ int spec_widths_nodes(const int *w, int n) {
 
 // ------------------------------------------------------------ the methods
 // Parses the text after "NAME:" (args, "" when there was no colon).
-typedef int (*method_parse_fn)(const char *args, spec_method *m, char *err, size_t errlen);
+typedef int (*method_parse_fn)(const char *args, method_cfg *m, char *err, size_t errlen);
 // Builds the drafter of a parsed method.
-typedef int (*method_make_fn)(const spec_method *m, const spec_env *env, sd_drafter **out, char *err,
+typedef int (*method_make_fn)(const method_cfg *m, const sd_method_env *env, sd_drafter **out, char *err,
                               size_t errlen);
 
 typedef struct method_def {
@@ -68,24 +92,24 @@ typedef struct method_def {
     method_make_fn make;    // NULL: no drafter (ar)
 } method_def;
 
-static int parse_ar(const char *args, spec_method *m, char *err, size_t errlen) {
+static int parse_ar(const char *args, method_cfg *m, char *err, size_t errlen) {
     if (*args) {
         snprintf(err, errlen, "method 'ar' takes no arguments, got 'ar:%s'", args);
         return -1;
     }
-    m->kind = SPEC_AR;
+    m->kind = SD_METHOD_AR;
     m->tree_nodes = 1;
     return 0;
 }
 
-static int parse_chain(const char *args, spec_method *m, char *err, size_t errlen) {
+static int parse_chain(const char *args, method_cfg *m, char *err, size_t errlen) {
     int k;
     char e2[128];
-    if (spec_parse_ints("chain", args, '-', &k, 1, 1, 64, e2, sizeof e2) != 1) {
+    if (sd_parse_ints("chain", args, '-', &k, 1, 1, 64, e2, sizeof e2) != 1) {
         snprintf(err, errlen, "method chain:K needs K in 1..64, got 'chain:%s'", args);
         return -1;
     }
-    m->kind = SPEC_MODEL;
+    m->kind = SD_METHOD_MODEL;
     m->needs_draft_model = 1;
     m->dp = sd_draft_model_default_params();
     m->dp.shape = SD_DRAFT_CHAIN;
@@ -94,43 +118,43 @@ static int parse_chain(const char *args, spec_method *m, char *err, size_t errle
     return 0;
 }
 
-static int parse_tree(const char *args, spec_method *m, char *err, size_t errlen) {
+static int parse_tree(const char *args, method_cfg *m, char *err, size_t errlen) {
     int w[SD_DRAFT_MAX_WIDTHS];
     char e2[160];
-    if (!strcmp(args, "auto")) {   // hardware-aware tree (tree_auto.h)
-        m->kind = SPEC_MODEL;
+    if (!strcmp(args, "auto")) {   // hardware-aware tree (tree_opt.h)
+        m->kind = SD_METHOD_MODEL;
         m->needs_draft_model = 1;
         m->dp = sd_draft_model_default_params();
         m->dp.shape = SD_DRAFT_AUTO;
-        m->dp.tree_auto.max_nodes = SPEC_AUTO_NODES;
-        m->tree_nodes = SPEC_AUTO_NODES;
+        m->dp.tree_auto.max_nodes = SD_METHOD_AUTO_NODES;
+        m->tree_nodes = SD_METHOD_AUTO_NODES;
         return 0;
     }
-    int n = spec_parse_ints("tree", args, '-', w, SD_DRAFT_MAX_WIDTHS, 1, 64, e2, sizeof e2);
+    int n = sd_parse_ints("tree", args, '-', w, SD_DRAFT_MAX_WIDTHS, 1, 64, e2, sizeof e2);
     if (n < 1) {
         snprintf(err, errlen, "method tree:W1-W2-... needs 1..%d widths in 1..64 (or tree:auto), got 'tree:%s'",
                  SD_DRAFT_MAX_WIDTHS, args);
         return -1;
     }
-    m->kind = SPEC_MODEL;
+    m->kind = SD_METHOD_MODEL;
     m->needs_draft_model = 1;
     m->dp = sd_draft_model_default_params();
     m->dp.shape = SD_DRAFT_WIDTHS;
     m->dp.n_widths = n;
     memcpy(m->dp.widths, w, sizeof(int) * (size_t)n);
-    m->tree_nodes = spec_widths_nodes(w, n);
+    m->tree_nodes = widths_nodes(w, n);
     return 0;
 }
 
-static int parse_dyn(const char *args, spec_method *m, char *err, size_t errlen) {
+static int parse_dyn(const char *args, method_cfg *m, char *err, size_t errlen) {
     int v[3];
     char e2[160];
-    int n = spec_parse_ints("dyn", args, '-', v, 3, 1, 1024, e2, sizeof e2);
+    int n = sd_parse_ints("dyn", args, '-', v, 3, 1, 1024, e2, sizeof e2);
     if (n != 3 || v[0] > 16 || v[1] > 16 || v[2] < 2) {
         snprintf(err, errlen, "method dyn:B-D-M needs B in 1..16, D in 1..16, M >= 2, got 'dyn:%s'", args);
         return -1;
     }
-    m->kind = SPEC_MODEL;
+    m->kind = SD_METHOD_MODEL;
     m->needs_draft_model = 1;
     m->dp = sd_draft_model_default_params();
     m->dp.shape = SD_DRAFT_DYNAMIC;
@@ -142,8 +166,8 @@ static int parse_dyn(const char *args, spec_method *m, char *err, size_t errlen)
 }
 
 // One drafter per draft model, merged when there are several.
-static int make_model(const spec_method *m, const spec_env *env, sd_drafter **out, char *err, size_t errlen) {
-    sd_drafter *subs[SPEC_MAX_DRAFTS];
+static int make_model(const method_cfg *m, const sd_method_env *env, sd_drafter **out, char *err, size_t errlen) {
+    sd_drafter *subs[SD_METHOD_MAX_DRAFTS];
     sd_draft_model_params dp = m->dp;
     if (dp.shape == SD_DRAFT_AUTO) {
         if (!env->cost) {
@@ -151,13 +175,14 @@ static int make_model(const spec_method *m, const spec_env *env, sd_drafter **ou
             return -1;
         }
         dp.tree_auto.cost = env->cost;
-        dp.tree_auto.report = env->tree_report;
-        dp.tree_auto.user = env->tree_user;
+        if (env->auto_nodes > 0) dp.tree_auto.max_nodes = SD_MIN(env->auto_nodes, SD_METHOD_AUTO_NODES);
+        dp.tree_auto.report = env->report;
+        dp.tree_auto.user = env->user;
     }
     dp.p_min = env->p_min;
     dp.n_ctx = env->n_ctx;
     dp.n_threads = env->n_threads;
-    dp.share_threads = env->share_threads;
+    dp.pool = env->pool;
     char e2[512];
     for (int i = 0; i < env->n_drafts; i++) {
         if (sd_draft_model_new(&subs[i], env->drafts[i], env->target, &dp, e2, sizeof e2) < 0) {
@@ -176,16 +201,21 @@ static int make_model(const spec_method *m, const spec_env *env, sd_drafter **ou
     return sd_draft_merge_new(out, subs, env->n_drafts, info.n_vocab, err, errlen);
 }
 
-static int parse_ngram(const char *args, spec_method *m, char *err, size_t errlen) {
+static int parse_ngram(const char *args, method_cfg *m, char *err, size_t errlen) {
     int v[2];
-    char e2[160];
-    int n = spec_parse_ints("ngram", args, '-', v, 2, 1, 256, e2, sizeof e2);
+    char e2[160], nums[64];
+    size_t len = strlen(args);
+    int tree_auto = len > 5 && !strcmp(args + len - 5, ":auto");
+    if (tree_auto) len -= 5;
+    snprintf(nums, sizeof nums, "%.*s", (int)SD_MIN(len, sizeof nums - 1), args);
+    int n = sd_parse_ints("ngram", nums, '-', v, 2, 1, 256, e2, sizeof e2);
     if (n != 2 || v[0] > SD_NGRAM_MAX_N) {
-        snprintf(err, errlen, "method ngram:N-K needs N in 1..%d and K in 1..256, got 'ngram:%s'", SD_NGRAM_MAX_N,
-                 args);
+        snprintf(err, errlen, "method ngram:N-K[:auto] needs N in 1..%d and K in 1..256, got 'ngram:%s'",
+                 SD_NGRAM_MAX_N, args);
         return -1;
     }
-    m->kind = SPEC_NGRAM;
+    m->tree_auto = tree_auto;
+    m->kind = SD_METHOD_NGRAM;
     m->ngram_n = v[0];
     m->ngram_k = v[1];
     sd_draft_ngram_params np = sd_draft_ngram_default_params();
@@ -193,7 +223,7 @@ static int parse_ngram(const char *args, spec_method *m, char *err, size_t errle
     return 0;
 }
 
-static int make_ngram(const spec_method *m, const spec_env *env, sd_drafter **out, char *err, size_t errlen) {
+static int make_ngram(const method_cfg *m, const sd_method_env *env, sd_drafter **out, char *err, size_t errlen) {
     sd_draft_ngram_params np = sd_draft_ngram_default_params();
     np.n_max = m->ngram_n;
     np.k_max = m->ngram_k;
@@ -205,17 +235,18 @@ static int make_ngram(const spec_method *m, const spec_env *env, sd_drafter **ou
             return -1;
         }
         np.tree_auto.on = 1;
-        np.tree_auto.max_nodes = SD_MIN(SPEC_AUTO_NODES, m->tree_nodes);
+        np.tree_auto.max_nodes = SD_MIN(SD_METHOD_AUTO_NODES, m->tree_nodes);
+        if (env->auto_nodes > 0) np.tree_auto.max_nodes = SD_MIN(np.tree_auto.max_nodes, env->auto_nodes);
         np.tree_auto.max_depth = SD_MIN(np.tree_auto.max_depth, m->ngram_k);
         np.tree_auto.cost = env->cost;
-        np.tree_auto.report = env->tree_report;
-        np.tree_auto.user = env->tree_user;
+        np.tree_auto.report = env->report;
+        np.tree_auto.user = env->user;
     }
     return sd_draft_ngram_new(out, &np, sd_model_tokenizer(env->target), err, errlen);
 }
 
 // ---- layer skip: skip:auto | skip:L1-L2-... (layers 0-based, ranges A..B not in the bench form)
-static int parse_skip(const char *args, spec_method *m, char *err, size_t errlen) {
+static int parse_skip(const char *args, method_cfg *m, char *err, size_t errlen) {
     size_t len = strlen(args);
     if (len == 0 || len >= sizeof m->skip_list) {
         snprintf(err, errlen,
@@ -237,7 +268,7 @@ static int parse_skip(const char *args, spec_method *m, char *err, size_t errlen
             return -1;
         }
     }
-    m->kind = SPEC_SKIP;
+    m->kind = SD_METHOD_SKIP;
     m->needs_draft_model = 0;
     m->dp = sd_draft_skip_default_params();
     m->tree_nodes = 1 + m->dp.k;
@@ -247,8 +278,21 @@ static int parse_skip(const char *args, spec_method *m, char *err, size_t errlen
     return 0;
 }
 
+// The layer search's progress as one line through env->report.
+static void skip_progress_line(void *user, const sd_skip_progress *pr) {
+    static const char *phase[] = {"baseline", "single layers", "greedy"};
+    const sd_method_env *env = user;
+    char best[256], line[512], lay[32] = "";
+    sd_skip_format(pr->best, pr->n_layer, best, sizeof best);
+    if (pr->layer >= 0) snprintf(lay, sizeof lay, " layer %d", pr->layer);
+    snprintf(line, sizeof line, "skip search [%s] #%d%s: est %.2fx (tau %.2f)%s | best {%s} %.2fx | %.1f s",
+             phase[pr->phase < 0 || pr->phase > 2 ? 0 : pr->phase], pr->n_eval, lay, pr->score, pr->accept_len,
+             pr->kept ? " kept" : "", best, pr->best_score, pr->elapsed_s);
+    env->report(env->user, line);
+}
+
 // Resolves skip:auto into m->skip_list (search or --load-skip); no-op for a given list.
-static int skip_resolve(spec_method *m, const spec_env *env, double *speedup, char *err, size_t errlen) {
+static int skip_resolve(method_cfg *m, const sd_method_env *env, double *speedup, char *err, size_t errlen) {
     if (speedup) *speedup = 0;
     if (strcmp(m->skip_list, "auto")) return 0;
     sd_model_info info;
@@ -262,10 +306,10 @@ static int skip_resolve(spec_method *m, const spec_env *env, double *speedup, ch
     } else {
         sd_skip_search_params sp = sd_skip_search_default_params();
         sp.dp = m->dp;
-        sp.share_threads = env->share_threads;
+        sp.pool = env->pool;
         sp.n_threads = env->n_threads;
-        sp.progress = env->skip_progress;
-        sp.user = env->skip_user;
+        sp.progress = env->report ? skip_progress_line : NULL;
+        sp.user = (void *)env;
         sd_skip_search_result res;
         rc = sd_skip_search_texts(env->target, NULL, 0, 1, &sp, skip, &res, e2, sizeof e2);
         if (rc >= 0 && speedup) *speedup = res.speedup;
@@ -291,8 +335,8 @@ static int skip_resolve(spec_method *m, const spec_env *env, double *speedup, ch
     return 0;
 }
 
-static int make_skip(const spec_method *m, const spec_env *env, sd_drafter **out, char *err, size_t errlen) {
-    spec_method mm = *m;
+static int make_skip(const method_cfg *m, const sd_method_env *env, sd_drafter **out, char *err, size_t errlen) {
+    method_cfg mm = *m;
     if (skip_resolve(&mm, env, NULL, err, errlen) < 0) return -1;
     sd_model_info info;
     sd_model_get_info(env->target, &info);
@@ -308,7 +352,7 @@ static int make_skip(const spec_method *m, const spec_env *env, sd_drafter **out
     sd_draft_model_params dp = m->dp;
     dp.n_ctx = env->n_ctx;
     dp.n_threads = env->n_threads;
-    dp.share_threads = env->share_threads;
+    dp.pool = env->pool;
     if (env->p_min > 0) dp.p_min = env->p_min;
     int rc = sd_draft_skip_new(out, env->target, skip, &dp, err, errlen);
     free(skip);
@@ -316,23 +360,23 @@ static int make_skip(const spec_method *m, const spec_env *env, sd_drafter **out
 }
 
 // ---- lookahead:W-N-G
-static int parse_lookahead(const char *args, spec_method *m, char *err, size_t errlen) {
+static int parse_lookahead(const char *args, method_cfg *m, char *err, size_t errlen) {
     int v[3];
     char e2[160];
-    int n = spec_parse_ints("lookahead", args, '-', v, 3, 1, 64, e2, sizeof e2);
+    int n = sd_parse_ints("lookahead", args, '-', v, 3, 1, 64, e2, sizeof e2);
     if (n != 3 || v[1] < 2 || v[1] > 16) {
         snprintf(err, errlen, "method lookahead:W-N-G needs W in 1..64, N in 2..16, G in 1..64, got 'lookahead:%s'",
                  args);
         return -1;
     }
-    m->kind = SPEC_LOOKAHEAD;
+    m->kind = SD_METHOD_LOOKAHEAD;
     m->la_w = v[0], m->la_n = v[1], m->la_g = v[2];
     m->tree_nodes = 1 + v[2] * (v[1] - 1);
     m->extra_nodes = v[0] * (v[1] - 1);
     return 0;
 }
 
-static int make_lookahead(const spec_method *m, const spec_env *env, sd_drafter **out, char *err, size_t errlen) {
+static int make_lookahead(const method_cfg *m, const sd_method_env *env, sd_drafter **out, char *err, size_t errlen) {
     sd_draft_lookahead_params lp = sd_draft_lookahead_default_params();
     lp.W = m->la_w, lp.N = m->la_n, lp.G = m->la_g;
     sd_model_info info;
@@ -340,22 +384,24 @@ static int make_lookahead(const spec_method *m, const spec_env *env, sd_drafter 
     return sd_draft_lookahead_new(out, &lp, info.n_vocab, err, errlen);
 }
 
+static int cfg_parse(const char *s, method_cfg *m, char *err, size_t errlen);
+
 // ---- auto: draft model(s) + tree:auto with --draft, else ngram:3-8 + automatic tree
-static int parse_auto(const char *args, spec_method *m, char *err, size_t errlen) {
+static int parse_auto(const char *args, method_cfg *m, char *err, size_t errlen) {
     if (*args) {
         snprintf(err, errlen, "method 'auto' takes no arguments, got 'auto:%s'", args);
         return -1;
     }
-    m->kind = SPEC_AUTO;
-    m->tree_nodes = SPEC_AUTO_NODES;
+    m->kind = SD_METHOD_AUTO;
+    m->tree_nodes = SD_METHOD_AUTO_NODES;
     return 0;
 }
 
-static int make_auto(const spec_method *m, const spec_env *env, sd_drafter **out, char *err, size_t errlen) {
-    spec_method mm;
+static int make_auto(const method_cfg *m, const sd_method_env *env, sd_drafter **out, char *err, size_t errlen) {
+    method_cfg mm;
     const char *as = env->n_drafts > 0 ? "tree:auto" : "ngram:3-8";
-    if (spec_method_parse(as, &mm, err, errlen) < 0) return -1;
-    if (mm.kind == SPEC_NGRAM) mm.tree_auto = 1;
+    if (cfg_parse(as, &mm, err, errlen) < 0) return -1;
+    if (mm.kind == SD_METHOD_NGRAM) mm.tree_auto = 1;
     memcpy(mm.name, m->name, sizeof mm.name);
     return (env->n_drafts > 0 ? make_model : make_ngram)(&mm, env, out, err, errlen);
 }
@@ -367,14 +413,15 @@ static const method_def g_methods[] = {
     {"chain", "chain:K", parse_chain, make_model},
     {"tree", "tree:W1-W2-...", parse_tree, make_model},
     {"dyn", "dyn:B-D-M", parse_dyn, make_model},
-    {"ngram", "ngram:N-K", parse_ngram, make_ngram},
+    {"ngram", "ngram:N-K[:auto]", parse_ngram, make_ngram},
     {"skip", "skip:auto|skip:L1-L2-...", parse_skip, make_skip},
     {"lookahead", "lookahead:W-N-G", parse_lookahead, make_lookahead},
     {"auto", "auto", parse_auto, make_auto},
 };
+// (and A+B: several methods merged, see sd_method_parse)
 #define N_METHODS ((int)(sizeof g_methods / sizeof g_methods[0]))
 
-const char *spec_methods_syntax(void) {
+const char *sd_methods_syntax(void) {
     static char buf[512];
     if (!buf[0]) {
         size_t o = 0;
@@ -390,11 +437,12 @@ static const method_def *find_def(const char *name, size_t len) {
     return NULL;
 }
 
-int spec_method_parse(const char *s, spec_method *m, char *err, size_t errlen) {
+// One method (no '+').
+static int cfg_parse(const char *s, method_cfg *m, char *err, size_t errlen) {
     memset(m, 0, sizeof *m);
     size_t len = strlen(s);
-    if (len == 0 || len >= SPEC_NAME_MAX) {
-        snprintf(err, errlen, "bad method '%s' (methods: %s)", s, spec_methods_syntax());
+    if (len == 0 || len >= SD_METHOD_NAME_MAX) {
+        snprintf(err, errlen, "bad method '%s' (methods: %s)", s, sd_methods_syntax());
         return -1;
     }
     memcpy(m->name, s, len + 1);
@@ -402,7 +450,7 @@ int spec_method_parse(const char *s, spec_method *m, char *err, size_t errlen) {
     size_t nlen = colon ? (size_t)(colon - s) : len;
     const method_def *d = find_def(s, nlen);
     if (!d) {
-        snprintf(err, errlen, "unknown method '%s' (methods: %s)", s, spec_methods_syntax());
+        snprintf(err, errlen, "unknown method '%s' (methods: %s)", s, sd_methods_syntax());
         return -1;
     }
     if (d->make && !colon && d->parse != parse_auto) {
@@ -412,19 +460,81 @@ int spec_method_parse(const char *s, spec_method *m, char *err, size_t errlen) {
     return d->parse(colon ? colon + 1 : "", m, err, errlen);
 }
 
-int spec_methods_parse(const char *list, spec_method *ms, int max, char *err, size_t errlen) {
+static int cfg_uses_auto(const method_cfg *m) {
+    return m->kind == SD_METHOD_AUTO || (m->kind == SD_METHOD_NGRAM && m->tree_auto) ||
+           (m->kind == SD_METHOD_MODEL && m->dp.shape == SD_DRAFT_AUTO);
+}
+
+// Splits m->name at '+' into parsed parts; returns their count or -1.
+static int method_parts(const sd_method *m, method_cfg *parts, char *err, size_t errlen) {
+    int n = 0;
+    const char *p = m->name;
+    for (;;) {
+        size_t L = strcspn(p, "+");
+        char item[SD_METHOD_NAME_MAX];
+        if (L == 0) {
+            snprintf(err, errlen, "bad method '%s': empty part around '+'", m->name);
+            return -1;
+        }
+        if (n == MAX_PARTS) {
+            snprintf(err, errlen, "method '%s': at most %d methods merged", m->name, MAX_PARTS);
+            return -1;
+        }
+        memcpy(item, p, L);
+        item[L] = 0;
+        if (cfg_parse(item, &parts[n], err, errlen) < 0) return -1;
+        n++;
+        p += L;
+        if (!*p) break;
+        p++;
+    }
+    if (n > 1)
+        for (int i = 0; i < n; i++)
+            if (parts[i].kind == SD_METHOD_AR || parts[i].kind == SD_METHOD_AUTO ||
+                parts[i].kind == SD_METHOD_LOOKAHEAD) {   // (lookahead's window rides beside one tree)
+                snprintf(err, errlen, "method '%s': '%s' cannot be merged with other methods", m->name,
+                         parts[i].name);
+                return -1;
+            }
+    return n;
+}
+
+int sd_method_parse(const char *s, sd_method *m, char *err, size_t errlen) {
+    memset(m, 0, sizeof *m);
+    size_t len = strlen(s);
+    if (len == 0 || len >= SD_METHOD_NAME_MAX) {
+        snprintf(err, errlen, "bad method '%s' (methods: %s)", s, sd_methods_syntax());
+        return -1;
+    }
+    memcpy(m->name, s, len + 1);
+    method_cfg parts[MAX_PARTS];
+    int n = method_parts(m, parts, err, errlen);
+    if (n < 0) return -1;
+    m->kind = n > 1 ? SD_METHOD_MERGE : parts[0].kind;
+    m->tree_nodes = 1;
+    for (int i = 0; i < n; i++) {
+        m->needs_draft_model |= parts[i].needs_draft_model;
+        m->uses_cost_curve |= cfg_uses_auto(&parts[i]);
+        m->tree_nodes += parts[i].tree_nodes - 1;
+        m->extra_nodes += parts[i].extra_nodes;
+        if (parts[i].kind == SD_METHOD_SKIP) memcpy(m->skip_list, parts[i].skip_list, sizeof m->skip_list);
+    }
+    return 0;
+}
+
+int sd_methods_parse(const char *list, sd_method *ms, int max, char *err, size_t errlen) {
     int n = 0, have_ar = 0;
     const char *p = list;
     if (!*list) {
-        snprintf(err, errlen, "--methods: empty list (methods: %s)", spec_methods_syntax());
+        snprintf(err, errlen, "--methods: empty list (methods: %s)", sd_methods_syntax());
         return -1;
     }
     while (*p) {
         size_t L = strcspn(p, ",");
-        char item[SPEC_NAME_MAX];
+        char item[SD_METHOD_NAME_MAX];
         if (L == 0 || L >= sizeof item) {
             snprintf(err, errlen, "--methods: bad list '%s' (comma-separated methods: %s)", list,
-                     spec_methods_syntax());
+                     sd_methods_syntax());
             return -1;
         }
         memcpy(item, p, L);
@@ -433,8 +543,8 @@ int spec_methods_parse(const char *list, spec_method *ms, int max, char *err, si
             snprintf(err, errlen, "--methods: at most %d methods", max - 1);
             return -1;
         }
-        char e2[256];
-        if (spec_method_parse(item, &ms[n], e2, sizeof e2) < 0) {
+        char e2[512];
+        if (sd_method_parse(item, &ms[n], e2, sizeof e2) < 0) {
             snprintf(err, errlen, "--methods: %s", e2);
             return -1;
         }
@@ -443,10 +553,10 @@ int spec_methods_parse(const char *list, spec_method *ms, int max, char *err, si
                 snprintf(err, errlen, "--methods: '%s' is listed twice", item);
                 return -1;
             }
-        if (ms[n].kind == SPEC_AR) {
+        if (ms[n].kind == SD_METHOD_AR) {
             have_ar = 1;
             if (n > 0) {   // ar goes first
-                spec_method t = ms[n];
+                sd_method t = ms[n];
                 memmove(&ms[1], &ms[0], sizeof *ms * (size_t)n);
                 ms[0] = t;
             }
@@ -463,76 +573,108 @@ int spec_methods_parse(const char *list, spec_method *ms, int max, char *err, si
     }
     if (!have_ar) {
         memmove(&ms[1], &ms[0], sizeof *ms * (size_t)n);
-        spec_method_parse("ar", &ms[0], err, errlen);
+        sd_method_parse("ar", &ms[0], err, errlen);
         n++;
     }
     return n;
 }
 
-int spec_method_make(const spec_method *m, const spec_env *env, sd_drafter **out, char *err, size_t errlen) {
+int sd_method_make(const sd_method *m, const sd_method_env *env, sd_drafter **out, char *err, size_t errlen) {
     *out = NULL;
-    const char *colon = strchr(m->name, ':');
-    const method_def *d = find_def(m->name, colon ? (size_t)(colon - m->name) : strlen(m->name));
-    if (!d) {
-        snprintf(err, errlen, "unknown method '%s'", m->name);
-        return -1;
-    }
-    if (!d->make) return 0;
+    method_cfg parts[MAX_PARTS];
+    int n = method_parts(m, parts, err, errlen);
+    if (n < 0) return -1;
+    if (!env || !env->target) return snprintf(err, errlen, "method '%s': no target model", m->name), -1;
     if (m->needs_draft_model && env->n_drafts < 1) {
         snprintf(err, errlen, "method '%s' needs a draft model (--draft D.gguf)", m->name);
         return -1;
     }
-    return d->make(m, env, out, err, errlen);
+    sd_drafter *subs[MAX_PARTS] = {0};
+    int n_subs = 0;
+    for (int i = 0; i < n; i++) {
+        const char *colon = strchr(parts[i].name, ':');
+        const method_def *d =
+            find_def(parts[i].name, colon ? (size_t)(colon - parts[i].name) : strlen(parts[i].name));
+        if (!d->make) continue;   // ar
+        if (parts[i].kind == SD_METHOD_SKIP && strcmp(m->skip_list, "auto") && m->skip_list[0])
+            memcpy(parts[i].skip_list, m->skip_list, sizeof parts[i].skip_list);   // resolved by prepare
+        if (d->make(&parts[i], env, &subs[n_subs], err, errlen) < 0) {
+            for (int j = 0; j < n_subs; j++) sd_drafter_free(subs[j]);
+            return -1;
+        }
+        n_subs++;
+    }
+    if (n_subs <= 1) {
+        *out = subs[0];
+        return 0;
+    }
+    sd_model_info info;
+    sd_model_get_info(env->target, &info);
+    return sd_draft_merge_new(out, subs, n_subs, info.n_vocab, err, errlen);
 }
 
-int spec_method_prepare(spec_method *m, const spec_env *env, double *speedup, char *err, size_t errlen) {
+int sd_method_prepare(sd_method *m, const sd_method_env *env, double *speedup, char *err, size_t errlen) {
     if (speedup) *speedup = 0;
-    if (m->kind != SPEC_SKIP) return 0;
-    return skip_resolve(m, env, speedup, err, errlen);
-}
-
-int spec_method_uses_auto(const spec_method *m) {
-    return m->kind == SPEC_AUTO || (m->kind == SPEC_NGRAM && m->tree_auto) ||
-           (m->kind == SPEC_MODEL && m->dp.shape == SD_DRAFT_AUTO);
-}
-
-void spec_env_init(spec_env *env, const sd_model *target, const sd_session *s, int n_drafts, int draft_threads,
-                   float p_min) {
-    memset(env, 0, sizeof *env);
-    env->target = target;
-    env->n_drafts = n_drafts;
-    env->n_ctx = sd_session_n_ctx(s);
-    env->n_threads = draft_threads;
-    env->share_threads = draft_threads ? NULL : s;
-    env->p_min = p_min;
-    env->skip_progress = spec_print_skip_progress;
-}
-
-void spec_print_skip_progress(void *user, const sd_skip_progress *pr) {
-    static const char *phase[] = {"baseline", "single layers", "greedy"};
-    char best[256];
-    sd_skip_format(pr->best, pr->n_layer, best, sizeof best);
-    fprintf(stderr, "%sskip search [%s] #%d", user ? (const char *)user : "",
-            phase[pr->phase < 0 || pr->phase > 2 ? 0 : pr->phase], pr->n_eval);
-    if (pr->layer >= 0) fprintf(stderr, " layer %d", pr->layer);
-    fprintf(stderr, ": est %.2fx (tau %.2f)%s | best {%s} %.2fx | %.1f s\n", pr->score, pr->accept_len,
-            pr->kept ? " kept" : "", best, pr->best_score, pr->elapsed_s);
-}
-
-int spec_measure_cost(sd_cost_curve *c, sd_session *s, int max_nodes, char *err, size_t errlen) {
-    static const int all[] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128};
-    int ns[sizeof all / sizeof all[0]], n = 0;
-    for (int i = 0; i < (int)(sizeof all / sizeof all[0]) && all[i] <= max_nodes; i++) ns[n++] = all[i];
-    if (n == 0) ns[n++] = 1;
-    sd_cost_curve_init(c);
-    if (sd_cost_curve_measure(c, s, ns, n, 3, 0.0, err, errlen) < 0) return -1;
-    if (c->n_points < 1) return snprintf(err, errlen, "cannot measure the target's forward cost"), -1;
+    method_cfg parts[MAX_PARTS];
+    int n = method_parts(m, parts, err, errlen);
+    if (n < 0) return -1;
+    for (int i = 0; i < n; i++) {
+        if (parts[i].kind != SD_METHOD_SKIP) continue;
+        if (strcmp(m->skip_list, "auto")) return 0;   // already resolved (or given)
+        if (skip_resolve(&parts[i], env, speedup, err, errlen) < 0) return -1;
+        memcpy(m->skip_list, parts[i].skip_list, sizeof m->skip_list);
+    }
     return 0;
 }
 
-int spec_method_default_nodes(const spec_method *m, int n_drafts) {
-    long n = m->tree_nodes;
-    if ((m->kind == SPEC_MODEL || (m->kind == SPEC_AUTO && n_drafts > 0)) && n_drafts > 1)
-        n = 1 + (long)(n - 1) * n_drafts;
-    return n > (1 << 20) ? 1 << 20 : (int)n;
+sd_method_env sd_method_env_default(const sd_model *target) {
+    sd_method_env env;
+    memset(&env, 0, sizeof env);
+    env.target = target;
+    return env;
+}
+
+int sd_method_default_nodes(const sd_method *m, int n_drafts) {
+    method_cfg parts[MAX_PARTS];
+    char e[8];
+    int n = method_parts(m, parts, e, sizeof e);
+    if (n < 0) return m->tree_nodes;
+    long total = 1;
+    for (int i = 0; i < n; i++) {
+        long t = parts[i].tree_nodes - 1;
+        if ((parts[i].kind == SD_METHOD_MODEL || (parts[i].kind == SD_METHOD_AUTO && n_drafts > 0)) && n_drafts > 1)
+            t *= n_drafts;
+        total += t;
+    }
+    return total > (1 << 20) ? 1 << 20 : (int)total;
+}
+
+// ---------------------------------------------------------------- cost curve
+int sd_cost_curve_new(sd_cost_curve **out, sd_session *s, int max_nodes, char *err, size_t errlen) {
+    static const int all[] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128};
+    int ns[sizeof all / sizeof all[0]], n = 0;
+    *out = NULL;
+    for (int i = 0; i < (int)(sizeof all / sizeof all[0]) && all[i] <= max_nodes; i++) ns[n++] = all[i];
+    if (n == 0) ns[n++] = 1;
+    sd_cost_curve *c = malloc(sizeof *c);
+    if (!c) return snprintf(err, errlen, "out of memory"), -1;
+    sd_cost_curve_init(c);
+    if (sd_cost_curve_measure(c, s, ns, n, 3, 0.0, err, errlen) < 0) {
+        free(c);
+        return -1;
+    }
+    if (c->n_points < 1) {
+        free(c);
+        return snprintf(err, errlen, "cannot measure the target's forward cost"), -1;
+    }
+    *out = c;
+    return 0;
+}
+
+void sd_cost_curve_free(sd_cost_curve *c) { free(c); }
+
+int sd_cost_curve_describe(const sd_cost_curve *c, char *buf, size_t len) {
+    if (!c || c->n_points < 1) return snprintf(buf, len, "no points");
+    return snprintf(buf, len, "%.2f ms at %d node%s, %.2f ms at %d nodes", c->ms[0], c->n[0], c->n[0] == 1 ? "" : "s",
+                    c->ms[c->n_points - 1], c->n[c->n_points - 1]);
 }

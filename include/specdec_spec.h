@@ -1,0 +1,273 @@
+// specdec_spec.h - public API of speculative generation: drafters built from
+// method strings, and a generation driven step by step.
+//
+// A generation (sd_gen) ties together a session (the target's KV cache), a
+// sampler (the target's distribution and the acceptance draws) and an
+// optional drafter. sd_gen_prefill evaluates a prompt; every sd_gen_step then
+// drafts a token tree, evaluates it with ONE target forward, verifies it
+// (greedy: the target's argmax path; sampling: lossless speculative sampling),
+// commits the accepted rows to the session's cache and tells the drafter. The
+// tokens a step emits are exactly those plain decoding would emit next
+// (greedy), or have the same distribution (sampling).
+//
+//   sd_method meth;  sd_method_parse("ngram:3-8", &meth, err, sizeof err);
+//   sd_method_env env = sd_method_env_default(model);
+//   sd_drafter *d;   sd_method_make(&meth, &env, &d, err, sizeof err);
+//   sd_gen *g;       sd_gen_new(&g, session, sampler, d, NULL, err, sizeof err);
+//   sd_gen_prefill(g, prompt, n_prompt, err, sizeof err);
+//   sd_step st;
+//   while (sd_gen_step(g, &st, err, sizeof err) == 0) {
+//       ... st.tokens[0 .. st.n_tokens) ...
+//       if (st.finish != SD_FINISH_NONE) break;
+//   }
+//   sd_gen_free(g);  sd_drafter_free(d);
+//
+// Many generations at once (a server): each generation owns its session and
+// drafter; sessions may share one model and one sd_threadpool, and steps of
+// different generations run one after the other on that pool (the pool
+// refuses two forwards at the same time). sd_gen_step is the three phases
+// sd_gen_step_begin (draft: fills the batch of tree nodes to evaluate),
+// sd_session_forward (the target) and sd_gen_step_end (verify, commit, tell
+// the drafter). A scheduler that evaluates the trees of several generations
+// in one batched forward calls begin on each, runs one forward over all of
+// their batches (each generation's nodes attending only to its own cache),
+// then end on each: the phases keep no state that another generation's step
+// could disturb.
+#ifndef SPECDEC_SPEC_H
+#define SPECDEC_SPEC_H
+
+#include "specdec.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// ---------------------------------------------------------------- drafters
+// A drafter proposes token trees for a generation (draft models, prompt
+// lookup, lookahead, layer skipping, ...). Built by sd_method_make; owned by
+// the caller; one drafter serves one generation at a time.
+typedef struct sd_drafter sd_drafter;
+void sd_drafter_free(sd_drafter *d);
+// Short name, e.g. "draft-model", "ngram", "merge".
+const char *sd_drafter_name(const sd_drafter *d);
+// A line of drafter-specific state worth showing a user (e.g. the datastore
+// an n-gram drafter indexed), or "" when there is none.
+const char *sd_drafter_note(const sd_drafter *d);
+// Forgets everything the drafter learnt (a fresh drafter's behaviour).
+void sd_drafter_reset(sd_drafter *d);
+
+// ---------------------------------------------------------------- cost curve
+// The target's measured forward time against the number of tree nodes,
+// which automatic ("auto", "tree:auto") trees are sized by.
+typedef struct sd_cost_curve sd_cost_curve;
+// Measures it on session s, whose cache must be empty (call before the
+// prompt): 3 timed forwards per point up to max_nodes, the minimum kept.
+int sd_cost_curve_new(sd_cost_curve **out, sd_session *s, int max_nodes, char *err, size_t errlen);
+void sd_cost_curve_free(sd_cost_curve *c);
+// One line for users: "0.52 ms at 1 node, 1.90 ms at 32 nodes".
+int sd_cost_curve_describe(const sd_cost_curve *c, char *buf, size_t len);
+
+// ---------------------------------------------------------------- methods
+typedef struct sd_threadpool sd_threadpool;  // (specdec.h)
+// A method string names a drafter and its shape:
+//   ar                  no drafting (one token per target forward)
+//   chain:K             draft model(s): a chain of K tokens (K in 1..64)
+//   tree:W1-W2-...      draft model(s): W1 children of the root, W2 of each, ... (widths 1..64)
+//   tree:auto           draft model(s): a hardware-aware tree sized from the cost curve
+//   dyn:B-D-M           draft model(s): EAGLE-2 dynamic tree (B, D in 1..16, M >= 2 nodes)
+//   ngram:N-K[:auto]    prompt lookup: last n <= N tokens, up to K drafted (":auto": auto tree)
+//   skip:auto|skip:L1-L2-...  layer-skip self-speculation (0-based layers; auto = searched)
+//   lookahead:W-N-G     lookahead decoding (W, G in 1..64, N in 2..16)
+//   auto                tree:auto with draft models, else ngram:3-8:auto
+//   A+B[+...]           the trees of several methods merged by token path (SpecInfer),
+//                       e.g. "chain:4+ngram:3-8"
+// With several draft models, a draft-model method builds one drafter per
+// model and merges their trees.
+#define SD_METHOD_NAME_MAX 128  // longest method string, NUL included
+#define SD_METHOD_MAX_DRAFTS 8  // most draft models
+#define SD_METHOD_AUTO_NODES 32 // automatic trees: most nodes, root included
+
+enum sd_method_kind {
+    SD_METHOD_AR = 0,
+    SD_METHOD_MODEL = 1,      // chain, tree, dyn
+    SD_METHOD_NGRAM = 2,
+    SD_METHOD_SKIP = 3,
+    SD_METHOD_LOOKAHEAD = 4,
+    SD_METHOD_AUTO = 5,
+    SD_METHOD_MERGE = 6,      // A+B
+};
+
+// A parsed method: what a program needs to know before building it.
+typedef struct sd_method {
+    char name[SD_METHOD_NAME_MAX]; // the string as given
+    int kind;                 // enum sd_method_kind (of the whole string)
+    int needs_draft_model;    // 1: sd_method_make fails without env.drafts
+    int uses_cost_curve;      // 1: sd_method_make needs env.cost (automatic trees)
+    int tree_nodes;           // nodes of the largest tree one step proposes with one
+                              // draft model, root included (1 for ar)
+    int extra_nodes;          // batch nodes evaluated beside the tree (lookahead window)
+    char skip_list[256];      // skip: the layer list, "auto" until sd_method_prepare resolved it
+} sd_method;
+
+// Progress and reports from building a drafter, as one line of text each
+// (no newline); user is sd_method_env.user.
+typedef void (*sd_method_report_fn)(void *user, const char *line);
+
+// What building a drafter may need. sd_method_env_default fills the defaults.
+typedef struct sd_method_env {
+    const sd_model *target;
+    const sd_model *const *drafts; // (n_drafts) loaded draft models, or NULL
+    int n_drafts;
+    int n_ctx;                 // KV length of draft sessions; 0 = their default
+    int n_threads;             // threads of draft sessions when pool is NULL; 0 = cores
+    sd_threadpool *pool;       // draft sessions run on this pool (the target's), or NULL
+    float p_min;               // draft models: no children below this top draft probability (0 = off)
+    const char *datastore;     // ngram: corpus file also searched, or NULL
+    const char *skip_save;     // skip:auto: write the chosen set here, or NULL
+    const char *skip_load;     // skip:auto: read the set from here instead of searching, or NULL
+    const sd_cost_curve *cost; // automatic trees: the target's cost curve, or NULL
+    int auto_nodes;            // automatic trees: most nodes, root included; 0 = SD_METHOD_AUTO_NODES
+    sd_method_report_fn report;// skip search progress, automatic tree choices; NULL: silent
+    void *user;                // for report
+} sd_method_env;
+sd_method_env sd_method_env_default(const sd_model *target);
+
+// Parses a method string. Returns 0, or <0 with a message naming the
+// accepted syntax ("method chain:K needs K in 1..64, got 'chain:x'").
+int sd_method_parse(const char *s, sd_method *m, char *err, size_t errlen);
+// Parses a comma-separated list of at most max methods, "ar" first (added
+// when missing). Returns the count, or <0 with a message.
+int sd_methods_parse(const char *list, sd_method *ms, int max, char *err, size_t errlen);
+// Work a method does once rather than per drafter: skip:auto searches its
+// layer set (or reads env.skip_load) and keeps it in m->skip_list, so later
+// sd_method_make calls reuse it; *speedup (may be NULL) gets the search's
+// estimate (0 when nothing was searched). No-op for other methods.
+int sd_method_prepare(sd_method *m, const sd_method_env *env, double *speedup, char *err, size_t errlen);
+// Builds the drafter of m (*out = NULL for ar). Returns 0, or <0 with a
+// message (no draft model for a draft-model method, vocabulary mismatch, ...).
+int sd_method_make(const sd_method *m, const sd_method_env *env, sd_drafter **out, char *err, size_t errlen);
+// Tree nodes a step of m asks for by default with n_drafts draft models
+// (merged trees add up), root included.
+int sd_method_default_nodes(const sd_method *m, int n_drafts);
+// The accepted syntax, one line, for help texts.
+const char *sd_methods_syntax(void);
+// Parses "W1,W2,..." (sep ',') or "W1-W2-..." (sep '-') into at most max
+// positive integers in [lo, hi], as method arguments are parsed; flag names
+// the option in messages ("--tree: expected comma-separated positive
+// integers, got '4,x'"). Returns the count, or <0 with a message.
+int sd_parse_ints(const char *flag, const char *s, char sep, int *out, int max, int lo, int hi, char *err,
+                  size_t errlen);
+
+// ---------------------------------------------------------------- generation
+enum sd_finish {
+    SD_FINISH_NONE = -1,    // still generating
+    SD_FINISH_LENGTH = 0,   // n_predict tokens generated
+    SD_FINISH_EOG = 1,      // an end-of-generation token was emitted (and is the last token)
+    SD_FINISH_CTX = 2,      // the context (KV cache) is full
+    SD_FINISH_STOPPED = 3,  // stop requested (sd_gen_stop, sd_gen_cut)
+};
+// "none", "length", "eog", "ctx", "stopped".
+const char *sd_finish_name(int finish);
+
+typedef struct sd_gen_params {
+    int n_predict;    // most tokens to generate (EOG included); <= 0: until EOG or full context. default 256
+    int n_batch;      // prompt tokens per forward call; 0 = the session's n_batch
+    int max_nodes;    // tree nodes per target forward, root included; 0 = 16. Capped by the session's n_batch
+    int fast_prompt;  // 1: the prompt uses 8-bit activations like generated tokens; 0 (default):
+                      // float activations (sd_batch.precise), a more accurate cache and first token
+    uint64_t seed;    // seed of the drafter's own RNG; 0 (default) = drawn from the sampler's RNG, so that
+                      // successive generations draft independently (a fixed seed reused over many
+                      // generations makes their drafts correlated, never their single outputs wrong)
+} sd_gen_params;
+sd_gen_params sd_gen_default_params(void);
+
+#define SD_SPEC_MAX_DEPTH 64   // depths tracked by the acceptance statistics
+
+// What one step did.
+typedef struct sd_step {
+    const int32_t *tokens;  // (n_tokens) emitted this step, in order: accepted draft tokens, then the
+                            // target's own token (bonus); valid until the next call on the generation
+    int n_tokens;
+    int n_drafted;          // draft nodes in the step's tree (root excluded)
+    int n_accepted;         // draft tokens accepted (the bonus not counted)
+    int n_aux;              // auxiliary batch nodes beside the tree (lookahead)
+    double draft_ms;        // time in the drafter this step (propose and the previous accept)
+    double verify_ms;       // target forward + verification + commit
+    int finish;             // SD_FINISH_NONE, or why the generation ended with this step
+} sd_step;
+
+// Totals over a generation.
+typedef struct sd_gen_stats {
+    int n_prompt_tokens;       // tokens evaluated by prefill
+    int n_generated;           // tokens emitted, the final EOG token included
+    double prompt_ms;          // wall time of prefill (ms)
+    double generate_ms;        // wall time from the end of prefill to the end of the last step (ms)
+    double tokens_per_second;  // n_generated / generate_ms * 1000 (0 if nothing was generated)
+    int finish;                // enum sd_finish
+    int n_target_forwards;     // target forwards of steps (the first token needs none)
+    int n_draft_nodes;         // draft nodes proposed in total (roots excluded)
+    int n_draft_accepted;      // draft tokens accepted in total
+    double mean_accepted;      // tokens emitted per target forward, bonus included (tau)
+    int n_depth_proposed[SD_SPEC_MAX_DEPTH + 1];  // steps whose tree reached depth d
+    int n_depth_accepted[SD_SPEC_MAX_DEPTH + 1];  // steps that accepted a draft token at depth d
+    double acceptance_by_depth[SD_SPEC_MAX_DEPTH + 1]; // accepted / proposed at depth d (index 0 unused)
+    int max_depth;             // deepest tree depth seen
+    double draft_ms;           // time in the drafter in total (ms)
+    double verify_ms;          // target forwards + verification + commit in total (ms)
+    long n_aux_nodes;          // auxiliary batch nodes in total
+} sd_gen_stats;
+
+typedef struct sd_gen sd_gen;
+// Makes a generation over session s (its committed tokens are the context
+// the prompt continues), sampler smp (temp <= 0: greedy) and drafter d (NULL:
+// plain decoding). The drafter keeps what it learnt from earlier texts (its
+// pools, statistics, cache) and follows the new text by itself; call
+// sd_drafter_reset for a fresh start. Its RNG is reseeded (sd_gen_params.seed).
+// Nothing is owned: s, smp and d
+// must outlive the generation. Allocates everything its steps need.
+int sd_gen_new(sd_gen **out, sd_session *s, sd_sampler *smp, sd_drafter *d, const sd_gen_params *p,
+               char *err, size_t errlen);
+void sd_gen_free(sd_gen *g);
+// Evaluates n prompt tokens after the session's committed tokens (in chunks
+// of n_batch) and samples nothing yet. Once per generation. Errors: empty
+// prompt, prompt longer than the free context (the message gives both
+// lengths), forward errors.
+int sd_gen_prefill(sd_gen *g, const int32_t *prompt, int n, char *err, size_t errlen);
+// One step (see the top of this file). The first step after prefill emits the
+// token sampled from the prompt's logits without a forward. Returns 0 with
+// *st filled (st->finish says whether the generation ended), or <0 with a
+// message. A step on an ended generation returns 0 with no tokens.
+int sd_gen_step(sd_gen *g, sd_step *st, char *err, size_t errlen);
+// The phases of sd_gen_step, for a scheduler batching several generations.
+// begin drafts and returns in *b the batch to evaluate on the generation's
+// session (valid until end); *b->n == 0 means no forward is needed (the
+// first step, or an ended generation). The caller evaluates it
+// (sd_session_forward), then calls end.
+int sd_gen_step_begin(sd_gen *g, sd_batch *b, char *err, size_t errlen);
+int sd_gen_step_end(sd_gen *g, sd_step *st, char *err, size_t errlen);
+// Asks the generation to stop: the next step emits nothing and ends with
+// SD_FINISH_STOPPED. Safe from a signal handler or another thread.
+void sd_gen_stop(sd_gen *g);
+// Ends the generation after the first n_keep tokens of the last step (e.g. a
+// stop string matched inside it): the rest are removed from the text and the
+// session's cache, finish becomes SD_FINISH_STOPPED (the statistics count
+// only kept tokens).
+int sd_gen_cut(sd_gen *g, int n_keep, char *err, size_t errlen);
+// The committed text: prompt (this prefill's) and every emitted token.
+const int32_t *sd_gen_tokens(const sd_gen *g, int *n);
+const sd_gen_stats *sd_gen_get_stats(const sd_gen *g);
+int sd_gen_finished(const sd_gen *g);   // the finish reason, SD_FINISH_NONE while running
+
+// Convenience loops over the step API: prefill, then steps until the end,
+// calling cb once per emitted token in order (a non-zero return stops
+// generation after that token, SD_FINISH_STOPPED, the cache cut there as
+// plain decoding would hold it). d NULL: plain decoding. stats may be NULL.
+typedef int (*sd_token_cb)(int32_t token, void *user);
+int sd_generate(sd_session *s, sd_sampler *smp, sd_drafter *d, const int32_t *prompt, int n_prompt,
+                const sd_gen_params *p, sd_token_cb cb, void *user, sd_gen_stats *stats, char *err,
+                size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,41 @@
+// drafter.c - what every drafter shares: allocation and the public handle
+// functions of include/specdec_spec.h.
+#include "draft/drafter.h"
+
+#include <stdlib.h>
+
+sd_drafter *sd_drafter_alloc(const sd_drafter_vt *vt, void *impl) {
+    sd_drafter *d = calloc(1, sizeof *d);
+    if (!d) return NULL;
+    d->vt = vt;
+    d->impl = impl;
+    sd_rng_seed(&d->rng, 0x5EED);
+    return d;
+}
+
+void sd_drafter_free(sd_drafter *d) {
+    if (d && d->vt && d->vt->free) d->vt->free(d);
+}
+
+void sd_drafter_reset(sd_drafter *d) {
+    if (d) d->vt->reset(d);
+}
+
+const char *sd_drafter_name(const sd_drafter *d) { return d ? d->vt->name : "none"; }
+
+const char *sd_drafter_note(const sd_drafter *d) {
+    return d && d->vt->note ? d->vt->note(d) : "";
+}
+
+static const float *no_logits(void *lstate, int i) {
+    (void)lstate;
+    (void)i;
+    return NULL;
+}
+
+int sd_drafter_accept_path(sd_drafter *d, const sd_tree *tree, const int32_t *path, int n_path, int32_t bonus,
+                           char *err, size_t errlen) {
+    sd_aux_nodes none = {0, 0, NULL, NULL, NULL};
+    sd_step_record rec = {tree, path, n_path, bonus, &none, -1.0, -1.0, no_logits, NULL, NULL};
+    return d->vt->accept(d, &rec, err, errlen);
+}

@@ -1,0 +1,466 @@
+// gen.c - a generation driven step by step (include/specdec_spec.h): the
+// prompt phase, one speculative step (draft, one target forward, verify,
+// commit, tell the drafter) and the end conditions, each in one place.
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "draft/drafter.h"
+#include "runtime/session.h"
+#include "spec/verify.h"
+#include "specdec_spec.h"
+
+struct sd_gen {
+    sd_session *s;
+    sd_sampler *smp;
+    sd_drafter *d;
+    const sd_tokenizer *tok;
+    int n_ctx, nv, greedy;
+    int n_batch;        // prompt tokens per forward
+    int max_nodes;      // tree nodes per forward, root included
+    int n_predict;      // as given (<= 0: until EOG or full context)
+    int n_gen_max;      // n_predict, or n_ctx
+    int fast_prompt;
+
+    int32_t *seq;       // (seq_cap) prompt then emitted tokens
+    int n_seq, seq_cap;
+    int32_t *out;       // (max_nodes + 1) tokens of the last step
+    int32_t *path;      // (max_nodes) accepted path
+    int32_t *path2;     // (max_nodes) scratch of the verifier's row callback
+    float *prow;        // (n_vocab) target distribution of one node
+    float *qscr;        // (n_vocab) verifier scratch
+    uint8_t *want;      // (session n_batch) logits mask
+    int32_t *b_tok;     // (session n_batch) tree + auxiliary nodes
+    int32_t *b_par;     // (session n_batch)
+    int32_t *aux_tok, *aux_par; // (session n_batch) auxiliary nodes
+    uint8_t *aux_lg;    // (session n_batch)
+    sd_aux_nodes aux;
+    sd_tree tree;
+    int tree_ok;
+
+    int prefilled;      // prefill done
+    int first_pending;  // the first token is still to be sampled from the prompt's logits
+    int prompt_row;     // logits row of the last prompt token
+    int finish;         // enum sd_finish
+    atomic_int stop;    // sd_gen_stop was called
+
+    // the step between begin and end
+    int in_step;        // 1 between begin and end
+    int step_n_past;    // session n_past when the step began
+    int step_max;       // node limit of the step
+    double t_begin, t_drafted;
+    double last_accept_ms; // drafter accept time of the previous step
+    // the last finished step, for sd_gen_cut
+    int last_base;      // rows the plain loop's cache holds before the step's first token
+    int last_n_tokens;  // tokens the last step emitted
+    int last_first;     // 1: the last step was the first (no forward)
+
+    double t_prefill_end;
+    long n_step_tokens; // tokens emitted by steps with a forward
+    sd_gen_stats st;
+};
+
+sd_gen_params sd_gen_default_params(void) {
+    sd_gen_params p;
+    p.n_predict = 256;
+    p.n_batch = 0;
+    p.max_nodes = 16;
+    p.fast_prompt = 0;
+    p.seed = 0;
+    return p;
+}
+
+const char *sd_finish_name(int finish) {
+    switch (finish) {
+    case SD_FINISH_NONE: return "none";
+    case SD_FINISH_LENGTH: return "length";
+    case SD_FINISH_EOG: return "eog";
+    case SD_FINISH_CTX: return "ctx";
+    case SD_FINISH_STOPPED: return "stopped";
+    default: return "unknown";
+    }
+}
+
+void sd_gen_free(sd_gen *g) {
+    if (!g) return;
+    free(g->seq);
+    free(g->out);
+    free(g->path);
+    free(g->path2);
+    free(g->prow);
+    free(g->qscr);
+    free(g->want);
+    free(g->b_tok);
+    free(g->b_par);
+    free(g->aux_tok);
+    free(g->aux_par);
+    free(g->aux_lg);
+    if (g->tree_ok) sd_tree_free(&g->tree);
+    free(g);
+}
+
+int sd_gen_new(sd_gen **out, sd_session *s, sd_sampler *smp, sd_drafter *d, const sd_gen_params *p,
+               char *err, size_t errlen) {
+    *out = NULL;
+    if (!s || !smp) return sd_err(err, errlen, "generation: a session and a sampler are required");
+    sd_gen_params gp = p ? *p : sd_gen_default_params();
+    sd_gen *g = calloc(1, sizeof *g);
+    if (!g) return sd_err(err, errlen, "generation: out of memory");
+    const sd_model *m = sd_session_model(s);
+    sd_model_info info;
+    sd_model_get_info(m, &info);
+    g->s = s;
+    g->smp = smp;
+    g->d = d;
+    g->tok = sd_model_tokenizer(m);
+    g->nv = info.n_vocab;
+    g->n_ctx = sd_session_n_ctx(s);
+    g->greedy = sd_sampler_get_params(smp)->temp <= 0.0f;
+    g->n_batch = gp.n_batch > 0 ? SD_MIN(gp.n_batch, s->n_batch) : s->n_batch;
+    g->max_nodes = SD_MIN(gp.max_nodes > 0 ? gp.max_nodes : 16, s->n_batch);
+    g->n_predict = gp.n_predict;
+    g->n_gen_max = gp.n_predict > 0 ? gp.n_predict : g->n_ctx;
+    g->fast_prompt = gp.fast_prompt;
+    g->finish = SD_FINISH_NONE;
+    g->st.finish = SD_FINISH_NONE;
+    atomic_init(&g->stop, 0);
+
+    const size_t nb = (size_t)s->n_batch, mn = (size_t)g->max_nodes;
+    g->seq_cap = g->n_ctx + g->max_nodes + 2;
+    g->seq = malloc(sizeof(int32_t) * (size_t)g->seq_cap);
+    g->out = malloc(sizeof(int32_t) * (mn + 1));
+    g->path = malloc(sizeof(int32_t) * mn);
+    g->path2 = malloc(sizeof(int32_t) * mn);
+    g->prow = malloc(sizeof(float) * (size_t)g->nv);
+    g->qscr = malloc(sizeof(float) * (size_t)g->nv);
+    g->want = malloc(nb);
+    const int use_aux = d && d->vt->aux;
+    if (use_aux) {
+        g->b_tok = malloc(sizeof(int32_t) * nb);
+        g->b_par = malloc(sizeof(int32_t) * nb);
+        g->aux_tok = malloc(sizeof(int32_t) * nb);
+        g->aux_par = malloc(sizeof(int32_t) * nb);
+        g->aux_lg = malloc(nb);
+    }
+    g->tree_ok = sd_tree_init(&g->tree, g->max_nodes, g->nv, g->max_nodes) == 0;
+    if (!g->seq || !g->out || !g->path || !g->path2 || !g->prow || !g->qscr || !g->want || !g->tree_ok ||
+        (use_aux && (!g->b_tok || !g->b_par || !g->aux_tok || !g->aux_par || !g->aux_lg))) {
+        sd_gen_free(g);
+        return sd_err(err, errlen, "generation: out of memory");
+    }
+    if (d) {
+        // A fresh stream per generation: draft randomness reused across
+        // generations would correlate the drafts with one another, and the
+        // output would no longer follow the target's distribution.
+        uint64_t seed = gp.seed ? gp.seed : (uint64_t)(sd_sampler_uniform(smp) * 9007199254740992.0);
+        seed = sd_rng_derive(seed, 1);
+        sd_rng_seed(&d->rng, seed);
+    }
+    *out = g;
+    return 0;
+}
+
+int sd_gen_prefill(sd_gen *g, const int32_t *prompt, int n, char *err, size_t errlen) {
+    if (g->prefilled) return sd_err(err, errlen, "generation: the prompt was already given");
+    if (!prompt || n <= 0) return sd_err(err, errlen, "generation: the prompt is empty");
+    const int n_past0 = sd_session_n_past(g->s);
+    if (n_past0 + n > g->n_ctx)
+        return sd_err(err, errlen, "prompt has %d tokens but the context is %d%s", n, g->n_ctx,
+                      n_past0 ? " (including the tokens already in the cache)" : "");
+    double t0 = sd_time_ms();
+    char ferr[256];
+    for (int i = 0; i < n; i += g->n_batch) {
+        int nb = SD_MIN(g->n_batch, n - i);
+        memset(g->want, 0, (size_t)nb);
+        if (i + nb == n) g->want[nb - 1] = 1;
+        sd_batch b = {.n = nb, .tokens = prompt + i, .logits = g->want, .precise = !g->fast_prompt};
+        if (sd_session_forward(g->s, &b, ferr, sizeof ferr) < 0 || sd_session_commit(g->s, NULL, 0, ferr, sizeof ferr) < 0)
+            return sd_err(err, errlen, "prompt evaluation failed: %s", ferr);
+        if (i + nb == n) g->prompt_row = nb - 1;
+    }
+    memcpy(g->seq, prompt, sizeof(int32_t) * (size_t)n);
+    g->n_seq = n;
+    g->prefilled = 1;
+    g->first_pending = 1;
+    g->t_prefill_end = sd_time_ms();
+    g->st.n_prompt_tokens = n;
+    g->st.prompt_ms = g->t_prefill_end - t0;
+    return 0;
+}
+
+// Appends emitted token t, which the plain loop would emit holding
+// n_past_equiv cache rows; sets g->finish when generation ends with it.
+static void emit(sd_gen *g, int32_t t, int n_past_equiv) {
+    g->seq[g->n_seq++] = t;
+    g->st.n_generated++;
+    if (sd_token_is_eog(g->tok, t)) g->finish = SD_FINISH_EOG;
+    else if (g->st.n_generated >= g->n_gen_max) g->finish = g->n_predict > 0 ? SD_FINISH_LENGTH : SD_FINISH_CTX;
+    else if (n_past_equiv >= g->n_ctx) g->finish = SD_FINISH_CTX;
+}
+
+static void stats_update_totals(sd_gen *g) {
+    sd_gen_stats *st = &g->st;
+    st->finish = g->finish;
+    st->generate_ms = sd_time_ms() - g->t_prefill_end;
+    st->tokens_per_second = st->generate_ms > 0 ? st->n_generated * 1000.0 / st->generate_ms : 0.0;
+    st->mean_accepted = st->n_target_forwards ? (double)g->n_step_tokens / st->n_target_forwards : 0.0;
+    for (int k = 1; k <= SD_SPEC_MAX_DEPTH; k++)
+        st->acceptance_by_depth[k] =
+            st->n_depth_proposed[k] ? (double)st->n_depth_accepted[k] / st->n_depth_proposed[k] : 0.0;
+}
+
+// The drafter's tree (and auxiliary nodes) for this step, checked.
+static int draft_tree(sd_gen *g, int n_past, char *err, size_t errlen) {
+    sd_drafter *d = g->d;
+    char ferr[256];
+    sd_tree_reset(&g->tree, g->seq[g->n_seq - 1]);
+    g->aux = (sd_aux_nodes){0, 0, g->aux_tok, g->aux_par, g->aux_lg};
+    if (!d || g->step_max <= 1) return 0;
+    sd_draft_ctx dc = {g->seq, g->n_seq, g->step_max, !g->greedy, sd_sampler_get_params(g->smp), &d->rng};
+    if (d->vt->propose(d, &dc, &g->tree, ferr, sizeof ferr) < 0)
+        return sd_err(err, errlen, "drafter '%s' failed: %s", d->vt->name, ferr);
+    if (g->tree.n > g->step_max || g->tree.n < 1 || g->tree.token[0] != g->seq[g->n_seq - 1])
+        return sd_err(err, errlen, "drafter '%s' broke the tree contract (%d nodes, limit %d)", d->vt->name,
+                      g->tree.n, g->step_max);
+    if (!d->vt->aux) return 0;
+    // Auxiliary nodes go after the tree in the same batch; they need batch
+    // room and context room for their rows.
+    g->aux.cap = SD_MIN(g->s->n_batch, g->n_ctx - n_past) - g->tree.n;
+    if (g->aux.cap > 0 && d->vt->aux(d, &dc, &g->tree, &g->aux, ferr, sizeof ferr) < 0)
+        return sd_err(err, errlen, "drafter '%s' failed: %s", d->vt->name, ferr);
+    if (g->aux.n < 0 || g->aux.n > SD_MAX(g->aux.cap, 0))
+        return sd_err(err, errlen, "drafter '%s' added %d auxiliary nodes (limit %d)", d->vt->name, g->aux.n,
+                      SD_MAX(g->aux.cap, 0));
+    for (int j = 0; j < g->aux.n; j++)
+        if (g->aux.parent[j] < 0 || g->aux.parent[j] >= g->tree.n + j || g->aux.token[j] < 0 ||
+            g->aux.token[j] >= g->nv)
+            return sd_err(err, errlen, "drafter '%s' gave auxiliary node %d parent %d token %d", d->vt->name, j,
+                          g->aux.parent[j], g->aux.token[j]);
+    return 0;
+}
+
+int sd_gen_step_begin(sd_gen *g, sd_batch *b, char *err, size_t errlen) {
+    memset(b, 0, sizeof *b);
+    if (!g->prefilled) return sd_err(err, errlen, "generation: no prompt yet (sd_gen_prefill)");
+    if (g->in_step) return sd_err(err, errlen, "generation: the previous step was not ended");
+    g->in_step = 1;
+    g->t_begin = sd_time_ms();
+    if (g->finish != SD_FINISH_NONE || g->first_pending || atomic_load(&g->stop)) return 0;
+    const int n_past = sd_session_n_past(g->s);
+    g->step_n_past = n_past;
+    g->step_max = SD_MIN(g->max_nodes, g->n_ctx - n_past);
+    if (draft_tree(g, n_past, err, errlen) < 0) {
+        g->in_step = 0;
+        return -1;
+    }
+    g->t_drafted = sd_time_ms();
+    sd_tree *t = &g->tree;
+    *b = (sd_batch){.n = t->n, .tokens = t->token, .parent = t->parent};
+    if (g->aux.n > 0) {
+        memcpy(g->b_tok, t->token, sizeof(int32_t) * (size_t)t->n);
+        memcpy(g->b_par, t->parent, sizeof(int32_t) * (size_t)t->n);
+        memcpy(g->b_tok + t->n, g->aux.token, sizeof(int32_t) * (size_t)g->aux.n);
+        memcpy(g->b_par + t->n, g->aux.parent, sizeof(int32_t) * (size_t)g->aux.n);
+        memset(g->want, 1, (size_t)t->n);
+        for (int j = 0; j < g->aux.n; j++) g->want[t->n + j] = g->aux.logits ? g->aux.logits[j] != 0 : 1;
+        b->n = t->n + g->aux.n;
+        b->tokens = g->b_tok;
+        b->parent = g->b_par;
+        b->logits = g->want;
+    }
+    return 0;
+}
+
+// Text up to and including tree node i (for the repetition penalty): the
+// path below the root, written after the generation's text; its length.
+static int node_hist(sd_gen *g, int i) {
+    int np = sd_tree_path(&g->tree, i, g->path2);
+    for (int k = 1; k < np; k++) g->seq[g->n_seq + k - 1] = g->tree.token[g->path2[k]];
+    return g->n_seq + np - 1;
+}
+
+static float *target_row(void *st, int node) {
+    sd_gen *g = st;
+    const float *lg = sd_session_logits(g->s, node);
+    if (!lg) return NULL;
+    sd_sampler_probs(g->smp, lg, g->seq, node_hist(g, node), g->prow);
+    return g->prow;
+}
+
+// The target's greedy choice after node i; -1 if the node has no logits.
+static int32_t target_next(void *st, int node) {
+    sd_gen *g = st;
+    const float *lg = sd_session_logits(g->s, node);
+    if (!lg) return -1;
+    return sd_sampler_sample(g->smp, lg, g->seq, node_hist(g, node));
+}
+
+static double target_uniform(void *st) { return sd_sampler_uniform((sd_sampler *)st); }
+
+static const float *batch_logits(void *st, int i) { return sd_session_logits((const sd_session *)st, i); }
+
+// The first token, sampled from the prompt's logits (no forward).
+static int step_first(sd_gen *g, sd_step *st, char *err, size_t errlen) {
+    const float *lg = sd_session_logits(g->s, g->prompt_row);
+    if (!lg) return sd_err(err, errlen, "generation: the prompt's logits are gone (a forward ran in between)");
+    g->first_pending = 0;
+    g->last_first = 1;
+    g->last_base = sd_session_n_past(g->s);
+    emit(g, sd_sampler_sample(g->smp, lg, g->seq, g->n_seq), sd_session_n_past(g->s));
+    g->out[0] = g->seq[g->n_seq - 1];
+    st->n_tokens = 1;
+    return 0;
+}
+
+// Verifies the evaluated tree, commits the accepted rows, tells the drafter
+// and emits the tokens.
+static int step_verify(sd_gen *g, sd_step *st, char *err, size_t errlen) {
+    char ferr[256];
+    sd_tree *t = &g->tree;
+    sd_drafter *d = g->d;
+    const int n_past = g->step_n_past;
+    int n_path = 0;
+    int32_t bonus = -1;
+    if (g->greedy) {
+        if (sd_verify_greedy_fn(t, target_next, g, g->path, &n_path, &bonus) < 0)
+            return sd_err(err, errlen, "a tree node has no target logits");
+    } else if (sd_verify_stochastic(t, target_row, g, target_uniform, g->smp, g->qscr, g->path, &n_path, &bonus, ferr,
+                                    sizeof ferr) < 0) {
+        return sd_err(err, errlen, "%s", ferr);
+    }
+    if (sd_session_commit(g->s, g->path, n_path, ferr, sizeof ferr) < 0) return sd_err(err, errlen, "%s", ferr);
+    double tc = sd_time_ms();
+    st->draft_ms = g->t_drafted - g->t_begin;
+    st->verify_ms = tc - g->t_drafted;
+    if (d) {
+        sd_step_record rec = {t, g->path, n_path, bonus, &g->aux, st->draft_ms, st->verify_ms, batch_logits, g->s,
+                              NULL};
+        if (d->vt->accept(d, &rec, ferr, sizeof ferr) < 0)
+            return sd_err(err, errlen, "drafter '%s' failed: %s", d->vt->name, ferr);
+    }
+    double ta = sd_time_ms() - tc;
+    st->draft_ms += ta;
+
+    sd_gen_stats *gs = &g->st;
+    int depth = sd_tree_max_depth(t);
+    gs->n_target_forwards++;
+    gs->n_aux_nodes += g->aux.n;
+    gs->n_draft_nodes += t->n - 1;
+    gs->n_draft_accepted += n_path - 1;
+    gs->max_depth = SD_MAX(gs->max_depth, depth);
+    gs->draft_ms += st->draft_ms;
+    gs->verify_ms += st->verify_ms;
+    for (int k = 1; k <= depth && k <= SD_SPEC_MAX_DEPTH; k++) {
+        gs->n_depth_proposed[k]++;
+        if (k < n_path) gs->n_depth_accepted[k]++;
+    }
+    st->n_drafted = t->n - 1;
+    st->n_accepted = n_path - 1;
+    st->n_aux = g->aux.n;
+    // Emit the accepted drafts, then the bonus, as the plain loop would: its
+    // cache would hold n_past + k rows at the k-th token.
+    g->last_first = 0;
+    g->last_base = n_past;
+    for (int k = 1; k <= n_path && g->finish == SD_FINISH_NONE; k++) {
+        int32_t tk = k < n_path ? t->token[g->path[k]] : bonus;
+        g->out[st->n_tokens++] = tk;
+        g->n_step_tokens++;
+        emit(g, tk, n_past + k);
+        if (g->finish != SD_FINISH_NONE && k < n_path &&
+            sd_session_truncate(g->s, n_past + k, ferr, sizeof ferr) < 0)   // ended inside the path
+            return sd_err(err, errlen, "%s", ferr);
+    }
+    return 0;
+}
+
+int sd_gen_step_end(sd_gen *g, sd_step *st, char *err, size_t errlen) {
+    memset(st, 0, sizeof *st);
+    st->tokens = g->out;
+    st->finish = g->finish;
+    if (!g->in_step) return sd_err(err, errlen, "generation: sd_gen_step_end without sd_gen_step_begin");
+    g->in_step = 0;
+    g->last_n_tokens = 0;
+    if (g->finish != SD_FINISH_NONE) return 0;
+    int rc;
+    if (atomic_load(&g->stop)) {
+        g->finish = SD_FINISH_STOPPED;
+        rc = 0;
+    } else if (g->first_pending) {
+        rc = step_first(g, st, err, errlen);
+    } else {
+        rc = step_verify(g, st, err, errlen);
+    }
+    g->last_n_tokens = st->n_tokens;
+    st->finish = g->finish;
+    stats_update_totals(g);
+    return rc;
+}
+
+int sd_gen_step(sd_gen *g, sd_step *st, char *err, size_t errlen) {
+    sd_batch b;
+    if (sd_gen_step_begin(g, &b, err, errlen) < 0) {
+        memset(st, 0, sizeof *st);
+        return -1;
+    }
+    if (b.n > 0) {
+        char ferr[256];
+        if (sd_session_forward(g->s, &b, ferr, sizeof ferr) < 0) {
+            g->in_step = 0;
+            memset(st, 0, sizeof *st);
+            return sd_err(err, errlen, "target forward failed after %d tokens: %s", g->st.n_generated, ferr);
+        }
+    }
+    return sd_gen_step_end(g, st, err, errlen);
+}
+
+void sd_gen_stop(sd_gen *g) { atomic_store(&g->stop, 1); }
+
+int sd_gen_cut(sd_gen *g, int n_keep, char *err, size_t errlen) {
+    if (g->in_step) return sd_err(err, errlen, "generation: cut inside a step");
+    if (n_keep < 0 || n_keep > g->last_n_tokens)
+        return sd_err(err, errlen, "generation: cut keeps %d tokens of a step that emitted %d", n_keep,
+                      g->last_n_tokens);
+    int drop = g->last_n_tokens - n_keep;
+    if (drop == 0 && g->finish != SD_FINISH_NONE) return 0;   // ends where it ended anyway
+    g->n_seq -= drop;
+    g->st.n_generated -= drop;
+    if (!g->last_first) g->n_step_tokens -= drop;
+    g->last_n_tokens = n_keep;
+    // The plain loop's cache after the n_keep-th token of the step.
+    int rows = g->last_first ? g->last_base : g->last_base + n_keep;
+    if (rows < sd_session_n_past(g->s) && sd_session_truncate(g->s, rows, err, errlen) < 0) return -1;
+    g->finish = SD_FINISH_STOPPED;
+    stats_update_totals(g);
+    return 0;
+}
+
+const int32_t *sd_gen_tokens(const sd_gen *g, int *n) {
+    if (n) *n = g->n_seq;
+    return g->seq;
+}
+
+const sd_gen_stats *sd_gen_get_stats(const sd_gen *g) { return &g->st; }
+
+int sd_gen_finished(const sd_gen *g) { return g->finish; }
+
+int sd_generate(sd_session *s, sd_sampler *smp, sd_drafter *d, const int32_t *prompt, int n_prompt,
+                const sd_gen_params *p, sd_token_cb cb, void *user, sd_gen_stats *stats, char *err,
+                size_t errlen) {
+    sd_gen *g;
+    if (stats) memset(stats, 0, sizeof *stats);
+    if (sd_gen_new(&g, s, smp, d, p, err, errlen) < 0) return -1;
+    int rc = sd_gen_prefill(g, prompt, n_prompt, err, errlen);
+    sd_step st;
+    while (rc == 0 && sd_gen_finished(g) == SD_FINISH_NONE) {
+        rc = sd_gen_step(g, &st, err, errlen);
+        for (int k = 0; rc == 0 && k < st.n_tokens; k++)
+            if (cb && cb(st.tokens[k], user)) {
+                rc = sd_gen_cut(g, k + 1, err, errlen);
+                break;
+            }
+    }
+    if (stats) *stats = *sd_gen_get_stats(g);
+    sd_gen_free(g);
+    return rc;
+}

@@ -1,0 +1,64 @@
+// test_example.c - examples/step.c, the program that uses only the public
+// headers, runs and generates what `specdec generate` generates: its text,
+// with the step brackets removed, equals generate's greedy text for the same
+// prompt and token budget (default model; skipped when it is absent).
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "lib/cli_run.h"
+#include "t.h"
+
+#define MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+#define PROMPT "The cat sat on the mat. The cat sat on the"
+
+static char g_out[1 << 15], g_ref[1 << 15];
+
+static void test_example_runs(void) {
+    struct stat st;
+    if (stat("build/examples/step", &st) != 0) SKIP("build/examples/step was not built");
+    int rc = cli_run("build/examples/step", "/nonexistent.gguf", 1, g_out, sizeof g_out);
+    CHECK(rc == 1 && strstr(g_out, "step: "), "missing model: exit %d, output '%.200s'", rc, g_out);
+    rc = cli_run("build/examples/step", "x.gguf nope:1", 1, g_out, sizeof g_out);
+    CHECK(rc == 1, "bad arguments accepted: '%.200s'", g_out);
+    if (stat(MODEL, &st) != 0) SKIP("%s is absent (run scripts/fetch-models.sh)", MODEL);
+    rc = cli_run("build/examples/step", MODEL " ngram:3-8 '" PROMPT "'", 0, g_out, sizeof g_out);
+    CHECK(rc == 0 && strstr(g_out, "tokens in") && strstr(g_out, "finish"), "exit %d, output '%.300s'", rc, g_out);
+    CHECK(strchr(g_out, '['), "no step accepted a draft token: '%.300s'", g_out);
+    // the text without brackets and without the summary line
+    char text[sizeof g_out];
+    size_t n = 0;
+    for (const char *c = g_out; *c && n + 1 < sizeof text; c++)
+        if (*c != '[' && *c != ']') text[n++] = *c;
+    text[n] = 0;
+    char *last_nl = strrchr(text, '\n');
+    if (last_nl) *last_nl = 0;
+    last_nl = strrchr(text, '\n');
+    if (last_nl) *last_nl = 0;   // "...\n<summary>\n"
+    rc = cli_run("./build/specdec", "generate -m " MODEL " -p '" PROMPT "' -n 48 --temp 0 --json", 0, g_ref,
+                 sizeof g_ref);
+    CHECK(rc == 0, "specdec generate failed: '%.200s'", g_ref);
+    // the JSON text field: the example prints prompt + generated text
+    const char *t = strstr(g_ref, "\"text\": \"");
+    CHECK(t != NULL, "no text in '%.200s'", g_ref);
+    if (!t) return;
+    t += 9;
+    char gen[sizeof g_ref];
+    size_t k = 0;
+    for (; *t && *t != '"' && k + 1 < sizeof gen; t++) {
+        if (*t == '\\' && t[1]) {
+            t++;
+            gen[k++] = *t == 'n' ? '\n' : *t == 't' ? '\t' : *t;
+        } else {
+            gen[k++] = *t;
+        }
+    }
+    gen[k] = 0;
+    CHECK(strlen(text) >= strlen(PROMPT) && !strcmp(text + strlen(PROMPT), gen),
+          "example text differs from generate's:\n  example: '%s'\n  generate: '%s'", text + strlen(PROMPT), gen);
+}
+
+int main(void) {
+    T_RUN(test_example_runs);
+    T_EXIT();
+}

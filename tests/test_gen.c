@@ -1,0 +1,350 @@
+// test_gen.c - the public step API (include/specdec_spec.h) and the method
+// registry: a generation stepped by hand equals sd_generate and plain
+// decoding; begin / forward / end equals sd_gen_step; sd_gen_cut and
+// sd_gen_stop leave the text and the cache as plain decoding would; two
+// generations sharing one model and one thread pool, stepped in turns, give
+// the texts they give alone; misuse gets clear errors; method strings parse,
+// merge and fail as documented. Synthetic models (tests/lib/synth).
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "lib/spec_check.h"
+#include "lib/synth.h"
+#include "specdec.h"
+#include "specdec_spec.h"
+#include "t.h"
+
+static char g_err[512];
+static sd_model *g_tgt;
+
+static int need_model(void) {
+    if (!g_tgt) {
+        synth_params p = synth_default_params();
+        p.seed = 1234;
+        p.n_layer = 2;
+        g_tgt = sc_synth_model(&p, "gen", "tgt", g_err, sizeof g_err);
+    }
+    return g_tgt != NULL;
+}
+
+// A prompt whose second half repeats its first (prompt lookup finds matches).
+static void make_prompt(int32_t *p, int n, uint64_t seed) {
+    for (int i = 0; i < n; i++) {
+        if (i >= n / 2) {
+            p[i] = p[i - n / 2];
+            continue;
+        }
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        p[i] = 3 + (int32_t)((seed >> 33) % 317u);
+    }
+}
+
+static sd_drafter *make_drafter(const char *method) {
+    sd_method m;
+    sd_drafter *d = NULL;
+    sd_method_env env = sd_method_env_default(g_tgt);
+    const sd_model *self[1] = {g_tgt};   // draft-model methods: the target drafts for itself
+    env.drafts = self;
+    env.n_drafts = 1;
+    if (sd_method_parse(method, &m, g_err, sizeof g_err) < 0 || sd_method_make(&m, &env, &d, g_err, sizeof g_err) < 0)
+        return NULL;
+    return d;
+}
+
+// Steps a generation by hand, collecting its tokens; 0 or -1.
+static int run_steps(sd_session *s, sd_sampler *smp, sd_drafter *d, const int32_t *prompt, int np, int n_predict,
+                     sc_tokens *out, int phases, sd_gen_stats *st) {
+    sd_gen_params gp = sd_gen_default_params();
+    gp.n_predict = n_predict;
+    sd_gen *g;
+    out->n = 0;
+    if (sd_session_truncate(s, 0, g_err, sizeof g_err) < 0) return -1;
+    if (sd_gen_new(&g, s, smp, d, &gp, g_err, sizeof g_err) < 0) return -1;
+    int rc = sd_gen_prefill(g, prompt, np, g_err, sizeof g_err);
+    while (rc == 0 && sd_gen_finished(g) == SD_FINISH_NONE) {
+        sd_step step;
+        if (phases) {   // the scheduler's way: begin, the caller's forward, end
+            sd_batch b;
+            rc = sd_gen_step_begin(g, &b, g_err, sizeof g_err);
+            if (rc == 0 && b.n > 0) rc = sd_session_forward(s, &b, g_err, sizeof g_err);
+            if (rc == 0) rc = sd_gen_step_end(g, &step, g_err, sizeof g_err);
+        } else {
+            rc = sd_gen_step(g, &step, g_err, sizeof g_err);
+        }
+        for (int k = 0; rc == 0 && k < step.n_tokens && out->n < (int)(SC_MAXTOK); k++)
+            out->tok[out->n++] = step.tokens[k];
+        if (rc == 0 && (step.n_tokens > step.n_accepted + 1 ||
+                        (step.finish == SD_FINISH_NONE && step.n_tokens != step.n_accepted + 1))) {
+            snprintf(g_err, sizeof g_err, "step emitted %d tokens for %d accepted", step.n_tokens, step.n_accepted);
+            rc = -1;
+        }
+    }
+    if (st) *st = *sd_gen_get_stats(g);
+    sd_gen_free(g);
+    return rc;
+}
+
+static void test_steps_equal_plain(void) {
+    if (!need_model()) SKIP("synthetic model: %.200s", g_err);
+    sd_session *s = sc_new_session(g_tgt, 256, 1, g_err, sizeof g_err);
+    sd_sampler *smp = sc_new_sampler(320, 0.0f, 1.0f, g_err, sizeof g_err);
+    sd_drafter *d = make_drafter("ngram:3-8");
+    CHECK(s && smp && d, "setup: %s", g_err);
+    if (!s || !smp || !d) goto out;
+    static sc_tokens plain, a, b, c;
+    for (int pr = 0; pr < 4; pr++) {
+        int32_t prompt[40];
+        make_prompt(prompt, 12 + 8 * pr, 50 + (uint64_t)pr);
+        int np = 12 + 8 * pr;
+        sd_gen_stats ps, st;
+        CHECK(sc_run_plain(s, smp, prompt, np, 60, &plain, &ps, g_err, sizeof g_err) == 0, "plain: %s", g_err);
+        int np_plain = sd_session_n_past(s);
+        CHECK(run_steps(s, smp, d, prompt, np, 60, &a, 0, &st) == 0, "steps: %s", g_err);
+        CHECK(sc_same_tokens(&plain, &a), "prompt %d: stepped ngram output differs from plain (%d vs %d tokens)", pr,
+              a.n, plain.n);
+        CHECK(sd_session_n_past(s) == np_plain && st.finish == ps.finish, "prompt %d: n_past %d/%d finish %d/%d", pr,
+              sd_session_n_past(s), np_plain, st.finish, ps.finish);
+        CHECK(st.n_generated == a.n, "stats count %d tokens, steps emitted %d", st.n_generated, a.n);
+        CHECK(run_steps(s, smp, d, prompt, np, 60, &b, 1, NULL) == 0, "phases: %s", g_err);
+        CHECK(sc_same_tokens(&a, &b), "prompt %d: begin/forward/end differs from sd_gen_step", pr);
+        CHECK(run_steps(s, smp, NULL, prompt, np, 60, &c, 0, NULL) == 0, "no drafter: %s", g_err);
+        CHECK(sc_same_tokens(&plain, &c), "prompt %d: stepping without a drafter differs from plain", pr);
+    }
+out:
+    sd_drafter_free(d);
+    sd_sampler_free(smp);
+    sd_session_free(s);
+}
+
+// Cutting a step after k tokens leaves text and cache as plain decoding
+// stopped after the same token, and a stop request ends with no token.
+static void test_cut_and_stop(void) {
+    if (!need_model()) SKIP("synthetic model: %.200s", g_err);
+    sd_session *s = sc_new_session(g_tgt, 256, 1, g_err, sizeof g_err);
+    sd_session *ref = sc_new_session(g_tgt, 256, 1, g_err, sizeof g_err);
+    sd_sampler *smp = sc_new_sampler(320, 0.0f, 1.0f, g_err, sizeof g_err);
+    sd_drafter *d = make_drafter("chain:4");
+    CHECK(s && ref && smp && d, "setup: %s", g_err);
+    if (!s || !ref || !smp || !d) goto out;
+    int32_t prompt[32];
+    make_prompt(prompt, 32, 7);
+    int cut_checked = 0;
+    for (int target_step = 1; target_step < 12 && !cut_checked; target_step++) {
+        sd_session_truncate(s, 0, g_err, sizeof g_err);
+        sd_gen *g;
+        sd_gen_params gp = sd_gen_default_params();
+        gp.n_predict = 80;
+        CHECK(sd_gen_new(&g, s, smp, d, &gp, g_err, sizeof g_err) == 0, "%s", g_err);
+        CHECK(sd_gen_prefill(g, prompt, 32, g_err, sizeof g_err) == 0, "%s", g_err);
+        sd_step st = {0};
+        for (int i = 0; i < target_step && sd_gen_finished(g) == SD_FINISH_NONE; i++)
+            CHECK(sd_gen_step(g, &st, g_err, sizeof g_err) == 0, "%s", g_err);
+        if (st.n_tokens >= 3 && sd_gen_finished(g) == SD_FINISH_NONE) {   // a step with accepted drafts: cut inside
+            int n_all;
+            sd_gen_tokens(g, &n_all);
+            int keep = 1;
+            CHECK(sd_gen_cut(g, keep, g_err, sizeof g_err) == 0, "cut: %s", g_err);
+            int n_text;
+            const int32_t *text = sd_gen_tokens(g, &n_text);
+            CHECK(n_text == n_all - (st.n_tokens - keep), "cut text %d tokens, expected %d", n_text,
+                  n_all - (st.n_tokens - keep));
+            CHECK(sd_gen_finished(g) == SD_FINISH_STOPPED, "finish %d after cut", sd_gen_finished(g));
+            // plain decoding of the same text: the cache holds every token but the last
+            int n_gen = n_text - 32;
+            static sc_tokens plain;
+            sd_gen_stats ps;
+            CHECK(sc_run_plain(ref, smp, prompt, 32, n_gen, &plain, &ps, g_err, sizeof g_err) == 0, "%s", g_err);
+            CHECK(plain.n == n_gen && !memcmp(plain.tok, text + 32, sizeof(int32_t) * (size_t)n_gen),
+                  "cut text differs from plain");
+            CHECK(sd_session_n_past(s) == sd_session_n_past(ref), "cache after cut %d rows, plain %d",
+                  sd_session_n_past(s), sd_session_n_past(ref));
+            CHECK(sd_gen_get_stats(g)->n_generated == n_gen, "stats %d, kept %d", sd_gen_get_stats(g)->n_generated,
+                  n_gen);
+            sd_step after;
+            CHECK(sd_gen_step(g, &after, g_err, sizeof g_err) == 0 && after.n_tokens == 0,
+                  "a step after the end emitted %d tokens", after.n_tokens);
+            CHECK(sd_gen_cut(g, 5, g_err, sizeof g_err) < 0, "cut beyond the last step accepted");
+            cut_checked = 1;
+        }
+        sd_gen_free(g);
+    }
+    CHECK(cut_checked, "no step accepted 2+ drafts: the cut inside a step was not exercised");
+    // stop
+    sd_session_truncate(s, 0, g_err, sizeof g_err);
+    sd_gen *g;
+    CHECK(sd_gen_new(&g, s, smp, d, NULL, g_err, sizeof g_err) == 0, "%s", g_err);
+    CHECK(sd_gen_prefill(g, prompt, 32, g_err, sizeof g_err) == 0, "%s", g_err);
+    sd_step st;
+    CHECK(sd_gen_step(g, &st, g_err, sizeof g_err) == 0 && st.n_tokens == 1, "first step %d tokens", st.n_tokens);
+    int n_before = sd_session_n_past(s);
+    sd_gen_stop(g);
+    CHECK(sd_gen_step(g, &st, g_err, sizeof g_err) == 0, "%s", g_err);
+    CHECK(st.n_tokens == 0 && st.finish == SD_FINISH_STOPPED, "stopped step: %d tokens, finish %d", st.n_tokens,
+          st.finish);
+    CHECK(sd_session_n_past(s) == n_before, "stop ran a forward");
+    sd_gen_free(g);
+out:
+    sd_drafter_free(d);
+    sd_sampler_free(smp);
+    sd_session_free(ref);
+    sd_session_free(s);
+}
+
+// Two generations on one model and one pool, stepped in turns, give the
+// texts each gives alone.
+static void test_interleaved(void) {
+    if (!need_model()) SKIP("synthetic model: %.200s", g_err);
+    sd_threadpool *pool = NULL;
+    sd_session *s[2] = {0};
+    sd_sampler *smp[2] = {0};
+    sd_drafter *d[2] = {0};
+    sd_gen *g[2] = {0};
+    CHECK(sd_threadpool_new(&pool, 2, g_err, sizeof g_err) == 0, "%s", g_err);
+    sd_session_params sp = sd_session_default_params();
+    sp.n_ctx = 256;
+    sp.n_batch = 64;
+    sp.pool = pool;
+    const char *methods[2] = {"ngram:3-8", "ar"};
+    for (int i = 0; i < 2; i++) {
+        CHECK(sd_session_new(&s[i], g_tgt, &sp, g_err, sizeof g_err) == 0, "%s", g_err);
+        smp[i] = sc_new_sampler(320, i ? 0.9f : 0.0f, 1.0f, g_err, sizeof g_err);
+        d[i] = i ? NULL : make_drafter(methods[i]);
+    }
+    sd_threadpool_free(pool);   // the sessions keep it alive
+    if (!s[0] || !s[1] || !smp[0] || !smp[1] || !d[0]) goto out;
+    int32_t prompt[2][24];
+    make_prompt(prompt[0], 24, 11);
+    make_prompt(prompt[1], 24, 12);
+    static sc_tokens alone[2], both[2];
+    for (int i = 0; i < 2; i++) {
+        sd_sampler_reseed(smp[i], 99);
+        CHECK(run_steps(s[i], smp[i], d[i], prompt[i], 24, 50, &alone[i], 0, NULL) == 0, "%s", g_err);
+        sd_session_truncate(s[i], 0, g_err, sizeof g_err);
+        sd_sampler_reseed(smp[i], 99);
+        sd_gen_params gp = sd_gen_default_params();
+        gp.n_predict = 50;
+        CHECK(sd_gen_new(&g[i], s[i], smp[i], d[i], &gp, g_err, sizeof g_err) == 0, "%s", g_err);
+        CHECK(sd_gen_prefill(g[i], prompt[i], 24, g_err, sizeof g_err) == 0, "%s", g_err);
+        both[i].n = 0;
+    }
+    for (int round = 0; round < 200; round++) {
+        int active = 0;
+        for (int i = 0; i < 2; i++) {
+            if (sd_gen_finished(g[i]) != SD_FINISH_NONE) continue;
+            active++;
+            sd_step st;
+            CHECK(sd_gen_step(g[i], &st, g_err, sizeof g_err) == 0, "%s", g_err);
+            for (int k = 0; k < st.n_tokens; k++) both[i].tok[both[i].n++] = st.tokens[k];
+        }
+        if (!active) break;
+    }
+    for (int i = 0; i < 2; i++)
+        CHECK(sc_same_tokens(&alone[i], &both[i]), "generation %d (%s): interleaved %d tokens differ from alone (%d)", i,
+              methods[i], both[i].n, alone[i].n);
+out:
+    for (int i = 0; i < 2; i++) {
+        sd_gen_free(g[i]);
+        sd_drafter_free(d[i]);
+        sd_sampler_free(smp[i]);
+        sd_session_free(s[i]);
+    }
+}
+
+static void test_misuse(void) {
+    if (!need_model()) SKIP("synthetic model: %.200s", g_err);
+    sd_session *s = sc_new_session(g_tgt, 32, 1, g_err, sizeof g_err);
+    sd_sampler *smp = sc_new_sampler(320, 0.0f, 1.0f, g_err, sizeof g_err);
+    if (!s || !smp) {
+        CHECK(0, "setup: %s", g_err);
+        goto out;
+    }
+    sd_gen *g;
+    CHECK(sd_gen_new(&g, NULL, smp, NULL, NULL, g_err, sizeof g_err) < 0, "no session accepted");
+    CHECK(sd_gen_new(&g, s, smp, NULL, NULL, g_err, sizeof g_err) == 0, "%s", g_err);
+    sd_step st;
+    CHECK(sd_gen_step(g, &st, g_err, sizeof g_err) < 0 && strstr(g_err, "prefill"), "step before prefill: '%s'", g_err);
+    int32_t prompt[40];
+    make_prompt(prompt, 40, 3);
+    CHECK(sd_gen_prefill(g, prompt, 0, g_err, sizeof g_err) < 0 && strstr(g_err, "empty"), "empty prompt: '%s'", g_err);
+    CHECK(sd_gen_prefill(g, prompt, 40, g_err, sizeof g_err) < 0 && strstr(g_err, "40 tokens") && strstr(g_err, "32"),
+          "long prompt: '%s'", g_err);
+    CHECK(sd_gen_prefill(g, prompt, 8, g_err, sizeof g_err) == 0, "%s", g_err);
+    CHECK(sd_gen_prefill(g, prompt, 8, g_err, sizeof g_err) < 0, "second prefill accepted");
+    sd_batch b;
+    CHECK(sd_gen_step_begin(g, &b, g_err, sizeof g_err) == 0, "%s", g_err);
+    CHECK(sd_gen_step_begin(g, &b, g_err, sizeof g_err) < 0, "begin twice accepted");
+    CHECK(sd_gen_step_end(g, &st, g_err, sizeof g_err) == 0 && st.n_tokens == 1, "%s", g_err);
+    CHECK(sd_gen_step_end(g, &st, g_err, sizeof g_err) < 0, "end without begin accepted");
+    // the context fills: finish ctx, as plain decoding
+    while (sd_gen_finished(g) == SD_FINISH_NONE)
+        if (sd_gen_step(g, &st, g_err, sizeof g_err) < 0) break;
+    CHECK(sd_gen_finished(g) == SD_FINISH_CTX || sd_gen_finished(g) == SD_FINISH_EOG, "finish %s",
+          sd_finish_name(sd_gen_finished(g)));
+    sd_gen_free(g);
+out:
+    sd_sampler_free(smp);
+    sd_session_free(s);
+}
+
+static void test_method_strings(void) {
+    if (!need_model()) SKIP("synthetic model: %.200s", g_err);
+    static const struct {
+        const char *s;
+        int ok, kind, nodes;
+    } cases[] = {
+        {"ar", 1, SD_METHOD_AR, 1},
+        {"chain:4", 1, SD_METHOD_MODEL, 5},
+        {"tree:2-2", 1, SD_METHOD_MODEL, 7},
+        {"dyn:3-4-12", 1, SD_METHOD_MODEL, 12},
+        {"ngram:3-8", 1, SD_METHOD_NGRAM, 33},
+        {"ngram:3-8:auto", 1, SD_METHOD_NGRAM, 33},
+        {"lookahead:4-3-4", 1, SD_METHOD_LOOKAHEAD, 9},
+        {"chain:4+ngram:3-8", 1, SD_METHOD_MERGE, 37},
+        {"chain:x", 0, 0, 0},
+        {"chain", 0, 0, 0},
+        {"nope:1", 0, 0, 0},
+        {"chain:4+", 0, 0, 0},
+        {"ar+ngram:3-8", 0, 0, 0},
+        {"lookahead:4-3-4+ngram:3-8", 0, 0, 0},
+        {"ngram:3-8:fast", 0, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        sd_method m;
+        g_err[0] = 0;
+        int rc = sd_method_parse(cases[i].s, &m, g_err, sizeof g_err);
+        CHECK((rc == 0) == cases[i].ok, "'%s': rc %d (%s)", cases[i].s, rc, g_err);
+        if (rc < 0) {
+            CHECK(g_err[0] && strstr(g_err, "method"), "'%s': unclear message '%s'", cases[i].s, g_err);
+            continue;
+        }
+        CHECK(m.kind == cases[i].kind && m.tree_nodes == cases[i].nodes, "'%s': kind %d nodes %d, want %d %d",
+              cases[i].s, m.kind, m.tree_nodes, cases[i].kind, cases[i].nodes);
+    }
+    sd_method m;
+    CHECK(sd_method_parse("chain:4+ngram:3-8", &m, g_err, sizeof g_err) == 0, "%s", g_err);
+    CHECK(m.needs_draft_model && sd_method_default_nodes(&m, 2) == 1 + 8 + 32, "merge nodes %d",
+          sd_method_default_nodes(&m, 2));
+    sd_method_env env = sd_method_env_default(g_tgt);
+    sd_drafter *d = NULL;
+    CHECK(sd_method_make(&m, &env, &d, g_err, sizeof g_err) < 0 && strstr(g_err, "draft model"),
+          "draft-model method without a draft: '%s'", g_err);
+    CHECK(sd_method_parse("ngram:3-8:auto", &m, g_err, sizeof g_err) == 0 && m.uses_cost_curve, "auto ngram");
+    CHECK(sd_method_make(&m, &env, &d, g_err, sizeof g_err) < 0 && strstr(g_err, "cost curve"),
+          "automatic tree without a cost curve: '%s'", g_err);
+    sd_method ms[8];
+    int n = sd_methods_parse("ngram:3-8,chain:2", ms, 8, g_err, sizeof g_err);
+    CHECK(n == 3 && ms[0].kind == SD_METHOD_AR, "list: %d methods, first kind %d", n, n > 0 ? ms[0].kind : -1);
+    CHECK(sd_methods_parse("ngram:3-8,ngram:3-8", ms, 8, g_err, sizeof g_err) < 0 && strstr(g_err, "twice"),
+          "duplicate: '%s'", g_err);
+}
+
+int main(void) {
+    T_RUN(test_steps_equal_plain);
+    T_RUN(test_cut_and_stop);
+    T_RUN(test_interleaved);
+    T_RUN(test_misuse);
+    T_RUN(test_method_strings);
+    sd_model_free(g_tgt);
+    T_EXIT();
+}
