@@ -16,6 +16,7 @@
 #include "draft/draft_merge.h"
 #include "draft/draft_model.h"
 #include "draft/draft_skip.h"
+#include "draft/skip_search.h"
 #include "specdec.h"
 #include "spec/tree_opt.h"
 
