@@ -56,15 +56,17 @@ test: build/specdec $(TESTS) $(EXAMPLES)
 	@bash scripts/fetch-models.sh || echo "warning: could not fetch the default model; tests that need it will be skipped"
 	@bash scripts/run-tests.sh $(TESTS)
 
-# Only the parser (and the target) are instrumented; what it calls from the
-# rest of the library (sd_err, sd_type_get) comes from the library archive,
-# whose gguf.o is never pulled in because src/model/gguf.c defines those symbols.
+# Only the parser and its getters (and the target) are instrumented; what they
+# call from the rest of the library (sd_err, sd_type_get) comes from the library
+# archive, whose gguf.o and gguf_get.o are never pulled in because
+# src/model/gguf.c and gguf_get.c define those symbols.
 # Run: mkdir -p /tmp/gguf-fuzz/corpus && build/fuzz_gguf -artifact_prefix=/tmp/gguf-fuzz/ /tmp/gguf-fuzz/corpus tests/data/gguf-bad
+FUZZ_SRC := src/model/gguf.c src/model/gguf_get.c
 fuzz: build/fuzz_gguf
-build/fuzz_gguf: tests/fuzz/fuzz_gguf.c src/model/gguf.c $(LIB)
+build/fuzz_gguf: tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) $(LIB)
 	@mkdir -p build
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -std=c11 -Wall -Wextra \
-		-D_GNU_SOURCE -Iinclude -Isrc tests/fuzz/fuzz_gguf.c src/model/gguf.c $(LIB) $(LDLIBS) -o $@
+		-D_GNU_SOURCE -Iinclude -Isrc tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) $(LIB) $(LDLIBS) -o $@
 
 clean:
 	rm -rf build

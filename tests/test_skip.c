@@ -12,6 +12,7 @@
 #include "specdec.h"
 #include "common.h"
 #include "draft/draft_skip.h"
+#include "draft/skip_search.h"
 #include "specdec_spec.h"
 #include "model/gguf.h"
 #include "lib/spec_check.h"

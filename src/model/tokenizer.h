@@ -1,6 +1,7 @@
 // tokenizer.h - internal: building the tokenizer from GGUF metadata.
-// The struct sd_tokenizer is private to tokenizer.c; the public calls are in
-// include/specdec.h (sd_tokenize, sd_token_to_piece, sd_chat_format, ...).
+// The struct sd_tokenizer is private to the tokenizer files (tokenizer_impl.h);
+// the public calls are in include/specdec.h (sd_tokenize, sd_token_to_piece,
+// sd_chat_format, ...).
 #ifndef SD_TOKENIZER_H
 #define SD_TOKENIZER_H
 

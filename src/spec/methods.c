@@ -15,6 +15,7 @@
 #include "draft/draft_model.h"
 #include "draft/draft_ngram.h"
 #include "draft/draft_skip.h"
+#include "draft/skip_search.h"
 #include "spec/cost_curve.h"
 #include "specdec_spec.h"
 
