@@ -1,6 +1,6 @@
 // specdec.h - public C API of the specdec inference engine.
 //
-// Lifetimes (house rule 1): an sd_model is immutable after loading and can be
+// Lifetimes (docs/house-rules.md, rule 1): an sd_model is immutable after loading and can be
 // shared by many sessions; an sd_session owns all mutable state (KV cache,
 // logits, scratch), sized once at creation. Every function that can fail
 // returns 0 (or a non-negative count) on success and a negative value on error,

@@ -1,5 +1,5 @@
 // common.h - small shared helpers for the specdec library (internal).
-// Error convention (house rule 4): library functions return 0 on success and
+// Error convention (docs/house-rules.md, rule 4): library functions return 0 on success and
 // a negative value on error, writing a human-readable message into a caller
 // buffer (err, errlen). The library never prints and never exits.
 #ifndef SD_COMMON_H

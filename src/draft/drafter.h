@@ -1,4 +1,4 @@
-// drafter.h - the drafter interface (a small vtable, house rule 7).
+// drafter.h - the drafter interface (a small vtable: docs/house-rules.md, rule 7).
 // The generation step (src/spec/gen.c) knows only this interface: draft
 // models, n-gram lookup, lookahead, layer skipping, trained heads and remote
 // clients all plug in here. Programs see sd_drafter as an opaque handle

@@ -1,4 +1,4 @@
-// threadpool.h - one pool of worker threads, explicit (house rule 8).
+// threadpool.h - one pool of worker threads, explicit (docs/house-rules.md, rule 8).
 // sd_pool_run(p, fn, arg) calls fn(arg, ith, nth) on every thread of the pool,
 // the caller being thread 0, and returns when all have finished. Workers spin
 // briefly between jobs (a forward pass issues hundreds of small jobs, and a

@@ -1,6 +1,6 @@
 // model.c - loading and validating a llama / qwen2 GGUF model.
 //
-// Everything the forward pass trusts is checked here (house rule 5): the
+// Everything the forward pass trusts is checked here (docs/house-rules.md, rule 5): the
 // hyperparameters, the presence, shape and type of every tensor. Error
 // messages name the key or tensor at fault.
 #include "model/model.h"

@@ -1,7 +1,7 @@
 // session.h - internal: the mutable state of one sequence (KV cache, scratch,
 // logits), shared by session.c (lifetime, commit, truncate) and forward.c
 // (the batched tree-masked forward pass). Everything is sized at creation
-// (house rule 3): a forward call allocates nothing.
+// (docs/house-rules.md, rule 3): a forward call allocates nothing.
 #ifndef SD_SESSION_H
 #define SD_SESSION_H
 
