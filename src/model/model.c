@@ -393,3 +393,15 @@ void sd_model_get_info(const sd_model *m, sd_model_info *info) {
 }
 
 const sd_tokenizer *sd_model_tokenizer(const sd_model *m) { return m->tok; }
+
+int sd_model_token_embd(const sd_model *m, int32_t token, float *out, char *err, size_t errlen) {
+    const int E = m->hp.n_embd;
+    if (token < 0 || token >= m->hp.n_vocab)
+        return sd_err(err, errlen, "token_embd: token %d is out of range (n_vocab %d)", token, m->hp.n_vocab);
+    if (!out) return sd_err(err, errlen, "token_embd: no output buffer");
+    // the forward's embedding lookup does the same (forward.c), so a batch of
+    // these rows gives the token batch's bits
+    const sd_type_traits *et = sd_type_get(m->tok_embd->type);
+    et->to_float((const uint8_t *)m->tok_embd->data + (size_t)token * sd_row_size(m->tok_embd->type, E), out, E);
+    return 0;
+}
