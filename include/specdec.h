@@ -191,6 +191,20 @@ double sd_sampler_uniform(sd_sampler *s);
 void sd_sampler_reseed(sd_sampler *s, uint64_t seed);
 const sd_sampler_params *sd_sampler_get_params(const sd_sampler *s);
 
+// ---------------------------------------------------------------- kernels
+// Fixes the family of compute kernels for the whole process: "auto" (the best
+// this CPU has), "avx512-vnni", "avx2" or "scalar" (the plain C references).
+// Must be called before any model is loaded; loading a model without it fixes
+// "auto". Fails with a message for an unknown name, a family this CPU or
+// build lacks, or once a family is fixed differently (by an earlier call or a
+// model load); asking again for the family already fixed returns 0. Not to
+// be called concurrently with sd_model_load.
+int sd_backend_select(const char *name, char *err, size_t errlen);
+// Name of the kernel family in use, e.g. "avx512-vnni", "avx2", "scalar";
+// before any selection or model load, what "auto" picks (nothing is fixed by
+// asking).
+const char *sd_backend_name(void);
+
 // ---------------------------------------------------------------- misc
 // Number of online CPU cores.
 int sd_n_cores(void);

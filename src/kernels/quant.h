@@ -89,18 +89,29 @@ typedef struct {
 } sd_type_traits;
 
 // Traits for type t (a zero entry with supported=0 for unknown ids < SD_TYPE_COUNT);
-// NULL if t is out of range. Optimized pointers are set by sd_quant_init().
+// NULL if t is out of range. Optimized pointers are set by the kernel
+// selection; the first use without one installs "auto" (sd_quant_init(0)).
 const sd_type_traits *sd_type_get(int t);
-// Selects optimized kernels for this CPU; idempotent, thread-safe. Called by
-// model loading and by tests. force_ref=1 keeps every kernel scalar.
+// The kernel family is fixed once per process by the public
+// sd_backend_select (include/specdec.h), or "auto" by the first model load
+// (sd_quant_fix_for_model). The two functions below are for TESTS ONLY, of
+// kernels that never run a session: they reinstall the table at any time,
+// bypassing that rule, and must not run while any session computes.
+// sd_quant_init: the best kernels of this CPU (force_ref=0) or the scalar
+// references everywhere (force_ref=1); thread-safe.
 void sd_quant_init(int force_ref);
-// Installs a kernel family by name: "auto" (what sd_quant_init(0) picks),
-// "scalar" (= sd_quant_init(1)) or "avx2" (the AVX2 dots of the legacy
-// quants even on an AVX-512 CPU: for tests). Returns 0, or -1 for an unknown
-// name or a CPU without it. Same threading rules as sd_quant_init.
+// Test only, as sd_quant_init: installs a family by name: "auto" (what
+// sd_quant_init(0) picks), "scalar" (= sd_quant_init(1)) or "avx2" (the
+// AVX2 dots of the legacy quants even on an AVX-512 CPU). Returns 0, or -1
+// for an unknown name or a CPU without it.
 int sd_quant_init_backend(const char *name);
-// Name of the selected kernel family, e.g. "avx512-vnni", "avx2", "scalar".
+// Name of the installed kernel family, e.g. "avx512-vnni", "avx2", "scalar"
+// ("scalar" before any installation; sd_backend_name installs "auto" first).
 const char *sd_quant_backend(void);
+// Called by model loading: fixes the family for the process ("auto" unless
+// sd_backend_select chose one; installed if no table is), after which
+// sd_backend_select of another family fails.
+void sd_quant_fix_for_model(void);
 // The repacked type that file type t's matrices with rows of n_in elements
 // can be rewritten to for this CPU's kernels, or -1 (none: use t as it is).
 // The repacked matrix gives the same bits as t through sd_matmul.

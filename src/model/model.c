@@ -338,11 +338,9 @@ static int repack_weights(sd_model *m, char *err, size_t errlen) {
 
 int sd_model_load(sd_model **out, const char *path, char *err, size_t errlen) {
     *out = NULL;
-    // Kernel selection happens once per process: sd_type_get runs
-    // sd_quant_init(0) on first use unless the program already called
-    // sd_quant_init itself (e.g. a test forcing the scalar kernels). Calling
-    // sd_quant_init here again would reset the table under running sessions.
-    (void)sd_type_get(SD_TYPE_F32);
+    // The kernel family is fixed once per process: the one sd_backend_select
+    // chose, else "auto" (never reinstalled under running sessions).
+    sd_quant_fix_for_model();
     sd_model *m = calloc(1, sizeof(*m));
     if (!m) return sd_err(err, errlen, "out of memory");
     int r = sd_gguf_open(&m->gguf, path, err, errlen);
