@@ -12,7 +12,7 @@
 #include "lib/ref_forward.h"
 #include "lib/synth.h"
 #include "model/model.h"
-#include "kernels/quant.h"
+#include "kernels/matmul.h"
 #include "t.h"
 
 #define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"

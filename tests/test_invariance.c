@@ -11,7 +11,7 @@
 
 #include "specdec.h"
 #include "lib/synth.h"
-#include "kernels/quant.h"
+#include "kernels/matmul.h"
 #include "kernels/threadpool.h"
 
 static uint64_t rng_state = 0x1234567;

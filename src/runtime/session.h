@@ -8,7 +8,7 @@
 #include <stdint.h>
 
 #include "model/model.h"
-#include "kernels/quant.h"
+#include "kernels/matmul.h"
 #include "kernels/threadpool.h"
 
 // Most queries of one KV head that the attention processes together
