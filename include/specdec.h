@@ -37,6 +37,11 @@ typedef struct sd_model_info {
 } sd_model_info;
 void sd_model_get_info(const sd_model *m, sd_model_info *info);
 const sd_tokenizer *sd_model_tokenizer(const sd_model *m);
+// The input embedding of token (a row of token_embd, dequantized with the
+// reference conversion of its type): n_embd floats into out. A batch of
+// these rows (sd_batch.embd) gives the same bits as the batch of the tokens.
+// Returns 0, or <0 if token is out of range [0, n_vocab).
+int sd_model_token_embd(const sd_model *m, int32_t token, float *out, char *err, size_t errlen);
 
 // ---------------------------------------------------------------- threads
 // A pool of worker threads that sessions run their forward passes on. Made
@@ -65,7 +70,12 @@ int sd_session_new(sd_session **out, const sd_model *m, const sd_session_params 
                    char *err, size_t errlen);
 void sd_session_free(sd_session *s);
 
-// A batch of tokens evaluated in one forward call. Node i attends to the
+// Most entries of sd_batch.hidden_layers, and the entry that names the final
+// RMS-normed state (the output matrix's input) instead of a layer's output.
+#define SD_MAX_HIDDEN_LAYERS 8
+#define SD_HIDDEN_NORM (-1)
+
+// A batch of tokens (or embedding rows) evaluated in one forward call. Node i attends to the
 // committed KV cache [0, n_past) and to the batch nodes on its ancestor chain
 // (parent[i], parent[parent[i]], ...) and itself, nothing else. parent[i] < i,
 // or -1 for a node hanging directly off the committed cache. parent == NULL
@@ -74,7 +84,7 @@ void sd_session_free(sd_session *s);
 // otherwise only where logits[i] != 0.
 typedef struct sd_batch {
     int n;                   // number of nodes, 1..n_batch
-    const int32_t *tokens;   // (n)
+    const int32_t *tokens;   // (n), or NULL with embd
     const int32_t *parent;   // (n) or NULL
     const int32_t *pos;      // (n) or NULL
     const uint8_t *logits;   // (n) or NULL
@@ -84,6 +94,27 @@ typedef struct sd_batch {
     // default (sd_gen_params.fast_prompt); tokens being generated or verified
     // never are, so a token gets the same bits alone as in a tree batch.
     int precise;
+
+    // Hidden-state rows out (EAGLE-style drafters, training data). Each entry
+    // of hidden_layers names a state of the residual stream: l in
+    // [0, n_layer) the stream after transformer block l (after its attention
+    // and FFN residual adds; a skipped layer's equals its input), or
+    // SD_HIDDEN_NORM the final RMS-normed state (the output matrix's input).
+    // For the r-th wanted node (in batch order) and the k-th entry, the
+    // forward writes n_embd floats at
+    // hidden_out + ((size_t)r * n_hidden_layers + k) * n_embd: one node's rows
+    // are contiguous. The rows are the values the forward really computed;
+    // asking for them changes no logit bit. n_hidden_layers == 0: none
+    // (hidden_layers, hidden and hidden_out are then ignored).
+    const int32_t *hidden_layers; // (n_hidden_layers) layer indices or SD_HIDDEN_NORM; entries may repeat
+    int n_hidden_layers;          // 0..SD_MAX_HIDDEN_LAYERS
+    const uint8_t *hidden;        // (n) nonzero: node i's rows are wanted; NULL: every node's
+    float *hidden_out;            // (n_wanted, n_hidden_layers, n_embd) caller-owned, written by the forward
+
+    // Embedding rows as input: when set, row i (n_embd floats) is node i's
+    // input in place of the token embedding lookup (a drafter feeding fused
+    // features, a soft prompt). Exactly one of tokens and embd must be set.
+    const float *embd;            // (n, n_embd) or NULL: tokens
 } sd_batch;
 
 // Evaluates the batch. The KV rows of the batch are written as pending rows
@@ -173,6 +204,20 @@ int32_t sd_sampler_sample(sd_sampler *s, const float *logits, const int32_t *his
 double sd_sampler_uniform(sd_sampler *s);
 void sd_sampler_reseed(sd_sampler *s, uint64_t seed);
 const sd_sampler_params *sd_sampler_get_params(const sd_sampler *s);
+
+// ---------------------------------------------------------------- kernels
+// Fixes the family of compute kernels for the whole process: "auto" (the best
+// this CPU has), "avx512-vnni", "avx2" or "scalar" (the plain C references).
+// Must be called before any model is loaded; loading a model without it fixes
+// "auto". Fails with a message for an unknown name, a family this CPU or
+// build lacks, or once a family is fixed differently (by an earlier call or a
+// model load); asking again for the family already fixed returns 0. Not to
+// be called concurrently with sd_model_load.
+int sd_backend_select(const char *name, char *err, size_t errlen);
+// Name of the kernel family in use, e.g. "avx512-vnni", "avx2", "scalar";
+// before any selection or model load, what "auto" picks (nothing is fixed by
+// asking).
+const char *sd_backend_name(void);
 
 // ---------------------------------------------------------------- misc
 // Number of online CPU cores.

@@ -12,7 +12,7 @@
 #include "lib/ref_forward.h"
 #include "lib/synth.h"
 #include "model/model.h"
-#include "kernels/quant.h"
+#include "kernels/matmul.h"
 #include "t.h"
 
 #define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -65,7 +65,7 @@ static sd_session *new_session(const sd_model *m, int n_ctx, int n_batch, int n_
 
 // Runs a chain of tokens and commits it.
 static int feed_chain(sd_session *s, const int32_t *toks, int n) {
-    sd_batch b = {n, toks, NULL, NULL, NULL, 0};
+    sd_batch b = {.n = n, .tokens = toks};
     if (sd_session_forward(s, &b, g_err, sizeof g_err) < 0) return -1;
     return sd_session_commit(s, NULL, 0, g_err, sizeof g_err);
 }
@@ -160,7 +160,7 @@ static void check_vs_ref(const char *arch, const type_case *tc) {
     int32_t tok = 42;
     float worst = 0, worstq = 0, sd = 0;
     int nq = 0, n_flipped = 0, row0_flipped = 0;
-    sd_batch b = {12, prompt, NULL, NULL, NULL, 0};
+    sd_batch b = {.n = 12, .tokens = prompt};
     int rc = sd_session_forward(s, &b, g_err, sizeof g_err);
     CHECK(rc == 0, "forward: %s", g_err);
     for (int row = 0; row < VSREF_ROWS && rc == 0; row++) {
@@ -170,7 +170,7 @@ static void check_vs_ref(const char *arch, const type_case *tc) {
             got = sd_session_logits(s, row);
         } else {
             sd_session_commit(s, NULL, 0, g_err, sizeof g_err);
-            sd_batch b1 = {1, &tok, NULL, NULL, NULL, 0};
+            sd_batch b1 = {.n = 1, .tokens = &tok};
             rc = sd_session_forward(s, &b1, g_err, sizeof g_err);
             CHECK(rc == 0, "forward: %s", g_err);
             if (rc) break;
@@ -259,7 +259,7 @@ static void long_context(int n_embd, int n_head, int n_head_kv) {
     for (int done = 0; s && r && ref && done < N;) {
         int n = SD_MIN(16, N - done);
         for (int i = 0; i < n; i++) toks[i] = (int32_t)((done + i) * 131 % V);
-        sd_batch b = {n, toks, NULL, NULL, NULL, 0};
+        sd_batch b = {.n = n, .tokens = toks};
         if (sd_session_forward(s, &b, g_err, sizeof g_err) < 0) {
             CHECK(0, "%s", g_err);
             break;
@@ -331,11 +331,11 @@ static void check_chain(const sd_model *m, const int32_t *prompt, int n_prompt, 
     if (!s1 || !s2) goto out;
     CHECK(feed_chain(s1, prompt, n_prompt) == 0, "prompt: %s", g_err);
     CHECK(feed_chain(s2, prompt, n_prompt) == 0, "prompt: %s", g_err);
-    sd_batch b = {7, chain, NULL, NULL, NULL, 0};
+    sd_batch b = {.n = 7, .tokens = chain};
     CHECK(sd_session_forward(s1, &b, g_err, sizeof g_err) == 0, "%s", g_err);
     diff_stats st = {0, 0};
     for (int i = 0; i < 7; i++) {
-        sd_batch b1 = {1, chain + i, NULL, NULL, NULL, 0};
+        sd_batch b1 = {.n = 1, .tokens = chain + i};
         if (sd_session_forward(s2, &b1, g_err, sizeof g_err) < 0) {
             CHECK(0, "%s", g_err);
             break;
@@ -375,14 +375,14 @@ static void check_tree(const sd_model *m, const int32_t *prompt, int n_prompt, c
     if (!s1 || !s2) goto out;
     CHECK(feed_chain(s1, prompt, n_prompt) == 0, "prompt: %s", g_err);
     CHECK(feed_chain(s2, prompt, n_prompt) == 0, "prompt: %s", g_err);
-    sd_batch b = {10, ttok, k_tree_parent, NULL, NULL, 0};
+    sd_batch b = {.n = 10, .tokens = ttok, .parent = k_tree_parent};
     CHECK(sd_session_forward(s1, &b, g_err, sizeof g_err) == 0, "%s", g_err);
     diff_stats st = {0, 0};
     for (int i = 0; i < 10; i++) {
         int32_t path[16], ptok[16];
         int np = tree_path(i, path);
         for (int k = 0; k < np; k++) ptok[k] = ttok[path[k]];
-        sd_batch bp = {np, ptok, NULL, NULL, NULL, 0};
+        sd_batch bp = {.n = np, .tokens = ptok};
         if (sd_session_forward(s2, &bp, g_err, sizeof g_err) < 0) {
             CHECK(0, "%s", g_err);
             break;
@@ -404,7 +404,7 @@ static void check_commit(const sd_model *m, const int32_t *prompt, int n_prompt,
     if (!s1 || !s2) goto out;
     CHECK(feed_chain(s1, prompt, n_prompt) == 0, "prompt: %s", g_err);
     CHECK(feed_chain(s2, prompt, n_prompt) == 0, "prompt: %s", g_err);
-    sd_batch b = {10, ttok, k_tree_parent, NULL, NULL, 0};
+    sd_batch b = {.n = 10, .tokens = ttok, .parent = k_tree_parent};
     CHECK(sd_session_forward(s1, &b, g_err, sizeof g_err) == 0, "%s", g_err);
     int32_t path[16], ptok[16];
     int np = tree_path(8, path); // 0 1 5 8: a path whose rows must move
@@ -415,7 +415,7 @@ static void check_commit(const sd_model *m, const int32_t *prompt, int n_prompt,
     diff_stats st = {0, 0};
     int32_t tok = ttok[9];
     for (int step = 0; step < 4; step++) {
-        sd_batch b1 = {1, &tok, NULL, NULL, NULL, 0};
+        sd_batch b1 = {.n = 1, .tokens = &tok};
         if (sd_session_forward(s1, &b1, g_err, sizeof g_err) < 0 ||
             sd_session_forward(s2, &b1, g_err, sizeof g_err) < 0) {
             CHECK(0, "%s", g_err);
@@ -430,7 +430,7 @@ static void check_commit(const sd_model *m, const int32_t *prompt, int n_prompt,
     // the path session truncated the same way.
     CHECK(sd_session_truncate(s1, n_prompt + 2, g_err, sizeof g_err) == 0, "%s", g_err);
     CHECK(sd_session_truncate(s2, n_prompt + 2, g_err, sizeof g_err) == 0, "%s", g_err);
-    sd_batch b1 = {1, &tok, NULL, NULL, NULL, 0};
+    sd_batch b1 = {.n = 1, .tokens = &tok};
     if (sd_session_forward(s1, &b1, g_err, sizeof g_err) == 0 && sd_session_forward(s2, &b1, g_err, sizeof g_err) == 0) {
         diff_add(&st, sd_session_logits(s1, 0), sd_session_logits(s2, 0), V);
     } else
@@ -481,10 +481,10 @@ static void test_explicit_pos_and_logit_mask(void) {
         const int32_t par[3] = {-1, 0, 0};
         const int32_t pos[3] = {0, 1, 1};
         const uint8_t want[3] = {0, 1, 1};
-        sd_batch b = {3, toks, par, pos, want, 0};
+        sd_batch b = {.n = 3, .tokens = toks, .parent = par, .pos = pos, .logits = want};
         CHECK(sd_session_forward(s1, &b, g_err, sizeof g_err) == 0, "%s", g_err);
         CHECK(sd_session_logits(s1, 0) == NULL, "logits not requested but returned");
-        sd_batch b2 = {3, toks, par, NULL, NULL, 0};
+        sd_batch b2 = {.n = 3, .tokens = toks, .parent = par};
         CHECK(sd_session_forward(s2, &b2, g_err, sizeof g_err) == 0, "%s", g_err);
         const float *a = sd_session_logits(s1, 2), *c = sd_session_logits(s2, 2);
         CHECK(a && c, "missing logits");
@@ -511,7 +511,7 @@ static void test_forward_errors(void) {
         return;
     }
     int32_t toks[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
-    sd_batch b = {9, toks, NULL, NULL, NULL, 0};
+    sd_batch b = {.n = 9, .tokens = toks};
     g_err[0] = 0;
     CHECK(sd_session_forward(s, &b, g_err, sizeof g_err) < 0 && strstr(g_err, "batch"), "batch too large: '%s'", g_err);
     b.n = 0;
@@ -540,7 +540,7 @@ static void test_forward_errors(void) {
     CHECK(sd_session_forward(s, &b, g_err, sizeof g_err) < 0, "token -1 accepted");
     // A tree forward, then a commit of rows that are not a chain.
     int32_t tp[3] = {-1, 0, 0};
-    sd_batch bt = {3, toks, tp, NULL, NULL, 0};
+    sd_batch bt = {.n = 3, .tokens = toks, .parent = tp};
     CHECK(sd_session_forward(s, &bt, g_err, sizeof g_err) == 0, "%s", g_err);
     int32_t rows[2] = {1, 2};
     g_err[0] = 0;
@@ -607,7 +607,7 @@ static void test_rope_linear_scaling(void) {
     CHECK(s && r && ref, "%s", g_err);
     if (s && r && ref) {
         const int32_t toks[6] = {1, 290, 3, 311, 7, 260};
-        sd_batch b = {6, toks, NULL, NULL, NULL, 0};
+        sd_batch b = {.n = 6, .tokens = toks};
         CHECK(sd_session_forward(s, &b, g_err, sizeof g_err) == 0, "%s", g_err);
         float worst = 0;
         for (int i = 0; i < 6; i++) {
@@ -670,7 +670,7 @@ static void test_default_model(void) {
     // activations).
     const int32_t prompt[5] = {504, 3575, 282, 4649, 314};
     const int32_t expect[4] = {7042, 30, 198, 198};
-    sd_batch b = {5, prompt, NULL, NULL, NULL, 0};
+    sd_batch b = {.n = 5, .tokens = prompt};
     int ok = sd_session_forward(s, &b, g_err, sizeof g_err) == 0;
     CHECK(ok, "%s", g_err);
     int32_t got[4] = {0};
@@ -681,7 +681,7 @@ static void test_default_model(void) {
             if (lg[v] > lg[best]) best = v;
         got[k] = best;
         sd_session_commit(s, NULL, 0, g_err, sizeof g_err);
-        sd_batch b1 = {1, &got[k], NULL, NULL, NULL, 0};
+        sd_batch b1 = {.n = 1, .tokens = &got[k]};
         ok = sd_session_forward(s, &b1, g_err, sizeof g_err) == 0;
     }
     CHECK(memcmp(got, expect, sizeof got) == 0, "greedy: got %d %d %d %d, expected %d %d %d %d", got[0], got[1],

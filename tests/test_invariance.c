@@ -11,7 +11,7 @@
 
 #include "specdec.h"
 #include "lib/synth.h"
-#include "kernels/quant.h"
+#include "kernels/matmul.h"
 #include "kernels/threadpool.h"
 
 static uint64_t rng_state = 0x1234567;
@@ -80,12 +80,12 @@ static void check_model_invariance(const char *path, int n_threads) {
     int32_t toks[64];
     for (int i = 0; i < n_prefix + n_chain; i++) toks[i] = (int32_t)((i * 7919 + 13) % info.n_vocab);
     // a: prefix as one batch, then the chain token by token
-    sd_batch bt = {n_prefix, toks, NULL, NULL, NULL, 0};
+    sd_batch bt = {.n = n_prefix, .tokens = toks};
     CHECK(sd_session_forward(a, &bt, err, sizeof err) == 0, "%s", err);
     sd_session_commit(a, NULL, 0, err, sizeof err);
     float *ref = malloc(sizeof(float) * (size_t)info.n_vocab * n_chain);
     for (int i = 0; i < n_chain; i++) {
-        sd_batch one = {1, toks + n_prefix + i, NULL, NULL, NULL, 0};
+        sd_batch one = {.n = 1, .tokens = toks + n_prefix + i};
         CHECK(sd_session_forward(a, &one, err, sizeof err) == 0, "%s", err);
         memcpy(ref + (size_t)i * info.n_vocab, sd_session_logits(a, 0), sizeof(float) * info.n_vocab);
         sd_session_commit(a, NULL, 0, err, sizeof err);
@@ -93,7 +93,7 @@ static void check_model_invariance(const char *path, int n_threads) {
     // b: prefix, then the chain as one batch
     CHECK(sd_session_forward(b, &bt, err, sizeof err) == 0, "%s", err);
     sd_session_commit(b, NULL, 0, err, sizeof err);
-    sd_batch ch = {n_chain, toks + n_prefix, NULL, NULL, NULL, 0};
+    sd_batch ch = {.n = n_chain, .tokens = toks + n_prefix};
     CHECK(sd_session_forward(b, &ch, err, sizeof err) == 0, "%s", err);
     int n_diff = 0;
     for (int i = 0; i < n_chain; i++)
@@ -105,7 +105,7 @@ static void check_model_invariance(const char *path, int n_threads) {
     const int32_t *c = toks + n_prefix;
     int32_t tt[7] = {c[0], 5, c[1], 9, 17, c[2], c[3]};
     int32_t par[7] = {-1, 0, 0, 1, 2, 2, 5};
-    sd_batch tr = {7, tt, par, NULL, NULL, 0};
+    sd_batch tr = {.n = 7, .tokens = tt, .parent = par};
     CHECK(sd_session_forward(b, &tr, err, sizeof err) == 0, "%s", err);
     const int path_nodes[4] = {0, 2, 5, 6};
     n_diff = 0;

@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "common.h"
-#include "kernels/quant.h"
+#include "kernels/matmul.h"
 #include "t.h"
 #include "kernels/threadpool.h"
 

@@ -19,7 +19,7 @@
 
 #include "common.h"
 #include "lib/quant_check.h"
-#include "kernels/quant.h"
+#include "kernels/matmul.h"
 #include "t.h"
 #include "kernels/threadpool.h"
 

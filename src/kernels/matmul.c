@@ -27,7 +27,7 @@
 #include <string.h>
 
 #include "common.h"
-#include "kernels/quant.h"
+#include "kernels/matmul.h"
 
 // Row chunks given to threads are multiples of this (the panel height of the
 // legacy-quant kernels, a multiple of the K-quant tiles' 4), so no panel

@@ -429,6 +429,9 @@ static sd_type_traits g_traits[SD_TYPE_COUNT] = {
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static atomic_int g_inited;              // 1 once sd_quant_init ran
+static int g_sel_mode = -1;              // family fixed for the process (sd_backend_select, model load):
+                                         // its index in k_families (0 "auto"); -1 none yet. Under g_lock
+static int g_model_loaded;               // 1 once a model was loaded (sd_quant_fix_for_model). Under g_lock
 static const char *g_backend = "scalar"; // written under g_lock
 static sd_from_float_fn g_act[SD_TYPE_COUNT]; // fast activation quantizers (or NULL)
 static sd_act_pack_fn g_pack[SD_TYPE_COUNT];   // activation packers by weight type (or NULL)
@@ -476,6 +479,64 @@ int sd_quant_init_backend(const char *name) {
     if (!ok) quant_init_locked(0); // not on this CPU: back to the best it has
     pthread_mutex_unlock(&g_lock);
     return ok ? 0 : -1;
+}
+
+// The names sd_backend_select takes, and the quant_init_locked mode of each
+// (avx512-vnni is what mode 0 picks on a CPU that has it).
+static const struct {
+    const char *name;
+    int mode;
+} k_families[] = {{"auto", 0}, {"scalar", 1}, {"avx2", 2}, {"avx512-vnni", 0}};
+#define N_FAMILIES (int)(sizeof k_families / sizeof *k_families)
+
+int sd_backend_select(const char *name, char *err, size_t errlen) {
+    if (!name) name = "auto";
+    int f = -1;
+    for (int i = 0; i < N_FAMILIES; i++)
+        if (!strcmp(name, k_families[i].name)) f = i;
+    if (f < 0) return sd_err(err, errlen, "unknown kernel family '%s' (auto, avx512-vnni, avx2, scalar)", name);
+    pthread_mutex_lock(&g_lock);
+    if (g_sel_mode >= 0) {
+        const int sel = g_sel_mode, loaded = g_model_loaded;
+        const char *be = g_backend;
+        pthread_mutex_unlock(&g_lock);
+        if (sel == f) return 0; // the same request again changes nothing
+        if (loaded)
+            return sd_err(err, errlen,
+                          "kernel family '%s': a model was already loaded with '%s' (%s); the family is fixed once "
+                          "per process, select it before loading any model",
+                          name, k_families[sel].name, be);
+        return sd_err(err, errlen, "kernel family '%s': '%s' (%s) was already selected; the family is fixed once per "
+                      "process", name, k_families[sel].name, be);
+    }
+    quant_init_locked(k_families[f].mode);
+    if (f != 0 && strcmp(g_backend, k_families[f].name) != 0) {
+        quant_init_locked(0); // not on this CPU (or build): back to the best it has, nothing selected
+        const char *be = g_backend;
+        pthread_mutex_unlock(&g_lock);
+        return sd_err(err, errlen, "kernel family '%s' is not available on this CPU or build (auto gives '%s')", name,
+                      be);
+    }
+    g_sel_mode = f;
+    pthread_mutex_unlock(&g_lock);
+    return 0;
+}
+
+const char *sd_backend_name(void) {
+    if (!atomic_load_explicit(&g_inited, memory_order_acquire)) sd_quant_init(0);
+    return sd_quant_backend();
+}
+
+void sd_quant_fix_for_model(void) {
+    pthread_mutex_lock(&g_lock);
+    if (g_sel_mode < 0) {
+        g_sel_mode = 0;
+        // a table a test installed (sd_quant_init) stays; a second load
+        // never reinstalls one under running sessions
+        if (!atomic_load_explicit(&g_inited, memory_order_acquire)) quant_init_locked(0);
+    }
+    g_model_loaded = 1;
+    pthread_mutex_unlock(&g_lock);
 }
 
 const char *sd_quant_backend(void) {

@@ -1,4 +1,5 @@
-// quant.h - tensor types, block formats, dot-product kernels, batched matmul.
+// quant.h - tensor types, block formats, dot-product kernels (the type
+// traits); the batched matrix multiply that uses them is in kernels/matmul.h.
 //
 // Type ids and block layouts are those of the GGUF format (ggml numbering), so
 // GGUF files load without conversion. For each weight type there is:
@@ -11,8 +12,6 @@
 
 #include <stddef.h>
 #include <stdint.h>
-
-#include "kernels/threadpool.h"
 
 enum sd_type {
     SD_TYPE_F32 = 0, SD_TYPE_F16 = 1, SD_TYPE_Q4_0 = 2, SD_TYPE_Q4_1 = 3,
@@ -89,133 +88,34 @@ typedef struct {
 } sd_type_traits;
 
 // Traits for type t (a zero entry with supported=0 for unknown ids < SD_TYPE_COUNT);
-// NULL if t is out of range. Optimized pointers are set by sd_quant_init().
+// NULL if t is out of range. Optimized pointers are set by the kernel
+// selection; the first use without one installs "auto" (sd_quant_init(0)).
 const sd_type_traits *sd_type_get(int t);
-// Selects optimized kernels for this CPU; idempotent, thread-safe. Called by
-// model loading and by tests. force_ref=1 keeps every kernel scalar.
+// The kernel family is fixed once per process by the public
+// sd_backend_select (include/specdec.h), or "auto" by the first model load
+// (sd_quant_fix_for_model). The two functions below are for TESTS ONLY, of
+// kernels that never run a session: they reinstall the table at any time,
+// bypassing that rule, and must not run while any session computes.
+// sd_quant_init: the best kernels of this CPU (force_ref=0) or the scalar
+// references everywhere (force_ref=1); thread-safe.
 void sd_quant_init(int force_ref);
-// Installs a kernel family by name: "auto" (what sd_quant_init(0) picks),
-// "scalar" (= sd_quant_init(1)) or "avx2" (the AVX2 dots of the legacy
-// quants even on an AVX-512 CPU: for tests). Returns 0, or -1 for an unknown
-// name or a CPU without it. Same threading rules as sd_quant_init.
+// Test only, as sd_quant_init: installs a family by name: "auto" (what
+// sd_quant_init(0) picks), "scalar" (= sd_quant_init(1)) or "avx2" (the
+// AVX2 dots of the legacy quants even on an AVX-512 CPU). Returns 0, or -1
+// for an unknown name or a CPU without it.
 int sd_quant_init_backend(const char *name);
-// Name of the selected kernel family, e.g. "avx512-vnni", "avx2", "scalar".
+// Name of the installed kernel family, e.g. "avx512-vnni", "avx2", "scalar"
+// ("scalar" before any installation; sd_backend_name installs "auto" first).
 const char *sd_quant_backend(void);
+// Called by model loading: fixes the family for the process ("auto" unless
+// sd_backend_select chose one; installed if no table is), after which
+// sd_backend_select of another family fails.
+void sd_quant_fix_for_model(void);
 // The repacked type that file type t's matrices with rows of n_in elements
 // can be rewritten to for this CPU's kernels, or -1 (none: use t as it is).
 // The repacked matrix gives the same bits as t through sd_matmul.
 int sd_quant_repack_type(int t, int64_t n_in);
 // Bytes of a row of n elements (n must be a multiple of blck).
 size_t sd_row_size(int t, int64_t n);
-
-// Batched matrix multiply: y[t][r] = sum_k W[r][k] * x[t][k] for t < n_tok,
-// r < n_out. W has type wtype with rows of n_in elements (ne[0] = n_in).
-// x is (n_tok, n_in) float, y is (n_tok, n_out) float. Activations are
-// converted to the vec_dot_type once per call; every weight block is read once
-// for the whole batch; threads of the pool split the output rows.
-// The first matrix the next matrix run will read, as a hint (W NULL: none):
-// each thread, once done with its rows of a run, reads the start of its share
-// of that matrix into cache while it waits for the others and for the
-// caller's work between the runs (sd_pool_prefetch), so that memory stays
-// busy across the hand-over.
-typedef struct sd_mm_next {
-    const void *W;    // (n_out, wrb) the weights, in the layout the next call reads; NULL: no hint
-    int64_t n_out;    // rows
-    size_t wrb;       // bytes per row
-} sd_mm_next;
-
-typedef struct sd_mm_ctx {
-    sd_pool *pool;    // may be NULL (single thread)
-    void *wbuf;       // scratch for converted activations
-    size_t wbuf_size; // bytes; at least sd_matmul_wsize(...) of every call
-    int act_f32;      // 1: float activations against dequantized weights (types with
-                      // to_float; the file's layouts only), no 8-bit rounding; 0: normal
-    sd_mm_next next;  // optional hint for the next run; every run consumes (clears) it
-    void *abuf;       // optional: room for activations converted ahead (sd_mm_act)
-    size_t abuf_size; // bytes
-} sd_mm_ctx;
-size_t sd_matmul_wsize(int wtype, int64_t n_in, int64_t n_tok);
-void sd_matmul(sd_mm_ctx *ctx, int wtype, const void *W, int64_t n_in, int64_t n_out,
-               const float *x, int64_t n_tok, float *y);
-// Produces input rows [t0, t1) of a sd_matmul_multi's x (e.g. the residual add
-// and RMSNorm before Q, K, V). Must give each row the same bits whatever t0, t1.
-typedef void (*sd_mm_pre_fn)(void *arg, int64_t t0, int64_t t1);
-// Element-wise step over the columns [r0, r1) of the outputs of a
-// sd_matmul_multi (all tokens); must give each element the same bits whatever
-// r0, r1.
-typedef void (*sd_mm_post_fn)(void *arg, int64_t r0, int64_t r1);
-// Step over the columns [r0, r1) of matrix m's output (all tokens), e.g.
-// RoPE on Q and K; must give each element the same bits whatever r0, r1.
-typedef void (*sd_mm_rows_fn)(void *arg, int m, int64_t r0, int64_t r1);
-// Work done inside a sd_matmul_multi's pool run (fields may be NULL):
-//  - pre(pre_arg, t0, t1) before the multiply: the threads' token ranges
-//    partition [0, n_tok) and every thread waits until all rows are ready;
-//  - post(post_arg, r0, r1) after it, on the rows [r0, r1) a thread computed
-//    of every matrix (the ranges partition [0, n_out); all n_out must be
-//    equal, e.g. gate and up followed by SwiGLU), without a barrier;
-//  - rows(rows_arg, m, r0, r1) (runs without post) after a thread computed
-//    rows [r0, r1) of matrix m, on those rows: whoever computed an output
-//    also finishes it, while it is in that core's cache;
-//  - after(after_arg, ith, nth) once all threads are done with all of the
-//    above (a barrier), on every thread of the pool (n_tok >= 1): work that
-//    needs every output (e.g. the attention after Q, K, V), without a new
-//    pool run;
-//  - align (0: 16): the threads' row ranges start at multiples of it (a
-//    multiple of 16), e.g. the block size of a conversion the post hook does;
-//  - act: the input was converted ahead (sd_mm_act; x may be NULL, pre must
-//    be NULL, all types equal).
-// The result has the same bits as pre(pre_arg, 0, n_tok), the multiply, then
-// post(post_arg, 0, n_out) or rows(rows_arg, m, 0, n_out[m]) for every m,
-// then after(after_arg, ith, nth) on the pool's threads.
-typedef struct sd_mm_hooks {
-    sd_mm_pre_fn pre;
-    void *pre_arg;
-    sd_mm_post_fn post;
-    void *post_arg;
-    sd_mm_rows_fn rows;
-    void *rows_arg;
-    sd_task_fn after;
-    void *after_arg;
-    int64_t align;
-    const struct sd_mm_act *act;
-} sd_mm_hooks;
-// Several matrices applied to the same x (e.g. Q, K and V): matrix m has type
-// wtypes[m], rows of n_in elements, n_out[m] rows, and its result goes to
-// y[m], (n_tok, n_out[m]) float. When all types are equal, x is converted once
-// and one pool run computes all of them (the threads split each matrix's
-// rows), else it is one sd_matmul per matrix. 1 <= n_mats <= 4. Every y[m]
-// has the same bits as sd_matmul(ctx, wtypes[m], W[m], ...) would give.
-// hooks may be NULL.
-void sd_matmul_multi(sd_mm_ctx *ctx, int n_mats, const int *wtypes, const void *const *W, int64_t n_in,
-                     const int64_t *n_out, const float *x, int64_t n_tok, float *const *y, const sd_mm_hooks *hooks);
-// Activations converted ahead of their matmul: whoever produces columns of
-// the input x converts them with sd_mm_act_put as it goes (e.g. each thread
-// its own columns, while they are in its cache, instead of every thread
-// reading the others' floats in the matmul's preparation), then
-// sd_matmul_multi with hooks->act multiplies without a conversion step. The
-// outputs have the same bits as with x itself.
-typedef struct sd_mm_act {
-    int wtype;             // the weight type they are converted for
-    int64_t n_in, n_tok;
-    int64_t blk;           // put's column ranges start at multiples of this (elements)
-    void *buf;             // n_tok rows of row_bytes, in ctx->abuf
-    size_t row_bytes;
-    sd_act_pack_fn pack;   // the weight type's packer, or NULL:
-    sd_from_float_fn quant; // rows of its vec_dot_type (blocks of blk elements, qbytes each)
-    size_t qbytes;
-} sd_mm_act;
-// Sets a up for a matmul of weight type wtype over n_tok rows of n_in
-// elements in ctx->abuf (so the run whose hooks fill it must not read it:
-// its own input is in wbuf). Returns 0, or -1 when that matmul takes no
-// converted activations (float activations: ctx->act_f32 or a float
-// vec_dot_type; no abuf or too small): then give it x as floats.
-int sd_mm_act_begin(sd_mm_ctx *ctx, sd_mm_act *a, int wtype, int64_t n_in, int64_t n_tok);
-// Converts columns [c0, c1) of token t (x: the token's n_in floats); c0 a
-// multiple of a->blk, c1 too or n_in. Calls on disjoint ranges may run in
-// parallel. Every column of every token must be put before the run that reads them.
-void sd_mm_act_put(const sd_mm_act *a, const float *x, int64_t t, int64_t c0, int64_t c1);
-// Same, scalar reference path (for tests).
-void sd_matmul_ref(int wtype, const void *W, int64_t n_in, int64_t n_out,
-                   const float *x, int64_t n_tok, float *y);
 
 #endif

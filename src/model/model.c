@@ -338,11 +338,9 @@ static int repack_weights(sd_model *m, char *err, size_t errlen) {
 
 int sd_model_load(sd_model **out, const char *path, char *err, size_t errlen) {
     *out = NULL;
-    // Kernel selection happens once per process: sd_type_get runs
-    // sd_quant_init(0) on first use unless the program already called
-    // sd_quant_init itself (e.g. a test forcing the scalar kernels). Calling
-    // sd_quant_init here again would reset the table under running sessions.
-    (void)sd_type_get(SD_TYPE_F32);
+    // The kernel family is fixed once per process: the one sd_backend_select
+    // chose, else "auto" (never reinstalled under running sessions).
+    sd_quant_fix_for_model();
     sd_model *m = calloc(1, sizeof(*m));
     if (!m) return sd_err(err, errlen, "out of memory");
     int r = sd_gguf_open(&m->gguf, path, err, errlen);
@@ -393,3 +391,15 @@ void sd_model_get_info(const sd_model *m, sd_model_info *info) {
 }
 
 const sd_tokenizer *sd_model_tokenizer(const sd_model *m) { return m->tok; }
+
+int sd_model_token_embd(const sd_model *m, int32_t token, float *out, char *err, size_t errlen) {
+    const int E = m->hp.n_embd;
+    if (token < 0 || token >= m->hp.n_vocab)
+        return sd_err(err, errlen, "token_embd: token %d is out of range (n_vocab %d)", token, m->hp.n_vocab);
+    if (!out) return sd_err(err, errlen, "token_embd: no output buffer");
+    // the forward's embedding lookup does the same (forward.c), so a batch of
+    // these rows gives the token batch's bits
+    const sd_type_traits *et = sd_type_get(m->tok_embd->type);
+    et->to_float((const uint8_t *)m->tok_embd->data + (size_t)token * sd_row_size(m->tok_embd->type, E), out, E);
+    return 0;
+}

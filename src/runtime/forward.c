@@ -87,9 +87,23 @@ typedef struct {
     float *v_out;         // qkv_rows: where V went (the cache rows of the batch)
     const sd_mm_act *act; // swiglu_cols, att_after: where the result also goes, converted for the next
                           // matrix (down; the output projection), or NULL
+    int hid_lo, hid_hi;   // pre_norm: after the add, x is the output of layers [hid_lo, hid_hi), whose
+                          // wanted hidden rows it copies out; hid_lo == hid_hi: none
 } fwd_job;
 
-// sd_mm_pre_fn: for nodes [t0, t1), x += xn (if add), then xn = rmsnorm(x).
+// Copies node t's residual row x (the output of layers [lo, hi)) to the
+// caller's buffer for every requested layer in that range.
+static void hidden_put(const sd_session *s, int64_t t, const float *x, int lo, int hi) {
+    const int E = s->m->hp.n_embd;
+    for (int k = 0; k < s->n_hid; k++) {
+        const int l = s->hid_layers[k];
+        if (l >= lo && l < hi)
+            memcpy(s->hid_out + ((size_t)s->hid_row[t] * s->n_hid + k) * E, x, (size_t)E * sizeof(float));
+    }
+}
+
+// sd_mm_pre_fn: for nodes [t0, t1), x += xn (if add), the hidden rows that
+// x now holds copied out, then xn = rmsnorm(x).
 static void pre_norm(void *arg, int64_t t0, int64_t t1) {
     const fwd_job *job = arg;
     sd_session *s = job->s;
@@ -98,6 +112,7 @@ static void pre_norm(void *arg, int64_t t0, int64_t t1) {
         float *x = s->x + t * E, *xn = s->xn + t * E;
         if (job->add)
             for (int k = 0; k < E; k++) x[k] += xn[k];
+        if (job->hid_lo < job->hid_hi && s->hid_row[t] >= 0) hidden_put(s, t, x, job->hid_lo, job->hid_hi);
         rmsnorm(xn, x, job->norm_w, E, s->m->hp.rms_eps);
     }
 }
@@ -241,15 +256,29 @@ static const sd_mm_act *act_for(sd_session *s, sd_mm_act *a, const sd_tensor *w,
 // lists, logit rows). Leaves the session untouched on error.
 static int prepare_batch(sd_session *s, const sd_batch *b, char *err, size_t errlen) {
     const sd_hparams *hp = &s->m->hp;
-    if (!b || !b->tokens) return sd_err(err, errlen, "forward: no batch / tokens");
+    if (!b) return sd_err(err, errlen, "forward: no batch");
+    if (!b->tokens == !b->embd)
+        return sd_err(err, errlen, "forward: the batch must set exactly one of tokens and embd (%s set)",
+                      b->tokens ? "both" : "neither");
     const int n = b->n;
     if (n < 1 || n > s->n_batch)
         return sd_err(err, errlen, "forward: batch of %d tokens, expected 1..%d (n_batch)", n, s->n_batch);
     if (s->n_past + n > s->n_ctx)
         return sd_err(err, errlen, "context full: %d cached + %d new tokens exceed n_ctx %d", s->n_past, n,
                       s->n_ctx);
+    const int nh = b->n_hidden_layers;
+    if (nh < 0 || nh > SD_MAX_HIDDEN_LAYERS)
+        return sd_err(err, errlen, "forward: %d hidden layers asked, expected 0..%d (SD_MAX_HIDDEN_LAYERS)", nh,
+                      SD_MAX_HIDDEN_LAYERS);
+    if (nh > 0 && (!b->hidden_layers || !b->hidden_out))
+        return sd_err(err, errlen, "forward: %d hidden layers asked but hidden_%s is NULL", nh,
+                      b->hidden_layers ? "out" : "layers");
+    for (int k = 0; k < nh; k++)
+        if (b->hidden_layers[k] != SD_HIDDEN_NORM && (b->hidden_layers[k] < 0 || b->hidden_layers[k] >= hp->n_layer))
+            return sd_err(err, errlen, "forward: hidden layer %d (entry %d) is out of range (0..%d or SD_HIDDEN_NORM)",
+                          b->hidden_layers[k], k, hp->n_layer - 1);
     for (int i = 0; i < n; i++) {
-        int32_t t = b->tokens[i];
+        int32_t t = b->tokens ? b->tokens[i] : 0;
         if (t < 0 || t >= hp->n_vocab)
             return sd_err(err, errlen, "forward: token %d at batch index %d is out of range (n_vocab %d)", t, i,
                           hp->n_vocab);
@@ -282,6 +311,12 @@ static int prepare_batch(sd_session *s, const sd_batch *b, char *err, size_t err
             s->out_rows[n_out++] = i;
         }
     }
+    // Hidden rows: the wanted nodes' ranks.
+    s->n_hid = nh;
+    s->hid_out = nh > 0 ? b->hidden_out : NULL;
+    for (int k = 0; k < nh; k++) s->hid_layers[k] = b->hidden_layers[k];
+    if (nh > 0)
+        for (int i = 0, r = 0; i < n; i++) s->hid_row[i] = !b->hidden || b->hidden[i] ? r++ : -1;
     // RoPE angles of each node.
     const int half = hp->n_rot / 2;
     for (int i = 0; i < n; i++) {
@@ -304,11 +339,15 @@ int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errle
     const int n = b->n, E = hp->n_embd, kvd = s->kv_dim, qd = s->q_dim;
     const int half = hp->n_rot / 2;
 
-    // Embeddings.
-    const sd_type_traits *et = sd_type_get(m->tok_embd->type);
-    const size_t erow = sd_row_size(m->tok_embd->type, E);
-    for (int i = 0; i < n; i++)
-        et->to_float((const uint8_t *)m->tok_embd->data + (size_t)b->tokens[i] * erow, s->x + (size_t)i * E, E);
+    // Embeddings: the token rows (sd_model_token_embd does the same), or the caller's.
+    if (b->embd) {
+        memcpy(s->x, b->embd, (size_t)n * E * sizeof(float));
+    } else {
+        const sd_type_traits *et = sd_type_get(m->tok_embd->type);
+        const size_t erow = sd_row_size(m->tok_embd->type, E);
+        for (int i = 0; i < n; i++)
+            et->to_float((const uint8_t *)m->tok_embd->data + (size_t)b->tokens[i] * erow, s->x + (size_t)i * E, E);
+    }
 
     // The residual stream x: each sublayer's output lands in xn, and the next
     // matmul's pre hook (pre_norm) adds it to x and normalizes x into xn, node
@@ -320,10 +359,20 @@ int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errle
     // it read their own input from wbuf), so no thread reads another's floats
     // there.
     sd_mm_act o_act, d_act;
+    // Hidden rows: x (after the pending add) is the output of layers
+    // [hid_lo, l) when non-skipped layer l starts (skipped layers pass it
+    // on), so the pre hook of l's Q, K, V run copies them out; the last ones
+    // after the loop.
+    int hid_lo = 0;
     for (int l = 0; l < hp->n_layer; l++) {
         // A skipped layer (sd_session_set_layer_skip) is the identity on the
         // residual stream and writes no KV rows.
         if (s->layer_skip && s->layer_skip[l]) continue;
+        if (s->n_hid > 0) {
+            job.hid_lo = hid_lo;
+            job.hid_hi = l;
+            hid_lo = l;
+        }
         const sd_layer *L = &m->layers[l];
         float *vc = s->v_cache + ((size_t)l * s->n_ctx + s->n_past) * kvd;
 
@@ -364,6 +413,7 @@ int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errle
         hint_next(s, L->w_gate);
         matmul_t(s, L->wo, s->att, job.act, n, s->xn);
         job.add = 1;
+        job.hid_lo = job.hid_hi = 0; // mid-block: no hidden rows
         {
             // residual add and FFN norm, then gate and up in one pool run, each
             // thread applying SwiGLU to its columns (shapes were validated at
@@ -387,17 +437,36 @@ int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errle
         matmul_t(s, L->w_down, s->ff_g, job.act, n, s->xn);
     }
 
-    // Final residual add and norm, then the output projection, only for the
-    // rows that asked for logits (row k reads node out_rows[k] >= k, so xn is
-    // rewritten in place safely).
+    // Final residual add of the nodes whose hidden rows are wanted, and
+    // their rows of the last layers and of the final norm (the same rmsnorm
+    // of the same x as the logits' below, so the same bits).
+    const int hid_fin = s->n_hid > 0;
+    if (hid_fin) {
+        for (int i = 0; i < n; i++) {
+            if (s->hid_row[i] < 0) continue;
+            float *x = s->x + (size_t)i * E;
+            if (job.add)
+                for (int e = 0; e < E; e++) x[e] += s->xn[(size_t)i * E + e];
+            hidden_put(s, i, x, hid_lo, hp->n_layer);
+            for (int k = 0; k < s->n_hid; k++)
+                if (s->hid_layers[k] == SD_HIDDEN_NORM)
+                    rmsnorm(s->hid_out + ((size_t)s->hid_row[i] * s->n_hid + k) * E, x, m->out_norm->data, E,
+                            hp->rms_eps);
+        }
+    }
+    // Final residual add (unless done above) and norm, then the output
+    // projection, only for the rows that asked for logits (row k reads node
+    // out_rows[k] >= k, so xn is rewritten in place safely).
     for (int k = 0; k < n_out; k++) {
         float *x = s->x + (size_t)s->out_rows[k] * E;
-        if (job.add)
+        if (job.add && !(hid_fin && s->hid_row[s->out_rows[k]] >= 0))
             for (int e = 0; e < E; e++) x[e] += s->xn[(size_t)s->out_rows[k] * E + e];
         rmsnorm(s->xn + (size_t)k * E, x, m->out_norm->data, E, hp->rms_eps);
     }
     if (n_out > 0) matmul_t(s, m->output, s->xn, NULL, n_out, s->logits);
     s->mm.act_f32 = 0;
+    s->n_hid = 0;
+    s->hid_out = NULL;
     s->n_pending = n;
     return 0;
 }

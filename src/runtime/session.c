@@ -96,6 +96,7 @@ int sd_session_new(sd_session **out, const sd_model *m, const sd_session_params 
     s->pos = malloc(B * sizeof(int32_t));
     s->out_rows = malloc(B * sizeof(int32_t));
     s->logit_row = malloc(B * sizeof(int32_t));
+    s->hid_row = malloc(B * sizeof(int32_t));
     s->logits = line_alloc(B * (size_t)hp->n_vocab * sizeof(float), 0);
     s->pool = p->pool ? sd_pool_ref(p->pool) : sd_pool_new(n_threads);
     s->n_threads = sd_pool_size(s->pool);
@@ -107,7 +108,7 @@ int sd_session_new(sd_session **out, const sd_model *m, const sd_session_params 
     s->mm.abuf = malloc(s->mm.abuf_size ? s->mm.abuf_size : 1);
     if (!s->kt || !s->v_cache || !s->x || !s->xn || !s->q || !s->k || !s->att || !s->ff_g || !s->ff_u ||
         !s->rope_cs || !s->rope_freq || !s->anc || !s->n_anc || !s->parent || !s->pos ||
-        !s->out_rows || !s->logit_row || !s->logits || !s->pool || !s->att_scores || !s->mm.wbuf ||
+        !s->out_rows || !s->logit_row || !s->hid_row || !s->logits || !s->pool || !s->att_scores || !s->mm.wbuf ||
         !s->mm.abuf) {
         sd_session_free(s);
         return sd_err(err, errlen, "out of memory allocating a session (n_ctx %d, n_batch %d: %.0f MiB of KV cache)",
@@ -140,6 +141,7 @@ void sd_session_free(sd_session *s) {
     free(s->pos);
     free(s->out_rows);
     free(s->logit_row);
+    free(s->hid_row);
     free(s->logits);
     free(s->mm.wbuf);
     free(s->mm.abuf);

@@ -8,7 +8,7 @@
 #include <stdint.h>
 
 #include "model/model.h"
-#include "kernels/quant.h"
+#include "kernels/matmul.h"
 #include "kernels/threadpool.h"
 
 // Most queries of one KV head that the attention processes together
@@ -56,6 +56,13 @@ struct sd_session {
     int32_t *logit_row; // (n_batch) row of logits for node i, -1 if none
     float *logits;      // (n_batch, n_vocab)
     double *rope_freq;  // (n_rot / 2) angle per position of each rotary pair (radians; linear scaling folded in)
+
+    // Hidden-state rows of the current forward (sd_batch.hidden_layers),
+    // copied out where the residual stream holds them (forward.c).
+    int32_t *hid_row;   // (n_batch) rank of node i among the nodes whose rows are wanted, -1: not wanted
+    int32_t hid_layers[SD_MAX_HIDDEN_LAYERS]; // (n_hid) layer indices or SD_HIDDEN_NORM
+    int n_hid;          // entries of hid_layers; 0: no rows asked (nothing is copied)
+    float *hid_out;     // (wanted nodes, n_hid, n_embd) the caller's buffer, valid during the forward only
 
     // Layer skipping (self-speculative drafting, sd_session_set_layer_skip).
     uint8_t *layer_skip; // (n_layer) 1: the layer is skipped (residual passes through, no KV written); NULL: none

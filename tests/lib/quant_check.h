@@ -8,7 +8,7 @@
 
 #include <stdint.h>
 
-#include "kernels/quant.h"
+#include "kernels/matmul.h"
 #include "kernels/threadpool.h"
 
 // Called once per failed check with its message (no trailing newline).

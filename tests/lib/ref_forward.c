@@ -107,7 +107,9 @@ static void rope(float *v, int n_heads, const sd_hparams *hp, int pos) {
     }
 }
 
-int ref_eval(ref_state *r, int32_t token, int pos, float *logits) {
+int ref_eval(ref_state *r, int32_t token, int pos, float *logits) { return ref_eval_hidden(r, token, pos, logits, NULL); }
+
+int ref_eval_hidden(ref_state *r, int32_t token, int pos, float *logits, float *hidden) {
     const sd_model *m = r->m;
     const sd_hparams *hp = &m->hp;
     if (r->n_past >= r->n_ctx || token < 0 || token >= hp->n_vocab) return -1;
@@ -156,8 +158,10 @@ int ref_eval(ref_state *r, int32_t token, int pos, float *logits) {
         }
         matvec(r, L->w_down, NULL, r->g, r->tmp);
         for (int i = 0; i < E; i++) r->x[i] += r->tmp[i];
+        if (hidden) memcpy(hidden + (size_t)l * E, r->x, (size_t)E * sizeof(float));
     }
     rmsnorm(r->xn, r->x, m->out_norm, E, hp->rms_eps);
+    if (hidden) memcpy(hidden + (size_t)hp->n_layer * E, r->xn, (size_t)E * sizeof(float));
     matvec(r, m->output, NULL, r->xn, logits);
     r->n_past++;
     return 0;

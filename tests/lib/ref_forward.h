@@ -31,5 +31,9 @@ void ref_truncate(ref_state *r, int n);
 // writes n_vocab logits. Returns 0, or -1 if the cache is full or the token is
 // out of range.
 int ref_eval(ref_state *r, int32_t token, int pos, float *logits);
+// Same, and the token's hidden states into hidden, (n_layer + 1, n_embd):
+// row l the residual stream after block l, row n_layer the final RMS-normed
+// state (the output matrix's input). hidden may be NULL.
+int ref_eval_hidden(ref_state *r, int32_t token, int pos, float *logits, float *hidden);
 
 #endif

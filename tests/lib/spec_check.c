@@ -140,7 +140,7 @@ double sc_seq3_chi2(const sc_seq3 *e, const double *cnt, int n_run) {
 void sc_fwd_probs_fn(void *ud, const int32_t *seq, int n, float *probs) {
     sc_fwd_probs *f = ud;
     sd_session_truncate(f->ref, 0, NULL, 0);
-    sd_batch b = {n, seq, NULL, NULL, NULL, 0};
+    sd_batch b = {.n = n, .tokens = seq};
     sd_session_forward(f->ref, &b, f->err, f->errlen);
     sd_sampler_probs(f->smp, sd_session_logits(f->ref, n - 1), seq, n, probs);
 }

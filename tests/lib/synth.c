@@ -78,7 +78,8 @@ static int add_tensor(sd_gguf_writer *w, const synth_params *p, uint64_t *rng, c
 }
 
 int synth_write(const char *path, const synth_params *p, char *err, size_t errlen) {
-    sd_quant_init(0);
+    // (the reference quantizers only: no kernel selection, which stays the
+    // program's, sd_backend_select)
     if (p->n_vocab < 260 || p->n_embd < 1 || p->n_layer < 1 || p->n_head < 1 || p->n_head_kv < 1 ||
         p->n_embd % p->n_head || p->n_head % p->n_head_kv || p->n_ff < 1)
         return sd_err(err, errlen, "synth: inconsistent parameters");
