@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "draft/drafter.h"
 #include "lib/spec_check.h"
 #include "lib/synth.h"
 #include "specdec.h"
@@ -251,6 +252,93 @@ out:
     }
 }
 
+// A drafter that knows the greedy text ahead (oracle): it proposes a wrong
+// first child of the root, then beside it the next 3 tokens right and a 4th
+// wrong, and records the hidden rows accept() gets
+// for each accepted path node, in order: one row pair per emitted token but
+// the last.
+typedef struct hid_rec {
+    float rows[64][2][64];   // [token][layer][n_embd <= 64]
+    int n;
+    int bad;                 // a record without rows
+    const int32_t *future;   // (n_future) the greedy continuation of the prompt
+    int n_future, n_prompt;
+} hid_rec;
+static int hid_propose(sd_drafter *d, const sd_draft_ctx *ctx, sd_tree *tree, char *err, size_t errlen) {
+    (void)err, (void)errlen;
+    hid_rec *h = d->impl;
+    int at = ctx->n_tokens - h->n_prompt, parent = 0;   // future[at] follows the root
+    if (at < h->n_future && tree->n < ctx->max_nodes)   // a wrong first child: the path is not 0, 1, 2, ...
+        sd_tree_add(tree, 0, (h->future[at] + 7) % 300 + 3, 1.0f);
+    for (int k = 0; k < 4 && at + k < h->n_future && tree->n < ctx->max_nodes; k++)
+        parent = sd_tree_add(tree, parent, k < 3 ? h->future[at + k] : (h->future[at + k] + 1) % 300 + 3, 1.0f);
+    return 0;
+}
+static int hid_accept(sd_drafter *d, const sd_step_record *rec, char *err, size_t errlen) {
+    (void)err, (void)errlen;
+    hid_rec *h = d->impl;
+    if (!rec->hidden) h->bad++;
+    for (int k = 0; rec->hidden && k < rec->n_path && h->n < 64; k++)
+        memcpy(h->rows[h->n++], rec->hidden + (size_t)k * sizeof h->rows[0] / sizeof(float), sizeof h->rows[0]);
+    return 0;
+}
+static void hid_reset(sd_drafter *d) { (void)d; }
+static void hid_free(sd_drafter *d) { free(d); }
+static const sd_drafter_vt hid_vt = {
+    .name = "hidden-recorder", .propose = hid_propose, .accept = hid_accept, .reset = hid_reset, .free = hid_free};
+
+// accept() gets the hidden rows of the accepted path, equal to those a
+// forward of the same text asks for itself.
+static void test_hidden_rows_to_drafter(void) {
+    if (!need_model()) SKIP("synthetic model: %.200s", g_err);
+    sd_model_info info;
+    sd_model_get_info(g_tgt, &info);
+    if (info.n_embd > 64) SKIP("synthetic model n_embd %d > 64", info.n_embd);
+    static hid_rec h;
+    memset(&h, 0, sizeof h);
+    sd_drafter *d = sd_drafter_alloc(&hid_vt, &h);
+    sd_session *s = sc_new_session(g_tgt, 128, 1, g_err, sizeof g_err);
+    sd_session *ref = sc_new_session(g_tgt, 128, 1, g_err, sizeof g_err);
+    sd_sampler *smp = sc_new_sampler(320, 0.0f, 1.0f, g_err, sizeof g_err);
+    CHECK(d && s && ref && smp, "setup: %s", g_err);
+    if (!d || !s || !ref || !smp) goto out;
+    d->n_hidden_layers = 2;
+    d->hidden_layers[0] = 0;
+    d->hidden_layers[1] = SD_HIDDEN_NORM;
+    int32_t prompt[10];
+    make_prompt(prompt, 10, 5);
+    static sc_tokens a, plain;
+    sd_gen_stats st;
+    CHECK(sc_run_plain(s, smp, prompt, 10, 24, &plain, NULL, g_err, sizeof g_err) == 0, "%s", g_err);
+    h.future = plain.tok, h.n_future = plain.n, h.n_prompt = 10;
+    CHECK(sc_run_spec(s, smp, d, prompt, 10, 24, 8, &a, &st, g_err, sizeof g_err) == 0, "%s", g_err);
+    CHECK(sc_same_tokens(&a, &plain), "the oracle's speculative text differs from plain");
+    CHECK(st.n_draft_accepted >= a.n / 2, "only %d drafts accepted for %d tokens", st.n_draft_accepted, a.n);
+    CHECK(h.bad == 0 && h.n >= a.n - 4, "%d row records (%d without rows) for %d tokens", h.n, h.bad, a.n);
+    // the reference: the prompt as prefill does it, then each root token alone
+    sd_batch pb = {.n = 10, .tokens = prompt, .precise = 1};
+    CHECK(sd_session_forward(ref, &pb, g_err, sizeof g_err) == 0 && sd_session_commit(ref, NULL, 0, g_err, sizeof g_err) == 0,
+          "%s", g_err);
+    int32_t layers[2] = {0, SD_HIDDEN_NORM};
+    float want[2][64];
+    int n_bad = 0;
+    for (int k = 0; k < h.n; k++) {
+        sd_batch b = {.n = 1, .tokens = &a.tok[k], .hidden_layers = layers, .n_hidden_layers = 2, .hidden_out = &want[0][0]};
+        if (sd_session_forward(ref, &b, g_err, sizeof g_err) < 0 || sd_session_commit(ref, NULL, 0, g_err, sizeof g_err) < 0) {
+            CHECK(0, "%s", g_err);
+            break;
+        }
+        for (int l = 0; l < 2; l++)
+            if (memcmp(want[l], h.rows[k][l], sizeof(float) * (size_t)info.n_embd)) n_bad++;
+    }
+    CHECK(n_bad == 0, "%d of %d rows differ from the reference forward's", n_bad, 2 * h.n);
+out:
+    sd_drafter_free(d);
+    sd_sampler_free(smp);
+    sd_session_free(ref);
+    sd_session_free(s);
+}
+
 static void test_misuse(void) {
     if (!need_model()) SKIP("synthetic model: %.200s", g_err);
     sd_session *s = sc_new_session(g_tgt, 32, 1, g_err, sizeof g_err);
@@ -343,6 +431,7 @@ int main(void) {
     T_RUN(test_steps_equal_plain);
     T_RUN(test_cut_and_stop);
     T_RUN(test_interleaved);
+    T_RUN(test_hidden_rows_to_drafter);
     T_RUN(test_misuse);
     T_RUN(test_method_strings);
     sd_model_free(g_tgt);

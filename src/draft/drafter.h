@@ -82,7 +82,7 @@ typedef struct sd_drafter_vt {
     const char *(*note)(const sd_drafter *d);
 } sd_drafter_vt;
 
-#define SD_DRAFTER_MAX_HIDDEN 8
+#define SD_DRAFTER_MAX_HIDDEN SD_MAX_HIDDEN_LAYERS
 
 struct sd_drafter {
     const sd_drafter_vt *vt;

@@ -35,6 +35,12 @@ struct sd_gen {
     int32_t *b_par;     // (session n_batch)
     int32_t *aux_tok, *aux_par; // (session n_batch) auxiliary nodes
     uint8_t *aux_lg;    // (session n_batch)
+    // hidden-state rows for drafters that read them (sd_drafter.n_hidden_layers > 0)
+    int n_hid;          // layers per node, 0: none
+    size_t hid_row;     // floats per node: n_hid * n_embd
+    uint8_t *hid_want;  // (session n_batch) 1 for tree nodes
+    float *hid_out;     // (max_nodes, n_hid, n_embd) rows of the tree nodes, by node
+    float *hid_path;    // (max_nodes, n_hid, n_embd) rows of the accepted path, in order
     sd_aux_nodes aux;
     sd_tree tree;
     int tree_ok;
@@ -96,6 +102,9 @@ void sd_gen_free(sd_gen *g) {
     free(g->aux_tok);
     free(g->aux_par);
     free(g->aux_lg);
+    free(g->hid_want);
+    free(g->hid_out);
+    free(g->hid_path);
     if (g->tree_ok) sd_tree_free(&g->tree);
     free(g);
 }
@@ -143,9 +152,22 @@ int sd_gen_new(sd_gen **out, sd_session *s, sd_sampler *smp, sd_drafter *d, cons
         g->aux_par = malloc(sizeof(int32_t) * nb);
         g->aux_lg = malloc(nb);
     }
+    g->n_hid = d ? d->n_hidden_layers : 0;
+    if (g->n_hid < 0 || g->n_hid > SD_MAX_HIDDEN_LAYERS) {
+        sd_gen_free(g);
+        return sd_err(err, errlen, "generation: drafter '%s' asks for %d hidden layers (0..%d)", d->vt->name,
+                      d->n_hidden_layers, SD_MAX_HIDDEN_LAYERS);
+    }
+    if (g->n_hid > 0) {
+        g->hid_row = (size_t)g->n_hid * (size_t)info.n_embd;
+        g->hid_want = malloc(nb);
+        g->hid_out = malloc(sizeof(float) * g->hid_row * mn);
+        g->hid_path = malloc(sizeof(float) * g->hid_row * mn);
+    }
     g->tree_ok = sd_tree_init(&g->tree, g->max_nodes, g->nv, g->max_nodes) == 0;
     if (!g->seq || !g->out || !g->path || !g->path2 || !g->prow || !g->qscr || !g->want || !g->tree_ok ||
-        (use_aux && (!g->b_tok || !g->b_par || !g->aux_tok || !g->aux_par || !g->aux_lg))) {
+        (use_aux && (!g->b_tok || !g->b_par || !g->aux_tok || !g->aux_par || !g->aux_lg)) ||
+        (g->n_hid > 0 && (!g->hid_want || !g->hid_out || !g->hid_path))) {
         sd_gen_free(g);
         return sd_err(err, errlen, "generation: out of memory");
     }
@@ -269,6 +291,14 @@ int sd_gen_step_begin(sd_gen *g, sd_batch *b, char *err, size_t errlen) {
         b->parent = g->b_par;
         b->logits = g->want;
     }
+    if (g->n_hid > 0) {   // the drafter reads the hidden rows of the accepted path: ask for the tree's
+        memset(g->hid_want, 0, (size_t)b->n);
+        memset(g->hid_want, 1, (size_t)t->n);
+        b->hidden_layers = g->d->hidden_layers;
+        b->n_hidden_layers = g->n_hid;
+        b->hidden = g->hid_want;
+        b->hidden_out = g->hid_out;
+    }
     return 0;
 }
 
@@ -334,8 +364,11 @@ static int step_verify(sd_gen *g, sd_step *st, char *err, size_t errlen) {
     st->draft_ms = g->t_drafted - g->t_begin;
     st->verify_ms = tc - g->t_drafted;
     if (d) {
+        for (int k = 0; g->n_hid > 0 && k < n_path; k++)   // tree nodes come first among the wanted rows
+            memcpy(g->hid_path + (size_t)k * g->hid_row, g->hid_out + (size_t)g->path[k] * g->hid_row,
+                   sizeof(float) * g->hid_row);
         sd_step_record rec = {t, g->path, n_path, bonus, &g->aux, st->draft_ms, st->verify_ms, batch_logits, g->s,
-                              NULL};
+                              g->n_hid > 0 ? g->hid_path : NULL};
         if (d->vt->accept(d, &rec, ferr, sizeof ferr) < 0)
             return sd_err(err, errlen, "drafter '%s' failed: %s", d->vt->name, ferr);
     }
