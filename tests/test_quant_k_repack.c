@@ -1,5 +1,6 @@
 // test_quant_k_repack.c - the repacked K-quant layouts (Q4_K_R, Q5_K_R,
-// Q6_K_R) and the tile kernel of src/kernels/quant_k_x86.c.
+// Q6_K_R; src/kernels/quant_k_repack.c) and the tile kernel of
+// src/kernels/quant_k_x86.c.
 //
 // What is checked:
 //  - the scalar reference of the repacked layout (sd_quant_k_r_dot_ref, which
