@@ -44,17 +44,28 @@ const sd_tokenizer *sd_model_tokenizer(const sd_model *m);
 int sd_model_token_embd(const sd_model *m, int32_t token, float *out, char *err, size_t errlen);
 
 // ---------------------------------------------------------------- threads
-// A pool of worker threads that sessions run their forward passes on. Made
-// once and passed to every session that should share it (a target and its
-// draft models, the slots of a server): sessions sharing a pool take turns,
-// they never run forward calls at the same time. Reference-counted: a
-// session keeps the pool alive, so the pool may be freed before or after
-// the sessions that use it.
-int sd_threadpool_new(sd_threadpool **out, int n_threads, char *err, size_t errlen); // 0 = number of cores
+// A pool of worker threads that sessions run their forward passes on (house
+// rule 8). Made once and passed to every session that should share it (a
+// target and its draft models, the slots of a server): sessions sharing a
+// pool take turns, they never run forward calls at the same time. The rule
+// is enforced: a forward on a pool that another forward (or
+// sd_threadpool_run) holds at that moment fails with a message instead of
+// corrupting either. Reference-counted: a session keeps the pool alive, so
+// the pool may be freed before or after the sessions that use it.
+//
+// sd_threadpool_new starts n_threads threads, the calling thread included
+// (0 = the number of online cores; at most 1024). Returns 0, or <0 with a
+// message.
+int sd_threadpool_new(sd_threadpool **out, int n_threads, char *err, size_t errlen);
+// Releases the caller's reference; the threads stop with the last one. NULL: nothing.
 void sd_threadpool_free(sd_threadpool *p);
+// Threads of the pool, the caller included (1 for NULL).
 int sd_threadpool_size(const sd_threadpool *p);
 // Calls fn(arg, ith, nth) on every thread of the pool (the caller is thread
-// 0) and waits for all. Not reentrant; not while a session forward runs on p.
+// 0, nth = sd_threadpool_size(p)) and waits for all (p NULL: fn(arg, 0, 1)).
+// It takes its turn: it waits while a forward holds the pool, and a forward
+// that starts meanwhile fails. Not reentrant: fn must not run a forward or
+// sd_threadpool_run on the same pool.
 void sd_threadpool_run(sd_threadpool *p, void (*fn)(void *arg, int ith, int nth), void *arg);
 
 // ---------------------------------------------------------------- session
@@ -63,7 +74,7 @@ typedef struct sd_session_params {
     int n_batch;     // most tokens in one forward call; 0 = 512
     int n_threads;   // 0 = number of online cores (ignored with pool)
     sd_threadpool *pool; // NULL: the session starts its own pool of n_threads; otherwise it runs on this
-                         // one (and keeps a reference to it)
+                         // one (and keeps a reference to it); sessions on one pool take turns
 } sd_session_params;
 sd_session_params sd_session_default_params(void);
 int sd_session_new(sd_session **out, const sd_model *m, const sd_session_params *p,
@@ -120,7 +131,9 @@ typedef struct sd_batch {
 // Evaluates the batch. The KV rows of the batch are written as pending rows
 // after the committed ones; they become part of the cache only through
 // sd_session_commit. A new forward call discards the pending rows of the
-// previous one.
+// previous one. Fails, leaving the session untouched, when the session's
+// thread pool is held at that moment by another forward or
+// sd_threadpool_run (sessions sharing a pool must take turns).
 int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errlen);
 // Logits (n_vocab floats) of batch node i of the last forward, or NULL if not requested.
 const float *sd_session_logits(const sd_session *s, int i);

@@ -33,6 +33,7 @@ struct sd_threadpool {
     // rarely touched
     _Alignas(SD_POOL_LINE) _Atomic int n_sleeping; // workers blocked on cv
     _Atomic int n_refs;       // owners (sd_pool_ref / sd_pool_free)
+    _Atomic int busy;         // 1 while a forward or sd_threadpool_run holds the pool (sd_pool_try_acquire)
     pthread_t *th;            // (n - 1) workers
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -178,6 +179,24 @@ void sd_split_range(long n, int ith, int nth, long *lo, long *hi) {
     *hi = *lo + per + (ith < rem ? 1 : 0);
 }
 
+int sd_pool_try_acquire(sd_pool *p) {
+    int free_ = 0;
+    return !p || atomic_compare_exchange_strong_explicit(&p->busy, &free_, 1, memory_order_acquire,
+                                                         memory_order_relaxed);
+}
+
+void sd_pool_acquire(sd_pool *p) {
+    long spins = 0;
+    while (!sd_pool_try_acquire(p)) {
+        if (++spins >= SD_POOL_YIELD_AFTER) sched_yield();
+        else SD_CPU_RELAX();
+    }
+}
+
+void sd_pool_release(sd_pool *p) {
+    if (p) atomic_store_explicit(&p->busy, 0, memory_order_release);
+}
+
 // ---------------------------------------------------------------- public handle (specdec.h)
 int sd_threadpool_new(sd_threadpool **out, int n_threads, char *err, size_t errlen) {
     *out = NULL;
@@ -192,4 +211,10 @@ void sd_threadpool_free(sd_threadpool *p) { sd_pool_free(p); }
 
 int sd_threadpool_size(const sd_threadpool *p) { return sd_pool_size(p); }
 
-void sd_threadpool_run(sd_threadpool *p, void (*fn)(void *arg, int ith, int nth), void *arg) { sd_pool_run(p, fn, arg); }
+// Takes its turn like a forward does (sd_session_forward), so that neither
+// can corrupt the other's run.
+void sd_threadpool_run(sd_threadpool *p, void (*fn)(void *arg, int ith, int nth), void *arg) {
+    sd_pool_acquire(p);
+    sd_pool_run(p, fn, arg);
+    sd_pool_release(p);
+}

@@ -25,6 +25,13 @@ int sd_pool_size(const sd_pool *p);
 // Runs fn on all threads (caller included) and waits. Not reentrant: fn must
 // not call sd_pool_run on the same pool. p may be NULL: fn(arg, 0, 1).
 void sd_pool_run(sd_pool *p, sd_task_fn fn, void *arg);
+// The take-turns rule of a shared pool: a user of the pool for a series of
+// runs (a session's forward, sd_threadpool_run) holds its busy flag
+// meanwhile. try_acquire returns 1 if it took the flag, 0 if another holds
+// it; acquire waits its turn; release gives it back. p NULL: always free.
+int sd_pool_try_acquire(sd_pool *p);
+void sd_pool_acquire(sd_pool *p);
+void sd_pool_release(sd_pool *p);
 
 // Read-ahead while waiting: sets the calling thread's window to [p, p + n)
 // (p NULL: none). The pool's wait loops (between jobs, and the caller's wait

@@ -330,7 +330,21 @@ static int prepare_batch(sd_session *s, const sd_batch *b, char *err, size_t err
     return n_out;
 }
 
+static int forward_run(sd_session *s, const sd_batch *b, char *err, size_t errlen);
+
+// The take-turns rule of a shared pool: the forward holds the pool's busy
+// flag, or fails before touching the session.
 int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errlen) {
+    if (!sd_pool_try_acquire(s->pool))
+        return sd_err(err, errlen,
+                      "forward: the thread pool is in use by another forward or sd_threadpool_run (sessions sharing "
+                      "a pool must take turns)");
+    const int r = forward_run(s, b, err, errlen);
+    sd_pool_release(s->pool);
+    return r;
+}
+
+static int forward_run(sd_session *s, const sd_batch *b, char *err, size_t errlen) {
     int n_out = prepare_batch(s, b, err, errlen);
     if (n_out < 0) return n_out;
     s->mm.act_f32 = b->precise != 0; // matmul_t & co. then use the file's weight layouts
