@@ -1,18 +1,32 @@
 // cmd_bench_forward.c - specdec bench-forward: what a forward pass of n
 // tokens costs relative to one token (the quantity speculative decoding lives
 // on), plain decode speed, and the memory-bandwidth floor of one decode step.
+// A program like any other: the public API only.
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli_common.h"
-#include "common.h"
-#include "kernels/quant.h"
-#include "runtime/session.h"
 #include "specdec.h"
-#include "kernels/threadpool.h"
 
 #define MAX_BATCHES 32
+#define MIN_(a, b) ((a) < (b) ? (a) : (b))
+#define MAX_(a, b) ((a) > (b) ? (a) : (b))
+
+// One pause in the hand-over probe's spin loops.
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+// Part ith of nth nearly equal contiguous parts of [0, n): [*lo, *hi).
+static void split_range(long n, int ith, int nth, long *lo, long *hi) {
+    long per = n / nth, rem = n % nth;
+    *lo = ith * per + (ith < rem ? ith : rem);
+    *hi = *lo + per + (ith < rem ? 1 : 0);
+}
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -57,7 +71,7 @@ typedef struct {
 static void bw_read(void *arg, int ith, int nth) {
     bw_task *t = arg;
     long lo, hi;
-    sd_split_range(t->n / 8, ith, nth, &lo, &hi);
+    split_range(t->n / 8, ith, nth, &lo, &hi);
     const uint64_t *p = t->buf;
     uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
     for (long i = lo * 8; i < hi * 8; i += 8) {
@@ -76,25 +90,25 @@ static void bw_read(void *arg, int ith, int nth) {
 static void bw_fill(void *arg, int ith, int nth) {
     bw_task *t = arg;
     long lo, hi;
-    sd_split_range(t->n, ith, nth, &lo, &hi);
+    split_range(t->n, ith, nth, &lo, &hi);
     uint64_t *p = (uint64_t *)t->buf;
     for (long i = lo; i < hi; i++) p[i] = (uint64_t)i * 0x9E3779B97F4A7C15ull;
 }
 
 // The probe's buffer, written once by the threads that read it.
-static int bw_init(bw_task *t, sd_pool *pool, int mb) {
+static int bw_init(bw_task *t, sd_threadpool *pool, int mb) {
     size_t bytes = (size_t)mb << 20;
     t->buf = aligned_alloc(64, bytes);
     t->n = (long)(bytes / 8);
     if (!t->buf) return -1;
-    sd_pool_run(pool, bw_fill, t);
+    sd_threadpool_run(pool, bw_fill, t);
     return 0;
 }
 
 // One pass over the buffer by all threads: GB/s (0 if too fast to time).
-static double bw_pass(bw_task *t, sd_pool *pool) {
+static double bw_pass(bw_task *t, sd_threadpool *pool) {
     double t0 = sd_time_ms();
-    sd_pool_run(pool, bw_read, t);
+    sd_threadpool_run(pool, bw_read, t);
     double ms = sd_time_ms() - t0;
     uint64_t s = 0;
     for (int i = 0; i < 64; i++) s += t->sink[i];
@@ -118,22 +132,22 @@ static void ho_run(void *arg, int ith, int nth) {
         const double t0 = sd_time_ms();
         for (int i = 0; i < HO_TRIPS; i++) {
             atomic_store_explicit(&h->turn, 2 * i + 1, memory_order_release);
-            while (atomic_load_explicit(&h->turn, memory_order_acquire) != 2 * i + 2) SD_CPU_RELAX();
+            while (atomic_load_explicit(&h->turn, memory_order_acquire) != 2 * i + 2) cpu_relax();
         }
         h->ns = (sd_time_ms() - t0) * 1e6 / HO_TRIPS;
     } else {
         for (int i = 0; i < HO_TRIPS; i++) {
-            while (atomic_load_explicit(&h->turn, memory_order_acquire) != 2 * i + 1) SD_CPU_RELAX();
+            while (atomic_load_explicit(&h->turn, memory_order_acquire) != 2 * i + 1) cpu_relax();
             atomic_store_explicit(&h->turn, 2 * i + 2, memory_order_release);
         }
     }
 }
 
 // One probe: ns per round trip between the pool's threads 0 and 1 (0 with one thread).
-static double ho_pass(sd_pool *pool) {
+static double ho_pass(sd_threadpool *pool) {
     ho_task h = {.ns = 0};
     atomic_init(&h.turn, 0);
-    sd_pool_run(pool, ho_run, &h);
+    sd_threadpool_run(pool, ho_run, &h);
     return h.ns;
 }
 
@@ -213,8 +227,8 @@ int cmd_bench_forward(int argc, char **argv) {
             if (cli_int(a, v, 1, 1 << 16, &bw_mb)) return 1;
         } else if (!strcmp(a, "--kernels")) {
             VAL();
-            if (sd_quant_init_backend(v) != 0)
-                return cli_error("--kernels %s: unknown, or this CPU cannot run it (auto, avx2, scalar)", v);
+            char kerr[256];
+            if (sd_backend_select(v, kerr, sizeof kerr) != 0) return cli_error("--kernels %s: %s", v, kerr);
         } else if (!strcmp(a, "--json")) {
             json = 1;
         } else {
@@ -226,12 +240,13 @@ int cmd_bench_forward(int argc, char **argv) {
     if (!cli_file_ok("model file", model_path)) return 1;
     if (n_threads <= 0) n_threads = sd_n_cores();
     int max_b = 1;
-    for (int i = 0; i < n_batches; i++) max_b = SD_MAX(max_b, batches[i]);
+    for (int i = 0; i < n_batches; i++) max_b = MAX_(max_b, batches[i]);
 
     char err[512];
     int rc = 1;
     sd_model *m = NULL;
     sd_session *s = NULL;
+    sd_threadpool *pool = NULL; // the session's threads, which the probes run on too
     int32_t *toks = NULL;
     uint8_t *no_logits = NULL;
     double *times = NULL, *bw_passes = NULL, *ho_passes = NULL, ms_med[MAX_BATCHES];
@@ -243,9 +258,13 @@ int cmd_bench_forward(int argc, char **argv) {
     sd_model_info info;
     sd_model_get_info(m, &info);
     sd_session_params sp = sd_session_default_params();
-    sp.n_ctx = ctx + SD_MAX(max_b, n_decode) + 1;
-    sp.n_batch = SD_MAX(max_b, 64);
-    sp.n_threads = n_threads;
+    sp.n_ctx = ctx + MAX_(max_b, n_decode) + 1;
+    sp.n_batch = MAX_(max_b, 64);
+    if (sd_threadpool_new(&pool, n_threads, err, sizeof err) < 0) {
+        cli_error("cannot start %d threads: %s", n_threads, err);
+        goto out;
+    }
+    sp.pool = pool;
     if (sd_session_new(&s, m, &sp, err, sizeof err) < 0) {
         cli_error("cannot create a session: %s", err);
         goto out;
@@ -265,7 +284,7 @@ int cmd_bench_forward(int argc, char **argv) {
 
     // committed context
     for (int i = 0; i < ctx; i += sp.n_batch) {
-        int n = SD_MIN(sp.n_batch, ctx - i);
+        int n = MIN_(sp.n_batch, ctx - i);
         sd_batch b = {.n = n, .tokens = toks + i, .logits = no_logits};
         if (sd_session_forward(s, &b, err, sizeof err) < 0 || sd_session_commit(s, NULL, 0, err, sizeof err) < 0) {
             cli_error("forward failed while filling the context: %s", err);
@@ -282,12 +301,12 @@ int cmd_bench_forward(int argc, char **argv) {
     // back into the caches the probe flushed: the probe's passes sample the
     // same period as the forwards. Nothing is committed: each forward's
     // pending rows are dropped by the next one, and the cache stays at ctx rows.
-    if (bw_init(&bwt, s->pool, bw_mb) != 0) {
+    if (bw_init(&bwt, pool, bw_mb) != 0) {
         cli_error("out of memory for the bandwidth probe (--bw-mb %d)", bw_mb);
         goto out;
     }
     for (int r = -1; r < reps; r++) { // r = -1: warm-up
-        const double ho = ho_pass(s->pool), gbs = bw_pass(&bwt, s->pool);
+        const double ho = ho_pass(pool), gbs = bw_pass(&bwt, pool);
         if (r >= 0) bw_passes[r] = gbs, ho_passes[r] = ho;
         {
             sd_batch b = {.n = batches[0], .tokens = toks + ctx};
@@ -337,7 +356,7 @@ int cmd_bench_forward(int argc, char **argv) {
     const double bw_med = median(bw_passes, reps), bw = bw_passes[reps - 1]; // median() sorted them
     const double floor_ms = bw > 0 ? (double)info.n_bytes / (bw * 1e6) : 0.0;
     const double floor_med_ms = bw_med > 0 ? (double)info.n_bytes / (bw_med * 1e6) : 0.0;
-    const int has_ho = sd_pool_size(s->pool) > 1; // a second thread to hand over to
+    const int has_ho = sd_threadpool_size(pool) > 1; // a second thread to hand over to
     const double ho_med = has_ho ? median(ho_passes, reps) : 0.0;
     int i1 = -1;
     for (int i = 0; i < n_batches; i++)
@@ -347,7 +366,7 @@ int cmd_bench_forward(int argc, char **argv) {
         printf("{\"model\": ");
         cli_json_string(stdout, model_path, strlen(model_path));
         printf(", \"kernels\": ");
-        cli_json_string(stdout, sd_quant_backend(), strlen(sd_quant_backend()));
+        cli_json_string(stdout, sd_backend_name(), strlen(sd_backend_name()));
         printf(", \"model_bytes\": %zu, \"mem_bw_gbs\": %.3f, \"floor_ms\": %.4f, \"mem_bw_median_gbs\": %.3f, "
                "\"floor_median_ms\": %.4f, \"n_threads\": %d, \"ctx\": %d, \"reps\": %d, \"decode_tokens_per_s\": %.3f, ",
                info.n_bytes, bw, floor_ms, bw_med, floor_med_ms, n_threads, ctx, reps, decode_tps);
@@ -386,6 +405,7 @@ out:
     free((void *)bwt.buf);
     free(no_logits);
     sd_session_free(s);
+    sd_threadpool_free(pool);
     sd_model_free(m);
     return rc;
 }
