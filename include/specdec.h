@@ -115,8 +115,9 @@ typedef struct sd_batch {
     // forward writes n_embd floats at
     // hidden_out + ((size_t)r * n_hidden_layers + k) * n_embd: one node's rows
     // are contiguous. The rows are the values the forward really computed;
-    // asking for them changes no logit bit. n_hidden_layers == 0: none
-    // (hidden_layers, hidden and hidden_out are then ignored).
+    // asking for them changes no logit bit. A forward that fails writes
+    // nothing. n_hidden_layers == 0: none (hidden_layers, hidden and
+    // hidden_out are then ignored).
     const int32_t *hidden_layers; // (n_hidden_layers) layer indices or SD_HIDDEN_NORM; entries may repeat
     int n_hidden_layers;          // 0..SD_MAX_HIDDEN_LAYERS
     const uint8_t *hidden;        // (n) nonzero: node i's rows are wanted; NULL: every node's
