@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cli_common.h"
+#include "cli_opts.h"
 #include "specdec.h"
 #include "specdec_spec.h"
 
@@ -13,79 +14,6 @@ static void on_sigint(int sig) {
     (void)sig;
     g_interrupted = 1;
     signal(SIGINT, SIG_DFL); // a second Ctrl-C ends the program at once
-}
-
-static void usage(FILE *f) {
-    sd_sampler_params sp = sd_sampler_default_params();
-    fprintf(f,
-            "usage: specdec generate -m MODEL.gguf -p PROMPT [options]\n"
-            "\n"
-            "Generates text from PROMPT and streams it to stdout; a one-line speed summary\n"
-            "goes to stderr. Ctrl-C stops generation (what was generated is kept).\n"
-            "\n"
-            "options:\n"
-            "  -m, --model FILE      GGUF model (required)\n"
-            "  -p, --prompt TEXT     prompt (required)\n"
-            "  -n, --n-predict N     most tokens to generate (default 256; 0 = until end or context full)\n"
-            "  --chat                wrap the prompt in the model's chat template (ChatML, Llama 3)\n"
-            "  --system TEXT         system message for --chat (default: the template's own)\n"
-            "  --temp T              temperature; 0 = greedy (default %.2f)\n"
-            "  --top-k K             keep the K most likely tokens; 0 = off (default %d)\n"
-            "  --top-p P             nucleus sampling mass; 1 = off (default %.2f)\n"
-            "  --min-p P             drop tokens below P x the top probability; 0 = off (default %.2f)\n"
-            "  --repeat-penalty R    penalty for recently seen tokens; 1 = off (default %.2f)\n"
-            "  --repeat-last-n N     tokens of history the penalty looks at (default %d)\n"
-            "  --seed S              random seed (default %llu)\n"
-            "  -t, --threads N       threads (default: number of cores, %d here)\n"
-            "  -c, --ctx N           context length in tokens (default: min(model's, 4096))\n"
-            "  -b, --batch N         prompt tokens per forward pass (default 512)\n"
-            "  --fast-prompt         evaluate the prompt with 8-bit activations like the generated\n"
-            "                        tokens (about 2x faster prompt; by default the prompt uses\n"
-            "                        float activations: a more accurate cache and first token)\n"
-            "  --json                print one JSON object at the end instead of streaming:\n"
-            "                        text, n_prompt_tokens, n_generated, tokens_per_second,\n"
-            "                        prompt_ms, generate_ms, model, n_threads, finish_reason\n"
-            "                        (with --draft also: draft, method, n_target_forwards,\n"
-            "                        mean_accepted, acceptance_by_depth, draft_ms, verify_ms, ...)\n"
-            "  -h, --help            show this help\n"
-            "\n"
-            "speculative decoding (same text as without it when greedy, same distribution\n"
-            "when sampling):\n"
-            "  --draft FILE          draft model (GGUF, same vocabulary as the target); repeat\n"
-            "                        the flag for several drafts, whose trees are merged\n"
-            "  --draft-max K         chain draft: most draft tokens per step (default 4)\n"
-            "  --draft-p-min P       stop drafting below this top draft probability (default 0)\n"
-            "  --tree W1,W2,...      tree draft: W1 children of the root, W2 of each of those, ...\n"
-            "  --tree-dynamic B,D,M  dynamic (EAGLE-2) tree: expand the B best nodes per depth for\n"
-            "                        D depths, keep the M best nodes (root included)\n"
-            "  --max-nodes N         most tree nodes per target forward, root included (default:\n"
-            "                        the tree's size, times the number of drafts; <= -b)\n"
-            "  --draft-threads N     threads of the draft models; 0 (default) = share the target's\n"
-            "                        worker threads (two pools of busy threads would fight for the cores)\n"
-            "  --draft-ngram N,K     prompt lookup: continue the latest earlier occurrence of the\n"
-            "                        last n <= N tokens by up to K tokens (no draft model needed;\n"
-            "                        with --draft the trees are merged)\n"
-            "  --datastore FILE      --draft-ngram also looks continuations up in this text corpus\n"
-            "  --tree auto           hardware-aware tree (Sequoia-style) for --draft and/or\n"
-            "                        --draft-ngram: the target's forward cost is measured at start-up\n"
-            "                        (ms against tree nodes), acceptance by depth and sibling rank is\n"
-            "                        learnt while generating, and the tree maximising expected tokens/s\n"
-            "                        (at most %d nodes) is drafted; the choice is printed on stderr\n"
-            "                        when made and when it changes. Alone: --draft-ngram 3,8 + auto tree\n"
-            "  --draft-skip L1,L2,..|auto  self-speculation: the target with these layers (0-based;\n"
-            "                        ranges A-B allowed) skipped drafts a chain (adaptive length); auto\n"
-            "                        searches a set on built-in calibration prompts first (progress on\n"
-            "                        stderr; tens of seconds)\n"
-            "  --save-skip FILE      --draft-skip auto: save the chosen set to FILE\n"
-            "  --load-skip FILE      --draft-skip auto: use the set saved in FILE instead of searching\n"
-            "  --lookahead W,N,G     lookahead decoding: a Jacobi window of W columns x N-1 levels runs\n"
-            "                        in the target's own forward and harvests N-grams; up to G of them\n"
-            "                        are verified per step (no draft model needed)\n"
-            "Without --json a one-line summary of the speculative statistics goes to stderr.\n"
-            "\n"
-            "Sampling order: repetition penalty, temperature, top-k, top-p, min-p.\n",
-            (double)sp.temp, sp.top_k, (double)sp.top_p, (double)sp.min_p, (double)sp.repeat_penalty,
-            sp.repeat_last_n, (unsigned long long)sp.seed, sd_n_cores(), SD_METHOD_AUTO_NODES);
 }
 
 // Progress of the layer-skip search and the automatic tree's choices, on stderr.
@@ -153,479 +81,617 @@ static int on_token(int32_t t, void *user) {
     return g_interrupted ? 1 : 0;
 }
 
-int cmd_generate(int argc, char **argv) {
-    const char *model_path = NULL, *prompt = NULL, *system = NULL;
-    int n_predict = 256, chat = 0, json = 0, n_threads = 0, n_ctx = 0, n_batch = 512, fast_prompt = 0;
-    sd_sampler_params sp = sd_sampler_default_params();
+// ---------------------------------------------------------------- options
+// The command line as given (parse), before the cross-flag checks.
+typedef struct gen_opts {
+    const char *model_path, *prompt, *system;
+    int n_predict;      // most tokens generated (0 = until end or context full)
+    int chat, json, fast_prompt;
+    int n_threads;      // 0 = number of cores (resolved by gen_validate)
+    int n_ctx;          // tokens; 0 = min(model's, 4096)
+    int n_batch;        // prompt tokens per forward; also the most tree nodes
+    sd_sampler_params sp;
     // speculative decoding
-    const char *draft_paths[SD_METHOD_MAX_DRAFTS];
-    int n_drafts = 0, draft_max = 4, max_nodes = 0, draft_threads = 0;
-    float p_min = 0.0f;
-    const char *tree_flag = NULL, *dyn_flag = NULL, *draft_max_flag = NULL, *spec_only_flag = NULL,
-               *p_min_flag = NULL;
-    const char *ngram_flag = NULL, *datastore = NULL;
-    const char *skip_flag = NULL, *save_skip = NULL, *load_skip = NULL, *lookahead_flag = NULL;
-    int tree_auto = 0;
-    char perr[256];
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-#define VAL() \
-    if (!(v = cli_value(argc, argv, &i))) return 1
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            VAL();
-            model_path = v;
-        } else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
-            VAL();
-            prompt = v;
-        } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
-            VAL();
-            if (cli_int(a, v, 0, 1 << 30, &n_predict)) return 1;
-        } else if (!strcmp(a, "--chat")) {
-            chat = 1;
-        } else if (!strcmp(a, "--system")) {
-            VAL();
-            system = v;
-        } else if (!strcmp(a, "--temp")) {
-            VAL();
-            if (cli_float(a, v, 0.0, 100.0, &sp.temp)) return 1;
-        } else if (!strcmp(a, "--top-k")) {
-            VAL();
-            if (cli_int(a, v, 0, 1 << 30, &sp.top_k)) return 1;
-        } else if (!strcmp(a, "--top-p")) {
-            VAL();
-            if (cli_float(a, v, 0.0, 1.0, &sp.top_p)) return 1;
-        } else if (!strcmp(a, "--min-p")) {
-            VAL();
-            if (cli_float(a, v, 0.0, 1.0, &sp.min_p)) return 1;
-        } else if (!strcmp(a, "--repeat-penalty")) {
-            VAL();
-            if (cli_float(a, v, 0.01, 100.0, &sp.repeat_penalty)) return 1;
-        } else if (!strcmp(a, "--repeat-last-n")) {
-            VAL();
-            if (cli_int(a, v, 0, 1 << 30, &sp.repeat_last_n)) return 1;
-        } else if (!strcmp(a, "--seed")) {
-            VAL();
-            if (cli_u64(a, v, &sp.seed)) return 1;
-        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-            VAL();
-            if (cli_int(a, v, 1, 1024, &n_threads)) return 1;
-        } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) {
-            VAL();
-            if (cli_int(a, v, 1, 1 << 24, &n_ctx)) return 1;
-        } else if (!strcmp(a, "-b") || !strcmp(a, "--batch")) {
-            VAL();
-            if (cli_int(a, v, 1, 1 << 16, &n_batch)) return 1;
-        } else if (!strcmp(a, "--fast-prompt")) {
-            fast_prompt = 1;
-        } else if (!strcmp(a, "--json")) {
-            json = 1;
-        } else if (!strcmp(a, "--draft")) {
-            VAL();
-            if (n_drafts == SD_METHOD_MAX_DRAFTS) return cli_error("--draft: at most %d draft models", SD_METHOD_MAX_DRAFTS);
-            draft_paths[n_drafts++] = v;
-        } else if (!strcmp(a, "--draft-max")) {
-            VAL();
-            if (cli_int(a, v, 1, 64, &draft_max)) return 1;
-            draft_max_flag = spec_only_flag = a;
-        } else if (!strcmp(a, "--draft-p-min")) {
-            VAL();
-            if (cli_float(a, v, 0.0, 1.0, &p_min)) return 1;
-            p_min_flag = a;
-        } else if (!strcmp(a, "--tree") && i + 1 < argc && !strcmp(argv[i + 1], "auto")) {
-            VAL();
-            tree_auto = 1;
-        } else if (!strcmp(a, "--tree")) {
-            VAL();
-            int w[16];
-            if (sd_parse_ints(a, v, ',', w, 16, 1, 64, perr, sizeof perr) < 0)
-                return cli_error("%s", perr);
-            tree_flag = spec_only_flag = v;
-        } else if (!strcmp(a, "--tree-dynamic")) {
-            VAL();
-            int t[3];
-            if (sd_parse_ints(a, v, ',', t, 3, 1, 1024, perr, sizeof perr) != 3 || t[0] > 16 || t[1] > 16 ||
-                t[2] < 2)
-                return cli_error("--tree-dynamic: expected B,D,M with B and D in 1..16 and M >= 2, got '%s'", v);
-            dyn_flag = spec_only_flag = v;
-        } else if (!strcmp(a, "--max-nodes")) {
-            VAL();
-            if (cli_int(a, v, 1, 1 << 16, &max_nodes)) return 1;
-        } else if (!strcmp(a, "--draft-threads")) {
-            VAL();
-            if (cli_int(a, v, 0, 1024, &draft_threads)) return 1;
-        } else if (!strcmp(a, "--draft-ngram")) {
-            VAL();
-            int t[2];
-            if (sd_parse_ints(a, v, ',', t, 2, 1, 256, perr, sizeof perr) != 2 || t[0] > 8)
-                return cli_error("--draft-ngram: expected N,K with N in 1..%d and K in 1..256, got '%s'",
-                                 8, v);
-            ngram_flag = v;
-        } else if (!strcmp(a, "--datastore")) {
-            VAL();
-            datastore = v;
-        } else if (!strcmp(a, "--draft-skip")) {
-            VAL();
-            if (!*v || strlen(v) >= sizeof ((sd_method *)0)->skip_list)
-                return cli_error("--draft-skip: expected a layer list L1,L2,... (0-based, ranges A-B) or 'auto', got '%s'", v);
-            skip_flag = v;
-        } else if (!strcmp(a, "--save-skip")) {
-            VAL();
-            save_skip = v;
-        } else if (!strcmp(a, "--load-skip")) {
-            VAL();
-            load_skip = v;
-        } else if (!strcmp(a, "--lookahead")) {
-            VAL();
-            int t[3];
-            if (sd_parse_ints(a, v, ',', t, 3, 1, 64, perr, sizeof perr) != 3 || t[1] < 2 || t[1] > 16)
-                return cli_error("--lookahead: expected W,N,G with W and G in 1..64 and N in 2..16, got '%s'", v);
-            lookahead_flag = v;
-        } else {
-            return cli_error("generate: unknown option '%s' (see specdec generate --help)", a);
-        }
-#undef VAL
+    const char *draft_paths[SD_METHOD_MAX_DRAFTS];  // (n_drafts) --draft files
+    int n_drafts;
+    const char *method;     // --method: a method string (specdec_spec.h), or NULL
+    int draft_max;          // --draft-max K (chain:K)
+    int max_nodes;          // tree nodes per target forward; 0 = the tree's size
+    int draft_threads;      // 0 = share the target's threads
+    float p_min;
+    const char *tree;       // --tree W1,W2,... (NULL, or "auto" with tree_auto)
+    int tree_auto;          // --tree auto
+    const char *dyn;        // --tree-dynamic B,D,M
+    const char *ngram;      // --draft-ngram N,K
+    const char *datastore;  // --datastore FILE
+    const char *skip;       // --draft-skip L1,L2,..|auto
+    const char *save_skip, *load_skip;
+    const char *lookahead;  // --lookahead W,N,G
+    // the spellings of the flags given, NULL when absent (for the cross-flag checks)
+    const char *method_given, *draft_max_given, *p_min_given, *tree_given, *dyn_given, *ngram_given, *skip_given,
+        *lookahead_given;
+} gen_opts;
+
+// --tree W1,W2,...|auto; dst is the gen_opts.
+static int parse_tree_flag(const char *flag, const char *v, void *dst) {
+    gen_opts *o = dst;
+    char err[256];
+    int w[16];   // the most depths a tree has
+    if (!strcmp(v, "auto")) {
+        o->tree_auto = 1;
+        return 0;
     }
-    if (!model_path) return cli_error("generate: a model is required (-m MODEL.gguf; see specdec generate --help)");
-    if (!prompt) return cli_error("generate: a prompt is required (-p PROMPT)");
-    if (system && !chat) return cli_error("generate: --system needs --chat");
-    if (!cli_file_ok("model file", model_path)) return 1;
-    if (n_threads <= 0) n_threads = sd_n_cores();
-    // the speculative method, as a method string of spec_cli.h
-    sd_method method, ngram_method, solo_method;   // solo: skip or lookahead (alone)
-    char label[2 * SD_METHOD_NAME_MAX + 16] = "";   // e.g. "chain:4", "ngram:3-8", "tree:2-2+ngram:3-8"
-    if ((save_skip || load_skip) && !(skip_flag && !strcmp(skip_flag, "auto")))
-        return cli_error("generate: %s needs --draft-skip auto", save_skip ? "--save-skip" : "--load-skip");
-    if (save_skip && load_skip) return cli_error("generate: --save-skip and --load-skip cannot be used together");
-    if (skip_flag && lookahead_flag) return cli_error("generate: --draft-skip and --lookahead cannot be used together");
-    const char *solo_flag = skip_flag ? "--draft-skip" : lookahead_flag ? "--lookahead" : NULL;
-    if (solo_flag && (n_drafts || ngram_flag || tree_auto || spec_only_flag))
-        return cli_error("generate: %s drafts on its own; it cannot be combined with %s", solo_flag,
-                         n_drafts ? "--draft" : ngram_flag ? "--draft-ngram" : tree_auto ? "--tree auto" : spec_only_flag);
-    if (tree_auto && !n_drafts && !ngram_flag) ngram_flag = "3,8";   // --tree auto alone: n-gram lookup
-    if (tree_auto && (tree_flag || dyn_flag || draft_max_flag))
+    if (sd_parse_ints(flag, v, ',', w, 16, 1, 64, err, sizeof err) < 0) {
+        cli_error("%s", err);
+        return -1;
+    }
+    o->tree = v;
+    return 0;
+}
+
+// --tree-dynamic B,D,M; dst is a const char *.
+static int parse_dyn_flag(const char *flag, const char *v, void *dst) {
+    char err[256];
+    int t[3];
+    if (sd_parse_ints(flag, v, ',', t, 3, 1, 1024, err, sizeof err) != 3 || t[0] > 16 || t[1] > 16 || t[2] < 2) {
+        cli_error("%s: expected B,D,M with B and D in 1..16 and M >= 2, got '%s'", flag, v);
+        return -1;
+    }
+    *(const char **)dst = v;
+    return 0;
+}
+
+// --draft-ngram N,K; dst is a const char *.
+static int parse_ngram_flag(const char *flag, const char *v, void *dst) {
+    char err[256];
+    int t[2];
+    if (sd_parse_ints(flag, v, ',', t, 2, 1, 256, err, sizeof err) != 2 || t[0] > 8) {
+        cli_error("%s: expected N,K with N in 1..8 and K in 1..256, got '%s'", flag, v);
+        return -1;
+    }
+    *(const char **)dst = v;
+    return 0;
+}
+
+// --draft-skip L1,L2,..|auto (the layers are checked against the model later); dst is a const char *.
+static int parse_skip_flag(const char *flag, const char *v, void *dst) {
+    if (!*v || strlen(v) >= sizeof ((sd_method *)0)->skip_list) {
+        cli_error("%s: expected a layer list L1,L2,... (0-based, ranges A-B) or 'auto', got '%s'", flag, v);
+        return -1;
+    }
+    *(const char **)dst = v;
+    return 0;
+}
+
+// --lookahead W,N,G; dst is a const char *.
+static int parse_lookahead_flag(const char *flag, const char *v, void *dst) {
+    char err[256];
+    int t[3];
+    if (sd_parse_ints(flag, v, ',', t, 3, 1, 64, err, sizeof err) != 3 || t[1] < 2 || t[1] > 16) {
+        cli_error("%s: expected W,N,G with W and G in 1..64 and N in 2..16, got '%s'", flag, v);
+        return -1;
+    }
+    *(const char **)dst = v;
+    return 0;
+}
+
+// --method STR: the registry's message for a bad string; dst is a const char *.
+static int parse_method_flag(const char *flag, const char *v, void *dst) {
+    char err[1024];
+    sd_method m;
+    if (sd_method_parse(v, &m, err, sizeof err) < 0) {
+        cli_error("%s: %s", flag, err);
+        return -1;
+    }
+    *(const char **)dst = v;
+    return 0;
+}
+
+static const char *const GEN_INTRO =
+    "Generates text from PROMPT and streams it to stdout; a one-line speed summary\n"
+    "goes to stderr. Ctrl-C stops generation (what was generated is kept).\n";
+static const char *const GEN_NOTES =
+    "Without --json a one-line summary of the speculative statistics goes to stderr.\n"
+    "\n"
+    "Sampling order: repetition penalty, temperature, top-k, top-p, min-p.\n";
+
+// argv -> o (defaults first). Returns a cli_parse result.
+static int gen_parse(int argc, char **argv, gen_opts *o) {
+    *o = (gen_opts){.n_predict = 256, .n_batch = 512, .draft_max = 4, .sp = sd_sampler_default_params()};
+    char threads_help[96], method_help[1024], tree_help[1024];
+    snprintf(threads_help, sizeof threads_help, "threads (default: number of cores, %d here)", sd_n_cores());
+    snprintf(method_help, sizeof method_help,
+             "speculative method, a method string as bench --methods takes: %s. The flags below are shorthands "
+             "(--draft-max K = chain:K, --tree W1,W2 = tree:W1-W2, --tree-dynamic B,D,M = dyn:B-D-M, --draft-ngram "
+             "N,K = ngram:N-K, --draft-skip auto = skip:auto, --lookahead W,N,G = lookahead:W-N-G, --tree auto alone "
+             "= auto) and cannot be combined with it",
+             sd_methods_syntax());
+    snprintf(tree_help, sizeof tree_help,
+             "tree draft: W1 children of the root, W2 of each of those, ...\n"
+             "--tree auto: hardware-aware tree (Sequoia-style) for --draft and/or --draft-ngram: the target's "
+             "forward cost is measured at start-up (ms against tree nodes), acceptance by depth and sibling rank is "
+             "learnt while generating, and the tree maximising expected tokens/s (at most %d nodes) is drafted; the "
+             "choice is printed on stderr when made and when it changes. Alone: --draft-ngram 3,8 + auto tree",
+             SD_METHOD_AUTO_NODES);
+    sd_sampler_params *sp = &o->sp;
+    const cli_opt opts[] = {
+        {"--model", "-m", CLI_FILE, &o->model_path, .meta = "FILE", .what = "model file",
+         .help = "GGUF model (required)", .required = "a model is required (-m MODEL.gguf; see specdec generate --help)"},
+        {"--prompt", "-p", CLI_STRING, &o->prompt, .meta = "TEXT", .help = "prompt (required)",
+         .required = "a prompt is required (-p PROMPT)"},
+        {"--n-predict", "-n", CLI_INT, &o->n_predict, .lo = 0, .hi = 1 << 30, .meta = "N", .def = CLI_DEF_VALUE,
+         .help = "most tokens to generate; 0 = until end or context full"},
+        {"--chat", NULL, CLI_FLAG, &o->chat, .help = "wrap the prompt in the model's chat template (ChatML, Llama 3)"},
+        {"--system", NULL, CLI_STRING, &o->system, .meta = "TEXT",
+         .help = "system message for --chat (default: the template's own)"},
+        {"--temp", NULL, CLI_FLOAT, &sp->temp, .lo = 0.0, .hi = 100.0, .meta = "T", .def = CLI_DEF_VALUE,
+         .help = "temperature; 0 = greedy"},
+        {"--top-k", NULL, CLI_INT, &sp->top_k, .lo = 0, .hi = 1 << 30, .meta = "K", .def = CLI_DEF_VALUE,
+         .help = "keep the K most likely tokens; 0 = off"},
+        {"--top-p", NULL, CLI_FLOAT, &sp->top_p, .lo = 0.0, .hi = 1.0, .meta = "P", .def = CLI_DEF_VALUE,
+         .help = "nucleus sampling mass; 1 = off"},
+        {"--min-p", NULL, CLI_FLOAT, &sp->min_p, .lo = 0.0, .hi = 1.0, .meta = "P", .def = CLI_DEF_VALUE,
+         .help = "drop tokens below P x the top probability; 0 = off"},
+        {"--repeat-penalty", NULL, CLI_FLOAT, &sp->repeat_penalty, .lo = 0.01, .hi = 100.0, .meta = "R",
+         .def = CLI_DEF_VALUE, .help = "penalty for recently seen tokens; 1 = off"},
+        {"--repeat-last-n", NULL, CLI_INT, &sp->repeat_last_n, .lo = 0, .hi = 1 << 30, .meta = "N",
+         .def = CLI_DEF_VALUE, .help = "tokens of history the penalty looks at"},
+        {"--seed", NULL, CLI_U64, &sp->seed, .meta = "S", .def = CLI_DEF_VALUE, .help = "random seed"},
+        {"--threads", "-t", CLI_INT, &o->n_threads, .lo = 1, .hi = 1024, .meta = "N", .help = threads_help},
+        {"--ctx", "-c", CLI_INT, &o->n_ctx, .lo = 1, .hi = 1 << 24, .meta = "N",
+         .help = "context length in tokens (default: min(model's, 4096))"},
+        {"--batch", "-b", CLI_INT, &o->n_batch, .lo = 1, .hi = 1 << 16, .meta = "N", .def = CLI_DEF_VALUE,
+         .help = "prompt tokens per forward pass"},
+        {"--fast-prompt", NULL, CLI_FLAG, &o->fast_prompt,
+         .help = "evaluate the prompt with 8-bit activations like the generated tokens (about 2x faster prompt; by "
+                 "default the prompt uses float activations: a more accurate cache and first token)"},
+        {"--json", NULL, CLI_FLAG, &o->json,
+         .help = "print one JSON object at the end instead of streaming: text, n_prompt_tokens, n_generated, "
+                 "tokens_per_second, prompt_ms, generate_ms, model, n_threads, finish_reason (with a drafter also: "
+                 "draft, method, n_target_forwards, mean_accepted, acceptance_by_depth, draft_ms, verify_ms, ...)"},
+        {"--help", "-h", CLI_HELP, .help = "show this help"},
+        {.kind = CLI_SECTION,
+         .help = "\nspeculative decoding (same text as without it when greedy, same distribution\nwhen sampling):"},
+        {"--draft", NULL, CLI_LIST, o->draft_paths, .max = SD_METHOD_MAX_DRAFTS, .count = &o->n_drafts, .meta = "FILE",
+         .what = "draft models",
+         .help = "draft model (GGUF, same vocabulary as the target); repeat the flag for several drafts, whose "
+                 "trees are merged"},
+        {"--method", NULL, CLI_CUSTOM, &o->method, .fn = parse_method_flag, .given = &o->method_given,
+         .meta = "STR", .help = method_help},
+        {"--draft-max", NULL, CLI_INT, &o->draft_max, .lo = 1, .hi = 64, .given = &o->draft_max_given, .meta = "K",
+         .def = CLI_DEF_VALUE, .help = "chain draft: most draft tokens per step"},
+        {"--draft-p-min", NULL, CLI_FLOAT, &o->p_min, .lo = 0.0, .hi = 1.0, .given = &o->p_min_given, .meta = "P",
+         .def = CLI_DEF_VALUE, .help = "stop drafting below this top draft probability"},
+        {"--tree", NULL, CLI_CUSTOM, o, .fn = parse_tree_flag, .given = &o->tree_given, .meta = "W1,W2,...|auto",
+         .help = tree_help},
+        {"--tree-dynamic", NULL, CLI_CUSTOM, &o->dyn, .fn = parse_dyn_flag, .given = &o->dyn_given,
+         .meta = "B,D,M",
+         .help = "dynamic (EAGLE-2) tree: expand the B best nodes per depth for D depths, keep the M best nodes "
+                 "(root included)"},
+        {"--max-nodes", NULL, CLI_INT, &o->max_nodes, .lo = 1, .hi = 1 << 16, .meta = "N",
+         .help = "most tree nodes per target forward, root included (default: the tree's size, times the number "
+                 "of drafts; <= -b)"},
+        {"--draft-threads", NULL, CLI_INT, &o->draft_threads, .lo = 0, .hi = 1024, .meta = "N",
+         .help = "threads of the draft models; 0 (default) = share the target's worker threads (two pools of busy "
+                 "threads would fight for the cores)"},
+        {"--draft-ngram", NULL, CLI_CUSTOM, &o->ngram, .fn = parse_ngram_flag, .given = &o->ngram_given,
+         .meta = "N,K",
+         .help = "prompt lookup: continue the latest earlier occurrence of the last n <= N tokens by up to K "
+                 "tokens (no draft model needed; with --draft the trees are merged)"},
+        {"--datastore", NULL, CLI_FILE, &o->datastore, .what = "datastore file", .meta = "FILE",
+         .help = "--draft-ngram also looks continuations up in this text corpus"},
+        {"--draft-skip", NULL, CLI_CUSTOM, &o->skip, .fn = parse_skip_flag, .given = &o->skip_given,
+         .meta = "L1,L2,..|auto",
+         .help = "self-speculation: the target with these layers (0-based; ranges A-B allowed) skipped drafts a "
+                 "chain (adaptive length); auto searches a set on built-in calibration prompts first (progress on "
+                 "stderr; tens of seconds)"},
+        {"--save-skip", NULL, CLI_STRING, &o->save_skip, .meta = "FILE",
+         .help = "--draft-skip auto: save the chosen set to FILE"},
+        {"--load-skip", NULL, CLI_FILE, &o->load_skip, .what = "skip file",
+         .meta = "FILE", .help = "--draft-skip auto: use the set saved in FILE instead of searching"},
+        {"--lookahead", NULL, CLI_CUSTOM, &o->lookahead, .fn = parse_lookahead_flag, .given = &o->lookahead_given,
+         .meta = "W,N,G",
+         .help = "lookahead decoding: a Jacobi window of W columns x N-1 levels runs in the target's own forward "
+                 "and harvests N-grams; up to G of them are verified per step (no draft model needed)"},
+    };
+    const cli_cmd cmd = {.name = "generate",
+                         .usage = "usage: specdec generate -m MODEL.gguf -p PROMPT [options]",
+                         .intro = GEN_INTRO,
+                         .notes = GEN_NOTES,
+                         .opts = opts,
+                         .n_opts = CLI_N(opts)};
+    return cli_parse(&cmd, argc, argv);
+}
+
+// ---------------------------------------------------------------- validate
+// The speculative setup: one method (a method string of specdec_spec.h, the
+// shorthand flags' combination merged with '+'), and what the checks of its
+// tree sizes need to know about it.
+typedef struct gen_plan {
+    int spec;                // 1: speculative decoding (some drafter)
+    sd_method m;             // the method; m.name is its string ("chain:4", "tree:2-2+ngram:3-8", ...)
+    const char *flag;        // the flag that chose it, for messages ("--method", "--draft-skip", ...)
+    const char *shape_flag;  // the flag that set the draft-model tree's shape, for messages
+    int model_nodes;         // nodes of its draft-model trees merged, root included; 0 = no draft-model part
+    int uses_drafts;         // 1: some part drafts with the --draft models
+    int has_ngram;           // 1: some part is n-gram lookup (what --datastore feeds)
+    int total_nodes;         // nodes of all its trees merged, root included
+    int auto_nodes;          // automatic trees: most nodes, root included
+    int max_nodes;           // tree nodes per target forward, root included (resolved)
+    char label[SD_METHOD_NAME_MAX + 16];  // the method as reported (skip: the layers chosen)
+} gen_plan;
+
+// Scans the '+'-separated parts of p->m: its draft-model trees
+// (p->model_nodes), n-gram lookup (p->has_ngram), the use of the --draft
+// models (p->uses_drafts), and the nodes of all their trees merged
+// (p->total_nodes; automatic trees count at most p->auto_nodes).
+static void gen_plan_parts(const gen_opts *o, gen_plan *p) {
+    char s[SD_METHOD_NAME_MAX], err[512];
+    snprintf(s, sizeof s, "%s", p->m.name);
+    int model_extra = -1, extra = 0;   // nodes beyond the root: of the draft-model trees (-1: none), of all
+    for (char *part = strtok(s, "+"); part; part = strtok(NULL, "+")) {
+        sd_method pm;
+        if (sd_method_parse(part, &pm, err, sizeof err) < 0) continue;   // (the whole string parsed)
+        if (pm.uses_cost_curve) pm.tree_nodes = SD_MIN(pm.tree_nodes, p->auto_nodes);
+        int model = pm.kind == SD_METHOD_MODEL || (pm.kind == SD_METHOD_AUTO && o->n_drafts > 0);
+        p->uses_drafts |= model || pm.kind == SD_METHOD_AUTO;
+        p->has_ngram |= pm.kind == SD_METHOD_NGRAM || (pm.kind == SD_METHOD_AUTO && !o->n_drafts);
+        if (model) model_extra = SD_MAX(model_extra, 0) + pm.tree_nodes - 1;
+        extra += sd_method_default_nodes(&pm, o->n_drafts) - 1;
+    }
+    p->model_nodes = model_extra < 0 ? 0 : 1 + model_extra;
+    p->total_nodes = 1 + extra;
+}
+
+// The shorthand flags (--draft-max, --tree, --tree-dynamic, --draft-ngram,
+// --draft-skip, --lookahead) as one method string in s. 0, or 1 after a message.
+static int gen_method_of_flags(const gen_opts *o, gen_plan *p, char *s, size_t n) {
+    const char *solo = o->skip ? "--draft-skip" : o->lookahead ? "--lookahead" : NULL;
+    const char *spec_only = o->tree ? "--tree" : o->dyn ? "--tree-dynamic" : o->draft_max_given;
+    if (o->skip && o->lookahead) return cli_error("generate: --draft-skip and --lookahead cannot be used together");
+    if (solo && (o->n_drafts || o->ngram || o->tree_auto || spec_only))
+        return cli_error("generate: %s drafts on its own; it cannot be combined with %s", solo,
+                         o->n_drafts ? "--draft" : o->ngram ? "--draft-ngram" : o->tree_auto ? "--tree auto" : spec_only);
+    if (o->tree_auto && (o->tree || o->dyn || o->draft_max_given))
         return cli_error("generate: --tree auto chooses the tree; it cannot be combined with %s",
-                         tree_flag ? "--tree" : dyn_flag ? "--tree-dynamic" : "--draft-max");
-    int spec = n_drafts > 0 || ngram_flag || solo_flag;
-    if (datastore && !ngram_flag) return cli_error("generate: --datastore needs --draft-ngram N,K");
-    if (max_nodes > 0 && !spec)
-        return cli_error("generate: --max-nodes needs a drafter (--draft, --draft-ngram, --draft-skip, --lookahead)");
-    if (max_nodes == 1) return cli_error("--max-nodes: a tree needs at least 2 nodes, got 1");
-    const int auto_nodes = max_nodes > 0 ? SD_MIN(max_nodes, SD_METHOD_AUTO_NODES) : SD_METHOD_AUTO_NODES;
-    if (p_min_flag && !n_drafts && !skip_flag)
-        return cli_error("generate: --draft-p-min needs a draft model (--draft D.gguf) or --draft-skip");
-    if (!n_drafts && spec_only_flag)
-        return cli_error("generate: %s needs a draft model (--draft D.gguf)",
-                         spec_only_flag == tree_flag ? "--tree" : spec_only_flag == dyn_flag ? "--tree-dynamic"
-                                                                                             : spec_only_flag);
-    if (tree_flag && dyn_flag) return cli_error("generate: --tree and --tree-dynamic cannot be used together");
-    if (draft_max_flag && (tree_flag || dyn_flag))
+                         o->tree ? "--tree" : o->dyn ? "--tree-dynamic" : "--draft-max");
+    if (!o->n_drafts && spec_only) return cli_error("generate: %s needs a draft model (--draft D.gguf)", spec_only);
+    if (o->tree && o->dyn) return cli_error("generate: --tree and --tree-dynamic cannot be used together");
+    if (o->draft_max_given && (o->tree || o->dyn))
         return cli_error("generate: --draft-max sets the chain length; it cannot be combined with %s",
-                         tree_flag ? "--tree" : "--tree-dynamic");
-    if (ngram_flag) {
-        char mname[SD_METHOD_NAME_MAX];
-        snprintf(mname, sizeof mname, "ngram:%s%s", ngram_flag, tree_auto ? ":auto" : "");
-        for (char *c = mname; *c; c++)
-            if (*c == ',') *c = '-';
-        if (sd_method_parse(mname, &ngram_method, perr, sizeof perr) < 0) return cli_error("%s", perr);
-        if (datastore && !cli_file_ok("datastore file", datastore)) return 1;
-        if (tree_auto) ngram_method.tree_nodes = SD_MIN(ngram_method.tree_nodes, auto_nodes);
+                         o->tree ? "--tree" : "--tree-dynamic");
+    char model[SD_METHOD_NAME_MAX] = "", ngram[SD_METHOD_NAME_MAX] = "";
+    if (o->n_drafts) {
+        if (o->tree_auto) snprintf(model, sizeof model, "tree:auto");
+        else if (o->tree) snprintf(model, sizeof model, "tree:%s", o->tree);
+        else if (o->dyn) snprintf(model, sizeof model, "dyn:%s", o->dyn);
+        else snprintf(model, sizeof model, "chain:%d", o->draft_max);
     }
-    if (solo_flag) {
-        char mname[SD_METHOD_NAME_MAX];
-        snprintf(mname, sizeof mname, "%s:%s", skip_flag ? "skip" : "lookahead", skip_flag ? "auto" : lookahead_flag);
-        for (char *c = mname; *c; c++)
-            if (*c == ',') *c = '-';
-        if (sd_method_parse(mname, &solo_method, perr, sizeof perr) < 0) return cli_error("%s", perr);
-        if (skip_flag) snprintf(solo_method.skip_list, sizeof solo_method.skip_list, "%s", skip_flag);
-        if (load_skip && !cli_file_ok("skip file", load_skip)) return 1;
-        int nodes = solo_method.tree_nodes;
-        if (max_nodes > 0) {
-            if (max_nodes > n_batch)
-                return cli_error("--max-nodes %d is larger than the batch size (-b %d)", max_nodes, n_batch);
-        } else {
-            max_nodes = SD_MIN(nodes, n_batch);
-        }
-        if (nodes + solo_method.extra_nodes > n_batch)
+    // --tree auto alone: n-gram lookup with an automatic tree
+    const char *ng = o->ngram ? o->ngram : o->tree_auto && !o->n_drafts ? "3,8" : NULL;
+    if (ng) snprintf(ngram, sizeof ngram, "ngram:%s%s", ng, o->tree_auto ? ":auto" : "");
+    if (o->skip) snprintf(s, n, "skip:auto");   // the layer list replaces "auto" once parsed
+    else if (o->lookahead) snprintf(s, n, "lookahead:%s", o->lookahead);
+    else snprintf(s, n, "%.60s%s%.60s", model, model[0] && ngram[0] ? "+" : "", ngram);
+    for (char *c = s; *c; c++)
+        if (*c == ',') *c = '-';
+    p->flag = solo ? solo : o->n_drafts ? "--draft" : "--draft-ngram";
+    p->shape_flag = o->tree_auto ? "--tree auto" : o->tree ? "--tree" : o->dyn ? "--tree-dynamic" : "--draft-max";
+    return 0;
+}
+
+// --method or the shorthand flags -> p->m. 0, or 1 after a message.
+static int gen_plan_method(const gen_opts *o, gen_plan *p) {
+    char s[SD_METHOD_NAME_MAX] = "", err[1024];
+    if (o->method) {
+        const char *alias = o->draft_max_given ? o->draft_max_given : o->tree_given ? o->tree_given
+                          : o->dyn_given ? o->dyn_given : o->ngram_given ? o->ngram_given
+                          : o->skip_given ? o->skip_given : o->lookahead_given;
+        if (alias) return cli_error("generate: %s and %s cannot be used together", o->method_given, alias);
+        snprintf(s, sizeof s, "%s", o->method);
+        p->flag = p->shape_flag = o->method_given;
+    } else if (gen_method_of_flags(o, p, s, sizeof s)) {
+        return 1;
+    }
+    if (!s[0]) return 0;   // no drafter
+    if (sd_method_parse(s, &p->m, err, sizeof err) < 0) return cli_error("%s: %s", p->flag, err);
+    // a layer list may hold ranges A-B, which a method string cannot: the flag's list is kept as given
+    if (o->skip) snprintf(p->m.skip_list, sizeof p->m.skip_list, "%s", o->skip);
+    p->spec = p->m.kind != SD_METHOD_AR;
+    gen_plan_parts(o, p);
+    if (o->method && p->m.needs_draft_model && !o->n_drafts)
+        return cli_error("generate: %s %s needs a draft model (--draft D.gguf)", o->method_given, o->method);
+    if (o->method && !p->uses_drafts && o->n_drafts)
+        return cli_error("generate: %s %s does not use a draft model; drop --draft (--draft-ngram N,K with --draft "
+                         "merges n-gram and draft-model trees)", o->method_given, o->method);
+    snprintf(p->label, sizeof p->label, "%s", p->m.name);
+    return 0;
+}
+
+// The tree nodes per target forward (p->max_nodes) and the checks of the
+// trees' sizes against --max-nodes and -b. 0, or 1 after a message.
+static int gen_plan_nodes(const gen_opts *o, gen_plan *p) {
+    p->max_nodes = o->max_nodes;
+    if (!p->spec) return 0;
+    if (p->max_nodes > o->n_batch)
+        return cli_error("--max-nodes %d is larger than the batch size (-b %d)", p->max_nodes, o->n_batch);
+    if (p->m.kind == SD_METHOD_SKIP || p->m.kind == SD_METHOD_LOOKAHEAD) {   // drafting alone, beside a window
+        int nodes = p->m.tree_nodes;
+        if (p->max_nodes <= 0) p->max_nodes = SD_MIN(nodes, o->n_batch);
+        if (nodes + p->m.extra_nodes > o->n_batch)
             return cli_error("%s: %d tree nodes and %d window nodes per step do not fit the batch size (-b %d)",
-                             solo_flag, nodes, solo_method.extra_nodes, n_batch);
-        snprintf(label, sizeof label, "%s", skip_flag ? "skip" : solo_method.name);
-    } else if (spec) {
-        char mname[SD_METHOD_NAME_MAX];
-        if (!n_drafts) {
-            snprintf(mname, sizeof mname, "ar");   // no model drafts: only the n-gram drafter
-        } else if (tree_auto) {
-            snprintf(mname, sizeof mname, "tree:auto");
-        } else if (tree_flag) {
-            snprintf(mname, sizeof mname, "tree:%s", tree_flag);
-            for (char *c = mname; *c; c++)
-                if (*c == ',') *c = '-';
-        } else if (dyn_flag) {
-            snprintf(mname, sizeof mname, "dyn:%s", dyn_flag);
-            for (char *c = mname; *c; c++)
-                if (*c == ',') *c = '-';
-        } else {
-            snprintf(mname, sizeof mname, "chain:%d", draft_max);
-        }
-        if (sd_method_parse(mname, &method, perr, sizeof perr) < 0) return cli_error("%s", perr);
-        if (tree_auto && n_drafts) method.tree_nodes = auto_nodes;
-        for (int i = 0; i < n_drafts; i++)
-            if (!cli_file_ok("draft model file", draft_paths[i])) return 1;
-        const char *shape = tree_auto ? "--tree auto" : tree_flag ? "--tree" : dyn_flag ? "--tree-dynamic" : "--draft-max";
-        // A draft model's tree must fit; the n-gram tree is a most and is cut to the limit.
-        int nodes = n_drafts ? method.tree_nodes : 2, ng_nodes = ngram_flag ? ngram_method.tree_nodes : 1;
-        if (max_nodes > 0) {
-            if (max_nodes < 2) return cli_error("--max-nodes: a tree needs at least 2 nodes, got %d", max_nodes);
-            if (max_nodes > n_batch)
-                return cli_error("--max-nodes %d is larger than the batch size (-b %d)", max_nodes, n_batch);
-            if (nodes > max_nodes)
-                return cli_error("%s: the tree has %d nodes (root included), more than --max-nodes %d", shape, nodes,
-                                 max_nodes);
-        } else {
-            if (nodes > n_batch)
-                return cli_error("%s: the tree has %d nodes (root included), more than the batch size (-b %d)",
-                                 shape, nodes, n_batch);
-            // room for every drafter's tree when they are merged
-            int total = (n_drafts ? sd_method_default_nodes(&method, n_drafts) : 1) + ng_nodes - 1;
-            max_nodes = SD_MIN(total, n_batch);
-        }
-        snprintf(label, sizeof label, "%s%s%s%s", n_drafts ? method.name : "", n_drafts && ngram_flag ? "+" : "",
-                 ngram_flag ? ngram_method.name : "", tree_auto && !n_drafts ? "+tree:auto" : "");
+                             p->flag, nodes, p->m.extra_nodes, o->n_batch);
+        return 0;
     }
-
-    char err[512];
-    int rc = 1;
-    sd_model *m = NULL;
-    sd_session *s = NULL;
-    sd_sampler *smp = NULL;
-    sd_model *drafts[SD_METHOD_MAX_DRAFTS] = {0};
-    sd_drafter *drafter = NULL;
-    sd_cost_curve *cost = NULL;
-    int32_t *ids = NULL;
-    char *formatted = NULL;
-    gen_out o = {0};
-
-    if (sd_model_load(&m, model_path, err, sizeof err) < 0) {
-        cli_error("cannot load model '%s': %s", model_path, err);
-        goto out;
+    // A draft model's tree must fit; an n-gram tree is a most and is cut to the limit.
+    int nodes = p->model_nodes ? p->model_nodes : 2;
+    if (p->max_nodes > 0) {
+        if (nodes > p->max_nodes)
+            return cli_error("%s: the tree has %d nodes (root included), more than --max-nodes %d", p->shape_flag,
+                             nodes, p->max_nodes);
+    } else {
+        if (nodes > o->n_batch)
+            return cli_error("%s: the tree has %d nodes (root included), more than the batch size (-b %d)",
+                             p->shape_flag, nodes, o->n_batch);
+        // room for every drafter's tree when they are merged
+        p->max_nodes = SD_MIN(p->total_nodes, o->n_batch);
     }
-    const sd_tokenizer *tok = sd_model_tokenizer(m);
+    return 0;
+}
+
+// Cross-flag checks; the flags become p. 0, or 1 after a message.
+static int gen_validate(gen_opts *o, gen_plan *p) {
+    memset(p, 0, sizeof *p);
+    if (o->system && !o->chat) return cli_error("generate: --system needs --chat");
+    if (o->n_threads <= 0) o->n_threads = sd_n_cores();
+    p->auto_nodes = o->max_nodes > 0 ? SD_MIN(o->max_nodes, SD_METHOD_AUTO_NODES) : SD_METHOD_AUTO_NODES;
+    if (gen_plan_method(o, p)) return 1;
+    const int skip_auto = p->m.kind == SD_METHOD_SKIP && !strcmp(p->m.skip_list, "auto");
+    if ((o->save_skip || o->load_skip) && !skip_auto)
+        return cli_error("generate: %s needs --draft-skip auto (or --method skip:auto)",
+                         o->save_skip ? "--save-skip" : "--load-skip");
+    if (o->save_skip && o->load_skip) return cli_error("generate: --save-skip and --load-skip cannot be used together");
+    if (o->datastore && !p->has_ngram) return cli_error("generate: --datastore needs --draft-ngram N,K");
+    if (o->max_nodes > 0 && !p->spec)
+        return cli_error("generate: --max-nodes needs a drafter (--draft, --draft-ngram, --draft-skip, --lookahead, "
+                         "--method)");
+    if (o->max_nodes == 1) return cli_error("--max-nodes: a tree needs at least 2 nodes, got 1");
+    if (o->p_min_given && !p->model_nodes && p->m.kind != SD_METHOD_SKIP)
+        return cli_error("generate: --draft-p-min needs a draft model (--draft D.gguf) or --draft-skip");
+    for (int i = 0; i < o->n_drafts; i++)
+        if (!cli_file_ok("draft model file", o->draft_paths[i])) return 1;
+    return gen_plan_nodes(o, p);
+}
+
+// ---------------------------------------------------------------- build
+// Everything a run owns.
+typedef struct gen_state {
+    sd_model *m;
     sd_model_info info;
-    sd_model_get_info(m, &info);
+    sd_session *s;
+    sd_sampler *smp;
+    sd_model *drafts[SD_METHOD_MAX_DRAFTS];  // (n_drafts) loaded draft models
+    sd_drafter *drafter;                     // NULL without speculative decoding
+    sd_cost_curve *cost;                     // the target's forward cost (automatic trees), or NULL
+    char *formatted;                         // the chat-formatted prompt, or NULL
+    int32_t *ids;                            // (n_ids) prompt tokens
+    int n_ids;
+    gen_out out;
+} gen_state;
 
-    // the text to tokenize
-    const char *text = prompt;
-    if (chat) {
-        size_t cap = strlen(prompt) + (system ? strlen(system) : 0) + 4096;
-        formatted = malloc(cap);
-        if (!formatted) {
-            cli_error("out of memory");
-            goto out;
-        }
-        if (sd_chat_format(tok, system, prompt, formatted, cap, err, sizeof err) < 0) {
-            cli_error("--chat: %s", err);
-            goto out;
-        }
-        text = formatted;
+static void gen_free(gen_state *g) {
+    free(g->out.text);
+    free(g->out.piece);
+    free(g->ids);
+    free(g->formatted);
+    sd_drafter_free(g->drafter);
+    sd_cost_curve_free(g->cost);
+    for (int i = 0; i < SD_METHOD_MAX_DRAFTS; i++) sd_model_free(g->drafts[i]);
+    sd_sampler_free(g->smp);
+    sd_session_free(g->s);
+    sd_model_free(g->m);
+}
+
+// The prompt (chat-formatted with --chat) as tokens in g->ids. 0, or 1 after a message.
+static int gen_tokenize(const gen_opts *o, gen_state *g) {
+    char err[512];
+    const sd_tokenizer *tok = sd_model_tokenizer(g->m);
+    const char *text = o->prompt;
+    if (o->chat) {
+        size_t cap = strlen(o->prompt) + (o->system ? strlen(o->system) : 0) + 4096;
+        g->formatted = malloc(cap);
+        if (!g->formatted) return cli_error("out of memory");
+        if (sd_chat_format(tok, o->system, o->prompt, g->formatted, cap, err, sizeof err) < 0)
+            return cli_error("--chat: %s", err);
+        text = g->formatted;
     }
     int max_ids = (int)strlen(text) + 16;
-    ids = malloc((size_t)max_ids * sizeof(int32_t));
-    int n_ids = ids ? sd_tokenize(tok, text, strlen(text), 1, chat, ids, max_ids) : -1;
+    g->ids = malloc((size_t)max_ids * sizeof(int32_t));
+    int n_ids = g->ids ? sd_tokenize(tok, text, strlen(text), 1, o->chat, g->ids, max_ids) : -1;
     if (n_ids > max_ids) {
-        int32_t *t = realloc(ids, (size_t)n_ids * sizeof(int32_t));
+        int32_t *t = realloc(g->ids, (size_t)n_ids * sizeof(int32_t));
         if (t) {
-            ids = t;
+            g->ids = t;
             max_ids = n_ids;
-            n_ids = sd_tokenize(tok, text, strlen(text), 1, chat, ids, max_ids);
+            n_ids = sd_tokenize(tok, text, strlen(text), 1, o->chat, g->ids, max_ids);
         } else {
             n_ids = -1;
         }
     }
-    if (n_ids < 0) {
-        cli_error("cannot tokenize the prompt");
-        goto out;
-    }
-    if (n_ids == 0) {
-        cli_error("generate: the prompt is empty (no tokens)");
-        goto out;
-    }
+    if (n_ids < 0) return cli_error("cannot tokenize the prompt");
+    if (n_ids == 0) return cli_error("generate: the prompt is empty (no tokens)");
+    g->n_ids = n_ids;
+    return 0;
+}
 
+// Layer skipping: the search for skip:auto (or --load-skip) once, before the
+// drafter is built, and the set chosen in the label. 0, or 1 after a message.
+static int gen_prepare_skip(const gen_opts *o, gen_plan *p, const sd_method_env *env) {
+    char err[512];
+    const int searched = !strcmp(p->m.skip_list, "auto");
+    double est = 0;
+    if (sd_method_prepare(&p->m, env, &est, err, sizeof err) < 0) return cli_error("%s: %s", p->flag, err);
+    if (searched && o->load_skip) {
+        fprintf(stderr, "specdec: skip set loaded from %s: {%s}\n", o->load_skip, p->m.skip_list);
+    } else if (searched) {
+        fprintf(stderr, "specdec: skip set chosen: {%s} (estimated %.2fx)\n", p->m.skip_list, est);
+        if (est < 1.0)
+            fprintf(stderr, "specdec: warning: layer skipping is not expected to pay on this model "
+                            "(estimated %.2fx of plain decoding)\n", est);
+        if (o->save_skip) fprintf(stderr, "specdec: skip set saved to %s\n", o->save_skip);
+    }
+    snprintf(p->label, sizeof p->label, "skip:%.*s", (int)sizeof p->label - 8, p->m.skip_list);
+    return 0;
+}
+
+// The drafter of plan p in g->drafter: the target's cost curve first for
+// automatic trees, the draft models, the skip search. 0, or 1 after a message.
+static int gen_build_drafter(const gen_opts *o, gen_plan *p, gen_state *g) {
+    char err[512];
+    sd_method_env env = sd_method_env_default(g->m);
+    env.drafts = (const sd_model *const *)g->drafts;
+    env.n_drafts = o->n_drafts;
+    env.n_ctx = sd_session_n_ctx(g->s);
+    env.n_threads = o->draft_threads;
+    env.pool = o->draft_threads ? NULL : sd_session_pool(g->s);
+    env.p_min = o->p_min;
+    env.datastore = o->datastore;
+    env.skip_save = o->save_skip;
+    env.skip_load = o->load_skip;
+    env.auto_nodes = p->auto_nodes;
+    env.report = on_report;
+    if (p->m.uses_cost_curve) {   // the target's cost curve, measured on the empty session before the prompt
+        double t0 = sd_time_ms();
+        if (sd_cost_curve_new(&g->cost, g->s, p->max_nodes, err, sizeof err) < 0)
+            return cli_error("%s: %s", o->method ? o->method_given : "--tree auto", err);
+        env.cost = g->cost;
+        char desc[128];
+        sd_cost_curve_describe(g->cost, desc, sizeof desc);
+        fprintf(stderr, "specdec: tree auto: target cost measured in %.0f ms: %s\n", sd_time_ms() - t0, desc);
+    }
+    if (p->m.kind == SD_METHOD_SKIP && gen_prepare_skip(o, p, &env)) return 1;
+    for (int i = 0; i < o->n_drafts; i++)
+        if (sd_model_load(&g->drafts[i], o->draft_paths[i], err, sizeof err) < 0)
+            return cli_error("cannot load draft model '%s': %s", o->draft_paths[i], err);
+    if (sd_method_make(&p->m, &env, &g->drafter, err, sizeof err) < 0) return cli_error("%s: %s", p->flag, err);
+    if (o->datastore && !o->json) fprintf(stderr, "specdec: %s\n", sd_drafter_note(g->drafter));
+    return 0;
+}
+
+// Loads the model, tokenizes the prompt, creates the session, the sampler
+// and the drafter. 0, or 1 after a message.
+static int gen_build(const gen_opts *o, gen_plan *p, gen_state *g) {
+    char err[512];
+    if (sd_model_load(&g->m, o->model_path, err, sizeof err) < 0)
+        return cli_error("cannot load model '%s': %s", o->model_path, err);
+    sd_model_get_info(g->m, &g->info);
+    if (gen_tokenize(o, g)) return 1;
     sd_session_params ssp = sd_session_default_params();
-    ssp.n_ctx = n_ctx;
-    ssp.n_batch = n_batch;
-    ssp.n_threads = n_threads;
-    if (sd_session_new(&s, m, &ssp, err, sizeof err) < 0) {
-        cli_error("cannot create a session: %s", err);
-        goto out;
-    }
-    if (n_ids > sd_session_n_ctx(s)) {
-        cli_error("prompt has %d tokens but the context is %d (-c)", n_ids, sd_session_n_ctx(s));
-        goto out;
-    }
-    if (sd_sampler_new(&smp, &sp, info.n_vocab, err, sizeof err) < 0) {
-        cli_error("%s", err);
-        goto out;
-    }
-    if (spec) {
-        sd_method_env env = sd_method_env_default(m);
-        env.drafts = (const sd_model *const *)drafts;
-        env.n_drafts = n_drafts;
-        env.n_ctx = sd_session_n_ctx(s);
-        env.n_threads = draft_threads;
-        env.pool = draft_threads ? NULL : sd_session_pool(s);
-        env.p_min = p_min;
-        env.datastore = datastore;
-        env.skip_save = save_skip;
-        env.skip_load = load_skip;
-        env.auto_nodes = auto_nodes;
-        env.report = on_report;
-        if (tree_auto) {   // the target's cost curve, measured on the empty session before the prompt
-            double t0 = sd_time_ms();
-            if (sd_cost_curve_new(&cost, s, max_nodes, err, sizeof err) < 0) {
-                cli_error("--tree auto: %s", err);
-                goto out;
-            }
-            env.cost = cost;
-            char cdesc[128];
-            sd_cost_curve_describe(cost, cdesc, sizeof cdesc);
-            fprintf(stderr, "specdec: tree auto: target cost measured in %.0f ms: %s\n", sd_time_ms() - t0, cdesc);
-        }
-        if (solo_flag) {
-            double est = 0;
-            if (skip_flag && sd_method_prepare(&solo_method, &env, &est, err, sizeof err) < 0) {
-                cli_error("--draft-skip: %s", err);
-                goto out;
-            }
-            if (skip_flag && !strcmp(skip_flag, "auto")) {
-                if (load_skip) {
-                    fprintf(stderr, "specdec: skip set loaded from %s: {%s}\n", load_skip, solo_method.skip_list);
-                } else {
-                    fprintf(stderr, "specdec: skip set chosen: {%s} (estimated %.2fx)\n", solo_method.skip_list, est);
-                    if (est < 1.0)
-                        fprintf(stderr, "specdec: warning: layer skipping is not expected to pay on this model "
-                                        "(estimated %.2fx of plain decoding)\n", est);
-                    if (save_skip) fprintf(stderr, "specdec: skip set saved to %s\n", save_skip);
-                }
-            }
-            if (skip_flag) snprintf(label, sizeof label, "skip:%.*s", (int)sizeof label - 8, solo_method.skip_list);
-            if (sd_method_make(&solo_method, &env, &drafter, err, sizeof err) < 0) {
-                cli_error("%s: %s", solo_flag, err);
-                goto out;
-            }
-        }
-        for (int i = 0; i < n_drafts; i++) {
-            if (sd_model_load(&drafts[i], draft_paths[i], err, sizeof err) < 0) {
-                cli_error("cannot load draft model '%s': %s", draft_paths[i], err);
-                goto out;
-            }
-        }
-        if (!solo_flag) {   // draft model(s) and/or n-gram lookup, merged
-            sd_method all;
-            char mname[2 * SD_METHOD_NAME_MAX + 2];
-            snprintf(mname, sizeof mname, "%s%s%s", n_drafts ? method.name : "", n_drafts && ngram_flag ? "+" : "",
-                     ngram_flag ? ngram_method.name : "");
-            if (sd_method_parse(mname, &all, err, sizeof err) < 0 ||
-                sd_method_make(&all, &env, &drafter, err, sizeof err) < 0) {
-                cli_error("%s: %s", n_drafts ? "--draft" : "--draft-ngram", err);
-                goto out;
-            }
-            if (datastore && !json) fprintf(stderr, "specdec: %s\n", sd_drafter_note(drafter));
-        }
-    }
+    ssp.n_ctx = o->n_ctx;
+    ssp.n_batch = o->n_batch;
+    ssp.n_threads = o->n_threads;
+    if (sd_session_new(&g->s, g->m, &ssp, err, sizeof err) < 0) return cli_error("cannot create a session: %s", err);
+    if (g->n_ids > sd_session_n_ctx(g->s))
+        return cli_error("prompt has %d tokens but the context is %d (-c)", g->n_ids, sd_session_n_ctx(g->s));
+    if (sd_sampler_new(&g->smp, &o->sp, g->info.n_vocab, err, sizeof err) < 0) return cli_error("%s", err);
+    if (p->spec && gen_build_drafter(o, p, g)) return 1;
+    g->out.tok = sd_model_tokenizer(g->m);
+    g->out.json = o->json;
+    g->out.piece_cap = 256;
+    g->out.piece = malloc((size_t)g->out.piece_cap);
+    if (!g->out.piece) return cli_error("out of memory");
+    return 0;
+}
 
-    o.tok = tok;
-    o.json = json;
-    o.piece_cap = 256;
-    o.piece = malloc((size_t)o.piece_cap);
-    if (!o.piece) {
-        cli_error("out of memory");
-        goto out;
+// ---------------------------------------------------------------- run
+static void gen_print_json(const gen_opts *o, const gen_plan *p, const gen_state *g, const sd_gen_stats *st,
+                           const char *finish) {
+    printf("{\"model\": ");
+    cli_json_string(stdout, o->model_path, strlen(o->model_path));
+    printf(", \"n_threads\": %d, \"n_prompt_tokens\": %d, \"n_generated\": %d, "
+           "\"tokens_per_second\": %.3f, \"prompt_ms\": %.3f, \"generate_ms\": %.3f, "
+           "\"finish_reason\": \"%s\", \"text\": ",
+           o->n_threads, st->n_prompt_tokens, st->n_generated, st->tokens_per_second, st->prompt_ms,
+           st->generate_ms, finish);
+    cli_json_string(stdout, g->out.text ? g->out.text : "", g->out.len);
+    if (p->spec) {
+        printf(", \"draft\": [");
+        for (int i = 0; i < o->n_drafts; i++) {
+            if (i) printf(", ");
+            cli_json_string(stdout, o->draft_paths[i], strlen(o->draft_paths[i]));
+        }
+        printf("], \"method\": ");
+        cli_json_string(stdout, p->label, strlen(p->label));
+        printf(", \"max_nodes\": %d, \"n_target_forwards\": %d, \"mean_accepted\": %.4f, "
+               "\"n_draft_nodes\": %d, \"n_draft_accepted\": %d, \"acceptance_by_depth\": [",
+               p->max_nodes, st->n_target_forwards, st->mean_accepted, st->n_draft_nodes, st->n_draft_accepted);
+        for (int k = 1; k <= st->max_depth && k <= SD_SPEC_MAX_DEPTH; k++)
+            printf("%s%.4f", k > 1 ? ", " : "", st->acceptance_by_depth[k]);
+        printf("], \"draft_ms\": %.3f, \"verify_ms\": %.3f", st->draft_ms, st->verify_ms);
     }
+    printf("}\n");
+    fflush(stdout);
+}
 
+static void gen_print_summary(const gen_opts *o, const gen_plan *p, const sd_gen_stats *st, const char *finish) {
+    printf("\n");
+    fflush(stdout);
+    fprintf(stderr,
+            "specdec: prompt %d tokens in %.1f ms (%.1f tok/s) | generated %d tokens in %.1f ms "
+            "(%.2f tok/s) | %d threads | finish: %s\n",
+            st->n_prompt_tokens, st->prompt_ms, st->prompt_ms > 0 ? st->n_prompt_tokens * 1000.0 / st->prompt_ms : 0.0,
+            st->n_generated, st->generate_ms, st->tokens_per_second, o->n_threads, finish);
+    if (!p->spec) return;
+    char acc[256];
+    size_t ao = 0;
+    acc[0] = 0;
+    for (int k = 1; k <= st->max_depth && k <= SD_SPEC_MAX_DEPTH && ao < sizeof acc - 16; k++)
+        ao += (size_t)snprintf(acc + ao, sizeof acc - ao, "%s%.2f", k > 1 ? " " : "", st->acceptance_by_depth[k]);
+    fprintf(stderr,
+            "specdec: speculative %s (%d draft model%s, max %d nodes): %d target forwards, mean accepted %.2f "
+            "tokens/forward | acceptance by depth [%s] | draft %.1f ms, verify %.1f ms\n",
+            p->label, o->n_drafts, o->n_drafts == 1 ? "" : "s", p->max_nodes, st->n_target_forwards,
+            st->mean_accepted, acc, st->draft_ms, st->verify_ms);
+}
+
+// Generates (Ctrl-C stops it) and prints the text and the statistics. 0, or 1 after a message.
+static int gen_run(const gen_opts *o, const gen_plan *p, gen_state *g) {
+    char err[512];
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_sigint;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
-
     sd_gen_params gp = sd_gen_default_params();
-    gp.n_predict = n_predict;
-    gp.n_batch = n_batch;
-    gp.fast_prompt = fast_prompt;
-    gp.max_nodes = spec ? max_nodes : 1;
+    gp.n_predict = o->n_predict;
+    gp.n_batch = o->n_batch;
+    gp.fast_prompt = o->fast_prompt;
+    gp.max_nodes = p->spec ? p->max_nodes : 1;
     sd_gen_stats st;
-    int grc = sd_generate(s, smp, drafter, ids, n_ids, &gp, on_token, &o, &st, err, sizeof err);
-    const sd_gen_stats sst = st;
+    int grc = sd_generate(g->s, g->smp, g->drafter, g->ids, g->n_ids, &gp, on_token, &g->out, &st, err, sizeof err);
     signal(SIGINT, SIG_DFL);
-    if (!json) stream_flush(&o, 1);
+    if (!o->json) stream_flush(&g->out, 1);
     if (grc < 0) {
-        if (!json) fputc('\n', stdout);
-        cli_error("%s", err);
-        goto out;
+        if (!o->json) fputc('\n', stdout);
+        return cli_error("%s", err);
     }
     const char *finish = g_interrupted ? "interrupted" : sd_finish_name(st.finish);
-    if (json) {
-        printf("{\"model\": ");
-        cli_json_string(stdout, model_path, strlen(model_path));
-        printf(", \"n_threads\": %d, \"n_prompt_tokens\": %d, \"n_generated\": %d, "
-               "\"tokens_per_second\": %.3f, \"prompt_ms\": %.3f, \"generate_ms\": %.3f, "
-               "\"finish_reason\": \"%s\", \"text\": ",
-               n_threads, st.n_prompt_tokens, st.n_generated, st.tokens_per_second, st.prompt_ms,
-               st.generate_ms, finish);
-        cli_json_string(stdout, o.text ? o.text : "", o.len);
-        if (spec) {
-            printf(", \"draft\": [");
-            for (int i = 0; i < n_drafts; i++) {
-                if (i) printf(", ");
-                cli_json_string(stdout, draft_paths[i], strlen(draft_paths[i]));
-            }
-            printf("], \"method\": ");
-            cli_json_string(stdout, label, strlen(label));
-            printf(", \"max_nodes\": %d, \"n_target_forwards\": %d, \"mean_accepted\": %.4f, "
-                   "\"n_draft_nodes\": %d, \"n_draft_accepted\": %d, \"acceptance_by_depth\": [",
-                   max_nodes, sst.n_target_forwards, sst.mean_accepted, sst.n_draft_nodes, sst.n_draft_accepted);
-            for (int k = 1; k <= sst.max_depth && k <= SD_SPEC_MAX_DEPTH; k++)
-                printf("%s%.4f", k > 1 ? ", " : "", sst.acceptance_by_depth[k]);
-            printf("], \"draft_ms\": %.3f, \"verify_ms\": %.3f", sst.draft_ms, sst.verify_ms);
-        }
-        printf("}\n");
-        fflush(stdout);
-    } else {
-        printf("\n");
-        fflush(stdout);
-        fprintf(stderr,
-                "specdec: prompt %d tokens in %.1f ms (%.1f tok/s) | generated %d tokens in %.1f ms "
-                "(%.2f tok/s) | %d threads | finish: %s\n",
-                st.n_prompt_tokens, st.prompt_ms,
-                st.prompt_ms > 0 ? st.n_prompt_tokens * 1000.0 / st.prompt_ms : 0.0, st.n_generated,
-                st.generate_ms, st.tokens_per_second, n_threads, finish);
-        if (spec) {
-            char acc[256];
-            size_t ao = 0;
-            acc[0] = 0;
-            for (int k = 1; k <= sst.max_depth && k <= SD_SPEC_MAX_DEPTH && ao < sizeof acc - 16; k++)
-                ao += (size_t)snprintf(acc + ao, sizeof acc - ao, "%s%.2f", k > 1 ? " " : "", sst.acceptance_by_depth[k]);
-            fprintf(stderr,
-                    "specdec: speculative %s (%d draft model%s, max %d nodes): %d target forwards, mean accepted %.2f "
-                    "tokens/forward | acceptance by depth [%s] | draft %.1f ms, verify %.1f ms\n",
-                    label, n_drafts, n_drafts == 1 ? "" : "s", max_nodes, sst.n_target_forwards,
-                    sst.mean_accepted, acc, sst.draft_ms, sst.verify_ms);
-        }
-    }
-    if (o.oom) fprintf(stderr, "specdec: warning: out of memory, the text is incomplete\n");
-    rc = 0;
-out:
-    free(o.text);
-    free(o.piece);
-    free(ids);
-    free(formatted);
-    sd_drafter_free(drafter);
-    sd_cost_curve_free(cost);
-    for (int i = 0; i < n_drafts; i++) sd_model_free(drafts[i]);
-    sd_sampler_free(smp);
-    sd_session_free(s);
-    sd_model_free(m);
+    if (o->json) gen_print_json(o, p, g, &st, finish);
+    else gen_print_summary(o, p, &st, finish);
+    if (g->out.oom) fprintf(stderr, "specdec: warning: out of memory, the text is incomplete\n");
+    return 0;
+}
+
+int cmd_generate(int argc, char **argv) {
+    gen_opts o;
+    gen_plan p;
+    int r = gen_parse(argc, argv, &o);
+    if (r != CLI_PARSE_OK) return cli_parse_exit(r);
+    if (gen_validate(&o, &p)) return 1;
+    gen_state g;
+    memset(&g, 0, sizeof g);
+    int rc = gen_build(&o, &p, &g);
+    if (!rc) rc = gen_run(&o, &p, &g);
+    gen_free(&g);
     return rc;
 }
