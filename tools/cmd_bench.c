@@ -7,72 +7,12 @@
 
 #include "bench_prompts.h"
 #include "cli_common.h"
+#include "cli_opts.h"
 #include "specdec.h"
 #include "specdec_spec.h"
 
 #define BENCH_MAX_METHODS 32
 #define BENCH_BATCH 512   // target session batch: prompt chunks and tree nodes
-
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: specdec bench -m TARGET.gguf --prompts FILE.jsonl [options]\n"
-            "\n"
-            "Runs every method on every prompt of a Spec-Bench JSON-lines file (one object\n"
-            "per line: {\"question_id\", \"category\", \"turns\": [...]}; the first turn is the\n"
-            "prompt, wrapped in the model's chat template) and reports, per category and\n"
-            "overall, tokens/s, the speedup over ar measured in the same run, tau (tokens\n"
-            "per target forward, bonus included) and, when greedy, whether every method's\n"
-            "text equals ar's token for token (a mismatch is reported on stderr and makes\n"
-            "the exit status 1). tokens/s = generated tokens / generation time; prompt\n"
-            "processing by the target is excluded (a draft model's first pass over the\n"
-            "prompt happens inside generation and is included). A Markdown table goes to\n"
-            "stdout, progress to stderr.\n"
-            "\n"
-            "options:\n"
-            "  -m, --model FILE    target model (required)\n"
-            "  --draft FILE        draft model; repeat for several (their trees are merged)\n"
-            "  --prompts FILE      prompts, JSON lines (required)\n"
-            "  --methods LIST      comma-separated methods (default ar,chain:4); ar is always\n"
-            "                      run, first; every run gets fresh state (an empty KV cache\n"
-            "                      and a new drafter). Methods: %s\n"
-            "                      (chain:K = K draft tokens in a row; tree:W1-W2-.. = Wd\n"
-            "                      children per node at depth d; dyn:B-D-M = EAGLE-2 dynamic\n"
-            "                      tree, B expanded per depth, D depths, M nodes kept;\n"
-            "                      ngram:N-K = prompt lookup, no draft model needed;\n"
-            "                      skip:auto | skip:L1-L2-.. = layer-skip self-speculation: the\n"
-            "                      target with those layers (0-based) skipped drafts a chain of\n"
-            "                      up to 8 tokens (adaptive length); auto searches the set once per\n"
-            "                      bench run, before the first prompt, on built-in calibration\n"
-            "                      prompts (progress and the chosen set on stderr);\n"
-            "                      lookahead:W-N-G = lookahead decoding: a Jacobi window of W\n"
-            "                      columns x N-1 levels in the target's forward, up to G N-grams\n"
-            "                      verified per step;\n"
-            "                      auto = the best drafter available with an automatically sized\n"
-            "                      tree (at most %d nodes), from the target's forward cost\n"
-            "                      (measured once per bench run before the first prompt; min of 3\n"
-            "                      timings per size): with --draft the draft model(s), tree =\n"
-            "                      the Sequoia-style optimum of expected tokens/s from the\n"
-            "                      acceptance by depth and sibling rank learnt while generating\n"
-            "                      (tree:auto is the same for draft models only); without it\n"
-            "                      n-gram lookup (ngram:3-8) sized at every step: the candidates\n"
-            "                      whose expected accepted tokens beat their forward cost, from\n"
-            "                      acceptance rates by match length learnt while generating\n"
-            "  -n, --n-predict N   most tokens generated per prompt (default 128)\n"
-            "  --temp T            temperature; 0 = greedy (default 0). Other sampling\n"
-            "                      settings are generate's defaults\n"
-            "  --seed S            random seed; the sampler is reseeded with S + prompt index\n"
-            "                      before every run (default 12648430)\n"
-            "  --limit N           only the first N prompts\n"
-            "  --draft-p-min P     chain/tree drafts stop below this top probability (default 0)\n"
-            "  --no-chat           use the prompt text as is (models without a chat template)\n"
-            "  --fast-prompt       prompts with 8-bit activations (as generate --fast-prompt);\n"
-            "                      prompt time is not part of tokens/s either way\n"
-            "  -t, --threads N     threads (default: number of cores)\n"
-            "  --draft-threads N   threads of the draft models; 0 (default) = share the target's\n"
-            "  --out FILE          write the full results as JSON\n"
-            "  -h, --help          show this help\n",
-            sd_methods_syntax(), SD_METHOD_AUTO_NODES);
-}
 
 // The automatic trees' choices: printed when the structure differs from the
 // last one printed for the method being run (every run starts from the same
@@ -212,288 +152,371 @@ static void token_str(const sd_tokenizer *tok, int32_t t, char *buf, size_t n) {
     buf[o] = 0;
 }
 
-int cmd_bench(int argc, char **argv) {
-    const char *model_path = NULL, *prompts_path = NULL, *methods_arg = "ar,chain:4", *out_path = NULL;
-    const char *draft_paths[SD_METHOD_MAX_DRAFTS];
-    int n_drafts = 0, n_predict = 128, limit = 0, n_threads = 0, chat = 1, draft_threads = 0, fast_prompt = 0;
-    float temp = 0.0f, p_min = 0.0f;
-    uint64_t seed = sd_sampler_default_params().seed;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-#define VAL() \
-    if (!(v = cli_value(argc, argv, &i))) return 1
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            VAL();
-            model_path = v;
-        } else if (!strcmp(a, "--draft")) {
-            VAL();
-            if (n_drafts == SD_METHOD_MAX_DRAFTS) return cli_error("--draft: at most %d draft models", SD_METHOD_MAX_DRAFTS);
-            draft_paths[n_drafts++] = v;
-        } else if (!strcmp(a, "--prompts")) {
-            VAL();
-            prompts_path = v;
-        } else if (!strcmp(a, "--methods")) {
-            VAL();
-            methods_arg = v;
-        } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
-            VAL();
-            if (cli_int(a, v, 1, 1 << 16, &n_predict)) return 1;
-        } else if (!strcmp(a, "--temp")) {
-            VAL();
-            if (cli_float(a, v, 0.0, 100.0, &temp)) return 1;
-        } else if (!strcmp(a, "--seed")) {
-            VAL();
-            if (cli_u64(a, v, &seed)) return 1;
-        } else if (!strcmp(a, "--fast-prompt")) {
-            fast_prompt = 1;
-        } else if (!strcmp(a, "--limit")) {
-            VAL();
-            if (cli_int(a, v, 1, 1 << 30, &limit)) return 1;
-        } else if (!strcmp(a, "--draft-p-min")) {
-            VAL();
-            if (cli_float(a, v, 0.0, 1.0, &p_min)) return 1;
-        } else if (!strcmp(a, "--draft-threads")) {
-            VAL();
-            if (cli_int(a, v, 0, 1024, &draft_threads)) return 1;
-        } else if (!strcmp(a, "--no-chat")) {
-            chat = 0;
-        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-            VAL();
-            if (cli_int(a, v, 1, 1024, &n_threads)) return 1;
-        } else if (!strcmp(a, "--out")) {
-            VAL();
-            out_path = v;
-        } else {
-            return cli_error("bench: unknown option '%s' (see specdec bench --help)", a);
-        }
-#undef VAL
-    }
-    if (!model_path) return cli_error("bench: a target model is required (-m MODEL.gguf; see specdec bench --help)");
-    if (!prompts_path) return cli_error("bench: a prompts file is required (--prompts FILE.jsonl)");
-    if (n_threads <= 0) n_threads = sd_n_cores();
+// ---------------------------------------------------------------- options
+typedef struct bench_opts {
+    const char *model_path, *prompts_path, *methods_arg, *out_path;
+    const char *draft_paths[SD_METHOD_MAX_DRAFTS];  // (n_drafts)
+    int n_drafts;
+    int n_predict;      // most tokens per prompt
+    int limit;          // only the first limit prompts; 0 = all
+    int n_threads;      // 0 = number of cores
+    int chat;           // 1: prompts wrapped in the chat template
+    int draft_threads;  // 0 = share the target's
+    int fast_prompt;
+    float temp, p_min;
+    uint64_t seed;      // the sampler is reseeded with seed + prompt index before every run
+} bench_opts;
 
+// argv -> o (defaults first). Returns a cli_parse result.
+static int bench_parse(int argc, char **argv, bench_opts *o) {
+    *o = (bench_opts){.methods_arg = "ar,chain:4", .n_predict = 128, .chat = 1,
+                      .seed = sd_sampler_default_params().seed};
+    char methods_help[2048];
+    snprintf(methods_help, sizeof methods_help,
+             "comma-separated methods; ar is always run, first; every run gets fresh state (an empty KV cache and a "
+             "new drafter). Methods: %s\n"
+             "(chain:K = K draft tokens in a row; tree:W1-W2-.. = Wd children per node at depth d; dyn:B-D-M = "
+             "EAGLE-2 dynamic tree, B expanded per depth, D depths, M nodes kept; ngram:N-K = prompt lookup, no draft "
+             "model needed; skip:auto | skip:L1-L2-.. = layer-skip self-speculation: the target with those layers "
+             "(0-based) skipped drafts a chain of up to 8 tokens (adaptive length); auto searches the set once per "
+             "bench run, before the first prompt, on built-in calibration prompts (progress and the chosen set on "
+             "stderr); lookahead:W-N-G = lookahead decoding: a Jacobi window of W columns x N-1 levels in the "
+             "target's forward, up to G N-grams verified per step; auto = the best drafter available with an "
+             "automatically sized tree (at most %d nodes), from the target's forward cost (measured once per bench "
+             "run before the first prompt; min of 3 timings per size): with --draft the draft model(s), tree = the "
+             "Sequoia-style optimum of expected tokens/s from the acceptance by depth and sibling rank learnt while "
+             "generating (tree:auto is the same for draft models only); without it n-gram lookup (ngram:3-8) sized "
+             "at every step: the candidates whose expected accepted tokens beat their forward cost, from acceptance "
+             "rates by match length learnt while generating)",
+             sd_methods_syntax(), SD_METHOD_AUTO_NODES);
+    const cli_opt opts[] = {
+        {"--model", "-m", CLI_FILE, &o->model_path, .meta = "FILE", .what = "model file",
+         .required = "a target model is required (-m MODEL.gguf; see specdec bench --help)",
+         .help = "target model (required)"},
+        {"--draft", NULL, CLI_LIST, o->draft_paths, .max = SD_METHOD_MAX_DRAFTS, .count = &o->n_drafts, .meta = "FILE",
+         .what = "draft models", .help = "draft model; repeat for several (their trees are merged)"},
+        {"--prompts", NULL, CLI_FILE, &o->prompts_path, .meta = "FILE", .what = "prompts file",
+         .required = "a prompts file is required (--prompts FILE.jsonl)", .help = "prompts, JSON lines (required)"},
+        {"--methods", NULL, CLI_STRING, &o->methods_arg, .meta = "LIST", .def = CLI_DEF_VALUE, .help = methods_help},
+        {"--n-predict", "-n", CLI_INT, &o->n_predict, .lo = 1, .hi = 1 << 16, .meta = "N", .def = CLI_DEF_VALUE,
+         .help = "most tokens generated per prompt"},
+        {"--temp", NULL, CLI_FLOAT, &o->temp, .lo = 0.0, .hi = 100.0, .meta = "T", .def = CLI_DEF_VALUE,
+         .help = "temperature; 0 = greedy. Other sampling settings are generate's defaults"},
+        {"--seed", NULL, CLI_U64, &o->seed, .meta = "S", .def = CLI_DEF_VALUE,
+         .help = "random seed; the sampler is reseeded with S + prompt index before every run"},
+        {"--limit", NULL, CLI_INT, &o->limit, .lo = 1, .hi = 1 << 30, .meta = "N", .help = "only the first N prompts"},
+        {"--draft-p-min", NULL, CLI_FLOAT, &o->p_min, .lo = 0.0, .hi = 1.0, .meta = "P", .def = CLI_DEF_VALUE,
+         .help = "chain/tree drafts stop below this top probability"},
+        {"--no-chat", NULL, CLI_FLAG, &o->chat, .off = 1,
+         .help = "use the prompt text as is (models without a chat template)"},
+        {"--fast-prompt", NULL, CLI_FLAG, &o->fast_prompt,
+         .help = "prompts with 8-bit activations (as generate --fast-prompt); prompt time is not part of tokens/s "
+                 "either way"},
+        {"--threads", "-t", CLI_INT, &o->n_threads, .lo = 1, .hi = 1024, .meta = "N",
+         .help = "threads (default: number of cores)"},
+        {"--draft-threads", NULL, CLI_INT, &o->draft_threads, .lo = 0, .hi = 1024, .meta = "N",
+         .help = "threads of the draft models; 0 (default) = share the target's"},
+        {"--out", NULL, CLI_STRING, &o->out_path, .meta = "FILE", .help = "write the full results as JSON"},
+        {"--help", "-h", CLI_HELP, .help = "show this help"},
+    };
+    const cli_cmd cmd = {
+        .name = "bench",
+        .usage = "usage: specdec bench -m TARGET.gguf --prompts FILE.jsonl [options]",
+        .intro = "Runs every method on every prompt of a Spec-Bench JSON-lines file (one object\n"
+                 "per line: {\"question_id\", \"category\", \"turns\": [...]}; the first turn is the\n"
+                 "prompt, wrapped in the model's chat template) and reports, per category and\n"
+                 "overall, tokens/s, the speedup over ar measured in the same run, tau (tokens\n"
+                 "per target forward, bonus included) and, when greedy, whether every method's\n"
+                 "text equals ar's token for token (a mismatch is reported on stderr and makes\n"
+                 "the exit status 1). tokens/s = generated tokens / generation time; prompt\n"
+                 "processing by the target is excluded (a draft model's first pass over the\n"
+                 "prompt happens inside generation and is included). A Markdown table goes to\n"
+                 "stdout, progress to stderr.\n",
+        .opts = opts,
+        .n_opts = CLI_N(opts),
+    };
+    int r = cli_parse(&cmd, argc, argv);
+    if (r == CLI_PARSE_OK && o->n_threads <= 0) o->n_threads = sd_n_cores();
+    return r;
+}
+
+// ---------------------------------------------------------------- build
+// Everything a bench run owns.
+typedef struct bench_state {
+    sd_method methods[BENCH_MAX_METHODS];  // (nm) ar first
+    int nm;
+    int max_nodes[BENCH_MAX_METHODS];        // (nm) tree nodes per target forward
+    bench_prompt *prompts;                   // (n_loaded) the file's prompts; the first np are run
+    int n_loaded, np;
+    const char **cats;                       // (n_cats) categories in order of first appearance
+    int *cat_of;                             // (np) category of each prompt
+    int n_cats;
+    int32_t **ids;                           // (np) prompt tokens
+    int *n_ids;                              // (np)
+    run_res *res;                            // (np, nm) one per run
+    int32_t *ar_tok;                         // (np, n_predict) ar's tokens, the greedy reference
+    int *ar_n;                               // (np) tokens in ar_tok
+    tok_buf tb;                              // tokens of the current run
+    agg *by_cat;                             // (nm, n_cats)
+    agg *overall;                            // (nm)
+    int mismatch;                            // a greedy method differed from ar
+    sd_model *m;
+    const sd_tokenizer *tok;
+    sd_session *s;
+    sd_sampler *smp;
+    sd_model *drafts[SD_METHOD_MAX_DRAFTS];
+    sd_drafter *drafters[BENCH_MAX_METHODS];  // (nm) the current run's, NULL between runs
+    sd_method_env env;
+    sd_cost_curve *cost;                     // the target's forward cost (automatic trees), or NULL
+    tree_reports *reports;
+} bench_state;
+
+static void bench_free(bench_state *b) {
+    for (int k = 0; k < b->nm; k++) sd_drafter_free(b->drafters[k]);
+    for (int i = 0; i < SD_METHOD_MAX_DRAFTS; i++) sd_model_free(b->drafts[i]);
+    sd_sampler_free(b->smp);
+    sd_cost_curve_free(b->cost);
+    sd_session_free(b->s);
+    sd_model_free(b->m);
+    if (b->ids)
+        for (int p = 0; p < b->np; p++) free(b->ids[p]);
+    free(b->ids);
+    free(b->n_ids);
+    free(b->res);
+    free(b->ar_tok);
+    free(b->ar_n);
+    free(b->tb.t);
+    free(b->reports);
+    free(b->cats);
+    free(b->cat_of);
+    free(b->by_cat);
+    free(b->overall);
+    bench_prompts_free(b->prompts, b->n_loaded);
+}
+
+// The methods of --methods into b->methods (ar first), checked against the
+// draft models and the batch. 0, or 1 after a message.
+static int bench_validate(const bench_opts *o, bench_state *b) {
     char err[1024];
-    sd_method methods[BENCH_MAX_METHODS];
-    int nm = sd_methods_parse(methods_arg, methods, BENCH_MAX_METHODS, err, sizeof err);
+    int nm = sd_methods_parse(o->methods_arg, b->methods, BENCH_MAX_METHODS, err, sizeof err);
     if (nm < 0) return cli_error("%s", err);
+    b->nm = nm;
     for (int k = 0; k < nm; k++) {
-        if (methods[k].needs_draft_model && n_drafts == 0)
-            return cli_error("bench: method '%s' needs a draft model (--draft D.gguf)", methods[k].name);
-        if (methods[k].tree_nodes > BENCH_BATCH)
-            return cli_error("bench: method '%s' makes trees of %d nodes, more than the batch (%d)", methods[k].name,
-                             methods[k].tree_nodes, BENCH_BATCH);
+        const sd_method *me = &b->methods[k];
+        if (me->needs_draft_model && o->n_drafts == 0)
+            return cli_error("bench: method '%s' needs a draft model (--draft D.gguf)", me->name);
+        if (me->tree_nodes > BENCH_BATCH)
+            return cli_error("bench: method '%s' makes trees of %d nodes, more than the batch (%d)", me->name,
+                             me->tree_nodes, BENCH_BATCH);
     }
-    if (!cli_file_ok("model file", model_path)) return 1;
-    for (int i = 0; i < n_drafts; i++)
-        if (!cli_file_ok("draft model file", draft_paths[i])) return 1;
-    if (!cli_file_ok("prompts file", prompts_path)) return 1;
-    bench_prompt *prompts = NULL;
-    const int n_loaded = bench_prompts_load(prompts_path, &prompts, err, sizeof err);
-    if (n_loaded < 0) return cli_error("%s", err);
-    int np = limit > 0 && limit < n_loaded ? limit : n_loaded;
+    for (int i = 0; i < o->n_drafts; i++)
+        if (!cli_file_ok("draft model file", o->draft_paths[i])) return 1;
+    return 0;
+}
 
-    int rc = 1, mismatch = 0;
-    sd_model *m = NULL;
-    sd_model *drafts[SD_METHOD_MAX_DRAFTS] = {0};
-    sd_drafter *drafters[BENCH_MAX_METHODS] = {0};
-    sd_session *s = NULL;
-    sd_sampler *smp = NULL;
-    int32_t **ids = calloc((size_t)np, sizeof *ids);
-    int *n_ids = calloc((size_t)np, sizeof *n_ids);
-    run_res *res = calloc((size_t)np * (size_t)nm, sizeof *res);
-    int32_t *ar_tok = malloc(sizeof(int32_t) * (size_t)n_predict * (size_t)np);
-    int *ar_n = calloc((size_t)np, sizeof *ar_n);
-    tok_buf tb = {malloc(sizeof(int32_t) * (size_t)n_predict), 0, n_predict};
-    tree_reports *reports = calloc(1, sizeof *reports);
-    sd_cost_curve *cost = NULL;
-    int max_nodes[BENCH_MAX_METHODS];
-    // categories in order of first appearance
-    const char **cats = calloc((size_t)np, sizeof *cats);
-    int *cat_of = calloc((size_t)np, sizeof *cat_of);
-    int n_cats = 0;
-    agg *by_cat = NULL, *overall = NULL;
-    if (!ids || !n_ids || !res || !ar_tok || !ar_n || !tb.t || !cats || !cat_of || !reports) {
-        cli_error("out of memory");
-        goto out;
+// Reads the prompts and allocates the per-prompt and per-run arrays. 0, or 1 after a message.
+static int bench_alloc(const bench_opts *o, bench_state *b) {
+    char err[1024];
+    b->n_loaded = bench_prompts_load(o->prompts_path, &b->prompts, err, sizeof err);
+    if (b->n_loaded < 0) {
+        b->n_loaded = 0;
+        return cli_error("%s", err);
     }
+    const int np = b->np = o->limit > 0 && o->limit < b->n_loaded ? o->limit : b->n_loaded, nm = b->nm;
+    b->ids = calloc((size_t)np, sizeof *b->ids);
+    b->n_ids = calloc((size_t)np, sizeof *b->n_ids);
+    b->res = calloc((size_t)np * (size_t)nm, sizeof *b->res);
+    b->ar_tok = malloc(sizeof(int32_t) * (size_t)o->n_predict * (size_t)np);
+    b->ar_n = calloc((size_t)np, sizeof *b->ar_n);
+    b->tb = (tok_buf){malloc(sizeof(int32_t) * (size_t)o->n_predict), 0, o->n_predict};
+    b->reports = calloc(1, sizeof *b->reports);
+    b->cats = calloc((size_t)np, sizeof *b->cats);
+    b->cat_of = calloc((size_t)np, sizeof *b->cat_of);
+    if (!b->ids || !b->n_ids || !b->res || !b->ar_tok || !b->ar_n || !b->tb.t || !b->cats || !b->cat_of ||
+        !b->reports)
+        return cli_error("out of memory");
     for (int p = 0; p < np; p++) {
         int c = 0;
-        while (c < n_cats && strcmp(cats[c], prompts[p].category)) c++;
-        if (c == n_cats) cats[n_cats++] = prompts[p].category;
-        cat_of[p] = c;
+        while (c < b->n_cats && strcmp(b->cats[c], b->prompts[p].category)) c++;
+        if (c == b->n_cats) b->cats[b->n_cats++] = b->prompts[p].category;
+        b->cat_of[p] = c;
     }
-    by_cat = calloc((size_t)nm * (size_t)n_cats, sizeof *by_cat);
-    overall = calloc((size_t)nm, sizeof *overall);
-    if (!by_cat || !overall) {
-        cli_error("out of memory");
-        goto out;
-    }
+    b->by_cat = calloc((size_t)nm * (size_t)b->n_cats, sizeof *b->by_cat);
+    b->overall = calloc((size_t)nm, sizeof *b->overall);
+    if (!b->by_cat || !b->overall) return cli_error("out of memory");
+    return 0;
+}
 
-    if (sd_model_load(&m, model_path, err, sizeof err) < 0) {
-        cli_error("cannot load model '%s': %s", model_path, err);
-        goto out;
-    }
-    const sd_tokenizer *tok = sd_model_tokenizer(m);
+// Loads the target, tokenizes the prompts, creates the session (sized for
+// the longest prompt and the largest tree) and the sampler. 0, or 1 after a message.
+static int bench_load(const bench_opts *o, bench_state *b, int *auto_nodes) {
+    char err[1024];
+    if (sd_model_load(&b->m, o->model_path, err, sizeof err) < 0)
+        return cli_error("cannot load model '%s': %s", o->model_path, err);
+    b->tok = sd_model_tokenizer(b->m);
     sd_model_info info;
-    sd_model_get_info(m, &info);
-    int max_prompt = 0, max_tree = 1;
-    for (int p = 0; p < np; p++) {
-        n_ids[p] = tokenize_prompt(tok, prompts[p].text, chat, &ids[p], err, sizeof err);
-        if (n_ids[p] < 0) {
-            cli_error("prompt %s (%s, line %d): %s%s", prompts[p].id, prompts_path, prompts[p].line, err,
-                      chat ? " (--no-chat uses the text as is)" : "");
-            goto out;
-        }
-        max_prompt = SD_MAX(max_prompt, n_ids[p]);
+    sd_model_get_info(b->m, &info);
+    int max_prompt = 0, max_tree = 1, max_extra = 0;
+    for (int p = 0; p < b->np; p++) {
+        b->n_ids[p] = tokenize_prompt(b->tok, b->prompts[p].text, o->chat, &b->ids[p], err, sizeof err);
+        if (b->n_ids[p] < 0)
+            return cli_error("prompt %s (%s, line %d): %s%s", b->prompts[p].id, o->prompts_path, b->prompts[p].line,
+                             err, o->chat ? " (--no-chat uses the text as is)" : "");
+        max_prompt = SD_MAX(max_prompt, b->n_ids[p]);
     }
-    int max_extra = 0, auto_nodes = 0;
-    for (int k = 0; k < nm; k++) {
-        max_nodes[k] = SD_MIN(sd_method_default_nodes(&methods[k], n_drafts), BENCH_BATCH);
-        max_tree = SD_MAX(max_tree, max_nodes[k]);
-        max_extra = SD_MAX(max_extra, methods[k].extra_nodes);
-        if (methods[k].uses_cost_curve) auto_nodes = SD_MAX(auto_nodes, max_nodes[k]);
+    *auto_nodes = 0;
+    for (int k = 0; k < b->nm; k++) {
+        b->max_nodes[k] = SD_MIN(sd_method_default_nodes(&b->methods[k], o->n_drafts), BENCH_BATCH);
+        max_tree = SD_MAX(max_tree, b->max_nodes[k]);
+        max_extra = SD_MAX(max_extra, b->methods[k].extra_nodes);
+        if (b->methods[k].uses_cost_curve) *auto_nodes = SD_MAX(*auto_nodes, b->max_nodes[k]);
     }
     sd_session_params ssp = sd_session_default_params();
-    ssp.n_ctx = max_prompt + n_predict + max_tree + max_extra + 8;
+    ssp.n_ctx = max_prompt + o->n_predict + max_tree + max_extra + 8;
     ssp.n_batch = BENCH_BATCH;
-    ssp.n_threads = n_threads;
-    if (sd_session_new(&s, m, &ssp, err, sizeof err) < 0) {
-        cli_error("cannot create a session: %s", err);
-        goto out;
-    }
+    ssp.n_threads = o->n_threads;
+    if (sd_session_new(&b->s, b->m, &ssp, err, sizeof err) < 0) return cli_error("cannot create a session: %s", err);
     sd_sampler_params sp = sd_sampler_default_params();
-    sp.temp = temp;
-    sp.seed = seed;
-    if (sd_sampler_new(&smp, &sp, info.n_vocab, err, sizeof err) < 0) {
-        cli_error("%s", err);
-        goto out;
-    }
-    sd_method_env env = sd_method_env_default(m);
-    env.drafts = (const sd_model *const *)drafts;
-    env.n_drafts = n_drafts;
-    env.n_ctx = sd_session_n_ctx(s);
-    env.n_threads = draft_threads;
-    env.pool = draft_threads ? NULL : sd_session_pool(s);
-    env.p_min = p_min;
-    env.report = on_report;
-    env.user = reports;
-    if (auto_nodes > 0) {   // the target's cost curve, once, on the empty session
+    sp.temp = o->temp;
+    sp.seed = o->seed;
+    if (sd_sampler_new(&b->smp, &sp, info.n_vocab, err, sizeof err) < 0) return cli_error("%s", err);
+    return 0;
+}
+
+// The drafters' environment: the target's cost curve (once, on the empty
+// session, when a method sizes its trees automatically), the draft models,
+// and the once-per-run work of each method (the skip search). Every drafter
+// is built once here to report problems (vocabulary mismatch, ...) before
+// any run, then freed: each run builds a fresh one and frees it afterwards,
+// so that no idle drafter (its session's worker threads) competes with the
+// method being timed. 0, or 1 after a message.
+static int bench_env(const bench_opts *o, bench_state *b, int auto_nodes) {
+    char err[1024];
+    b->env = sd_method_env_default(b->m);
+    b->env.drafts = (const sd_model *const *)b->drafts;
+    b->env.n_drafts = o->n_drafts;
+    b->env.n_ctx = sd_session_n_ctx(b->s);
+    b->env.n_threads = o->draft_threads;
+    b->env.pool = o->draft_threads ? NULL : sd_session_pool(b->s);
+    b->env.p_min = o->p_min;
+    b->env.report = on_report;
+    b->env.user = b->reports;
+    if (auto_nodes > 0) {
         double t0 = sd_time_ms();
-        if (sd_cost_curve_new(&cost, s, auto_nodes, err, sizeof err) < 0) {
-            cli_error("automatic tree: %s", err);
-            goto out;
-        }
-        env.cost = cost;
-        char cdesc[128];
-        sd_cost_curve_describe(cost, cdesc, sizeof cdesc);
-        fprintf(stderr, "tree auto: target cost measured in %.0f ms: %s\n", sd_time_ms() - t0, cdesc);
+        if (sd_cost_curve_new(&b->cost, b->s, auto_nodes, err, sizeof err) < 0)
+            return cli_error("automatic tree: %s", err);
+        b->env.cost = b->cost;
+        char desc[128];
+        sd_cost_curve_describe(b->cost, desc, sizeof desc);
+        fprintf(stderr, "tree auto: target cost measured in %.0f ms: %s\n", sd_time_ms() - t0, desc);
     }
-    for (int i = 0; i < n_drafts; i++) {
-        if (sd_model_load(&drafts[i], draft_paths[i], err, sizeof err) < 0) {
-            cli_error("cannot load draft model '%s': %s", draft_paths[i], err);
-            goto out;
-        }
+    for (int i = 0; i < o->n_drafts; i++) {
+        if (sd_model_load(&b->drafts[i], o->draft_paths[i], err, sizeof err) < 0)
+            return cli_error("cannot load draft model '%s': %s", o->draft_paths[i], err);
     }
-    // Every drafter is built once here to report problems (vocabulary
-    // mismatch, ...) before any run, then freed: each run builds a fresh one
-    // and frees it afterwards, so that no idle drafter (its session's worker
-    // threads) competes with the method being timed.
-    for (int k = 0; k < nm; k++) {
+    for (int k = 0; k < b->nm; k++) {
+        sd_method *me = &b->methods[k];
         double est = 0;
-        reports->method = methods[k].name;
-        if (sd_method_prepare(&methods[k], &env, &est, err, sizeof err) < 0) {   // skip:auto: the search, once
-            cli_error("method '%s': %s", methods[k].name, err);
-            goto out;
-        }
-        if (methods[k].kind == SD_METHOD_SKIP && est > 0) {
-            fprintf(stderr, "skip set chosen for %s: {%s} (estimated %.2fx)\n", methods[k].name, methods[k].skip_list,
-                    est);
+        b->reports->method = me->name;
+        if (sd_method_prepare(me, &b->env, &est, err, sizeof err) < 0)   // skip:auto: the search, once
+            return cli_error("method '%s': %s", me->name, err);
+        if (me->kind == SD_METHOD_SKIP && est > 0) {
+            fprintf(stderr, "skip set chosen for %s: {%s} (estimated %.2fx)\n", me->name, me->skip_list, est);
             if (est < 1.0)
                 fprintf(stderr, "warning: %s: layer skipping is not expected to pay on this model (estimated %.2fx "
-                                "of plain decoding)\n", methods[k].name, est);
+                                "of plain decoding)\n", me->name, est);
         }
-        if (sd_method_make(&methods[k], &env, &drafters[k], err, sizeof err) < 0) {
-            cli_error("method '%s': %s", methods[k].name, err);
-            goto out;
-        }
-        sd_drafter_free(drafters[k]);
-        drafters[k] = NULL;
+        if (sd_method_make(me, &b->env, &b->drafters[k], err, sizeof err) < 0)
+            return cli_error("method '%s': %s", me->name, err);
+        sd_drafter_free(b->drafters[k]);
+        b->drafters[k] = NULL;
     }
+    return 0;
+}
 
-    const int greedy = temp <= 0.0f;
-    const int tty = isatty(2);
-    const int total = np * nm;
-    for (int p = 0; p < np; p++) {
+// ---------------------------------------------------------------- run
+// Method k on prompt p from an empty cache, with a fresh drafter: tokens in
+// b->tb, statistics in *r. 0, or -1 with a message in msg (printed by the
+// caller once the progress line is ended).
+static int bench_run_one(const bench_opts *o, bench_state *b, int p, int k, run_res *r, char *msg, size_t msg_len) {
+    char err[1024];
+    const sd_method *me = &b->methods[k];
+    if (sd_session_truncate(b->s, 0, err, sizeof err) < 0) return snprintf(msg, msg_len, "%s", err), -1;
+    b->reports->method = me->name;
+    b->reports->in_run = 1;
+    if (sd_method_make(me, &b->env, &b->drafters[k], err, sizeof err) < 0)
+        return snprintf(msg, msg_len, "method '%s': %s", me->name, err), -1;
+    sd_sampler_reseed(b->smp, o->seed + (uint64_t)p);
+    b->tb.n = 0;
+    sd_gen_params gp = sd_gen_default_params();
+    gp.n_predict = o->n_predict;
+    gp.n_batch = BENCH_BATCH;
+    gp.fast_prompt = o->fast_prompt;
+    gp.max_nodes = b->max_nodes[k];
+    sd_gen_stats st;
+    int grc = sd_generate(b->s, b->smp, b->drafters[k], b->ids[p], b->n_ids[p], &gp, collect, &b->tb, &st, err,
+                          sizeof err);
+    r->n_tokens = st.n_generated;
+    r->gen_ms = st.generate_ms;
+    r->n_forwards = st.n_target_forwards;
+    r->n_step_tokens = st.n_generated > 0 ? st.n_generated - 1 : 0;
+    sd_drafter_free(b->drafters[k]);
+    b->drafters[k] = NULL;
+    if (grc < 0) return snprintf(msg, msg_len, "method '%s' on prompt %s: %s", me->name, b->prompts[p].id, err), -1;
+    return 0;
+}
+
+// Compares run (p, k)'s tokens with ar's (greedy), or keeps them when k is
+// ar; a mismatch message goes into mis ("" when none).
+static void bench_compare(const bench_opts *o, bench_state *b, int p, int k, run_res *r, char *mis, size_t mis_len) {
+    const sd_method *me = &b->methods[k];
+    const int n_got = SD_MIN(b->tb.n, o->n_predict);
+    const int32_t *got = b->tb.t, *ref = b->ar_tok + (size_t)p * o->n_predict;
+    mis[0] = 0;
+    if (k == 0) {   // ar
+        memcpy(b->ar_tok + (size_t)p * o->n_predict, got, sizeof(int32_t) * (size_t)n_got);
+        b->ar_n[p] = n_got;
+        r->equal = 1;
+        return;
+    }
+    if (o->temp > 0.0f) return;
+    const int n_ar = b->ar_n[p];
+    int d = 0;
+    while (d < n_got && d < n_ar && got[d] == ref[d]) d++;
+    r->equal = d == n_got && d == n_ar;
+    if (r->equal) return;
+    char ta[96] = "(end)", tm[96] = "(end)";
+    if (d < n_ar) token_str(b->tok, ref[d], ta, sizeof ta);
+    if (d < n_got) token_str(b->tok, got[d], tm, sizeof tm);
+    snprintf(mis, mis_len,
+             "specdec: MISMATCH: method %.63s differs from ar on prompt %.63s (%.63s) at generated token "
+             "%d: ar %d '%.95s', %.63s %d '%.95s' (ar %d tokens, %.63s %d tokens)\n",
+             me->name, b->prompts[p].id, b->prompts[p].category, d, d < n_ar ? ref[d] : -1, ta, me->name,
+             d < n_got ? got[d] : -1, tm, n_ar, me->name, n_got);
+    b->mismatch = 1;
+}
+
+// Every method on every prompt, with a progress line per run on stderr. 0, or 1 after a message.
+static int bench_run(const bench_opts *o, bench_state *b) {
+    const int tty = isatty(2), nm = b->nm, total = b->np * nm;
+    for (int p = 0; p < b->np; p++) {
         for (int k = 0; k < nm; k++) {
-            const sd_method *me = &methods[k];
-            run_res *r = &res[(size_t)p * nm + k];
-            fprintf(stderr, "%s[%d/%d] %s %s q%s ...", tty ? "\r\033[K" : "", p * nm + k + 1, total, me->name,
-                    prompts[p].category, prompts[p].id);
+            run_res *r = &b->res[(size_t)p * nm + k];
+            fprintf(stderr, "%s[%d/%d] %s %s q%s ...", tty ? "\r\033[K" : "", p * nm + k + 1, total,
+                    b->methods[k].name, b->prompts[p].category, b->prompts[p].id);
             fflush(stderr);
-            if (sd_session_truncate(s, 0, err, sizeof err) < 0) {
-                fputc('\n', stderr);
-                cli_error("%s", err);
-                goto out;
+            char msg[2048];
+            if (bench_run_one(o, b, p, k, r, msg, sizeof msg) < 0) {
+                fputc('\n', stderr);   // ends the progress line
+                return cli_error("%s", msg);
             }
-            reports->method = me->name;
-            reports->in_run = 1;
-            if (sd_method_make(me, &env, &drafters[k], err, sizeof err) < 0) {
-                fputc('\n', stderr);
-                cli_error("method '%s': %s", me->name, err);
-                goto out;
-            }
-            sd_sampler_reseed(smp, seed + (uint64_t)p);
-            tb.n = 0;
-            sd_gen_params gp = sd_gen_default_params();
-            gp.n_predict = n_predict;
-            gp.n_batch = BENCH_BATCH;
-            gp.fast_prompt = fast_prompt;
-            gp.max_nodes = max_nodes[k];
-            sd_gen_stats st;
-            int grc = sd_generate(s, smp, drafters[k], ids[p], n_ids[p], &gp, collect, &tb, &st, err, sizeof err);
-            r->n_tokens = st.n_generated;
-            r->gen_ms = st.generate_ms;
-            r->n_forwards = st.n_target_forwards;
-            r->n_step_tokens = st.n_generated > 0 ? st.n_generated - 1 : 0;
-            sd_drafter_free(drafters[k]);
-            drafters[k] = NULL;
-            if (grc < 0) {
-                fputc('\n', stderr);
-                cli_error("method '%s' on prompt %s: %s", me->name, prompts[p].id, err);
-                goto out;
-            }
-            int n_got = SD_MIN(tb.n, n_predict);
             char mis[1024];
-            mis[0] = 0;
-            if (k == 0) {   // ar
-                memcpy(ar_tok + (size_t)p * n_predict, tb.t, sizeof(int32_t) * (size_t)n_got);
-                ar_n[p] = n_got;
-                r->equal = 1;
-            } else if (greedy) {
-                const int32_t *ref = ar_tok + (size_t)p * n_predict;
-                int d = 0;
-                while (d < n_got && d < ar_n[p] && tb.t[d] == ref[d]) d++;
-                r->equal = d == n_got && d == ar_n[p];
-                if (!r->equal) {
-                    char ta[96] = "(end)", tm[96] = "(end)";
-                    if (d < ar_n[p]) token_str(tok, ref[d], ta, sizeof ta);
-                    if (d < n_got) token_str(tok, tb.t[d], tm, sizeof tm);
-                    snprintf(mis, sizeof mis,
-                             "specdec: MISMATCH: method %.63s differs from ar on prompt %.63s (%.63s) at generated token "
-                             "%d: ar %d '%.95s', %.63s %d '%.95s' (ar %d tokens, %.63s %d tokens)\n",
-                             me->name, prompts[p].id, prompts[p].category, d, d < ar_n[p] ? ref[d] : -1, ta,
-                             me->name, d < n_got ? tb.t[d] : -1, tm, ar_n[p], me->name, n_got);
-                    mismatch = 1;
-                }
-            }
-            agg_add(&overall[k], r);
-            agg_add(&by_cat[(size_t)k * n_cats + cat_of[p]], r);
+            bench_compare(o, b, p, k, r, mis, sizeof mis);
+            agg_add(&b->overall[k], r);
+            agg_add(&b->by_cat[(size_t)k * b->n_cats + b->cat_of[p]], r);
             double tau = r->n_forwards > 0 ? (double)r->n_step_tokens / r->n_forwards : 1.0;
-            if (!reports->in_run && !tty) fputs("   ", stderr);   // the run's result after the tree reports
-            reports->in_run = 0;
+            if (!b->reports->in_run && !tty) fputs("   ", stderr);   // the run's result after the tree reports
+            b->reports->in_run = 0;
             fprintf(stderr, " %d tokens, %.2f tok/s, tau %.2f%s", r->n_tokens,
                     r->gen_ms > 0 ? r->n_tokens * 1000.0 / r->gen_ms : 0.0, tau, tty && !mis[0] ? "" : "\n");
             if (mis[0]) fputs(mis, stderr);   // loudly, on a line of its own
@@ -501,110 +524,107 @@ int cmd_bench(int argc, char **argv) {
         }
     }
     if (tty) fputc('\n', stderr);
+    return 0;
+}
 
-    // ---------------------------------------------------------------- report
+// ---------------------------------------------------------------- report
+// The Markdown tables on stdout.
+static void bench_print(const bench_opts *o, const bench_state *b) {
+    const int greedy = o->temp <= 0.0f, nm = b->nm, n_cats = b->n_cats;
     printf("## specdec bench\n\n");
-    printf("target `%s`", model_path);
-    for (int i = 0; i < n_drafts; i++) printf("%s`%s`", i ? ", " : ", draft ", draft_paths[i]);
-    printf("; %d prompts from `%s`; n_predict %d; temp %g; %d threads (drafts: %d).\n", np, prompts_path,
-           n_predict, (double)temp, n_threads, draft_threads);
+    printf("target `%s`", o->model_path);
+    for (int i = 0; i < o->n_drafts; i++) printf("%s`%s`", i ? ", " : ", draft ", o->draft_paths[i]);
+    printf("; %d prompts from `%s`; n_predict %d; temp %g; %d threads (drafts: %d).\n", b->np, o->prompts_path,
+           o->n_predict, (double)o->temp, o->n_threads, o->draft_threads);
     printf("tokens/s = generated tokens / generation time, target prompt processing excluded; "
            "tau = tokens per target forward (bonus included).\n");
     for (int k = 0; k < nm; k++) {
-        if (methods[k].kind == SD_METHOD_AUTO)
-            printf("%s = %s with an automatically sized tree (at most %d nodes).\n", methods[k].name,
-                   n_drafts ? "the draft model(s)" : "n-gram lookup ngram:3-8", max_nodes[k]);
-        if (methods[k].kind == SD_METHOD_SKIP) printf("%s skips layers {%s}.\n", methods[k].name, methods[k].skip_list);
+        const sd_method *me = &b->methods[k];
+        if (me->kind == SD_METHOD_AUTO)
+            printf("%s = %s with an automatically sized tree (at most %d nodes).\n", me->name,
+                   o->n_drafts ? "the draft model(s)" : "n-gram lookup ngram:3-8", b->max_nodes[k]);
+        if (me->kind == SD_METHOD_SKIP) printf("%s skips layers {%s}.\n", me->name, me->skip_list);
     }
     printf("\n");
     printf("| method | tokens/s | speedup | tau | tokens | time (s) | equal to ar |\n");
     printf("| --- | ---: | ---: | ---: | ---: | ---: | --- |\n");
     for (int k = 0; k < nm; k++) {
-        const agg *a = &overall[k];
-        double t0 = agg_tps(&overall[0]);
-        printf("| %s | %.2f | %.2fx | %.2f | %ld | %.1f | %s |\n", methods[k].name, agg_tps(a),
+        const agg *a = &b->overall[k];
+        double t0 = agg_tps(&b->overall[0]);
+        printf("| %s | %.2f | %.2fx | %.2f | %ld | %.1f | %s |\n", b->methods[k].name, agg_tps(a),
                t0 > 0 ? agg_tps(a) / t0 : 0.0, agg_tau(a), a->n_tokens, a->ms / 1000.0,
                !greedy ? "n/a (sampled)" : a->n_equal == a->n_runs ? "yes" : "**NO**");
     }
     printf("\nspeedup over ar by category (tau in parentheses):\n\n| method |");
-    for (int c = 0; c < n_cats; c++) printf(" %s |", cats[c]);
+    for (int c = 0; c < n_cats; c++) printf(" %s |", b->cats[c]);
     printf("\n| --- |");
     for (int c = 0; c < n_cats; c++) printf(" ---: |");
     printf("\n");
     for (int k = 0; k < nm; k++) {
-        printf("| %s |", methods[k].name);
+        printf("| %s |", b->methods[k].name);
         for (int c = 0; c < n_cats; c++) {
-            const agg *a = &by_cat[(size_t)k * n_cats + c], *a0 = &by_cat[c];
+            const agg *a = &b->by_cat[(size_t)k * n_cats + c], *a0 = &b->by_cat[c];
             double t0 = agg_tps(a0);
             printf(" %.2fx (%.2f) |", t0 > 0 ? agg_tps(a) / t0 : 0.0, agg_tau(a));
         }
         printf("\n");
     }
     fflush(stdout);
+}
 
-    if (out_path) {
-        FILE *f = fopen(out_path, "w");
-        if (!f) {
-            cli_error("cannot write '%s'", out_path);
-            goto out;
-        }
-        fprintf(f, "{\"model\": ");
-        cli_json_string(f, model_path, strlen(model_path));
-        fprintf(f, ", \"draft\": [");
-        for (int i = 0; i < n_drafts; i++) {
-            if (i) fprintf(f, ", ");
-            cli_json_string(f, draft_paths[i], strlen(draft_paths[i]));
-        }
-        fprintf(f, "], \"prompts\": ");
-        cli_json_string(f, prompts_path, strlen(prompts_path));
-        fprintf(f, ", \"n_threads\": %d, \"draft_threads\": %d, \"temp\": %g, \"seed\": %llu, \"n_predict\": %d, \"n_prompts\": %d, "
-                   "\"chat\": %s, \"time_excludes_prompt\": true, \"all_equal_to_ar\": %s, \"methods\": [",
-                n_threads, draft_threads, (double)temp, (unsigned long long)seed, n_predict, np, chat ? "true" : "false",
-                greedy ? (mismatch ? "false" : "true") : "null");
-        for (int k = 0; k < nm; k++) {
-            fprintf(f, "%s\n  {\"name\": ", k ? "," : "");
-            cli_json_string(f, methods[k].name, strlen(methods[k].name));
-            fprintf(f, ", \"max_nodes\": %d, \"overall\": ", max_nodes[k]);
-            json_agg(f, &overall[k], &overall[0], greedy);
-            fprintf(f, ", \"by_category\": {");
-            for (int c = 0; c < n_cats; c++) {
-                fprintf(f, "%s", c ? ", " : "");
-                cli_json_string(f, cats[c], strlen(cats[c]));
-                fprintf(f, ": ");
-                json_agg(f, &by_cat[(size_t)k * n_cats + c], &by_cat[c], greedy);
-            }
-            fprintf(f, "}}");
-        }
-        fprintf(f, "\n]}\n");
-        if (fclose(f) != 0) {
-            cli_error("cannot write '%s'", out_path);
-            goto out;
-        }
+// The full results as JSON (--out). 0, or 1 after a message.
+static int bench_write_json(const bench_opts *o, const bench_state *b) {
+    const int greedy = o->temp <= 0.0f, n_cats = b->n_cats;
+    FILE *f = fopen(o->out_path, "w");
+    if (!f) return cli_error("cannot write '%s'", o->out_path);
+    fprintf(f, "{\"model\": ");
+    cli_json_string(f, o->model_path, strlen(o->model_path));
+    fprintf(f, ", \"draft\": [");
+    for (int i = 0; i < o->n_drafts; i++) {
+        if (i) fprintf(f, ", ");
+        cli_json_string(f, o->draft_paths[i], strlen(o->draft_paths[i]));
     }
-    if (mismatch) {
-        cli_error("MISMATCH: some greedy method did not reproduce ar's text token for token (see above)");
-        goto out;
+    fprintf(f, "], \"prompts\": ");
+    cli_json_string(f, o->prompts_path, strlen(o->prompts_path));
+    fprintf(f, ", \"n_threads\": %d, \"draft_threads\": %d, \"temp\": %g, \"seed\": %llu, \"n_predict\": %d, \"n_prompts\": %d, "
+               "\"chat\": %s, \"time_excludes_prompt\": true, \"all_equal_to_ar\": %s, \"methods\": [",
+            o->n_threads, o->draft_threads, (double)o->temp, (unsigned long long)o->seed, o->n_predict, b->np,
+            o->chat ? "true" : "false", greedy ? (b->mismatch ? "false" : "true") : "null");
+    for (int k = 0; k < b->nm; k++) {
+        fprintf(f, "%s\n  {\"name\": ", k ? "," : "");
+        cli_json_string(f, b->methods[k].name, strlen(b->methods[k].name));
+        fprintf(f, ", \"max_nodes\": %d, \"overall\": ", b->max_nodes[k]);
+        json_agg(f, &b->overall[k], &b->overall[0], greedy);
+        fprintf(f, ", \"by_category\": {");
+        for (int c = 0; c < n_cats; c++) {
+            fprintf(f, "%s", c ? ", " : "");
+            cli_json_string(f, b->cats[c], strlen(b->cats[c]));
+            fprintf(f, ": ");
+            json_agg(f, &b->by_cat[(size_t)k * n_cats + c], &b->by_cat[c], greedy);
+        }
+        fprintf(f, "}}");
     }
-    rc = 0;
-out:
-    for (int k = 0; k < nm; k++) sd_drafter_free(drafters[k]);
-    for (int i = 0; i < n_drafts; i++) sd_model_free(drafts[i]);
-    sd_sampler_free(smp);
-    sd_session_free(s);
-    sd_model_free(m);
-    if (ids)
-        for (int p = 0; p < np; p++) free(ids[p]);
-    free(ids);
-    free(n_ids);
-    free(res);
-    free(ar_tok);
-    free(ar_n);
-    free(tb.t);
-    free(reports);
-    free(cats);
-    free(cat_of);
-    free(by_cat);
-    free(overall);
-    bench_prompts_free(prompts, n_loaded);
+    fprintf(f, "\n]}\n");
+    if (fclose(f) != 0) return cli_error("cannot write '%s'", o->out_path);
+    return 0;
+}
+
+int cmd_bench(int argc, char **argv) {
+    bench_opts o;
+    int r = bench_parse(argc, argv, &o);
+    if (r != CLI_PARSE_OK) return cli_parse_exit(r);
+    bench_state *b = calloc(1, sizeof *b);
+    if (!b) return cli_error("out of memory");
+    int auto_nodes = 0;
+    int rc = bench_validate(&o, b);
+    if (!rc) rc = bench_alloc(&o, b);
+    if (!rc) rc = bench_load(&o, b, &auto_nodes);
+    if (!rc) rc = bench_env(&o, b, auto_nodes);
+    if (!rc) rc = bench_run(&o, b);
+    if (!rc) bench_print(&o, b);
+    if (!rc && o.out_path) rc = bench_write_json(&o, b);
+    if (!rc && b->mismatch)
+        rc = cli_error("MISMATCH: some greedy method did not reproduce ar's text token for token (see above)");
+    bench_free(b);
     return rc;
 }
