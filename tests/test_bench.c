@@ -456,6 +456,73 @@ static void test_generate_methods(void) {
     CHECK(rc == 1 && strstr(g_out, "--tree auto"), "--tree auto + --tree-dynamic: exit %d:\n%s", rc, g_out);
 }
 
+// generate --method: a method string as bench --methods takes; the shorthand
+// flags give the same runs; conflicts and bad strings are named.
+static void test_generate_method_flag(void) {
+    if (!g_model[0]) SKIP("%s", g_why);
+    char args[2048], plain[4096];
+    static char alias[sizeof g_out];
+    snprintf(args, sizeof args, "generate -m %s -p \"Once upon a time\" -n 40 --temp 0 -t 1 --json", g_model);
+    int rc = run(args, 0);
+    CHECK(rc == 0, "plain generate: exit %d", rc);
+    const char *t = json_after(g_out, "text");
+    snprintf(plain, sizeof plain, "%s", t ? t : "");
+    char *e = strstr(plain, "\"}");
+    if (e) e[1] = 0;   // the JSON string, quotes included
+    // --method chain:4 --draft D is --draft D --draft-max 4: same text, same forwards
+    snprintf(args, sizeof args,
+             "generate -m %s -p \"Once upon a time\" -n 40 --temp 0 -t 1 --draft %s --draft-max 4 --json", g_model,
+             g_model);
+    rc = run(args, 0);
+    CHECK(rc == 0 && strstr(g_out, "\"method\": \"chain:4\""), "--draft-max 4: exit %d:\n%s", rc, g_out);
+    snprintf(alias, sizeof alias, "%s", g_out);
+    snprintf(args, sizeof args,
+             "generate -m %s -p \"Once upon a time\" -n 40 --temp 0 -t 1 --method chain:4 --draft %s --json", g_model,
+             g_model);
+    rc = run(args, 0);
+    CHECK(rc == 0 && strstr(g_out, "\"method\": \"chain:4\""), "--method chain:4: exit %d:\n%s", rc, g_out);
+    const char *ta = json_after(alias, "text"), *tm = json_after(g_out, "text");
+    const char *fa = json_after(alias, "n_target_forwards"), *fm = json_after(g_out, "n_target_forwards");
+    CHECK(ta && tm && plain[0] && !strncmp(ta, plain, strlen(plain)) && !strncmp(tm, plain, strlen(plain)),
+          "greedy text differs:\nplain %s\nalias %s\nmethod %s", plain, ta ? ta : "(none)", tm ? tm : "(none)");
+    CHECK(fa && fm && atoi(fa) == atoi(fm) && atoi(fm) > 0, "target forwards: alias %s, method %s", fa ? fa : "-",
+          fm ? fm : "-");
+    // every kind of method reproduces plain decoding
+    const char *methods[] = {"tree:2-2", "dyn:2-3-6", "ngram:2-3", "skip:1-2", "lookahead:3-3-3", "auto"};
+    for (int v = 0; v < 6; v++) {
+        int drafts = v < 2;
+        snprintf(args, sizeof args, "generate -m %s -p \"Once upon a time\" -n 40 --temp 0 -t 1 --method %s%s%s --json",
+                 g_model, methods[v], drafts ? " --draft " : "", drafts ? g_model : "");
+        rc = run(args, 0);
+        t = json_after(g_out, "text");
+        CHECK(rc == 0 && json_after(g_out, "n_target_forwards"), "--method %s: exit %d:\n%s", methods[v], rc, g_out);
+        CHECK(t && plain[0] && !strncmp(t, plain, strlen(plain)), "--method %s: greedy text differs:\nplain %s\nspec  %s",
+              methods[v], plain, t ? t : "(none)");
+    }
+    // errors
+    snprintf(args, sizeof args, "generate -m %s -p hi --method chain:x --draft %s", g_model, g_model);
+    rc = run(args, 1);
+    CHECK(rc == 1 && strstr(g_out, "--method: method chain:K needs K in 1..64, got 'chain:x'"),
+          "bad method: exit %d:\n%s", rc, g_out);
+    snprintf(args, sizeof args, "generate -m %s -p hi --method bogus:1", g_model);
+    rc = run(args, 1);
+    CHECK(rc == 1 && strstr(g_out, "unknown method 'bogus:1'"), "unknown method: exit %d:\n%s", rc, g_out);
+    snprintf(args, sizeof args, "generate -m %s -p hi --method chain:4 --draft %s --draft-max 3", g_model, g_model);
+    rc = run(args, 1);
+    CHECK(rc == 1 && strstr(g_out, "--method and --draft-max cannot be used together"), "conflict: exit %d:\n%s", rc,
+          g_out);
+    snprintf(args, sizeof args, "generate -m %s -p hi --draft-ngram 2,3 --method ngram:3-4", g_model);
+    rc = run(args, 1);
+    CHECK(rc == 1 && strstr(g_out, "--method and --draft-ngram cannot be used together"), "conflict: exit %d:\n%s",
+          rc, g_out);
+    snprintf(args, sizeof args, "generate -m %s -p hi --method tree:2-2", g_model);
+    rc = run(args, 1);
+    CHECK(rc == 1 && strstr(g_out, "needs a draft model"), "no --draft: exit %d:\n%s", rc, g_out);
+    snprintf(args, sizeof args, "generate -m %s -p hi --method lookahead:3-3-3 --draft %s", g_model, g_model);
+    rc = run(args, 1);
+    CHECK(rc == 1 && strstr(g_out, "does not use a draft model"), "unused --draft: exit %d:\n%s", rc, g_out);
+}
+
 int main(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/specdec_test_bench_%d", (int)getpid());
     mkdir(g_dir, 0700);
@@ -467,6 +534,7 @@ int main(void) {
     T_RUN(test_generate_draft);
     T_RUN(test_bench_methods);
     T_RUN(test_generate_methods);
+    T_RUN(test_generate_method_flag);
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
     if (system(cmd) != 0) printf("  note: could not remove %s\n", g_dir);

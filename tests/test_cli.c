@@ -1,6 +1,7 @@
 // test_cli.c - drives build/specdec (run from the repository root): help,
 // version, bad flags, missing files, too-long prompts, and generate --json on
-// the default model (skipped when it is absent).
+// the default model (skipped when it is absent); and the option table parser
+// (cli_opts.c) on its own.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 #include "t.h"
 // the helpers of the program are unit-tested here directly
 #include "../tools/cli_common.c"
+#include "../tools/cli_opts.c"
 
 // SPECDEC_BIN overrides the program under test.
 static const char *specdec_bin(void) {
@@ -205,8 +207,205 @@ static void test_utf8_and_json(void) {
     CHECK(cli_float("--temp", "0.5", 0, 2, &x) == 0 && x == 0.5f, "float");
 }
 
+// ------------------------------------------------------------ the option table
+static char g_cap[1 << 14]; // stdout and stderr of the last capture_parse
+
+// cli_parse with stdout and stderr captured in g_cap.
+static int capture_parse(const cli_cmd *c, int argc, char **argv) {
+    fflush(stdout);
+    fflush(stderr);
+    FILE *tmp = tmpfile();
+    int save_out = dup(1), save_err = dup(2);
+    dup2(fileno(tmp), 1);
+    dup2(fileno(tmp), 2);
+    int r = cli_parse(c, argc, argv);
+    fflush(stdout);
+    fflush(stderr);
+    dup2(save_out, 1);
+    dup2(save_err, 2);
+    close(save_out);
+    close(save_err);
+    rewind(tmp);
+    size_t n = fread(g_cap, 1, sizeof g_cap - 1, tmp);
+    g_cap[n] = 0;
+    fclose(tmp);
+    return r;
+}
+
+typedef struct t_opts {
+    int n, flag, chat, custom_calls;
+    float temp;
+    uint64_t seed;
+    const char *name, *file, *list[2], *custom;
+    int n_list;
+} t_opts;
+
+static int t_custom(const char *flag, const char *v, void *dst) {
+    t_opts *o = dst;
+    o->custom_calls++;
+    if (strcmp(v, "good")) {
+        cli_error("%s: expected 'good', got '%s'", flag, v);
+        return -1;
+    }
+    o->custom = v;
+    return 0;
+}
+
+// A table with one option of every kind; parses argv (a NULL-terminated list
+// after the command name) into *o (reset to its defaults first).
+static int t_parse(t_opts *o, const char *const *args) {
+    *o = (t_opts){.n = 7, .chat = 1, .temp = 0.5f, .seed = 42};
+    const cli_opt opts[] = {
+        {"--n-predict", "-n", CLI_INT, &o->n, .lo = 0, .hi = 100, .meta = "N", .def = CLI_DEF_VALUE,
+         .help = "tokens"},
+        {"--flag", NULL, CLI_FLAG, &o->flag, .help = "a flag"},
+        {"--no-chat", NULL, CLI_FLAG, &o->chat, .off = 1, .help = "clears chat"},
+        {"--temp", NULL, CLI_FLOAT, &o->temp, .lo = 0.0, .hi = 2.0, .meta = "T", .def = CLI_DEF_VALUE,
+         .help = "temperature"},
+        {"--seed", NULL, CLI_U64, &o->seed, .meta = "S", .def = CLI_DEF_VALUE, .help = "seed"},
+        {.kind = CLI_SECTION, .help = "\nmore options:"},
+        {"--name", "-N", CLI_STRING, &o->name, .meta = "TEXT", .required = "a name is required (-N TEXT)",
+         .help = "a name"},
+        {"--file", NULL, CLI_FILE, &o->file, .meta = "FILE", .what = "input file", .help = "an existing file"},
+        {"--draft", NULL, CLI_LIST, o->list, .max = 2, .count = &o->n_list, .meta = "FILE", .what = "draft models",
+         .help = "repeatable, at most twice; a long help text that has to wrap over more than one line of the "
+                 "help, at eighty columns"},
+        {"--custom", NULL, CLI_CUSTOM, o, .fn = t_custom, .meta = "X", .def = "good", .help = "custom parser"},
+        {"--help", "-h", CLI_HELP, .help = "show this help"},
+    };
+    const cli_cmd cmd = {.name = "t", .usage = "usage: specdec t [options]", .intro = "Intro text.\n",
+                         .notes = "Notes text.\n", .opts = opts, .n_opts = CLI_N(opts)};
+    char *argv[32] = {"t"};
+    int argc = 1;
+    while (args[argc - 1] && argc < 31) {
+        argv[argc] = (char *)args[argc - 1];
+        argc++;
+    }
+    return capture_parse(&cmd, argc, argv);
+}
+#define T_ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+static void test_opts_parse(void) {
+    t_opts o;
+    int r = t_parse(&o, T_ARGS("-N", "x", "-n", "12", "--flag", "--no-chat", "--temp", "1.5", "--seed", "0x10",
+                               "--draft", "a", "--draft", "b", "--custom", "good", "--file", "Makefile"));
+    CHECK(r == CLI_PARSE_OK && g_cap[0] == 0, "every kind: r %d: %s", r, g_cap);
+    CHECK(o.n == 12 && o.flag == 1 && o.chat == 0 && o.temp == 1.5f && o.seed == 16, "values: %d %d %d %g %llu",
+          o.n, o.flag, o.chat, (double)o.temp, (unsigned long long)o.seed);
+    CHECK(!strcmp(o.name, "x") && !strcmp(o.file, "Makefile") && o.custom && o.custom_calls == 1, "strings");
+    // a repeated list option keeps every value, in order; a repeated other option the last
+    CHECK(o.n_list == 2 && !strcmp(o.list[0], "a") && !strcmp(o.list[1], "b"), "list: %d", o.n_list);
+    r = t_parse(&o, T_ARGS("-N", "x", "-n", "1", "--n-predict=3", "-N", "y"));
+    CHECK(r == CLI_PARSE_OK && o.n == 3 && !strcmp(o.name, "y"), "last value wins, --name=value: %d %d", r, o.n);
+    r = t_parse(&o, T_ARGS("-N", "x", "--draft", "a", "--draft", "b", "--draft", "c"));
+    CHECK(r == CLI_PARSE_ERROR && strstr(g_cap, "specdec: --draft: at most 2 draft models"), "list overflow: %s",
+          g_cap);
+    // the defaults stay when an option is absent
+    r = t_parse(&o, T_ARGS("-N", "x"));
+    CHECK(r == CLI_PARSE_OK && o.n == 7 && o.chat == 1 && o.seed == 42 && o.n_list == 0 && !o.file, "defaults");
+}
+
+static void test_opts_errors(void) {
+    t_opts o;
+    int r = t_parse(&o, T_ARGS("-N", "x", "--bogus"));
+    CHECK(r == CLI_PARSE_ERROR && strstr(g_cap, "specdec: t: unknown option '--bogus' (see specdec t --help)"),
+          "unknown option: %s", g_cap);
+    r = t_parse(&o, T_ARGS("-N", "x", "--bogus=1"));
+    CHECK(r == CLI_PARSE_ERROR && strstr(g_cap, "unknown option '--bogus'"), "unknown --opt=v: %s", g_cap);
+    r = t_parse(&o, T_ARGS("-N", "x", "stray"));
+    CHECK(r == CLI_PARSE_ERROR && strstr(g_cap, "unknown option 'stray'"), "positional: %s", g_cap);
+    r = t_parse(&o, T_ARGS("-N", "x", "-n"));
+    CHECK(r == CLI_PARSE_ERROR && strstr(g_cap, "specdec: -n: missing value"), "missing value: %s", g_cap);
+    r = t_parse(&o, T_ARGS("-N", "x", "-n", "101"));
+    CHECK(r == CLI_PARSE_ERROR && strstr(g_cap, "specdec: -n: 101 is out of range [0, 100]"), "range: %s", g_cap);
+    r = t_parse(&o, T_ARGS("-N", "x", "--n-predict", "-1"));
+    CHECK(r == CLI_PARSE_ERROR && strstr(g_cap, "--n-predict: -1 is out of range [0, 100]"), "range: %s", g_cap);
+    r = t_parse(&o, T_ARGS("-N", "x", "-n", "1.5"));
+    CHECK(r == CLI_PARSE_ERROR && strstr(g_cap, "-n: expected an integer, got '1.5'"), "not an int: %s", g_cap);
+    r = t_parse(&o, T_ARGS("-N", "x", "--temp", "abc"));
+    CHECK(r == CLI_PARSE_ERROR && strstr(g_cap, "--temp: expected a number, got 'abc'"), "float: %s", g_cap);
+    r = t_parse(&o, T_ARGS("-N", "x", "--seed", "-3"));
+    CHECK(r == CLI_PARSE_ERROR && strstr(g_cap, "--seed: expected a non-negative integer, got '-3'"), "u64: %s",
+          g_cap);
+    r = t_parse(&o, T_ARGS("-N", "x", "--flag=1"));
+    CHECK(r == CLI_PARSE_ERROR && strstr(g_cap, "--flag: takes no value"), "flag with value: %s", g_cap);
+    r = t_parse(&o, T_ARGS("-N", "x", "--file", "/nonexistent/f"));
+    CHECK(r == CLI_PARSE_ERROR && strstr(g_cap, "input file '/nonexistent/f' not found"), "file: %s", g_cap);
+    r = t_parse(&o, T_ARGS("-N", "x", "--custom", "bad"));
+    CHECK(r == CLI_PARSE_ERROR && strstr(g_cap, "--custom: expected 'good', got 'bad'"), "custom: %s", g_cap);
+    r = t_parse(&o, T_ARGS("-n", "3"));
+    CHECK(r == CLI_PARSE_ERROR && strstr(g_cap, "specdec: t: a name is required (-N TEXT)"), "required: %s", g_cap);
+}
+
+static void test_opts_help(void) {
+    t_opts o;
+    // --help anywhere, with the defaults as they were before parsing; not when it is a value
+    int r = t_parse(&o, T_ARGS("-n", "55", "--help", "--bogus"));
+    CHECK(r == CLI_PARSE_HELP, "--help: %d", r);
+    const char *want[] = {"usage: specdec t [options]", "Intro text.", "options:", "-n, --n-predict N",
+                          "--flag", "--no-chat", "--temp T", "--seed S", "more options:", "-N, --name TEXT",
+                          "--file FILE", "--draft FILE", "--custom X", "-h, --help", "(default 7)", "(default 0.5)",
+                          "(default 42)", "(default good)", "Notes text."};
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+        CHECK(strstr(g_cap, want[i]) != NULL, "help lacks '%s':\n%s", want[i], g_cap);
+    CHECK(!strstr(g_cap, "(default 55)"), "help shows a parsed value as the default:\n%s", g_cap);
+    for (const char *l = g_cap; *l;) {
+        size_t n = strcspn(l, "\n");
+        CHECK(n <= 80, "help line of %zu columns: %.*s", n, (int)n, l);
+        l += n + (l[n] == '\n');
+    }
+    r = t_parse(&o, T_ARGS("-N", "--help"));
+    CHECK(r == CLI_PARSE_OK && !strcmp(o.name, "--help"), "--help as a value: %d", r);
+    r = t_parse(&o, T_ARGS("-N", "x", "-h"));
+    CHECK(r == CLI_PARSE_HELP && strstr(g_cap, "--draft FILE"), "-h: %d", r);
+}
+
+// Every command's --help names every option it accepts.
+static void test_help_lists_options(void) {
+    NEED_BINARY();
+    static const char *gen[] = {"-m, --model", "-p, --prompt", "-n, --n-predict", "--chat", "--system", "--temp",
+                                "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--repeat-last-n", "--seed",
+                                "-t, --threads", "-c, --ctx", "-b, --batch", "--fast-prompt", "--json",
+                                "-h, --help", "--draft FILE", "--method STR", "--draft-max K", "--draft-p-min P",
+                                "--tree W1,W2,...|auto", "--tree auto", "--tree-dynamic B,D,M", "--max-nodes N",
+                                "--draft-threads N", "--draft-ngram N,K", "--datastore FILE", "--draft-skip",
+                                "--save-skip FILE", "--load-skip FILE", "--lookahead W,N,G", NULL};
+    static const char *bench[] = {"-m, --model", "--draft FILE", "--prompts FILE", "--methods LIST",
+                                  "-n, --n-predict", "--temp", "--seed", "--limit N", "--draft-p-min",
+                                  "--no-chat", "--fast-prompt", "-t, --threads", "--draft-threads", "--out FILE",
+                                  "-h, --help", NULL};
+    static const char *bf[] = {"-m, --model", "-t, --threads", "--batch LIST", "--ctx N", "--reps R",
+                               "--decode N", "--bw-mb MB", "--kernels NAME", "--json", "-h, --help", NULL};
+    struct { const char *cmd; const char **opts; } cmds[] = {
+        {"generate --help", gen}, {"bench --help", bench}, {"bench-forward --help", bf}};
+    for (size_t c = 0; c < sizeof cmds / sizeof *cmds; c++) {
+        int rc = run(cmds[c].cmd, 1);
+        CHECK(rc == 0, "%s: exit %d", cmds[c].cmd, rc);
+        for (const char **o = cmds[c].opts; *o; o++)
+            CHECK(strstr(g_out, *o) != NULL, "%s does not list %s", cmds[c].cmd, *o);
+    }
+    // the same messages from every command (Makefile: a file that exists; nothing is loaded)
+    int rc = run("bench -m Makefile --prompts Makefile --bogus", 1);
+    CHECK(rc == 1 && strstr(g_out, "bench: unknown option '--bogus' (see specdec bench --help)"), "bench: %s", g_out);
+    rc = run("bench-forward -m Makefile --reps", 1);
+    CHECK(rc == 1 && strstr(g_out, "--reps: missing value"), "bench-forward: %s", g_out);
+    rc = run("bench-forward -m Makefile --reps 0", 1);
+    CHECK(rc == 1 && strstr(g_out, "--reps: 0 is out of range [1, 10000]"), "bench-forward: %s", g_out);
+    rc = run("generate -m Makefile -p hi --method bogus", 1);
+    CHECK(rc == 1 && strstr(g_out, "--method: unknown method 'bogus' (methods: "), "--method bogus: %s", g_out);
+    rc = run("generate -m Makefile -p hi --method chain:x", 1);
+    CHECK(rc == 1 && strstr(g_out, "--method: method chain:K needs K in 1..64, got 'chain:x'"), "chain:x: %s",
+          g_out);
+    rc = run("convert-llama2c a b c d", 1);
+    CHECK(rc == 1 && strstr(g_out, "too many arguments ('d')"), "convert: %s", g_out);
+}
+
 int main(void) {
     T_RUN(test_utf8_and_json);
+    T_RUN(test_opts_parse);
+    T_RUN(test_opts_errors);
+    T_RUN(test_opts_help);
+    T_RUN(test_help_lists_options);
     T_RUN(test_help);
     T_RUN(test_bad_usage);
     T_RUN(test_missing_files);

@@ -18,15 +18,6 @@ int cli_error(const char *fmt, ...) {
     return 1;
 }
 
-const char *cli_value(int argc, char **argv, int *i) {
-    if (*i + 1 >= argc) {
-        cli_error("%s: missing value", argv[*i]);
-        return NULL;
-    }
-    (*i)++;
-    return argv[*i];
-}
-
 int cli_int(const char *flag, const char *s, long lo, long hi, int *out) {
     char *end;
     errno = 0;

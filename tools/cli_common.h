@@ -1,5 +1,6 @@
 // cli_common.h - helpers shared by the specdec subcommands: flag value
-// parsing with clear messages, JSON string output, UTF-8 boundaries.
+// parsing with clear messages (the option table of cli_opts.h uses them),
+// JSON string output, UTF-8 boundaries.
 #ifndef SD_CLI_COMMON_H
 #define SD_CLI_COMMON_H
 
@@ -16,10 +17,6 @@
 
 // Prints "specdec: <message>" to stderr. Returns 1 (the exit code of errors).
 int cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-// Value of flag argv[*i] (argv[*i + 1]); advances *i. NULL (after printing
-// "FLAG: missing value") if there is none.
-const char *cli_value(int argc, char **argv, int *i);
 
 // Parse a flag value; on error print "FLAG: expected ..., got 'TEXT'" and return -1.
 int cli_int(const char *flag, const char *s, long lo, long hi, int *out);
