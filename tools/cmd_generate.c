@@ -141,12 +141,19 @@ static int parse_dyn_flag(const char *flag, const char *v, void *dst) {
     return 0;
 }
 
-// --draft-ngram N,K; dst is a const char *.
+// --draft-ngram N,K: two positive integers, in the ranges the method
+// registry gives ngram:N-K; dst is a const char *.
 static int parse_ngram_flag(const char *flag, const char *v, void *dst) {
-    char err[256];
+    char err[512], name[64];
     int t[2];
-    if (sd_parse_ints(flag, v, ',', t, 2, 1, 256, err, sizeof err) != 2 || t[0] > 8) {
-        cli_error("%s: expected N,K with N in 1..8 and K in 1..256, got '%s'", flag, v);
+    sd_method m;
+    if (sd_parse_ints(flag, v, ',', t, 2, 1, 256, err, sizeof err) != 2) {
+        cli_error("%s: expected N,K (two positive integers, K <= 256), got '%s'", flag, v);
+        return -1;
+    }
+    snprintf(name, sizeof name, "ngram:%d-%d", t[0], t[1]);
+    if (sd_method_parse(name, &m, err, sizeof err) < 0) {
+        cli_error("%s: %s", flag, err);
         return -1;
     }
     *(const char **)dst = v;
@@ -216,7 +223,8 @@ static int gen_parse(int argc, char **argv, gen_opts *o) {
     sd_sampler_params *sp = &o->sp;
     const cli_opt opts[] = {
         {"--model", "-m", CLI_FILE, &o->model_path, .meta = "FILE", .what = "model file",
-         .help = "GGUF model (required)", .required = "a model is required (-m MODEL.gguf; see specdec generate --help)"},
+         .help = "GGUF model (required)",
+         .required = "a model is required (-m MODEL.gguf; see specdec generate --help)"},
         {"--prompt", "-p", CLI_STRING, &o->prompt, .meta = "TEXT", .help = "prompt (required)",
          .required = "a prompt is required (-p PROMPT)"},
         {"--n-predict", "-n", CLI_INT, &o->n_predict, .lo = 0, .hi = 1 << 30, .meta = "N", .def = CLI_DEF_VALUE,
@@ -332,12 +340,14 @@ static void gen_plan_parts(const gen_opts *o, gen_plan *p) {
     for (char *part = strtok(s, "+"); part; part = strtok(NULL, "+")) {
         sd_method pm;
         if (sd_method_parse(part, &pm, err, sizeof err) < 0) continue;   // (the whole string parsed)
-        if (pm.uses_cost_curve) pm.tree_nodes = SD_MIN(pm.tree_nodes, p->auto_nodes);
         int model = pm.kind == SD_METHOD_MODEL || (pm.kind == SD_METHOD_AUTO && o->n_drafts > 0);
+        int nodes = pm.uses_cost_curve ? SD_MIN(pm.tree_nodes, p->auto_nodes) : pm.tree_nodes;
+        int merged = sd_method_default_nodes(&pm, o->n_drafts);   // one tree per draft model
+        if (pm.uses_cost_curve && !model) merged = SD_MIN(merged, p->auto_nodes);
         p->uses_drafts |= model || pm.kind == SD_METHOD_AUTO;
         p->has_ngram |= pm.kind == SD_METHOD_NGRAM || (pm.kind == SD_METHOD_AUTO && !o->n_drafts);
-        if (model) model_extra = SD_MAX(model_extra, 0) + pm.tree_nodes - 1;
-        extra += sd_method_default_nodes(&pm, o->n_drafts) - 1;
+        if (model) model_extra = SD_MAX(model_extra, 0) + nodes - 1;
+        extra += merged - 1;
     }
     p->model_nodes = model_extra < 0 ? 0 : 1 + model_extra;
     p->total_nodes = 1 + extra;
@@ -351,7 +361,10 @@ static int gen_method_of_flags(const gen_opts *o, gen_plan *p, char *s, size_t n
     if (o->skip && o->lookahead) return cli_error("generate: --draft-skip and --lookahead cannot be used together");
     if (solo && (o->n_drafts || o->ngram || o->tree_auto || spec_only))
         return cli_error("generate: %s drafts on its own; it cannot be combined with %s", solo,
-                         o->n_drafts ? "--draft" : o->ngram ? "--draft-ngram" : o->tree_auto ? "--tree auto" : spec_only);
+                         o->n_drafts ? "--draft"
+                         : o->ngram  ? "--draft-ngram"
+                         : o->tree_auto ? "--tree auto"
+                                        : spec_only);
     if (o->tree_auto && (o->tree || o->dyn || o->draft_max_given))
         return cli_error("generate: --tree auto chooses the tree; it cannot be combined with %s",
                          o->tree ? "--tree" : o->dyn ? "--tree-dynamic" : "--draft-max");
