@@ -4,8 +4,7 @@
 
 #include "cli_common.h"
 #include "cli_opts.h"
-#include "common.h"
-#include "model/llama2c.h"
+#include "specdec.h"
 
 int cmd_convert_llama2c(int argc, char **argv) {
     const char *pos[3];

@@ -8,7 +8,7 @@
 //   sd_drafter *d;
 //   if (sd_draft_ngram_new(&d, &np, sd_model_tokenizer(target), err, sizeof err) < 0) { print err; fail }
 //   if (np.datastore) puts(sd_draft_ngram_note(d));   // "datastore: loaded ..." / "indexed ..."
-//   sd_spec_generate(session, sampler, d, prompt, n_prompt, &sp, cb, user, &stats, err, sizeof err);
+//   sd_generate(session, sampler, d, prompt, n_prompt, &gp, cb, user, &stats, err, sizeof err);
 //   sd_drafter_free(d);
 //
 // tok may be NULL when no datastore is used. The drafter can be combined with

@@ -10,7 +10,7 @@
 //   sd_skip_parse("3,5,7-9", n_layer, skip, err, sizeof err);       // or sd_skip_load / sd_skip_search
 //   sd_draft_model_params dp = sd_draft_skip_default_params();
 //   sd_drafter *d;  sd_draft_skip_new(&d, target, skip, &dp, err, sizeof err);
-//   sd_spec_generate(session, sampler, d, ...);
+//   sd_generate(session, sampler, d, ...);
 //   sd_drafter_free(d);
 #ifndef SD_DRAFT_SKIP_H
 #define SD_DRAFT_SKIP_H
