@@ -22,10 +22,11 @@ TOOL_OBJ := $(patsubst %.c,build/%.o,$(wildcard tools/*.c))
 # whose command then says how to install them.
 SERVE_PKGS := libmicrohttpd jansson
 HAVE_SERVE := $(shell pkg-config --exists $(SERVE_PKGS) 2>/dev/null && echo 1)
+build/tools/serve/%.o: CFLAGS += -Itools
 ifeq ($(HAVE_SERVE),1)
 SERVE_OBJ  := $(patsubst %.c,build/%.o,$(filter-out tools/serve/serve_missing.c,$(wildcard tools/serve/*.c)))
 SERVE_LIBS := $(shell pkg-config --libs $(SERVE_PKGS))
-build/tools/serve/%.o: CFLAGS += $(shell pkg-config --cflags $(SERVE_PKGS)) -Itools
+build/tools/serve/%.o: CFLAGS += $(shell pkg-config --cflags $(SERVE_PKGS))
 else
 SERVE_OBJ  := build/tools/serve/serve_missing.o
 SERVE_LIBS :=
