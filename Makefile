@@ -2,6 +2,7 @@
 #   make run    build, fetch the default model if absent, generate text
 #   make test   build and run every test; ends with "N passed, N failed"
 #   make fuzz   build the GGUF parser fuzz target (clang, libFuzzer)
+#   make asan-serve  build specdec with AddressSanitizer and run the server tests on it
 CC      ?= cc
 OPT     ?= -O3 -march=native
 CFLAGS  ?=
@@ -15,12 +16,30 @@ SRC      := $(wildcard src/*.c src/*/*.c)
 OBJ      := $(SRC:%.c=build/%.o)
 LIB      := build/libspecdec.a
 TOOL_OBJ := $(patsubst %.c,build/%.o,$(wildcard tools/*.c))
+# The server (tools/serve/, `specdec serve`) needs libmicrohttpd (HTTP) and
+# jansson (JSON), found with pkg-config; only build/specdec links them, the
+# library stays dependency-free. Without them specdec is built without serve,
+# whose command then says how to install them.
+SERVE_PKGS := libmicrohttpd jansson
+HAVE_SERVE := $(shell pkg-config --exists $(SERVE_PKGS) 2>/dev/null && echo 1)
+build/tools/serve/%.o: CFLAGS += -Itools
+ifeq ($(HAVE_SERVE),1)
+SERVE_OBJ  := $(patsubst %.c,build/%.o,$(filter-out tools/serve/serve_missing.c,$(wildcard tools/serve/*.c)))
+SERVE_LIBS := $(shell pkg-config --libs $(SERVE_PKGS))
+build/tools/serve/%.o: CFLAGS += $(shell pkg-config --cflags $(SERVE_PKGS))
+else
+SERVE_OBJ  := build/tools/serve/serve_missing.o
+SERVE_LIBS :=
+$(warning libmicrohttpd and jansson not found by pkg-config: building specdec without 'serve' (install them: apt-get install libmicrohttpd-dev libjansson-dev pkg-config))
+endif
 TLIB_OBJ := $(patsubst %.c,build/%.o,$(wildcard tests/lib/*.c))
 TESTS    := $(patsubst tests/%.c,build/tests/%,$(wildcard tests/test_*.c))
+# Test scripts (executable, print PASS/FAIL/SKIP lines like the C tests).
+TEST_SCRIPTS := $(wildcard tests/test_*.py)
 # Examples see only include/ (the public API), never src/.
 EXAMPLES := $(patsubst examples/%.c,build/examples/%,$(wildcard examples/*.c))
 
-.PHONY: all run test fuzz clean models
+.PHONY: all run test fuzz clean models asan-serve
 .SECONDARY:
 all: build/specdec $(TESTS) $(EXAMPLES)
 
@@ -32,8 +51,8 @@ $(LIB): $(OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-build/specdec: $(TOOL_OBJ) $(LIB)
-	$(CC) $(CFLAGS) $(TOOL_OBJ) $(LIB) $(LDLIBS) -o $@
+build/specdec: $(TOOL_OBJ) $(SERVE_OBJ) $(LIB)
+	$(CC) $(CFLAGS) $(TOOL_OBJ) $(SERVE_OBJ) $(LIB) $(SERVE_LIBS) $(LDLIBS) -o $@
 
 build/examples/%: examples/%.c $(LIB)
 	@mkdir -p $(dir $@)
@@ -54,7 +73,21 @@ run: build/specdec $(MODEL)
 # it say so and are skipped.
 test: build/specdec $(TESTS) $(EXAMPLES)
 	@bash scripts/fetch-models.sh || echo "warning: could not fetch the default model; tests that need it will be skipped"
-	@bash scripts/run-tests.sh $(TESTS)
+	@bash scripts/run-tests.sh $(TESTS) $(TEST_SCRIPTS)
+
+# The whole program (library, tools, server) built with AddressSanitizer and
+# UndefinedBehaviorSanitizer into build/asan/specdec, then the server tests
+# run on it (a leak or an error at the server's exit fails them).
+ASAN_FLAGS := -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -march=native -std=c11 -Wall -Wextra \
+	-D_GNU_SOURCE -pthread -Iinclude -Isrc -Itools
+asan-serve: build/asan/specdec
+	@SPECDEC_BIN=build/asan/specdec UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+		bash scripts/run-tests.sh tests/test_serve.py
+build/asan/specdec: $(SRC) $(wildcard tools/*.c tools/*.h tools/serve/*.c tools/serve/*.h src/*.h src/*/*.h include/*.h)
+	@mkdir -p $(dir $@)
+	@test "$(HAVE_SERVE)" = 1 || { echo "asan-serve needs libmicrohttpd and jansson (apt-get install libmicrohttpd-dev libjansson-dev)"; exit 1; }
+	$(CC) $(ASAN_FLAGS) $(shell pkg-config --cflags $(SERVE_PKGS)) $(SRC) $(wildcard tools/*.c) \
+		$(filter-out tools/serve/serve_missing.c,$(wildcard tools/serve/*.c)) $(SERVE_LIBS) $(LDLIBS) -o $@
 
 # Only the parser and its getters (and the target) are instrumented; what they
 # call from the rest of the library (sd_err, sd_type_get) comes from the library
@@ -71,4 +104,4 @@ build/fuzz_gguf: tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) $(LIB)
 clean:
 	rm -rf build
 
--include $(OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(TLIB_OBJ:.o=.d) $(TESTS:%=%.d)
+-include $(OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(SERVE_OBJ:.o=.d) $(TLIB_OBJ:.o=.d) $(TESTS:%=%.d)

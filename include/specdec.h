@@ -189,6 +189,19 @@ const char *sd_token_text(const sd_tokenizer *t, int32_t id, size_t *len);
 // the template is absent or unknown or the buffer too small.
 int sd_chat_format(const sd_tokenizer *t, const char *system, const char *user,
                    char *out, size_t outsize, char *err, size_t errlen);
+// Formats a whole conversation, messages[0..n) with roles[i] one of
+// "system", "user", "assistant" and contents[i] its text, in the model's chat
+// format (ChatML or Llama 3, as sd_chat_format), each message a turn in
+// order, then the assistant header the reply continues. ChatML templates with
+// a default system message (SmolLM2, Qwen2.5) get it first when messages[0]
+// is not a system message, as their templates do; Llama 3 contents are
+// trimmed as its template does. Tokenize the result with parse_special = 1
+// (and add_bos = 1: BOS is written into the text only when the tokenizer will
+// not add it). Writes a NUL-terminated prompt; returns its length, or <0 with
+// a message: n < 1, an unknown role (named), a missing template, or outsize
+// too small (the message gives the bytes needed). Allocates nothing.
+int sd_chat_format_messages(const sd_tokenizer *t, const char *const *roles, const char *const *contents, int n,
+                            char *out, size_t outsize, char *err, size_t errlen);
 
 // ---------------------------------------------------------------- sampling
 typedef struct sd_sampler_params {

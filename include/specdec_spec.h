@@ -233,6 +233,17 @@ void sd_gen_free(sd_gen *g);
 // prompt, prompt longer than the free context (the message gives both
 // lengths), forward errors.
 int sd_gen_prefill(sd_gen *g, const int32_t *prompt, int n, char *err, size_t errlen);
+// As sd_gen_prefill for a prompt whose first n_cached tokens the session
+// already holds as its committed rows (n_past == n_cached; a server slot
+// that kept the prefix its previous request shares with this one): only
+// prompt[n_cached..n) is evaluated, but the whole prompt becomes the
+// generation's text, so the drafter sees the full context. The caller
+// vouches that the cached rows are those tokens. n_cached = 0 is
+// sd_gen_prefill. Errors: n_cached outside [0, n) (at least one token is
+// evaluated: the first token is sampled from its logits), n_cached > 0 not
+// equal to the session's n_past, the prompt longer than the context.
+// stats.n_prompt_tokens counts the evaluated tokens only.
+int sd_gen_prefill_cached(sd_gen *g, const int32_t *prompt, int n, int n_cached, char *err, size_t errlen);
 // One step (see the top of this file). The first step after prefill emits the
 // token sampled from the prompt's logits without a forward. Returns 0 with
 // *st filled (st->finish says whether the generation ended), or <0 with a

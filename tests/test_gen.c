@@ -118,6 +118,64 @@ out:
     sd_session_free(s);
 }
 
+// sd_gen_prefill_cached: a prompt whose prefix the session already holds
+// (a server slot's prefix reuse) gives the same tokens as a fresh prefill,
+// the drafter sees the whole prompt, and the misuses fail with messages.
+static void test_prefill_cached(void) {
+    if (!need_model()) SKIP("synthetic model: %.200s", g_err);
+    sd_session *s = sc_new_session(g_tgt, 256, 1, g_err, sizeof g_err);
+    sd_sampler *smp = sc_new_sampler(320, 0.0f, 1.0f, g_err, sizeof g_err);
+    sd_drafter *d = make_drafter("ngram:3-8");
+    CHECK(s && smp && d, "setup: %s", g_err);
+    if (!s || !smp || !d) goto out;
+    static sc_tokens fresh, reused;
+    int32_t prompt[40];
+    make_prompt(prompt, 40, 77);
+    CHECK(run_steps(s, smp, d, prompt, 40, 30, &fresh, 0, NULL) == 0, "fresh: %s", g_err);
+    for (int keep = 1; keep < 40; keep += 13) {
+        sd_gen *g = NULL;
+        sd_gen_params gp = sd_gen_default_params();
+        gp.n_predict = 30;
+        // the session holds a different text after prompt[0..keep): truncate to the prefix
+        int rc = sd_session_truncate(s, keep, g_err, sizeof g_err);
+        if (rc == 0) rc = sd_gen_new(&g, s, smp, d, &gp, g_err, sizeof g_err);
+        if (rc == 0) rc = sd_gen_prefill_cached(g, prompt, 40, keep, g_err, sizeof g_err);
+        reused.n = 0;
+        while (rc == 0 && sd_gen_finished(g) == SD_FINISH_NONE) {
+            sd_step st;
+            rc = sd_gen_step(g, &st, g_err, sizeof g_err);
+            for (int k = 0; rc == 0 && k < st.n_tokens && reused.n < (int)SC_MAXTOK; k++)
+                reused.tok[reused.n++] = st.tokens[k];
+        }
+        CHECK(rc == 0, "keep %d: %s", keep, g_err);
+        CHECK(sc_same_tokens(&fresh, &reused), "keep %d: output differs from a fresh prefill", keep);
+        int n_text = 0;
+        const int32_t *text = g ? sd_gen_tokens(g, &n_text) : NULL;
+        CHECK(text && n_text == 40 + reused.n && !memcmp(text, prompt, sizeof prompt), "keep %d: text has %d tokens",
+              keep, n_text);
+        CHECK(g && sd_gen_get_stats(g)->n_prompt_tokens == 40 - keep, "keep %d: evaluated %d prompt tokens", keep,
+              g ? sd_gen_get_stats(g)->n_prompt_tokens : -1);
+        sd_gen_free(g);
+    }
+    // Misuse: nothing left to evaluate, and a cached count the session does not hold.
+    sd_gen *g = NULL;
+    sd_gen_params gp = sd_gen_default_params();
+    CHECK(sd_session_truncate(s, 10, g_err, sizeof g_err) == 0 && sd_gen_new(&g, s, smp, d, &gp, g_err, sizeof g_err) == 0,
+          "setup: %s", g_err);
+    if (g) {
+        g_err[0] = 0;
+        CHECK(sd_gen_prefill_cached(g, prompt, 10, 10, g_err, sizeof g_err) < 0 && g_err[0], "all cached accepted");
+        g_err[0] = 0;
+        CHECK(sd_gen_prefill_cached(g, prompt, 20, 5, g_err, sizeof g_err) < 0 && strstr(g_err, "holds"),
+              "wrong cached count accepted: %s", g_err);
+        sd_gen_free(g);
+    }
+out:
+    sd_drafter_free(d);
+    sd_sampler_free(smp);
+    sd_session_free(s);
+}
+
 // Cutting a step after k tokens leaves text and cache as plain decoding
 // stopped after the same token, and a stop request ends with no token.
 static void test_cut_and_stop(void) {
@@ -429,6 +487,7 @@ static void test_method_strings(void) {
 
 int main(void) {
     T_RUN(test_steps_equal_plain);
+    T_RUN(test_prefill_cached);
     T_RUN(test_cut_and_stop);
     T_RUN(test_interleaved);
     T_RUN(test_hidden_rows_to_drafter);

@@ -309,6 +309,41 @@ static void test_smollm_chat(void) {
     CHECK(m > 6 && ids[0] == 1 && ids[m - 1] == 198 && ids[m - 2] == 9531, "chat ids (first %d, last %d)", ids[0], ids[m - 1]);
 }
 
+// sd_chat_format_messages: a whole conversation in ChatML, the default system
+// message only when the first message is not a system one, the one-message
+// case equal to sd_chat_format, and the errors.
+static void test_smollm_chat_messages(void) {
+    char why[256];
+    sd_tokenizer *t = get_smollm(why, sizeof why);
+    if (!t) SKIP("%s", why);
+    char out[1024], one[1024], err[256];
+    const char *roles[] = {"system", "user", "assistant", "user"};
+    const char *contents[] = {"Be brief.", "Hi", "Hello!", "What is 2+2?"};
+    int n = sd_chat_format_messages(t, roles, contents, 4, out, sizeof out, err, sizeof err);
+    const char *want = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+                       "<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
+                       "<|im_start|>assistant\n";
+    CHECK(n == (int)strlen(want) && strcmp(out, want) == 0, "conversation: n=%d '%s' (%s)", n, out, n < 0 ? err : "");
+    // No system message: the template's default comes first, as with sd_chat_format(NULL).
+    n = sd_chat_format_messages(t, roles + 1, contents + 1, 1, out, sizeof out, err, sizeof err);
+    int m = sd_chat_format(t, NULL, "Hi", one, sizeof one, err, sizeof err);
+    CHECK(n > 0 && n == m && strcmp(out, one) == 0, "one user message = sd_chat_format: '%s'", out);
+    n = sd_chat_format_messages(t, roles, contents, 2, out, sizeof out, err, sizeof err);
+    m = sd_chat_format(t, "Be brief.", "Hi", one, sizeof one, err, sizeof err);
+    CHECK(n > 0 && n == m && strcmp(out, one) == 0, "system + user = sd_chat_format: '%s'", out);
+    // Errors: unknown role (named), no messages, small buffer.
+    const char *bad[] = {"user", "robot"};
+    err[0] = 0;
+    n = sd_chat_format_messages(t, bad, contents, 2, out, sizeof out, err, sizeof err);
+    CHECK(n < 0 && strstr(err, "robot"), "unknown role: n=%d '%s'", n, err);
+    err[0] = 0;
+    n = sd_chat_format_messages(t, roles, contents, 0, out, sizeof out, err, sizeof err);
+    CHECK(n < 0 && err[0], "no messages: n=%d", n);
+    err[0] = 0;
+    n = sd_chat_format_messages(t, roles, contents, 4, out, 20, err, sizeof err);
+    CHECK(n < 0 && strstr(err, "bytes"), "small buffer: n=%d '%s'", n, err);
+}
+
 static void test_smollm_speed(void) {
     char why[256];
     sd_tokenizer *t = get_smollm(why, sizeof why);
@@ -508,6 +543,15 @@ static void test_tiny_bpe_and_templates(void) {
         char full[512];
         snprintf(full, sizeof full, "%s%s", add_bos ? "" : "<|begin_of_text|>", want);
         CHECK(n == (int)strlen(full) && strcmp(out, full) == 0, "llama3 add_bos=%d: '%s'", add_bos, out);
+        const char *r3[] = {"system", "user", "assistant", "user"}, *c3[] = {" sys ", "a", "b ", "c"};
+        n = sd_chat_format_messages(t, r3, c3, 4, out, sizeof out, err, sizeof err);
+        snprintf(full, sizeof full, "%s%s", add_bos ? "" : "<|begin_of_text|>",
+                 "<|start_header_id|>system<|end_header_id|>\n\nsys<|eot_id|>"
+                 "<|start_header_id|>user<|end_header_id|>\n\na<|eot_id|>"
+                 "<|start_header_id|>assistant<|end_header_id|>\n\nb<|eot_id|>"
+                 "<|start_header_id|>user<|end_header_id|>\n\nc<|eot_id|>"
+                 "<|start_header_id|>assistant<|end_header_id|>\n\n");
+        CHECK(n == (int)strlen(full) && strcmp(out, full) == 0, "llama3 messages add_bos=%d: '%s'", add_bos, out);
         int32_t ids[64];
         int m = sd_tokenize(t, out, (size_t)n, 1, 1, ids, 64);
         int nbos = 0;
@@ -565,6 +609,7 @@ int main(void) {
     T_RUN(test_smollm_encode);
     T_RUN(test_smollm_special);
     T_RUN(test_smollm_chat);
+    T_RUN(test_smollm_chat_messages);
     T_RUN(test_smollm_speed);
     T_RUN(test_spm_tok512);
     T_RUN(test_tiny_bpe_and_templates);

@@ -41,5 +41,8 @@ int cmd_generate(int argc, char **argv);
 int cmd_convert_llama2c(int argc, char **argv);
 int cmd_bench_forward(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+// specdec serve (tools/serve/); without libmicrohttpd and jansson at build
+// time it only says how to install them.
+int cmd_serve(int argc, char **argv);
 
 #endif

@@ -100,29 +100,39 @@ static void sb_trimmed(strbuf *b, const char *s) {
     sb_add(b, s + i, k - i);
 }
 
-// Contract in specdec.h. system == NULL means the template's default: for
-// ChatML the default system message found in the template (none if it has
-// none); Llama 3 templates get no system turn. system == "" means no system
-// turn at all. Llama 3 contents are trimmed as its template does, and
-// "<|begin_of_text|>" is written only when sd_tokenize will not add BOS
-// itself (add_bos_token false), so the tokenized prompt has exactly one BOS.
-// Callers tokenize the result with parse_special = 1.
-int sd_chat_format(const sd_tokenizer *t, const char *system, const char *user, char *out, size_t outsize,
-                   char *err, size_t errlen) {
-    if (!t || !user || !out || !outsize) return sd_err(err, errlen, "sd_chat_format: missing argument");
+// Writes the turns of messages[0..n) in t's chat format, then the assistant
+// header. default_system: for ChatML, write the template's default system
+// message first when messages[0] is not a system message (what SmolLM2's and
+// Qwen2.5's templates do); Llama 3 templates get no default. Llama 3 contents
+// are trimmed as its template does, and "<|begin_of_text|>" is written only
+// when sd_tokenize will not add BOS itself (add_bos_token false), so the
+// tokenized prompt has exactly one BOS.
+static int chat_write(const sd_tokenizer *t, const char *const *roles, const char *const *contents, int n,
+                      int default_system, char *out, size_t outsize, char *err, size_t errlen) {
     if (t->chat == CHAT_NONE) return sd_err(err, errlen, "the model has no chat template (tokenizer.chat_template)");
     if (t->chat < 0) return sd_err(err, errlen, "the model's chat template is not recognised (supported: ChatML, Llama 3)");
+    for (int i = 0; i < n; i++) {
+        if (!roles[i] || !contents[i]) return sd_err(err, errlen, "message %d: missing role or content", i);
+        if (strcmp(roles[i], "system") && strcmp(roles[i], "user") && strcmp(roles[i], "assistant"))
+            return sd_err(err, errlen, "message %d: unknown role '%.32s' (expected system, user or assistant)", i,
+                          roles[i]);
+    }
     strbuf b = {out, outsize, 0};
+    int first_is_system = n > 0 && !strcmp(roles[0], "system");
     if (t->chat == CHAT_CHATML) {
-        const char *sys = system ? system : t->default_system;
-        if (sys && *sys) {
+        if (default_system && !first_is_system && t->default_system && *t->default_system) {
             sb_str(&b, "<|im_start|>system\n");
-            sb_str(&b, sys);
+            sb_str(&b, t->default_system);
             sb_str(&b, "<|im_end|>\n");
         }
-        sb_str(&b, "<|im_start|>user\n");
-        sb_str(&b, user);
-        sb_str(&b, "<|im_end|>\n<|im_start|>assistant\n");
+        for (int i = 0; i < n; i++) {
+            sb_str(&b, "<|im_start|>");
+            sb_str(&b, roles[i]);
+            sb_str(&b, "\n");
+            sb_str(&b, contents[i]);
+            sb_str(&b, "<|im_end|>\n");
+        }
+        sb_str(&b, "<|im_start|>assistant\n");
     } else {
         // The template begins with bos_token; it is written here only when
         // sd_tokenize will not add BOS itself, so the prompt never has two.
@@ -130,14 +140,14 @@ int sd_chat_format(const sd_tokenizer *t, const char *system, const char *user, 
             if (t->bos >= 0) sb_add(&b, t->pool + t->off[t->bos], t->len[t->bos]);
             else sb_str(&b, "<|begin_of_text|>");
         }
-        if (system && *system) {
-            sb_str(&b, "<|start_header_id|>system<|end_header_id|>\n\n");
-            sb_trimmed(&b, system);
+        for (int i = 0; i < n; i++) {
+            sb_str(&b, "<|start_header_id|>");
+            sb_str(&b, roles[i]);
+            sb_str(&b, "<|end_header_id|>\n\n");
+            sb_trimmed(&b, contents[i]);
             sb_str(&b, "<|eot_id|>");
         }
-        sb_str(&b, "<|start_header_id|>user<|end_header_id|>\n\n");
-        sb_trimmed(&b, user);
-        sb_str(&b, "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+        sb_str(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
     }
     if (b.n + 1 > outsize) {
         out[0] = 0;
@@ -146,4 +156,25 @@ int sd_chat_format(const sd_tokenizer *t, const char *system, const char *user, 
     out[b.n] = 0;
     if (b.n > (size_t)0x7fffffff) return sd_err(err, errlen, "chat prompt too long");
     return (int)b.n;
+}
+
+// Contract in specdec.h. system == NULL means the template's default: for
+// ChatML the default system message found in the template (none if it has
+// none); Llama 3 templates get no system turn. system == "" means no system
+// turn at all. Callers tokenize the result with parse_special = 1.
+int sd_chat_format(const sd_tokenizer *t, const char *system, const char *user, char *out, size_t outsize,
+                   char *err, size_t errlen) {
+    if (!t || !user || !out || !outsize) return sd_err(err, errlen, "sd_chat_format: missing argument");
+    const char *roles[2] = {"system", "user"}, *contents[2] = {system, user};
+    if (system && *system) return chat_write(t, roles, contents, 2, 0, out, outsize, err, errlen);
+    return chat_write(t, roles + 1, contents + 1, 1, system == NULL, out, outsize, err, errlen);
+}
+
+// Contract in specdec.h.
+int sd_chat_format_messages(const sd_tokenizer *t, const char *const *roles, const char *const *contents, int n,
+                            char *out, size_t outsize, char *err, size_t errlen) {
+    if (!t || !out || !outsize || n < 0 || (n > 0 && (!roles || !contents)))
+        return sd_err(err, errlen, "sd_chat_format_messages: missing argument");
+    if (n == 0) return sd_err(err, errlen, "a chat needs at least one message");
+    return chat_write(t, roles, contents, n, 1, out, outsize, err, errlen);
 }

@@ -183,16 +183,25 @@ int sd_gen_new(sd_gen **out, sd_session *s, sd_sampler *smp, sd_drafter *d, cons
     return 0;
 }
 
-int sd_gen_prefill(sd_gen *g, const int32_t *prompt, int n, char *err, size_t errlen) {
+// Contract in specdec_spec.h. prompt[0..n_cached) are taken to be the
+// session's committed rows (the caller vouches for them: a server slot that
+// kept a prompt prefix); they join the generation's text, which the drafter
+// sees, without being evaluated again.
+int sd_gen_prefill_cached(sd_gen *g, const int32_t *prompt, int n, int n_cached, char *err, size_t errlen) {
     if (g->prefilled) return sd_err(err, errlen, "generation: the prompt was already given");
     if (!prompt || n <= 0) return sd_err(err, errlen, "generation: the prompt is empty");
     const int n_past0 = sd_session_n_past(g->s);
-    if (n_past0 + n > g->n_ctx)
-        return sd_err(err, errlen, "prompt has %d tokens but the context is %d%s", n, g->n_ctx,
-                      n_past0 ? " (including the tokens already in the cache)" : "");
+    if (n_cached < 0 || n_cached >= n)
+        return sd_err(err, errlen, "generation: %d cached tokens of a %d-token prompt (at least one must be evaluated)",
+                      n_cached, n);
+    if (n_cached > 0 && n_cached != n_past0)
+        return sd_err(err, errlen, "generation: %d cached prompt tokens but the session holds %d", n_cached, n_past0);
+    if (n_past0 - n_cached + n > g->n_ctx)
+        return sd_err(err, errlen, "prompt has %d tokens but the context is %d%s", n + n_past0 - n_cached, g->n_ctx,
+                      n_past0 > n_cached ? " (including the tokens already in the cache)" : "");
     double t0 = sd_time_ms();
     char ferr[256];
-    for (int i = 0; i < n; i += g->n_batch) {
+    for (int i = n_cached; i < n; i += g->n_batch) {
         int nb = SD_MIN(g->n_batch, n - i);
         memset(g->want, 0, (size_t)nb);
         if (i + nb == n) g->want[nb - 1] = 1;
@@ -206,9 +215,13 @@ int sd_gen_prefill(sd_gen *g, const int32_t *prompt, int n, char *err, size_t er
     g->prefilled = 1;
     g->first_pending = 1;
     g->t_prefill_end = sd_time_ms();
-    g->st.n_prompt_tokens = n;
+    g->st.n_prompt_tokens = n - n_cached;
     g->st.prompt_ms = g->t_prefill_end - t0;
     return 0;
+}
+
+int sd_gen_prefill(sd_gen *g, const int32_t *prompt, int n, char *err, size_t errlen) {
+    return sd_gen_prefill_cached(g, prompt, n, 0, err, errlen);
 }
 
 // Appends emitted token t, which the plain loop would emit holding

@@ -1,0 +1,430 @@
+#!/usr/bin/env python3
+"""test_serve.py - specdec serve end to end: the official OpenAI client
+(streaming and not), greedy output equal to `specdec generate`, concurrent
+clients equal to sequential ones, prefix reuse, stop strings, every bad input
+(401, 400, 404, 405, 413, 503), a client that disconnects mid-stream, /metrics,
+/tokenize round trips, and a clean exit on SIGTERM.
+
+Prints PASS/FAIL/SKIP lines like the C tests (scripts/run-tests.sh counts
+them). Needs the default model, build/specdec built with the server, and the
+`openai` package; otherwise every case is skipped with the reason.
+SPECDEC_BIN picks another binary (make asan-serve runs the AddressSanitizer
+build), SPECDEC_MODEL another model.
+"""
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.environ.get("SPECDEC_BIN", os.path.join(ROOT, "build", "specdec"))
+MODEL = os.environ.get("SPECDEC_MODEL", os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
+N_TOK = 24  # tokens per generation: short, the machine may be shared
+
+CASES = ["openai_chat", "openai_chat_stream", "openai_completion", "greedy_equals_generate_chat",
+         "greedy_equals_generate_completion", "concurrent_equals_sequential", "prefix_reuse", "stop_strings",
+         "sampling_seed", "bad_json_400", "wrong_type_400", "unknown_model_400", "prompt_too_long_400",
+         "body_too_large_413", "unknown_endpoint_404", "api_key_401", "queue_full_503",
+         "disconnect_frees_slot", "metrics", "tokenize_roundtrip", "sigterm_mid_stream", "shutdown_clean"]
+
+failures = 0
+
+
+def report(name, ok, why=""):
+    global failures
+    if ok:
+        print(f"PASS {name}", flush=True)
+    else:
+        failures += 1
+        print(f"FAIL {name}: {why}", flush=True)
+
+
+def skip_all(why):
+    for c in CASES:
+        print(f"SKIP {c}: {why}")
+    sys.exit(0)
+
+
+class Server:
+    """A specdec serve process on a free port (--port 0, read from stderr)."""
+
+    def __init__(self, *args):
+        cmd = [BIN, "serve", "-m", MODEL, "--port", "0"] + list(args)
+        self.p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.log = []
+        self.port = None
+        ready = threading.Event()
+
+        def drain():
+            for line in self.p.stderr:
+                self.log.append(line.rstrip("\n"))
+                m = re.search(r"listening on http://[^:]+:(\d+)", line)
+                if m:
+                    self.port = int(m.group(1))
+                    ready.set()
+            ready.set()
+
+        self.t = threading.Thread(target=drain, daemon=True)
+        self.t.start()
+        ready.wait(120)
+        if not self.port:
+            self.p.kill()
+            raise RuntimeError("server did not start: " + " | ".join(self.log[-5:]))
+
+    def request(self, method, path, body=None, headers=None, timeout=300):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        h = {"Content-Type": "application/json"}
+        h.update(headers or {})
+        if isinstance(body, (dict, list)):
+            body = json.dumps(body)
+        c.request(method, path, body=body, headers=h)
+        r = c.getresponse()
+        data = r.read()
+        c.close()
+        try:
+            return r.status, json.loads(data)
+        except ValueError:
+            return r.status, data.decode("utf-8", "replace")
+
+    def metric(self, name, headers=None):
+        _, text = self.request("GET", "/metrics", headers=headers)
+        m = re.search(r"^" + re.escape(name) + r" ([0-9.]+)$", text, re.M)
+        return float(m.group(1)) if m else None
+
+    def stop(self):
+        """SIGTERM; returns the exit status (None if it had to be killed)."""
+        self.p.send_signal(signal.SIGTERM)
+        try:
+            return self.p.wait(60)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
+            return None
+
+
+def generate(prompt, chat, method_args):
+    cmd = [BIN, "generate", "-m", MODEL, "-p", prompt, "--temp", "0", "-n", str(N_TOK)] + method_args
+    if chat:
+        cmd.append("--chat")
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=300)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr.decode())
+    text = out.stdout.decode()
+    return text[:-1] if text.endswith("\n") else text
+
+
+def sse_open(port, path, body, headers=None):
+    """Sends a streaming request on a raw socket; returns the socket."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=300)
+    data = json.dumps(body).encode()
+    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+    for k, v in (headers or {}).items():
+        head += f"{k}: {v}\r\n"
+    s.sendall(head.encode() + b"\r\n" + data)
+    return s
+
+
+def read_until(s, marker, limit=10 << 20):
+    buf = b""
+    while marker not in buf and len(buf) < limit:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+    return buf
+
+
+def chat_body(q, **kw):
+    b = {"messages": [{"role": "user", "content": q}], "temperature": 0, "max_tokens": N_TOK}
+    b.update(kw)
+    return b
+
+
+def run_main_server(client_mod):
+    srv = Server("--parallel", "3")
+    try:
+        main_cases(srv, client_mod)
+    finally:
+        rc = srv.stop()
+        report("shutdown_clean", rc == 0, f"exit status {rc}; log: {' | '.join(srv.log[-8:])}")
+
+
+def main_cases(srv, openai):
+    base = f"http://127.0.0.1:{srv.port}/v1"
+    client = openai.OpenAI(base_url=base, api_key="none", timeout=300, max_retries=0)
+    model_id = client.models.list().data[0].id
+    q = "What is the capital of France?"
+
+    # the official client, not streaming and streaming
+    try:
+        r = client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": q}], temperature=0,
+                                           max_tokens=N_TOK)
+        text = r.choices[0].message.content
+        spec = (r.usage.model_extra or {}).get("speculation", {})
+        report("openai_chat", bool(text) and r.usage.prompt_tokens > 0 and r.usage.completion_tokens > 0 and
+               "tau" in spec and "drafted" in spec and "accepted" in spec, f"text={text!r} usage={r.usage}")
+    except Exception as e:  # noqa: BLE001
+        text = None
+        report("openai_chat", False, repr(e))
+    try:
+        parts, usage, finish = [], None, None
+        for ch in client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": q}],
+                                                 temperature=0, max_tokens=N_TOK, stream=True,
+                                                 stream_options={"include_usage": True}):
+            if ch.choices:
+                parts.append(ch.choices[0].delta.content or "")
+                finish = ch.choices[0].finish_reason or finish
+            if ch.usage:
+                usage = ch.usage
+        streamed = "".join(parts)
+        report("openai_chat_stream", streamed == text and usage is not None and finish in ("stop", "length"),
+               f"streamed={streamed!r} vs {text!r}, usage={usage}, finish={finish}")
+    except Exception as e:  # noqa: BLE001
+        report("openai_chat_stream", False, repr(e))
+    p = "The cat sat on the"
+    try:
+        r = client.completions.create(model=model_id, prompt=p, temperature=0, max_tokens=N_TOK)
+        ctext = r.choices[0].text
+        parts = [ch.choices[0].text for ch in client.completions.create(
+            model=model_id, prompt=p, temperature=0, max_tokens=N_TOK, stream=True) if ch.choices]
+        report("openai_completion", bool(ctext) and "".join(parts) == ctext, f"{ctext!r} vs {''.join(parts)!r}")
+    except Exception as e:  # noqa: BLE001
+        ctext = None
+        report("openai_completion", False, repr(e))
+
+    # greedy output equals specdec generate's, with and without speculation
+    try:
+        bad = []
+        for spec, args in (("ngram:3-8", ["--draft-ngram", "3,8"]), ("off", [])):
+            want = generate(q, True, args)
+            st, got = srv.request("POST", "/v1/chat/completions", chat_body(q, speculation=spec))
+            got = got["choices"][0]["message"]["content"] if st == 200 else got
+            if got != want:
+                bad.append(f"{spec}: server {got!r} vs generate {want!r}")
+        report("greedy_equals_generate_chat", not bad, "; ".join(bad))
+    except Exception as e:  # noqa: BLE001
+        report("greedy_equals_generate_chat", False, repr(e))
+    try:
+        bad = []
+        for spec, args in (("ngram:3-8", ["--draft-ngram", "3,8"]), ("off", [])):
+            want = generate(p, False, args)
+            st, got = srv.request("POST", "/v1/completions", {"prompt": p, "temperature": 0, "max_tokens": N_TOK,
+                                                             "speculation": spec})
+            got = got["choices"][0]["text"] if st == 200 else got
+            if got != want:
+                bad.append(f"{spec}: server {got!r} vs generate {want!r}")
+        report("greedy_equals_generate_completion", not bad, "; ".join(bad))
+    except Exception as e:  # noqa: BLE001
+        report("greedy_equals_generate_completion", False, repr(e))
+
+    # three clients at once get the texts they get one by one
+    qs = ["Name three colors.", "What is 2+2?", "Write a haiku about the sea."]
+    try:
+        seq = []
+        for x in qs:
+            st, r = srv.request("POST", "/v1/chat/completions", chat_body(x))
+            seq.append(r["choices"][0]["message"]["content"] if st == 200 else f"HTTP {st} {r}")
+        conc = [None] * 3
+
+        def one(i):
+            st, r = srv.request("POST", "/v1/chat/completions", chat_body(qs[i]))
+            conc[i] = r["choices"][0]["message"]["content"] if st == 200 else f"HTTP {st} {r}"
+
+        ts = [threading.Thread(target=one, args=(i,)) for i in range(3)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        report("concurrent_equals_sequential", seq == conc and all(seq), f"sequential {seq} vs concurrent {conc}")
+    except Exception as e:  # noqa: BLE001
+        report("concurrent_equals_sequential", False, repr(e))
+
+    # the same prompt again: all but one prompt token come from a slot's cache, same text
+    try:
+        body = chat_body("Tell me about the moon.")
+        _, a = srv.request("POST", "/v1/chat/completions", body)
+        _, b = srv.request("POST", "/v1/chat/completions", body)
+        ua, ub = a["usage"], b["usage"]
+        report("prefix_reuse", a["choices"][0]["message"] == b["choices"][0]["message"] and
+               ub["prompt_tokens_details"]["cached_tokens"] == ub["prompt_tokens"] - 1,
+               f"first {a['choices'][0]} {ua}, second {b['choices'][0]} {ub}")
+    except Exception as e:  # noqa: BLE001
+        report("prefix_reuse", False, repr(e))
+
+    # stop strings: the text ends before the first match, finish_reason stop, stream and not
+    try:
+        full = text or ""
+        words = [w for w in re.findall(r"\w+", full) if len(w) >= 4]
+        bad = []
+        if len(words) < 2:
+            bad.append(f"greedy answer {full!r} has too few words for the test")
+        else:
+            stop = words[1]
+            want = full[:full.index(stop)]
+            st, r = srv.request("POST", "/v1/chat/completions", chat_body(q, stop=[stop, "zzzz-never"]))
+            got = r["choices"][0]["message"]["content"] if st == 200 else r
+            if got != want or r["choices"][0]["finish_reason"] != "stop":
+                bad.append(f"stop {stop!r}: {got!r} vs {want!r}")
+            parts = [ch.choices[0].delta.content or "" for ch in client.chat.completions.create(
+                model=model_id, messages=[{"role": "user", "content": q}], temperature=0, max_tokens=N_TOK,
+                stop=stop, stream=True) if ch.choices]
+            if "".join(parts) != want:
+                bad.append(f"streamed stop {stop!r}: {''.join(parts)!r} vs {want!r}")
+        report("stop_strings", not bad, "; ".join(bad))
+    except Exception as e:  # noqa: BLE001
+        report("stop_strings", False, repr(e))
+
+    # sampling: the same seed gives the same text (with speculation), another seed is allowed to differ
+    try:
+        body = chat_body("Write a story about a dog.", temperature=0.9, seed=42, top_k=40, top_p=0.95, min_p=0.05)
+        _, a = srv.request("POST", "/v1/chat/completions", body)
+        _, b = srv.request("POST", "/v1/chat/completions", body)
+        ta, tb = a["choices"][0]["message"]["content"], b["choices"][0]["message"]["content"]
+        report("sampling_seed", ta == tb and len(ta) > 0, f"{ta!r} vs {tb!r}")
+    except Exception as e:  # noqa: BLE001
+        report("sampling_seed", False, repr(e))
+
+    # bad inputs
+    def expect(name, status, method, path, body, needle, headers=None):
+        try:
+            st, r = srv.request(method, path, body, headers)
+            msg = r.get("error", {}).get("message", "") if isinstance(r, dict) else ""
+            ok = st == status and isinstance(r, dict) and "type" in r.get("error", {}) and needle in msg
+            return ok, f"HTTP {st} {r}"
+        except Exception as e:  # noqa: BLE001
+            return False, repr(e)
+
+    ok, why = expect("bad_json", 400, "POST", "/v1/chat/completions", '{"messages": [', "invalid JSON")
+    report("bad_json_400", ok, why)
+    checks = [expect("", 400, "POST", "/v1/chat/completions", {"messages": "hi"}, "'messages'"),
+              expect("", 400, "POST", "/v1/chat/completions", chat_body(q, temperature="hot"), "'temperature'"),
+              expect("", 400, "POST", "/v1/chat/completions", chat_body(q, max_tokens=2.5), "'max_tokens'"),
+              expect("", 400, "POST", "/v1/completions", {"prompt": 5}, "'prompt'"),
+              expect("", 400, "POST", "/v1/chat/completions", chat_body(q, stop=[1]), "'stop[0]'"),
+              expect("", 400, "POST", "/v1/chat/completions", chat_body(q, speculation="chain:x"), "speculation"),
+              expect("", 400, "POST", "/v1/chat/completions", chat_body(q, speculation="chain:4"), "draft model"),
+              expect("", 400, "POST", "/v1/chat/completions",
+                     {"messages": [{"role": "robot", "content": "hi"}]}, "robot"),
+              expect("", 400, "POST", "/v1/chat/completions", [1, 2], "JSON object"),
+              expect("", 400, "POST", "/detokenize", {"tokens": [10 ** 9]}, "tokens[0]")]
+    report("wrong_type_400", all(c[0] for c in checks), "; ".join(c[1] for c in checks if not c[0]))
+    ok, why = expect("", 400, "POST", "/v1/chat/completions", chat_body(q, model="gpt-4"), "gpt-4")
+    report("unknown_model_400", ok, why)
+    ok, why = expect("", 400, "POST", "/v1/completions", {"prompt": "word " * 3000, "max_tokens": 4}, "context")
+    report("prompt_too_long_400", ok, why)
+    ok, why = expect("", 413, "POST", "/v1/completions", '{"prompt": "' + "a" * (1 << 20) + '"}', "larger")
+    report("body_too_large_413", ok, why)
+    ok1, why1 = expect("", 404, "GET", "/v2/nothing", None, "endpoint")
+    ok2, why2 = expect("", 405, "GET", "/v1/chat/completions", None, "POST")
+    report("unknown_endpoint_404", ok1 and ok2, why1 + " / " + why2)
+
+    # /metrics: every family, counts that moved
+    try:
+        _, m = srv.request("GET", "/metrics")
+        names = ["specdec_requests_total", "specdec_prompt_tokens_total", "specdec_generated_tokens_total",
+                 "specdec_slots_busy", "specdec_queue_length", "specdec_draft_tokens_total",
+                 "specdec_draft_accepted_total", "specdec_tau", "specdec_prompt_tokens_cached_total"]
+        missing = [n for n in names if n not in m]
+        gen = srv.metric("specdec_generated_tokens_total")
+        report("metrics", not missing and gen and gen > 0 and srv.metric("specdec_tau") >= 1.0,
+               f"missing {missing}, generated {gen}")
+    except Exception as e:  # noqa: BLE001
+        report("metrics", False, repr(e))
+
+    # /tokenize -> /detokenize round trip (special tokens included)
+    try:
+        s = "Hello <|im_start|>user\nwörld 123!"
+        st1, t = srv.request("POST", "/tokenize", {"content": s})
+        st2, d = srv.request("POST", "/detokenize", {"tokens": t["tokens"]})
+        report("tokenize_roundtrip", st1 == 200 and st2 == 200 and d["content"] == s and 1 in t["tokens"],
+               f"{t} -> {d}")
+    except Exception as e:  # noqa: BLE001
+        report("tokenize_roundtrip", False, repr(e))
+
+
+def limits_server():
+    """--parallel 1 --queue 1 --api-key: 401, 503, disconnect, SIGTERM mid-stream."""
+    key = {"Authorization": "Bearer sekrit"}
+    srv = Server("--parallel", "1", "--queue", "1", "--api-key", "sekrit", "--ctx", "512")
+    try:
+        st1, r1 = srv.request("POST", "/v1/chat/completions", chat_body("hi"))
+        st2, r2 = srv.request("POST", "/v1/chat/completions", chat_body("hi"), {"Authorization": "Bearer wrong"})
+        st3, _ = srv.request("GET", "/health")
+        st4, _ = srv.request("GET", "/v1/models", None, key)
+        report("api_key_401", st1 == 401 and st2 == 401 and st3 == 200 and st4 == 200 and
+               r1["error"]["type"] == "authentication_error", f"{st1} {r1} / {st2} / health {st3} / models {st4}")
+
+        # A streams for long (speculation off, counting), B waits in the queue, C is refused.
+        long_body = {"prompt": "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,", "max_tokens": 1000, "temperature": 0,
+                     "speculation": "off", "stream": True}
+        a = sse_open(srv.port, "/v1/completions", long_body, key)
+        first = read_until(a, b"data: ")
+        b_res = {}
+
+        def run_b():
+            b_res["r"] = srv.request("POST", "/v1/completions", {"prompt": "Hello", "max_tokens": 4,
+                                                                "temperature": 0}, key)
+            b_res["t"] = time.time()
+
+        tb = threading.Thread(target=run_b)
+        tb.start()
+        deadline = time.time() + 60
+        while time.time() < deadline and srv.metric("specdec_queue_length", key) != 1:
+            time.sleep(0.05)
+        st, r = srv.request("POST", "/v1/completions", {"prompt": "Hello", "max_tokens": 4}, key)
+        report("queue_full_503", b"data: " in first and st == 503 and "busy" in r["error"]["message"],
+               f"HTTP {st} {r}")
+
+        # A goes away mid-stream: its slot is freed at once, B then runs.
+        t_close = time.time()
+        a.close()
+        tb.join(120)
+        gen_before = srv.metric("specdec_generated_tokens_total", key)
+        ok_b = "r" in b_res and b_res["r"][0] == 200
+        waited = b_res.get("t", 1e9) - t_close
+        errors = srv.metric('specdec_requests_total{result="error"}', key)
+        _, mt = srv.request("GET", "/metrics", None, key)
+        m = re.search(r'specdec_requests_total\{result="error"\} (\d+)', mt)
+        errors = int(m.group(1)) if m else 0
+        report("disconnect_frees_slot", ok_b and waited < 30 and errors >= 1 and gen_before < 1000,
+               f"B {b_res.get('r')}, waited {waited:.1f}s, cancelled {errors}, generated {gen_before}")
+
+        # SIGTERM with a stream in flight: the stream ends cleanly ([DONE]), the server exits 0.
+        c = sse_open(srv.port, "/v1/completions", long_body, key)
+        read_until(c, b"data: ")
+        srv.p.send_signal(signal.SIGTERM)
+        rest = read_until(c, b"data: [DONE]")
+        c.close()
+        rc = srv.p.wait(60)
+        report("sigterm_mid_stream", b"data: [DONE]" in rest and rc == 0,
+               f"exit {rc}, tail {rest[-200:]!r}; log: {' | '.join(srv.log[-6:])}")
+    except Exception as e:  # noqa: BLE001
+        report("limits_server", False, repr(e))
+        srv.stop()
+
+
+def main():
+    if not os.path.exists(MODEL):
+        skip_all(f"model {MODEL} not found (scripts/fetch-models.sh)")
+    if not os.access(BIN, os.X_OK):
+        skip_all(f"{BIN} not built")
+    h = subprocess.run([BIN, "serve", "--help"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if h.returncode != 0:
+        skip_all("specdec was built without the server: " + h.stderr.decode().strip())
+    try:
+        import openai
+    except ImportError:
+        skip_all("the openai package is not installed (python3 -m pip install openai)")
+    run_main_server(openai)
+    limits_server()
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()

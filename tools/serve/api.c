@@ -1,0 +1,473 @@
+// api.c - the OpenAI-compatible JSON of specdec serve: request bodies read
+// into an sv_req (with a 400 message naming the field at fault), response
+// bodies, stream chunks, errors, and the small endpoints (/v1/models,
+// /tokenize, /detokenize, /metrics). Runs in connection threads; touches no
+// slot.
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli_common.h"
+#include "serve/api.h"
+
+// ---------------------------------------------------------------- errors
+
+const char *sv_error_type(int status) {
+    switch (status) {
+    case 401: return "authentication_error";
+    case 404: return "not_found_error";
+    case 503: return "server_busy";
+    case 500: return "server_error";
+    default: return "invalid_request_error";
+    }
+}
+
+char *sv_error_json(int status, const char *code, const char *message) {
+    size_t n;
+    char *msg = sv_utf8_clean(message, strlen(message), &n);
+    json_t *o = json_pack("{s:{s:s, s:s, s:s?}}", "error", "message", msg ? msg : "error", "type",
+                          sv_error_type(status), "code", code);
+    free(msg);
+    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    return s;
+}
+
+// ---------------------------------------------------------------- reading
+
+static const char *type_name(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    default: return "null";
+    }
+}
+
+#define BAD(c_, ...) (snprintf(e->msg, sizeof e->msg, __VA_ARGS__), snprintf(e->code, sizeof e->code, "%s", c_), 400)
+
+// Reads optional number field `name` of o into *out within [lo, hi].
+// 0 (absent or null: *out untouched, ok), 400 with a message.
+static int get_num(const json_t *o, const char *name, double lo, double hi, double *out, sv_api_err *e) {
+    json_t *v = json_object_get(o, name);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_number(v)) return BAD("invalid_type", "'%s' must be a number, got %s", name, type_name(v));
+    double x = json_number_value(v);
+    if (!(x >= lo && x <= hi)) return BAD("invalid_value", "'%s' must be in [%g, %g], got %g", name, lo, hi, x);
+    *out = x;
+    return 0;
+}
+
+static int get_int(const json_t *o, const char *name, long long lo, long long hi, long long *out, sv_api_err *e) {
+    json_t *v = json_object_get(o, name);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_integer(v)) return BAD("invalid_type", "'%s' must be an integer, got %s", name, type_name(v));
+    long long x = json_integer_value(v);
+    if (x < lo || x > hi) return BAD("invalid_value", "'%s' must be in [%lld, %lld], got %lld", name, lo, hi, x);
+    *out = x;
+    return 0;
+}
+
+static int get_bool(const json_t *o, const char *name, int *out, sv_api_err *e) {
+    json_t *v = json_object_get(o, name);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_boolean(v)) return BAD("invalid_type", "'%s' must be a boolean, got %s", name, type_name(v));
+    *out = json_is_true(v);
+    return 0;
+}
+
+// Parses the body as a JSON object (400 on bad JSON or another type).
+json_t *sv_parse_body(const char *body, size_t len, sv_api_err *e) {
+    json_error_t je;
+    json_t *j = json_loadb(body, len, 0, &je);
+    if (!j) {
+        (void)BAD("invalid_json", "invalid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
+        return NULL;
+    }
+    if (!json_is_object(j)) {
+        (void)BAD("invalid_type", "the request body must be a JSON object, got %s", type_name(j));
+        json_decref(j);
+        return NULL;
+    }
+    return j;
+}
+
+// Sampling parameters, max_tokens, stop, stream, speculation, n.
+static int parse_params(sv_server *s, const json_t *o, sv_req *r, sv_api_err *e) {
+    double x;
+    long long k;
+    int rc;
+    x = r->sp.temp;
+    if ((rc = get_num(o, "temperature", 0, 100, &x, e))) return rc;
+    r->sp.temp = (float)x;
+    x = r->sp.top_p;
+    if ((rc = get_num(o, "top_p", 0, 1, &x, e))) return rc;
+    r->sp.top_p = (float)x;
+    x = r->sp.min_p;
+    if ((rc = get_num(o, "min_p", 0, 1, &x, e))) return rc;
+    r->sp.min_p = (float)x;
+    x = r->sp.repeat_penalty;
+    if ((rc = get_num(o, "repeat_penalty", 0.01, 100, &x, e))) return rc;
+    r->sp.repeat_penalty = (float)x;
+    k = r->sp.top_k;
+    if ((rc = get_int(o, "top_k", 0, 1 << 30, &k, e))) return rc;
+    r->sp.top_k = (int)k;
+    k = 0;
+    if ((rc = get_int(o, "seed", INT64_MIN, INT64_MAX, &k, e))) return rc;
+    if (json_is_integer(json_object_get(o, "seed"))) r->sp.seed = (uint64_t)k;
+    else   // a seed of its own per request r->sp.seed = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (uint64_t)(size_t)r ^ (uint64_t)s->next_id;
+    k = s->o->max_tokens;
+    if ((rc = get_int(o, "max_completion_tokens", 1, INT32_MAX, &k, e))) return rc;
+    if ((rc = get_int(o, "max_tokens", 1, INT32_MAX, &k, e))) return rc;
+    r->n_predict = (int)(k < s->o->max_tokens ? k : s->o->max_tokens);   // bounded by --max-tokens
+    k = 1;
+    if ((rc = get_int(o, "n", 1, 1, &k, e))) return rc;
+    if ((rc = get_bool(o, "stream", &r->stream, e))) return rc;
+    json_t *so = json_object_get(o, "stream_options");
+    if (so && !json_is_null(so)) {
+        if (!json_is_object(so)) return BAD("invalid_type", "'stream_options' must be an object, got %s", type_name(so));
+        if ((rc = get_bool(so, "include_usage", &r->include_usage, e))) return rc;
+    }
+    json_t *st = json_object_get(o, "stop");
+    if (st && !json_is_null(st)) {
+        if (!json_is_string(st) && !json_is_array(st))
+            return BAD("invalid_type", "'stop' must be a string or an array of strings, got %s", type_name(st));
+        size_t n = json_is_string(st) ? 1 : json_array_size(st);
+        if (n > SV_MAX_STOP) return BAD("invalid_value", "'stop' has %zu strings, at most %d", n, SV_MAX_STOP);
+        for (size_t i = 0; i < n; i++) {
+            json_t *v = json_is_string(st) ? st : json_array_get(st, i);
+            if (!json_is_string(v)) return BAD("invalid_type", "'stop[%zu]' must be a string, got %s", i, type_name(v));
+            size_t L = json_string_length(v);
+            if (L == 0) continue;
+            if (L > SV_STOP_MAX_LEN)
+                return BAD("invalid_value", "'stop' strings have at most %d bytes, got %zu", SV_STOP_MAX_LEN, L);
+            if (!(r->stop[r->n_stop] = strdup(json_string_value(v)))) return BAD("internal", "out of memory");
+            r->n_stop++;
+        }
+    }
+    json_t *sp = json_object_get(o, "speculation");
+    const char *method = s->def_method.name;
+    if (sp && !json_is_null(sp)) {
+        if (!json_is_string(sp))
+            return BAD("invalid_type", "'speculation' must be a method string or \"off\", got %s", type_name(sp));
+        method = json_string_value(sp);
+    }
+    sd_method m;
+    char merr[256];
+    if (strlen(method) >= sizeof r->method || sv_method_check(s, method, &m, merr, sizeof merr) < 0)
+        return BAD("invalid_speculation", "'speculation': %s", strlen(method) >= sizeof r->method ? "too long" : merr);
+    snprintf(r->method, sizeof r->method, "%s", m.name);
+    return 0;
+}
+
+int sv_check_model(sv_server *s, const json_t *o, sv_api_err *e) {
+    json_t *v = json_object_get(o, "model");
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_string(v)) return BAD("invalid_type", "'model' must be a string, got %s", type_name(v));
+    const char *m = json_string_value(v);
+    if (!*m || !strcmp(m, s->model_id) || !strcmp(m, s->o->model)) return 0;
+    snprintf(e->msg, sizeof e->msg, "model '%.100s' is not served here; this server serves '%.100s' (GET /v1/models)",
+             m, s->model_id);
+    snprintf(e->code, sizeof e->code, "model_not_found");
+    return 400;
+}
+
+// The text of a message's content: a string, or an array of text parts.
+static int message_text(const json_t *c, size_t i, char **out, sv_api_err *e) {
+    if (!c || json_is_null(c)) return (*out = strdup("")) ? 0 : BAD("internal", "out of memory");
+    if (json_is_string(c)) return (*out = strdup(json_string_value(c))) ? 0 : BAD("internal", "out of memory");
+    if (!json_is_array(c))
+        return BAD("invalid_type", "'messages[%zu].content' must be a string or an array of text parts, got %s", i,
+                   type_name(c));
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    if (sv_buf_add(&buf, &len, &cap, "", 0) < 0) return BAD("internal", "out of memory");
+    for (size_t k = 0; k < json_array_size(c); k++) {
+        json_t *p = json_array_get(c, k), *t = json_object_get(p, "text");
+        const char *ty = json_string_value(json_object_get(p, "type"));
+        if (!json_is_object(p) || !ty || strcmp(ty, "text") || !json_is_string(t)) {
+            free(buf);
+            return BAD("invalid_value", "'messages[%zu].content[%zu]': only {\"type\": \"text\", \"text\": ...} parts "
+                       "are supported", i, k);
+        }
+        if (sv_buf_add(&buf, &len, &cap, json_string_value(t), json_string_length(t)) < 0) {
+            free(buf);
+            return BAD("internal", "out of memory");
+        }
+    }
+    *out = buf;
+    return 0;
+}
+
+// The chat prompt of "messages", formatted by the model's chat template.
+static int chat_prompt(sv_server *s, const json_t *o, char **text, sv_api_err *e) {
+    json_t *ms = json_object_get(o, "messages");
+    if (!ms) return BAD("missing_field", "'messages' is required");
+    if (!json_is_array(ms)) return BAD("invalid_type", "'messages' must be an array, got %s", type_name(ms));
+    size_t n = json_array_size(ms);
+    if (n == 0) return BAD("invalid_value", "'messages' is empty");
+    if (n > 4096) return BAD("invalid_value", "'messages' has %zu messages, at most 4096", n);
+    const char **roles = calloc(n, sizeof *roles);
+    char **contents = calloc(n, sizeof *contents);
+    int rc = roles && contents ? 0 : BAD("internal", "out of memory");
+    size_t total = 0;
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        json_t *m = json_array_get(ms, i);
+        if (!json_is_object(m)) {
+            rc = BAD("invalid_type", "'messages[%zu]' must be an object, got %s", i, type_name(m));
+            break;
+        }
+        json_t *role = json_object_get(m, "role");
+        if (!json_is_string(role)) {
+            rc = BAD("invalid_type", "'messages[%zu].role' must be a string", i);
+            break;
+        }
+        roles[i] = json_string_value(role);
+        if ((rc = message_text(json_object_get(m, "content"), i, &contents[i], e))) break;
+        total += strlen(contents[i]) + 64;
+    }
+    char err[256];
+    if (rc == 0) {
+        size_t cap = total + 4096;
+        *text = malloc(cap);
+        if (!*text) rc = BAD("internal", "out of memory");
+        else if (sd_chat_format_messages(s->tok, roles, (const char *const *)contents, (int)n, *text, cap, err,
+                                         sizeof err) < 0) {
+            free(*text);
+            *text = NULL;
+            rc = BAD("invalid_value", "'messages': %s", err);
+        }
+    }
+    for (size_t i = 0; contents && i < n; i++) free(contents[i]);
+    free(contents);
+    free(roles);
+    return rc;
+}
+
+// Tokenizes text into a new array (*n ids); 0 or 400/500.
+int sv_tokenize(sv_server *s, const char *text, int add_bos, int special, int32_t **ids, int *n, sv_api_err *e) {
+    size_t len = strlen(text);
+    int cap = (int)(len < (1u << 24) ? len : (1u << 24)) + 16;
+    *ids = malloc(sizeof(int32_t) * (size_t)cap);
+    if (!*ids) return snprintf(e->msg, sizeof e->msg, "out of memory"), 500;
+    *n = sd_tokenize(s->tok, text, len, add_bos, special, *ids, cap);
+    if (*n > cap) {   // cannot happen with len + 16 ids, but the contract allows it
+        free(*ids);
+        *ids = NULL;
+        return BAD("invalid_value", "the text is too long to tokenize");
+    }
+    if (*n < 0) {
+        free(*ids);
+        *ids = NULL;
+        return BAD("invalid_value", "cannot tokenize the text");
+    }
+    return 0;
+}
+
+int sv_parse_generation(sv_server *s, int kind, const json_t *o, sv_req *r, sv_api_err *e) {
+    int rc;
+    r->kind = kind;
+    if ((rc = sv_check_model(s, o, e)) || (rc = parse_params(s, o, r, e))) return rc;
+    char *text = NULL;
+    int special = kind == SV_CHAT;   // completions take the prompt as plain text, like specdec generate
+    if (kind == SV_CHAT) {
+        if ((rc = chat_prompt(s, o, &text, e))) return rc;
+    } else {
+        json_t *p = json_object_get(o, "prompt");
+        if (json_is_array(p) && json_array_size(p) == 1) p = json_array_get(p, 0);
+        if (!p) return BAD("missing_field", "'prompt' is required");
+        if (!json_is_string(p)) return BAD("invalid_type", "'prompt' must be a string, got %s", type_name(p));
+        if (!(text = strdup(json_string_value(p)))) return BAD("internal", "out of memory");
+    }
+    rc = sv_tokenize(s, text, 1, special, &r->prompt, &r->n_prompt, e);
+    free(text);
+    if (rc) return rc;
+    if (r->n_prompt == 0) return BAD("invalid_value", "the prompt is empty (no tokens)");
+    if (r->n_prompt >= s->n_ctx)
+        return BAD("context_length_exceeded", "the prompt has %d tokens but the context per slot is %d (--ctx); "
+                   "at least one token must fit after it", r->n_prompt, s->n_ctx);
+    long id = atomic_fetch_add(&s->next_id, 1) + 1;
+    snprintf(r->id, sizeof r->id, "%s-%ld", kind == SV_CHAT ? "chatcmpl" : "cmpl", id);
+    r->created = (long)time(NULL);
+    return 0;
+}
+
+// ---------------------------------------------------------------- writing
+
+static json_t *usage_json(const sv_req *r) {
+    return json_pack("{s:i, s:i, s:i, s:{s:i}, s:{s:s, s:i, s:i, s:i, s:f}, s:f}", "prompt_tokens", r->n_prompt,
+                     "completion_tokens", r->n_gen, "total_tokens", r->n_prompt + r->n_gen, "prompt_tokens_details",
+                     "cached_tokens", r->n_cached, "speculation", "method", r->method, "drafted", r->n_drafted,
+                     "accepted", r->n_accepted, "target_forwards", r->n_forwards, "tau", r->tau, "ttft_ms", r->ttft_ms);
+}
+
+static char *dump(json_t *o) {
+    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    return s;
+}
+
+char *sv_response_json(sv_server *s, const sv_req *r) {
+    size_t n;
+    char *text = sv_utf8_clean(r->out ? r->out : "", r->out_len, &n);
+    if (!text) return NULL;
+    json_t *choice;
+    if (r->kind == SV_CHAT)
+        choice = json_pack("{s:i, s:{s:s, s:s%}, s:n, s:s}", "index", 0, "message", "role", "assistant", "content",
+                           text, n, "logprobs", "finish_reason", r->finish);
+    else
+        choice = json_pack("{s:i, s:s%, s:n, s:s}", "index", 0, "text", text, n, "logprobs", "finish_reason", r->finish);
+    free(text);
+    return dump(json_pack("{s:s, s:s, s:I, s:s, s:s, s:[o], s:o}", "id", r->id, "object",
+                          r->kind == SV_CHAT ? "chat.completion" : "text_completion", "created", (json_int_t)r->created,
+                          "model", s->model_id, "system_fingerprint", "specdec-" SPECDEC_VERSION, "choices", choice,
+                          "usage", usage_json(r)));
+}
+
+// One "data: {...}\n\n" event. delta: text (n bytes) or NULL; first: the
+// chat's opening role delta; finish: finish_reason or NULL; usage: 1 adds
+// usage to this chunk, 2 makes it the usage-only chunk (empty choices).
+char *sv_chunk(sv_server *s, const sv_req *r, const char *delta, size_t n, int first, const char *finish, int usage) {
+    json_t *choices = json_array();
+    if (usage != 2) {
+        json_t *c;
+        if (r->kind == SV_CHAT) {
+            json_t *d = json_object();
+            if (first) json_object_set_new(d, "role", json_string("assistant"));
+            if (delta || first) json_object_set_new(d, "content", json_stringn(delta ? delta : "", delta ? n : 0));
+            c = json_pack("{s:i, s:o, s:n}", "index", 0, "delta", d, "logprobs");
+        } else {
+            c = json_pack("{s:i, s:s%, s:n}", "index", 0, "text", delta ? delta : "", delta ? n : 0, "logprobs");
+        }
+        json_object_set_new(c, "finish_reason", finish ? json_string(finish) : json_null());
+        json_array_append_new(choices, c);
+    }
+    json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:s, s:o}", "id", r->id, "object",
+                          r->kind == SV_CHAT ? "chat.completion.chunk" : "text_completion", "created",
+                          (json_int_t)r->created, "model", s->model_id, "system_fingerprint", "specdec-" SPECDEC_VERSION,
+                          "choices", choices);
+    if (o && usage) json_object_set_new(o, "usage", usage_json(r));
+    char *j = dump(o);
+    if (!j) return NULL;
+    size_t L = strlen(j);
+    char *ev = malloc(L + 9);
+    if (ev) {
+        memcpy(ev, "data: ", 6);
+        memcpy(ev + 6, j, L);
+        memcpy(ev + 6 + L, "\n\n", 3);
+    }
+    free(j);
+    return ev;
+}
+
+char *sv_models_json(sv_server *s) {
+    sd_model_info info;
+    sd_model_get_info(s->model, &info);
+    return dump(json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:{s:i, s:i, s:i, s:s}}]}", "object", "list", "data", "id",
+                          s->model_id, "object", "model", "created", (json_int_t)time(NULL), "owned_by", "specdec",
+                          "meta", "n_ctx_slot", s->n_ctx, "n_slots", s->n_slots, "n_vocab", info.n_vocab,
+                          "speculation", s->def_method.name));
+}
+
+// POST /tokenize {"content", "add_special"?: false, "parse_special"?: true} -> {"tokens": [...]}
+int sv_tokenize_json(sv_server *s, const json_t *o, char **out, sv_api_err *e) {
+    json_t *c = json_object_get(o, "content");
+    if (!c) return BAD("missing_field", "'content' is required");
+    if (!json_is_string(c)) return BAD("invalid_type", "'content' must be a string, got %s", type_name(c));
+    int add_special = 0, parse_special = 1, rc;
+    if ((rc = get_bool(o, "add_special", &add_special, e)) || (rc = get_bool(o, "parse_special", &parse_special, e)))
+        return rc;
+    int32_t *ids;
+    int n;
+    if ((rc = sv_tokenize(s, json_string_value(c), add_special, parse_special, &ids, &n, e))) return rc;
+    json_t *arr = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(arr, json_integer(ids[i]));
+    free(ids);
+    *out = dump(json_pack("{s:o}", "tokens", arr));
+    return *out ? 0 : (snprintf(e->msg, sizeof e->msg, "out of memory"), 500);
+}
+
+// POST /detokenize {"tokens": [...]} -> {"content"} (special tokens rendered,
+// so that /tokenize's output round-trips).
+int sv_detokenize_json(sv_server *s, const json_t *o, char **out, sv_api_err *e) {
+    json_t *t = json_object_get(o, "tokens");
+    if (!t) return BAD("missing_field", "'tokens' is required");
+    if (!json_is_array(t)) return BAD("invalid_type", "'tokens' must be an array of integers, got %s", type_name(t));
+    int nv = sd_tokenizer_n_vocab(s->tok);
+    char *buf = NULL, piece[256];
+    size_t len = 0, cap = 0;
+    if (sv_buf_add(&buf, &len, &cap, "", 0) < 0) return snprintf(e->msg, sizeof e->msg, "out of memory"), 500;
+    for (size_t i = 0; i < json_array_size(t); i++) {
+        json_t *v = json_array_get(t, i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= nv) {
+            free(buf);
+            return BAD("invalid_value", "'tokens[%zu]' must be a token id in [0, %d), got %s", i, nv,
+                       json_is_integer(v) ? "an id outside it" : type_name(v));
+        }
+        int n = sd_token_to_piece(s->tok, (int32_t)json_integer_value(v), 1, piece, sizeof piece);
+        if (n > (int)sizeof piece) n = (int)sizeof piece;
+        if (n > 0 && sv_buf_add(&buf, &len, &cap, piece, (size_t)n) < 0) {
+            free(buf);
+            return snprintf(e->msg, sizeof e->msg, "out of memory"), 500;
+        }
+    }
+    size_t n;
+    char *clean = sv_utf8_clean(buf, len, &n);
+    free(buf);
+    *out = clean ? dump(json_pack("{s:s%}", "content", clean, n)) : NULL;
+    free(clean);
+    return *out ? 0 : (snprintf(e->msg, sizeof e->msg, "out of memory"), 500);
+}
+
+char *sv_metrics_text(sv_server *s) {
+    sv_metrics m;
+    sv_metrics_get(s, &m);
+    double tau = m.forwards ? m.step_tokens / (double)m.forwards : 0.0;
+    char *buf = malloc(4096);
+    if (!buf) return NULL;
+    snprintf(buf, 4096,
+             "# HELP specdec_requests_total Generation requests finished, by result.\n"
+             "# TYPE specdec_requests_total counter\n"
+             "specdec_requests_total{result=\"ok\"} %ld\n"
+             "specdec_requests_total{result=\"error\"} %ld\n"
+             "specdec_requests_total{result=\"rejected\"} %ld\n"
+             "# HELP specdec_prompt_tokens_total Prompt tokens of finished requests.\n"
+             "# TYPE specdec_prompt_tokens_total counter\n"
+             "specdec_prompt_tokens_total %ld\n"
+             "# HELP specdec_prompt_tokens_cached_total Prompt tokens reused from a slot's KV cache (not evaluated).\n"
+             "# TYPE specdec_prompt_tokens_cached_total counter\n"
+             "specdec_prompt_tokens_cached_total %ld\n"
+             "# HELP specdec_generated_tokens_total Completion tokens generated.\n"
+             "# TYPE specdec_generated_tokens_total counter\n"
+             "specdec_generated_tokens_total %ld\n"
+             "# HELP specdec_slots_busy Slots serving a request now.\n"
+             "# TYPE specdec_slots_busy gauge\n"
+             "specdec_slots_busy %d\n"
+             "# HELP specdec_slots Slots (--parallel).\n"
+             "# TYPE specdec_slots gauge\n"
+             "specdec_slots %d\n"
+             "# HELP specdec_queue_length Requests waiting for a slot.\n"
+             "# TYPE specdec_queue_length gauge\n"
+             "specdec_queue_length %d\n"
+             "# HELP specdec_draft_tokens_total Draft tokens proposed (tree nodes, roots excluded).\n"
+             "# TYPE specdec_draft_tokens_total counter\n"
+             "specdec_draft_tokens_total %ld\n"
+             "# HELP specdec_draft_accepted_total Draft tokens accepted.\n"
+             "# TYPE specdec_draft_accepted_total counter\n"
+             "specdec_draft_accepted_total %ld\n"
+             "# HELP specdec_target_forwards_total Target forwards of generation steps.\n"
+             "# TYPE specdec_target_forwards_total counter\n"
+             "specdec_target_forwards_total %ld\n"
+             "# HELP specdec_tau Tokens emitted per target forward over all finished requests (bonus included).\n"
+             "# TYPE specdec_tau gauge\n"
+             "specdec_tau %.4f\n",
+             m.requests_ok, m.requests_error, m.rejected_queue_full, m.prompt_tokens, m.prompt_tokens_cached,
+             m.generated_tokens, m.busy_slots, m.n_slots, m.queued, m.drafted, m.accepted, m.forwards, tau);
+    return buf;
+}

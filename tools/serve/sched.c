@@ -1,0 +1,509 @@
+// sched.c - the scheduler thread: N slots on one model and one thread pool,
+// a bounded queue, prefix reuse, and rounds that step every active slot.
+//
+// A slot is a session (its own KV cache on the shared pool), the tokens that
+// cache holds, a drafter kept between requests (rebuilt when a request asks
+// for another method), and while it serves a request: a sampler and an
+// sd_gen. Only this thread touches slots; connection threads see requests
+// (sv_req) and the queue, under the server's and the request's mutexes.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli_common.h"
+#include "serve/serve.h"
+
+struct sv_slot {
+    int id;
+    sd_session *s;           // the slot's KV cache and scratch, on the server's pool
+    int32_t *cache;          // (n_ctx) tokens of the session's committed rows
+    int n_cache;
+    sd_drafter *d;           // drafter of d_name, kept between requests (NULL for ar)
+    char d_name[SD_METHOD_NAME_MAX];   // "" until the first request
+    sv_req *r;               // request being served, or NULL (free)
+    int starting;            // 1: assigned this round, not yet prefilled
+    sd_sampler *smp;         // (per request)
+    sd_gen *g;               // (per request)
+    char *text;              // (text_len, cap text_cap) text generated for r
+    size_t text_len, text_cap;
+    size_t released;         // bytes of text handed to the client
+    size_t *ends;            // (n_batch + 1) text length after each token of the last step
+    int max_stop;            // longest stop string of r (bytes)
+    double last_used;        // sd_time_ms() when the slot last finished (least recently used wins ties)
+    sd_batch b;              // this round's batch (valid between begin and end)
+    int in_step;             // 1: begin succeeded this round
+};
+
+// The server's own pool size for prompt chunks and tree nodes.
+#define SV_N_BATCH 512
+
+// ---------------------------------------------------------------- methods
+
+int sv_method_check(sv_server *s, const char *name, sd_method *m, char *err, size_t errlen) {
+    if (!strcmp(name, "off") || !strcmp(name, "none")) name = "ar";
+    if (!strcmp(name, s->def_method.name)) {
+        *m = s->def_method;
+        return 0;
+    }
+    if (sd_method_parse(name, m, err, errlen) < 0) return -1;
+    if (m->needs_draft_model && !s->o->n_drafts)
+        return snprintf(err, errlen, "speculation method '%s' needs a draft model: start the server with --draft D.gguf",
+                        name), -1;
+    if (m->uses_cost_curve && !s->cost)
+        return snprintf(err, errlen, "speculation method '%s' needs the target's cost curve, measured at start-up: "
+                        "start the server with --method %s", name, name), -1;
+    if (strstr(name, "skip:auto"))
+        return snprintf(err, errlen, "'skip:auto' searches its layer set once at start-up: start the server with "
+                        "--method skip:auto, or give the layers (skip:L1-L2-...)"), -1;
+    int nodes = sd_method_default_nodes(m, s->o->n_drafts) + m->extra_nodes;
+    if (nodes > SV_N_BATCH)
+        return snprintf(err, errlen, "speculation method '%s' evaluates %d nodes per step, more than %d", name, nodes,
+                        SV_N_BATCH), -1;
+    return 0;
+}
+
+static sd_method_env method_env(sv_server *s) {
+    sd_method_env env = sd_method_env_default(s->model);
+    env.drafts = (const sd_model *const *)s->drafts;
+    env.n_drafts = s->o->n_drafts;
+    env.n_ctx = s->n_ctx;
+    env.pool = s->pool;
+    env.cost = s->cost;
+    return env;
+}
+
+// Makes sure the slot's drafter is the one of method m (kept when it is).
+static int slot_drafter(sv_server *s, sv_slot *sl, const sd_method *m, char *err, size_t errlen) {
+    if (sl->d_name[0] && !strcmp(sl->d_name, m->name)) return 0;
+    sd_drafter_free(sl->d);
+    sl->d = NULL;
+    sl->d_name[0] = 0;
+    sd_method_env env = method_env(s);
+    if (sd_method_make(m, &env, &sl->d, err, errlen) < 0) return -1;
+    snprintf(sl->d_name, sizeof sl->d_name, "%s", m->name);
+    return 0;
+}
+
+// ---------------------------------------------------------------- finishing
+
+static const char *finish_reason(int finish) {
+    return finish == SD_FINISH_LENGTH || finish == SD_FINISH_CTX ? "length" : "stop";
+}
+
+// Hands text[released..upto) to the client.
+static void release(sv_slot *sl, size_t upto) {
+    sv_req *r = sl->r;
+    if (upto <= sl->released) return;
+    pthread_mutex_lock(&r->mu);
+    if (sv_buf_add(&r->out, &r->out_len, &r->out_cap, sl->text + sl->released, upto - sl->released) < 0)
+        snprintf(r->error, sizeof r->error, "out of memory");
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    sl->released = upto;
+}
+
+// Ends the slot's request: statistics, cache bookkeeping, metrics, and the
+// request marked done (error NULL: finished normally).
+static void slot_finish(sv_server *s, sv_slot *sl, const char *error, int status) {
+    sv_req *r = sl->r;
+    const sd_gen_stats *gs = sl->g ? sd_gen_get_stats(sl->g) : NULL;
+    if (sl->g) {   // the cache holds the text's first n_past tokens
+        int n_text = 0;
+        const int32_t *text = sd_gen_tokens(sl->g, &n_text);
+        int n_past = sd_session_n_past(sl->s);
+        if (n_past <= n_text) {
+            memcpy(sl->cache, text, sizeof(int32_t) * (size_t)n_past);
+            sl->n_cache = n_past;
+        } else {
+            sl->n_cache = 0;   // unknown contents: never reuse
+            sd_session_truncate(sl->s, 0, NULL, 0);
+        }
+    }
+    if (!error) release(sl, sl->text_len);
+    pthread_mutex_lock(&s->mu);
+    int cancelled = r->cancelled;
+    if (error || cancelled) s->m.requests_error++;
+    else s->m.requests_ok++;
+    if (gs) {
+        s->m.prompt_tokens += r->n_prompt;
+        s->m.prompt_tokens_cached += r->n_cached;
+        s->m.generated_tokens += gs->n_generated;
+        s->m.drafted += gs->n_draft_nodes;
+        s->m.accepted += gs->n_draft_accepted;
+        s->m.forwards += gs->n_target_forwards;
+        s->m.step_tokens += gs->mean_accepted * gs->n_target_forwards;
+    }
+    s->m.busy_slots--;
+    pthread_mutex_unlock(&s->mu);
+
+    pthread_mutex_lock(&r->mu);
+    r->gen = NULL;
+    if (gs) {
+        r->n_gen = gs->n_generated;
+        r->n_drafted = gs->n_draft_nodes;
+        r->n_accepted = gs->n_draft_accepted;
+        r->n_forwards = gs->n_target_forwards;
+        r->tau = gs->mean_accepted;
+        snprintf(r->finish, sizeof r->finish, "%s", finish_reason(gs->finish));
+    }
+    if (error) {
+        snprintf(r->error, sizeof r->error, "%s", error);
+        r->err_status = status;
+    }
+    r->done = 1;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+
+    sd_gen_free(sl->g);
+    sd_sampler_free(sl->smp);
+    sl->g = NULL;
+    sl->smp = NULL;
+    sl->r = NULL;
+    sl->starting = 0;
+    sl->last_used = sd_time_ms();
+    sv_req_unref(r);
+}
+
+// ---------------------------------------------------------------- starting
+
+static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
+    int n = na < nb ? na : nb, i = 0;
+    while (i < n && a[i] == b[i]) i++;
+    return i;
+}
+
+// Prepares the slot for its new request: keeps the longest common prefix of
+// its cache and the prompt (at least one prompt token is evaluated, for the
+// first token's logits), then prefills the rest.
+static void slot_start(sv_server *s, sv_slot *sl) {
+    sv_req *r = sl->r;
+    char err[256];
+    sl->starting = 0;
+    sl->text_len = sl->released = 0;
+    sl->max_stop = 0;
+    for (int i = 0; i < r->n_stop; i++) sl->max_stop = SD_MAX(sl->max_stop, (int)strlen(r->stop[i]));
+    int keep = common_prefix(sl->cache, sl->n_cache, r->prompt, r->n_prompt);
+    if (keep >= r->n_prompt) keep = r->n_prompt - 1;
+    if (sd_session_truncate(sl->s, keep, err, sizeof err) < 0) {
+        sl->n_cache = 0;
+        sd_session_truncate(sl->s, 0, NULL, 0);
+        keep = 0;
+    } else {
+        sl->n_cache = keep;
+    }
+    r->n_cached = keep;
+
+    sd_method m;
+    if (sv_method_check(s, r->method, &m, err, sizeof err) < 0 || slot_drafter(s, sl, &m, err, sizeof err) < 0) {
+        slot_finish(s, sl, err, 400);
+        return;
+    }
+    // Greedy text does not depend on the drafts, so a drafter keeps what it
+    // learnt from earlier requests; with sampling the drafts steer which
+    // sample a seed gives, so the drafter starts fresh and a seed gives the
+    // same text every time.
+    if (sl->d && r->sp.temp > 0.0f) sd_drafter_reset(sl->d);
+    sd_model_info info;
+    sd_model_get_info(s->model, &info);
+    if (sd_sampler_new(&sl->smp, &r->sp, info.n_vocab, err, sizeof err) < 0) {
+        slot_finish(s, sl, err, 500);
+        return;
+    }
+    sd_gen_params gp = sd_gen_default_params();
+    gp.n_predict = r->n_predict;
+    gp.max_nodes = sl->d ? SD_MIN(sd_method_default_nodes(&m, s->o->n_drafts), SV_N_BATCH) : 1;
+    if (sd_gen_new(&sl->g, sl->s, sl->smp, sl->d, &gp, err, sizeof err) < 0) {
+        slot_finish(s, sl, err, 500);
+        return;
+    }
+    pthread_mutex_lock(&r->mu);
+    r->gen = sl->g;
+    if (r->cancelled) sd_gen_stop(sl->g);
+    pthread_mutex_unlock(&r->mu);
+    if (sd_gen_prefill_cached(sl->g, r->prompt, r->n_prompt, keep, err, sizeof err) < 0) {
+        int n_past = sd_session_n_past(sl->s);   // rows committed before the failure are prompt rows
+        sd_gen_free(sl->g);
+        sl->g = NULL;
+        pthread_mutex_lock(&r->mu);
+        r->gen = NULL;
+        pthread_mutex_unlock(&r->mu);
+        memcpy(sl->cache, r->prompt, sizeof(int32_t) * (size_t)SD_MIN(n_past, r->n_prompt));
+        sl->n_cache = SD_MIN(n_past, r->n_prompt);
+        slot_finish(s, sl, err, 500);
+    }
+}
+
+// ---------------------------------------------------------------- steps
+
+// Where the earliest stop string match starts in text[from..len) (its end
+// in *end), or -1.
+static long find_stop(const sv_req *r, const char *text, size_t len, size_t from, size_t *end) {
+    long best = -1;
+    for (int i = 0; i < r->n_stop; i++) {
+        size_t L = strlen(r->stop[i]);
+        for (size_t p = from; p + L <= len; p++) {
+            if (best >= 0 && (long)p > best) break;
+            if (memcmp(text + p, r->stop[i], L) == 0) {
+                if (best < 0 || (long)p < best || p + L < *end) {
+                    best = (long)p;
+                    *end = p + L;
+                }
+                break;
+            }
+        }
+    }
+    return best;
+}
+
+// Bytes at the end of text that begin some stop string (held back: the next
+// token may complete it).
+static size_t stop_prefix_hold(const sv_req *r, const char *text, size_t len) {
+    size_t hold = 0;
+    for (int i = 0; i < r->n_stop; i++) {
+        size_t L = strlen(r->stop[i]);
+        for (size_t k = SD_MIN(L - 1, len); k > hold; k--)
+            if (memcmp(text + len - k, r->stop[i], k) == 0) {
+                hold = k;
+                break;
+            }
+    }
+    return hold;
+}
+
+// The tokens of one step: their text, stop strings (the generation is cut
+// after the token that completes one, as plain decoding would have stopped),
+// and the text released to the client. Returns -1 on an error (in err).
+static int slot_emit(sv_server *s, sv_slot *sl, const sd_step *st, char *err, size_t errlen) {
+    sv_req *r = sl->r;
+    size_t prev = sl->text_len;
+    char piece[256];
+    for (int k = 0; k < st->n_tokens; k++) {
+        int n = sd_token_to_piece(s->tok, st->tokens[k], 0, piece, sizeof piece);
+        if (n > (int)sizeof piece) n = (int)sizeof piece;
+        if (n > 0 && sv_buf_add(&sl->text, &sl->text_len, &sl->text_cap, piece, (size_t)n) < 0)
+            return snprintf(err, errlen, "out of memory"), -1;
+        sl->ends[k] = sl->text_len;
+    }
+    if (st->n_tokens > 0 && r->ttft_ms == 0) r->ttft_ms = sd_time_ms() - r->t_enqueue;
+    size_t end = 0;
+    size_t from = prev > (size_t)sl->max_stop ? prev - (size_t)sl->max_stop + 1 : 0;
+    long p = r->n_stop ? find_stop(r, sl->text, sl->text_len, from, &end) : -1;
+    if (p >= 0) {
+        int keep = 0;
+        while (keep < st->n_tokens && sl->ends[keep] < end) keep++;
+        if (sd_gen_cut(sl->g, SD_MIN(keep + 1, st->n_tokens), err, errlen) < 0) return -1;
+        sl->text_len = (size_t)p;
+        return 0;
+    }
+    if (sd_gen_finished(sl->g) != SD_FINISH_NONE) return 0;   // slot_finish releases the rest
+    size_t upto = sl->text_len - stop_prefix_hold(r, sl->text, sl->text_len);
+    release(sl, cli_utf8_complete(sl->text, upto));
+    return 0;
+}
+
+// One round: a step of every active slot. The three phases are separate so
+// that the forwards in the middle can become ONE batched forward over all
+// slots' trees (each slot's nodes attending only to its own cache) once the
+// library has a multi-session forward; today they run one after another on
+// the shared pool. That swap is the only change the round needs.
+static void round_step(sv_server *s) {
+    char err[256];
+    for (int i = 0; i < s->n_slots; i++) {   // 1. draft (begin)
+        sv_slot *sl = &s->slots[i];
+        sl->in_step = 0;
+        if (!sl->r || !sl->g) continue;
+        if (sd_gen_step_begin(sl->g, &sl->b, err, sizeof err) < 0) {
+            slot_finish(s, sl, err, 500);
+            continue;
+        }
+        sl->in_step = 1;
+    }
+    for (int i = 0; i < s->n_slots; i++) {   // 2. the target's forwards
+        sv_slot *sl = &s->slots[i];
+        if (!sl->in_step || sl->b.n == 0) continue;
+        if (sd_session_forward(sl->s, &sl->b, err, sizeof err) < 0) {
+            sl->in_step = 0;
+            slot_finish(s, sl, err, 500);
+        }
+    }
+    for (int i = 0; i < s->n_slots; i++) {   // 3. verify, commit, emit (end)
+        sv_slot *sl = &s->slots[i];
+        if (!sl->in_step) continue;
+        sd_step st;
+        if (sd_gen_step_end(sl->g, &st, err, sizeof err) < 0 || slot_emit(s, sl, &st, err, sizeof err) < 0) {
+            slot_finish(s, sl, err, 500);
+            continue;
+        }
+        if (sd_gen_finished(sl->g) != SD_FINISH_NONE) slot_finish(s, sl, NULL, 0);
+    }
+}
+
+// ---------------------------------------------------------------- the thread
+
+// Moves queued requests to free slots (under s->mu): the oldest request
+// first, to the free slot whose cache shares the longest prefix with its
+// prompt (least recently used on ties). Cancelled requests are dropped.
+static void assign(sv_server *s) {
+    while (s->q_len > 0) {
+        sv_req *r = s->queue[s->q_head];
+        if (r->cancelled) {
+            s->q_head = (s->q_head + 1) % s->q_cap;
+            s->q_len--;
+            s->m.requests_error++;
+            pthread_mutex_lock(&r->mu);
+            r->done = 1;
+            snprintf(r->error, sizeof r->error, "cancelled");
+            pthread_cond_broadcast(&r->cv);
+            pthread_mutex_unlock(&r->mu);
+            sv_req_unref(r);
+            continue;
+        }
+        sv_slot *best = NULL;
+        int best_lcp = -1;
+        for (int i = 0; i < s->n_slots; i++) {
+            sv_slot *sl = &s->slots[i];
+            if (sl->r) continue;
+            int lcp = common_prefix(sl->cache, sl->n_cache, r->prompt, r->n_prompt);
+            if (lcp > best_lcp || (lcp == best_lcp && sl->last_used < best->last_used)) {
+                best = sl;
+                best_lcp = lcp;
+            }
+        }
+        if (!best) return;
+        s->q_head = (s->q_head + 1) % s->q_cap;
+        s->q_len--;
+        best->r = r;
+        best->starting = 1;
+        s->m.busy_slots++;
+    }
+}
+
+static int n_active(const sv_server *s) {
+    int n = 0;
+    for (int i = 0; i < s->n_slots; i++) n += s->slots[i].r != NULL;
+    return n;
+}
+
+// Fails every queued request (shutdown).
+static void drain_queue(sv_server *s) {
+    while (s->q_len > 0) {
+        sv_req *r = s->queue[s->q_head];
+        s->q_head = (s->q_head + 1) % s->q_cap;
+        s->q_len--;
+        pthread_mutex_lock(&r->mu);
+        r->done = 1;
+        r->err_status = 503;
+        snprintf(r->error, sizeof r->error, "the server is shutting down");
+        pthread_cond_broadcast(&r->cv);
+        pthread_mutex_unlock(&r->mu);
+        sv_req_unref(r);
+    }
+}
+
+static void *sched_main(void *arg) {
+    sv_server *s = arg;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        while (!s->stopping && s->q_len == 0 && n_active(s) == 0) pthread_cond_wait(&s->cv, &s->mu);
+        int stopping = s->stopping;
+        if (stopping) drain_queue(s);
+        else assign(s);
+        pthread_mutex_unlock(&s->mu);
+        for (int i = 0; i < s->n_slots; i++) {
+            sv_slot *sl = &s->slots[i];
+            if (stopping && sl->r && sl->starting) {
+                slot_finish(s, sl, "the server is shutting down", 503);
+                continue;
+            }
+            if (sl->r && sl->starting) slot_start(s, sl);
+            if (stopping && sl->g) sd_gen_stop(sl->g);   // streams end cleanly with what they have
+        }
+        if (n_active(s) > 0) round_step(s);
+        if (stopping && n_active(s) == 0) break;
+    }
+    return NULL;
+}
+
+int sv_submit(sv_server *s, sv_req *r, char *err, size_t errlen) {
+    pthread_mutex_lock(&s->mu);
+    if (s->stopping) {
+        pthread_mutex_unlock(&s->mu);
+        return snprintf(err, errlen, "the server is shutting down"), -1;
+    }
+    // Free slots take requests at once; the queue holds the rest.
+    int free_slots = s->n_slots - s->m.busy_slots;
+    if (s->q_len >= s->q_cap || s->q_len >= free_slots + s->o->n_queue) {
+        s->m.rejected_queue_full++;
+        int busy = s->m.busy_slots, q = s->q_len;
+        pthread_mutex_unlock(&s->mu);
+        return snprintf(err, errlen, "the server is busy: %d of %d slots busy and %d requests queued (--queue %d); "
+                        "retry later", busy, s->n_slots, q, s->o->n_queue), -1;
+    }
+    sv_req_ref(r);
+    r->t_enqueue = sd_time_ms();
+    s->queue[(s->q_head + s->q_len) % s->q_cap] = r;
+    s->q_len++;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+void sv_metrics_get(sv_server *s, sv_metrics *m) {
+    pthread_mutex_lock(&s->mu);
+    *m = s->m;
+    m->queued = s->q_len;
+    m->n_slots = s->n_slots;
+    pthread_mutex_unlock(&s->mu);
+}
+
+int sv_sched_start(sv_server *s, char *err, size_t errlen) {
+    const sv_opts *o = s->o;
+    s->n_slots = o->n_slots;
+    s->q_cap = o->n_queue + o->n_slots;
+    s->queue = calloc((size_t)s->q_cap, sizeof *s->queue);
+    s->slots = calloc((size_t)s->n_slots, sizeof *s->slots);
+    if (!s->queue || !s->slots) return snprintf(err, errlen, "out of memory"), -1;
+    for (int i = 0; i < s->n_slots; i++) {
+        sv_slot *sl = &s->slots[i];
+        sl->id = i;
+        sd_session_params sp = sd_session_default_params();
+        sp.n_ctx = o->n_ctx;
+        sp.n_batch = SV_N_BATCH;
+        sp.pool = s->pool;
+        if (sd_session_new(&sl->s, s->model, &sp, err, errlen) < 0) return -1;
+        s->n_ctx = sd_session_n_ctx(sl->s);
+        sl->cache = malloc(sizeof(int32_t) * (size_t)s->n_ctx);
+        sl->ends = malloc(sizeof(size_t) * (SV_N_BATCH + 2));
+        if (!sl->cache || !sl->ends) return snprintf(err, errlen, "out of memory"), -1;
+    }
+    s->m.n_slots = s->n_slots;
+    if (pthread_create(&s->thread, NULL, sched_main, s) != 0)
+        return snprintf(err, errlen, "cannot start the scheduler thread"), -1;
+    s->thread_started = 1;
+    return 0;
+}
+
+void sv_sched_stop(sv_server *s) {
+    if (s->thread_started) {
+        pthread_mutex_lock(&s->mu);
+        s->stopping = 1;
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->thread, NULL);
+        s->thread_started = 0;
+    }
+    for (int i = 0; s->slots && i < s->n_slots; i++) {
+        sv_slot *sl = &s->slots[i];
+        sd_gen_free(sl->g);
+        sd_sampler_free(sl->smp);
+        sd_drafter_free(sl->d);
+        sd_session_free(sl->s);
+        free(sl->cache);
+        free(sl->ends);
+        free(sl->text);
+    }
+    free(s->slots);
+    free(s->queue);
+    s->slots = NULL;
+    s->queue = NULL;
+}

@@ -1,0 +1,165 @@
+// serve.h - specdec serve: an OpenAI-compatible HTTP server over the public
+// step API (include/specdec_spec.h).
+//
+// Threads (house rule 14):
+//   - ONE scheduler thread (sched.c) owns the model's sessions, the shared
+//     sd_threadpool and N slots; each round runs one step of every active
+//     slot. It never waits for a client: what it produces goes into the
+//     request's output buffer (sv_req.out) under the request's mutex.
+//   - libmicrohttpd's connection threads (http.c, api.c) parse JSON,
+//     tokenize, enqueue (a bounded queue: 503 when full) and stream what the
+//     scheduler hands them, waiting on the request's condition variable.
+//   - the main thread (cmd_serve.c) parses options, loads the model, starts
+//     both, waits for SIGINT/SIGTERM and shuts down.
+#ifndef SD_SERVE_H
+#define SD_SERVE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "specdec.h"
+#include "specdec_spec.h"
+
+#define SV_MAX_STOP 16        // most stop strings per request
+#define SV_STOP_MAX_LEN 256   // longest stop string (bytes)
+#define SV_BODY_MAX (1 << 20) // largest request body (bytes): 413 beyond
+
+// ---------------------------------------------------------------- options
+typedef struct sv_opts {
+    const char *model;        // target GGUF path (required)
+    const char *method;       // default speculation method string ("ngram:3-8"; "ar" = none)
+    const char *drafts[SD_METHOD_MAX_DRAFTS]; // (n_drafts) draft model paths
+    int n_drafts;
+    const char *host;         // address to bind ("127.0.0.1")
+    int port;                 // TCP port (8080; 0 = any free port, printed at start)
+    int n_slots;              // --parallel: generations at once (4)
+    int n_ctx;                // KV cache per slot in tokens (2048)
+    const char *api_key;      // Bearer key required on every endpoint but /health, or NULL
+    int n_threads;            // threads of the shared pool (0 = cores)
+    int n_queue;              // requests waiting for a slot beyond the active ones (16)
+    int max_tokens;           // default and most tokens per request (1024)
+    int max_conn;             // most simultaneous connections (64)
+    int timeout_s;            // idle connection timeout (seconds, 60)
+} sv_opts;
+
+// ---------------------------------------------------------------- requests
+enum sv_kind { SV_CHAT = 0, SV_COMPLETION = 1 };
+
+// One generation request, shared by its connection thread and the
+// scheduler (reference-counted). Fields above `mu` are written by the
+// connection thread before sv_submit and read-only afterwards.
+typedef struct sv_req {
+    int kind;                  // enum sv_kind
+    int stream;                // 1: server-sent events
+    int include_usage;         // stream_options.include_usage
+    int32_t *prompt;           // (n_prompt) tokens
+    int n_prompt;
+    int n_predict;             // max_tokens (clamped to sv_opts.max_tokens)
+    sd_sampler_params sp;      // temperature, top_p, top_k, min_p, seed
+    char *stop[SV_MAX_STOP];   // (n_stop) stop strings (owned)
+    int n_stop;
+    char method[SD_METHOD_NAME_MAX]; // speculation method ("ar" when off)
+    char id[48];               // "chatcmpl-N" / "cmpl-N"
+    long created;              // unix time (s)
+    double t_enqueue;          // sd_time_ms() at submission
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv;         // signalled when out grows or done is set
+    int refs;                  // owners: the connection and, once submitted, the scheduler
+    char *out;                 // (out_len, cap out_cap) text released to the client so far
+    size_t out_len, out_cap;
+    int done;                  // 1: no more text; finish/error/stats final
+    int cancelled;             // the client went away: stop at once
+    char finish[16];           // "stop" / "length" (OpenAI finish_reason)
+    char error[256];           // non-empty: the generation failed
+    int err_status;            // HTTP status of error (500 when not set)
+    sd_gen *gen;               // the running generation (for sd_gen_stop from a connection thread), or NULL
+    // statistics (final when done)
+    int n_cached;              // prompt tokens reused from the slot's cache
+    int n_gen;                 // completion tokens
+    int n_drafted, n_accepted, n_forwards;
+    double tau;                // tokens per target forward (bonus included)
+    double ttft_ms;            // submission to first token (ms)
+} sv_req;
+
+sv_req *sv_req_new(void);
+void sv_req_ref(sv_req *r);
+void sv_req_unref(sv_req *r);  // frees at the last reference
+// The client went away: the scheduler stops its generation at once.
+void sv_req_cancel(sv_req *r);
+
+// ---------------------------------------------------------------- metrics
+typedef struct sv_metrics {
+    long requests_ok;          // generations finished normally
+    long requests_error;       // generations that failed or were cancelled
+    long rejected_queue_full;  // 503s
+    long prompt_tokens;        // prompt tokens of finished generations
+    long prompt_tokens_cached; // of which reused from a slot's cache
+    long generated_tokens;
+    long drafted, accepted;    // draft nodes proposed / draft tokens accepted
+    long forwards;             // target forwards of steps
+    double step_tokens;        // tokens emitted by steps with a forward (for tau)
+    int busy_slots, queued;    // now
+    int n_slots;
+} sv_metrics;
+
+// ---------------------------------------------------------------- the server
+typedef struct sv_slot sv_slot;   // sched.c
+
+typedef struct sv_server {
+    const sv_opts *o;
+    sd_model *model;
+    sd_model *drafts[SD_METHOD_MAX_DRAFTS];
+    const sd_tokenizer *tok;
+    char model_id[256];        // the name clients give as "model" (file name of the GGUF)
+    sd_threadpool *pool;
+    sd_method def_method;      // the default method, prepared (skip:auto searched once)
+    sd_cost_curve *cost;       // for automatic trees, when the default method needs one
+    int n_ctx;                 // per slot (the sessions' actual n_ctx)
+
+    pthread_mutex_t mu;        // guards everything below
+    pthread_cond_t cv;         // scheduler wakes on new work or shutdown
+    sv_req **queue;            // (n_queue_cap) FIFO ring of waiting requests
+    int q_head, q_len, q_cap;
+    int stopping;              // shutdown: fail the queue, stop the slots, exit the scheduler
+    sv_metrics m;
+    atomic_long next_id;
+
+    sv_slot *slots;            // (n_slots)
+    int n_slots;
+    pthread_t thread;
+    int thread_started;
+} sv_server;
+
+// sched.c: slots and the scheduler thread. The caller initialises s->mu
+// and s->cv (they outlive the scheduler: connection threads may still call
+// sv_submit, which then refuses, after sv_sched_stop).
+int sv_sched_start(sv_server *s, char *err, size_t errlen);
+// Stops the scheduler: queued requests fail, running ones are stopped, the
+// thread is joined and the slots freed.
+void sv_sched_stop(sv_server *s);
+// Enqueues r (takes a reference). 0, or -1 when the queue is full or the
+// server is stopping (the reason in err).
+int sv_submit(sv_server *s, sv_req *r, char *err, size_t errlen);
+// Checks a method string for a request: 0 with *m filled, or -1 with a
+// message for a 400.
+int sv_method_check(sv_server *s, const char *name, sd_method *m, char *err, size_t errlen);
+void sv_metrics_get(sv_server *s, sv_metrics *m);
+
+// http.c: the HTTP daemon.
+typedef struct sv_http sv_http;
+int sv_http_start(sv_http **out, sv_server *s, int *port, char *err, size_t errlen);
+void sv_http_quiesce(sv_http *h);   // stop accepting connections
+void sv_http_stop(sv_http *h);      // close everything (waits for connection threads)
+
+// req.c: text helpers shared by sched.c and api.c (cli_utf8_complete of
+// tools/cli_common.h finds where complete UTF-8 characters end).
+// Copies s[0..n) into a new NUL-terminated string with invalid UTF-8
+// replaced by U+FFFD (jansson accepts only valid UTF-8). NULL on OOM.
+char *sv_utf8_clean(const char *s, size_t n, size_t *out_len);
+// Appends s[0..n) to a growing NUL-terminated buffer; -1 on OOM.
+int sv_buf_add(char **buf, size_t *len, size_t *cap, const char *s, size_t n);
+
+#endif
