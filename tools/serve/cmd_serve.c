@@ -2,9 +2,7 @@
 // default method, the scheduler, the HTTP daemon), and a clean shutdown on
 // SIGINT / SIGTERM.
 //
-// The options are a table (name, kind, destination, range, help) read by a
-// small parser of its own, shaped like the table-driven parser the other
-// subcommands are moving to, so that porting is a change of struct name.
+// The options are a table read by the subcommands' one parser (cli_opts.h).
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -12,85 +10,8 @@
 #include <string.h>
 
 #include "cli_common.h"
+#include "cli_opts.h"
 #include "serve/serve.h"
-
-// ---------------------------------------------------------------- options
-
-typedef enum { O_FLAG, O_INT, O_STR, O_FILE, O_LIST, O_HELP } sv_opt_kind;
-
-typedef struct sv_opt {
-    const char *name;        // "--port"
-    const char *short_name;  // "-m" or NULL
-    sv_opt_kind kind;
-    void *dst;               // int * (O_INT, O_FLAG), const char ** (O_STR, O_FILE, O_LIST)
-    long lo, hi;             // O_INT range
-    int max;                 // O_LIST: most values
-    int *count;              // O_LIST: values stored
-    const char *meta;        // value placeholder in the help
-    const char *help;
-} sv_opt;
-
-static void opt_help(FILE *f, const sv_opt *opts, int n) {
-    fprintf(f,
-            "usage: specdec serve -m MODEL.gguf [options]\n"
-            "\n"
-            "An OpenAI-compatible HTTP server with lossless speculative decoding. Endpoints:\n"
-            "  POST /v1/chat/completions, /v1/completions (\"stream\": true for server-sent events),\n"
-            "  GET /v1/models, /health, /metrics (Prometheus), POST /tokenize, /detokenize.\n"
-            "Per request: temperature, top_p, top_k, min_p, seed, max_tokens, stop, and\n"
-            "\"speculation\": a method string (below) or \"off\". usage.speculation reports the\n"
-            "drafted and accepted tokens and tau (tokens per target forward).\n"
-            "\n"
-            "options:\n");
-    for (int i = 0; i < n; i++) {
-        char left[64];
-        snprintf(left, sizeof left, "%s%s%s%s%s", opts[i].short_name ? opts[i].short_name : "",
-                 opts[i].short_name ? ", " : "", opts[i].name, opts[i].meta ? " " : "", opts[i].meta ? opts[i].meta : "");
-        fprintf(f, "  %-24s %s", left, opts[i].help);
-        if (opts[i].kind == O_INT) fprintf(f, " (default %d)", *(int *)opts[i].dst);
-        if (opts[i].kind == O_STR && *(const char **)opts[i].dst) fprintf(f, " (default %s)", *(const char **)opts[i].dst);
-        fputc('\n', f);
-    }
-    fprintf(f, "\nmethods: %s\n", sd_methods_syntax());
-}
-
-// Parses argv against the table. 0 ok, 1 help printed, -1 error printed.
-static int opt_parse(const sv_opt *opts, int n, int argc, char **argv) {
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const sv_opt *o = NULL;
-        for (int k = 0; k < n && !o; k++)
-            if (!strcmp(a, opts[k].name) || (opts[k].short_name && !strcmp(a, opts[k].short_name))) o = &opts[k];
-        if (!o) return cli_error("serve: unknown option '%s' (see specdec serve --help)", a), -1;
-        if (o->kind == O_HELP) {
-            opt_help(stdout, opts, n);
-            return 1;
-        }
-        if (o->kind == O_FLAG) {
-            *(int *)o->dst = 1;
-            continue;
-        }
-        const char *v = cli_value(argc, argv, &i);
-        if (!v) return -1;
-        switch (o->kind) {
-        case O_INT:
-            if (cli_int(a, v, o->lo, o->hi, (int *)o->dst)) return -1;
-            break;
-        case O_FILE:
-            if (!cli_file_ok("model file", v)) return -1;
-            *(const char **)o->dst = v;
-            break;
-        case O_LIST:
-            if (*o->count >= o->max) return cli_error("%s: at most %d values", a, o->max), -1;
-            if (!cli_file_ok("draft model file", v)) return -1;
-            ((const char **)o->dst)[(*o->count)++] = v;
-            break;
-        default:
-            *(const char **)o->dst = v;
-        }
-    }
-    return 0;
-}
 
 // ---------------------------------------------------------------- start-up
 
@@ -158,31 +79,51 @@ static void server_free(sv_server *s, sv_http *h) {
 int cmd_serve(int argc, char **argv) {
     sv_opts o = {.host = "127.0.0.1", .port = 8080, .n_slots = 4, .n_ctx = 2048, .n_queue = 16,
                  .max_tokens = 1024, .max_conn = 64, .timeout_s = 60};
-    int help = 0;
-    const sv_opt opts[] = {
-        {"--model", "-m", O_FILE, &o.model, .meta = "FILE", .help = "GGUF model (required)"},
-        {"--method", NULL, O_STR, &o.method, .meta = "M",
+    const cli_opt opts[] = {
+        {"--model", "-m", CLI_FILE, &o.model, .meta = "FILE", .what = "model file",
+         .required = "a model is required (-m MODEL.gguf; see specdec serve --help)", .help = "GGUF model"},
+        {"--method", NULL, CLI_STRING, &o.method, .meta = "M",
          .help = "default speculation method (default ngram:3-8, or chain:4 with --draft)"},
-        {"--draft", NULL, O_LIST, o.drafts, .max = SD_METHOD_MAX_DRAFTS, .count = &o.n_drafts, .meta = "D.gguf",
-         .help = "draft model (same vocabulary); repeat for several"},
-        {"--host", NULL, O_STR, &o.host, .meta = "ADDR", .help = "address to listen on"},
-        {"--port", NULL, O_INT, &o.port, 0, 65535, .meta = "N", .help = "TCP port; 0 = any free port (printed)"},
-        {"--parallel", "-np", O_INT, &o.n_slots, 1, 256, .meta = "N", .help = "slots: requests generated at once"},
-        {"--ctx", "-c", O_INT, &o.n_ctx, 16, 1 << 20, .meta = "N", .help = "KV cache per slot in tokens"},
-        {"--api-key", NULL, O_STR, &o.api_key, .meta = "KEY",
+        {"--draft", NULL, CLI_LIST, o.drafts, .max = SD_METHOD_MAX_DRAFTS, .count = &o.n_drafts, .meta = "D.gguf",
+         .what = "draft models", .help = "draft model (same vocabulary); repeat for several"},
+        {"--host", NULL, CLI_STRING, &o.host, .meta = "ADDR", .def = "127.0.0.1", .help = "address to listen on"},
+        {"--port", NULL, CLI_INT, &o.port, 0, 65535, .meta = "N", .def = CLI_DEF_VALUE,
+         .help = "TCP port; 0 = any free port (printed)"},
+        {"--parallel", "-np", CLI_INT, &o.n_slots, 1, 256, .meta = "N", .def = CLI_DEF_VALUE,
+         .help = "slots: requests generated at once"},
+        {"--ctx", "-c", CLI_INT, &o.n_ctx, 16, 1 << 20, .meta = "N", .def = CLI_DEF_VALUE,
+         .help = "KV cache per slot in tokens"},
+        {"--api-key", NULL, CLI_STRING, &o.api_key, .meta = "KEY",
          .help = "require 'Authorization: Bearer KEY' (all endpoints but /health)"},
-        {"--threads", "-t", O_INT, &o.n_threads, 0, 1024, .meta = "N", .help = "threads; 0 = number of cores"},
-        {"--queue", NULL, O_INT, &o.n_queue, 0, 1 << 16, .meta = "N",
+        {"--threads", "-t", CLI_INT, &o.n_threads, 0, 1024, .meta = "N", .def = CLI_DEF_VALUE,
+         .help = "threads; 0 = number of cores"},
+        {"--queue", NULL, CLI_INT, &o.n_queue, 0, 1 << 16, .meta = "N", .def = CLI_DEF_VALUE,
          .help = "requests waiting for a slot; more get 503"},
-        {"--max-tokens", NULL, O_INT, &o.max_tokens, 1, 1 << 24, .meta = "N",
+        {"--max-tokens", NULL, CLI_INT, &o.max_tokens, 1, 1 << 24, .meta = "N", .def = CLI_DEF_VALUE,
          .help = "default and largest max_tokens of a request"},
-        {"--max-conn", NULL, O_INT, &o.max_conn, 1, 1 << 16, .meta = "N", .help = "most simultaneous connections"},
-        {"--timeout", NULL, O_INT, &o.timeout_s, 1, 1 << 20, .meta = "S", .help = "idle connection timeout (s)"},
-        {"--help", "-h", O_HELP, &help, .help = "show this help"},
+        {"--max-conn", NULL, CLI_INT, &o.max_conn, 1, 1 << 16, .meta = "N", .def = CLI_DEF_VALUE,
+         .help = "most simultaneous connections"},
+        {"--timeout", NULL, CLI_INT, &o.timeout_s, 1, 1 << 20, .meta = "S", .def = CLI_DEF_VALUE,
+         .help = "idle connection timeout (s)"},
+        {"--help", "-h", CLI_HELP, .help = "show this help"},
     };
-    int pr = opt_parse(opts, (int)(sizeof opts / sizeof *opts), argc, argv);
-    if (pr) return pr > 0 ? 0 : 1;
-    if (!o.model) return cli_error("serve: a model is required (-m MODEL.gguf; see specdec serve --help)");
+    static char notes[1024];
+    snprintf(notes, sizeof notes, "methods: %s\n", sd_methods_syntax());
+    const cli_cmd cmd = {
+        .name = "serve",
+        .usage = "usage: specdec serve -m MODEL.gguf [options]",
+        .intro = "An OpenAI-compatible HTTP server with lossless speculative decoding. Endpoints:\n"
+                 "  POST /v1/chat/completions, /v1/completions (\"stream\": true for server-sent events),\n"
+                 "  GET /v1/models, /health, /metrics (Prometheus), POST /tokenize, /detokenize.\n"
+                 "Per request: temperature, top_p, top_k, min_p, seed, max_tokens, stop, and\n"
+                 "\"speculation\": a method string (below) or \"off\". usage.speculation reports the\n"
+                 "drafted and accepted tokens and tau (tokens per target forward).\n",
+        .notes = notes,
+        .opts = opts,
+        .n_opts = CLI_N(opts),
+    };
+    int pr = cli_parse(&cmd, argc, argv);
+    if (pr != CLI_PARSE_OK) return cli_parse_exit(pr);
     if (!o.method) o.method = o.n_drafts ? "chain:4" : "ngram:3-8";
 
     // SIGINT / SIGTERM are taken by sigwait in this thread only: every
