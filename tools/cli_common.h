@@ -44,5 +44,6 @@ int cmd_generate(int argc, char **argv);
 int cmd_convert_llama2c(int argc, char **argv);
 int cmd_bench_forward(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_bench_batch(int argc, char **argv);
 
 #endif

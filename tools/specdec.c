@@ -14,6 +14,7 @@ static void usage(FILE *f) {
             "  generate         generate text from a prompt (streams to stdout)\n"
             "  bench            compare decoding methods (ar, speculative) on a Spec-Bench prompt set\n"
             "  bench-forward    time forward passes of 1..64 tokens, decode speed and memory bandwidth\n"
+            "  bench-batch      time one forward over K sessions' trees against K separate forwards\n"
             "  convert-llama2c  convert a llama2.c checkpoint + tokenizer.bin to GGUF\n"
             "\n"
             "options:\n"
@@ -43,7 +44,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "convert-llama2c")) return cmd_convert_llama2c(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench-forward")) return cmd_bench_forward(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
-    cli_error("unknown command '%s' (commands: generate, bench, bench-forward, convert-llama2c; see specdec --help)",
+    if (!strcmp(cmd, "bench-batch")) return cmd_bench_batch(argc - 1, argv + 1);
+    cli_error("unknown command '%s' (commands: generate, bench, bench-forward, bench-batch, convert-llama2c; see specdec --help)",
               cmd);
     return 1;
 }
