@@ -259,27 +259,43 @@ static void att_block(const att_job *job, const sd_fwd_seg *sg, int g, int u0, i
         }
 }
 
+// Thread ith's queries [*u0, *u1) of segment j, whose queries cost w each
+// (the keys they read) and start at weight base, among all queries of the
+// pass split by weight [lo, hi): those whose start base + u w lies there.
+static void seg_share(long q, long w, long base, long lo, long hi, long *u0, long *u1) {
+    *u0 = lo <= base ? 0 : SD_MIN(q, (lo - base + w - 1) / w);
+    *u1 = hi <= base ? 0 : SD_MIN(q, (hi - base + w - 1) / w);
+}
+
 // The queries of all segments and KV heads, (segment, g, u) flattened, split
-// evenly over the threads; each thread takes its share in blocks within one
-// segment and KV head.
+// among the threads (evenly by count for one segment; for several, by the
+// keys they read, so that a session with a long context does not leave one
+// thread with most of the work); each thread takes its share in blocks
+// within one segment and KV head. How the queries fall into blocks changes
+// no bit of any query's output.
 static void att_task(void *arg, int ith, int nth) {
     const att_job *job = arg;
     const sd_fwd_pass *p = job->p;
     const sd_hparams *hp = &p->m->hp;
     const int grp = hp->n_head / hp->n_head_kv;
-    long lo, hi, base = 0; // base: the first query of segment j
-    sd_split_range((long)p->n * grp * hp->n_head_kv, ith, nth, &lo, &hi);
-    for (int j = 0; j < p->n_seg && lo < hi; j++) {
+    long total = 0, lo, hi, base = 0;
+    for (int j = 0; j < p->n_seg; j++)
+        total += (long)p->seg[j].n * grp * hp->n_head_kv * (p->n_seg > 1 ? p->seg[j].s->n_past + p->seg[j].n : 1);
+    sd_split_range(total, ith, nth, &lo, &hi);
+    for (int j = 0; j < p->n_seg && base < hi; j++) {
         const sd_fwd_seg *sg = &p->seg[j];
-        const long per_g = (long)sg->n * grp, end = base + per_g * hp->n_head_kv;
-        while (lo < hi && lo < end) {
-            const int g = (int)((lo - base) / per_g);
-            const long u0 = (lo - base) % per_g, u1 = SD_MIN(per_g, u0 + (hi - lo));
+        const long per_g = (long)sg->n * grp, q = per_g * hp->n_head_kv;
+        const long w = p->n_seg > 1 ? sg->s->n_past + sg->n : 1;
+        long u, u_end;
+        seg_share(q, w, base, lo, hi, &u, &u_end);
+        while (u < u_end) {
+            const int g = (int)(u / per_g);
+            const long u0 = u % per_g, u1 = SD_MIN(per_g, u0 + (u_end - u));
             const int nq = (int)SD_MIN(SD_ATT_QB, u1 - u0);
             att_block(job, sg, g, (int)u0, nq, ith);
-            lo += nq;
+            u += nq;
         }
-        base = end;
+        base += q * w;
     }
 }
 
