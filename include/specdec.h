@@ -200,7 +200,10 @@ int sd_batcher_n_nodes(const sd_batcher *b);
 // batches precise or none (a pass multiplies all rows one way); the same
 // layer-skip mask on every session. Holds the pool's busy flag for the whole
 // pass: fails like sd_session_forward when another forward or
-// sd_threadpool_run holds the pool. Returns 0, or <0 with a message.
+// sd_threadpool_run holds the pool (so two calls on one batcher, or a
+// batcher pass and a forward of one of its sessions, never run at once).
+// One session (n == 1) runs as its own sd_session_forward. Returns 0, or <0
+// with a message.
 int sd_batcher_forward(sd_batcher *b, sd_session *const *ss, const sd_batch *bs, int n, char *err,
                        size_t errlen);
 
