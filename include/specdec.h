@@ -162,6 +162,52 @@ int sd_session_set_layer_skip(sd_session *s, const uint8_t *skip, char *err, siz
 // The current mask (n_layer bytes) or NULL when no layer is skipped.
 const uint8_t *sd_session_layer_skip(const sd_session *s);
 
+// ---------------------------------------------------------------- several sessions in one forward
+// A batcher evaluates the batches of several sessions (the slots of a
+// server, the users of one model) in ONE forward pass: the rows of all their
+// nodes go through every weight matrix together, so the weights are read
+// from memory once per pass instead of once per session, while each
+// session's nodes attend only to that session's committed cache and to their
+// ancestors in that session's batch. It owns the scratch of such a pass,
+// sized once for n_nodes nodes in all (house rule 3): a forward allocates
+// nothing.
+typedef struct sd_batcher sd_batcher;
+
+// Makes a batcher for sessions of model m that run on pool (the pool they
+// were made with, sd_session_params.pool, or sd_session_pool of a session;
+// the batcher keeps a reference to it). n_nodes: most nodes of all sessions
+// together in one sd_batcher_forward, 1..8192. Allocates the activations of
+// n_nodes rows and n_nodes rows of logits (n_vocab floats each). Returns 0,
+// or <0 with a message.
+int sd_batcher_new(sd_batcher **out, const sd_model *m, sd_threadpool *pool, int n_nodes, char *err,
+                   size_t errlen);
+// Frees the batcher (its reference to the pool included). NULL: nothing.
+void sd_batcher_free(sd_batcher *b);
+// The n_nodes the batcher was made for.
+int sd_batcher_n_nodes(const sd_batcher *b);
+
+// Evaluates bs[i] on session ss[i] for every i < n, in one pass. Afterwards
+// each session is exactly as after sd_session_forward(ss[i], &bs[i]): its
+// batch's KV rows are its pending rows, sd_session_logits / commit /
+// truncate behave the same, its hidden rows (bs[i].hidden_out) are written,
+// and every logit and hidden row has the same bits as that call gives (house
+// rule 18: a node's result does not depend on the other nodes of the pass).
+// Each batch follows sd_batch's rules for its own session (tokens or embd
+// rows, parents, positions, logits, hidden rows). Requirements, checked
+// before anything is written (on error no session changes): n in 0..n_nodes
+// (0: nothing to do, returns 0); every session of the batcher's model and
+// pool; no session listed twice; every batch valid for its session
+// (1..n_batch nodes, room in its context); at most n_nodes nodes in all; all
+// batches precise or none (a pass multiplies all rows one way); the same
+// layer-skip mask on every session. Holds the pool's busy flag for the whole
+// pass: fails like sd_session_forward when another forward or
+// sd_threadpool_run holds the pool (so two calls on one batcher, or a
+// batcher pass and a forward of one of its sessions, never run at once).
+// One session (n == 1) runs as its own sd_session_forward. Returns 0, or <0
+// with a message.
+int sd_batcher_forward(sd_batcher *b, sd_session *const *ss, const sd_batch *bs, int n, char *err,
+                       size_t errlen);
+
 // ---------------------------------------------------------------- tokenizer
 // Encodes text into ids. add_bos: prepend BOS when the vocabulary asks for it
 // (tokenizer.ggml.add_bos_token, default true for SentencePiece vocabularies).

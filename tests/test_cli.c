@@ -170,6 +170,27 @@ static void test_bench_forward_json(void) {
           "-t 1: exit %d: %s", rc, g_out);
 }
 
+// bench-batch: help, a bad list, and --json with every field per case (a
+// structure check: the timings are the benchmark's business)
+static void test_bench_batch_json(void) {
+    NEED_BINARY();
+    int rc = run("bench-batch --help", 1);
+    CHECK(rc == 0 && strstr(g_out, "--sessions") && strstr(g_out, "--nodes"), "bench-batch --help: exit %d", rc);
+    rc = run("bench-batch -m " MODEL " --sessions 1,x", 1);
+    CHECK(rc == 1 && strstr(g_out, "--sessions"), "bad --sessions: exit %d: %s", rc, g_out);
+    NEED_MODEL();
+    rc = run("bench-batch -m " MODEL " -t 2 --sessions 1,2 --nodes 2 --ctx 8 --reps 2 --json", 0);
+    CHECK(rc == 0, "exit %d: %s", rc, g_out);
+    CHECK(g_out[0] == '{' && strchr(g_out, '}') != NULL, "not one JSON object:\n%s", g_out);
+    CHECK(strstr(g_out, "{\"sessions\": 1, \"nodes\": 2, \"multi_ms\": {\"median\": ") &&
+              strstr(g_out, "{\"sessions\": 2, \"nodes\": 2, "),
+          "cases missing:\n%s", g_out);
+    const char *keys[] = {"n_threads", "ctx", "speedup", "multi_nodes_per_s", "separate_nodes_per_s"};
+    double v;
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
+        CHECK(json_num(keys[i], &v) && v > 0, "field %s missing or not positive in:\n%s", keys[i], g_out);
+}
+
 // stories260K through the CLI: convert, then greedy generate
 static void test_convert_and_generate(void) {
     NEED_BINARY();
@@ -411,6 +432,7 @@ int main(void) {
     T_RUN(test_missing_files);
     T_RUN(test_generate_json);
     T_RUN(test_bench_forward_json);
+    T_RUN(test_bench_batch_json);
     T_RUN(test_convert_and_generate);
     T_EXIT();
 }

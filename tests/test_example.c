@@ -1,7 +1,9 @@
 // test_example.c - examples/step.c, the program that uses only the public
 // headers, runs and generates what `specdec generate` generates: its text,
 // with the step brackets removed, equals generate's greedy text for the same
-// prompt and token budget (default model; skipped when it is absent).
+// prompt and token budget (default model; skipped when it is absent); so do
+// the texts of examples/batch.c, which steps several generations together
+// with one forward per step for all of them.
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -58,7 +60,56 @@ static void test_example_runs(void) {
           "example text differs from generate's:\n  example: '%s'\n  generate: '%s'", text + strlen(PROMPT), gen);
 }
 
+// The "text" field of generate --json in g_ref, unescaped (the simple
+// escapes only) into out. 0 if absent.
+static int json_text(char *out, size_t size) {
+    const char *t = strstr(g_ref, "\"text\": \"");
+    if (!t) return 0;
+    t += 9;
+    size_t k = 0;
+    for (; *t && *t != '"' && k + 1 < size; t++) {
+        if (*t == '\\' && t[1]) {
+            t++;
+            out[k++] = *t == 'n' ? '\n' : *t == 't' ? '\t' : *t;
+        } else {
+            out[k++] = *t;
+        }
+    }
+    out[k] = 0;
+    return 1;
+}
+
+static void test_batch_example(void) {
+    struct stat st;
+    if (stat("build/examples/batch", &st) != 0) SKIP("build/examples/batch was not built");
+    int rc = cli_run("build/examples/batch", "x.gguf", 1, g_out, sizeof g_out);
+    CHECK(rc == 1 && strstr(g_out, "usage"), "no prompts: exit %d, output '%.200s'", rc, g_out);
+    if (stat(MODEL, &st) != 0) SKIP("%s is absent (run scripts/fetch-models.sh)", MODEL);
+    static const char *prompts[3] = {PROMPT, "Once upon a time, there was a", "The capital of France is"};
+    char args[1024];
+    snprintf(args, sizeof args, "%s ngram:3-8 '%s' '%s' '%s'", MODEL, prompts[0], prompts[1], prompts[2]);
+    rc = cli_run("build/examples/batch", args, 0, g_out, sizeof g_out);
+    CHECK(rc == 0 && strstr(g_out, "3 generations"), "exit %d, output '%.300s'", rc, g_out);
+    if (rc != 0) return;
+    for (int i = 0; i < 3; i++) {
+        char head[16], next[16], text[1 << 14], gen[1 << 14];
+        snprintf(head, sizeof head, "--- %d\n", i);
+        snprintf(next, sizeof next, "\n--- %d\n", i + 1);
+        const char *a = strstr(g_out, head), *b = a ? strstr(a, i < 2 ? next : "\n3 generations") : NULL;
+        CHECK(a && b, "generation %d not found in '%.300s'", i, g_out);
+        if (!a || !b) continue;
+        a += strlen(head);
+        snprintf(text, sizeof text, "%.*s", (int)(b - a), a);
+        snprintf(args, sizeof args, "generate -m " MODEL " -p '%s' -n 32 --temp 0 --json", prompts[i]);
+        rc = cli_run("./build/specdec", args, 0, g_ref, sizeof g_ref);
+        CHECK(rc == 0 && json_text(gen, sizeof gen), "specdec generate failed: '%.200s'", g_ref);
+        CHECK(!strcmp(text, gen), "generation %d differs from generate's:\n  batch: '%s'\n  generate: '%s'", i, text,
+              gen);
+    }
+}
+
 int main(void) {
     T_RUN(test_example_runs);
+    T_RUN(test_batch_example);
     T_EXIT();
 }

@@ -44,5 +44,6 @@ int cmd_bench(int argc, char **argv);
 // specdec serve (tools/serve/); without libmicrohttpd and jansson at build
 // time it only says how to install them.
 int cmd_serve(int argc, char **argv);
+int cmd_bench_batch(int argc, char **argv);
 
 #endif

@@ -15,6 +15,7 @@ static void usage(FILE *f) {
             "  bench            compare decoding methods (ar, speculative) on a Spec-Bench prompt set\n"
             "  bench-forward    time forward passes of 1..64 tokens, decode speed and memory bandwidth\n"
             "  serve            an OpenAI-compatible HTTP server with speculative decoding\n"
+            "  bench-batch      time one forward over K sessions' trees against K separate forwards\n"
             "  convert-llama2c  convert a llama2.c checkpoint + tokenizer.bin to GGUF\n"
             "\n"
             "options:\n"
@@ -45,7 +46,9 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "bench-forward")) return cmd_bench_forward(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "serve")) return cmd_serve(argc - 1, argv + 1);
-    cli_error("unknown command '%s' (commands: generate, bench, bench-forward, serve, convert-llama2c; see specdec --help)",
+    if (!strcmp(cmd, "bench-batch")) return cmd_bench_batch(argc - 1, argv + 1);
+    cli_error("unknown command '%s' (commands: generate, bench, bench-forward, bench-batch, serve, convert-llama2c; "
+              "see specdec --help)",
               cmd);
     return 1;
 }

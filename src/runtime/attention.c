@@ -26,7 +26,7 @@
 #include <string.h>
 
 #include "common.h"
-#include "runtime/session.h"
+#include "runtime/forward.h"
 #include "kernels/vmath.h"
 
 // Register tiles. Scores: ATT_TQ queries times 2 key vectors. Outputs:
@@ -206,29 +206,33 @@ static float softmax_exp(float *sc, int n, float mx) {
 }
 
 typedef struct {
-    sd_session *s;
+    const sd_fwd_pass *p;
     int layer;
-    int n;                 // batch nodes
     const sd_mm_act *out;  // NULL, or where the outputs also go, converted for the output projection
 } att_job;
 
-// A block of nq <= SD_ATT_QB queries u0..u0+nq of KV head g; query u is head
-// g * grp + u % grp of node u / grp.
-static void att_block(const att_job *job, int g, int u0, int nq, float *scratch) {
-    sd_session *s = job->s;
+// A block of nq <= SD_ATT_QB queries u0..u0+nq of KV head g of segment sg;
+// query u is head g * grp + u % grp of the segment's node u / grp (row
+// sg->t0 + u / grp of the pass). Thread ith's scores go to its part of the
+// session's att_scores.
+static void att_block(const att_job *job, const sd_fwd_seg *sg, int g, int u0, int nq, int ith) {
+    sd_session *s = sg->s;
     const sd_hparams *hp = &s->m->hp;
     const int hd = hp->head_dim, grp = hp->n_head / hp->n_head_kv, n_past = s->n_past;
-    const size_t kvd = (size_t)s->kv_dim, ld = (size_t)s->kt_nblk * SD_KT_W;
+    const size_t kvd = (size_t)s->kv_dim, ld = (size_t)s->kt_nblk * SD_KT_W, qd = (size_t)s->q_dim;
     const float *kt = kt_head(s, job->layer, g);
     const float *vb = s->v_cache + (size_t)job->layer * s->n_ctx * kvd + (size_t)g * hd;
+    float *scratch = s->att_scores + (size_t)ith * SD_ATT_QB * ld;
+    const float *qrows = job->p->q + (size_t)sg->t0 * qd;
+    float *orows = job->p->att + (size_t)sg->t0 * qd;
     const float *q[SD_ATT_QB];
     float *sc[SD_ATT_QB], *o[SD_ATT_QB], inv[SD_ATT_QB];
     const int32_t *anc[SD_ATT_QB];
     int na[SD_ATT_QB];
     for (int k = 0; k < nq; k++) {
         const int i = (u0 + k) / grp, h = g * grp + (u0 + k) % grp;
-        q[k] = s->q + (size_t)i * s->q_dim + (size_t)h * hd;
-        o[k] = s->att + (size_t)i * s->q_dim + (size_t)h * hd;
+        q[k] = qrows + (size_t)i * qd + (size_t)h * hd;
+        o[k] = orows + (size_t)i * qd + (size_t)h * hd;
         sc[k] = scratch + (size_t)k * ld;
         anc[k] = s->anc + (size_t)i * s->n_batch;
         na[k] = s->n_anc[i];
@@ -251,26 +255,47 @@ static void att_block(const att_job *job, int g, int u0, int nq, float *scratch)
     if (job->out) // the output projection's input, converted here while it is in this core's cache
         for (int k = 0; k < nq; k++) {
             const int i = (u0 + k) / grp, h = g * grp + (u0 + k) % grp;
-            sd_mm_act_put(job->out, s->att + (size_t)i * s->q_dim, i, (int64_t)h * hd, (int64_t)(h + 1) * hd);
+            sd_mm_act_put(job->out, orows + (size_t)i * qd, sg->t0 + i, (int64_t)h * hd, (int64_t)(h + 1) * hd);
         }
 }
 
-// The queries of all KV heads, (g, u) flattened, split evenly over the
-// threads; each thread takes its share in blocks within one KV head.
+// Thread ith's queries [*u0, *u1) of segment j, whose queries cost w each
+// (the keys they read) and start at weight base, among all queries of the
+// pass split by weight [lo, hi): those whose start base + u w lies there.
+static void seg_share(long q, long w, long base, long lo, long hi, long *u0, long *u1) {
+    *u0 = lo <= base ? 0 : SD_MIN(q, (lo - base + w - 1) / w);
+    *u1 = hi <= base ? 0 : SD_MIN(q, (hi - base + w - 1) / w);
+}
+
+// The queries of all segments and KV heads, (segment, g, u) flattened, split
+// among the threads (evenly by count for one segment; for several, by the
+// keys they read, so that a session with a long context does not leave one
+// thread with most of the work); each thread takes its share in blocks
+// within one segment and KV head. How the queries fall into blocks changes
+// no bit of any query's output.
 static void att_task(void *arg, int ith, int nth) {
     const att_job *job = arg;
-    sd_session *s = job->s;
-    const sd_hparams *hp = &s->m->hp;
-    const long per_g = (long)job->n * (hp->n_head / hp->n_head_kv);
-    float *scratch = s->att_scores + (size_t)ith * SD_ATT_QB * (size_t)s->kt_nblk * SD_KT_W;
-    long lo, hi;
-    sd_split_range(per_g * hp->n_head_kv, ith, nth, &lo, &hi);
-    while (lo < hi) {
-        const int g = (int)(lo / per_g);
-        const long u0 = lo % per_g, u1 = SD_MIN(per_g, u0 + (hi - lo));
-        const int nq = (int)SD_MIN(SD_ATT_QB, u1 - u0);
-        att_block(job, g, (int)u0, nq, scratch);
-        lo += nq;
+    const sd_fwd_pass *p = job->p;
+    const sd_hparams *hp = &p->m->hp;
+    const int grp = hp->n_head / hp->n_head_kv;
+    long total = 0, lo, hi, base = 0;
+    for (int j = 0; j < p->n_seg; j++)
+        total += (long)p->seg[j].n * grp * hp->n_head_kv * (p->n_seg > 1 ? p->seg[j].s->n_past + p->seg[j].n : 1);
+    sd_split_range(total, ith, nth, &lo, &hi);
+    for (int j = 0; j < p->n_seg && base < hi; j++) {
+        const sd_fwd_seg *sg = &p->seg[j];
+        const long per_g = (long)sg->n * grp, q = per_g * hp->n_head_kv;
+        const long w = p->n_seg > 1 ? sg->s->n_past + sg->n : 1;
+        long u, u_end;
+        seg_share(q, w, base, lo, hi, &u, &u_end);
+        while (u < u_end) {
+            const int g = (int)(u / per_g);
+            const long u0 = u % per_g, u1 = SD_MIN(per_g, u0 + (u_end - u));
+            const int nq = (int)SD_MIN(SD_ATT_QB, u1 - u0);
+            att_block(job, sg, g, (int)u0, nq, ith);
+            u += nq;
+        }
+        base += q * w;
     }
 }
 
@@ -278,19 +303,22 @@ static void att_task(void *arg, int ith, int nth) {
 // calling thread: waking the pool costs more than the work.
 #define SD_ATT_PAR_MIN 16384
 
-int sd_attention_parallel(const sd_session *s, int n) {
-    const sd_hparams *hp = &s->m->hp;
-    return sd_pool_size(s->pool) > 1 && (long)n * hp->n_head * (s->n_past + n) * hp->head_dim >= SD_ATT_PAR_MIN;
+int sd_attention_parallel(const sd_fwd_pass *p) {
+    const sd_hparams *hp = &p->m->hp;
+    long work = 0;
+    for (int j = 0; j < p->n_seg; j++)
+        work += (long)p->seg[j].n * hp->n_head * (p->seg[j].s->n_past + p->seg[j].n) * hp->head_dim;
+    return sd_pool_size(p->mm->pool) > 1 && work >= SD_ATT_PAR_MIN;
 }
 
-void sd_attention(sd_session *s, int layer, int n, const sd_mm_act *out) {
-    att_job job = {s, layer, n, out};
-    if (sd_attention_parallel(s, n)) sd_pool_run(s->pool, att_task, &job);
+void sd_attention(const sd_fwd_pass *p, int layer, const sd_mm_act *out) {
+    att_job job = {p, layer, out};
+    if (sd_attention_parallel(p)) sd_pool_run(p->mm->pool, att_task, &job);
     else att_task(&job, 0, 1);
 }
 
-void sd_attention_part(sd_session *s, int layer, int n, const sd_mm_act *out, int ith, int nth) {
-    att_job job = {s, layer, n, out};
+void sd_attention_part(const sd_fwd_pass *p, int layer, const sd_mm_act *out, int ith, int nth) {
+    att_job job = {p, layer, out};
     att_task(&job, ith, nth);
 }
 

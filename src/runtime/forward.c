@@ -12,11 +12,18 @@
 // committed cache [0, n_past) plus its ancestors in the batch and itself. The
 // K/V rows of node i are written at slot n_past + i (RoPE already applied with
 // the node's own position), so a later sd_session_commit only has to move rows.
+//
+// A pass may hold the batches of several sessions (sd_batcher_forward,
+// batcher.c): their nodes are the segments of one activation matrix, every
+// step but the attention runs over all rows at once, and the attention runs
+// per segment against that segment's session (forward.h). Every step is per
+// row (the matmuls are batch invariant, house rule 18), so a node gets the
+// same bits in a pass of several sessions as in its session's own forward.
 #include <math.h>
 #include <string.h>
 
 #include "common.h"
-#include "runtime/session.h"
+#include "runtime/forward.h"
 #include "kernels/vmath.h"
 
 // ---------------------------------------------------------------- small helpers
@@ -79,41 +86,51 @@ static void rope_row(float *row, int n_heads, int head_dim, int n_rot, int type,
 // ---------------------------------------------------------------- parallel tasks
 
 typedef struct {
-    sd_session *s;
-    int n;                // batch nodes
+    const sd_fwd_pass *p;
     const float *norm_w;  // pre_norm: the RMSNorm weights
     int add;              // pre_norm: 1 if xn holds a sublayer's output still to be added to x
     int layer;            // qkv_rows: the layer
-    float *v_out;         // qkv_rows: where V went (the cache rows of the batch)
+    float *v_out;         // qkv_rows: where V went (the cache rows of the batch, or p->v)
     const sd_mm_act *act; // swiglu_cols, att_after: where the result also goes, converted for the next
                           // matrix (down; the output projection), or NULL
     int hid_lo, hid_hi;   // pre_norm: after the add, x is the output of layers [hid_lo, hid_hi), whose
                           // wanted hidden rows it copies out; hid_lo == hid_hi: none
 } fwd_job;
 
-// Copies node t's residual row x (the output of layers [lo, hi)) to the
-// caller's buffer for every requested layer in that range.
-static void hidden_put(const sd_session *s, int64_t t, const float *x, int lo, int hi) {
+// The segment that row t of the pass belongs to.
+static const sd_fwd_seg *seg_of(const sd_fwd_pass *p, int64_t t) {
+    int j = 0;
+    while (j + 1 < p->n_seg && t >= p->seg[j + 1].t0) j++;
+    return &p->seg[j];
+}
+
+// Copies batch node i's residual row x (the output of layers [lo, hi)) to
+// the caller's buffer of session s for every requested layer in that range.
+static void hidden_put(const sd_session *s, int64_t i, const float *x, int lo, int hi) {
     const int E = s->m->hp.n_embd;
     for (int k = 0; k < s->n_hid; k++) {
         const int l = s->hid_layers[k];
         if (l >= lo && l < hi)
-            memcpy(s->hid_out + ((size_t)s->hid_row[t] * s->n_hid + k) * E, x, (size_t)E * sizeof(float));
+            memcpy(s->hid_out + ((size_t)s->hid_row[i] * s->n_hid + k) * E, x, (size_t)E * sizeof(float));
     }
 }
 
-// sd_mm_pre_fn: for nodes [t0, t1), x += xn (if add), the hidden rows that
+// sd_mm_pre_fn: for rows [t0, t1), x += xn (if add), the hidden rows that
 // x now holds copied out, then xn = rmsnorm(x).
 static void pre_norm(void *arg, int64_t t0, int64_t t1) {
     const fwd_job *job = arg;
-    sd_session *s = job->s;
-    const int E = s->m->hp.n_embd;
+    const sd_fwd_pass *p = job->p;
+    const int E = p->m->hp.n_embd;
     for (int64_t t = t0; t < t1; t++) {
-        float *x = s->x + t * E, *xn = s->xn + t * E;
+        float *x = p->x + t * E, *xn = p->xn + t * E;
         if (job->add)
             for (int k = 0; k < E; k++) x[k] += xn[k];
-        if (job->hid_lo < job->hid_hi && s->hid_row[t] >= 0) hidden_put(s, t, x, job->hid_lo, job->hid_hi);
-        rmsnorm(xn, x, job->norm_w, E, s->m->hp.rms_eps);
+        if (job->hid_lo < job->hid_hi) {
+            const sd_fwd_seg *sg = seg_of(p, t);
+            if (sg->s->n_hid > 0 && sg->s->hid_row[t - sg->t0] >= 0)
+                hidden_put(sg->s, t - sg->t0, x, job->hid_lo, job->hid_hi);
+        }
+        rmsnorm(xn, x, job->norm_w, E, p->m->hp.rms_eps);
     }
 }
 
@@ -135,16 +152,16 @@ static void swiglu_span(float *g, const float *u, long n) {
     }
 }
 
-// sd_mm_post_fn: ff_g = silu(ff_g) * ff_u on columns [r0, r1) of every batch
-// row, then (job->act) those columns converted for the down matrix: the
-// thread that computed them is the only one that reads ff_g and ff_u.
+// sd_mm_post_fn: ff_g = silu(ff_g) * ff_u on columns [r0, r1) of every row,
+// then (job->act) those columns converted for the down matrix: the thread
+// that computed them is the only one that reads ff_g and ff_u.
 static void swiglu_cols(void *arg, int64_t r0, int64_t r1) {
     const fwd_job *job = arg;
-    sd_session *s = job->s;
-    const long n_ff = s->m->hp.n_ff;
-    for (long t = 0; t < job->n; t++) {
-        swiglu_span(s->ff_g + t * n_ff + r0, s->ff_u + t * n_ff + r0, (long)(r1 - r0));
-        if (job->act) sd_mm_act_put(job->act, s->ff_g + t * n_ff, t, r0, r1);
+    const sd_fwd_pass *p = job->p;
+    const long n_ff = p->m->hp.n_ff;
+    for (long t = 0; t < p->n; t++) {
+        swiglu_span(p->ff_g + t * n_ff + r0, p->ff_u + t * n_ff + r0, (long)(r1 - r0));
+        if (job->act) sd_mm_act_put(job->act, p->ff_g + t * n_ff, t, r0, r1);
     }
 }
 
@@ -157,11 +174,11 @@ static void add_bias_cols(float *y, const sd_tensor *b, int n, int dim, int64_t 
 }
 
 // RoPE_NORM on columns [r0, r1) (even) of n rows of heads of head_dim.
-static void rope_cols(const sd_session *s, float *y, int n, int dim, int64_t r0, int64_t r1) {
-    const sd_hparams *hp = &s->m->hp;
+static void rope_cols(const sd_fwd_pass *p, float *y, int n, int dim, int64_t r0, int64_t r1) {
+    const sd_hparams *hp = &p->m->hp;
     const int hd = hp->head_dim, half = hp->n_rot / 2;
     for (int t = 0; t < n; t++) {
-        const float *cs = s->rope_cs + (size_t)t * half * 2;
+        const float *cs = p->rope_cs + (size_t)t * half * 2;
         for (int64_t h = r0 / hd; h * hd < r1; h++) {
             const int j0 = (int)SD_MAX(r0 - h * hd, 0), j1 = (int)SD_MIN(SD_MIN(r1 - h * hd, hd), hp->n_rot);
             if (j0 < j1) rope_norm_span(y + (size_t)t * dim + h * hd, j0, j1, cs);
@@ -169,73 +186,105 @@ static void rope_cols(const sd_session *s, float *y, int n, int dim, int64_t r0,
     }
 }
 
+// Columns [c0, c1) of the pass's K rows into each session's transposed
+// cache and (scatter) of its V rows into each session's V cache, at the
+// session's pending slots of layer l.
+static void kv_store_cols(const sd_fwd_pass *p, int l, int c0, int c1, int store_k, int store_v) {
+    for (int j = 0; j < p->n_seg; j++) {
+        const sd_fwd_seg *sg = &p->seg[j];
+        sd_session *s = sg->s;
+        const size_t kvd = (size_t)s->kv_dim;
+        if (store_k) sd_kt_store_dims(s, l, p->k + (size_t)sg->t0 * kvd, sg->n, c0, c1);
+        if (store_v && p->scatter) {
+            float *vc = s->v_cache + ((size_t)l * s->n_ctx + s->n_past) * kvd;
+            for (int i = 0; i < sg->n; i++)
+                memcpy(vc + i * kvd + c0, p->v + (size_t)(sg->t0 + i) * kvd + c0, (size_t)(c1 - c0) * sizeof(float));
+        }
+    }
+}
+
 // sd_mm_rows_fn of the Q, K, V run (RoPE_NORM models): the thread that
 // computed columns [r0, r1) of Q, K or V adds their bias, rotates them (Q,
-// K) and stores K's into the transposed cache, while they are in its cache.
+// K) and stores K's (and, in a pass of several sessions, V's) into the
+// sessions' caches, while they are in its cache.
 static void qkv_rows(void *arg, int m, int64_t r0, int64_t r1) {
     const fwd_job *job = arg;
-    sd_session *s = job->s;
-    const sd_layer *L = &s->m->layers[job->layer];
+    const sd_fwd_pass *p = job->p;
+    const sd_layer *L = &p->m->layers[job->layer];
+    const int qd = p->m->hp.n_head * p->m->hp.head_dim, kvd = p->m->hp.n_head_kv * p->m->hp.head_dim;
     if (m == 0) {
-        add_bias_cols(s->q, L->bq, job->n, s->q_dim, r0, r1);
-        rope_cols(s, s->q, job->n, s->q_dim, r0, r1);
+        add_bias_cols(p->q, L->bq, p->n, qd, r0, r1);
+        rope_cols(p, p->q, p->n, qd, r0, r1);
     } else if (m == 1) {
-        add_bias_cols(s->k, L->bk, job->n, s->kv_dim, r0, r1);
-        rope_cols(s, s->k, job->n, s->kv_dim, r0, r1);
-        sd_kt_store_dims(s, job->layer, s->k, job->n, (int)r0, (int)r1);
+        add_bias_cols(p->k, L->bk, p->n, kvd, r0, r1);
+        rope_cols(p, p->k, p->n, kvd, r0, r1);
+        kv_store_cols(p, job->layer, (int)r0, (int)r1, 1, 0);
     } else {
-        add_bias_cols(job->v_out, L->bv, job->n, s->kv_dim, r0, r1);
+        add_bias_cols(job->v_out, L->bv, p->n, kvd, r0, r1);
+        kv_store_cols(p, job->layer, (int)r0, (int)r1, 0, 1);
+    }
+}
+
+// sd_mm_rows_fn of the output matrix in a pass of several sessions: the
+// thread that computed columns [r0, r1) of the logits copies them to each
+// session's logit rows.
+static void logit_rows(void *arg, int m, int64_t r0, int64_t r1) {
+    (void)m;
+    const sd_fwd_pass *p = arg;
+    const size_t V = (size_t)p->m->hp.n_vocab;
+    for (int j = 0; j < p->n_seg; j++) {
+        const sd_fwd_seg *sg = &p->seg[j];
+        for (int r = 0; r < sg->n_out; r++)
+            memcpy(sg->s->logits + r * V + r0, p->logits + (size_t)(sg->o0 + r) * V + r0,
+                   (size_t)(r1 - r0) * sizeof(float));
     }
 }
 
 // The after hook of the Q, K, V run: the attention, on the run's threads.
 static void att_after(void *arg, int ith, int nth) {
     const fwd_job *job = arg;
-    sd_attention_part(job->s, job->layer, job->n, job->act, ith, nth);
+    sd_attention_part(job->p, job->layer, job->act, ith, nth);
 }
 
-// The tensor a matmul of this forward reads: with float activations
+// The tensor a matmul of this pass reads: with float activations
 // (sd_batch.precise) the file's layout, which has a dequantizer, else the
 // model's (possibly repacked) copy.
-static const sd_tensor *mm_weight(const sd_session *s, const sd_tensor *w) {
-    return s->mm.act_f32 ? sd_model_file_tensor(s->m, w) : w;
+static const sd_tensor *mm_weight(const sd_fwd_pass *p, const sd_tensor *w) {
+    return p->mm->act_f32 ? sd_model_file_tensor(p->m, w) : w;
 }
 
-// y = x w^T, or on x already converted (act, from act_for; else NULL).
-static void matmul_t(sd_session *s, const sd_tensor *w, const float *x, const sd_mm_act *act, int n_tok, float *y) {
-    w = mm_weight(s, w);
-    const sd_mm_hooks h = {.act = act};
-    const int type = w->type;
-    const void *W = w->data;
-    sd_matmul_multi(&s->mm, 1, &type, &W, w->ne[0], &w->ne[1], x, n_tok, &y, &h);
-}
-
-// Matrices w[0..n_mats) (n_mats <= 4) sharing the input x (their ne[0]).
-static void matmul_multi_t(sd_session *s, int n_mats, const sd_tensor *const *w, const float *x, int n_tok,
+// Matrices w[0..n_mats) (n_mats <= 4) sharing the input x (their ne[0]);
+// x may be NULL with hooks->act.
+static void matmul_multi_t(const sd_fwd_pass *p, int n_mats, const sd_tensor *const *w, const float *x, int n_tok,
                            float *const *y, const sd_mm_hooks *hooks) {
     int types[4];
     const void *W[4];
     int64_t n_out[4];
     for (int m = 0; m < n_mats; m++) {
         SD_ASSERT(w[m]->ne[0] == w[0]->ne[0]);
-        const sd_tensor *f = mm_weight(s, w[m]);
+        const sd_tensor *f = mm_weight(p, w[m]);
         types[m] = f->type;
         W[m] = f->data;
         n_out[m] = w[m]->ne[1];
     }
-    sd_matmul_multi(&s->mm, n_mats, types, W, w[0]->ne[0], n_out, x, n_tok, y, hooks);
+    sd_matmul_multi(p->mm, n_mats, types, W, w[0]->ne[0], n_out, x, n_tok, y, hooks);
+}
+
+// y = x w^T, or on x already converted (act, from act_for; else NULL).
+static void matmul_t(const sd_fwd_pass *p, const sd_tensor *w, const float *x, const sd_mm_act *act, int n_tok,
+                     float *y) {
+    const sd_mm_hooks h = {.act = act};
+    matmul_multi_t(p, 1, &w, x, n_tok, &y, &h);
 }
 
 // Tells the next matrix run which matrix the run after it reads first (w): a
 // prefetch hint, see sd_mm_next. None with float activations, which read the
 // file's layouts.
-static void hint_next(sd_session *s, const sd_tensor *w) {
+static void hint_next(const sd_fwd_pass *p, const sd_tensor *w) {
     const sd_mm_next nx = {.W = w->data, .n_out = w->ne[1], .wrb = sd_row_size(w->type, w->ne[0])};
     const sd_mm_next none = {0};
-    s->mm.next = s->mm.act_f32 ? none : nx;
+    p->mm->next = p->mm->act_f32 ? none : nx;
 }
-
-static void add_bias(float *y, const sd_tensor *b, int n_tok, int dim) { add_bias_cols(y, b, n_tok, dim, 0, dim); }
 
 // Sets a up (in abuf) for the activations of w's matmul over n tokens,
 // converted by their producers (sd_mm_act), when that matmul takes converted
@@ -243,18 +292,16 @@ static void add_bias(float *y, const sd_tensor *b, int n_tok, int dim) { add_bia
 // block: those of a head (head_dim > 0), or of a matmul's row chunks (16
 // rows, or the block itself when it is a multiple of 16: sd_mm_hooks.align).
 // Returns a or NULL.
-static const sd_mm_act *act_for(sd_session *s, sd_mm_act *a, const sd_tensor *w, int n, int head_dim) {
-    const sd_tensor *f = mm_weight(s, w);
-    if (sd_mm_act_begin(&s->mm, a, f->type, f->ne[0], n) != 0) return NULL;
+static const sd_mm_act *act_for(const sd_fwd_pass *p, sd_mm_act *a, const sd_tensor *w, int n, int head_dim) {
+    const sd_tensor *f = mm_weight(p, w);
+    if (sd_mm_act_begin(p->mm, a, f->type, f->ne[0], n) != 0) return NULL;
     if (head_dim > 0) return head_dim % a->blk == 0 ? a : NULL;
     return 16 % a->blk == 0 || a->blk % 16 == 0 ? a : NULL;
 }
 
-// ---------------------------------------------------------------- the forward pass
+// ---------------------------------------------------------------- batches
 
-// Checks the batch and records its structure (parents, positions, ancestor
-// lists, logit rows). Leaves the session untouched on error.
-static int prepare_batch(sd_session *s, const sd_batch *b, char *err, size_t errlen) {
+int sd_fwd_check(const sd_session *s, const sd_batch *b, char *err, size_t errlen) {
     const sd_hparams *hp = &s->m->hp;
     if (!b) return sd_err(err, errlen, "forward: no batch");
     if (!b->tokens == !b->embd)
@@ -288,9 +335,13 @@ static int prepare_batch(sd_session *s, const sd_batch *b, char *err, size_t err
         if (b->pos && (b->pos[i] < 0 || b->pos[i] > (1 << 30)))
             return sd_err(err, errlen, "forward: node %d has position %d", i, b->pos[i]);
     }
-    const int nb = s->n_batch;
-    // From here on the batch is valid: the previous pending rows are dropped.
-    s->n_pending = 0;
+    return 0;
+}
+
+int sd_fwd_record(sd_session *s, const sd_batch *b) {
+    const sd_hparams *hp = &s->m->hp;
+    const int n = b->n, nb = s->n_batch, nh = b->n_hidden_layers;
+    s->n_pending = 0; // the previous pending rows are dropped
     int n_out = 0;
     for (int i = 0; i < nb; i++) s->logit_row[i] = -1;
     for (int i = 0; i < n; i++) {
@@ -330,43 +381,125 @@ static int prepare_batch(sd_session *s, const sd_batch *b, char *err, size_t err
     return n_out;
 }
 
-static int forward_run(sd_session *s, const sd_batch *b, char *err, size_t errlen);
-
-// The take-turns rule of a shared pool: the forward holds the pool's busy
-// flag, or fails before touching the session.
-int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errlen) {
-    if (!sd_pool_try_acquire(s->pool))
-        return sd_err(err, errlen,
-                      "forward: the thread pool is in use by another forward or sd_threadpool_run (sessions sharing "
-                      "a pool must take turns)");
-    const int r = forward_run(s, b, err, errlen);
-    sd_pool_release(s->pool);
-    return r;
+// Embeddings: the token rows (sd_model_token_embd does the same), or the caller's.
+void sd_fwd_embed(const sd_model *m, const sd_batch *b, float *x) {
+    const int E = m->hp.n_embd;
+    if (b->embd) {
+        memcpy(x, b->embd, (size_t)b->n * E * sizeof(float));
+        return;
+    }
+    const sd_type_traits *et = sd_type_get(m->tok_embd->type);
+    const size_t erow = sd_row_size(m->tok_embd->type, E);
+    for (int i = 0; i < b->n; i++)
+        et->to_float((const uint8_t *)m->tok_embd->data + (size_t)b->tokens[i] * erow, x + (size_t)i * E, E);
 }
 
-static int forward_run(sd_session *s, const sd_batch *b, char *err, size_t errlen) {
-    int n_out = prepare_batch(s, b, err, errlen);
-    if (n_out < 0) return n_out;
-    s->mm.act_f32 = b->precise != 0; // matmul_t & co. then use the file's weight layouts
-    const sd_model *m = s->m;
+// ---------------------------------------------------------------- the forward pass
+
+// The attention half of layer l: attention norm, then Q, K and V in one
+// pool run (one activation conversion). For RoPE_NORM the same run adds the
+// biases, rotates and stores K (and V of several sessions) into the caches
+// on each thread's own columns (qkv_rows) and, with enough attention work to
+// split, runs the attention on its threads behind a barrier (att_after). The
+// NEOX rotation pairs dims half a head apart: it runs here, after. Then the
+// output projection into xn. o_act: room for the projection's converted input.
+static void attention_half(const sd_fwd_pass *p, fwd_job *job, int l, sd_mm_act *o_act) {
+    const sd_model *m = p->m;
     const sd_hparams *hp = &m->hp;
-    const int n = b->n, E = hp->n_embd, kvd = s->kv_dim, qd = s->q_dim;
-    const int half = hp->n_rot / 2;
-
-    // Embeddings: the token rows (sd_model_token_embd does the same), or the caller's.
-    if (b->embd) {
-        memcpy(s->x, b->embd, (size_t)n * E * sizeof(float));
-    } else {
-        const sd_type_traits *et = sd_type_get(m->tok_embd->type);
-        const size_t erow = sd_row_size(m->tok_embd->type, E);
-        for (int i = 0; i < n; i++)
-            et->to_float((const uint8_t *)m->tok_embd->data + (size_t)b->tokens[i] * erow, s->x + (size_t)i * E, E);
+    const sd_layer *L = &m->layers[l];
+    const int n = p->n, kvd = hp->n_head_kv * hp->head_dim, qd = hp->n_head * hp->head_dim, half = hp->n_rot / 2;
+    const sd_session *s0 = p->seg[0].s;
+    float *vc = p->scatter ? p->v : s0->v_cache + ((size_t)l * s0->n_ctx + s0->n_past) * kvd;
+    job->norm_w = L->attn_norm->data;
+    job->layer = l;
+    job->v_out = vc;
+    job->act = act_for(p, o_act, L->wo, n, hp->head_dim); // filled by the attention
+    const int in_task = hp->rope_type == SD_ROPE_NORM;
+    const int att_in_task = in_task && sd_attention_parallel(p);
+    const sd_mm_hooks h = {.pre = pre_norm, .pre_arg = job, .rows = in_task ? qkv_rows : NULL, .rows_arg = job,
+                           .after = att_in_task ? att_after : NULL, .after_arg = job};
+    const sd_tensor *w3[3] = {L->wq, L->wk, L->wv};
+    float *y3[3] = {p->q, p->k, vc};
+    hint_next(p, L->wo);
+    matmul_multi_t(p, 3, w3, p->xn, n, y3, &h);
+    if (!in_task) {
+        add_bias_cols(p->q, L->bq, n, qd, 0, qd);
+        add_bias_cols(p->k, L->bk, n, kvd, 0, kvd);
+        add_bias_cols(vc, L->bv, n, kvd, 0, kvd);
+        for (int i = 0; i < n; i++) {
+            const float *cs = p->rope_cs + (size_t)i * half * 2;
+            rope_row(p->q + (size_t)i * qd, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_type, cs);
+            rope_row(p->k + (size_t)i * kvd, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_type, cs);
+        }
+        kv_store_cols(p, l, 0, kvd, 1, 1);
     }
+    if (!att_in_task) sd_attention(p, l, job->act);
+    hint_next(p, L->w_gate);
+    matmul_t(p, L->wo, p->att, job->act, n, p->xn);
+}
 
+// The FFN half of layer l: residual add and FFN norm, then gate and up in one
+// pool run, each thread applying SwiGLU to its columns (shapes were validated
+// at load: both are [n_embd, n_ff]), then the down matrix into xn. next: the
+// matrix read after it (the next layer's Q, or the output), or NULL.
+static void ffn_half(const sd_fwd_pass *p, fwd_job *job, int l, sd_mm_act *d_act, const sd_tensor *next) {
+    const sd_layer *L = &p->m->layers[l];
+    job->add = 1;
+    job->hid_lo = job->hid_hi = 0; // mid-block: no hidden rows
+    job->norm_w = L->ffn_norm->data;
+    job->act = act_for(p, d_act, L->w_down, p->n, 0);
+    const sd_mm_hooks h = {.pre = pre_norm, .pre_arg = job, .post = swiglu_cols, .post_arg = job,
+                           .align = job->act ? SD_MAX(job->act->blk, 16) : 0};
+    const sd_tensor *ffn[2] = {L->w_gate, L->w_up};
+    float *y2[2] = {p->ff_g, p->ff_u};
+    hint_next(p, L->w_down);
+    matmul_multi_t(p, 2, ffn, p->xn, p->n, y2, &h);
+    if (next) hint_next(p, next);
+    matmul_t(p, L->w_down, p->ff_g, job->act, p->n, p->xn);
+}
+
+// After the last layer: the final residual add of the rows whose hidden rows
+// or logits are wanted (add: whether xn holds a sublayer output still to be
+// added), their hidden rows of layers [hid_lo, n_layer) and of the final
+// norm (the same rmsnorm of the same x as the logits', so the same bits),
+// then the final norm of the logit rows (output row k into xn row k: k <=
+// out_rows[k], and every add is done first) and the output matrix.
+static void output_rows(const sd_fwd_pass *p, int add, int hid_lo) {
+    const sd_model *m = p->m;
+    const sd_hparams *hp = &m->hp;
+    const int E = hp->n_embd;
+    for (int j = 0; j < p->n_seg; j++) {
+        const sd_fwd_seg *sg = &p->seg[j];
+        const sd_session *s = sg->s;
+        for (int i = 0; i < sg->n; i++) {
+            const int hid = s->n_hid > 0 && s->hid_row[i] >= 0;
+            if (!hid && s->logit_row[i] < 0) continue;
+            float *x = p->x + (size_t)(sg->t0 + i) * E;
+            if (add)
+                for (int e = 0; e < E; e++) x[e] += p->xn[(size_t)(sg->t0 + i) * E + e];
+            if (!hid) continue;
+            hidden_put(s, i, x, hid_lo, hp->n_layer);
+            for (int k = 0; k < s->n_hid; k++)
+                if (s->hid_layers[k] == SD_HIDDEN_NORM)
+                    rmsnorm(s->hid_out + ((size_t)s->hid_row[i] * s->n_hid + k) * E, x, m->out_norm->data, E,
+                            hp->rms_eps);
+        }
+    }
+    for (int k = 0; k < p->n_out; k++)
+        rmsnorm(p->xn + (size_t)k * E, p->x + (size_t)p->out_rows[k] * E, m->out_norm->data, E, hp->rms_eps);
+    if (p->n_out == 0) return;
+    const sd_mm_hooks h = {.rows = p->scatter ? logit_rows : NULL, .rows_arg = (void *)p};
+    float *y = p->logits;
+    matmul_multi_t(p, 1, &m->output, p->xn, p->n_out, &y, &h);
+}
+
+void sd_fwd_run(const sd_fwd_pass *p) {
+    const sd_hparams *hp = &p->m->hp;
+    p->mm->act_f32 = p->precise != 0; // matmul_t & co. then use the file's weight layouts
     // The residual stream x: each sublayer's output lands in xn, and the next
-    // matmul's pre hook (pre_norm) adds it to x and normalizes x into xn, node
-    // by node, split among the threads.
-    fwd_job job = {.s = s, .n = n};
+    // matmul's pre hook (pre_norm) adds it to x and normalizes x into xn, row
+    // by row, split among the threads.
+    fwd_job job = {.p = p};
     // The inputs of the output projection and of the down matrix are
     // converted by their producers, each thread its own columns (the
     // attention its heads, SwiGLU its columns), into abuf (the runs that fill
@@ -376,111 +509,55 @@ static int forward_run(sd_session *s, const sd_batch *b, char *err, size_t errle
     // Hidden rows: x (after the pending add) is the output of layers
     // [hid_lo, l) when non-skipped layer l starts (skipped layers pass it
     // on), so the pre hook of l's Q, K, V run copies them out; the last ones
-    // after the loop.
+    // in output_rows.
     int hid_lo = 0;
     for (int l = 0; l < hp->n_layer; l++) {
         // A skipped layer (sd_session_set_layer_skip) is the identity on the
         // residual stream and writes no KV rows.
-        if (s->layer_skip && s->layer_skip[l]) continue;
-        if (s->n_hid > 0) {
+        if (p->layer_skip && p->layer_skip[l]) continue;
+        if (p->any_hid) {
             job.hid_lo = hid_lo;
             job.hid_hi = l;
             hid_lo = l;
         }
-        const sd_layer *L = &m->layers[l];
-        float *vc = s->v_cache + ((size_t)l * s->n_ctx + s->n_past) * kvd;
-
-        {
-            // Attention norm, then Q, K and V in one pool run (one activation
-            // conversion). For RoPE_NORM the same run adds the biases, rotates
-            // and stores K into the cache on each thread's own columns
-            // (qkv_rows) and, with enough attention work to split, runs the
-            // attention on its threads behind a barrier (att_after). The NEOX
-            // rotation pairs dims half a head apart: it runs here, after.
-            job.norm_w = L->attn_norm->data;
-            job.layer = l;
-            job.v_out = vc;
-            job.act = act_for(s, &o_act, L->wo, n, hp->head_dim); // filled by the attention
-            const int in_task = hp->rope_type == SD_ROPE_NORM;
-            const int att_in_task = in_task && sd_attention_parallel(s, n);
-            const sd_mm_hooks h = {.pre = pre_norm, .pre_arg = &job, .rows = in_task ? qkv_rows : NULL, .rows_arg = &job,
-                                   .after = att_in_task ? att_after : NULL, .after_arg = &job};
-            const sd_tensor *w3[3] = {L->wq, L->wk, L->wv};
-            float *y3[3] = {s->q, s->k, vc};
-            hint_next(s, L->wo);
-            matmul_multi_t(s, 3, w3, s->xn, n, y3, &h);
-            if (!in_task) {
-                add_bias(s->q, L->bq, n, qd);
-                add_bias(s->k, L->bk, n, kvd);
-                add_bias(vc, L->bv, n, kvd);
-                for (int i = 0; i < n; i++) {
-                    const float *cs = s->rope_cs + (size_t)i * half * 2;
-                    rope_row(s->q + (size_t)i * qd, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_type, cs);
-                    rope_row(s->k + (size_t)i * kvd, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_type, cs);
-                }
-                sd_kt_store(s, l, s->k, n);
-            }
-            if (!att_in_task) sd_attention(s, l, n, job.act);
-        }
-
-        const sd_tensor *ffn[2] = {L->w_gate, L->w_up};
-        hint_next(s, L->w_gate);
-        matmul_t(s, L->wo, s->att, job.act, n, s->xn);
-        job.add = 1;
-        job.hid_lo = job.hid_hi = 0; // mid-block: no hidden rows
-        {
-            // residual add and FFN norm, then gate and up in one pool run, each
-            // thread applying SwiGLU to its columns (shapes were validated at
-            // load: both are [n_embd, n_ff])
-            job.norm_w = L->ffn_norm->data;
-            job.act = act_for(s, &d_act, L->w_down, n, 0);
-            const sd_mm_hooks h = {.pre = pre_norm, .pre_arg = &job, .post = swiglu_cols, .post_arg = &job,
-                                   .align = job.act ? SD_MAX(job.act->blk, 16) : 0};
-            float *y2[2] = {s->ff_g, s->ff_u};
-            hint_next(s, L->w_down);
-            matmul_multi_t(s, 2, ffn, s->xn, n, y2, &h);
-        }
+        attention_half(p, &job, l, &o_act);
         // after the down matrix: the next layer's Q, K, V, or the output matrix
         int l1 = l + 1;
-        while (l1 < hp->n_layer && s->layer_skip && s->layer_skip[l1]) l1++;
-        if (l1 < hp->n_layer) {
-            hint_next(s, m->layers[l1].wq);
-        } else if (n_out > 0) {
-            hint_next(s, m->output);
-        }
-        matmul_t(s, L->w_down, s->ff_g, job.act, n, s->xn);
+        while (l1 < hp->n_layer && p->layer_skip && p->layer_skip[l1]) l1++;
+        ffn_half(p, &job, l, &d_act, l1 < hp->n_layer ? p->m->layers[l1].wq : p->n_out > 0 ? p->m->output : NULL);
     }
+    output_rows(p, job.add, hid_lo);
+    p->mm->act_f32 = 0;
+    for (int j = 0; j < p->n_seg; j++) {
+        sd_session *s = p->seg[j].s;
+        s->n_hid = 0;
+        s->hid_out = NULL;
+        s->n_pending = p->seg[j].n;
+    }
+}
 
-    // Final residual add of the nodes whose hidden rows are wanted, and
-    // their rows of the last layers and of the final norm (the same rmsnorm
-    // of the same x as the logits' below, so the same bits).
-    const int hid_fin = s->n_hid > 0;
-    if (hid_fin) {
-        for (int i = 0; i < n; i++) {
-            if (s->hid_row[i] < 0) continue;
-            float *x = s->x + (size_t)i * E;
-            if (job.add)
-                for (int e = 0; e < E; e++) x[e] += s->xn[(size_t)i * E + e];
-            hidden_put(s, i, x, hid_lo, hp->n_layer);
-            for (int k = 0; k < s->n_hid; k++)
-                if (s->hid_layers[k] == SD_HIDDEN_NORM)
-                    rmsnorm(s->hid_out + ((size_t)s->hid_row[i] * s->n_hid + k) * E, x, m->out_norm->data, E,
-                            hp->rms_eps);
-        }
-    }
-    // Final residual add (unless done above) and norm, then the output
-    // projection, only for the rows that asked for logits (row k reads node
-    // out_rows[k] >= k, so xn is rewritten in place safely).
-    for (int k = 0; k < n_out; k++) {
-        float *x = s->x + (size_t)s->out_rows[k] * E;
-        if (job.add && !(hid_fin && s->hid_row[s->out_rows[k]] >= 0))
-            for (int e = 0; e < E; e++) x[e] += s->xn[(size_t)s->out_rows[k] * E + e];
-        rmsnorm(s->xn + (size_t)k * E, x, m->out_norm->data, E, hp->rms_eps);
-    }
-    if (n_out > 0) matmul_t(s, m->output, s->xn, NULL, n_out, s->logits);
-    s->mm.act_f32 = 0;
-    s->n_hid = 0;
-    s->hid_out = NULL;
-    s->n_pending = n;
+// One session's batch: a pass of one segment on the session's own scratch.
+int sd_fwd_session(sd_session *s, const sd_batch *b, char *err, size_t errlen) {
+    if (sd_fwd_check(s, b, err, errlen) < 0) return -1;
+    const int n_out = sd_fwd_record(s, b);
+    sd_fwd_embed(s->m, b, s->x);
+    const sd_fwd_seg seg = {.s = s, .t0 = 0, .n = b->n, .o0 = 0, .n_out = n_out};
+    const sd_fwd_pass p = {.m = s->m, .mm = &s->mm, .seg = &seg, .n_seg = 1, .n = b->n, .precise = b->precise,
+                           .any_hid = s->n_hid > 0, .layer_skip = s->layer_skip, .out_rows = s->out_rows,
+                           .n_out = n_out, .x = s->x, .xn = s->xn, .q = s->q, .k = s->k, .att = s->att,
+                           .ff_g = s->ff_g, .ff_u = s->ff_u, .rope_cs = s->rope_cs, .logits = s->logits};
+    sd_fwd_run(&p);
     return 0;
+}
+
+// The take-turns rule of a shared pool: the forward holds the pool's busy
+// flag, or fails before touching the session.
+int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errlen) {
+    if (!sd_pool_try_acquire(s->pool))
+        return sd_err(err, errlen,
+                      "forward: the thread pool is in use by another forward or sd_threadpool_run (sessions sharing "
+                      "a pool must take turns)");
+    const int r = sd_fwd_session(s, b, err, errlen);
+    sd_pool_release(s->pool);
+    return r;
 }

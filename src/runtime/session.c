@@ -24,7 +24,7 @@ sd_session_params sd_session_default_params(void) {
 }
 
 // Largest sd_matmul_wsize over every matrix of the model for n_tok tokens.
-static size_t max_wsize(const sd_model *m, int64_t n_tok) {
+size_t sd_fwd_wsize(const sd_model *m, int64_t n_tok) {
     const sd_hparams *hp = &m->hp;
     size_t w = sd_matmul_wsize(m->output->type, hp->n_embd, n_tok);
     for (int l = 0; l < hp->n_layer; l++) {
@@ -43,7 +43,7 @@ static size_t max_wsize(const sd_model *m, int64_t n_tok) {
 // threads that split a row's columns in chunks of 16 never write the same
 // line. (malloc aligns large blocks to 16 bytes only: every row boundary
 // would be a line both threads write.)
-static void *line_alloc(size_t n, int zero) {
+void *sd_line_alloc(size_t n, int zero) {
     const size_t r = n ? (n + 63) / 64 * 64 : 64;
     void *p = aligned_alloc(64, r);
     if (p && zero) memset(p, 0, r);
@@ -79,15 +79,15 @@ int sd_session_new(sd_session **out, const sd_model *m, const sd_session_params 
     s->kt_nblk = (n_ctx + SD_KT_W - 1) / SD_KT_W;
     // zeroed: the slots past the written ones are read (and ignored) by the
     // score vectors, so they should hold numbers
-    s->kt = line_alloc((size_t)hp->n_layer * (size_t)s->kv_dim * (size_t)s->kt_nblk * SD_KT_W * sizeof(float), 1);
-    s->v_cache = line_alloc(kv_elems * sizeof(float), 0);
-    s->x = line_alloc(B * hp->n_embd * sizeof(float), 0);
-    s->xn = line_alloc(B * SD_MAX(hp->n_embd, s->q_dim) * sizeof(float), 0);
-    s->q = line_alloc(B * s->q_dim * sizeof(float), 0);
-    s->k = line_alloc(B * s->kv_dim * sizeof(float), 0);
-    s->att = line_alloc(B * s->q_dim * sizeof(float), 0);
-    s->ff_g = line_alloc(B * hp->n_ff * sizeof(float), 0);
-    s->ff_u = line_alloc(B * hp->n_ff * sizeof(float), 0);
+    s->kt = sd_line_alloc((size_t)hp->n_layer * (size_t)s->kv_dim * (size_t)s->kt_nblk * SD_KT_W * sizeof(float), 1);
+    s->v_cache = sd_line_alloc(kv_elems * sizeof(float), 0);
+    s->x = sd_line_alloc(B * hp->n_embd * sizeof(float), 0);
+    s->xn = sd_line_alloc(B * SD_MAX(hp->n_embd, s->q_dim) * sizeof(float), 0);
+    s->q = sd_line_alloc(B * s->q_dim * sizeof(float), 0);
+    s->k = sd_line_alloc(B * s->kv_dim * sizeof(float), 0);
+    s->att = sd_line_alloc(B * s->q_dim * sizeof(float), 0);
+    s->ff_g = sd_line_alloc(B * hp->n_ff * sizeof(float), 0);
+    s->ff_u = sd_line_alloc(B * hp->n_ff * sizeof(float), 0);
     s->rope_cs = malloc(B * (size_t)(hp->n_rot / 2 + 1) * 2 * sizeof(float));
     s->rope_freq = malloc((size_t)(hp->n_rot / 2 + 1) * sizeof(double));
     s->anc = malloc(B * B * sizeof(int32_t));
@@ -97,12 +97,12 @@ int sd_session_new(sd_session **out, const sd_model *m, const sd_session_params 
     s->out_rows = malloc(B * sizeof(int32_t));
     s->logit_row = malloc(B * sizeof(int32_t));
     s->hid_row = malloc(B * sizeof(int32_t));
-    s->logits = line_alloc(B * (size_t)hp->n_vocab * sizeof(float), 0);
+    s->logits = sd_line_alloc(B * (size_t)hp->n_vocab * sizeof(float), 0);
     s->pool = p->pool ? sd_pool_ref(p->pool) : sd_pool_new(n_threads);
     s->n_threads = sd_pool_size(s->pool);
-    s->att_scores = line_alloc((size_t)s->n_threads * SD_ATT_QB * (size_t)s->kt_nblk * SD_KT_W * sizeof(float), 0);
+    s->att_scores = sd_line_alloc((size_t)s->n_threads * SD_ATT_QB * (size_t)s->kt_nblk * SD_KT_W * sizeof(float), 0);
     s->mm.pool = s->pool;
-    s->mm.wbuf_size = max_wsize(m, n_batch);
+    s->mm.wbuf_size = sd_fwd_wsize(m, n_batch);
     s->mm.wbuf = malloc(s->mm.wbuf_size ? s->mm.wbuf_size : 1);
     s->mm.abuf_size = s->mm.wbuf_size;
     s->mm.abuf = malloc(s->mm.abuf_size ? s->mm.abuf_size : 1);

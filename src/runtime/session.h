@@ -72,21 +72,18 @@ struct sd_session {
     sd_mm_ctx mm;       // wbuf and abuf sized for the largest matmul with n_batch tokens
 };
 
-// attention.c: the attention of layer `layer` for the n nodes of the current
-// forward (their K rows already in kt, V rows in v_cache, queries in q),
-// into att and, unless out is NULL, converted into out (the output
-// projection's input, each head by the thread that computed it); the copy of
-// n key rows (n, kv_dim) into a layer's kt at slots n_past.. (all dims, or
-// dims [d0, d1) of every row); and the move of a layer's kt slot src to slot
-// dst (commit).
-void sd_attention(sd_session *s, int layer, int n, const sd_mm_act *out);
-// Whether sd_attention of n nodes would split the work among the pool's
-// threads (enough of it), and thread ith's part of that split (all parts
-// together, on nth threads at once, equal sd_attention).
-int sd_attention_parallel(const sd_session *s, int n);
-void sd_attention_part(sd_session *s, int layer, int n, const sd_mm_act *out, int ith, int nth);
+// attention.c: the copy of n key rows (n, kv_dim) into a layer's kt at
+// slots n_past.. (all dims, or dims [d0, d1) of every row), and the move of a
+// layer's kt slot src to slot dst (commit). The attention itself is in
+// runtime/forward.h.
 void sd_kt_store(sd_session *s, int layer, const float *k, int n);
 void sd_kt_store_dims(sd_session *s, int layer, const float *k, int n, int d0, int d1);
 void sd_kt_move(sd_session *s, int layer, int dst, int src);
+
+// session.c: the largest sd_matmul_wsize over the model's matrices for n_tok
+// tokens (the size of a forward's wbuf and abuf), and cache-line aligned
+// memory (zeroed if zero; free with free), the per-forward buffers' allocator.
+size_t sd_fwd_wsize(const sd_model *m, int64_t n_tok);
+void *sd_line_alloc(size_t n, int zero);
 
 #endif
