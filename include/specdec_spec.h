@@ -29,10 +29,11 @@
 // sd_gen_step_begin (draft: fills the batch of tree nodes to evaluate),
 // sd_session_forward (the target) and sd_gen_step_end (verify, commit, tell
 // the drafter). A scheduler that evaluates the trees of several generations
-// in one batched forward calls begin on each, runs one forward over all of
-// their batches (each generation's nodes attending only to its own cache),
-// then end on each: the phases keep no state that another generation's step
-// could disturb.
+// in one batched forward calls begin on each, sd_batcher_forward (specdec.h)
+// over all of their sessions and batches (each generation's nodes attend
+// only to its own cache; the results are bit-identical to separate
+// forwards), then end on each: the phases keep no state that another
+// generation's step could disturb (examples/batch.c).
 #ifndef SPECDEC_SPEC_H
 #define SPECDEC_SPEC_H
 
