@@ -28,7 +28,7 @@ MODEL = os.environ.get("SPECDEC_MODEL", os.path.join(ROOT, "models", "SmolLM2-13
 N_TOK = 24  # tokens per generation: short, the machine may be shared
 
 CASES = ["openai_chat", "openai_chat_stream", "openai_completion", "greedy_equals_generate_chat",
-         "greedy_equals_generate_completion", "long_prompt_chunked", "concurrent_equals_sequential", "prefix_reuse", "stop_strings",
+         "greedy_equals_generate_completion", "long_prompt_chunked", "fast_prompt_batched", "concurrent_equals_sequential", "prefix_reuse", "stop_strings",
          "sampling_seed", "bad_json_400", "wrong_type_400", "unknown_model_400", "prompt_too_long_400",
          "body_too_large_413", "unknown_endpoint_404", "api_key_401", "queue_full_503",
          "disconnect_frees_slot", "metrics", "tokenize_roundtrip", "sigterm_mid_stream", "shutdown_clean"]
@@ -396,6 +396,37 @@ def main_cases(srv, openai):
         report("tokenize_roundtrip", False, repr(e))
 
 
+def fast_prompt_server():
+    """--fast-prompt: prompt chunks ride in the rounds' passes beside other
+    slots' steps; a long prompt and a short chat at once equal generate
+    --fast-prompt's texts."""
+    srv = Server("--parallel", "2", "--fast-prompt")
+    try:
+        lp = "Once upon a time a small robot walked through the old city looking for its friend. " * 10
+        sq = "Name a planet."
+        args = ["--draft-ngram", "3,8", "--fast-prompt"]
+        want_long, want_short = generate(lp, False, args), generate(sq, True, args)
+        res = {}
+
+        def long_req():
+            res["long"] = srv.request("POST", "/v1/completions", {"prompt": lp, "temperature": 0, "max_tokens": N_TOK})
+
+        t = threading.Thread(target=long_req)
+        t.start()
+        res["short"] = srv.request("POST", "/v1/chat/completions", chat_body(sq))
+        t.join()
+        (sl, rl), (ss, rs) = res["long"], res["short"]
+        got_long = rl["choices"][0]["text"] if sl == 200 else rl
+        got_short = rs["choices"][0]["message"]["content"] if ss == 200 else rs
+        chunks = srv.metric("specdec_prefill_chunks_total")
+        report("fast_prompt_batched", got_long == want_long and got_short == want_short and chunks and chunks >= 3,
+               f"long {got_long!r} vs {want_long!r}; short {got_short!r} vs {want_short!r}; chunks {chunks}")
+    except Exception as e:  # noqa: BLE001
+        report("fast_prompt_batched", False, repr(e))
+    finally:
+        srv.stop()
+
+
 def limits_server():
     """--parallel 1 --queue 1 --api-key: 401, 503, disconnect, SIGTERM mid-stream."""
     key = {"Authorization": "Bearer sekrit"}
@@ -470,6 +501,7 @@ def main():
     except ImportError:
         skip_all("the openai package is not installed (python3 -m pip install openai)")
     run_main_server(openai)
+    fast_prompt_server()
     limits_server()
     sys.exit(1 if failures else 0)
 

@@ -230,6 +230,7 @@ static void slot_start(sv_server *s, sv_slot *sl) {
     }
     sd_gen_params gp = sd_gen_default_params();
     gp.n_predict = r->n_predict;
+    gp.fast_prompt = s->o->fast_prompt;
     gp.max_nodes = sl->d ? SD_MIN(sd_method_default_nodes(&m, s->o->n_drafts), SV_N_BATCH) : 1;
     if (sd_gen_new(&sl->g, sl->s, sl->smp, sl->d, &gp, err, sizeof err) < 0) {
         slot_finish(s, sl, err, 500);
@@ -395,6 +396,7 @@ static void prefill_round(sv_server *s, int stopping) {
             continue;
         }
         if (sl->r->n_prompt - sl->pf_next <= SV_PREFILL_CHUNK) continue;   // the last chunk, below
+        if (s->o->fast_prompt) continue;   // the chunk goes into round_step's pass
         s->pass_sl[n] = sl;
         s->pass_ss[n] = sl->s;
         s->pass_bs[n] = (sd_batch){.n = SV_PREFILL_CHUNK, .tokens = sl->r->prompt + sl->pf_next,
@@ -422,7 +424,7 @@ static void prefill_round(sv_server *s, int stopping) {
     for (int i = 0; i < s->n_slots; i++) {
         sv_slot *sl = &s->slots[i];
         if (!sl->r || !sl->prefilling) continue;
-        if (sl->prefilling == 2) {
+        if (sl->prefilling == 2 || (s->o->fast_prompt && sl->r->n_prompt - sl->pf_next > SV_PREFILL_CHUNK)) {
             sl->prefilling = 1;
             continue;
         }
@@ -444,11 +446,20 @@ static void prefill_round(sv_server *s, int stopping) {
 // only to its own cache; bit-identical to separate forwards), then every
 // slot verifies, commits and emits (end).
 static void round_step(sv_server *s) {
+    static const uint8_t no_logits[SV_PREFILL_CHUNK];
     char err[256];
     int n = 0;
     for (int i = 0; i < s->n_slots; i++) {   // 1. draft (begin)
         sv_slot *sl = &s->slots[i];
         sl->in_step = 0;
+        if (sl->r && sl->g && sl->prefilling && s->o->fast_prompt) {   // a prompt chunk rides along (8-bit too)
+            s->pass_sl[n] = sl;
+            s->pass_ss[n] = sl->s;
+            s->pass_bs[n] = (sd_batch){.n = SV_PREFILL_CHUNK, .tokens = sl->r->prompt + sl->pf_next,
+                                       .logits = no_logits};
+            n++;
+            continue;
+        }
         if (!sl->r || !sl->g || sl->prefilling) continue;
         if (sd_gen_step_begin(sl->g, &sl->b, err, sizeof err) < 0) {
             slot_finish(s, sl, err, 500);
@@ -468,12 +479,27 @@ static void round_step(sv_server *s) {
             for (int k = 0; k < n; k++) s->pass_sl[k]->in_step = 0, slot_finish(s, s->pass_sl[k], "out of memory", 500);
         } else {
             forward_many(s, n, errs, 1);
-            for (int k = 0; k < n; k++)
-                if (!s->pass_ok[k]) {
-                    s->pass_sl[k]->in_step = 0;
-                    slot_finish(s, s->pass_sl[k], errs[k], 500);
+            long chunks = 0;
+            for (int k = 0; k < n; k++) {
+                sv_slot *sl = s->pass_sl[k];
+                if (sl->prefilling) {   // a folded prompt chunk: commit it
+                    if (s->pass_ok[k] && sd_session_commit(sl->s, NULL, 0, errs[k], sizeof errs[k]) == 0) {
+                        sl->pf_next += SV_PREFILL_CHUNK;
+                        chunks++;
+                    } else {
+                        char msg[300];
+                        snprintf(msg, sizeof msg, "prompt evaluation failed: %s", errs[k]);
+                        prefill_fail(s, sl, msg);
+                    }
+                } else if (!s->pass_ok[k]) {
+                    sl->in_step = 0;
+                    slot_finish(s, sl, errs[k], 500);
                 }
+            }
             free(errs);
+            pthread_mutex_lock(&s->mu);
+            s->m.prefill_chunks += chunks;
+            pthread_mutex_unlock(&s->mu);
         }
     }
     long emitted = 0;

@@ -42,6 +42,8 @@ typedef struct sv_opts {
     int max_tokens;           // default and most tokens per request (1024)
     int max_conn;             // most simultaneous connections (64)
     int timeout_s;            // idle connection timeout (seconds, 60)
+    int fast_prompt;          // prompts with 8-bit activations (sd_gen_params.fast_prompt); their chunks
+                              // then share the rounds' passes with the step batches
 } sv_opts;
 
 // ---------------------------------------------------------------- requests
