@@ -28,7 +28,10 @@ tokens/s = all tokens of a K run / its wall time; per-user tokens/s = a
 request's tokens / (end - send); time to first token = send to the first
 content chunk; inter-token latency = gap between successive content chunks
 divided by the tokens they carry when the server says (otherwise per chunk),
-and tpot = (last chunk - first chunk) / (tokens - 1) per request.
+and tpot = (last chunk - first chunk) / (tokens - 1) per request. A run
+sends max(prompts, 2K) requests (--requests), prompts cycled; each text
+starts with "[run.request] " so no run meets its prompts in the server's
+prefix cache (--reuse-prompts sends them as they are).
 """
 import argparse
 import http.client
@@ -175,8 +178,8 @@ def one_request(tg, model, prompt, args, spec):
     return rec
 
 
-def run_load(tg, model, prompts, args, spec, k):
-    n_req = max(len(prompts), k) if not args.requests else args.requests
+def run_load(tg, model, prompts, args, spec, k, run_id):
+    n_req = max(len(prompts), 2 * k) if not args.requests else args.requests
     lock = threading.Lock()
     nxt = [0]
     recs = []
@@ -188,7 +191,10 @@ def run_load(tg, model, prompts, args, spec, k):
                 if i >= n_req:
                     return
                 nxt[0] += 1
-            rec = one_request(tg, model, prompts[i % len(prompts)], args, spec)
+            p = prompts[i % len(prompts)]
+            if not args.reuse_prompts:   # no run finds its prompts in a slot's cache from an earlier run
+                p = f"[{run_id}.{i}] {p}"
+            rec = one_request(tg, model, p, args, spec)
             with lock:
                 recs.append(rec)
 
@@ -277,12 +283,15 @@ def main():
     ap.add_argument("--prompts", default="/work/shared/prompts/dev.jsonl", help="Spec-Bench JSONL prompt file")
     ap.add_argument("--n-prompts", type=int, default=0, help="use the first N prompts (0: all)")
     ap.add_argument("--requests", type=int, default=0,
-                    help="requests per run (default: max(prompts, K); prompts are cycled)")
+                    help="requests per run (default: max(prompts, 2K); prompts are cycled)")
     ap.add_argument("--clients", default="1,4,16", help="comma list of concurrent clients K")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--speculation", default="default",
                     help="comma list: 'default' (no field) or a value of the request's speculation field (off, ngram:3-8)")
+    ap.add_argument("--reuse-prompts", action="store_true",
+                    help="send the prompts as they are (default: each request's text starts with '[run.request] ', "
+                         "so no run reuses a prompt prefix an earlier run left in the server's cache)")
     ap.add_argument("--model", default=None, help="model name to send (default: the first of /v1/models)")
     ap.add_argument("--api-key", default=None)
     ap.add_argument("--warmup", type=int, default=-1,
@@ -320,7 +329,7 @@ def main():
         runs = []
         for spec in specs:
             for k in clients:
-                res = run_load(tg, model, prompts, args, spec, k)
+                res = run_load(tg, model, prompts, args, spec, k, len(runs) + 1)
                 runs.append(res)
                 print(f"bench-serve: speculation {spec}, K={k}: {res['aggregate_tokens_per_s']} tok/s, "
                       f"ttft p50 {res['ttft_ms_p50']} ms, {res['errors']} errors", file=sys.stderr, flush=True)
@@ -332,6 +341,7 @@ def main():
             "max_tokens": args.max_tokens,
             "temperature": args.temperature,
             "server_cmd": args.start_server,
+            "reuse_prompts": args.reuse_prompts,
             "runs": runs,
         }
         print(json.dumps(out, indent=1))

@@ -55,7 +55,7 @@ def main():
         port = free_port()
         server = f"{shlex.quote(BIN)} serve -m {shlex.quote(MODEL)} --port {port} --parallel 2"
         cmd = [sys.executable, os.path.join(ROOT, "scripts", "bench-serve.py"), "--url", f"http://127.0.0.1:{port}",
-               "--start-server", server, "--prompts", prompts, "--n-prompts", "2", "--clients", "2",
+               "--start-server", server, "--prompts", prompts, "--n-prompts", "2", "--requests", "2", "--clients", "2",
                "--max-tokens", "8", "--speculation", "default,off"]
         out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600)
     try:

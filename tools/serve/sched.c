@@ -41,6 +41,8 @@ struct sv_slot {
 // Prompt tokens a prefilling slot evaluates per round, so that a long
 // prompt does not stall the other slots' streams for long.
 #define SV_PREFILL_CHUNK 64
+// Most prompt tokens of all prefilling slots together per round.
+#define SV_PREFILL_BUDGET 128
 // Most nodes of one batched pass (the batcher's rows of logits cost n_vocab
 // floats each); a round with more is split into several passes.
 #define SV_PASS_MAX_NODES 512
@@ -372,72 +374,94 @@ static void prefill_fail(sv_server *s, sv_slot *sl, const char *err) {
     slot_finish(s, sl, err, 500);
 }
 
-// One chunk of every prefilling slot's prompt: the chunks before the last
-// go through one precise pass of all such slots (a prompt uses float
-// activations, so it never shares a pass with step batches); a prompt's
-// last chunk is sd_gen_prefill_cached's, which keeps its first token's
-// logits. A cancelled request stops here.
+// The prompt's last token: sd_gen_prefill_cached evaluates it alone (its
+// logits give the first token) over the chunks before it.
+static void prefill_final(sv_server *s, sv_slot *sl) {
+    char err[256];
+    if (sd_gen_prefill_cached(sl->g, sl->r->prompt, sl->r->n_prompt, sl->pf_next, err, sizeof err) < 0) {
+        prefill_fail(s, sl, err);
+        return;
+    }
+    sl->prefilling = 0;
+}
+
+// Plans this round's prompt chunks: pf_len[i] tokens of slot i's prompt
+// (all but its last token, SV_PREFILL_CHUNK at most per slot), the oldest
+// requests first, SV_PREFILL_BUDGET tokens in all, so that a burst of new
+// requests does not stall the running streams for long. Returns the number
+// of slots with a chunk.
+static int plan_prefill(sv_server *s, int *pf_len) {
+    int n = 0, budget = SV_PREFILL_BUDGET;
+    for (int i = 0; i < s->n_slots; i++) pf_len[i] = 0;
+    while (budget > 0) {
+        int best = -1;
+        for (int i = 0; i < s->n_slots; i++) {
+            sv_slot *sl = &s->slots[i];
+            if (!sl->r || !sl->g || !sl->prefilling || pf_len[i] || sl->r->n_prompt - 1 - sl->pf_next <= 0) continue;
+            if (best < 0 || sl->r->t_enqueue < s->slots[best].r->t_enqueue) best = i;
+        }
+        if (best < 0) break;
+        sv_slot *sl = &s->slots[best];
+        pf_len[best] = SD_MIN(SD_MIN(SV_PREFILL_CHUNK, sl->r->n_prompt - 1 - sl->pf_next), budget);
+        budget -= pf_len[best];
+        n++;
+    }
+    return n;
+}
+
+// After a pass: commits slot sl's evaluated prompt chunk of len tokens (ok:
+// the pass evaluated it; else err says why) and, when only the prompt's last
+// token is left, evaluates that.
+static void prefill_commit(sv_server *s, sv_slot *sl, int len, int ok, char *err, size_t errlen, int final_now) {
+    if (!ok || sd_session_commit(sl->s, NULL, 0, err, errlen) < 0) {
+        char msg[300];
+        snprintf(msg, sizeof msg, "prompt evaluation failed: %s", err);
+        prefill_fail(s, sl, msg);
+        return;
+    }
+    sl->pf_next += len;
+    pthread_mutex_lock(&s->mu);
+    s->m.prefill_chunks++;
+    pthread_mutex_unlock(&s->mu);
+    if (final_now && sl->r->n_prompt - sl->pf_next == 1) prefill_final(s, sl);
+}
+
+// Prompts between rounds: cancelled or shut-down requests end here; a prompt
+// whose last token alone is left gets it evaluated; with float-activation
+// prompts (the default) the planned chunks of all prefilling slots go
+// through one precise pass (never mixed with step batches); with
+// --fast-prompt they ride in round_step's pass instead.
 static void prefill_round(sv_server *s, int stopping) {
     static const uint8_t no_logits[SV_PREFILL_CHUNK];
-    char errs_buf[1][256];
-    int n = 0;
     for (int i = 0; i < s->n_slots; i++) {
         sv_slot *sl = &s->slots[i];
         if (!sl->r || !sl->prefilling) continue;
         pthread_mutex_lock(&sl->r->mu);
         int cancelled = sl->r->cancelled;
         pthread_mutex_unlock(&sl->r->mu);
-        if (stopping) {
-            slot_finish(s, sl, "the server is shutting down", 503);
-            continue;
-        }
-        if (cancelled) {
-            slot_finish(s, sl, NULL, 0);
-            continue;
-        }
-        if (sl->r->n_prompt - sl->pf_next <= SV_PREFILL_CHUNK) continue;   // the last chunk, below
-        if (s->o->fast_prompt) continue;   // the chunk goes into round_step's pass
-        s->pass_sl[n] = sl;
-        s->pass_ss[n] = sl->s;
-        s->pass_bs[n] = (sd_batch){.n = SV_PREFILL_CHUNK, .tokens = sl->r->prompt + sl->pf_next,
-                                   .logits = no_logits, .precise = 1};
-        n++;
+        if (stopping || cancelled) slot_finish(s, sl, NULL, 0);   // the stream ends cleanly, like a stopped one
+        else if (sl->r->n_prompt - sl->pf_next == 1) prefill_final(s, sl);
     }
-    char (*errs)[256] = n ? calloc((size_t)n, sizeof *errs) : NULL;
-    if (n && !errs) {
-        for (int k = 0; k < n; k++) prefill_fail(s, s->pass_sl[k], "out of memory");
-        n = 0;
-    }
-    if (n) forward_many(s, n, errs, 0);
-    for (int k = 0; k < n; k++) {
-        sv_slot *sl = s->pass_sl[k];
-        if (s->pass_ok[k] && sd_session_commit(sl->s, NULL, 0, errs[k], sizeof errs[k]) == 0) {
-            sl->pf_next += SV_PREFILL_CHUNK;
-            sl->prefilling = 2;   // done its chunk this round
-            continue;
-        }
-        char msg[300];
-        snprintf(msg, sizeof msg, "prompt evaluation failed: %s", errs[k]);
-        prefill_fail(s, sl, msg);
-    }
-    free(errs);
+    if (s->o->fast_prompt || !plan_prefill(s, s->pf_len)) return;
+    int n = 0;
     for (int i = 0; i < s->n_slots; i++) {
         sv_slot *sl = &s->slots[i];
-        if (!sl->r || !sl->prefilling) continue;
-        if (sl->prefilling == 2 || (s->o->fast_prompt && sl->r->n_prompt - sl->pf_next > SV_PREFILL_CHUNK)) {
-            sl->prefilling = 1;
-            continue;
-        }
-        if (sd_gen_prefill_cached(sl->g, sl->r->prompt, sl->r->n_prompt, sl->pf_next, errs_buf[0],
-                                  sizeof errs_buf[0]) < 0) {
-            prefill_fail(s, sl, errs_buf[0]);
-            continue;
-        }
-        sl->prefilling = 0;
-        pthread_mutex_lock(&s->mu);
-        s->m.prefill_chunks++;
-        pthread_mutex_unlock(&s->mu);
+        if (!s->pf_len[i]) continue;
+        s->pass_sl[n] = sl;
+        s->pass_ss[n] = sl->s;
+        s->pass_bs[n] = (sd_batch){.n = s->pf_len[i], .tokens = sl->r->prompt + sl->pf_next, .logits = no_logits,
+                                   .precise = 1};
+        n++;
     }
+    char (*errs)[256] = calloc((size_t)n, sizeof *errs);
+    if (!errs) {
+        for (int k = 0; k < n; k++) prefill_fail(s, s->pass_sl[k], "out of memory");
+        return;
+    }
+    forward_many(s, n, errs, 0);
+    for (int k = 0; k < n; k++)
+        prefill_commit(s, s->pass_sl[k], s->pass_bs[k].n, s->pass_ok[k], errs[k], sizeof errs[k], 1);
+    free(errs);
 }
 
 // One round: a step of every active slot that has its prompt. Every slot
@@ -449,15 +473,18 @@ static void round_step(sv_server *s) {
     static const uint8_t no_logits[SV_PREFILL_CHUNK];
     char err[256];
     int n = 0;
+    if (s->o->fast_prompt) plan_prefill(s, s->pf_len);
     for (int i = 0; i < s->n_slots; i++) {   // 1. draft (begin)
         sv_slot *sl = &s->slots[i];
         sl->in_step = 0;
-        if (sl->r && sl->g && sl->prefilling && s->o->fast_prompt) {   // a prompt chunk rides along (8-bit too)
-            s->pass_sl[n] = sl;
-            s->pass_ss[n] = sl->s;
-            s->pass_bs[n] = (sd_batch){.n = SV_PREFILL_CHUNK, .tokens = sl->r->prompt + sl->pf_next,
-                                       .logits = no_logits};
-            n++;
+        if (sl->r && sl->g && sl->prefilling) {   // with --fast-prompt, a planned prompt chunk rides along
+            if (s->o->fast_prompt && s->pf_len[i]) {
+                s->pass_sl[n] = sl;
+                s->pass_ss[n] = sl->s;
+                s->pass_bs[n] = (sd_batch){.n = s->pf_len[i], .tokens = sl->r->prompt + sl->pf_next,
+                                           .logits = no_logits};
+                n++;
+            }
             continue;
         }
         if (!sl->r || !sl->g || sl->prefilling) continue;
@@ -479,27 +506,16 @@ static void round_step(sv_server *s) {
             for (int k = 0; k < n; k++) s->pass_sl[k]->in_step = 0, slot_finish(s, s->pass_sl[k], "out of memory", 500);
         } else {
             forward_many(s, n, errs, 1);
-            long chunks = 0;
             for (int k = 0; k < n; k++) {
                 sv_slot *sl = s->pass_sl[k];
-                if (sl->prefilling) {   // a folded prompt chunk: commit it
-                    if (s->pass_ok[k] && sd_session_commit(sl->s, NULL, 0, errs[k], sizeof errs[k]) == 0) {
-                        sl->pf_next += SV_PREFILL_CHUNK;
-                        chunks++;
-                    } else {
-                        char msg[300];
-                        snprintf(msg, sizeof msg, "prompt evaluation failed: %s", errs[k]);
-                        prefill_fail(s, sl, msg);
-                    }
+                if (sl->prefilling) {   // a folded prompt chunk
+                    prefill_commit(s, sl, s->pass_bs[k].n, s->pass_ok[k], errs[k], sizeof errs[k], 0);
                 } else if (!s->pass_ok[k]) {
                     sl->in_step = 0;
                     slot_finish(s, sl, errs[k], 500);
                 }
             }
             free(errs);
-            pthread_mutex_lock(&s->mu);
-            s->m.prefill_chunks += chunks;
-            pthread_mutex_unlock(&s->mu);
         }
     }
     long emitted = 0;
@@ -513,6 +529,10 @@ static void round_step(sv_server *s) {
         }
         emitted += st.n_tokens;
         if (sd_gen_finished(sl->g) != SD_FINISH_NONE) slot_finish(s, sl, NULL, 0);
+    }
+    for (int i = 0; i < s->n_slots; i++) {   // prompts whose last token alone is left (after the steps'
+        sv_slot *sl = &s->slots[i];          // logits are read: it is a forward of its own)
+        if (sl->r && sl->g && sl->prefilling && sl->r->n_prompt - sl->pf_next == 1) prefill_final(s, sl);
     }
     double now = sd_time_ms();
     pthread_mutex_lock(&s->mu);
@@ -681,7 +701,8 @@ int sv_sched_start(sv_server *s, char *err, size_t errlen) {
     s->pass_ss = calloc((size_t)s->n_slots, sizeof *s->pass_ss);
     s->pass_bs = calloc((size_t)s->n_slots, sizeof *s->pass_bs);
     s->pass_ok = calloc((size_t)s->n_slots, sizeof *s->pass_ok);
-    if (!s->pass_sl || !s->pass_ss || !s->pass_bs || !s->pass_ok) return snprintf(err, errlen, "out of memory"), -1;
+    s->pf_len = calloc((size_t)s->n_slots, sizeof *s->pf_len);
+    if (!s->pass_sl || !s->pass_ss || !s->pass_bs || !s->pass_ok || !s->pf_len) return snprintf(err, errlen, "out of memory"), -1;
     if (s->n_slots > 1 && sd_batcher_new(&s->batcher, s->model, s->pool, s->batcher_nodes, err, errlen) < 0) return -1;
     if (pthread_create(&s->thread, NULL, sched_main, s) != 0)
         return snprintf(err, errlen, "cannot start the scheduler thread"), -1;
@@ -714,6 +735,8 @@ void sv_sched_stop(sv_server *s) {
     free(s->pass_ss);
     free(s->pass_bs);
     free(s->pass_ok);
+    free(s->pf_len);
+    s->pf_len = NULL;
     s->pass_sl = NULL;
     s->pass_ss = NULL;
     s->pass_bs = NULL;

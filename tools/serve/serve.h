@@ -153,6 +153,7 @@ typedef struct sv_server {
     sd_session **pass_ss;      //   their sessions,
     sd_batch *pass_bs;         //   their batches,
     int *pass_ok;              //   and whether each was evaluated
+    int *pf_len;               // (n_slots) prompt tokens each slot evaluates this round
     pthread_t thread;
     int thread_started;
 } sv_server;
