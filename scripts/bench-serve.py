@@ -178,6 +178,25 @@ def one_request(tg, model, prompt, args, spec):
     return rec
 
 
+def server_counters(tg):
+    """The server's Prometheus counters without labels (*_total), or {}."""
+    try:
+        st, body = tg.get("/metrics")
+    except OSError:
+        return {}
+    if st != 200:
+        return {}
+    out = {}
+    for line in body.decode(errors="replace").splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0].endswith("_total") and "{" not in parts[0]:
+            try:
+                out[parts[0]] = float(parts[1])
+            except ValueError:
+                pass
+    return out
+
+
 def run_load(tg, model, prompts, args, spec, k, run_id):
     n_req = max(len(prompts), 2 * k) if not args.requests else args.requests
     lock = threading.Lock()
@@ -198,6 +217,7 @@ def run_load(tg, model, prompts, args, spec, k, run_id):
             with lock:
                 recs.append(rec)
 
+    m0 = server_counters(tg)
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     ts = [threading.Thread(target=worker) for _ in range(k)]
@@ -208,6 +228,8 @@ def run_load(tg, model, prompts, args, spec, k, run_id):
     wall = time.perf_counter() - t0
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+    m1 = server_counters(tg)
+    server = {n: round(m1[n] - m0[n], 3) for n in m1 if n in m0 and m1[n] != m0[n]}
 
     ok = [r for r in recs if r["ok"] and r["chunks"]]
     errors = [r["error"] or "no content" for r in recs if not (r["ok"] and r["chunks"])]
@@ -257,6 +279,7 @@ def run_load(tg, model, prompts, args, spec, k, run_id):
         "accepted": accepted if tau_den else None,
         "client_cpu_s": rnd(cpu),
         "client_cpu_share": rnd(cpu / wall if wall > 0 else 0.0),
+        "server_counters": server,   # what the server's /metrics counters (*_total) moved by during the run
     }
 
 

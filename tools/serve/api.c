@@ -510,6 +510,15 @@ char *sv_metrics_text(sv_server *s) {
              "# HELP specdec_batch_fallbacks_total Batched passes that failed and were redone slot by slot.\n"
              "# TYPE specdec_batch_fallbacks_total counter\n"
              "specdec_batch_fallbacks_total %ld\n"
+             "# HELP specdec_batch_forward_seconds_total Wall time in the step passes (the target's forwards).\n"
+             "# TYPE specdec_batch_forward_seconds_total counter\n"
+             "specdec_batch_forward_seconds_total %.3f\n"
+             "# HELP specdec_prefill_seconds_total Wall time evaluating prompts.\n"
+             "# TYPE specdec_prefill_seconds_total counter\n"
+             "specdec_prefill_seconds_total %.3f\n"
+             "# HELP specdec_round_seconds_total Wall time in rounds: drafting, passes, verification, emitting.\n"
+             "# TYPE specdec_round_seconds_total counter\n"
+             "specdec_round_seconds_total %.3f\n"
              "# HELP specdec_prefill_chunks_total Prompt chunks evaluated between rounds.\n"
              "# TYPE specdec_prefill_chunks_total counter\n"
              "specdec_prefill_chunks_total %ld\n"
@@ -524,7 +533,8 @@ char *sv_metrics_text(sv_server *s) {
              m.generated_tokens, m.busy_slots, m.n_slots, m.queued, m.drafted, m.accepted, m.forwards, tau,
              m.emitted_tokens, m.tps, m.pass_forwards, m.pass_rows, m.pass_slots,
              m.pass_forwards ? (double)m.pass_rows / m.pass_forwards : 0.0,
-             m.pass_forwards ? (double)m.pass_slots / m.pass_forwards : 0.0, m.pass_fallbacks, m.prefill_chunks,
+             m.pass_forwards ? (double)m.pass_slots / m.pass_forwards : 0.0, m.pass_fallbacks, m.pass_ms / 1000.0,
+             m.prefill_ms / 1000.0, m.round_ms / 1000.0, m.prefill_chunks,
              SV_TTFT_RING, q[0], q[1], q[2], m.ttft_sum_ms / 1000.0, m.ttft_count);
     return buf;
 }

@@ -41,8 +41,12 @@ struct sv_slot {
 // Prompt tokens a prefilling slot evaluates per round, so that a long
 // prompt does not stall the other slots' streams for long.
 #define SV_PREFILL_CHUNK 64
-// Most prompt tokens of all prefilling slots together per round.
+// Most prompt tokens of all prefilling slots together per round while other
+// slots are generating (a round's pass waits for them): 8-bit prompt rows
+// cost what step rows cost, float-activation rows (the default) several
+// times more on CPUs without AVX-512. With nothing generating, the larger.
 #define SV_PREFILL_BUDGET 128
+#define SV_PREFILL_BUDGET_PRECISE 16
 // Most nodes of one batched pass (the batcher's rows of logits cost n_vocab
 // floats each); a round with more is split into several passes.
 #define SV_PASS_MAX_NODES 512
@@ -326,6 +330,7 @@ static int slot_emit(sv_server *s, sv_slot *sl, const sd_step *st, char *err, si
 // step: 1 for generation steps (counted in the pass metrics).
 static void forward_many(sv_server *s, int n, char (*errs)[256], int step) {
     long passes = 0, rows = 0, slots = 0, fallbacks = 0;
+    double t0 = sd_time_ms();
     int i = 0;
     while (i < n) {
         int j = i, total = 0;
@@ -347,13 +352,14 @@ static void forward_many(sv_server *s, int n, char (*errs)[256], int step) {
         slots += j - i;
         i = j;
     }
+    double dt = sd_time_ms() - t0;
     pthread_mutex_lock(&s->mu);
+    if (step) s->m.pass_ms += dt;
+    else s->m.prefill_ms += dt;
     if (step) {
         s->m.pass_forwards += passes;
         s->m.pass_rows += rows;
         s->m.pass_slots += slots;
-    } else {
-        s->m.prefill_chunks += slots;
     }
     s->m.pass_fallbacks += fallbacks;
     pthread_mutex_unlock(&s->mu);
@@ -378,7 +384,12 @@ static void prefill_fail(sv_server *s, sv_slot *sl, const char *err) {
 // logits give the first token) over the chunks before it.
 static void prefill_final(sv_server *s, sv_slot *sl) {
     char err[256];
-    if (sd_gen_prefill_cached(sl->g, sl->r->prompt, sl->r->n_prompt, sl->pf_next, err, sizeof err) < 0) {
+    double t0 = sd_time_ms();
+    int rc = sd_gen_prefill_cached(sl->g, sl->r->prompt, sl->r->n_prompt, sl->pf_next, err, sizeof err);
+    pthread_mutex_lock(&s->mu);
+    s->m.prefill_ms += sd_time_ms() - t0;
+    pthread_mutex_unlock(&s->mu);
+    if (rc < 0) {
         prefill_fail(s, sl, err);
         return;
     }
@@ -387,11 +398,13 @@ static void prefill_final(sv_server *s, sv_slot *sl) {
 
 // Plans this round's prompt chunks: pf_len[i] tokens of slot i's prompt
 // (all but its last token, SV_PREFILL_CHUNK at most per slot), the oldest
-// requests first, SV_PREFILL_BUDGET tokens in all, so that a burst of new
+// requests first, SV_PREFILL_BUDGET(_PRECISE) tokens in all, so that a burst of new
 // requests does not stall the running streams for long. Returns the number
 // of slots with a chunk.
 static int plan_prefill(sv_server *s, int *pf_len) {
-    int n = 0, budget = SV_PREFILL_BUDGET;
+    int n = 0, budget = SV_PREFILL_BUDGET, generating = 0;
+    for (int i = 0; i < s->n_slots; i++) generating |= s->slots[i].r && s->slots[i].g && !s->slots[i].prefilling;
+    if (!s->o->fast_prompt && generating) budget = SV_PREFILL_BUDGET_PRECISE;
     for (int i = 0; i < s->n_slots; i++) pf_len[i] = 0;
     while (budget > 0) {
         int best = -1;
@@ -472,6 +485,7 @@ static void prefill_round(sv_server *s, int stopping) {
 static void round_step(sv_server *s) {
     static const uint8_t no_logits[SV_PREFILL_CHUNK];
     char err[256];
+    double t_round = sd_time_ms();
     int n = 0;
     if (s->o->fast_prompt) plan_prefill(s, s->pf_len);
     for (int i = 0; i < s->n_slots; i++) {   // 1. draft (begin)
@@ -537,6 +551,7 @@ static void round_step(sv_server *s) {
     double now = sd_time_ms();
     pthread_mutex_lock(&s->mu);
     s->m.emitted_tokens += emitted;
+    s->m.round_ms += now - t_round;
     s->m.tps_tokens += emitted;
     if (s->m.tps_t0 == 0) s->m.tps_t0 = now;
     if (now - s->m.tps_t0 >= 1000.0) {

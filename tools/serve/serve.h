@@ -113,6 +113,9 @@ typedef struct sv_metrics {
     long pass_fallbacks;       // batcher calls that failed and were redone slot by slot
     long prefill_chunks;       // prompt chunks evaluated between rounds
     long emitted_tokens;       // tokens emitted by steps, live (not only finished requests)
+    double pass_ms;            // wall time in the step passes (the target's forwards)
+    double prefill_ms;         // wall time evaluating prompts
+    double round_ms;           // wall time in rounds (drafting, passes, verification, emitting)
     double tps;                // tokens/s over the last window of about a second (0 when idle)
     double tps_t0;             // sd_time_ms() when the window started
     long tps_tokens;           // tokens emitted in the window
