@@ -28,7 +28,7 @@ MODEL = os.environ.get("SPECDEC_MODEL", os.path.join(ROOT, "models", "SmolLM2-13
 N_TOK = 24  # tokens per generation: short, the machine may be shared
 
 CASES = ["openai_chat", "openai_chat_stream", "openai_completion", "greedy_equals_generate_chat",
-         "greedy_equals_generate_completion", "concurrent_equals_sequential", "prefix_reuse", "stop_strings",
+         "greedy_equals_generate_completion", "long_prompt_chunked", "fast_prompt_batched", "concurrent_equals_sequential", "prefix_reuse", "stop_strings",
          "sampling_seed", "bad_json_400", "wrong_type_400", "unknown_model_400", "prompt_too_long_400",
          "body_too_large_413", "unknown_endpoint_404", "api_key_401", "queue_full_503",
          "disconnect_frees_slot", "metrics", "tokenize_roundtrip", "sigterm_mid_stream", "shutdown_clean"]
@@ -223,6 +223,31 @@ def main_cases(srv, openai):
     except Exception as e:  # noqa: BLE001
         report("greedy_equals_generate_completion", False, repr(e))
 
+    # a prompt of several prefill chunks (64 tokens each, evaluated between
+    # rounds) while another client streams: both texts equal generate's
+    try:
+        lp = "The quick brown fox jumps over the lazy dog while the farmer counts his sheep. " * 12
+        sq = "Name a planet."
+        want_long = generate(lp, False, ["--draft-ngram", "3,8"])
+        want_short = generate(sq, True, ["--draft-ngram", "3,8"])
+        res = {}
+
+        def long_req():
+            res["long"] = srv.request("POST", "/v1/completions", {"prompt": lp, "temperature": 0, "max_tokens": N_TOK})
+
+        t = threading.Thread(target=long_req)
+        t.start()
+        res["short"] = srv.request("POST", "/v1/chat/completions", chat_body(sq))
+        t.join()
+        (sl, rl), (ss, rs) = res["long"], res["short"]
+        got_long = rl["choices"][0]["text"] if sl == 200 else rl
+        got_short = rs["choices"][0]["message"]["content"] if ss == 200 else rs
+        n_prompt = rl["usage"]["prompt_tokens"] if sl == 200 else 0
+        report("long_prompt_chunked", got_long == want_long and got_short == want_short and n_prompt > 128,
+               f"long ({n_prompt} prompt tokens) {got_long!r} vs {want_long!r}; short {got_short!r} vs {want_short!r}")
+    except Exception as e:  # noqa: BLE001
+        report("long_prompt_chunked", False, repr(e))
+
     # three clients at once get the texts they get one by one
     qs = ["Name three colors.", "What is 2+2?", "Write a haiku about the sea."]
     try:
@@ -348,11 +373,15 @@ def main_cases(srv, openai):
         _, m = srv.request("GET", "/metrics")
         names = ["specdec_requests_total", "specdec_prompt_tokens_total", "specdec_generated_tokens_total",
                  "specdec_slots_busy", "specdec_queue_length", "specdec_draft_tokens_total",
-                 "specdec_draft_accepted_total", "specdec_tau", "specdec_prompt_tokens_cached_total"]
+                 "specdec_draft_accepted_total", "specdec_tau", "specdec_prompt_tokens_cached_total",
+                 "specdec_tokens_per_second", "specdec_batch_rows_per_forward", "specdec_batch_forwards_total",
+                 "specdec_time_to_first_token_seconds", "specdec_prefill_chunks_total"]
         missing = [n for n in names if n not in m]
         gen = srv.metric("specdec_generated_tokens_total")
-        report("metrics", not missing and gen and gen > 0 and srv.metric("specdec_tau") >= 1.0,
-               f"missing {missing}, generated {gen}")
+        # the concurrent cases above shared passes: more slot batches than passes
+        passes, slots = srv.metric("specdec_batch_forwards_total"), srv.metric("specdec_batch_slots_total")
+        report("metrics", not missing and gen and gen > 0 and srv.metric("specdec_tau") >= 1.0 and
+               passes and slots > passes, f"missing {missing}, generated {gen}, passes {passes}, slot batches {slots}")
     except Exception as e:  # noqa: BLE001
         report("metrics", False, repr(e))
 
@@ -365,6 +394,37 @@ def main_cases(srv, openai):
                f"{t} -> {d}")
     except Exception as e:  # noqa: BLE001
         report("tokenize_roundtrip", False, repr(e))
+
+
+def fast_prompt_server():
+    """--fast-prompt: prompt chunks ride in the rounds' passes beside other
+    slots' steps; a long prompt and a short chat at once equal generate
+    --fast-prompt's texts."""
+    srv = Server("--parallel", "2", "--fast-prompt")
+    try:
+        lp = "Once upon a time a small robot walked through the old city looking for its friend. " * 10
+        sq = "Name a planet."
+        args = ["--draft-ngram", "3,8", "--fast-prompt"]
+        want_long, want_short = generate(lp, False, args), generate(sq, True, args)
+        res = {}
+
+        def long_req():
+            res["long"] = srv.request("POST", "/v1/completions", {"prompt": lp, "temperature": 0, "max_tokens": N_TOK})
+
+        t = threading.Thread(target=long_req)
+        t.start()
+        res["short"] = srv.request("POST", "/v1/chat/completions", chat_body(sq))
+        t.join()
+        (sl, rl), (ss, rs) = res["long"], res["short"]
+        got_long = rl["choices"][0]["text"] if sl == 200 else rl
+        got_short = rs["choices"][0]["message"]["content"] if ss == 200 else rs
+        chunks = srv.metric("specdec_prefill_chunks_total")
+        report("fast_prompt_batched", got_long == want_long and got_short == want_short and chunks and chunks >= 3,
+               f"long {got_long!r} vs {want_long!r}; short {got_short!r} vs {want_short!r}; chunks {chunks}")
+    except Exception as e:  # noqa: BLE001
+        report("fast_prompt_batched", False, repr(e))
+    finally:
+        srv.stop()
 
 
 def limits_server():
@@ -441,6 +501,7 @@ def main():
     except ImportError:
         skip_all("the openai package is not installed (python3 -m pip install openai)")
     run_main_server(openai)
+    fast_prompt_server()
     limits_server()
     sys.exit(1 if failures else 0)
 

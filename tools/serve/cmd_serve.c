@@ -105,6 +105,9 @@ int cmd_serve(int argc, char **argv) {
          .help = "most simultaneous connections"},
         {"--timeout", NULL, CLI_INT, &o.timeout_s, 1, 1 << 20, .meta = "S", .def = CLI_DEF_VALUE,
          .help = "idle connection timeout (s)"},
+        {"--fast-prompt", NULL, CLI_FLAG, &o.fast_prompt,
+         .help = "evaluate prompts with 8-bit activations like generated tokens (as generate --fast-prompt): "
+                 "much faster prompts on CPUs without AVX-512, their chunks batched with the other slots' steps"},
         {"--help", "-h", CLI_HELP, .help = "show this help"},
     };
     static char notes[1024];

@@ -21,7 +21,9 @@ struct sv_slot {
     sd_drafter *d;           // drafter of d_name, kept between requests (NULL for ar)
     char d_name[SD_METHOD_NAME_MAX];   // "" until the first request
     sv_req *r;               // request being served, or NULL (free)
-    int starting;            // 1: assigned this round, not yet prefilled
+    int starting;            // 1: assigned this round, not yet started
+    int prefilling;          // 1: its prompt is being evaluated, a chunk per round
+    int pf_next;             // prompt tokens the session holds (next chunk starts here)
     sd_sampler *smp;         // (per request)
     sd_gen *g;               // (per request)
     char *text;              // (text_len, cap text_cap) text generated for r
@@ -36,6 +38,18 @@ struct sv_slot {
 
 // The server's own pool size for prompt chunks and tree nodes.
 #define SV_N_BATCH 512
+// Prompt tokens a prefilling slot evaluates per round, so that a long
+// prompt does not stall the other slots' streams for long.
+#define SV_PREFILL_CHUNK 64
+// Most prompt tokens of all prefilling slots together per round while other
+// slots are generating (a round's pass waits for them): 8-bit prompt rows
+// cost what step rows cost, float-activation rows (the default) several
+// times more on CPUs without AVX-512. With nothing generating, the larger.
+#define SV_PREFILL_BUDGET 128
+#define SV_PREFILL_BUDGET_PRECISE 16
+// Most nodes of one batched pass (the batcher's rows of logits cost n_vocab
+// floats each); a round with more is split into several passes.
+#define SV_PASS_MAX_NODES 512
 
 // ---------------------------------------------------------------- methods
 
@@ -107,7 +121,12 @@ static void release(sv_slot *sl, size_t upto) {
 static void slot_finish(sv_server *s, sv_slot *sl, const char *error, int status) {
     sv_req *r = sl->r;
     const sd_gen_stats *gs = sl->g ? sd_gen_get_stats(sl->g) : NULL;
-    if (sl->g) {   // the cache holds the text's first n_past tokens
+    if (sl->g && sl->prefilling) {   // the committed rows are prompt rows
+        int n_past = SD_MIN(sd_session_n_past(sl->s), r->n_prompt);
+        memcpy(sl->cache, r->prompt, sizeof(int32_t) * (size_t)n_past);
+        sl->n_cache = n_past;
+        sd_session_truncate(sl->s, n_past, NULL, 0);
+    } else if (sl->g) {   // the cache holds the text's first n_past tokens
         int n_text = 0;
         const int32_t *text = sd_gen_tokens(sl->g, &n_text);
         int n_past = sd_session_n_past(sl->s);
@@ -132,6 +151,11 @@ static void slot_finish(sv_server *s, sv_slot *sl, const char *error, int status
         s->m.accepted += gs->n_draft_accepted;
         s->m.forwards += gs->n_target_forwards;
         s->m.step_tokens += gs->mean_accepted * gs->n_target_forwards;
+    }
+    if (r->ttft_ms > 0) {
+        s->m.ttft_ring[s->m.ttft_count % SV_TTFT_RING] = r->ttft_ms;
+        s->m.ttft_count++;
+        s->m.ttft_sum_ms += r->ttft_ms;
     }
     s->m.busy_slots--;
     pthread_mutex_unlock(&s->mu);
@@ -160,6 +184,7 @@ static void slot_finish(sv_server *s, sv_slot *sl, const char *error, int status
     sl->smp = NULL;
     sl->r = NULL;
     sl->starting = 0;
+    sl->prefilling = 0;
     sl->last_used = sd_time_ms();
     sv_req_unref(r);
 }
@@ -211,6 +236,7 @@ static void slot_start(sv_server *s, sv_slot *sl) {
     }
     sd_gen_params gp = sd_gen_default_params();
     gp.n_predict = r->n_predict;
+    gp.fast_prompt = s->o->fast_prompt;
     gp.max_nodes = sl->d ? SD_MIN(sd_method_default_nodes(&m, s->o->n_drafts), SV_N_BATCH) : 1;
     if (sd_gen_new(&sl->g, sl->s, sl->smp, sl->d, &gp, err, sizeof err) < 0) {
         slot_finish(s, sl, err, 500);
@@ -220,17 +246,10 @@ static void slot_start(sv_server *s, sv_slot *sl) {
     r->gen = sl->g;
     if (r->cancelled) sd_gen_stop(sl->g);
     pthread_mutex_unlock(&r->mu);
-    if (sd_gen_prefill_cached(sl->g, r->prompt, r->n_prompt, keep, err, sizeof err) < 0) {
-        int n_past = sd_session_n_past(sl->s);   // rows committed before the failure are prompt rows
-        sd_gen_free(sl->g);
-        sl->g = NULL;
-        pthread_mutex_lock(&r->mu);
-        r->gen = NULL;
-        pthread_mutex_unlock(&r->mu);
-        memcpy(sl->cache, r->prompt, sizeof(int32_t) * (size_t)SD_MIN(n_past, r->n_prompt));
-        sl->n_cache = SD_MIN(n_past, r->n_prompt);
-        slot_finish(s, sl, err, 500);
-    }
+    // The prompt is evaluated between rounds, SV_PREFILL_CHUNK tokens per
+    // round (prefill_round), the last chunk by sd_gen_prefill_cached.
+    sl->prefilling = 1;
+    sl->pf_next = keep;
 }
 
 // ---------------------------------------------------------------- steps
@@ -301,31 +320,219 @@ static int slot_emit(sv_server *s, sv_slot *sl, const sd_step *st, char *err, si
     return 0;
 }
 
-// One round: a step of every active slot. The three phases are separate so
-// that the forwards in the middle can become ONE batched forward over all
-// slots' trees (each slot's nodes attending only to its own cache) once the
-// library has a multi-session forward; today they run one after another on
-// the shared pool. That swap is the only change the round needs.
-static void round_step(sv_server *s) {
+// ---------------------------------------------------------------- passes
+
+// Evaluates the batches s->pass_bs[0..n) on the sessions s->pass_ss[0..n)
+// (all precise or none) in as few sd_batcher_forward passes as the
+// batcher's size allows; s->pass_ok[i] says whether batch i was evaluated
+// (its error in errs[i]). A pass that fails is redone slot by slot with
+// sd_session_forward, so that one slot's error fails that slot only.
+// step: 1 for generation steps (counted in the pass metrics).
+static void forward_many(sv_server *s, int n, char (*errs)[256], int step) {
+    long passes = 0, rows = 0, slots = 0, fallbacks = 0;
+    double t0 = sd_time_ms();
+    int i = 0;
+    while (i < n) {
+        int j = i, total = 0;
+        while (j < n && (j == i || total + s->pass_bs[j].n <= s->batcher_nodes)) total += s->pass_bs[j++].n;
+        int rc = -1;
+        if (j - i > 1 && s->batcher)
+            rc = sd_batcher_forward(s->batcher, s->pass_ss + i, s->pass_bs + i, j - i, errs[i], sizeof errs[i]);
+        if (rc == 0) {
+            for (int k = i; k < j; k++) s->pass_ok[k] = 1;
+            passes++;
+        } else {
+            if (j - i > 1) fallbacks++;
+            for (int k = i; k < j; k++) {
+                s->pass_ok[k] = sd_session_forward(s->pass_ss[k], &s->pass_bs[k], errs[k], sizeof errs[k]) == 0;
+                passes++;
+            }
+        }
+        rows += total;
+        slots += j - i;
+        i = j;
+    }
+    double dt = sd_time_ms() - t0;
+    pthread_mutex_lock(&s->mu);
+    if (step) s->m.pass_ms += dt;
+    else s->m.prefill_ms += dt;
+    if (step) {
+        s->m.pass_forwards += passes;
+        s->m.pass_rows += rows;
+        s->m.pass_slots += slots;
+    }
+    s->m.pass_fallbacks += fallbacks;
+    pthread_mutex_unlock(&s->mu);
+}
+
+// The slot's prompt failed: its committed rows are prompt rows.
+static void prefill_fail(sv_server *s, sv_slot *sl, const char *err) {
+    sv_req *r = sl->r;
+    int n_past = SD_MIN(sd_session_n_past(sl->s), r->n_prompt);
+    sd_gen_free(sl->g);
+    sl->g = NULL;
+    pthread_mutex_lock(&r->mu);
+    r->gen = NULL;
+    pthread_mutex_unlock(&r->mu);
+    memcpy(sl->cache, r->prompt, sizeof(int32_t) * (size_t)n_past);
+    sl->n_cache = n_past;
+    sl->prefilling = 0;
+    slot_finish(s, sl, err, 500);
+}
+
+// The prompt's last token: sd_gen_prefill_cached evaluates it alone (its
+// logits give the first token) over the chunks before it.
+static void prefill_final(sv_server *s, sv_slot *sl) {
     char err[256];
+    double t0 = sd_time_ms();
+    int rc = sd_gen_prefill_cached(sl->g, sl->r->prompt, sl->r->n_prompt, sl->pf_next, err, sizeof err);
+    pthread_mutex_lock(&s->mu);
+    s->m.prefill_ms += sd_time_ms() - t0;
+    pthread_mutex_unlock(&s->mu);
+    if (rc < 0) {
+        prefill_fail(s, sl, err);
+        return;
+    }
+    sl->prefilling = 0;
+}
+
+// Plans this round's prompt chunks: pf_len[i] tokens of slot i's prompt
+// (all but its last token, SV_PREFILL_CHUNK at most per slot), the oldest
+// requests first, SV_PREFILL_BUDGET(_PRECISE) tokens in all, so that a burst of new
+// requests does not stall the running streams for long. Returns the number
+// of slots with a chunk.
+static int plan_prefill(sv_server *s, int *pf_len) {
+    int n = 0, budget = SV_PREFILL_BUDGET, generating = 0;
+    for (int i = 0; i < s->n_slots; i++) generating |= s->slots[i].r && s->slots[i].g && !s->slots[i].prefilling;
+    if (!s->o->fast_prompt && generating) budget = SV_PREFILL_BUDGET_PRECISE;
+    for (int i = 0; i < s->n_slots; i++) pf_len[i] = 0;
+    while (budget > 0) {
+        int best = -1;
+        for (int i = 0; i < s->n_slots; i++) {
+            sv_slot *sl = &s->slots[i];
+            if (!sl->r || !sl->g || !sl->prefilling || pf_len[i] || sl->r->n_prompt - 1 - sl->pf_next <= 0) continue;
+            if (best < 0 || sl->r->t_enqueue < s->slots[best].r->t_enqueue) best = i;
+        }
+        if (best < 0) break;
+        sv_slot *sl = &s->slots[best];
+        pf_len[best] = SD_MIN(SD_MIN(SV_PREFILL_CHUNK, sl->r->n_prompt - 1 - sl->pf_next), budget);
+        budget -= pf_len[best];
+        n++;
+    }
+    return n;
+}
+
+// After a pass: commits slot sl's evaluated prompt chunk of len tokens (ok:
+// the pass evaluated it; else err says why) and, when only the prompt's last
+// token is left, evaluates that.
+static void prefill_commit(sv_server *s, sv_slot *sl, int len, int ok, char *err, size_t errlen, int final_now) {
+    if (!ok || sd_session_commit(sl->s, NULL, 0, err, errlen) < 0) {
+        char msg[300];
+        snprintf(msg, sizeof msg, "prompt evaluation failed: %s", err);
+        prefill_fail(s, sl, msg);
+        return;
+    }
+    sl->pf_next += len;
+    pthread_mutex_lock(&s->mu);
+    s->m.prefill_chunks++;
+    pthread_mutex_unlock(&s->mu);
+    if (final_now && sl->r->n_prompt - sl->pf_next == 1) prefill_final(s, sl);
+}
+
+// Prompts between rounds: cancelled or shut-down requests end here; a prompt
+// whose last token alone is left gets it evaluated; with float-activation
+// prompts (the default) the planned chunks of all prefilling slots go
+// through one precise pass (never mixed with step batches); with
+// --fast-prompt they ride in round_step's pass instead.
+static void prefill_round(sv_server *s, int stopping) {
+    static const uint8_t no_logits[SV_PREFILL_CHUNK];
+    for (int i = 0; i < s->n_slots; i++) {
+        sv_slot *sl = &s->slots[i];
+        if (!sl->r || !sl->prefilling) continue;
+        pthread_mutex_lock(&sl->r->mu);
+        int cancelled = sl->r->cancelled;
+        pthread_mutex_unlock(&sl->r->mu);
+        if (stopping || cancelled) slot_finish(s, sl, NULL, 0);   // the stream ends cleanly, like a stopped one
+        else if (sl->r->n_prompt - sl->pf_next == 1) prefill_final(s, sl);
+    }
+    if (s->o->fast_prompt || !plan_prefill(s, s->pf_len)) return;
+    int n = 0;
+    for (int i = 0; i < s->n_slots; i++) {
+        sv_slot *sl = &s->slots[i];
+        if (!s->pf_len[i]) continue;
+        s->pass_sl[n] = sl;
+        s->pass_ss[n] = sl->s;
+        s->pass_bs[n] = (sd_batch){.n = s->pf_len[i], .tokens = sl->r->prompt + sl->pf_next, .logits = no_logits,
+                                   .precise = 1};
+        n++;
+    }
+    char (*errs)[256] = calloc((size_t)n, sizeof *errs);
+    if (!errs) {
+        for (int k = 0; k < n; k++) prefill_fail(s, s->pass_sl[k], "out of memory");
+        return;
+    }
+    forward_many(s, n, errs, 0);
+    for (int k = 0; k < n; k++)
+        prefill_commit(s, s->pass_sl[k], s->pass_bs[k].n, s->pass_ok[k], errs[k], sizeof errs[k], 1);
+    free(errs);
+}
+
+// One round: a step of every active slot that has its prompt. Every slot
+// drafts (begin), then the batches of all slots that need a forward are
+// evaluated together in one sd_batcher_forward (each slot's nodes attend
+// only to its own cache; bit-identical to separate forwards), then every
+// slot verifies, commits and emits (end).
+static void round_step(sv_server *s) {
+    static const uint8_t no_logits[SV_PREFILL_CHUNK];
+    char err[256];
+    double t_round = sd_time_ms();
+    int n = 0;
+    if (s->o->fast_prompt) plan_prefill(s, s->pf_len);
     for (int i = 0; i < s->n_slots; i++) {   // 1. draft (begin)
         sv_slot *sl = &s->slots[i];
         sl->in_step = 0;
-        if (!sl->r || !sl->g) continue;
+        if (sl->r && sl->g && sl->prefilling) {   // with --fast-prompt, a planned prompt chunk rides along
+            if (s->o->fast_prompt && s->pf_len[i]) {
+                s->pass_sl[n] = sl;
+                s->pass_ss[n] = sl->s;
+                s->pass_bs[n] = (sd_batch){.n = s->pf_len[i], .tokens = sl->r->prompt + sl->pf_next,
+                                           .logits = no_logits};
+                n++;
+            }
+            continue;
+        }
+        if (!sl->r || !sl->g || sl->prefilling) continue;
         if (sd_gen_step_begin(sl->g, &sl->b, err, sizeof err) < 0) {
             slot_finish(s, sl, err, 500);
             continue;
         }
         sl->in_step = 1;
-    }
-    for (int i = 0; i < s->n_slots; i++) {   // 2. the target's forwards
-        sv_slot *sl = &s->slots[i];
-        if (!sl->in_step || sl->b.n == 0) continue;
-        if (sd_session_forward(sl->s, &sl->b, err, sizeof err) < 0) {
-            sl->in_step = 0;
-            slot_finish(s, sl, err, 500);
+        if (sl->b.n > 0) {
+            s->pass_sl[n] = sl;
+            s->pass_ss[n] = sl->s;
+            s->pass_bs[n] = sl->b;
+            n++;
         }
     }
+    if (n > 0) {   // 2. the target: one pass over every slot's batch
+        char (*errs)[256] = calloc((size_t)n, sizeof *errs);
+        if (!errs) {
+            for (int k = 0; k < n; k++) s->pass_sl[k]->in_step = 0, slot_finish(s, s->pass_sl[k], "out of memory", 500);
+        } else {
+            forward_many(s, n, errs, 1);
+            for (int k = 0; k < n; k++) {
+                sv_slot *sl = s->pass_sl[k];
+                if (sl->prefilling) {   // a folded prompt chunk
+                    prefill_commit(s, sl, s->pass_bs[k].n, s->pass_ok[k], errs[k], sizeof errs[k], 0);
+                } else if (!s->pass_ok[k]) {
+                    sl->in_step = 0;
+                    slot_finish(s, sl, errs[k], 500);
+                }
+            }
+            free(errs);
+        }
+    }
+    long emitted = 0;
     for (int i = 0; i < s->n_slots; i++) {   // 3. verify, commit, emit (end)
         sv_slot *sl = &s->slots[i];
         if (!sl->in_step) continue;
@@ -334,8 +541,25 @@ static void round_step(sv_server *s) {
             slot_finish(s, sl, err, 500);
             continue;
         }
+        emitted += st.n_tokens;
         if (sd_gen_finished(sl->g) != SD_FINISH_NONE) slot_finish(s, sl, NULL, 0);
     }
+    for (int i = 0; i < s->n_slots; i++) {   // prompts whose last token alone is left (after the steps'
+        sv_slot *sl = &s->slots[i];          // logits are read: it is a forward of its own)
+        if (sl->r && sl->g && sl->prefilling && sl->r->n_prompt - sl->pf_next == 1) prefill_final(s, sl);
+    }
+    double now = sd_time_ms();
+    pthread_mutex_lock(&s->mu);
+    s->m.emitted_tokens += emitted;
+    s->m.round_ms += now - t_round;
+    s->m.tps_tokens += emitted;
+    if (s->m.tps_t0 == 0) s->m.tps_t0 = now;
+    if (now - s->m.tps_t0 >= 1000.0) {
+        s->m.tps = s->m.tps_tokens * 1000.0 / (now - s->m.tps_t0);
+        s->m.tps_t0 = now;
+        s->m.tps_tokens = 0;
+    }
+    pthread_mutex_unlock(&s->mu);
 }
 
 // ---------------------------------------------------------------- the thread
@@ -416,8 +640,9 @@ static void *sched_main(void *arg) {
                 continue;
             }
             if (sl->r && sl->starting) slot_start(s, sl);
-            if (stopping && sl->g) sd_gen_stop(sl->g);   // streams end cleanly with what they have
+            if (stopping && sl->g && !sl->prefilling) sd_gen_stop(sl->g);   // streams end cleanly with what they have
         }
+        prefill_round(s, stopping);
         if (n_active(s) > 0) round_step(s);
         if (stopping && n_active(s) == 0) break;
     }
@@ -453,6 +678,8 @@ void sv_metrics_get(sv_server *s, sv_metrics *m) {
     *m = s->m;
     m->queued = s->q_len;
     m->n_slots = s->n_slots;
+    double now = sd_time_ms();   // idle: the window's rate decays towards 0
+    if (m->tps_t0 > 0 && now - m->tps_t0 >= 2000.0) m->tps = m->tps_tokens * 1000.0 / (now - m->tps_t0);
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -477,6 +704,21 @@ int sv_sched_start(sv_server *s, char *err, size_t errlen) {
         if (!sl->cache || !sl->ends) return snprintf(err, errlen, "out of memory"), -1;
     }
     s->m.n_slots = s->n_slots;
+    // One batcher for the scheduler's passes: room for every slot's tree and
+    // auxiliary nodes of the default method (a request asking for a larger
+    // tree, or a round beyond that, is split into several passes).
+    int per_slot = 1;
+    if (strcmp(s->def_method.name, "ar") != 0)
+        per_slot = SD_MIN(sd_method_default_nodes(&s->def_method, o->n_drafts) + s->def_method.extra_nodes, SV_N_BATCH);
+    per_slot = SD_MAX(per_slot, SV_PREFILL_CHUNK / 4);
+    s->batcher_nodes = SD_MIN(SD_MAX(s->n_slots * per_slot, SV_PREFILL_CHUNK), SV_PASS_MAX_NODES);
+    s->pass_sl = calloc((size_t)s->n_slots, sizeof *s->pass_sl);
+    s->pass_ss = calloc((size_t)s->n_slots, sizeof *s->pass_ss);
+    s->pass_bs = calloc((size_t)s->n_slots, sizeof *s->pass_bs);
+    s->pass_ok = calloc((size_t)s->n_slots, sizeof *s->pass_ok);
+    s->pf_len = calloc((size_t)s->n_slots, sizeof *s->pf_len);
+    if (!s->pass_sl || !s->pass_ss || !s->pass_bs || !s->pass_ok || !s->pf_len) return snprintf(err, errlen, "out of memory"), -1;
+    if (s->n_slots > 1 && sd_batcher_new(&s->batcher, s->model, s->pool, s->batcher_nodes, err, errlen) < 0) return -1;
     if (pthread_create(&s->thread, NULL, sched_main, s) != 0)
         return snprintf(err, errlen, "cannot start the scheduler thread"), -1;
     s->thread_started = 1;
@@ -502,6 +744,18 @@ void sv_sched_stop(sv_server *s) {
         free(sl->ends);
         free(sl->text);
     }
+    sd_batcher_free(s->batcher);
+    s->batcher = NULL;
+    free(s->pass_sl);
+    free(s->pass_ss);
+    free(s->pass_bs);
+    free(s->pass_ok);
+    free(s->pf_len);
+    s->pf_len = NULL;
+    s->pass_sl = NULL;
+    s->pass_ss = NULL;
+    s->pass_bs = NULL;
+    s->pass_ok = NULL;
     free(s->slots);
     free(s->queue);
     s->slots = NULL;

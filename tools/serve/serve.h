@@ -42,6 +42,8 @@ typedef struct sv_opts {
     int max_tokens;           // default and most tokens per request (1024)
     int max_conn;             // most simultaneous connections (64)
     int timeout_s;            // idle connection timeout (seconds, 60)
+    int fast_prompt;          // prompts with 8-bit activations (sd_gen_params.fast_prompt); their chunks
+                              // then share the rounds' passes with the step batches
 } sv_opts;
 
 // ---------------------------------------------------------------- requests
@@ -103,6 +105,25 @@ typedef struct sv_metrics {
     double step_tokens;        // tokens emitted by steps with a forward (for tau)
     int busy_slots, queued;    // now
     int n_slots;
+    // continuous batching (sched.c's round): every call that evaluates
+    // slots' batches (one sd_batcher_forward, or one sd_session_forward)
+    long pass_forwards;        // calls of step batches
+    long pass_rows;            // their nodes, all slots together
+    long pass_slots;           // their slots
+    long pass_fallbacks;       // batcher calls that failed and were redone slot by slot
+    long prefill_chunks;       // prompt chunks evaluated between rounds
+    long emitted_tokens;       // tokens emitted by steps, live (not only finished requests)
+    double pass_ms;            // wall time in the step passes (the target's forwards)
+    double prefill_ms;         // wall time evaluating prompts
+    double round_ms;           // wall time in rounds (drafting, passes, verification, emitting)
+    double tps;                // tokens/s over the last window of about a second (0 when idle)
+    double tps_t0;             // sd_time_ms() when the window started
+    long tps_tokens;           // tokens emitted in the window
+    // time to first token of the most recent finished requests (ms)
+#define SV_TTFT_RING 256
+    double ttft_ring[SV_TTFT_RING];
+    long ttft_count;           // requests with a first token, in all
+    double ttft_sum_ms;
 } sv_metrics;
 
 // ---------------------------------------------------------------- the server
@@ -129,6 +150,13 @@ typedef struct sv_server {
 
     sv_slot *slots;            // (n_slots)
     int n_slots;
+    sd_batcher *batcher;       // one pass over the batches of several slots (scheduler thread only)
+    int batcher_nodes;         // its n_nodes
+    sv_slot **pass_sl;         // (n_slots) scratch of a round's pass: slots,
+    sd_session **pass_ss;      //   their sessions,
+    sd_batch *pass_bs;         //   their batches,
+    int *pass_ok;              //   and whether each was evaluated
+    int *pf_len;               // (n_slots) prompt tokens each slot evaluates this round
     pthread_t thread;
     int thread_started;
 } sv_server;
