@@ -333,7 +333,8 @@ char *sv_response_json(sv_server *s, const sv_req *r) {
 // One "data: {...}\n\n" event. delta: text (n bytes) or NULL; first: the
 // chat's opening role delta; finish: finish_reason or NULL; usage: 1 adds
 // usage to this chunk, 2 makes it the usage-only chunk (empty choices).
-char *sv_chunk(sv_server *s, const sv_req *r, const char *delta, size_t n, int first, const char *finish, int usage) {
+static char *chunk(sv_server *s, const sv_req *r, const char *delta, size_t n, int first, const char *finish,
+                   int usage, json_t *extra) {
     json_t *choices = json_array();
     if (usage != 2) {
         json_t *c;
@@ -353,6 +354,8 @@ char *sv_chunk(sv_server *s, const sv_req *r, const char *delta, size_t n, int f
                           (json_int_t)r->created, "model", s->model_id, "system_fingerprint", "specdec-" SPECDEC_VERSION,
                           "choices", choices);
     if (o && usage) json_object_set_new(o, "usage", usage_json(r));
+    if (o && extra) json_object_set_new(o, "specdec", extra);
+    else json_decref(extra);
     char *j = dump(o);
     if (!j) return NULL;
     size_t L = strlen(j);
@@ -363,6 +366,52 @@ char *sv_chunk(sv_server *s, const sv_req *r, const char *delta, size_t n, int f
         memcpy(ev + 6 + L, "\n\n", 3);
     }
     free(j);
+    return ev;
+}
+
+char *sv_chunk(sv_server *s, const sv_req *r, const char *delta, size_t n, int first, const char *finish, int usage) {
+    return chunk(s, r, delta, n, first, finish, usage, NULL);
+}
+
+// A text chunk of raw[0..n) with how each token came (kind: sv_req.how of
+// those bytes): "specdec": {"tokens": [[text, 1 accepted draft / 0 target's
+// own], ...], "accepted": A, "target": T}. The text is split where a token
+// starts; a token starting inside a character (byte-level tokens) joins the
+// piece before it, and a token split over two chunks continues in the next
+// one's first piece. A and T count the tokens starting in this chunk, so over a
+// stream they add up to usage.speculation.accepted and to the completion
+// tokens less the accepted ones (tokens without text are not counted).
+// delta.content is the concatenation of the pieces.
+char *sv_chunk_spec(sv_server *s, const sv_req *r, const char *raw, const char *kind, size_t n) {
+    json_t *toks = json_array();
+    char *content = NULL;
+    size_t clen = 0, ccap = 0;
+    int n_acc = 0, n_tgt = 0, bad = !toks;
+    size_t i = 0;
+    while (i < n && !bad) {
+        size_t j = i + 1;
+        while (j < n && !((kind[j] == 'A' || kind[j] == 'T') && ((unsigned char)raw[j] & 0xC0) != 0x80)) {
+            if (kind[j] == 'A' || kind[j] == 'T') {   // a token starting inside a character: joins this piece
+                if (kind[j] == 'A') n_acc++;
+                else n_tgt++;
+            }
+            j++;
+        }
+        if (kind[i] == 'A') n_acc++;
+        else if (kind[i] == 'T') n_tgt++;
+        size_t m;
+        char *t = sv_utf8_clean(raw + i, j - i, &m);
+        int acc = kind[i] == 'A' || kind[i] == 'a';
+        if (!t || sv_buf_add(&content, &clen, &ccap, t, m) < 0 ||
+            json_array_append_new(toks, json_pack("[s%, i]", t, m, acc)) < 0)
+            bad = 1;
+        free(t);
+        i = j;
+    }
+    json_t *extra = bad ? NULL : json_pack("{s:o, s:i, s:i}", "tokens", toks, "accepted", n_acc, "target", n_tgt);
+    if (!extra) json_decref(toks);
+    char *ev = extra ? chunk(s, r, content ? content : "", clen, 0, NULL, 0, extra) : NULL;
+    free(content);
     return ev;
 }
 

@@ -32,6 +32,10 @@ int sv_tokenize(sv_server *s, const char *text, int add_bos, int special, int32_
 char *sv_response_json(sv_server *s, const sv_req *r);
 // One server-sent event "data: {chunk}\n\n" (see api.c). Caller frees.
 char *sv_chunk(sv_server *s, const sv_req *r, const char *delta, size_t n, int first, const char *finish, int usage);
+// The chat page served at GET / (tools/serve/page.c).
+extern const char sv_page_html[];
+// A text chunk that also says how each of its tokens came ("specdec" field).
+char *sv_chunk_spec(sv_server *s, const sv_req *r, const char *raw, const char *kind, size_t n);
 // Bodies of GET /v1/models, GET /metrics, POST /tokenize and /detokenize.
 char *sv_models_json(sv_server *s);
 char *sv_metrics_text(sv_server *s);

@@ -24,7 +24,7 @@ struct sv_http {
     int quiesced;
 };
 
-enum { R_NONE, R_HEALTH, R_MODELS, R_METRICS, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE };
+enum { R_NONE, R_HEALTH, R_MODELS, R_METRICS, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE, R_PAGE };
 
 // Per request on a connection (MHD's *con_cls).
 typedef struct conn {
@@ -158,14 +158,18 @@ static int stream_next(stream *st) {
         pthread_mutex_unlock(&r->mu);
         return -1;
     }
-    size_t n = r->out_len - st->consumed, clean_n = 0;
-    char *text = n ? sv_utf8_clean(r->out + st->consumed, n, &clean_n) : NULL;
+    size_t n = r->out_len - st->consumed;
+    char *text = n ? malloc(2 * n) : NULL;   // the new bytes, then how their tokens came
+    if (text) {
+        memcpy(text, r->out + st->consumed, n);
+        memcpy(text + n, r->how + st->consumed, n);
+    }
     int done = r->done;
     st->consumed = r->out_len;
     pthread_mutex_unlock(&r->mu);
     if (n) {
         if (!text) return -1;
-        int rc = stream_push(st, sv_chunk(st->s, r, text, clean_n, 0, NULL, 0));
+        int rc = stream_push(st, sv_chunk_spec(st->s, r, text, text + n, n));
         free(text);
         return rc;
     }
@@ -283,7 +287,7 @@ static int route_of(const char *url, int *post) {
         {"/metrics", R_METRICS, 0},      {"/v1/chat/completions", R_CHAT, 1},
         {"/chat/completions", R_CHAT, 1}, {"/v1/completions", R_COMPLETIONS, 1},
         {"/completions", R_COMPLETIONS, 1}, {"/tokenize", R_TOKENIZE, 1},
-        {"/detokenize", R_DETOKENIZE, 1},
+        {"/detokenize", R_DETOKENIZE, 1}, {"/", R_PAGE, 0},
     };
     for (size_t i = 0; i < sizeof routes / sizeof *routes; i++)
         if (!strcmp(url, routes[i].path)) {
@@ -311,7 +315,8 @@ static int auth_ok(const sv_server *s, struct MHD_Connection *c) {
 static enum MHD_Result first_call(sv_server *s, struct MHD_Connection *c, const char *url, conn *k) {
     int post;
     int route = route_of(url, &post);
-    if (s->o->api_key && route != R_HEALTH && !auth_ok(s, c)) {
+    // the page holds no data (it sends the key the user gives it)
+    if (s->o->api_key && route != R_HEALTH && route != R_PAGE && !auth_ok(s, c)) {
         k->responded = 1;
         return reply_error(c, 401, "invalid_api_key", "missing or wrong API key (send 'Authorization: Bearer KEY')");
     }
@@ -361,6 +366,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     }
     switch (route) {
     case R_HEALTH: return serve_health(s, c);
+    case R_PAGE: return reply(c, 200, "text/html; charset=utf-8", strdup(sv_page_html));
     case R_MODELS: return reply_json(c, sv_models_json(s));
     case R_METRICS: return reply(c, 200, "text/plain; version=0.0.4", sv_metrics_text(s));
     case R_CHAT: return serve_generation(s, c, k, SV_CHAT);

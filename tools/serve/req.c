@@ -30,6 +30,7 @@ void sv_req_unref(sv_req *r) {
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->prompt);
     free(r->out);
+    free(r->how);
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
     free(r);

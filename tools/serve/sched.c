@@ -28,6 +28,9 @@ struct sv_slot {
     sd_gen *g;               // (per request)
     char *text;              // (text_len, cap text_cap) text generated for r
     size_t text_len, text_cap;
+    char *kind;              // (kind_len == text_len, cap kind_cap) per byte of text: how its token came
+                             // ('A' accepted draft, 'T' the target's own; lower case after a token's first byte)
+    size_t kind_len, kind_cap;
     size_t released;         // bytes of text handed to the client
     size_t *ends;            // (n_batch + 1) text length after each token of the last step
     int max_stop;            // longest stop string of r (bytes)
@@ -109,7 +112,9 @@ static void release(sv_slot *sl, size_t upto) {
     sv_req *r = sl->r;
     if (upto <= sl->released) return;
     pthread_mutex_lock(&r->mu);
-    if (sv_buf_add(&r->out, &r->out_len, &r->out_cap, sl->text + sl->released, upto - sl->released) < 0)
+    // kinds first: readers take out_len bytes of both
+    if (sv_buf_add(&r->how, &r->how_len, &r->how_cap, sl->kind + sl->released, upto - sl->released) < 0 ||
+        sv_buf_add(&r->out, &r->out_len, &r->out_cap, sl->text + sl->released, upto - sl->released) < 0)
         snprintf(r->error, sizeof r->error, "out of memory");
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
@@ -204,7 +209,7 @@ static void slot_start(sv_server *s, sv_slot *sl) {
     sv_req *r = sl->r;
     char err[256];
     sl->starting = 0;
-    sl->text_len = sl->released = 0;
+    sl->text_len = sl->kind_len = sl->released = 0;
     sl->max_stop = 0;
     for (int i = 0; i < r->n_stop; i++) sl->max_stop = SD_MAX(sl->max_stop, (int)strlen(r->stop[i]));
     int keep = common_prefix(sl->cache, sl->n_cache, r->prompt, r->n_prompt);
@@ -301,6 +306,12 @@ static int slot_emit(sv_server *s, sv_slot *sl, const sd_step *st, char *err, si
         if (n > (int)sizeof piece) n = (int)sizeof piece;
         if (n > 0 && sv_buf_add(&sl->text, &sl->text_len, &sl->text_cap, piece, (size_t)n) < 0)
             return snprintf(err, errlen, "out of memory"), -1;
+        for (int b = 0; b < n; b++) {   // accepted drafts come first, then the target's own token
+            char kc = k < st->n_accepted ? 'A' : 'T';
+            if (b) kc = (char)(kc - 'A' + 'a');
+            if (sv_buf_add(&sl->kind, &sl->kind_len, &sl->kind_cap, &kc, 1) < 0)
+                return snprintf(err, errlen, "out of memory"), -1;
+        }
         sl->ends[k] = sl->text_len;
     }
     if (st->n_tokens > 0 && r->ttft_ms == 0) r->ttft_ms = sd_time_ms() - r->t_enqueue;
@@ -311,7 +322,7 @@ static int slot_emit(sv_server *s, sv_slot *sl, const sd_step *st, char *err, si
         int keep = 0;
         while (keep < st->n_tokens && sl->ends[keep] < end) keep++;
         if (sd_gen_cut(sl->g, SD_MIN(keep + 1, st->n_tokens), err, errlen) < 0) return -1;
-        sl->text_len = (size_t)p;
+        sl->text_len = sl->kind_len = (size_t)p;
         return 0;
     }
     if (sd_gen_finished(sl->g) != SD_FINISH_NONE) return 0;   // slot_finish releases the rest
@@ -743,6 +754,7 @@ void sv_sched_stop(sv_server *s) {
         free(sl->cache);
         free(sl->ends);
         free(sl->text);
+        free(sl->kind);
     }
     sd_batcher_free(s->batcher);
     s->batcher = NULL;

@@ -72,6 +72,8 @@ typedef struct sv_req {
     int refs;                  // owners: the connection and, once submitted, the scheduler
     char *out;                 // (out_len, cap out_cap) text released to the client so far
     size_t out_len, out_cap;
+    char *how;                 // (how_len == out_len) per byte of out: 'A'/'T' first byte of an accepted draft /
+    size_t how_len, how_cap;   // target token, 'a'/'t' its other bytes
     int done;                  // 1: no more text; finish/error/stats final
     int cancelled;             // the client went away: stop at once
     char finish[16];           // "stop" / "length" (OpenAI finish_reason)
