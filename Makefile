@@ -2,7 +2,7 @@
 #   make run    build, fetch the default model if absent, generate text
 #   make test   build and run every test; ends with "N passed, N failed"
 #   make fuzz   build the GGUF parser fuzz target (clang, libFuzzer)
-#   make asan-serve  build specdec with AddressSanitizer and run the server tests on it
+#   make asan-serve  build specdec with AddressSanitizer and run the server (and page) tests on it
 CC      ?= cc
 OPT     ?= -O3 -march=native
 CFLAGS  ?=
@@ -82,7 +82,7 @@ ASAN_FLAGS := -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -march
 	-D_GNU_SOURCE -pthread -Iinclude -Isrc -Itools
 asan-serve: build/asan/specdec
 	@SPECDEC_BIN=build/asan/specdec UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-		bash scripts/run-tests.sh tests/test_serve.py
+		bash scripts/run-tests.sh tests/test_serve.py tests/test_page.py
 build/asan/specdec: $(SRC) $(wildcard tools/*.c tools/*.h tools/serve/*.c tools/serve/*.h src/*.h src/*/*.h include/*.h)
 	@mkdir -p $(dir $@)
 	@test "$(HAVE_SERVE)" = 1 || { echo "asan-serve needs libmicrohttpd and jansson (apt-get install libmicrohttpd-dev libjansson-dev)"; exit 1; }
