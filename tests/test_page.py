@@ -17,19 +17,19 @@ SPECDEC_MODEL and CHROMIUM pick other binaries / model.
 """
 import base64
 import html.parser
-import http.client
 import json
 import os
 import re
 import select
 import shutil
-import signal
 import subprocess
 import sys
-import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
+from serve_proc import ServeProcess  # noqa: E402
+
 BIN = os.environ.get("SPECDEC_BIN", os.path.join(ROOT, "build", "specdec"))
 MODEL = os.environ.get("SPECDEC_MODEL", os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
 SHOT = os.path.join(ROOT, "build", "page.png")
@@ -51,46 +51,15 @@ def skip(names, why):
         print(f"SKIP {c}: {why}", flush=True)
 
 
-class Server:
-    """A specdec serve process on a free port (--port 0, read from stderr)."""
+class Server(ServeProcess):
+    """A specdec serve process on a free port."""
 
     def __init__(self, *args):
-        cmd = [BIN, "serve", "-m", MODEL, "--port", "0"] + list(args)
-        self.p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        self.log, self.port = [], None
-        ready = threading.Event()
-
-        def drain():
-            for line in self.p.stderr:
-                self.log.append(line.rstrip("\n"))
-                m = re.search(r"listening on http://[^:]+:(\d+)", line)
-                if m:
-                    self.port = int(m.group(1))
-                    ready.set()
-            ready.set()
-
-        threading.Thread(target=drain, daemon=True).start()
-        ready.wait(120)
-        if not self.port:
-            self.p.kill()
-            raise RuntimeError("server did not start: " + " | ".join(self.log[-5:]))
+        super().__init__(BIN, MODEL, *args)
 
     def get(self, path, method="GET", body=None):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=300)
-        c.request(method, path, body=body, headers={"Content-Type": "application/json"})
-        r = c.getresponse()
-        data = r.read()
-        c.close()
-        return r.status, r.getheader("Content-Type") or "", data.decode("utf-8", "replace")
-
-    def stop(self):
-        self.p.send_signal(signal.SIGTERM)
-        try:
-            return self.p.wait(60)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-            self.p.wait()
-            return None
+        status, ctype, data = self.raw(method, path, body)
+        return status, ctype, data.decode("utf-8", "replace")
 
 
 def page_served(srv):

@@ -11,7 +11,6 @@ them). Needs the default model, build/specdec built with the server, and the
 SPECDEC_BIN picks another binary (make asan-serve runs the AddressSanitizer
 build), SPECDEC_MODEL another model.
 """
-import http.client
 import json
 import os
 import re
@@ -23,6 +22,9 @@ import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
+from serve_proc import ServeProcess  # noqa: E402
+
 BIN = os.environ.get("SPECDEC_BIN", os.path.join(ROOT, "build", "specdec"))
 MODEL = os.environ.get("SPECDEC_MODEL", os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
 N_TOK = 24  # tokens per generation: short, the machine may be shared
@@ -51,61 +53,25 @@ def skip_all(why):
     sys.exit(0)
 
 
-class Server:
-    """A specdec serve process on a free port (--port 0, read from stderr)."""
+class Server(ServeProcess):
+    """A specdec serve process on a free port, with JSON requests."""
 
     def __init__(self, *args):
-        cmd = [BIN, "serve", "-m", MODEL, "--port", "0"] + list(args)
-        self.p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        self.log = []
-        self.port = None
-        ready = threading.Event()
-
-        def drain():
-            for line in self.p.stderr:
-                self.log.append(line.rstrip("\n"))
-                m = re.search(r"listening on http://[^:]+:(\d+)", line)
-                if m:
-                    self.port = int(m.group(1))
-                    ready.set()
-            ready.set()
-
-        self.t = threading.Thread(target=drain, daemon=True)
-        self.t.start()
-        ready.wait(120)
-        if not self.port:
-            self.p.kill()
-            raise RuntimeError("server did not start: " + " | ".join(self.log[-5:]))
+        super().__init__(BIN, MODEL, *args)
 
     def request(self, method, path, body=None, headers=None, timeout=300):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        h = {"Content-Type": "application/json"}
-        h.update(headers or {})
         if isinstance(body, (dict, list)):
             body = json.dumps(body)
-        c.request(method, path, body=body, headers=h)
-        r = c.getresponse()
-        data = r.read()
-        c.close()
+        status, _, data = self.raw(method, path, body, headers, timeout)
         try:
-            return r.status, json.loads(data)
+            return status, json.loads(data)
         except ValueError:
-            return r.status, data.decode("utf-8", "replace")
+            return status, data.decode("utf-8", "replace")
 
     def metric(self, name, headers=None):
         _, text = self.request("GET", "/metrics", headers=headers)
         m = re.search(r"^" + re.escape(name) + r" ([0-9.]+)$", text, re.M)
         return float(m.group(1)) if m else None
-
-    def stop(self):
-        """SIGTERM; returns the exit status (None if it had to be killed)."""
-        self.p.send_signal(signal.SIGTERM)
-        try:
-            return self.p.wait(60)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-            self.p.wait()
-            return None
 
 
 def generate(prompt, chat, method_args):
