@@ -1,0 +1,74 @@
+// train.h - internal: training draft heads (docs/heads.md) in plain C.
+// The loss and its gradient for one training sequence (forward and backward
+// of every layer, EAGLE-3's training-time test, Medusa's per-head loss),
+// AdamW with warm-up and cosine decay. The data these read (target states and
+// target distributions) come from the feature cache (train/cache.h); the
+// driver loop (batches, checkpoints, progress) is train/loop.c.
+#ifndef SD_TRAIN_H
+#define SD_TRAIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "head/head.h"
+#include "kernels/threadpool.h"
+
+// One training sequence: positions 0..T-1 of a text, with what the target
+// computed there.
+typedef struct sd_train_seq {
+    int T;                    // positions (>= 2)
+    const int32_t *tokens;    // (T) x_0..x_{T-1} (target vocabulary)
+    // (T, n_feat) target states per position: EAGLE-3 [s_l0; s_l1; s_l2]
+    // (n_feat = 3d), Medusa the final normed state (n_feat = d).
+    const float *feats;
+    // The target's next-token distribution at each position: top-k target
+    // ids (-1: unused entry) and their probabilities (summing to ~1 over the
+    // used entries). Restricted to the draft vocabulary and renormalised by
+    // the trainer (docs/heads.md).
+    const int32_t *top_ids;   // (T, topk)
+    const float *top_p;       // (T, topk)
+    int topk;
+} sd_train_seq;
+
+typedef struct sd_train_stats {
+    double loss;              // the weighted loss of the sequence (as returned)
+    // Per training-time-test step k (EAGLE-3) or head k (Medusa): rows
+    // scored, and rows where the head's argmax (mapped to a target id) equals
+    // the target's argmax (top_ids[.., 0]).
+    int64_t n[SD_HEAD_MAX_MEDUSA], agree[SD_HEAD_MAX_MEDUSA];
+} sd_train_stats;
+
+// Workspace of forward and backward passes for sequences of up to T_max
+// positions with K training-time-test steps (EAGLE-3; Medusa uses hp.n_medusa
+// and ignores K). target: the model whose token embedding the head reads
+// (EAGLE-3; frozen). pool: threads for the matrix kernels (NULL: one).
+typedef struct sd_trainer sd_trainer;
+int sd_trainer_new(sd_trainer **out, const sd_head *h, const sd_model *target, int T_max, int K, sd_pool *pool,
+                   char *err, size_t errlen);
+void sd_trainer_free(sd_trainer *tr);
+// Loss of seq under the head's current parameters; when grad != NULL the
+// gradient of that loss with respect to every parameter is ADDED into grad
+// (n_w floats, the layout of sd_head.w). Deterministic for a given pool size.
+// st may be NULL. Returns the loss (>= 0), or a negative value with a message.
+double sd_trainer_loss(sd_trainer *tr, const sd_train_seq *seq, float *grad, sd_train_stats *st, char *err,
+                       size_t errlen);
+
+// AdamW over the head's flat parameters.
+typedef struct sd_adamw {
+    float lr;                 // peak learning rate
+    float beta1, beta2, eps;  // 0.9, 0.95, 1e-8
+    float weight_decay;       // 0.0 by default; never applied to norm gains and biases
+    float clip;               // global gradient-norm clip (<= 0: none)
+    int64_t warmup, total;    // steps: linear warm-up then cosine decay to lr/10 at total
+    int64_t t;                // steps taken
+    float *m, *v;             // (n_w) moments
+} sd_adamw;
+int sd_adamw_init(sd_adamw *o, size_t n_w, char *err, size_t errlen);
+void sd_adamw_free(sd_adamw *o);
+// The learning rate of step t.
+float sd_adamw_lr(const sd_adamw *o, int64_t t);
+// One update of h->w with grad (n_w floats, already averaged over the batch;
+// clipped here). Returns the gradient norm before clipping.
+double sd_adamw_step(sd_adamw *o, sd_head *h, const float *grad);
+
+#endif
