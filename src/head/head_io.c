@@ -1,0 +1,290 @@
+// head_io.c - draft head files: GGUF in llama.cpp's `eagle3` layout or
+// specdec's `medusa` layout (docs/heads.md), written atomically and read
+// back with every key and shape checked.
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "head/head.h"
+#include "kernels/quant.h"
+#include "model/gguf.h"
+#include "model/model.h"
+
+#define GGUF_TYPE_I32 26
+#define GGUF_TYPE_I64 27
+
+static const char *arch_of(int type) { return type == SD_HEAD_MEDUSA ? "medusa" : "eagle3"; }
+
+static void w_key_u32(sd_gguf_writer *w, const char *arch, const char *key, uint32_t v) {
+    char k[96];
+    snprintf(k, sizeof k, "%s.%s", arch, key);
+    sd_gguf_w_u32(w, k, v);
+}
+
+// Matrix tensor i of h as wtype (rows of ne0): the bytes in a new buffer.
+static void *convert_rows(const sd_head *h, int i, int wtype, size_t *nbytes) {
+    const sd_head_tensor *t = &h->t[i];
+    size_t rb = sd_row_size(wtype, t->ne0);
+    uint8_t *buf = malloc(rb * (size_t)t->ne1);
+    if (!buf) return NULL;
+    const sd_type_traits *tr = sd_type_get(wtype);
+    const float *src = sd_head_w(h, i);
+    for (int64_t r = 0; r < t->ne1; r++) {
+        if (wtype == SD_TYPE_F32) memcpy(buf + r * rb, src + r * t->ne0, rb);
+        else tr->from_float(src + r * t->ne0, buf + r * rb, t->ne0);
+    }
+    *nbytes = rb * (size_t)t->ne1;
+    return buf;
+}
+
+int sd_head_save(const sd_head *h, const char *path, int wtype, char *err, size_t errlen) {
+    if (wtype != SD_TYPE_F32 && wtype != SD_TYPE_F16 && wtype != SD_TYPE_Q8_0)
+        return sd_err(err, errlen, "head: cannot save matrices as type %d (f32, f16 or q8_0)", wtype);
+    const sd_head_hp *hp = &h->hp;
+    const char *arch = arch_of(hp->type);
+    sd_gguf_writer *w = sd_gguf_writer_new();
+    if (!w) return sd_err(err, errlen, "head: out of memory");
+    sd_gguf_w_str(w, "general.architecture", arch);
+    sd_gguf_w_str(w, "general.name", hp->type == SD_HEAD_MEDUSA ? "specdec Medusa head" : "specdec EAGLE-3 head");
+    w_key_u32(w, arch, "embedding_length", (uint32_t)hp->n_embd);
+    char k[96];
+    snprintf(k, sizeof k, "%s.attention.layer_norm_rms_epsilon", arch);
+    sd_gguf_w_f32(w, k, hp->rms_eps);
+    if (hp->type == SD_HEAD_EAGLE3) {
+        w_key_u32(w, arch, "block_count", 1);
+        w_key_u32(w, arch, "feed_forward_length", (uint32_t)hp->n_ff);
+        w_key_u32(w, arch, "attention.head_count", (uint32_t)hp->n_head);
+        w_key_u32(w, arch, "attention.head_count_kv", (uint32_t)hp->n_head_kv);
+        w_key_u32(w, arch, "attention.key_length", (uint32_t)hp->head_dim);
+        w_key_u32(w, arch, "attention.value_length", (uint32_t)hp->head_dim);
+        w_key_u32(w, arch, "context_length", 4096);
+        w_key_u32(w, arch, "vocab_size", (uint32_t)hp->target_n_vocab);
+        sd_gguf_w_f32(w, "eagle3.rope.freq_base", hp->rope_base);
+        sd_gguf_w_arr_i32(w, "eagle3.extract_layers", hp->extract, 3);
+        sd_gguf_w_u32(w, "eagle3.target_hidden_size", (uint32_t)hp->target_n_embd);
+        sd_gguf_w_bool(w, "eagle3.norm_before_residual", hp->norm_before_residual);
+    } else {
+        w_key_u32(w, arch, "head_count", (uint32_t)hp->n_medusa);
+    }
+    sd_gguf_w_str(w, "specdec.head.type", arch);
+    sd_gguf_w_u32(w, "specdec.target.n_vocab", (uint32_t)hp->target_n_vocab);
+    sd_gguf_w_u32(w, "specdec.target.n_embd", (uint32_t)hp->target_n_embd);
+    sd_gguf_w_u32(w, "specdec.target.n_layer", (uint32_t)hp->target_n_layer);
+    char hx[32];
+    snprintf(hx, sizeof hx, "%016" PRIx64, hp->target_vocab_hash);
+    sd_gguf_w_str(w, "specdec.target.vocab_hash", hx);
+    sd_gguf_w_str(w, "specdec.head.note", h->note);
+    for (int i = 0; i < h->n_t; i++) {
+        const sd_head_tensor *t = &h->t[i];
+        int ty = t->ne1 == 1 ? SD_TYPE_F32 : wtype;
+        if (t->ne0 % sd_type_get(ty)->blck) ty = SD_TYPE_F16;   // rows that do not fill Q8_0 blocks
+        size_t nb = 0;
+        void *buf = convert_rows(h, i, ty, &nb);
+        if (!buf) {
+            sd_gguf_writer_free(w);
+            return sd_err(err, errlen, "head: out of memory");
+        }
+        int64_t ne[2] = {t->ne0, t->ne1};
+        sd_gguf_w_tensor(w, t->name, ty, t->ne1 == 1 ? 1 : 2, ne, buf, nb);
+        free(buf);
+    }
+    int64_t V = hp->n_draft_vocab;
+    int64_t *off = malloc(sizeof(int64_t) * (size_t)V);
+    if (!off) {
+        sd_gguf_writer_free(w);
+        return sd_err(err, errlen, "head: out of memory");
+    }
+    for (int64_t i = 0; i < V; i++) off[i] = (int64_t)h->d2t[i] - i;   // EAGLE: target = draft + d2t[draft]
+    sd_gguf_w_tensor(w, "d2t", GGUF_TYPE_I64, 1, &V, off, sizeof(int64_t) * (size_t)V);
+    free(off);
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
+        sd_gguf_writer_free(w);
+        return sd_err(err, errlen, "head: path too long");
+    }
+    char werr[256];
+    int rc = sd_gguf_writer_write(w, tmp, werr, sizeof werr);
+    sd_gguf_writer_free(w);
+    if (rc < 0) {
+        unlink(tmp);
+        return sd_err(err, errlen, "head: writing %s failed: %s (%s is unchanged)", tmp, werr, path);
+    }
+    if (rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return sd_err(err, errlen, "head: cannot rename %s to %s: %s", tmp, path, strerror(e));
+    }
+    return 0;
+}
+
+// ---------------------------------------------------------------- reading
+
+static int need_u32(const sd_gguf *g, const char *key, int *out, int lo, int hi, char *err, size_t errlen) {
+    uint32_t v = 0;
+    int rc = sd_gguf_get_u32(g, key, &v, err, errlen);
+    if (rc < 0) return -1;
+    if (rc == 1) return sd_err(err, errlen, "head file: key '%s' is missing", key);
+    if ((int64_t)v < lo || (int64_t)v > hi) return sd_err(err, errlen, "head file: %s = %u is out of range", key, v);
+    *out = (int)v;
+    return 0;
+}
+
+static int read_hp(const sd_gguf *g, const sd_model *m, sd_head_hp *hp, char *err, size_t errlen) {
+    memset(hp, 0, sizeof *hp);
+    sd_str a;
+    if (sd_gguf_get_str(g, "general.architecture", &a, err, errlen) != 0)
+        return sd_err(err, errlen, "head file: general.architecture is missing");
+    if (sd_str_eq(a, "eagle3")) hp->type = SD_HEAD_EAGLE3;
+    else if (sd_str_eq(a, "medusa")) hp->type = SD_HEAD_MEDUSA;
+    else
+        return sd_err(err, errlen, "not a draft head: architecture '%.*s' (a head is 'eagle3' or 'medusa')",
+                      (int)SD_MIN(a.len, 32), a.ptr);
+    const char *arch = arch_of(hp->type);
+    char k[96];
+    snprintf(k, sizeof k, "%s.embedding_length", arch);
+    if (need_u32(g, k, &hp->n_embd, 1, 65536, err, errlen) < 0) return -1;
+    snprintf(k, sizeof k, "%s.attention.layer_norm_rms_epsilon", arch);
+    hp->rms_eps = 1e-5f;
+    if (sd_gguf_get_f32(g, k, &hp->rms_eps, err, errlen) < 0) return -1;
+    if (hp->type == SD_HEAD_EAGLE3) {
+        int nb = 0;
+        if (need_u32(g, "eagle3.block_count", &nb, 1, 1, err, errlen) < 0) return -1;
+        if (need_u32(g, "eagle3.feed_forward_length", &hp->n_ff, 1, 1 << 20, err, errlen) < 0) return -1;
+        if (need_u32(g, "eagle3.attention.head_count", &hp->n_head, 1, 1024, err, errlen) < 0) return -1;
+        if (need_u32(g, "eagle3.attention.head_count_kv", &hp->n_head_kv, 1, 1024, err, errlen) < 0) return -1;
+        hp->head_dim = hp->n_embd / hp->n_head;
+        uint32_t hd = 0;
+        if (sd_gguf_get_u32(g, "eagle3.attention.key_length", &hd, err, errlen) < 0) return -1;
+        if (hd) hp->head_dim = (int)hd;
+        hp->rope_base = 10000.0f;
+        if (sd_gguf_get_f32(g, "eagle3.rope.freq_base", &hp->rope_base, err, errlen) < 0) return -1;
+        const sd_gguf_kv *kv = sd_gguf_find_key(g, "eagle3.extract_layers");
+        if (!kv) return sd_err(err, errlen, "head file: key 'eagle3.extract_layers' is missing");
+        if (kv->type != SD_GGUF_ARRAY || kv->n != 3 || kv->arr_type == SD_GGUF_STRING || kv->arr_type == SD_GGUF_F32 ||
+            kv->arr_type == SD_GGUF_F64 || kv->arr_type == SD_GGUF_ARRAY)
+            return sd_err(err, errlen, "head file: eagle3.extract_layers must be an array of 3 integers");
+        for (int i = 0; i < 3; i++) {
+            int64_t v = sd_gguf_arr_i64(kv, (uint64_t)i);
+            if (v < 0 || v > 4096) return sd_err(err, errlen, "head file: extract layer %lld is out of range", (long long)v);
+            hp->extract[i] = (int)v;
+        }
+        if (need_u32(g, "eagle3.target_hidden_size", &hp->target_n_embd, 1, 65536, err, errlen) < 0) return -1;
+        if (hp->target_n_embd != hp->n_embd)
+            return sd_err(err, errlen, "head file: target hidden size %d differs from the head's width %d (not supported)",
+                          hp->target_n_embd, hp->n_embd);
+        if (sd_gguf_get_bool(g, "eagle3.norm_before_residual", &hp->norm_before_residual, err, errlen) < 0) return -1;
+    } else {
+        if (need_u32(g, "medusa.head_count", &hp->n_medusa, 1, SD_HEAD_MAX_MEDUSA, err, errlen) < 0) return -1;
+        hp->target_n_embd = hp->n_embd;
+    }
+    // What the head was made for: specdec's keys, else (a head made elsewhere) what the model says.
+    uint32_t v = 0;
+    int rc = sd_gguf_get_u32(g, "specdec.target.n_vocab", &v, err, errlen);
+    if (rc < 0) return -1;
+    hp->target_n_vocab = rc == 0 ? (int)v : (m ? m->hp.n_vocab : 0);
+    rc = sd_gguf_get_u32(g, "specdec.target.n_layer", &v, err, errlen);
+    if (rc < 0) return -1;
+    hp->target_n_layer = rc == 0 ? (int)v : (m ? m->hp.n_layer : 0);
+    sd_str hs;
+    rc = sd_gguf_get_str(g, "specdec.target.vocab_hash", &hs, err, errlen);
+    if (rc < 0) return -1;
+    if (rc == 0) {
+        char buf[32];
+        snprintf(buf, sizeof buf, "%.*s", (int)SD_MIN(hs.len, 31), hs.ptr);
+        char *end = NULL;
+        hp->target_vocab_hash = strtoull(buf, &end, 16);
+        if (hs.len != 16 || !end || *end) return sd_err(err, errlen, "head file: specdec.target.vocab_hash is not 16 hex digits");
+    } else if (m) {
+        hp->target_vocab_hash = sd_head_vocab_hash(m);   // unknown: nothing to compare
+    }
+    if (hp->target_n_vocab <= 0 || hp->target_n_layer <= 0)
+        return sd_err(err, errlen, "head file: the target's vocabulary and layer count are not recorded (specdec.target.*)");
+    const sd_tensor *d2t = sd_gguf_find_tensor(g, "d2t");
+    if (d2t) {
+        if (d2t->n_dims != 1 || (d2t->type != GGUF_TYPE_I64 && d2t->type != GGUF_TYPE_I32))
+            return sd_err(err, errlen, "head file: tensor 'd2t' must be a vector of I64 or I32");
+        hp->n_draft_vocab = (int)SD_MIN(d2t->ne[0], (int64_t)1 << 30);
+    } else {
+        hp->n_draft_vocab = hp->target_n_vocab;   // the full vocabulary
+    }
+    return 0;
+}
+
+static int read_tensor(const sd_gguf *g, sd_head *h, int i, char *err, size_t errlen) {
+    const sd_head_tensor *t = &h->t[i];
+    const sd_tensor *ft = sd_gguf_find_tensor(g, t->name);
+    if (!ft) return sd_err(err, errlen, "head file: tensor '%s' is missing", t->name);
+    if (ft->ne[0] != t->ne0 || ft->ne[1] != t->ne1 || ft->ne[2] != 1 || ft->ne[3] != 1)
+        return sd_err(err, errlen, "head file: tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]", t->name,
+                      (long long)ft->ne[0], (long long)ft->ne[1], (long long)t->ne0, (long long)t->ne1);
+    const sd_type_traits *tr = sd_type_get(ft->type);
+    if (!tr || (ft->type != SD_TYPE_F32 && !tr->to_float))
+        return sd_err(err, errlen, "head file: tensor '%s' has a type specdec cannot read (%s)", t->name,
+                      tr && tr->name ? tr->name : "?");
+    float *dst = sd_head_w(h, i);
+    size_t rb = sd_row_size(ft->type, t->ne0);
+    const uint8_t *src = ft->data;
+    for (int64_t r = 0; r < t->ne1; r++) {
+        if (ft->type == SD_TYPE_F32) memcpy(dst + r * t->ne0, src + r * rb, rb);
+        else tr->to_float(src + r * rb, dst + r * t->ne0, t->ne0);
+    }
+    for (size_t j = 0; j < (size_t)(t->ne0 * t->ne1); j++)
+        if (!isfinite(dst[j])) return sd_err(err, errlen, "head file: tensor '%s' holds a non-finite value", t->name);
+    return 0;
+}
+
+int sd_head_load(sd_head **out, const char *path, const sd_model *m, char *err, size_t errlen) {
+    *out = NULL;
+    char gerr[256];
+    sd_gguf *g = NULL;
+    if (sd_gguf_open(&g, path, gerr, sizeof gerr) < 0) return sd_err(err, errlen, "%s", gerr);   // names the file
+    sd_head_hp hp;
+    sd_head *h = NULL;
+    char e2[320];
+    if (read_hp(g, m, &hp, e2, sizeof e2) < 0 || sd_head_new(&h, &hp, e2, sizeof e2) < 0) goto fail;
+    for (int i = 0; i < h->n_t; i++)
+        if (read_tensor(g, h, i, e2, sizeof e2) < 0) goto fail;
+    const sd_tensor *d2t = sd_gguf_find_tensor(g, "d2t");
+    if (d2t) {
+        int32_t *ids = malloc(sizeof(int32_t) * (size_t)hp.n_draft_vocab);
+        if (!ids) {
+            snprintf(e2, sizeof e2, "out of memory");
+            goto fail;
+        }
+        int ok = 1;
+        for (int i = 0; i < hp.n_draft_vocab; i++) {
+            int64_t o = d2t->type == GGUF_TYPE_I64 ? (int64_t)sd_ld64((const uint8_t *)d2t->data + 8 * (size_t)i)
+                                                   : (int32_t)sd_ld32((const uint8_t *)d2t->data + 4 * (size_t)i);
+            int64_t id = i + o;
+            if (id < 0 || id >= hp.target_n_vocab || (i && id <= ids[i - 1])) ok = 0;
+            ids[i] = ok ? (int32_t)id : 0;
+            if (!ok) break;
+        }
+        if (!ok) {
+            free(ids);
+            snprintf(e2, sizeof e2, "tensor 'd2t' does not map the draft vocabulary to increasing target ids in range");
+            goto fail;
+        }
+        int rc = sd_head_set_vocab(h, ids, hp.n_draft_vocab, e2, sizeof e2);
+        free(ids);
+        if (rc < 0) goto fail;
+    }
+    sd_str note;
+    if (sd_gguf_get_str(g, "specdec.head.note", &note, gerr, sizeof gerr) == 0)
+        snprintf(h->note, sizeof h->note, "%.*s", (int)SD_MIN(note.len, sizeof h->note - 1), note.ptr);
+    sd_gguf_close(g);
+    g = NULL;
+    if (m && sd_head_check_target(h, m, e2, sizeof e2) < 0) {
+        sd_head_free(h);
+        return sd_err(err, errlen, "%s: %s", path, e2);
+    }
+    *out = h;
+    return 0;
+fail:
+    sd_head_free(h);
+    sd_gguf_close(g);
+    return sd_err(err, errlen, "%s: %s", path, e2);
+}
