@@ -7,6 +7,7 @@
 
 #include "bench_prompts.h"
 #include "cli_common.h"
+#include "cli_head.h"
 #include "cli_opts.h"
 #include "specdec.h"
 #include "specdec_spec.h"
@@ -157,6 +158,8 @@ typedef struct bench_opts {
     const char *model_path, *prompts_path, *methods_arg, *out_path;
     const char *draft_paths[SD_METHOD_MAX_DRAFTS];  // (n_drafts)
     int n_drafts;
+    const char *head_paths[2];  // (n_heads) --head files: an EAGLE-3 head and/or a Medusa head
+    int n_heads;
     int n_predict;      // most tokens per prompt
     int limit;          // only the first limit prompts; 0 = all
     int n_threads;      // 0 = number of cores
@@ -195,6 +198,10 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
          .help = "target model (required)"},
         {"--draft", NULL, CLI_LIST, o->draft_paths, .max = SD_METHOD_MAX_DRAFTS, .count = &o->n_drafts, .meta = "FILE",
          .what = "draft models", .help = "draft model; repeat for several (their trees are merged)"},
+        {"--head", NULL, CLI_LIST, o->head_paths, .max = 2, .count = &o->n_heads, .meta = "FILE|auto",
+         .what = "heads",
+         .help = "a trained draft head for the eagle3:SHAPE (and medusa) methods; 'auto': the head in heads/ made "
+                 "for the model. Give it twice for an EAGLE-3 and a Medusa head"},
         {"--prompts", NULL, CLI_FILE, &o->prompts_path, .meta = "FILE", .what = "prompts file",
          .required = "a prompts file is required (--prompts FILE.jsonl)", .help = "prompts, JSON lines (required)"},
         {"--methods", NULL, CLI_STRING, &o->methods_arg, .meta = "LIST", .def = CLI_DEF_VALUE, .help = methods_help},
@@ -265,6 +272,7 @@ typedef struct bench_state {
     sd_session *s;
     sd_sampler *smp;
     sd_model *drafts[SD_METHOD_MAX_DRAFTS];
+    sd_head *heads[2];                       // --head files, loaded
     sd_drafter *drafters[BENCH_MAX_METHODS];  // (nm) the current run's, NULL between runs
     sd_method_env env;
     sd_cost_curve *cost;                     // the target's forward cost (automatic trees), or NULL
@@ -274,6 +282,7 @@ typedef struct bench_state {
 static void bench_free(bench_state *b) {
     for (int k = 0; k < b->nm; k++) sd_drafter_free(b->drafters[k]);
     for (int i = 0; i < SD_METHOD_MAX_DRAFTS; i++) sd_model_free(b->drafts[i]);
+    for (int i = 0; i < 2; i++) sd_head_free(b->heads[i]);
     sd_sampler_free(b->smp);
     sd_cost_curve_free(b->cost);
     sd_session_free(b->s);
@@ -413,6 +422,17 @@ static int bench_env(const bench_opts *o, bench_state *b, int auto_nodes) {
     for (int i = 0; i < o->n_drafts; i++) {
         if (sd_model_load(&b->drafts[i], o->draft_paths[i], err, sizeof err) < 0)
             return cli_error("cannot load draft model '%s': %s", o->draft_paths[i], err);
+    }
+    for (int i = 0; i < o->n_heads; i++) {
+        if (cli_head_load(o->head_paths[i], b->m, o->model_path, 0, &b->heads[i])) return 1;
+        if (!b->heads[i]) continue;
+        const sd_head **slot = !strcmp(sd_head_type_name(b->heads[i]), "medusa") ? &b->env.head_medusa
+                                                                                  : &b->env.head_eagle3;
+        if (*slot) return cli_error("--head: two %s heads given", sd_head_type_name(b->heads[i]));
+        *slot = b->heads[i];
+        char desc[512];
+        sd_head_describe(b->heads[i], desc, sizeof desc);
+        fprintf(stderr, "head: %s\n", desc);
     }
     for (int k = 0; k < b->nm; k++) {
         sd_method *me = &b->methods[k];
