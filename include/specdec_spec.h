@@ -103,6 +103,8 @@ typedef struct sd_threadpool sd_threadpool;  // (specdec.h)
 //   lookahead:W-N-G     lookahead decoding (W, G in 1..64, N in 2..16)
 //   eagle3:SHAPE        the EAGLE-3 head (env.head_eagle3, --head): SHAPE is chain:K,
 //                       tree:W1-W2-..., dyn:B-D-M or auto (a tree sized from the cost curve)
+//   medusa:W1-W2-...    the Medusa head (env.head_medusa): Wk of head k's top tokens at depth k+1,
+//                       the product grown best joint probability first (at most 64 nodes)
 //   auto                eagle3:auto with an EAGLE-3 head, tree:auto with draft models,
 //                       else ngram:3-8:auto
 //   A+B[+...]           the trees of several methods merged by token path (SpecInfer),

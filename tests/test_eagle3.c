@@ -228,6 +228,8 @@ static void test_forward_norm_before_residual(void) { check_forward(1); }
 
 // ---------------------------------------------------------------- greedy losslessness
 
+static const sd_head *g_medusa;   // the Medusa head of the run_method calls, or NULL
+
 static int run_method(const sd_model *m, const sd_head *h, const char *method, const int32_t *prompt, int np, int n,
                       sc_tokens *out, sd_gen_stats *st) {
     sd_session *s = sc_new_session(m, 256, 2, g_err, sizeof g_err);
@@ -240,6 +242,7 @@ static int run_method(const sd_model *m, const sd_head *h, const char *method, c
     if (sd_method_parse(method, &me, g_err, sizeof g_err) < 0) goto out;
     sd_method_env env = sd_method_env_default(m);
     env.head_eagle3 = h;
+    env.head_medusa = g_medusa;
     env.pool = sd_session_pool(s);
     if (me.uses_cost_curve) {
         if (sd_cost_curve_new(&cc, s, 16, g_err, sizeof g_err) < 0) goto out;
@@ -306,6 +309,45 @@ static void test_greedy_lossless_default_model(void) {
     sd_model_free(m);
 }
 
+// Medusa: random heads draft, the output stays plain greedy's.
+static void test_medusa_greedy_lossless(void) {
+    sd_model *m = synth();
+    CHECK(m, "%s", g_err);
+    if (!m) return;
+    sd_head_hp hp = sd_head_default_hp(m, SD_HEAD_MEDUSA);
+    hp.n_draft_vocab = 150;
+    sd_head *h = NULL;
+    CHECK(sd_head_new(&h, &hp, g_err, sizeof g_err) == 0, "%s", g_err);
+    if (h) {
+        sd_head_init(h, 21);
+        int32_t prompt[16];
+        for (int i = 0; i < 16; i++) prompt[i] = 5 + (i * 53) % 300;
+        g_medusa = h;
+        static sc_tokens ref, got;
+        sd_gen_stats st;
+        CHECK(run_method(m, NULL, "ar", prompt, 16, 50, &ref, &st) == 0, "%s", g_err);
+        const char *methods[] = {"medusa:3-2-2-1", "medusa:1-1-1-1", "medusa:4"};
+        for (int i = 0; i < 3; i++) {
+            int rc = run_method(m, NULL, methods[i], prompt, 16, 50, &got, &st);
+            CHECK(rc == 0 && sc_same_tokens(&ref, &got), "%s: %s", methods[i], rc ? g_err : "output differs");
+            printf("  %-16s drafted %d, accepted %d\n", methods[i], st.n_draft_nodes, st.n_draft_accepted);
+            CHECK(rc != 0 || st.n_draft_nodes > 0, "%s drafted nothing", methods[i]);
+        }
+        g_medusa = NULL;
+        sd_method me;
+        CHECK(sd_method_parse("medusa:2-2-2-2-2-2-2-2-2", &me, g_err, sizeof g_err) < 0, "9 widths accepted");
+        CHECK(sd_method_parse("medusa:3-2", &me, g_err, sizeof g_err) == 0 && me.needs_head == SD_METHOD_MEDUSA, "%s", g_err);
+        sd_method_env env = sd_method_env_default(m);
+        sd_drafter *d = NULL;
+        CHECK(sd_method_make(&me, &env, &d, g_err, sizeof g_err) < 0 && strstr(g_err, "Medusa head"), "%s", g_err);
+        env.head_medusa = h;
+        CHECK(sd_method_parse("medusa:2-2-2-2-2", &me, g_err, sizeof g_err) == 0, "%s", g_err);
+        CHECK(sd_method_make(&me, &env, &d, g_err, sizeof g_err) < 0 && strstr(g_err, "4 heads"), "5 depths, 4 heads: %s", g_err);
+    }
+    sd_head_free(h);
+    sd_model_free(m);
+}
+
 // Method strings and missing heads.
 static void test_method_errors(void) {
     sd_method me;
@@ -331,6 +373,7 @@ int main(void) {
     T_RUN(test_forward_norm_before_residual);
     T_RUN(test_method_errors);
     T_RUN(test_greedy_lossless_synthetic);
+    T_RUN(test_medusa_greedy_lossless);
     T_RUN(test_greedy_lossless_default_model);
     T_EXIT();
 }

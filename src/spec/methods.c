@@ -13,6 +13,7 @@
 #include "kernels/quant.h"
 #include "draft/draft_eagle3.h"
 #include "draft/draft_lookahead.h"
+#include "draft/draft_medusa.h"
 #include "draft/draft_merge.h"
 #include "draft/draft_model.h"
 #include "draft/draft_ngram.h"
@@ -425,6 +426,34 @@ static int make_eagle3(const method_cfg *m, const sd_method_env *env, sd_drafter
     return sd_draft_eagle3_new(out, env->head_eagle3, env->target, &dp, SD_TYPE_Q8_0, err, errlen);
 }
 
+// ---- medusa:W1-W2-... (children per node at depth k from Medusa head k)
+static int parse_medusa(const char *args, method_cfg *m, char *err, size_t errlen) {
+    int w[SD_DRAFT_MAX_WIDTHS];
+    char e2[160];
+    int n = sd_parse_ints("medusa", args, '-', w, SD_HEAD_MAX_MEDUSA, 1, 16, e2, sizeof e2);
+    if (n < 1) {
+        snprintf(err, errlen, "method medusa:W1-W2-... needs 1..%d widths in 1..16 (one per Medusa head), got 'medusa:%s'",
+                 SD_HEAD_MAX_MEDUSA, args);
+        return -1;
+    }
+    m->kind = SD_METHOD_MEDUSA;
+    m->dp = sd_draft_model_default_params();
+    m->dp.shape = SD_DRAFT_WIDTHS;
+    m->dp.n_widths = n;
+    memcpy(m->dp.widths, w, sizeof(int) * (size_t)n);
+    m->tree_nodes = SD_MIN(widths_nodes(w, n), 64);   // the product is cut to the best 64 nodes at most
+    return 0;
+}
+
+static int make_medusa(const method_cfg *m, const sd_method_env *env, sd_drafter **out, char *err, size_t errlen) {
+    if (!env->head_medusa) {
+        snprintf(err, errlen, "method '%s' needs a Medusa head (--head H.gguf)", m->name);
+        return -1;
+    }
+    return sd_draft_medusa_new(out, env->head_medusa, env->target, m->dp.widths, m->dp.n_widths, env->p_min, env->pool,
+                               SD_TYPE_Q8_0, err, errlen);
+}
+
 // ---- auto: draft model(s) + tree:auto with --draft, else ngram:3-8 + automatic tree
 static int parse_auto(const char *args, method_cfg *m, char *err, size_t errlen) {
     if (*args) {
@@ -457,6 +486,7 @@ static const method_def g_methods[] = {
     {"skip", "skip:auto|skip:L1-L2-...", parse_skip, make_skip},
     {"lookahead", "lookahead:W-N-G", parse_lookahead, make_lookahead},
     {"eagle3", "eagle3:chain:K|tree:W1-W2-...|dyn:B-D-M|auto", parse_eagle3, make_eagle3},
+    {"medusa", "medusa:W1-W2-...", parse_medusa, make_medusa},
     {"auto", "auto", parse_auto, make_auto},
 };
 // (and A+B: several methods merged, see sd_method_parse)
