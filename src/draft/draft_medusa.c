@@ -29,6 +29,7 @@ typedef struct mdd {
     int have_f;          // f belongs to the position before the root
     int32_t *txt;        // the text f belongs to (its last token is the root's parent) ...
     int n_txt, cap_txt;  // ... as a prefix check
+    int prop_n;          // tokens of the text at the last propose (0: none pending)
     float *z, *a;        // (d)
     float *lg;           // (K, V) draft logits per head
     float *full;         // (nv)
@@ -91,6 +92,18 @@ static int md_dist(void *ud, const sd_tree *t, const int32_t *nodes, int n_nodes
     return 0;
 }
 
+// Copies text[0..n) into s->txt.
+static int md_keep_text(mdd *s, const int32_t *text, int n) {
+    if (n > s->cap_txt) {
+        int32_t *t = realloc(s->txt, sizeof(int32_t) * (size_t)n * 2);
+        if (!t) return -1;
+        s->txt = t;
+        s->cap_txt = n * 2;
+    }
+    memmove(s->txt, text, sizeof(int32_t) * (size_t)n);
+    return 0;
+}
+
 static int md_propose(sd_drafter *dr, const sd_draft_ctx *ctx, sd_tree *tree, char *err, size_t errlen) {
     mdd *s = dr->impl;
     const int n = ctx->n_tokens;
@@ -98,8 +111,10 @@ static int md_propose(sd_drafter *dr, const sd_draft_ctx *ctx, sd_tree *tree, ch
         return sd_err(err, errlen, "medusa: the tree must hold only the root, the last committed token");
     s->ctx = ctx;
     // f must be the state of position n-2 of this very text.
-    if (!s->have_f || s->n_txt != n - 1 || memcmp(s->txt, ctx->tokens, sizeof(int32_t) * (size_t)(n - 1)) != 0)
-        return 0;
+    int ok = s->have_f && s->n_txt == n - 1 && memcmp(s->txt, ctx->tokens, sizeof(int32_t) * (size_t)(n - 1)) == 0;
+    if (md_keep_text(s, ctx->tokens, n) < 0) return sd_err(err, errlen, "medusa: out of memory");
+    s->prop_n = n;   // the text accept() extends
+    if (!ok) return 0;
     if (ctx->stochastic) {
         if (!ctx->sp || !ctx->rng) return sd_err(err, errlen, "medusa: stochastic drafting needs sampler params and rng");
         if (!s->smp || memcmp(&s->smp_p, ctx->sp, sizeof s->smp_p) != 0) {
@@ -134,22 +149,22 @@ static int md_keep(mdd *s, const int32_t *text, int n, const float *f) {
 static int md_accept(sd_drafter *dr, const sd_step_record *rec, char *err, size_t errlen) {
     mdd *s = dr->impl;
     s->have_f = 0;
-    if (!rec->hidden || !s->ctx) return 0;
-    // The text up to the last accepted node; the bonus (the next root) follows it.
-    const sd_draft_ctx *c = s->ctx;
-    int n = c->n_tokens + rec->n_path - 1;
+    s->ctx = NULL;   // (propose's context is gone by now)
+    if (!rec->hidden || s->prop_n < 1) return 0;
+    // The text up to the last accepted node (the bonus, the next root, follows it):
+    // propose's text, then the path below the root.
+    int n = s->prop_n + rec->n_path - 1;
     if (n > s->cap_txt) {
         int32_t *t = realloc(s->txt, sizeof(int32_t) * (size_t)n * 2);
         if (!t) return sd_err(err, errlen, "medusa: out of memory");
         s->txt = t;
         s->cap_txt = n * 2;
     }
-    memcpy(s->txt, c->tokens, sizeof(int32_t) * (size_t)c->n_tokens);
-    for (int k = 1; k < rec->n_path; k++) s->txt[c->n_tokens + k - 1] = rec->tree->token[rec->path[k]];
+    for (int k = 1; k < rec->n_path; k++) s->txt[s->prop_n + k - 1] = rec->tree->token[rec->path[k]];
     s->n_txt = n;
+    s->prop_n = 0;
     memcpy(s->f, rec->hidden + (size_t)(rec->n_path - 1) * s->d, sizeof(float) * (size_t)s->d);
     s->have_f = 1;
-    s->ctx = NULL;
     return 0;
 }
 
@@ -165,6 +180,7 @@ static void md_reset(sd_drafter *dr) {
     mdd *s = dr->impl;
     s->have_f = 0;
     s->n_txt = 0;
+    s->prop_n = 0;
     s->ctx = NULL;
 }
 
