@@ -88,12 +88,14 @@ static void agg_add(agg *a, const run_res *r) {
 static double agg_tps(const agg *a) { return a->ms > 0 ? a->n_tokens * 1000.0 / a->ms : 0.0; }
 static double agg_tau(const agg *a) { return a->n_forwards > 0 ? (double)a->n_step_tokens / a->n_forwards : 1.0; }
 
-static void json_agg(FILE *f, const agg *a, const agg *ar, int greedy) {
-    double tps = agg_tps(a), tar = agg_tps(ar);
-    fprintf(f, "{\"tokens_per_s\": %.3f, \"speedup\": %.4f, \"tau\": %.4f, \"equal_to_ar\": %s, \"n_tokens\": %ld, "
-               "\"time_ms\": %.3f, \"n_target_forwards\": %ld, \"n_prompts\": %d}",
-            tps, tar > 0 ? tps / tar : 0.0, agg_tau(a), greedy ? (a->n_equal == a->n_runs ? "true" : "false") : "null",
-            a->n_tokens, a->ms, a->n_forwards, a->n_runs);
+// One aggregate against ar's over the same runs, as JSON; NULL when out of memory.
+static json_t *agg_json(const agg *a, const agg *ar, int greedy) {
+    const double tps = agg_tps(a), tar = agg_tps(ar);
+    return json_pack("{s:o, s:o, s:o, s:o, s:I, s:o, s:I, s:i}", "tokens_per_s", cli_json_num(tps, 3), "speedup",
+                     cli_json_num(tar > 0 ? tps / tar : 0.0, 4), "tau", cli_json_num(agg_tau(a), 4), "equal_to_ar",
+                     greedy ? json_boolean(a->n_equal == a->n_runs) : json_null(), "n_tokens", (json_int_t)a->n_tokens,
+                     "time_ms", cli_json_num(a->ms, 3), "n_target_forwards", (json_int_t)a->n_forwards, "n_prompts",
+                     a->n_runs);
 }
 
 // Tokenizes text (chat-formatted unless raw) into a malloc'd array; <0 on error.
@@ -592,40 +594,51 @@ static void bench_print(const bench_opts *o, const bench_state *b) {
     fflush(stdout);
 }
 
+// Method k's results: {"name", "max_nodes", "overall", "by_category"}; NULL
+// when out of memory.
+static json_t *method_json(const bench_state *b, int k, int greedy) {
+    const int n_cats = b->n_cats;
+    json_t *cats = json_object();
+    for (int c = 0; cats && c < n_cats; c++) {
+        json_t *a = agg_json(&b->by_cat[(size_t)k * n_cats + c], &b->by_cat[c], greedy);
+        if (json_object_set_new(cats, b->cats[c], a)) {
+            json_decref(cats);
+            cats = NULL;
+        }
+    }
+    const char *name = b->methods[k].name;
+    return json_pack("{s:o, s:i, s:o, s:o}", "name", cli_json_str(name, strlen(name)), "max_nodes", b->max_nodes[k],
+                     "overall", agg_json(&b->overall[k], &b->overall[0], greedy), "by_category", cats);
+}
+
 // The full results as JSON (--out). 0, or 1 after a message.
 static int bench_write_json(const bench_opts *o, const bench_state *b) {
-    const int greedy = o->temp <= 0.0f, n_cats = b->n_cats;
-    FILE *f = fopen(o->out_path, "w");
-    if (!f) return cli_error("cannot write '%s'", o->out_path);
-    fprintf(f, "{\"model\": ");
-    cli_json_string(f, o->model_path, strlen(o->model_path));
-    fprintf(f, ", \"draft\": [");
-    for (int i = 0; i < o->n_drafts; i++) {
-        if (i) fprintf(f, ", ");
-        cli_json_string(f, o->draft_paths[i], strlen(o->draft_paths[i]));
-    }
-    fprintf(f, "], \"prompts\": ");
-    cli_json_string(f, o->prompts_path, strlen(o->prompts_path));
-    fprintf(f, ", \"n_threads\": %d, \"draft_threads\": %d, \"temp\": %g, \"seed\": %llu, \"n_predict\": %d, \"n_prompts\": %d, "
-               "\"chat\": %s, \"time_excludes_prompt\": true, \"all_equal_to_ar\": %s, \"methods\": [",
-            o->n_threads, o->draft_threads, (double)o->temp, (unsigned long long)o->seed, o->n_predict, b->np,
-            o->chat ? "true" : "false", greedy ? (b->mismatch ? "false" : "true") : "null");
-    for (int k = 0; k < b->nm; k++) {
-        fprintf(f, "%s\n  {\"name\": ", k ? "," : "");
-        cli_json_string(f, b->methods[k].name, strlen(b->methods[k].name));
-        fprintf(f, ", \"max_nodes\": %d, \"overall\": ", b->max_nodes[k]);
-        json_agg(f, &b->overall[k], &b->overall[0], greedy);
-        fprintf(f, ", \"by_category\": {");
-        for (int c = 0; c < n_cats; c++) {
-            fprintf(f, "%s", c ? ", " : "");
-            cli_json_string(f, b->cats[c], strlen(b->cats[c]));
-            fprintf(f, ": ");
-            json_agg(f, &b->by_cat[(size_t)k * n_cats + c], &b->by_cat[c], greedy);
+    const int greedy = o->temp <= 0.0f;
+    json_t *methods = json_array();
+    for (int k = 0; methods && k < b->nm; k++)
+        if (json_array_append_new(methods, method_json(b, k, greedy))) {
+            json_decref(methods);
+            methods = NULL;
         }
-        fprintf(f, "}}");
+    // JSON integers are signed 64-bit: a larger seed is written as a string of its digits
+    char seed[24];
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)o->seed);
+    json_t *j = json_pack(
+        "{s:o, s:o, s:o, s:i, s:i, s:o, s:o, s:i, s:i, s:b, s:b, s:o, s:o}", "model",
+        cli_json_str(o->model_path, strlen(o->model_path)), "draft", cli_json_strs(o->draft_paths, o->n_drafts),
+        "prompts", cli_json_str(o->prompts_path, strlen(o->prompts_path)), "n_threads", o->n_threads, "draft_threads",
+        o->draft_threads, "temp", cli_json_num(o->temp, 6), "seed",
+        o->seed <= (uint64_t)INT64_MAX ? json_integer((json_int_t)o->seed) : json_string(seed), "n_predict",
+        o->n_predict, "n_prompts", b->np, "chat", o->chat, "time_excludes_prompt", 1, "all_equal_to_ar",
+        greedy ? json_boolean(!b->mismatch) : json_null(), "methods", methods);
+    if (!j) return cli_error("out of memory writing the results");
+    FILE *f = fopen(o->out_path, "w");
+    if (!f) {
+        json_decref(j);
+        return cli_error("cannot write '%s'", o->out_path);
     }
-    fprintf(f, "\n]}\n");
-    if (fclose(f) != 0) return cli_error("cannot write '%s'", o->out_path);
+    int wrc = cli_json_write(f, j);
+    if (fclose(f) != 0 || wrc) return cli_error("cannot write '%s'", o->out_path);
     return 0;
 }
 

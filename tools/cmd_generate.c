@@ -650,33 +650,36 @@ static int gen_build(const gen_opts *o, gen_plan *p, gen_state *g) {
 }
 
 // ---------------------------------------------------------------- run
-static void gen_print_json(const gen_opts *o, const gen_plan *p, const gen_state *g, const sd_gen_stats *st,
-                           const char *finish) {
-    printf("{\"model\": ");
-    cli_json_string(stdout, o->model_path, strlen(o->model_path));
-    printf(", \"n_threads\": %d, \"n_prompt_tokens\": %d, \"n_generated\": %d, "
-           "\"tokens_per_second\": %.3f, \"prompt_ms\": %.3f, \"generate_ms\": %.3f, "
-           "\"finish_reason\": \"%s\", \"text\": ",
-           o->n_threads, st->n_prompt_tokens, st->n_generated, st->tokens_per_second, st->prompt_ms,
-           st->generate_ms, finish);
-    cli_json_string(stdout, g->out.text ? g->out.text : "", g->out.len);
-    if (p->spec) {
-        printf(", \"draft\": [");
-        for (int i = 0; i < o->n_drafts; i++) {
-            if (i) printf(", ");
-            cli_json_string(stdout, o->draft_paths[i], strlen(o->draft_paths[i]));
+// The result as one JSON object on stdout (--json). 0, or -1 when it could
+// not be built or written.
+static int gen_print_json(const gen_opts *o, const gen_plan *p, const gen_state *g, const sd_gen_stats *st,
+                          const char *finish) {
+    json_t *j = json_pack("{s:o, s:i, s:i, s:i, s:o, s:o, s:o, s:s, s:o}", "model",
+                          cli_json_str(o->model_path, strlen(o->model_path)), "n_threads", o->n_threads,
+                          "n_prompt_tokens", st->n_prompt_tokens, "n_generated", st->n_generated, "tokens_per_second",
+                          cli_json_num(st->tokens_per_second, 3), "prompt_ms", cli_json_num(st->prompt_ms, 3),
+                          "generate_ms", cli_json_num(st->generate_ms, 3), "finish_reason", finish, "text",
+                          cli_json_str(g->out.text ? g->out.text : "", g->out.len));
+    if (j && p->spec) {
+        json_t *acc = json_array();
+        for (int k = 1; acc && k <= st->max_depth && k <= SD_SPEC_MAX_DEPTH; k++)
+            if (json_array_append_new(acc, cli_json_num(st->acceptance_by_depth[k], 4))) {
+                json_decref(acc);
+                acc = NULL;
+            }
+        json_t *spec = json_pack("{s:o, s:o, s:i, s:i, s:o, s:i, s:i, s:o, s:o, s:o}", "draft",
+                                 cli_json_strs(o->draft_paths, o->n_drafts), "method",
+                                 cli_json_str(p->label, strlen(p->label)), "max_nodes", p->max_nodes,
+                                 "n_target_forwards", st->n_target_forwards, "mean_accepted",
+                                 cli_json_num(st->mean_accepted, 4), "n_draft_nodes", st->n_draft_nodes,
+                                 "n_draft_accepted", st->n_draft_accepted, "acceptance_by_depth", acc, "draft_ms",
+                                 cli_json_num(st->draft_ms, 3), "verify_ms", cli_json_num(st->verify_ms, 3));
+        if (!spec || json_object_update_new(j, spec)) {
+            json_decref(j);
+            j = NULL;
         }
-        printf("], \"method\": ");
-        cli_json_string(stdout, p->label, strlen(p->label));
-        printf(", \"max_nodes\": %d, \"n_target_forwards\": %d, \"mean_accepted\": %.4f, "
-               "\"n_draft_nodes\": %d, \"n_draft_accepted\": %d, \"acceptance_by_depth\": [",
-               p->max_nodes, st->n_target_forwards, st->mean_accepted, st->n_draft_nodes, st->n_draft_accepted);
-        for (int k = 1; k <= st->max_depth && k <= SD_SPEC_MAX_DEPTH; k++)
-            printf("%s%.4f", k > 1 ? ", " : "", st->acceptance_by_depth[k]);
-        printf("], \"draft_ms\": %.3f, \"verify_ms\": %.3f", st->draft_ms, st->verify_ms);
     }
-    printf("}\n");
-    fflush(stdout);
+    return cli_json_write(stdout, j);
 }
 
 static void gen_print_summary(const gen_opts *o, const gen_plan *p, const sd_gen_stats *st, const char *finish) {
@@ -722,8 +725,11 @@ static int gen_run(const gen_opts *o, const gen_plan *p, gen_state *g) {
         return cli_error("%s", err);
     }
     const char *finish = g_interrupted ? "interrupted" : sd_finish_name(st.finish);
-    if (o->json) gen_print_json(o, p, g, &st, finish);
-    else gen_print_summary(o, p, &st, finish);
+    if (o->json) {
+        if (gen_print_json(o, p, g, &st, finish)) return cli_error("cannot write the JSON result");
+    } else {
+        gen_print_summary(o, p, &st, finish);
+    }
     if (g->out.oom) fprintf(stderr, "specdec: warning: out of memory, the text is incomplete\n");
     return 0;
 }
