@@ -60,6 +60,8 @@ static int collect(int32_t t, void *user) {
     return 0;
 }
 
+#define BENCH_DEPTHS 16   // acceptance by depth is kept to this depth
+
 // Result of one method on one prompt.
 typedef struct run_res {
     int n_tokens;       // tokens generated
@@ -67,12 +69,16 @@ typedef struct run_res {
     int n_step_tokens;  // tokens those forwards produced (n_tokens - 1)
     double gen_ms;      // generation time, prompt excluded
     int equal;          // 1: same tokens as ar (greedy only)
+    double draft_ms;    // time in the drafter
+    int n_draft, n_accepted;                  // draft nodes proposed, accepted
+    int dp[BENCH_DEPTHS + 1], da[BENCH_DEPTHS + 1]; // steps reaching / accepting at depth d
 } run_res;
 
 // Sums over a set of runs.
 typedef struct agg {
     long n_tokens, n_forwards, n_step_tokens;
-    double ms;
+    double ms, draft_ms;
+    long n_draft, n_accepted, dp[BENCH_DEPTHS + 1], da[BENCH_DEPTHS + 1];
     int n_runs, n_equal;
 } agg;
 
@@ -83,6 +89,25 @@ static void agg_add(agg *a, const run_res *r) {
     a->ms += r->gen_ms;
     a->n_runs++;
     a->n_equal += r->equal;
+    a->draft_ms += r->draft_ms;
+    a->n_draft += r->n_draft;
+    a->n_accepted += r->n_accepted;
+    for (int d = 1; d <= BENCH_DEPTHS; d++) a->dp[d] += r->dp[d], a->da[d] += r->da[d];
+}
+
+// The drafter's time per drafted node as a fraction of a one-token target
+// forward (ar's time per token in the same run); 0 without drafts.
+static double agg_draft_cost(const agg *a, const agg *ar) {
+    if (a->n_draft <= 0 || ar->n_tokens <= 0 || ar->ms <= 0) return 0.0;
+    return (a->draft_ms / (double)a->n_draft) / (ar->ms / (double)ar->n_tokens);
+}
+
+// Acceptance at depth d (accepted / proposed), as a JSON array for d = 1.. the deepest proposed.
+static json_t *agg_depth_json(const agg *a) {
+    json_t *arr = json_array();
+    for (int d = 1; arr && d <= BENCH_DEPTHS && a->dp[d] > 0; d++)
+        json_array_append_new(arr, cli_json_num((double)a->da[d] / (double)a->dp[d], 4));
+    return arr;
 }
 
 static double agg_tps(const agg *a) { return a->ms > 0 ? a->n_tokens * 1000.0 / a->ms : 0.0; }
@@ -91,11 +116,14 @@ static double agg_tau(const agg *a) { return a->n_forwards > 0 ? (double)a->n_st
 // One aggregate against ar's over the same runs, as JSON; NULL when out of memory.
 static json_t *agg_json(const agg *a, const agg *ar, int greedy) {
     const double tps = agg_tps(a), tar = agg_tps(ar);
-    return json_pack("{s:o, s:o, s:o, s:o, s:I, s:o, s:I, s:i}", "tokens_per_s", cli_json_num(tps, 3), "speedup",
-                     cli_json_num(tar > 0 ? tps / tar : 0.0, 4), "tau", cli_json_num(agg_tau(a), 4), "equal_to_ar",
+    return json_pack("{s:o, s:o, s:o, s:o, s:I, s:o, s:I, s:i, s:I, s:I, s:o, s:o, s:o}", "tokens_per_s",
+                     cli_json_num(tps, 3), "speedup", cli_json_num(tar > 0 ? tps / tar : 0.0, 4), "tau",
+                     cli_json_num(agg_tau(a), 4), "equal_to_ar",
                      greedy ? json_boolean(a->n_equal == a->n_runs) : json_null(), "n_tokens", (json_int_t)a->n_tokens,
                      "time_ms", cli_json_num(a->ms, 3), "n_target_forwards", (json_int_t)a->n_forwards, "n_prompts",
-                     a->n_runs);
+                     a->n_runs, "n_draft_nodes", (json_int_t)a->n_draft, "n_draft_accepted", (json_int_t)a->n_accepted,
+                     "draft_ms", cli_json_num(a->draft_ms, 3), "draft_ms_per_node_vs_forward",
+                     cli_json_num(agg_draft_cost(a, ar), 4), "acceptance_by_depth", agg_depth_json(a));
 }
 
 // Tokenizes text (chat-formatted unless raw) into a malloc'd array; <0 on error.
@@ -275,6 +303,7 @@ typedef struct bench_state {
     sd_sampler *smp;
     sd_model *drafts[SD_METHOD_MAX_DRAFTS];
     sd_head *heads[2];                       // --head files, loaded
+    char notes[BENCH_MAX_METHODS][256];      // (nm) each method's drafter note after its last run
     sd_drafter *drafters[BENCH_MAX_METHODS];  // (nm) the current run's, NULL between runs
     sd_method_env env;
     sd_cost_curve *cost;                     // the target's forward cost (automatic trees), or NULL
@@ -482,6 +511,12 @@ static int bench_run_one(const bench_opts *o, bench_state *b, int p, int k, run_
     r->gen_ms = st.generate_ms;
     r->n_forwards = st.n_target_forwards;
     r->n_step_tokens = st.n_generated > 0 ? st.n_generated - 1 : 0;
+    r->draft_ms = st.draft_ms;
+    r->n_draft = st.n_draft_nodes;
+    r->n_accepted = st.n_draft_accepted;
+    for (int d = 1; d <= BENCH_DEPTHS && d <= SD_SPEC_MAX_DEPTH; d++)
+        r->dp[d] = st.n_depth_proposed[d], r->da[d] = st.n_depth_accepted[d];
+    if (b->drafters[k]) snprintf(b->notes[k], sizeof b->notes[k], "%s", sd_drafter_note(b->drafters[k]));
     sd_drafter_free(b->drafters[k]);
     b->drafters[k] = NULL;
     if (grc < 0) return snprintf(msg, msg_len, "method '%s' on prompt %s: %s", me->name, b->prompts[p].id, err), -1;
@@ -568,15 +603,24 @@ static void bench_print(const bench_opts *o, const bench_state *b) {
         if (me->kind == SD_METHOD_SKIP) printf("%s skips layers {%s}.\n", me->name, me->skip_list);
     }
     printf("\n");
-    printf("| method | tokens/s | speedup | tau | tokens | time (s) | equal to ar |\n");
-    printf("| --- | ---: | ---: | ---: | ---: | ---: | --- |\n");
+    printf("| method | tokens/s | speedup | tau | tokens | time (s) | equal to ar | draft/node | acceptance by depth |\n");
+    printf("| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- |\n");
     for (int k = 0; k < nm; k++) {
         const agg *a = &b->overall[k];
         double t0 = agg_tps(&b->overall[0]);
-        printf("| %s | %.2f | %.2fx | %.2f | %ld | %.1f | %s |\n", b->methods[k].name, agg_tps(a),
+        char dep[128] = "";
+        size_t o2 = 0;
+        for (int d = 1; d <= BENCH_DEPTHS && a->dp[d] > 0 && o2 < sizeof dep - 8; d++)
+            o2 += (size_t)snprintf(dep + o2, sizeof dep - o2, "%s%.2f", d > 1 ? " " : "", (double)a->da[d] / a->dp[d]);
+        printf("| %s | %.2f | %.2fx | %.2f | %ld | %.1f | %s | %.1f%% | %s |\n", b->methods[k].name, agg_tps(a),
                t0 > 0 ? agg_tps(a) / t0 : 0.0, agg_tau(a), a->n_tokens, a->ms / 1000.0,
-               !greedy ? "n/a (sampled)" : a->n_equal == a->n_runs ? "yes" : "**NO**");
+               !greedy ? "n/a (sampled)" : a->n_equal == a->n_runs ? "yes" : "**NO**",
+               100.0 * agg_draft_cost(a, &b->overall[0]), dep);
     }
+    printf("\ndraft/node = the drafter's time per drafted token as a share of a one-token target forward (ar's "
+           "time per token).\n");
+    for (int k = 0; k < nm; k++)
+        if (b->notes[k][0]) printf("%s: %s\n", b->methods[k].name, b->notes[k]);
     printf("\nspeedup over ar by category (tau in parentheses):\n\n| method |");
     for (int c = 0; c < n_cats; c++) printf(" %s |", b->cats[c]);
     printf("\n| --- |");
@@ -607,8 +651,9 @@ static json_t *method_json(const bench_state *b, int k, int greedy) {
         }
     }
     const char *name = b->methods[k].name;
-    return json_pack("{s:o, s:i, s:o, s:o}", "name", cli_json_str(name, strlen(name)), "max_nodes", b->max_nodes[k],
-                     "overall", agg_json(&b->overall[k], &b->overall[0], greedy), "by_category", cats);
+    return json_pack("{s:o, s:i, s:o, s:o, s:o}", "name", cli_json_str(name, strlen(name)), "max_nodes",
+                     b->max_nodes[k], "overall", agg_json(&b->overall[k], &b->overall[0], greedy), "by_category", cats,
+                     "note", cli_json_str(b->notes[k], strlen(b->notes[k])));
 }
 
 // The full results as JSON (--out). 0, or 1 after a message.
