@@ -56,6 +56,19 @@ const char *sd_drafter_name(const sd_drafter *d);
 const char *sd_drafter_note(const sd_drafter *d);
 // Forgets everything the drafter learnt (a fresh drafter's behaviour).
 void sd_drafter_reset(sd_drafter *d);
+// The hidden-state rows a drafter reads (trained heads): writes its layers
+// (as sd_batch.hidden_layers: a layer index or SD_HIDDEN_NORM) into out (room
+// for SD_MAX_HIDDEN_LAYERS) and returns their count; 0 for drafters that
+// read none (d NULL included).
+int sd_drafter_hidden_layers(const sd_drafter *d, int32_t *out);
+// For programs that evaluate a prompt themselves instead of through
+// sd_gen_prefill (a server's chunked prompts): hands the drafter the hidden
+// rows of prompt tokens tokens[pos0 .. pos0+n), whose text so far is
+// tokens[0 .. pos0+n), as the forward wrote them (sd_batch.hidden_out with
+// the layers of sd_drafter_hidden_layers). No-op for drafters that read no
+// rows. Returns 0, or <0 with a message.
+int sd_drafter_prompt_rows(sd_drafter *d, const int32_t *tokens, int pos0, int n, const float *hidden, char *err,
+                           size_t errlen);
 
 // ---------------------------------------------------------------- cost curve
 // The target's measured forward time against the number of tree nodes,
