@@ -88,7 +88,7 @@ $(MODEL):
 models: $(MODEL)
 
 run: build/specdec $(MODEL)
-	./build/specdec generate -m $(MODEL) --chat -p "$(PROMPT)" -n 200
+	./build/specdec generate -m $(MODEL) --chat -p "$(PROMPT)" -n 200 --head auto
 
 # The model is fetched first; if that fails (no network) the tests that need
 # it say so and are skipped.
