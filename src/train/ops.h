@@ -35,7 +35,7 @@
 #define SD_TR_MR 6
 #define SD_TR_NR 16
 #define SD_TR_MC 96
-#define SD_TR_KC 256
+#define SD_TR_KC 320
 #define SD_TR_NC 2048
 
 // What the ops need beyond their operands: the pool and each thread's
@@ -57,7 +57,8 @@ void sd_tr_ctx_free(sd_tr_ctx *ctx);
 // C (M, N) = A (M, K) B (K, N), or C += A B when acc != 0. A and B are read
 // through strides: A(i, k) = A[i * rsa + k * csa], B(k, j) = B[k * rsb + j *
 // csb], so transposed operands need no copy. C is row-major with row stride
-// ldc. Element (i, j) is the sum over k in blocks of SD_TR_KC, each block
+// ldc. Element (i, j) is the sum over k in equal blocks of at most SD_TR_KC
+// (their size a function of K alone), each block
 // summed in k order (fused multiply-adds) and added to C in block order.
 // Splits C among ctx's threads by rows or columns (whichever is longer).
 void sd_tr_gemm(const sd_tr_ctx *ctx, int M, int N, int K, const float *A, long rsa, long csa, const float *B,

@@ -13,7 +13,7 @@
 // the transposed products of the backward cost nothing extra; panels are
 // zero-padded at the edges so the tile always runs full.
 //
-// Determinism: C(i, j) = sum over KC blocks in order of (the chain of
+// Determinism: C(i, j) = sum over the K blocks in order of (the chain of
 // fused multiply-adds over the block's k in order); neither the chain nor
 // the block boundaries depend on which thread computes (i, j) or where its
 // part starts, so the bits are the same for every pool size.
@@ -187,6 +187,7 @@ typedef struct gemm_job {
     long rsa, csa, rsb, csb, ldc;
     float *C;
     int acc;
+    int kb;                  // block of the summed dimension (<= SD_TR_KC), from K alone
     int split_rows;          // 1: threads split the rows of C, 0: its columns
     float *pack;             // (nth, SD_TR_PACK_FLOATS)
 } gemm_job;
@@ -200,8 +201,8 @@ static void gemm_part(const gemm_job *j, int m0, int m1, int n0, int n1, float *
     }
     for (int jc = n0; jc < n1; jc += SD_TR_NC) {
         const int nc = SD_MIN(SD_TR_NC, n1 - jc);
-        for (int pc = 0; pc < j->K; pc += SD_TR_KC) {
-            const int kc = SD_MIN(SD_TR_KC, j->K - pc);
+        for (int pc = 0; pc < j->K; pc += j->kb) {
+            const int kc = SD_MIN(j->kb, j->K - pc);
             const int first = pc == 0 && !j->acc;
             pack_b(Bp, j->B, j->rsb, j->csb, pc, kc, jc, nc);
             for (int ic = m0; ic < m1; ic += SD_TR_MC) {
@@ -244,6 +245,11 @@ void sd_tr_gemm(const sd_tr_ctx *ctx, int M, int N, int K, const float *A, long 
     if (M <= 0 || N <= 0) return;
     gemm_job j = {.M = M, .N = N, .K = K, .A = A, .B = B, .rsa = rsa, .csa = csa, .rsb = rsb, .csb = csb,
                   .ldc = ldc, .C = C, .acc = acc, .pack = ctx->pack};
+    // K in equal blocks of at most KC (576 = 2 x 288 rather than 256 + 256 +
+    // 64: fewer passes over C), a multiple of 8; a function of K alone.
+    const int nkb = (K + SD_TR_KC - 1) / SD_TR_KC;
+    j.kb = nkb ? ((K + nkb - 1) / nkb + 7) / 8 * 8 : 1;
+    j.kb = SD_MIN(j.kb, SD_TR_KC);
     j.split_rows = (long)M * SD_TR_NR > (long)N * SD_TR_MR;   // the dimension with more tiles
     // Small products are not worth waking the pool (a hand-over costs microseconds).
     if (ctx->nth == 1 || (double)M * N * K < 2e5)
