@@ -21,7 +21,7 @@
 // Error bars. Each checked entry is perturbed by +-eps = 1e-2 (parameters
 // are of order 0.1..1), the loss evaluated in float and differenced in
 // double. The loss is 5..8 (a sum of K means of ~5 rows) with float rounding
-// ~1e-6 relative, so the difference carries ~1e-3 absolute noise; truncation is
+// ~1e-7 relative, so the difference carries ~5e-5 absolute noise; truncation is
 // ~eps^2 = 1e-4 relative. An entry passes when |fd - grad| <= 1e-3
 // max|grad of its tensor| + 1e-2 |grad|. Measured worst ratios (printed as
 // info) are well below 1, and the wrong backwards exceed it many times.
