@@ -101,6 +101,17 @@ void sd_md_sizes(const sd_head *h, int T_max, size_t *nf, size_t *ni);
 void sd_md_carve(sd_trainer *tr, float *f, int32_t *i);
 double sd_md_loss(sd_trainer *tr, const sd_train_seq *seq, float *grad, sd_train_stats *st);
 
+// AdamW's update of n parameters with coefficients fixed for one step
+// (adamw.c): the AVX2 loop and its scalar reference, same bits.
+typedef struct sd_adamw_coef {
+    float gscale;            // clipping factor of the gradient (1: none)
+    float b1, nb1, b2, nb2;  // beta1, 1 - beta1, beta2, 1 - beta2
+    float ibc1, ibc2;        // 1 / (1 - beta^t): bias corrections
+    float eps, lr, wd;       // wd: decoupled decay of these parameters (0 for gains and biases)
+} sd_adamw_coef;
+void sd_adamw_update(float *w, float *m, float *v, const float *g, size_t n, const sd_adamw_coef *c);
+void sd_adamw_update_ref(float *w, float *m, float *v, const float *g, size_t n, const sd_adamw_coef *c);
+
 // Test hook: sets tr->fault (SD_TR_FAULT_*).
 void sd_trainer_set_fault(sd_trainer *tr, int fault);
 
