@@ -30,13 +30,12 @@
 
 // ---------------------------------------------------------------- context
 
-// Blocking of the matrix products (floats): a thread packs KC x NC of B and
-// MC x KC of A at a time; the register tile is MR x NR.
+// Blocking of the matrix products (floats): a thread packs MC x KC of A
+// (L2) and KC x NR of B (one panel, L1) at a time; the register tile is MR x NR.
 #define SD_TR_MR 6
 #define SD_TR_NR 16
-#define SD_TR_MC 96
+#define SD_TR_MC 264
 #define SD_TR_KC 320
-#define SD_TR_NC 2048
 
 // What the ops need beyond their operands: the pool and each thread's
 // packing space, allocated once (house rule 3).
@@ -45,7 +44,7 @@ typedef struct sd_tr_ctx {
     int nth;                 // threads of pool (1 for NULL)
     float *pack;             // (nth, SD_TR_PACK_FLOATS) packing space of each thread
 } sd_tr_ctx;
-#define SD_TR_PACK_FLOATS ((size_t)SD_TR_MC * SD_TR_KC + (size_t)SD_TR_KC * SD_TR_NC)
+#define SD_TR_PACK_FLOATS ((size_t)SD_TR_MC * SD_TR_KC + (size_t)SD_TR_KC * SD_TR_NR)
 
 // Allocates ctx's packing space for pool's threads (pool may be NULL; it is
 // borrowed, not referenced). Returns 0 or <0 with a message.
