@@ -1,10 +1,11 @@
 // test_train_ops.c - the layers of head training (src/train/ops.h): the
 // matrix products against their double-precision reference and bit for bit
 // across thread counts; every backward against central finite differences
-// (forward, backward, RMSNorm, RoPE, SwiGLU, SiLU, attention with EAGLE-3's
-// training-time-test mask, soft cross-entropy); the mask against the
-// definition of docs/heads.md; and a deliberately wrong backward (the mask
-// off by one) that the same check must reject.
+// (the linear layer, RMSNorm, RoPE, SwiGLU, SiLU, attention with EAGLE-3's
+// training-time-test mask, soft cross-entropy) and every forward against
+// its definition computed in double; the mask against the definition of
+// docs/heads.md; and a deliberately wrong backward (the mask off by one)
+// that the same check must reject.
 //
 // Finite differences. Each check perturbs one float of an input by +-eps
 // (the step actually taken after rounding to float is used), evaluates the
@@ -205,6 +206,14 @@ static void test_fd_rmsnorm(void) {
     for (int i = 0; i < d; i++) s.g[i] = 1.0f + 0.5f * urand();
     fill(s.c, n * d, 1);
     norm_obj(&s);
+    double e = 0;   // the forward against its definition, in double
+    for (int r = 0; r < n; r++) {
+        double ss = 0;
+        for (int i = 0; i < d; i++) ss += (double)s.X[r * d + i] * s.X[r * d + i];
+        const double rs = 1.0 / sqrt(ss / d + 1e-5);
+        for (int i = 0; i < d; i++) e = fmax(e, fabs(s.Y[r * d + i] - s.X[r * d + i] * rs * s.g[i]));
+    }
+    CHECK(e < 1e-5, "rmsnorm differs from x / rms(x) * g by %g", e);
     sd_tr_rmsnorm_bwd(n, d, s.X, s.g, s.r, s.c, dX, dg);
     FD_CHECK(norm_obj, &s, s.X, dX, n * d, "rmsnorm dX");
     FD_CHECK(norm_obj, &s, s.g, dg, d, "rmsnorm dgain");
@@ -294,6 +303,10 @@ static void test_fd_swiglu(void) {
     glu_obj(&s);
     for (int i = 0; i < n; i++) e = fmax(e, fabs(s.S[i] - s.G[i] / (1 + exp(-s.G[i])) * s.U[i]));
     CHECK(e < 1e-5, "swiglu differs from silu(g) u by %g", e);
+    silu_obj(&s);
+    e = 0;
+    for (int i = 0; i < n; i++) e = fmax(e, fabs(s.S[i] - s.G[i] / (1 + exp(-s.G[i]))));
+    CHECK(e < 1e-5, "silu differs from x sigmoid(x) by %g", e);
     sd_tr_silu_bwd(n, s.G, s.c, dX);
     FD_CHECK(silu_obj, &s, s.G, dX, n, "silu dX");
     free(s.G), free(s.U), free(s.S), free(s.c), free(dG), free(dU), free(dX);
@@ -375,6 +388,30 @@ static double attn_case(int k, int bad_mask, int verbose) {
     fill(s.c, nq * nh * hd, 1);
     float *dQ = falloc(nq * nh * hd), *dK = falloc(nk * nkv * hd), *dV = falloc(nk * nkv * hd), *dS = falloc(nh * nnz);
     attn_obj(&s);
+    if (!bad_mask) {   // the forward against a dense reference in double: mask[i][j] from docs/heads.md
+        double e = 0;
+        for (int i = 0; i < nq; i++)
+            for (int h = 0; h < nh; h++) {
+                double sc[32], mx = -1e300, z = 0;
+                int ok[32] = {0};
+                for (int e2 = q_off[i]; e2 < q_off[i + 1]; e2++) ok[q_key[e2]] = 1;
+                for (int j = 0; j < nk; j++) {
+                    if (!ok[j]) continue;
+                    double dd = 0;
+                    for (int c = 0; c < hd; c++) dd += (double)s.Q[(i * nh + h) * hd + c] * s.K[(j * nkv + h / (nh / nkv)) * hd + c];
+                    sc[j] = dd / sqrt((double)hd);
+                    mx = fmax(mx, sc[j]);
+                }
+                for (int j = 0; j < nk; j++) z += ok[j] ? exp(sc[j] - mx) : 0;
+                for (int c = 0; c < hd; c++) {
+                    double o = 0;
+                    for (int j = 0; j < nk; j++)
+                        if (ok[j]) o += exp(sc[j] - mx) / z * s.V[(j * nkv + h / (nh / nkv)) * hd + c];
+                    e = fmax(e, fabs(o - s.O[(i * nh + h) * hd + c]));
+                }
+            }
+        CHECK(e < 1e-5, "step %d: attention differs from the dense reference by %g", k, e);
+    }
     sd_tr_mask mb = s.m;
     if (bad_mask) {
         memcpy(bq_key, q_key, sizeof(int32_t) * nnz);
