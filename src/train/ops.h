@@ -23,10 +23,20 @@
 #ifndef SD_TRAIN_OPS_H
 #define SD_TRAIN_OPS_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "kernels/threadpool.h"
+
+// a * b + c in one rounding where the CPU fuses it (the vector lanes do,
+// so a vector loop's scalar tail matches its lanes); plain otherwise (a
+// build without FMA would emulate fmaf in software, a hundred times slower).
+#if defined(__FMA__)
+#define SD_FMAF(a, b, c) fmaf(a, b, c)
+#else
+#define SD_FMAF(a, b, c) ((a) * (b) + (c))
+#endif
 
 // ---------------------------------------------------------------- context
 

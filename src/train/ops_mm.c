@@ -20,6 +20,7 @@
 // fused multiply-adds over the block's k in order); neither the chain nor
 // the block boundaries depend on which thread computes (i, j) or where its
 // part starts, so the bits are the same for every pool size.
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -193,14 +194,15 @@ static void tile(int kc, const float *Ap, const float *Bp, float *C, long ldc, i
         for (int c = 0; c < nr; c++) C[(size_t)r * ldc + c] = first ? t[r][c] : C[(size_t)r * ldc + c] + t[r][c];
 }
 #else
-// The scalar tile: the same sums in the same order, one fmaf at a time.
+// The scalar tile: the same sums in the same order, fused where the CPU
+// has FMA (the build without AVX2 + FMA: one multiply-add at a time).
 static void tile(int kc, const float *Ap, const float *Bp, float *C, long ldc, int mr, int nr, int first) {
     float t[SD_TR_MR][SD_TR_NR];
     memset(t, 0, sizeof t);
     for (int k = 0; k < kc; k++) {
         for (int r = 0; r < SD_TR_MR; r++) {
             const float a = Ap[r];
-            for (int c = 0; c < SD_TR_NR; c++) t[r][c] = fmaf(a, Bp[c], t[r][c]);
+            for (int c = 0; c < SD_TR_NR; c++) t[r][c] = SD_FMAF(a, Bp[c], t[r][c]);
         }
         Ap += SD_TR_MR;
         Bp += SD_TR_NR;
