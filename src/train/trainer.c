@@ -93,7 +93,7 @@ static int prepare(sd_trainer *tr, const sd_train_seq *seq, char *err, size_t er
             if (t < -1 || t >= hp->target_n_vocab)
                 return sd_err(err, errlen, "trainer: target id %d at position %d is outside the target's %d", t, p,
                               hp->target_n_vocab);
-            if (t >= 0 && !(q >= 0.0f && q <= 1.5f))
+            if (t >= 0 && !(q >= 0.0f && q <= 1.001f))   // (also refuses NaN)
                 return sd_err(err, errlen, "trainer: target probability %g at position %d", (double)q, p);
             const int32_t di = t >= 0 ? tr->h->t2d[t] : -1;
             tr->tid[(size_t)p * nt + i] = di;
