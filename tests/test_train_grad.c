@@ -6,7 +6,9 @@
 // left out of the gradient) that the same check must reject; the gradient
 // is added (not stored), has the same bits for 1, 2 and 3 threads, the loss
 // with and without the gradient is the same; the statistics count the
-// scored rows; bad sequences get an error, not a crash.
+// scored rows; bad sequences get an error, not a crash; and the loss is
+// the one the inference head (src/head/eagle3.c) gives when it evaluates
+// the same rows as it drafts.
 //
 // The heads are tiny (EAGLE-3: d = 16, 2 heads, 1 KV head, head size 8,
 // n_ff 32, V' = 24, T = 6, K = 3; and a second shape with sizes that are
@@ -33,7 +35,9 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "head/eagle3.h"
 #include "head/head.h"
+#include "kernels/quant.h"
 #include "lib/synth.h"
 #include "model/model.h"
 #include "specdec.h"
@@ -331,8 +335,73 @@ static void test_bad_input(void) {
     rig_free(&r);
 }
 
+// The training forward is the drafter's forward: the loss computed from
+// the inference head (src/head/eagle3.c, float weights) evaluating the rows
+// as drafting does (step 0 row j against the committed rows 1..j-1, then
+// the draft chain of steps 1..K-1 hanging off it as pending rows, then
+// only step 0's row committed) equals sd_trainer_loss's, within float
+// rounding (1e-5 relative; measured ~1e-7).
+static double infer_loss(const rig *r, const shape *s) {
+    const sd_head *h = r->h;
+    const sd_train_seq *q = &r->sb.seq;
+    const int d = s->d, T = s->T, V = s->V, nt = q->topk;
+    sd_e3 *e = NULL;
+    if (sd_e3_new(&e, h, r->m, T, 1, s->K + 1, SD_TYPE_F32, NULL, g_err, sizeof g_err) < 0) return NAN;
+    float g[64 * 16], hs[8][16], lg[8][64];
+    sd_e3_fuse(e, q->feats, T - 1, g);
+    double sum[8] = {0};
+    int cnt[8] = {0};
+    for (int j = 1; j < T; j++) {
+        for (int k = 0; k < s->K && j + k < T; k++) {
+            const int32_t tok = q->tokens[j + k], pos = j + k, par = k - 1;
+            const float *c = k == 0 ? g + (size_t)(j - 1) * d : hs[k - 1];
+            if (sd_e3_eval(e, &tok, c, &pos, &par, 1, hs[k], lg[k], g_err, sizeof g_err) < 0) {
+                sd_e3_free(e);
+                return NAN;
+            }
+            // softxent against the target at j + k restricted to the draft vocabulary
+            double mass = 0, dot = 0, mx = -1e300, z = 0;
+            for (int i = 0; i < nt; i++) {
+                const int32_t t = q->top_ids[(j + k) * nt + i], di = t >= 0 ? h->t2d[t] : -1;
+                if (di >= 0) mass += q->top_p[(j + k) * nt + i], dot += q->top_p[(j + k) * nt + i] * lg[k][di];
+            }
+            if (!(mass > 0)) continue;
+            for (int v = 0; v < V; v++) mx = fmax(mx, lg[k][v]);
+            for (int v = 0; v < V; v++) z += exp(lg[k][v] - mx);
+            sum[k] += mx + log(z) - dot / mass;
+            cnt[k]++;
+        }
+        const int32_t slot = 0;
+        sd_e3_commit(e, &slot, 1, g_err, sizeof g_err);
+    }
+    sd_e3_free(e);
+    double loss = 0;
+    for (int k = 0; k < s->K; k++)
+        if (cnt[k]) loss += pow(0.8, k) * sum[k] / cnt[k];
+    return loss;
+}
+
+static void test_loss_matches_inference(void) {
+    const shape *shapes[2] = {&E3_A, &E3_B};
+    for (int si = 0; si < 2; si++) {
+        rig r;
+        if (rig_new(&r, shapes[si], NULL) < 0) {
+            CHECK(0, "%s: setup: %s", shapes[si]->name, g_err);
+            rig_free(&r);
+            continue;
+        }
+        const double lt = sd_trainer_loss(r.tr, &r.sb.seq, NULL, NULL, g_err, sizeof g_err);
+        const double li = infer_loss(&r, shapes[si]);
+        printf("  info: %s: training loss %.7f, inference loss %.7f\n", shapes[si]->name, lt, li);
+        CHECK(fabs(lt - li) <= 1e-5 * fabs(li), "%s: training loss %.7f, the drafter's forward gives %.7f (%s)",
+              shapes[si]->name, lt, li, g_err);
+        rig_free(&r);
+    }
+}
+
 int main(void) {
     sd_rng_seed(&g_rng, 424242);
+    T_RUN(test_loss_matches_inference);
     T_RUN(test_grad_eagle3);
     T_RUN(test_grad_eagle3_odd_shape);
     T_RUN(test_grad_medusa);
