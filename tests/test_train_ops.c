@@ -94,7 +94,8 @@ static void test_gemm_vs_ref(void) {
               sd_tr_ctx_init(&c3, p3, err, sizeof err) == 0,
           "setup");
     static const int shapes[][3] = {{1, 1, 1}, {5, 7, 3}, {6, 16, 256}, {7, 17, 257}, {13, 33, 600},
-                                    {100, 40, 31}, {3, 2100, 70}, {200, 50, 520}, {97, 300, 64}};
+                                    {100, 40, 31}, {3, 2100, 70}, {200, 50, 520}, {97, 300, 64}, {300, 37, 333},
+                                    {270, 48, 41}};
     int n_bad = 0;
     double worst = 0;
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
