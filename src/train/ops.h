@@ -69,7 +69,8 @@ void sd_tr_ctx_free(sd_tr_ctx *ctx);
 // ldc. Element (i, j) is the sum over k in equal blocks of at most SD_TR_KC
 // (their size a function of K alone), each block
 // summed in k order (fused multiply-adds) and added to C in block order.
-// Splits C among ctx's threads by rows or columns (whichever is longer).
+// Splits C among ctx's threads by rows when M > N, else by columns (each
+// thread packs all of the operand the split does not divide).
 void sd_tr_gemm(const sd_tr_ctx *ctx, int M, int N, int K, const float *A, long rsa, long csa, const float *B,
                 long rsb, long csb, float *C, long ldc, int acc);
 // The definition: the plain triple loop, summed in double, one thread.

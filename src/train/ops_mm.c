@@ -279,7 +279,10 @@ void sd_tr_gemm(const sd_tr_ctx *ctx, int M, int N, int K, const float *A, long 
     const int nkb = (K + SD_TR_KC - 1) / SD_TR_KC;
     j.kb = nkb ? ((K + nkb - 1) / nkb + 7) / 8 * 8 : 1;
     j.kb = SD_MIN(j.kb, SD_TR_KC);
-    j.split_rows = (long)M * SD_TR_NR > (long)N * SD_TR_MR;   // the dimension with more tiles
+    // Each thread packs all of the operand the split does not divide: split
+    // the rows when B (K x N) is the smaller to pack twice, i.e. M > N (and
+    // when there are too few column panels to go round).
+    j.split_rows = M > N || N < SD_TR_NR * ctx->nth;
     // Small products are not worth waking the pool (a hand-over costs microseconds).
     if (ctx->nth == 1 || (double)M * N * K < 2e5)
         gemm_task(&j, 0, 1);
