@@ -454,7 +454,7 @@ static void test_fd_catches_wrong_mask(void) {
 
 // Attention with threads gives the bits of one thread.
 static void test_attention_threads(void) {
-    const int T = 40, k = 2, nh = 4, nkv = 2, hd = 16;
+    const int T = 64, k = 2, nh = 4, nkv = 2, hd = 16;   // 2 nnz nh hd = 2.6e5: enough for the pool
     sd_pool *p2 = sd_pool_new(2);
     sd_tr_ctx c1, c2;
     char err[128];
@@ -554,6 +554,30 @@ static void test_fd_softxent(void) {
     sd_tr_ctx_free(&ctx);
 }
 
+// The cross-entropy split over rows among 2 threads gives one thread's bits
+// (64 rows of 1000 classes: enough for the pool).
+static void test_softxent_threads(void) {
+    const int n = 64, V = 1000, nt = 4;
+    sd_pool *p2 = sd_pool_new(2);
+    sd_tr_ctx c1, c2;
+    char err[128];
+    sd_tr_ctx_init(&c1, NULL, err, sizeof err);
+    sd_tr_ctx_init(&c2, p2, err, sizeof err);
+    float *L = falloc((size_t)n * V), *tp = falloc(n * nt), *d1 = falloc((size_t)n * V), *d2 = falloc((size_t)n * V);
+    float l1[64], l2[64];
+    int32_t tid[64 * 4], a1[64], a2[64];
+    fill(L, (size_t)n * V, 4);
+    for (int i = 0; i < n * nt; i++) tid[i] = (int32_t)(sd_rng_next(&g_rng) % V), tp[i] = 0.25f;
+    const double s1 = sd_tr_softxent(&c1, n, V, L, tid, tp, nt, 0.5f, d1, l1, a1, NULL);
+    const double s2 = sd_tr_softxent(&c2, n, V, L, tid, tp, nt, 0.5f, d2, l2, a2, NULL);
+    CHECK(s1 == s2 && !memcmp(d1, d2, sizeof(float) * (size_t)n * V) && !memcmp(a1, a2, sizeof a1),
+          "2 threads give other bits than one");
+    free(L), free(tp), free(d1), free(d2);
+    sd_tr_ctx_free(&c1);
+    sd_tr_ctx_free(&c2);
+    sd_pool_free(p2);
+}
+
 int main(void) {
     sd_rng_seed(&g_rng, 20240611);
     T_RUN(test_gemm_vs_ref);
@@ -566,5 +590,6 @@ int main(void) {
     T_RUN(test_fd_catches_wrong_mask);
     T_RUN(test_attention_threads);
     T_RUN(test_fd_softxent);
+    T_RUN(test_softxent_threads);
     T_EXIT();
 }
