@@ -109,8 +109,10 @@ double sd_trainer_loss(sd_trainer *tr, const sd_train_seq *seq, float *grad, sd_
                        size_t errlen) {
     if (st) memset(st, 0, sizeof *st);
     if (prepare(tr, seq, err, errlen) < 0) return -1;
+    sd_pool_acquire(tr->ctx.pool);   // a shared pool: take our turn (house rule 8)
     double loss = tr->h->hp.type == SD_HEAD_EAGLE3 ? sd_e3_loss(tr, seq, grad, st, err, errlen)
                                                    : sd_md_loss(tr, seq, grad, st);
+    sd_pool_release(tr->ctx.pool);
     if (st && loss >= 0) st->loss = loss;
     return loss;
 }
