@@ -804,7 +804,11 @@ class Server:
             ready.set()
 
         threading.Thread(target=drain, daemon=True).start()
-        ready.wait(180)
+        try:
+            ready.wait(180)
+        except BaseException:  # Ctrl-C while it loads
+            self.stop()
+            raise
         if not self.port:
             self.stop()
             raise SystemExit("make-train-data: the server did not start: " + " | ".join(self.log[-5:]))
@@ -844,13 +848,27 @@ def stage_answers(args, m, stop):
         f"{len(prompts) - len(todo)} answered or failed before, {len(todo)} to answer")
     if not todo:
         return None
-    import openai
-    from concurrent.futures import ThreadPoolExecutor
+    try:
+        import openai  # noqa: F401
+    except ImportError:
+        raise SystemExit("make-train-data: stage b needs the openai package (python3 -m pip install openai)")
     for what, p in (("binary", args.bin), ("model", args.model)):
         if not os.path.exists(p):
             raise SystemExit(f"make-train-data: {what} {p} not found"
                              + (" (make build/specdec)" if what == "binary" else " (--model FILE)"))
     srv = Server(args)
+    try:
+        return answer_all(args, m, stop, srv, prompts, todo, cpath, fpath)
+    except BaseException:
+        rc = srv.stop()
+        say(f"  server stopped (exit status {rc})")
+        raise
+
+
+def answer_all(args, m, stop, srv, prompts, todo, cpath, fpath):
+    """Sends the prompts to the server; returns it still running."""
+    import openai
+    from concurrent.futures import ThreadPoolExecutor
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", timeout=600, max_retries=1)
     model_id = client.models.list().data[0].id
     lock = threading.Lock()
@@ -947,8 +965,6 @@ def stage_answers(args, m, stop):
     say(f"  this run: {counts['new']} answers in {el:.0f} s = {run['answers_per_min']}/min, "
         f"{counts['tokens']} tokens = {run['tokens_per_s']} tok/s (parallel {args.parallel}, {os.cpu_count()} cores)")
     if interrupted:
-        rc = srv.stop()
-        say(f"  server stopped (exit status {rc})")
         raise KeyboardInterrupt
     return srv
 
