@@ -663,8 +663,9 @@ class Sources:
 
 
 def interleave(groups, seed):
-    """One list from several: each group shuffled (seeded), then taken in
-    turn so that any prefix holds the groups in equal shares ("extra" first)."""
+    """One list from several (deduplicated already): each group shuffled
+    (seeded), then taken in turn so that any prefix holds the groups in equal
+    shares ("extra" first)."""
     order = []
     if "extra" in groups:
         order += groups.pop("extra")
@@ -726,8 +727,9 @@ def stage_prompts(args, m, srcs, excl):
         if r and r[0]:
             groups[name] = [{"id": f"{name}-{h12(name, norm(t))}", "source": name, "prompt": t.strip(),
                              "meta": {"kind": k, "from": f}} for t, k, f in r[0]]
-    stats = {}
-    kept = filter_items(interleave(groups, args.seed), excl, set(), stats, args.max_prompt_chars)
+    stats, seen = {}, set()
+    kept = interleave({k: filter_items(v, excl, seen, stats, args.max_prompt_chars) for k, v in groups.items()},
+                      args.seed)
     write_jsonl_atomic(path, kept)
     examples = stats.pop("_dropped_examples", [])
     dropped = sum(s["spec_bench"] for s in stats.values())
@@ -759,7 +761,8 @@ def stage_text(args, m, srcs, excl):
                              "meta": {"kind": k, "from": f}} for t, k, f in r[1]]
     seen = {norm(r["text"]) for r in have}
     stats = {}
-    items = filter_items(interleave(groups, args.seed), excl, seen, stats, args.max_text_chars * 2)
+    items = interleave({k: filter_items(v, excl, seen, stats, args.max_text_chars * 2) for k, v in groups.items()},
+                       args.seed)
     new = items[:args.max_raw - len(have)]
     with open(path, "a", encoding="utf-8") as f:
         for r in new:
