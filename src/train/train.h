@@ -42,6 +42,9 @@ typedef struct sd_train_stats {
 // positions with K training-time-test steps (EAGLE-3; Medusa uses hp.n_medusa
 // and ignores K). target: the model whose token embedding the head reads
 // (EAGLE-3; frozen). pool: threads for the matrix kernels (NULL: one).
+// h, target and pool are borrowed and must outlive the trainer; h->w is
+// read afresh at every call (the optimiser updates it in place). Everything
+// a call needs is allocated here, sized for T_max.
 typedef struct sd_trainer sd_trainer;
 int sd_trainer_new(sd_trainer **out, const sd_head *h, const sd_model *target, int T_max, int K, sd_pool *pool,
                    char *err, size_t errlen);
@@ -49,7 +52,9 @@ void sd_trainer_free(sd_trainer *tr);
 // Loss of seq under the head's current parameters; when grad != NULL the
 // gradient of that loss with respect to every parameter is ADDED into grad
 // (n_w floats, the layout of sd_head.w). Deterministic for a given pool size.
-// st may be NULL. Returns the loss (>= 0), or a negative value with a message.
+// st may be NULL. Returns the loss (>= 0), or a negative value with a message
+// (T outside [2, T_max], topk outside [1, 256], a token or target id outside
+// the target's vocabulary, a missing array). Allocates nothing.
 double sd_trainer_loss(sd_trainer *tr, const sd_train_seq *seq, float *grad, sd_train_stats *st, char *err,
                        size_t errlen);
 
@@ -63,9 +68,15 @@ typedef struct sd_adamw {
     int64_t t;                // steps taken
     float *m, *v;             // (n_w) moments
 } sd_adamw;
+// Sets the defaults (lr 1e-3, beta1 0.9, beta2 0.95, eps 1e-8, weight_decay
+// 0, clip 1.0, warmup 0, total 0: no decay), t = 0, and allocates zeroed
+// moments for n_w parameters (one allocation; the caller changes the
+// fields it wants before the first step). Returns 0 or <0 with a message.
 int sd_adamw_init(sd_adamw *o, size_t n_w, char *err, size_t errlen);
 void sd_adamw_free(sd_adamw *o);
-// The learning rate of step t.
+// The learning rate of step t (0-based): lr (t+1)/warmup during the
+// warm-up, then cosine from lr down to lr/10 at t = total (lr/10 after it;
+// constant lr if total <= warmup).
 float sd_adamw_lr(const sd_adamw *o, int64_t t);
 // One update of h->w with grad (n_w floats, already averaged over the batch;
 // clipped here). Returns the gradient norm before clipping.
