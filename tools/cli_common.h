@@ -45,5 +45,6 @@ int cmd_bench(int argc, char **argv);
 // time it only says how to install them.
 int cmd_serve(int argc, char **argv);
 int cmd_bench_batch(int argc, char **argv);
+int cmd_train_head(int argc, char **argv);
 
 #endif

@@ -208,7 +208,9 @@ static int recipe_compare(loop_run *r, const sd_ckpt_recipe *ck, const sd_ckpt_r
 // Steps, warm-up, the recipe; the optimiser and the trainer.
 static int plan_training(loop_run *r, char *err, size_t errlen) {
     const sd_train_head_params *P = &r->P;
-    int64_t n_steps = P->tokens > 0 ? (P->tokens + (int64_t)P->batch * P->seq_len - 1) / ((int64_t)P->batch * P->seq_len)
+    // --tokens counts positions: sequences are up to seq_len long, shorter at the ends of records
+    const double mean_T = (double)r->train_pos / (double)r->n_train;
+    int64_t n_steps = P->tokens > 0 ? (int64_t)ceil((double)P->tokens / (mean_T * P->batch))
                                     : (int64_t)ceil(P->epochs * (double)r->n_train / P->batch);
     if (n_steps < 1) n_steps = 1;
     int64_t warmup = P->warmup >= 0 ? P->warmup : SD_MIN(500, n_steps * 5 / 100);
