@@ -113,7 +113,8 @@ typedef struct sd_train_head_params {
 sd_train_head_params sd_train_head_default_params(void);
 
 typedef struct sd_train_head_result {
-    int stopped;                // 1: stopped by the flag (a checkpoint holds the run; no head was written)
+    int stopped;                // stopped by the flag: 1 while training (a checkpoint holds the run, no head
+                                // was written), 2 while building the cache (its complete records are kept)
     int64_t cache_records, cache_tokens;  // the cache's size
     int64_t train_tokens_avail, eval_tokens_avail;  // positions in the training and held-back splits
     int draft_vocab;            // tokens of the draft vocabulary
@@ -126,8 +127,10 @@ typedef struct sd_train_head_result {
     double train_seconds;       // training wall time (resumed runs included)
 } sd_train_head_result;
 
-// Runs the whole job described above. Returns 0 when the head is written,
-// 1 when stopped by *stop (a checkpoint was written; resume = 1 continues),
+// Runs the whole job described above. Returns 0 when the head is written
+// (or the cache built, with cache_only), 1 when stopped by *stop (while
+// training: a checkpoint was written and resume = 1 continues; while
+// caching: the same call again continues the cache; res->stopped says which),
 // <0 with a message: a missing or unreadable data file, a bad JSON line
 // (FILE:LINE), a cache, checkpoint or head made for another target or with
 // other settings (saying what differs), a write error (a full disk: the

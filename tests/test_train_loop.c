@@ -1,14 +1,11 @@
-// test_train_loop.c - the feature cache and the training loop of `specdec
-// train-head` (src/train/cache*.c, corpus.c, ckpt.c, loop*.c) on tiny
-// synthetic models and stories260K: the cache holds what the target computes
-// (tokens, states, top-k), is split into windows, resumes after a stop, cuts
-// a torn tail and refuses a foreign target, other layers or other data;
-// corpus errors name file and line; a stopped and resumed run ends with the
-// same parameters, bit for bit, as one never interrupted; a full disk keeps
-// the previous checkpoint; foreign or mismatched checkpoints are refused; a
-// short run on stories260K raises the held-back agreement; the command's
-// help, errors and Ctrl-C.
-#include <errno.h>
+// test_train_loop.c - the training loop of `specdec train-head`
+// (src/train/loop.c, loop_data.c, ckpt.c; include/specdec_train.h) and the
+// command (tools/cmd_train_head.c) on tiny synthetic models and stories260K:
+// a stopped and resumed run ends with the same parameters, bit for bit, as
+// one never interrupted; a full disk keeps the previous checkpoint; foreign
+// or mismatched checkpoints, an existing checkpoint without --resume and
+// missing data are refused; a short run on stories260K raises the held-back
+// agreement; Medusa runs; the command's help, errors, a run and Ctrl-C.
 #include <fcntl.h>
 #include <signal.h>
 #include <stdint.h>
@@ -22,426 +19,13 @@
 
 #include "specdec.h"
 #include "specdec_train.h"
-#include "common.h"
 #include "head/head.h"
 #include "lib/cli_run.h"
-#include "lib/synth.h"
-#include "model/llama2c.h"
-#include "model/model.h"
+#include "lib/train_fixture.h"
 #include "t.h"
-#include "train/cache.h"
 #include "train/ckpt.h"
-#include "train/corpus.h"
-#include "train/train.h"
 
 static char g_err[1024];
-static char g_tmp[256];   // this run's scratch directory
-
-// ---------------------------------------------------------------- files and models
-static void path_in(char *out, size_t n, const char *name) { snprintf(out, n, "%s/%s", g_tmp, name); }
-
-static void rm_rf(const char *p) {
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", p);
-    if (system(cmd)) {
-    }
-}
-
-static int write_file(const char *path, const char *text) {
-    FILE *f = fopen(path, "wb");
-    if (!f) return -1;
-    fputs(text, f);
-    return fclose(f);
-}
-
-static long file_len(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0 ? (long)st.st_size : -1;
-}
-
-// 1 if the two files have the same bytes.
-static int same_file(const char *a, const char *b) {
-    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
-    int same = fa && fb;
-    while (same) {
-        int x = fgetc(fa), y = fgetc(fb);
-        if (x != y) same = 0;
-        if (x == EOF || y == EOF) break;
-    }
-    if (fa) fclose(fa);
-    if (fb) fclose(fb);
-    return same;
-}
-
-static int same_cache(const char *a, const char *b) {
-    static const char *files[] = {"header.bin", "index.bin", "tokens.bin", "top_ids.bin", "top_p.bin", "feats.bin"};
-    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
-        char pa[512], pb[512];
-        snprintf(pa, sizeof pa, "%s/%s", a, files[i]);
-        snprintf(pb, sizeof pb, "%s/%s", b, files[i]);
-        if (!same_file(pa, pb)) {
-            printf("  %s differs\n", files[i]);
-            return 0;
-        }
-    }
-    return 1;
-}
-
-static sd_model *synth_model(int n_embd, int n_layer, uint64_t seed) {
-    synth_params p = synth_default_params();
-    p.n_embd = n_embd;
-    p.n_ff = 2 * n_embd;
-    p.n_layer = n_layer;
-    p.seed = seed;
-    char path[512];
-    snprintf(path, sizeof path, "%s/synth_%d_%d_%llu.gguf", g_tmp, n_embd, n_layer, (unsigned long long)seed);
-    sd_model *m = NULL;
-    if (synth_write(path, &p, g_err, sizeof g_err) == 0) sd_model_load(&m, path, g_err, sizeof g_err);
-    remove(path);
-    return m;
-}
-
-// A corpus of n text records of random synthetic words ("w12 w7 ..."), record
-// i with 3 + (i * 7) % len_spread words; one chat record when chat.
-static void write_corpus(const char *path, int n, int len_spread, uint64_t seed, int chat) {
-    FILE *f = fopen(path, "wb");
-    sd_rng r;
-    sd_rng_seed(&r, seed);
-    for (int i = 0; i < n; i++) {
-        fprintf(f, "{\"id\": \"r%d\", \"source\": \"test\", \"text\": \"", i);
-        int nw = 3 + (i * 7) % len_spread;
-        for (int w = 0; w < nw; w++) fprintf(f, "%sw%d", w ? " " : "", (int)(sd_rng_next(&r) % 60));
-        fprintf(f, "\"}\n");
-        if (i == 1) fprintf(f, "\n");   // a blank line is skipped
-    }
-    if (chat) fprintf(f, "{\"id\": \"c\", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n");
-    fclose(f);
-}
-
-static sd_cache_params eagle_params(const sd_model *m, int topk, int n_ctx) {
-    sd_head_hp hp = sd_head_default_hp(m, SD_HEAD_EAGLE3);
-    sd_cache_params cp = sd_cache_default_params();
-    cp.type = SD_HEAD_EAGLE3;
-    memcpy(cp.extract, hp.extract, sizeof cp.extract);
-    cp.topk = topk;
-    cp.n_ctx = n_ctx;
-    return cp;
-}
-
-// Stops a build after stop_after records (progress callback).
-typedef struct stopper {
-    volatile sig_atomic_t flag;
-    int64_t stop_after;
-} stopper;
-
-static void stop_cb(void *user, const sd_cache_progress *p) {
-    stopper *s = user;
-    if (s->stop_after >= 0 && p->records >= s->stop_after) s->flag = 1;
-}
-
-static int build(const char *dir, const sd_model *m, const sd_cache_params *cp, const char *data, stopper *st,
-                 char *note, size_t notelen) {
-    sd_cache *c;
-    if (sd_cache_open(&c, dir, m, cp, note, notelen, g_err, sizeof g_err) < 0) return -100;
-    sd_cache_build_params bp = {.n_batch = 8, .stop = st ? &st->flag : NULL, .progress = st ? stop_cb : NULL,
-                                .user = st};
-    const char *paths[1] = {data};
-    int r = sd_cache_build(c, m, paths, 1, &bp, g_err, sizeof g_err);
-    sd_cache_close(c);
-    return r;
-}
-
-// ---------------------------------------------------------------- the cache
-// Every position of every window holds the record's token, the target's
-// states at the extract layers (F16 of the forward's rows, bit for bit) and
-// its top-k (argmax first, descending, probabilities summing to 1); records
-// longer than the window are split, each window run from an empty cache.
-static void test_cache_matches_target(void) {
-    sd_model *m = synth_model(64, 4, 1);
-    CHECK(m, "synthetic model: %s", g_err);
-    if (!m) return;
-    char data[512], dir[512];
-    path_in(data, sizeof data, "match.jsonl");
-    path_in(dir, sizeof dir, "match.cache");
-    write_corpus(data, 6, 40, 7, 0);
-    const int W = 16, K = 4;
-    sd_cache_params cp = eagle_params(m, K, W);
-    int r = build(dir, m, &cp, data, NULL, NULL, 0);
-    CHECK(r == 0, "build: %d %s", r, g_err);
-    sd_cache *c = NULL;
-    if (r != 0 || sd_cache_open(&c, dir, m, &cp, NULL, 0, g_err, sizeof g_err) < 0) {
-        CHECK(0, "open: %s", g_err);
-        sd_model_free(m);
-        return;
-    }
-    CHECK(sd_cache_n_records(c) == 6, "records %lld", (long long)sd_cache_n_records(c));
-    CHECK(sd_cache_n_feat(c) == 3 * 64, "n_feat %d", sd_cache_n_feat(c));
-    int64_t n_seq;
-    const sd_cache_seq *sq = sd_cache_seqs(c, &n_seq);
-    sd_session_params sp = sd_session_default_params();
-    sp.n_ctx = W;
-    sp.n_batch = W;
-    sp.n_threads = 1;
-    sd_session *s = NULL;
-    CHECK(sd_session_new(&s, m, &sp, g_err, sizeof g_err) == 0, "session: %s", g_err);
-    sd_corpus *cr = NULL;
-    CHECK(sd_corpus_open(&cr, data, g_err, sizeof g_err) == 0, "corpus: %s", g_err);
-    sd_corpus_rec rec;
-    int32_t ids[256], tok[64], top[64 * K];
-    float feats[64 * 192], p[64 * K], hid[64 * 192];
-    int64_t e = 0, positions = 0, windows_split = 0, bad_feat = 0, bad_top = 0;
-    for (int rno = 0; s && cr && sd_corpus_next(cr, &rec, 1, g_err, sizeof g_err) == 1; rno++) {
-        int n = sd_tokenize(sd_model_tokenizer(m), rec.text, strlen(rec.text), 1, 0, ids, 256);
-        for (int off = 0; off < n; off += W, e++) {
-            const int T = n - off < W ? n - off : W;
-            CHECK(e < n_seq && sq[e].record == (uint32_t)rno && sq[e].T == T, "entry %lld: record %u T %d (want %d %d)",
-                  (long long)e, e < n_seq ? sq[e].record : 0, e < n_seq ? sq[e].T : 0, rno, T);
-            if (e >= n_seq) break;
-            windows_split += off > 0;
-            CHECK(sd_cache_read(c, e, 0, T, tok, feats, top, p, g_err, sizeof g_err) == 0, "read: %s", g_err);
-            CHECK(!memcmp(tok, ids + off, sizeof(int32_t) * (size_t)T), "record %d window at %d: tokens differ", rno, off);
-            sd_session_truncate(s, 0, g_err, sizeof g_err);
-            sd_batch b = {.n = T, .tokens = ids + off, .hidden_layers = cp.extract, .n_hidden_layers = 3,
-                          .hidden_out = hid};
-            CHECK(sd_session_forward(s, &b, g_err, sizeof g_err) == 0, "forward: %s", g_err);
-            for (int t = 0; t < T; t++) {
-                for (int i = 0; i < 192; i++)
-                    bad_feat += feats[t * 192 + i] != sd_fp16_to_fp32(sd_fp32_to_fp16(hid[t * 192 + i]));
-                const float *l = sd_session_logits(s, t);
-                int am = 0;
-                for (int v = 1; v < m->hp.n_vocab; v++)
-                    if (l[v] > l[am]) am = v;
-                double sum = 0;
-                for (int k = 0; k < K; k++) {
-                    sum += p[t * K + k];
-                    if (k && (l[top[t * K + k]] > l[top[t * K + k - 1]] || p[t * K + k] > p[t * K + k - 1])) bad_top++;
-                }
-                if (top[t * K] != am || fabs(sum - 1.0) > 4e-3) bad_top++;
-            }
-            positions += T;
-        }
-    }
-    CHECK(e == n_seq, "%lld windows expected, the cache has %lld", (long long)e, (long long)n_seq);
-    CHECK(positions == sd_cache_n_positions(c), "positions %lld vs %lld", (long long)positions,
-          (long long)sd_cache_n_positions(c));
-    CHECK(windows_split >= 2, "the corpus should have records longer than a window (%lld)", (long long)windows_split);
-    CHECK(bad_feat == 0, "%lld state values differ from the forward's rows", (long long)bad_feat);
-    CHECK(bad_top == 0, "%lld top-k rows wrong", (long long)bad_top);
-    // the argmax counts are the top_ids' first entries
-    int64_t counts[320] = {0}, total = 0;
-    CHECK(sd_cache_argmax_counts(c, NULL, 0, counts, g_err, sizeof g_err) == 0, "counts: %s", g_err);
-    for (int v = 0; v < 320; v++) total += counts[v];
-    CHECK(total == positions, "argmax counts sum to %lld, not %lld", (long long)total, (long long)positions);
-    sd_corpus_close(cr);
-    sd_session_free(s);
-    sd_cache_close(c);
-    sd_model_free(m);
-}
-
-// A build stopped after two records keeps exactly them and resumes to the
-// same bytes as a build in one go; a torn tail (partial index entry, data
-// past the last record, data missing or corrupted under the last record, an
-// unfinished record's entries) is cut at open and the rebuild restores the
-// same bytes.
-static void test_cache_resume_and_torn_tail(void) {
-    sd_model *m = synth_model(64, 4, 1);
-    CHECK(m, "synthetic model: %s", g_err);
-    if (!m) return;
-    char data[512], a[512], b[512], f[600], note[512];
-    path_in(data, sizeof data, "resume.jsonl");
-    path_in(a, sizeof a, "resume_a.cache");
-    path_in(b, sizeof b, "resume_b.cache");
-    write_corpus(data, 6, 40, 11, 0);
-    sd_cache_params cp = eagle_params(m, 4, 16);
-    CHECK(build(a, m, &cp, data, NULL, NULL, 0) == 0, "one go: %s", g_err);
-    stopper st = {.flag = 0, .stop_after = 2};
-    int r = build(b, m, &cp, data, &st, NULL, 0);
-    CHECK(r == 1, "a stopped build returns 1, got %d (%s)", r, g_err);
-    sd_cache *c = NULL;
-    CHECK(sd_cache_open(&c, b, m, &cp, note, sizeof note, g_err, sizeof g_err) == 0, "open: %s", g_err);
-    CHECK(c && sd_cache_n_records(c) == 2, "after the stop: %lld records", c ? (long long)sd_cache_n_records(c) : -1);
-    CHECK(note[0] == 0, "nothing to cut after a clean stop: %s", note);
-    sd_cache_close(c);
-    CHECK(build(b, m, &cp, data, NULL, NULL, 0) == 0, "resumed: %s", g_err);
-    CHECK(same_cache(a, b), "a resumed build differs from one in one go");
-
-    struct { const char *file; long delta; int flip; int64_t records_after; const char *what; } cuts[] = {
-        {"index.bin", +20, 0, 6, "a partial index entry"},
-        {"feats.bin", +100, 0, 6, "data past the last record"},
-        {"feats.bin", -10, 0, 5, "data missing under the last record"},
-        {"top_p.bin", 0, 1, 5, "a corrupted last record"},
-        {"index.bin", -48, 0, 5, "the entries of an unfinished record"},
-    };
-    for (size_t i = 0; i < sizeof cuts / sizeof *cuts; i++) {
-        snprintf(f, sizeof f, "%s/%s", b, cuts[i].file);
-        long len = file_len(f);
-        if (cuts[i].delta > 0) {
-            FILE *fp = fopen(f, "ab");
-            for (long k = 0; k < cuts[i].delta; k++) fputc(0x5a, fp);
-            fclose(fp);
-        } else if (cuts[i].delta < 0) {
-            CHECK(truncate(f, len + cuts[i].delta) == 0, "truncate");
-        } else {
-            FILE *fp = fopen(f, "r+b");
-            fseek(fp, len - 1, SEEK_SET);
-            int ch = fgetc(fp);
-            fseek(fp, len - 1, SEEK_SET);
-            fputc(ch ^ 0x40, fp);
-            fclose(fp);
-        }
-        c = NULL;
-        CHECK(sd_cache_open(&c, b, m, &cp, note, sizeof note, g_err, sizeof g_err) == 0, "%s: open: %s", cuts[i].what,
-              g_err);
-        CHECK(c && sd_cache_n_records(c) == cuts[i].records_after, "%s: %lld records kept, want %lld", cuts[i].what,
-              c ? (long long)sd_cache_n_records(c) : -1, (long long)cuts[i].records_after);
-        CHECK(strstr(note, "torn tail"), "%s: the note says what was cut: '%s'", cuts[i].what, note);
-        sd_cache_close(c);
-        CHECK(build(b, m, &cp, data, NULL, NULL, 0) == 0, "%s: rebuild: %s", cuts[i].what, g_err);
-        CHECK(same_cache(a, b), "%s: the rebuilt cache differs", cuts[i].what);
-    }
-    sd_model_free(m);
-}
-
-// A cache is refused for another target, other layers, another head type,
-// another top-k, another window, and other data, each with a message saying so.
-static void test_cache_refuses_foreign(void) {
-    sd_model *m = synth_model(64, 4, 1), *m2 = synth_model(32, 4, 1);
-    CHECK(m && m2, "synthetic models: %s", g_err);
-    if (!m || !m2) {
-        sd_model_free(m);
-        sd_model_free(m2);
-        return;
-    }
-    char data[512], other[512], fewer[512], dir[512];
-    path_in(data, sizeof data, "foreign.jsonl");
-    path_in(other, sizeof other, "other.jsonl");
-    path_in(fewer, sizeof fewer, "fewer.jsonl");
-    path_in(dir, sizeof dir, "foreign.cache");
-    write_corpus(data, 4, 10, 3, 0);
-    write_corpus(other, 4, 10, 4, 0);
-    write_corpus(fewer, 2, 10, 3, 0);
-    sd_cache_params cp = eagle_params(m, 4, 16);
-    CHECK(build(dir, m, &cp, data, NULL, NULL, 0) == 0, "build: %s", g_err);
-    sd_cache_params c2 = eagle_params(m2, 4, 16);
-    CHECK(build(dir, m2, &c2, data, NULL, NULL, 0) == -100 && strstr(g_err, "another target") &&
-              strstr(g_err, "hidden size 64"),
-          "another target: %s", g_err);
-    sd_cache_params cl = cp;
-    cl.extract[0] = 0;
-    CHECK(build(dir, m, &cl, data, NULL, NULL, 0) == -100 && strstr(g_err, "layers"), "other layers: %s", g_err);
-    sd_cache_params cm = cp;
-    cm.type = SD_HEAD_MEDUSA;
-    CHECK(build(dir, m, &cm, data, NULL, NULL, 0) == -100 && strstr(g_err, "Medusa"), "medusa: %s", g_err);
-    sd_cache_params ck = cp;
-    ck.topk = 2;
-    CHECK(build(dir, m, &ck, data, NULL, NULL, 0) == -100 && strstr(g_err, "top"), "topk: %s", g_err);
-    sd_cache_params cw = cp;
-    cw.n_ctx = 32;
-    CHECK(build(dir, m, &cw, data, NULL, NULL, 0) == -100 && strstr(g_err, "windows"), "window: %s", g_err);
-    CHECK(build(dir, m, &cp, other, NULL, NULL, 0) < 0 && strstr(g_err, "other data") && strstr(g_err, "other.jsonl:1"),
-          "other data: %s", g_err);
-    CHECK(build(dir, m, &cp, fewer, NULL, NULL, 0) < 0 && strstr(g_err, "holds 4 records"), "fewer records: %s", g_err);
-    CHECK(build(dir, m, &cp, data, NULL, NULL, 0) == 0, "the right data is still fine: %s", g_err);
-    sd_model_free(m);
-    sd_model_free(m2);
-}
-
-// Corpus errors name the file (and line, column); the records before a bad
-// line stay cached.
-static void test_corpus_errors(void) {
-    sd_model *m = synth_model(64, 4, 1);
-    CHECK(m, "synthetic model: %s", g_err);
-    if (!m) return;
-    char dir[512], bad[512], missing[512];
-    path_in(dir, sizeof dir, "errors.cache");
-    path_in(bad, sizeof bad, "bad.jsonl");
-    path_in(missing, sizeof missing, "absent.jsonl");
-    sd_cache_params cp = eagle_params(m, 4, 16);
-    CHECK(build(dir, m, &cp, missing, NULL, NULL, 0) < 0 && strstr(g_err, "not found") && strstr(g_err, missing),
-          "missing file: %s", g_err);
-    struct { const char *third; const char *want; } cases[] = {
-        {"{\"text\": \"w1 w2\"", "bad.jsonl:3: expected ',' or '}' at column 17"},
-        {"{\"id\": 3}", "bad.jsonl:3: the record has neither \"text\" nor \"messages\""},
-        {"{\"text\": 7}", "bad.jsonl:3: \"text\" is not a string"},
-        {"{\"messages\": [{\"role\": \"user\", \"content\": null}]}", "messages[0].content is not a string"},
-        {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}", "bad.jsonl:3: cannot format the messages"},
-        {"{\"text\": \"a\\x\"}", "bad.jsonl:3: bad escape"},
-        {"[1, 2]", "bad.jsonl:3: expected '{'"},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        char text[512];
-        snprintf(text, sizeof text, "{\"text\": \"w1 w2 w3\"}\n{\"text\": \"w4 \\u00e9 \\ud83d\\ude00 w5\", \"x\": [1, {\"y\": null}]}\n%s\n",
-                 cases[i].third);
-        write_file(bad, text);
-        rm_rf(dir);
-        int r = build(dir, m, &cp, bad, NULL, NULL, 0);
-        CHECK(r < 0 && strstr(g_err, cases[i].want), "case %zu: got %d '%s', want '%s'", i, r, g_err, cases[i].want);
-    }
-    // every line is read before the target runs: nothing was cached
-    sd_cache *c = NULL;
-    CHECK(sd_cache_open(&c, dir, m, &cp, NULL, 0, g_err, sizeof g_err) == 0, "open: %s", g_err);
-    if (c) CHECK(sd_cache_n_records(c) == 0, "records %lld", (long long)sd_cache_n_records(c));
-    sd_cache_close(c);
-    sd_model_free(m);
-}
-
-// stories260K converted to GGUF in the scratch directory (once), or NULL with why.
-static const char *stories_path(char *why, size_t n) {
-    static char gguf[512];
-    if (gguf[0]) return gguf;
-    const char *sh = t_shared_dir();
-    if (!sh) {
-        snprintf(why, n, "../shared/models (stories260K) is absent; set SD_SHARED");
-        return NULL;
-    }
-    char ckpt[512], tokp[512];
-    snprintf(ckpt, sizeof ckpt, "%s/models/stories260K.bin", sh);
-    snprintf(tokp, sizeof tokp, "%s/models/tok512.bin", sh);
-    path_in(gguf, sizeof gguf, "stories.gguf");
-    if (sd_llama2c_convert(ckpt, tokp, gguf, g_err, sizeof g_err) < 0) {
-        snprintf(why, n, "stories260K: %.200s", g_err);
-        gguf[0] = 0;
-        return NULL;
-    }
-    return gguf;
-}
-
-// stories260K (text records only: it has no chat template): a Medusa cache
-// holds the final normed state (n_feat = d) of every position.
-static void test_cache_stories(void) {
-    char why[256], data[512], dir[512];
-    const char *gguf = stories_path(why, sizeof why);
-    if (!gguf) SKIP("%s", why);
-    path_in(data, sizeof data, "stories.jsonl");
-    path_in(dir, sizeof dir, "stories.cache");
-    sd_model *m = NULL;
-    sd_model_load(&m, gguf, g_err, sizeof g_err);
-    CHECK(m, "stories260K: %s", g_err);
-    if (!m) return;
-    write_file(data, "{\"text\": \"Once upon a time, there was a little girl named Lily.\"}\n"
-                     "{\"text\": \"She loved to play outside in the park.\", \"source\": \"x\"}\n");
-    sd_cache_params cp = sd_cache_default_params();
-    cp.type = SD_HEAD_MEDUSA;
-    CHECK(build(dir, m, &cp, data, NULL, NULL, 0) == 0, "build: %s", g_err);
-    sd_cache *c = NULL;
-    CHECK(sd_cache_open(&c, dir, m, &cp, NULL, 0, g_err, sizeof g_err) == 0, "open: %s", g_err);
-    if (c) {
-        CHECK(sd_cache_n_feat(c) == m->hp.n_embd, "n_feat %d", sd_cache_n_feat(c));
-        int32_t ids[64];
-        int n = sd_tokenize(sd_model_tokenizer(m), "Once upon a time, there was a little girl named Lily.", 53, 1, 0,
-                            ids, 64);
-        int32_t tok[64];
-        CHECK(sd_cache_read(c, 0, 0, n, tok, NULL, NULL, NULL, g_err, sizeof g_err) == 0 &&
-                  !memcmp(tok, ids, sizeof(int32_t) * (size_t)n),
-              "the first record's tokens");
-        int32_t top[8];
-        // the model continues its own story: after "Once upon a" comes " time"
-        CHECK(sd_cache_read(c, 0, 3, 1, NULL, NULL, top, NULL, g_err, sizeof g_err) == 0 && top[0] == ids[4],
-              "the target's argmax after 'Once upon a' is the text's next token (%d vs %d)", top[0], ids[4]);
-    }
-    sd_cache_close(c);
-    sd_model_free(m);
-}
 
 // ---------------------------------------------------------------- the loop
 typedef struct watch {
@@ -476,9 +60,9 @@ static sd_train_head_params small_run(const sd_model *m, const char *tag, watch 
     static char out[8][512], ckpt[8][512], cache[512];
     static int k;
     k = (k + 1) % 8;
-    snprintf(out[k], sizeof out[k], "%s/%s.gguf", g_tmp, tag);
-    snprintf(ckpt[k], sizeof ckpt[k], "%s/%s.ckpt", g_tmp, tag);
-    path_in(cache, sizeof cache, "loop.cache");
+    snprintf(out[k], sizeof out[k], "%s/%s.gguf", tf_dir(), tag);
+    snprintf(ckpt[k], sizeof ckpt[k], "%s/%s.ckpt", tf_dir(), tag);
+    tf_path(cache, sizeof cache, "loop.cache");
     sd_train_head_params p = sd_train_head_default_params();
     p.model = m;
     p.data_paths = g_data;
@@ -523,7 +107,7 @@ static int same_params(const sd_head *a, const sd_head *b) {
 // a stop (the flag: a checkpoint is written, no head), and a resumed run of
 // the rest; another seed gives other parameters.
 static void test_resume_bit_identical(void) {
-    sd_model *m = synth_model(64, 4, 1);
+    sd_model *m = tf_synth_model(64, 4, 1, g_err, sizeof g_err);
     CHECK(m, "synthetic model: %s", g_err);
     if (!m) return;
     watch w0 = {.stop_at = -1, .limit_after_ckpt = -1};
@@ -542,7 +126,7 @@ static void test_resume_bit_identical(void) {
     r = sd_train_head(&pb, &rb, g_err, sizeof g_err);
     CHECK(r == 1 && rb.stopped && rb.step == 4, "stopped: %d step %lld %s", r, (long long)rb.step, g_err);
     CHECK(w1.saw_stop_note, "the stop is reported");
-    CHECK(file_len(pb.out_path) < 0, "no head is written at a stop");
+    CHECK(tf_file_len(pb.out_path) < 0, "no head is written at a stop");
     sd_head *hc = NULL;
     sd_adamw oc;
     sd_ckpt_recipe rc;
@@ -582,7 +166,7 @@ static void test_resume_bit_identical(void) {
 // previous one intact and leaves no temporary; training goes on, and the
 // final head, which cannot be written either, is an error.
 static void test_full_disk_keeps_checkpoint(void) {
-    sd_model *m = synth_model(64, 4, 1);
+    sd_model *m = tf_synth_model(64, 4, 1, g_err, sizeof g_err);
     CHECK(m, "synthetic model: %s", g_err);
     if (!m) return;
     watch w = {.stop_at = -1, .limit_after_ckpt = 2};
@@ -612,9 +196,9 @@ static void test_full_disk_keeps_checkpoint(void) {
     }
     char tmp[600];
     snprintf(tmp, sizeof tmp, "%s.tmp", p.ckpt_path);
-    CHECK(file_len(tmp) < 0, "no checkpoint temporary is left behind");
+    CHECK(tf_file_len(tmp) < 0, "no checkpoint temporary is left behind");
     snprintf(tmp, sizeof tmp, "%s.tmp", p.out_path);
-    CHECK(file_len(tmp) < 0 && file_len(p.out_path) < 0, "no head file nor temporary");
+    CHECK(tf_file_len(tmp) < 0 && tf_file_len(p.out_path) < 0, "no head file nor temporary");
     sd_model_free(m);
 }
 
@@ -622,7 +206,7 @@ static void test_full_disk_keeps_checkpoint(void) {
 // target, other settings, an existing checkpoint without --resume, --resume
 // without one, a missing data file.
 static void test_refusals(void) {
-    sd_model *m = synth_model(64, 4, 1), *m2 = synth_model(32, 4, 1);
+    sd_model *m = tf_synth_model(64, 4, 1, g_err, sizeof g_err), *m2 = tf_synth_model(32, 4, 1, g_err, sizeof g_err);
     CHECK(m && m2, "synthetic models: %s", g_err);
     if (!m || !m2) {
         sd_model_free(m);
@@ -670,21 +254,6 @@ static void test_refusals(void) {
     sd_model_free(m2);
 }
 
-// A corpus of a few lines of stories for stories260K.
-static void stories_corpus(const char *path, int copies) {
-    static const char *lines[] = {
-        "Once upon a time, there was a little girl named Lily. She loved to play outside in the park.",
-        "One day, she saw a big, red ball. She wanted to play with it, but it was too high.",
-        "Tom and his mom went to the store. They bought apples, bread and a toy car for Tom.",
-        "The cat was sleepy. It found a warm spot in the sun and closed its eyes.",
-    };
-    FILE *f = fopen(path, "wb");
-    for (int c = 0; c < copies; c++)
-        for (size_t i = 0; i < sizeof lines / sizeof *lines; i++)
-            fprintf(f, "{\"id\": \"%d-%zu\", \"source\": \"test\", \"text\": \"%s\"}\n", c, i, lines[i]);
-    fclose(f);
-}
-
 // Evaluations seen by a run.
 typedef struct evals {
     int n;
@@ -705,17 +274,17 @@ static void on_eval(void *user, const sd_train_progress *p) {
 // its gradients).
 static void test_learns_stories(void) {
     char why[256], data[512], cache[512], out[512], ckpt[512];
-    const char *gguf = stories_path(why, sizeof why);
+    const char *gguf = tf_stories_gguf(t_shared_dir(), why, sizeof why);
     if (!gguf) SKIP("%s", why);
     sd_model *m = NULL;
     sd_model_load(&m, gguf, g_err, sizeof g_err);
     CHECK(m, "stories260K: %s", g_err);
     if (!m) return;
-    path_in(data, sizeof data, "learn.jsonl");
-    path_in(cache, sizeof cache, "learn.cache");
-    path_in(out, sizeof out, "learn.gguf");
-    path_in(ckpt, sizeof ckpt, "learn.ckpt");
-    stories_corpus(data, 16);
+    tf_path(data, sizeof data, "learn.jsonl");
+    tf_path(cache, sizeof cache, "learn.cache");
+    tf_path(out, sizeof out, "learn.gguf");
+    tf_path(ckpt, sizeof ckpt, "learn.ckpt");
+    tf_stories_corpus(data, 16);
     const char *paths[1] = {data};
     evals ev = {0};
     sd_train_head_params p = sd_train_head_default_params();
@@ -747,13 +316,13 @@ static void test_learns_stories(void) {
 
 // A Medusa run goes through and writes a Medusa head.
 static void test_medusa_run(void) {
-    sd_model *m = synth_model(64, 4, 1);
+    sd_model *m = tf_synth_model(64, 4, 1, g_err, sizeof g_err);
     CHECK(m, "synthetic model: %s", g_err);
     if (!m) return;
     watch w = {.stop_at = -1, .limit_after_ckpt = -1};
     sd_train_head_params p = small_run(m, "medusa", &w);
     char cache[512];
-    path_in(cache, sizeof cache, "medusa.cache");
+    tf_path(cache, sizeof cache, "medusa.cache");
     p.cache_dir = cache;
     p.type = SD_TRAIN_MEDUSA;
     p.n_medusa = 2;
@@ -781,7 +350,7 @@ static void test_cli(void) {
     char why[256], data[512], bad[512], out[512], args[4096];
     struct stat st;
     if (stat(specdec_bin(), &st) != 0) SKIP("%s is missing: build it with make", specdec_bin());
-    const char *gguf = stories_path(why, sizeof why);
+    const char *gguf = tf_stories_gguf(t_shared_dir(), why, sizeof why);
     if (!gguf) SKIP("%s", why);
     int rc = cli_run(specdec_bin(), "train-head --help", 1, g_out, sizeof g_out);
     CHECK(rc == 0, "--help: exit %d", rc);
@@ -792,21 +361,21 @@ static void test_cli(void) {
                           "--ctx", "--cache-batch", "(default 8192)", "(default 3)", "(default 0.0003)"};
     for (size_t i = 0; i < sizeof opts / sizeof *opts; i++)
         CHECK(strstr(g_out, opts[i]), "--help mentions %s", opts[i]);
-    path_in(data, sizeof data, "cli.jsonl");
-    path_in(bad, sizeof bad, "cli_bad.jsonl");
-    path_in(out, sizeof out, "cli_head.gguf");
-    snprintf(args, sizeof args, "train-head -m %s --data %s/absent.jsonl --out %s", gguf, g_tmp, out);
+    tf_path(data, sizeof data, "cli.jsonl");
+    tf_path(bad, sizeof bad, "cli_bad.jsonl");
+    tf_path(out, sizeof out, "cli_head.gguf");
+    snprintf(args, sizeof args, "train-head -m %s --data %s/absent.jsonl --out %s", gguf, tf_dir(), out);
     rc = cli_run(specdec_bin(), args, 1, g_out, sizeof g_out);
     CHECK(rc == 1 && strstr(g_out, "data file") && strstr(g_out, "absent.jsonl' not found"), "missing data: %d %s", rc,
           g_out);
-    write_file(bad, "{\"text\": \"Once upon a time\"}\n{\"text\": \"Lily\" \"x\"}\n");
+    tf_write_file(bad, "{\"text\": \"Once upon a time\"}\n{\"text\": \"Lily\" \"x\"}\n");
     snprintf(args, sizeof args, "train-head -m %s --data %s --out %s", gguf, bad, out);
     rc = cli_run(specdec_bin(), args, 1, g_out, sizeof g_out);
     CHECK(rc == 1 && strstr(g_out, "cli_bad.jsonl:2: expected ',' or '}' at column 17"), "bad line: %d %s", rc, g_out);
     snprintf(args, sizeof args, "train-head -m %s --out %s", gguf, out);
     rc = cli_run(specdec_bin(), args, 1, g_out, sizeof g_out);
     CHECK(rc == 1 && strstr(g_out, "--data"), "no data: %d %s", rc, g_out);
-    stories_corpus(data, 8);
+    tf_stories_corpus(data, 8);
     snprintf(args, sizeof args,
              "train-head -m %s --data %s --out %s --seq-len 16 --batch 2 --tokens 640 --draft-vocab 128 -t 2 "
              "--eval-every 5 --heldout 0.1",
@@ -834,13 +403,13 @@ static void test_cli_sigint(void) {
     char why[256], data[512], out[512], log[512], ckpt[600];
     struct stat st;
     if (stat(specdec_bin(), &st) != 0) SKIP("%s is missing: build it with make", specdec_bin());
-    const char *gguf = stories_path(why, sizeof why);
+    const char *gguf = tf_stories_gguf(t_shared_dir(), why, sizeof why);
     if (!gguf) SKIP("%s", why);
-    path_in(data, sizeof data, "sigint.jsonl");
-    path_in(out, sizeof out, "sigint.gguf");
-    path_in(log, sizeof log, "sigint.log");
+    tf_path(data, sizeof data, "sigint.jsonl");
+    tf_path(out, sizeof out, "sigint.gguf");
+    tf_path(log, sizeof log, "sigint.log");
     snprintf(ckpt, sizeof ckpt, "%s.ckpt", out);
-    stories_corpus(data, 4);
+    tf_stories_corpus(data, 4);
     fflush(stdout);
     pid_t pid = fork();
     if (pid == 0) {
@@ -872,23 +441,15 @@ static void test_cli_sigint(void) {
     if (f) fclose(f);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 130, "exit status %d", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
     CHECK(strstr(g_out, "stopped at step") && strstr(g_out, "--resume"), "the stop is reported: %s", g_out);
-    CHECK(file_len(ckpt) > 0 && file_len(out) < 0, "a checkpoint and no head");
+    CHECK(tf_file_len(ckpt) > 0 && tf_file_len(out) < 0, "a checkpoint and no head");
 }
 
 int main(void) {
-    snprintf(g_tmp, sizeof g_tmp, "/tmp/specdec_test_train_loop_%d", (int)getpid());
-    mkdir(g_tmp, 0777);
-    char data[512];
-    static char loop_data[512];
-    path_in(data, sizeof data, "loop.jsonl");
-    snprintf(loop_data, sizeof loop_data, "%s", data);
-    write_corpus(loop_data, 24, 30, 5, 0);
-    g_data[0] = loop_data;
-    T_RUN(test_cache_matches_target);
-    T_RUN(test_cache_resume_and_torn_tail);
-    T_RUN(test_cache_refuses_foreign);
-    T_RUN(test_corpus_errors);
-    T_RUN(test_cache_stories);
+    tf_init("test_train_loop");
+    static char data[512];
+    tf_path(data, sizeof data, "loop.jsonl");
+    tf_write_corpus(data, 24, 30, 5, 0);
+    g_data[0] = data;
     T_RUN(test_resume_bit_identical);
     T_RUN(test_full_disk_keeps_checkpoint);
     T_RUN(test_refusals);
@@ -896,6 +457,6 @@ int main(void) {
     T_RUN(test_medusa_run);
     T_RUN(test_cli);
     T_RUN(test_cli_sigint);
-    rm_rf(g_tmp);
+    tf_done();
     T_EXIT();
 }

@@ -301,7 +301,8 @@ int cmd_train_head(int argc, char **argv) {
     if (view.open) fprintf(stderr, "\n");
     if (r < 0) return cli_error("train-head: %s", err);
     if (r == 1) {
-        fprintf(stderr, "train-head: stopped; run the same command with --resume to continue\n");
+        fprintf(stderr, "train-head: stopped; run the same command%s to continue\n",
+                res.stopped == 1 ? " with --resume" : "");
         return 130;
     }
     if (o.cache_only) {

@@ -478,12 +478,13 @@ int sd_train_head(const sd_train_head_params *p, sd_train_head_result *res, char
     }
     r->note_buf = nb;
     r->t0 = sd_time_ms();
-    int rv = prepare(r, p, err, errlen);
+    int rv = prepare(r, p, err, errlen), stopped = rv == 1 ? 2 : 0;
     if (rv == 0 && !r->P.cache_only) {
         rv = train_loop(r, err, errlen);
+        if (rv == 1) stopped = 1;
         if (rv == 0) rv = finish(r, err, errlen);
     }
-    if (res) fill_result(r, res, rv == 1);
+    if (res) fill_result(r, res, stopped);
     run_free(r);
     return rv;
 }
