@@ -239,7 +239,6 @@ static volatile sig_atomic_t g_stop;
 
 static void on_sigint(int sig) {
     (void)sig;
-    if (g_stop) signal(SIGINT, SIG_DFL);   // a second Ctrl-C ends the program at once
     g_stop = 1;
 }
 
@@ -293,7 +292,12 @@ int cmd_train_head(int argc, char **argv) {
     p.progress = on_progress;
     p.user = &view;
     p.stop = &g_stop;
-    signal(SIGINT, on_sigint);
+    struct sigaction sa;   // SA_RESETHAND: a second Ctrl-C ends the program at once
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint;
+    sa.sa_flags = SA_RESETHAND | SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
     char err[1024];
     sd_train_head_result res;
     int r = sd_train_head(&p, &res, err, sizeof err);
