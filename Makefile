@@ -16,30 +16,44 @@ SRC      := $(wildcard src/*.c src/*/*.c)
 OBJ      := $(SRC:%.c=build/%.o)
 LIB      := build/libspecdec.a
 TOOL_OBJ := $(patsubst %.c,build/%.o,$(wildcard tools/*.c))
-# The server (tools/serve/, `specdec serve`) needs libmicrohttpd (HTTP) and
-# jansson (JSON), found with pkg-config; only build/specdec links them, the
-# library stays dependency-free. Without them specdec is built without serve,
-# whose command then says how to install them.
+# build/specdec needs jansson (JSON: the --json outputs, bench's prompt files
+# and results, the server's API), found with pkg-config; without it make stops
+# at need-jansson and says what to install. The server (tools/serve/, `specdec
+# serve`) also needs libmicrohttpd (HTTP); without it specdec is built without
+# serve, whose command then says how to install it. Only build/specdec (and
+# the tests that compile tools' files) link them: build/libspecdec.a and
+# examples/ stay dependency-free.
+JSON_INSTALL := apt-get install libjansson-dev pkg-config
+HAVE_JSON   := $(shell pkg-config --exists jansson 2>/dev/null && echo 1)
+ifeq ($(HAVE_JSON),1)
+JSON_CFLAGS := $(shell pkg-config --cflags jansson)
+JSON_LIBS   := $(shell pkg-config --libs jansson)
+endif
+build/tools/%.o: CFLAGS += $(JSON_CFLAGS)
+build/tools/serve/%.o: CFLAGS += -Itools
 SERVE_PKGS := libmicrohttpd jansson
 HAVE_SERVE := $(shell pkg-config --exists $(SERVE_PKGS) 2>/dev/null && echo 1)
-build/tools/serve/%.o: CFLAGS += -Itools
 ifeq ($(HAVE_SERVE),1)
 SERVE_OBJ  := $(patsubst %.c,build/%.o,$(filter-out tools/serve/serve_missing.c,$(wildcard tools/serve/*.c)))
-SERVE_LIBS := $(shell pkg-config --libs $(SERVE_PKGS))
-build/tools/serve/%.o: CFLAGS += $(shell pkg-config --cflags $(SERVE_PKGS))
+SERVE_LIBS := $(shell pkg-config --libs libmicrohttpd)
+build/tools/serve/%.o: CFLAGS += $(shell pkg-config --cflags libmicrohttpd)
 else
 SERVE_OBJ  := build/tools/serve/serve_missing.o
 SERVE_LIBS :=
-$(warning libmicrohttpd and jansson not found by pkg-config: building specdec without 'serve' (install them: apt-get install libmicrohttpd-dev libjansson-dev pkg-config))
+ifeq ($(HAVE_JSON),1)
+$(warning libmicrohttpd not found by pkg-config: building specdec without 'serve' (install it: apt-get install libmicrohttpd-dev))
+endif
 endif
 TLIB_OBJ := $(patsubst %.c,build/%.o,$(wildcard tests/lib/*.c))
 TESTS    := $(patsubst tests/%.c,build/tests/%,$(wildcard tests/test_*.c))
+# These tests compile tools' own files (cli_common.c, bench_prompts.c).
+JSON_TESTS := build/tests/test_cli build/tests/test_bench
 # Test scripts (executable, print PASS/FAIL/SKIP lines like the C tests).
 TEST_SCRIPTS := $(wildcard tests/test_*.py)
 # Examples see only include/ (the public API), never src/.
 EXAMPLES := $(patsubst examples/%.c,build/examples/%,$(wildcard examples/*.c))
 
-.PHONY: all run test fuzz clean models asan-serve
+.PHONY: all run test fuzz clean models asan-serve need-jansson
 .SECONDARY:
 all: build/specdec $(TESTS) $(EXAMPLES)
 
@@ -51,8 +65,15 @@ $(LIB): $(OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
+# Stops the build of anything that needs jansson when pkg-config cannot find it.
+need-jansson:
+	@test "$(HAVE_JSON)" = 1 || { echo "specdec needs jansson (JSON) and pkg-config cannot find it; install them: $(JSON_INSTALL)" >&2; exit 1; }
+$(TOOL_OBJ) $(SERVE_OBJ) $(JSON_TESTS:%=%.o): | need-jansson
+$(JSON_TESTS:%=%.o): CFLAGS += $(JSON_CFLAGS)
+$(JSON_TESTS): LDLIBS += $(JSON_LIBS)
+
 build/specdec: $(TOOL_OBJ) $(SERVE_OBJ) $(LIB)
-	$(CC) $(CFLAGS) $(TOOL_OBJ) $(SERVE_OBJ) $(LIB) $(SERVE_LIBS) $(LDLIBS) -o $@
+	$(CC) $(CFLAGS) $(TOOL_OBJ) $(SERVE_OBJ) $(LIB) $(SERVE_LIBS) $(JSON_LIBS) $(LDLIBS) -o $@
 
 build/examples/%: examples/%.c $(LIB)
 	@mkdir -p $(dir $@)
@@ -67,7 +88,7 @@ $(MODEL):
 models: $(MODEL)
 
 run: build/specdec $(MODEL)
-	./build/specdec generate -m $(MODEL) --chat -p "$(PROMPT)" -n 200
+	./build/specdec generate -m $(MODEL) --chat -p "$(PROMPT)" -n 200 --head auto
 
 # The model is fetched first; if that fails (no network) the tests that need
 # it say so and are skipped.
@@ -85,9 +106,9 @@ asan-serve: build/asan/specdec
 		bash scripts/run-tests.sh tests/test_serve.py tests/test_page.py
 build/asan/specdec: $(SRC) $(wildcard tools/*.c tools/*.h tools/serve/*.c tools/serve/*.h src/*.h src/*/*.h include/*.h)
 	@mkdir -p $(dir $@)
-	@test "$(HAVE_SERVE)" = 1 || { echo "asan-serve needs libmicrohttpd and jansson (apt-get install libmicrohttpd-dev libjansson-dev)"; exit 1; }
+	@test "$(HAVE_SERVE)" = 1 || { echo "asan-serve needs libmicrohttpd and jansson (apt-get install libmicrohttpd-dev libjansson-dev pkg-config)"; exit 1; }
 	$(CC) $(ASAN_FLAGS) $(shell pkg-config --cflags $(SERVE_PKGS)) $(SRC) $(wildcard tools/*.c) \
-		$(filter-out tools/serve/serve_missing.c,$(wildcard tools/serve/*.c)) $(SERVE_LIBS) $(LDLIBS) -o $@
+		$(filter-out tools/serve/serve_missing.c,$(wildcard tools/serve/*.c)) $(SERVE_LIBS) $(JSON_LIBS) $(LDLIBS) -o $@
 
 # Only the parser and its getters (and the target) are instrumented; what they
 # call from the rest of the library (sd_err, sd_type_get) comes from the library

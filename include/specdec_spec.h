@@ -56,6 +56,19 @@ const char *sd_drafter_name(const sd_drafter *d);
 const char *sd_drafter_note(const sd_drafter *d);
 // Forgets everything the drafter learnt (a fresh drafter's behaviour).
 void sd_drafter_reset(sd_drafter *d);
+// The hidden-state rows a drafter reads (trained heads): writes its layers
+// (as sd_batch.hidden_layers: a layer index or SD_HIDDEN_NORM) into out (room
+// for SD_MAX_HIDDEN_LAYERS) and returns their count; 0 for drafters that
+// read none (d NULL included).
+int sd_drafter_hidden_layers(const sd_drafter *d, int32_t *out);
+// For programs that evaluate a prompt themselves instead of through
+// sd_gen_prefill (a server's chunked prompts): hands the drafter the hidden
+// rows of prompt tokens tokens[pos0 .. pos0+n), whose text so far is
+// tokens[0 .. pos0+n), as the forward wrote them (sd_batch.hidden_out with
+// the layers of sd_drafter_hidden_layers). No-op for drafters that read no
+// rows. Returns 0, or <0 with a message.
+int sd_drafter_prompt_rows(sd_drafter *d, const int32_t *tokens, int pos0, int n, const float *hidden, char *err,
+                           size_t errlen);
 
 // ---------------------------------------------------------------- cost curve
 // The target's measured forward time against the number of tree nodes,
@@ -68,6 +81,28 @@ void sd_cost_curve_free(sd_cost_curve *c);
 // One line for users: "0.52 ms at 1 node, 1.90 ms at 32 nodes".
 int sd_cost_curve_describe(const sd_cost_curve *c, char *buf, size_t len);
 
+// ---------------------------------------------------------------- draft heads
+// A draft head is a small trained network that reads the target's hidden
+// states (EAGLE-3, Medusa; docs/heads.md). Heads are GGUF files: EAGLE-3 in
+// llama.cpp's `eagle3` layout, Medusa in specdec's `medusa` layout;
+// `specdec train-head` makes them. A head is immutable once loaded and may be
+// shared by many drafters.
+typedef struct sd_head sd_head;
+// Loads and validates a head file (every key and tensor shape). target: the
+// model the head will draft for (NULL: no check); a head made for another
+// target is refused with a message naming what differs (hidden size,
+// vocabulary size, layer count, vocabulary fingerprint).
+int sd_head_load(sd_head **out, const char *path, const sd_model *target, char *err, size_t errlen);
+void sd_head_free(sd_head *h);
+// "eagle3" or "medusa".
+const char *sd_head_type_name(const sd_head *h);
+// One line for users: type, draft vocabulary, layers read, and the recipe
+// facts the file records. Returns the length (may exceed len: truncated).
+int sd_head_describe(const sd_head *h, char *buf, size_t len);
+// `--head auto`: the first head file (*.gguf, in name order) in dir made for
+// target. Returns 1 and its path, 0 when none matches, <0 on error.
+int sd_head_find(const sd_model *target, const char *dir, char *path, size_t pathlen, char *err, size_t errlen);
+
 // ---------------------------------------------------------------- methods
 typedef struct sd_threadpool sd_threadpool;  // (specdec.h)
 // A method string names a drafter and its shape:
@@ -79,7 +114,12 @@ typedef struct sd_threadpool sd_threadpool;  // (specdec.h)
 //   ngram:N-K[:auto]    prompt lookup: last n <= N tokens, up to K drafted (":auto": auto tree)
 //   skip:auto|skip:L1-L2-...  layer-skip self-speculation (0-based layers; auto = searched)
 //   lookahead:W-N-G     lookahead decoding (W, G in 1..64, N in 2..16)
-//   auto                tree:auto with draft models, else ngram:3-8:auto
+//   eagle3:SHAPE        the EAGLE-3 head (env.head_eagle3, --head): SHAPE is chain:K,
+//                       tree:W1-W2-..., dyn:B-D-M or auto (a tree sized from the cost curve)
+//   medusa:W1-W2-...    the Medusa head (env.head_medusa): Wk of head k's top tokens at depth k+1,
+//                       the product grown best joint probability first (at most 64 nodes)
+//   auto                eagle3:auto with an EAGLE-3 head, tree:auto with draft models,
+//                       else ngram:3-8:auto
 //   A+B[+...]           the trees of several methods merged by token path (SpecInfer),
 //                       e.g. "chain:4+ngram:3-8"
 // With several draft models, a draft-model method builds one drafter per
@@ -96,6 +136,8 @@ enum sd_method_kind {
     SD_METHOD_LOOKAHEAD = 4,
     SD_METHOD_AUTO = 5,
     SD_METHOD_MERGE = 6,      // A+B
+    SD_METHOD_EAGLE3 = 7,     // eagle3:SHAPE
+    SD_METHOD_MEDUSA = 8,     // medusa:...
 };
 
 // A parsed method: what a program needs to know before building it.
@@ -103,6 +145,7 @@ typedef struct sd_method {
     char name[SD_METHOD_NAME_MAX]; // the string as given
     int kind;                 // enum sd_method_kind (of the whole string)
     int needs_draft_model;    // 1: sd_method_make fails without env.drafts
+    int needs_head;           // SD_METHOD_EAGLE3 / SD_METHOD_MEDUSA: fails without that head in env; 0: none
     int uses_cost_curve;      // 1: sd_method_make needs env.cost (automatic trees)
     int tree_nodes;           // nodes of the largest tree one step proposes with one
                               // draft model, root included (1 for ar)
@@ -117,6 +160,8 @@ typedef void (*sd_method_report_fn)(void *user, const char *line);
 // What building a drafter may need. sd_method_env_default fills the defaults.
 typedef struct sd_method_env {
     const sd_model *target;
+    const sd_head *head_eagle3;   // eagle3 methods (and auto): a loaded EAGLE-3 head, or NULL
+    const sd_head *head_medusa;   // medusa methods: a loaded Medusa head, or NULL
     const sd_model *const *drafts; // (n_drafts) loaded draft models, or NULL
     int n_drafts;
     int n_ctx;                 // KV length of draft sessions; 0 = their default

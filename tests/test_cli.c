@@ -217,11 +217,19 @@ static void test_utf8_and_json(void) {
     CHECK(cli_utf8_complete("\xF0\x9F\x98\x80x", 5) == 5, "4-byte");
     CHECK(cli_utf8_complete("\xF0\x9F\x98", 3) == 0, "incomplete 4-byte");
     CHECK(cli_utf8_complete("\x80z", 2) == 2, "stray continuation passes through");
-    char buf[256];
+    // JSON values: invalid UTF-8 becomes U+FFFD (a cut-off character too),
+    // numbers are rounded, inf is null, one line with ", " and ": "
+    char buf[256] = "";
     FILE *f = fmemopen(buf, sizeof buf, "w");
-    cli_json_string(f, "a\"b\\c\n\x01\xC3\xA9\xFF", 10);
-    fclose(f);
-    CHECK(strcmp(buf, "\"a\\\"b\\\\c\\n\\u0001\xC3\xA9\xEF\xBF\xBD\"") == 0, "json: %s", buf);
+    json_t *list = json_pack("[o, o, o, o, o, o]", cli_json_str("a\"b\\c\n\x01\xC3\xA9\xFF\xE2\x82", 12),
+                             cli_json_num(1.23456, 3), cli_json_num(2, 3), cli_json_num(1.0 / 0.0, 3),
+                             cli_json_strs((const char *[]){"x", "y"}, 2), json_pack("{s:i, s:s}", "k", 1, "s", "v"));
+    CHECK(f && cli_json_write(f, list) == 0, "cli_json_write failed");
+    if (f) fclose(f);
+    CHECK(strcmp(buf, "[\"a\\\"b\\\\c\\n\\u0001\xC3\xA9\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\", 1.235, 2.0, null, "
+                      "[\"x\", \"y\"], {\"k\": 1, \"s\": \"v\"}]\n") == 0,
+          "json: %s", buf);
+    CHECK(cli_json_write(stdout, NULL) < 0, "cli_json_write(NULL)");
     int v = 0;
     float x = 0;
     CHECK(cli_int("-n", "12", 0, 100, &v) == 0 && v == 12, "int");

@@ -1,4 +1,4 @@
-// cli_common.c - flag parsing, JSON strings and UTF-8 helpers for the CLI.
+// cli_common.c - flag parsing, JSON values (jansson) and UTF-8 helpers for the CLI.
 #include "cli_common.h"
 
 #include <errno.h>
@@ -119,38 +119,52 @@ size_t cli_utf8_complete(const char *str, size_t n) {
     return i;
 }
 
-void cli_json_string(FILE *f, const char *str, size_t n) {
+json_t *cli_json_str(const char *str, size_t n) {
     const unsigned char *s = (const unsigned char *)str;
-    fputc('"', f);
-    size_t i = 0;
-    while (i < n) {
-        unsigned char c = s[i];
-        if (c < 0x80) {
-            switch (c) {
-            case '"': fputs("\\\"", f); break;
-            case '\\': fputs("\\\\", f); break;
-            case '\n': fputs("\\n", f); break;
-            case '\r': fputs("\\r", f); break;
-            case '\t': fputs("\\t", f); break;
-            case '\b': fputs("\\b", f); break;
-            case '\f': fputs("\\f", f); break;
-            default:
-                if (c < 0x20 || c == 0x7f)
-                    fprintf(f, "\\u%04x", c);
-                else
-                    fputc(c, f);
-            }
-            i++;
-            continue;
-        }
+    char *clean = malloc(3 * n + 1); // each byte at worst becomes U+FFFD (3 bytes)
+    if (!clean) return NULL;
+    size_t k = 0;
+    for (size_t i = 0; i < n;) {
         int L = utf8_char(s + i, n - i);
-        if (L <= 0) {
-            fputs("\xEF\xBF\xBD", f); // U+FFFD
+        if (L <= 0) { // invalid, or cut off at the end
+            memcpy(clean + k, "\xEF\xBF\xBD", 3);
+            k += 3;
             i++;
         } else {
-            fwrite(s + i, 1, (size_t)L, f);
+            memcpy(clean + k, s + i, (size_t)L);
+            k += (size_t)L;
             i += (size_t)L;
         }
     }
-    fputc('"', f);
+    json_t *v = json_stringn(clean, k);
+    free(clean);
+    return v;
+}
+
+json_t *cli_json_strs(const char *const *s, int n) {
+    json_t *a = json_array();
+    for (int i = 0; a && i < n; i++)
+        if (json_array_append_new(a, cli_json_str(s[i], strlen(s[i])))) {
+            json_decref(a);
+            return NULL;
+        }
+    return a;
+}
+
+json_t *cli_json_num(double v, int decimals) {
+    if (!isfinite(v)) return json_null();
+    const double scale = pow(10.0, decimals);
+    // beyond 1e15 a double has no decimals left to round
+    if (fabs(v) * scale < 1e15) v = round(v * scale) / scale;
+    return json_real(v);
+}
+
+int cli_json_write(FILE *f, json_t *v) {
+    if (!v) return -1;
+    // one line, ", " and ": " between items; 15 significant digits print the
+    // rounded numbers of cli_json_num exactly (older jansson prints 17)
+    int rc = json_dumpf(v, f, JSON_REAL_PRECISION(15));
+    json_decref(v);
+    if (rc || fputc('\n', f) == EOF || fflush(f) == EOF) return -1;
+    return 0;
 }

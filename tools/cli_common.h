@@ -1,12 +1,14 @@
 // cli_common.h - helpers shared by the specdec subcommands: flag value
 // parsing with clear messages (the option table of cli_opts.h uses them),
-// JSON string output, UTF-8 boundaries.
+// JSON values and output (jansson), UTF-8 boundaries.
 #ifndef SD_CLI_COMMON_H
 #define SD_CLI_COMMON_H
 
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+
+#include <jansson.h>
 
 #define SPECDEC_VERSION "0.1.0"
 
@@ -32,17 +34,32 @@ int cli_file_ok(const char *what, const char *path);
 // as complete single bytes).
 size_t cli_utf8_complete(const char *s, size_t n);
 
-// Writes s[0..n) as a JSON string literal (quotes included): escapes quotes,
-// backslashes and control characters; invalid UTF-8 becomes U+FFFD.
-void cli_json_string(FILE *f, const char *s, size_t n);
+// A new JSON string holding s[0..n) with every invalid UTF-8 byte replaced
+// by U+FFFD (jansson takes valid UTF-8 only; generated text and file names
+// may hold anything). NUL bytes are kept (written as \u0000). NULL when out of
+// memory; json_pack's "o" takes it, or free it with json_decref.
+json_t *cli_json_str(const char *s, size_t n);
+
+// A new JSON array of the n strings s[0..n) (each as cli_json_str); NULL when
+// out of memory.
+json_t *cli_json_strs(const char *const *s, int n);
+
+// A new JSON number: v rounded to `decimals` places (the precision of the
+// text output), or null when v is not finite (JSON has no inf or nan).
+json_t *cli_json_num(double v, int decimals);
+
+// Writes v on one line ("{"a": 1, "b": [2, 3]}") and a newline to f, flushes,
+// and releases v. 0, or -1 when v is NULL (building it failed: out of memory)
+// or the write failed.
+int cli_json_write(FILE *f, json_t *v);
 
 // Subcommands (argv[0] is the subcommand name). Return the exit code.
 int cmd_generate(int argc, char **argv);
 int cmd_convert_llama2c(int argc, char **argv);
 int cmd_bench_forward(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
-// specdec serve (tools/serve/); without libmicrohttpd and jansson at build
-// time it only says how to install them.
+// specdec serve (tools/serve/); without libmicrohttpd at build time it only
+// says how to install it.
 int cmd_serve(int argc, char **argv);
 int cmd_bench_batch(int argc, char **argv);
 int cmd_train_head(int argc, char **argv);

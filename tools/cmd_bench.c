@@ -7,6 +7,7 @@
 
 #include "bench_prompts.h"
 #include "cli_common.h"
+#include "cli_head.h"
 #include "cli_opts.h"
 #include "specdec.h"
 #include "specdec_spec.h"
@@ -59,6 +60,8 @@ static int collect(int32_t t, void *user) {
     return 0;
 }
 
+#define BENCH_DEPTHS 16   // acceptance by depth is kept to this depth
+
 // Result of one method on one prompt.
 typedef struct run_res {
     int n_tokens;       // tokens generated
@@ -66,12 +69,16 @@ typedef struct run_res {
     int n_step_tokens;  // tokens those forwards produced (n_tokens - 1)
     double gen_ms;      // generation time, prompt excluded
     int equal;          // 1: same tokens as ar (greedy only)
+    double draft_ms;    // time in the drafter
+    int n_draft, n_accepted;                  // draft nodes proposed, accepted
+    int dp[BENCH_DEPTHS + 1], da[BENCH_DEPTHS + 1]; // steps reaching / accepting at depth d
 } run_res;
 
 // Sums over a set of runs.
 typedef struct agg {
     long n_tokens, n_forwards, n_step_tokens;
-    double ms;
+    double ms, draft_ms;
+    long n_draft, n_accepted, dp[BENCH_DEPTHS + 1], da[BENCH_DEPTHS + 1];
     int n_runs, n_equal;
 } agg;
 
@@ -82,17 +89,41 @@ static void agg_add(agg *a, const run_res *r) {
     a->ms += r->gen_ms;
     a->n_runs++;
     a->n_equal += r->equal;
+    a->draft_ms += r->draft_ms;
+    a->n_draft += r->n_draft;
+    a->n_accepted += r->n_accepted;
+    for (int d = 1; d <= BENCH_DEPTHS; d++) a->dp[d] += r->dp[d], a->da[d] += r->da[d];
+}
+
+// The drafter's time per drafted node as a fraction of a one-token target
+// forward (ar's time per token in the same run); 0 without drafts.
+static double agg_draft_cost(const agg *a, const agg *ar) {
+    if (a->n_draft <= 0 || ar->n_tokens <= 0 || ar->ms <= 0) return 0.0;
+    return (a->draft_ms / (double)a->n_draft) / (ar->ms / (double)ar->n_tokens);
+}
+
+// Acceptance at depth d (accepted / proposed), as a JSON array for d = 1.. the deepest proposed.
+static json_t *agg_depth_json(const agg *a) {
+    json_t *arr = json_array();
+    for (int d = 1; arr && d <= BENCH_DEPTHS && a->dp[d] > 0; d++)
+        json_array_append_new(arr, cli_json_num((double)a->da[d] / (double)a->dp[d], 4));
+    return arr;
 }
 
 static double agg_tps(const agg *a) { return a->ms > 0 ? a->n_tokens * 1000.0 / a->ms : 0.0; }
 static double agg_tau(const agg *a) { return a->n_forwards > 0 ? (double)a->n_step_tokens / a->n_forwards : 1.0; }
 
-static void json_agg(FILE *f, const agg *a, const agg *ar, int greedy) {
-    double tps = agg_tps(a), tar = agg_tps(ar);
-    fprintf(f, "{\"tokens_per_s\": %.3f, \"speedup\": %.4f, \"tau\": %.4f, \"equal_to_ar\": %s, \"n_tokens\": %ld, "
-               "\"time_ms\": %.3f, \"n_target_forwards\": %ld, \"n_prompts\": %d}",
-            tps, tar > 0 ? tps / tar : 0.0, agg_tau(a), greedy ? (a->n_equal == a->n_runs ? "true" : "false") : "null",
-            a->n_tokens, a->ms, a->n_forwards, a->n_runs);
+// One aggregate against ar's over the same runs, as JSON; NULL when out of memory.
+static json_t *agg_json(const agg *a, const agg *ar, int greedy) {
+    const double tps = agg_tps(a), tar = agg_tps(ar);
+    return json_pack("{s:o, s:o, s:o, s:o, s:I, s:o, s:I, s:i, s:I, s:I, s:o, s:o, s:o}", "tokens_per_s",
+                     cli_json_num(tps, 3), "speedup", cli_json_num(tar > 0 ? tps / tar : 0.0, 4), "tau",
+                     cli_json_num(agg_tau(a), 4), "equal_to_ar",
+                     greedy ? json_boolean(a->n_equal == a->n_runs) : json_null(), "n_tokens", (json_int_t)a->n_tokens,
+                     "time_ms", cli_json_num(a->ms, 3), "n_target_forwards", (json_int_t)a->n_forwards, "n_prompts",
+                     a->n_runs, "n_draft_nodes", (json_int_t)a->n_draft, "n_draft_accepted", (json_int_t)a->n_accepted,
+                     "draft_ms", cli_json_num(a->draft_ms, 3), "draft_ms_per_node_vs_forward",
+                     cli_json_num(agg_draft_cost(a, ar), 4), "acceptance_by_depth", agg_depth_json(a));
 }
 
 // Tokenizes text (chat-formatted unless raw) into a malloc'd array; <0 on error.
@@ -157,6 +188,8 @@ typedef struct bench_opts {
     const char *model_path, *prompts_path, *methods_arg, *out_path;
     const char *draft_paths[SD_METHOD_MAX_DRAFTS];  // (n_drafts)
     int n_drafts;
+    const char *head_paths[2];  // (n_heads) --head files: an EAGLE-3 head and/or a Medusa head
+    int n_heads;
     int n_predict;      // most tokens per prompt
     int limit;          // only the first limit prompts; 0 = all
     int n_threads;      // 0 = number of cores
@@ -195,6 +228,10 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
          .help = "target model (required)"},
         {"--draft", NULL, CLI_LIST, o->draft_paths, .max = SD_METHOD_MAX_DRAFTS, .count = &o->n_drafts, .meta = "FILE",
          .what = "draft models", .help = "draft model; repeat for several (their trees are merged)"},
+        {"--head", NULL, CLI_LIST, o->head_paths, .max = 2, .count = &o->n_heads, .meta = "FILE|auto",
+         .what = "heads",
+         .help = "a trained draft head for the eagle3:SHAPE (and medusa) methods; 'auto': the head in heads/ made "
+                 "for the model. Give it twice for an EAGLE-3 and a Medusa head"},
         {"--prompts", NULL, CLI_FILE, &o->prompts_path, .meta = "FILE", .what = "prompts file",
          .required = "a prompts file is required (--prompts FILE.jsonl)", .help = "prompts, JSON lines (required)"},
         {"--methods", NULL, CLI_STRING, &o->methods_arg, .meta = "LIST", .def = CLI_DEF_VALUE, .help = methods_help},
@@ -265,6 +302,8 @@ typedef struct bench_state {
     sd_session *s;
     sd_sampler *smp;
     sd_model *drafts[SD_METHOD_MAX_DRAFTS];
+    sd_head *heads[2];                       // --head files, loaded
+    char notes[BENCH_MAX_METHODS][256];      // (nm) each method's drafter note after its last run
     sd_drafter *drafters[BENCH_MAX_METHODS];  // (nm) the current run's, NULL between runs
     sd_method_env env;
     sd_cost_curve *cost;                     // the target's forward cost (automatic trees), or NULL
@@ -274,6 +313,7 @@ typedef struct bench_state {
 static void bench_free(bench_state *b) {
     for (int k = 0; k < b->nm; k++) sd_drafter_free(b->drafters[k]);
     for (int i = 0; i < SD_METHOD_MAX_DRAFTS; i++) sd_model_free(b->drafts[i]);
+    for (int i = 0; i < 2; i++) sd_head_free(b->heads[i]);
     sd_sampler_free(b->smp);
     sd_cost_curve_free(b->cost);
     sd_session_free(b->s);
@@ -414,6 +454,17 @@ static int bench_env(const bench_opts *o, bench_state *b, int auto_nodes) {
         if (sd_model_load(&b->drafts[i], o->draft_paths[i], err, sizeof err) < 0)
             return cli_error("cannot load draft model '%s': %s", o->draft_paths[i], err);
     }
+    for (int i = 0; i < o->n_heads; i++) {
+        if (cli_head_load(o->head_paths[i], b->m, o->model_path, 0, &b->heads[i])) return 1;
+        if (!b->heads[i]) continue;
+        const sd_head **slot = !strcmp(sd_head_type_name(b->heads[i]), "medusa") ? &b->env.head_medusa
+                                                                                  : &b->env.head_eagle3;
+        if (*slot) return cli_error("--head: two %s heads given", sd_head_type_name(b->heads[i]));
+        *slot = b->heads[i];
+        char desc[512];
+        sd_head_describe(b->heads[i], desc, sizeof desc);
+        fprintf(stderr, "head: %s\n", desc);
+    }
     for (int k = 0; k < b->nm; k++) {
         sd_method *me = &b->methods[k];
         double est = 0;
@@ -460,6 +511,12 @@ static int bench_run_one(const bench_opts *o, bench_state *b, int p, int k, run_
     r->gen_ms = st.generate_ms;
     r->n_forwards = st.n_target_forwards;
     r->n_step_tokens = st.n_generated > 0 ? st.n_generated - 1 : 0;
+    r->draft_ms = st.draft_ms;
+    r->n_draft = st.n_draft_nodes;
+    r->n_accepted = st.n_draft_accepted;
+    for (int d = 1; d <= BENCH_DEPTHS && d <= SD_SPEC_MAX_DEPTH; d++)
+        r->dp[d] = st.n_depth_proposed[d], r->da[d] = st.n_depth_accepted[d];
+    if (b->drafters[k]) snprintf(b->notes[k], sizeof b->notes[k], "%s", sd_drafter_note(b->drafters[k]));
     sd_drafter_free(b->drafters[k]);
     b->drafters[k] = NULL;
     if (grc < 0) return snprintf(msg, msg_len, "method '%s' on prompt %s: %s", me->name, b->prompts[p].id, err), -1;
@@ -546,15 +603,24 @@ static void bench_print(const bench_opts *o, const bench_state *b) {
         if (me->kind == SD_METHOD_SKIP) printf("%s skips layers {%s}.\n", me->name, me->skip_list);
     }
     printf("\n");
-    printf("| method | tokens/s | speedup | tau | tokens | time (s) | equal to ar |\n");
-    printf("| --- | ---: | ---: | ---: | ---: | ---: | --- |\n");
+    printf("| method | tokens/s | speedup | tau | tokens | time (s) | equal to ar | draft/node | acceptance by depth |\n");
+    printf("| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- |\n");
     for (int k = 0; k < nm; k++) {
         const agg *a = &b->overall[k];
         double t0 = agg_tps(&b->overall[0]);
-        printf("| %s | %.2f | %.2fx | %.2f | %ld | %.1f | %s |\n", b->methods[k].name, agg_tps(a),
+        char dep[128] = "";
+        size_t o2 = 0;
+        for (int d = 1; d <= BENCH_DEPTHS && a->dp[d] > 0 && o2 < sizeof dep - 8; d++)
+            o2 += (size_t)snprintf(dep + o2, sizeof dep - o2, "%s%.2f", d > 1 ? " " : "", (double)a->da[d] / a->dp[d]);
+        printf("| %s | %.2f | %.2fx | %.2f | %ld | %.1f | %s | %.1f%% | %s |\n", b->methods[k].name, agg_tps(a),
                t0 > 0 ? agg_tps(a) / t0 : 0.0, agg_tau(a), a->n_tokens, a->ms / 1000.0,
-               !greedy ? "n/a (sampled)" : a->n_equal == a->n_runs ? "yes" : "**NO**");
+               !greedy ? "n/a (sampled)" : a->n_equal == a->n_runs ? "yes" : "**NO**",
+               100.0 * agg_draft_cost(a, &b->overall[0]), dep);
     }
+    printf("\ndraft/node = the drafter's time per drafted token as a share of a one-token target forward (ar's "
+           "time per token).\n");
+    for (int k = 0; k < nm; k++)
+        if (b->notes[k][0]) printf("%s: %s\n", b->methods[k].name, b->notes[k]);
     printf("\nspeedup over ar by category (tau in parentheses):\n\n| method |");
     for (int c = 0; c < n_cats; c++) printf(" %s |", b->cats[c]);
     printf("\n| --- |");
@@ -572,40 +638,52 @@ static void bench_print(const bench_opts *o, const bench_state *b) {
     fflush(stdout);
 }
 
+// Method k's results: {"name", "max_nodes", "overall", "by_category"}; NULL
+// when out of memory.
+static json_t *method_json(const bench_state *b, int k, int greedy) {
+    const int n_cats = b->n_cats;
+    json_t *cats = json_object();
+    for (int c = 0; cats && c < n_cats; c++) {
+        json_t *a = agg_json(&b->by_cat[(size_t)k * n_cats + c], &b->by_cat[c], greedy);
+        if (json_object_set_new(cats, b->cats[c], a)) {
+            json_decref(cats);
+            cats = NULL;
+        }
+    }
+    const char *name = b->methods[k].name;
+    return json_pack("{s:o, s:i, s:o, s:o, s:o}", "name", cli_json_str(name, strlen(name)), "max_nodes",
+                     b->max_nodes[k], "overall", agg_json(&b->overall[k], &b->overall[0], greedy), "by_category", cats,
+                     "note", cli_json_str(b->notes[k], strlen(b->notes[k])));
+}
+
 // The full results as JSON (--out). 0, or 1 after a message.
 static int bench_write_json(const bench_opts *o, const bench_state *b) {
-    const int greedy = o->temp <= 0.0f, n_cats = b->n_cats;
-    FILE *f = fopen(o->out_path, "w");
-    if (!f) return cli_error("cannot write '%s'", o->out_path);
-    fprintf(f, "{\"model\": ");
-    cli_json_string(f, o->model_path, strlen(o->model_path));
-    fprintf(f, ", \"draft\": [");
-    for (int i = 0; i < o->n_drafts; i++) {
-        if (i) fprintf(f, ", ");
-        cli_json_string(f, o->draft_paths[i], strlen(o->draft_paths[i]));
-    }
-    fprintf(f, "], \"prompts\": ");
-    cli_json_string(f, o->prompts_path, strlen(o->prompts_path));
-    fprintf(f, ", \"n_threads\": %d, \"draft_threads\": %d, \"temp\": %g, \"seed\": %llu, \"n_predict\": %d, \"n_prompts\": %d, "
-               "\"chat\": %s, \"time_excludes_prompt\": true, \"all_equal_to_ar\": %s, \"methods\": [",
-            o->n_threads, o->draft_threads, (double)o->temp, (unsigned long long)o->seed, o->n_predict, b->np,
-            o->chat ? "true" : "false", greedy ? (b->mismatch ? "false" : "true") : "null");
-    for (int k = 0; k < b->nm; k++) {
-        fprintf(f, "%s\n  {\"name\": ", k ? "," : "");
-        cli_json_string(f, b->methods[k].name, strlen(b->methods[k].name));
-        fprintf(f, ", \"max_nodes\": %d, \"overall\": ", b->max_nodes[k]);
-        json_agg(f, &b->overall[k], &b->overall[0], greedy);
-        fprintf(f, ", \"by_category\": {");
-        for (int c = 0; c < n_cats; c++) {
-            fprintf(f, "%s", c ? ", " : "");
-            cli_json_string(f, b->cats[c], strlen(b->cats[c]));
-            fprintf(f, ": ");
-            json_agg(f, &b->by_cat[(size_t)k * n_cats + c], &b->by_cat[c], greedy);
+    const int greedy = o->temp <= 0.0f;
+    json_t *methods = json_array();
+    for (int k = 0; methods && k < b->nm; k++)
+        if (json_array_append_new(methods, method_json(b, k, greedy))) {
+            json_decref(methods);
+            methods = NULL;
         }
-        fprintf(f, "}}");
+    // JSON integers are signed 64-bit: a larger seed is written as a string of its digits
+    char seed[24];
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)o->seed);
+    json_t *j = json_pack(
+        "{s:o, s:o, s:o, s:i, s:i, s:o, s:o, s:i, s:i, s:b, s:b, s:o, s:o}", "model",
+        cli_json_str(o->model_path, strlen(o->model_path)), "draft", cli_json_strs(o->draft_paths, o->n_drafts),
+        "prompts", cli_json_str(o->prompts_path, strlen(o->prompts_path)), "n_threads", o->n_threads, "draft_threads",
+        o->draft_threads, "temp", cli_json_num(o->temp, 6), "seed",
+        o->seed <= (uint64_t)INT64_MAX ? json_integer((json_int_t)o->seed) : json_string(seed), "n_predict",
+        o->n_predict, "n_prompts", b->np, "chat", o->chat, "time_excludes_prompt", 1, "all_equal_to_ar",
+        greedy ? json_boolean(!b->mismatch) : json_null(), "methods", methods);
+    if (!j) return cli_error("out of memory writing the results");
+    FILE *f = fopen(o->out_path, "w");
+    if (!f) {
+        json_decref(j);
+        return cli_error("cannot write '%s'", o->out_path);
     }
-    fprintf(f, "\n]}\n");
-    if (fclose(f) != 0) return cli_error("cannot write '%s'", o->out_path);
+    int wrc = cli_json_write(f, j);
+    if (fclose(f) != 0 || wrc) return cli_error("cannot write '%s'", o->out_path);
     return 0;
 }
 

@@ -52,6 +52,12 @@ static stat3 stats(double *t, int n) {
     return s;
 }
 
+// {"median": ..., "min": ..., "max": ...} in ms (NULL when out of memory)
+static json_t *stat_json(stat3 s) {
+    return json_pack("{s:o, s:o, s:o}", "median", cli_json_num(s.med, 3), "min", cli_json_num(s.min, 3), "max",
+                     cli_json_num(s.max, 3));
+}
+
 typedef struct {
     sd_session **ss;     // (max_k) sessions with ctx committed tokens each
     sd_batch *bs;        // (max_k) their trees
@@ -177,30 +183,34 @@ int cmd_bench_batch(int argc, char **argv) {
                 if (t < 0) goto fail;
                 times[((size_t)c * 2 + multi) * reps + rep] = t;
             }
-    if (json) {
-        printf("{\"model\": ");
-        cli_json_string(stdout, model, strlen(model));
-    } else {
-        printf("model %s", model);
-    }
-    printf(json ? ", \"kernels\": \"%s\", \"n_threads\": %d, \"ctx\": %d, \"reps\": %d, \"cases\": ["
-                : ", kernels %s, %d threads, context %d, %d rounds\n",
-           sd_backend_name(), sd_threadpool_size(pool), ctx, reps);
+    json_t *cases = json ? json_array() : NULL; // (nk nn) the cases of --json
+    if (!json)
+        printf("model %s, kernels %s, %d threads, context %d, %d rounds\n", model, sd_backend_name(),
+               sd_threadpool_size(pool), ctx, reps);
     for (int c = 0; c < nk * nn; c++) {
         const int k = ks[c / nn], n = ns[c % nn];
         const stat3 mu = stats(times + ((size_t)c * 2 + 1) * reps, reps), se = stats(times + (size_t)c * 2 * reps, reps);
-        if (json)
-            printf("%s{\"sessions\": %d, \"nodes\": %d, \"multi_ms\": {\"median\": %.3f, \"min\": %.3f, \"max\": %.3f}, "
-                   "\"separate_ms\": {\"median\": %.3f, \"min\": %.3f, \"max\": %.3f}, \"speedup\": %.3f, "
-                   "\"multi_nodes_per_s\": %.1f, \"separate_nodes_per_s\": %.1f}",
-                   c ? ", " : "", k, n, mu.med, mu.min, mu.max, se.med, se.min, se.max, se.med / mu.med,
-                   k * n * 1000.0 / mu.med, k * n * 1000.0 / se.med);
-        else
+        if (json && cases &&
+            json_array_append_new(cases, json_pack("{s:i, s:i, s:o, s:o, s:o, s:o, s:o}", "sessions", k, "nodes", n,
+                                                   "multi_ms", stat_json(mu), "separate_ms", stat_json(se), "speedup",
+                                                   cli_json_num(se.med / mu.med, 3), "multi_nodes_per_s",
+                                                   cli_json_num(k * n * 1000.0 / mu.med, 1), "separate_nodes_per_s",
+                                                   cli_json_num(k * n * 1000.0 / se.med, 1)))) {
+            json_decref(cases);
+            cases = NULL;
+        }
+        if (!json)
             printf("K %2d x %2d nodes: one pass %8.2f ms [%.2f .. %.2f], %2d forwards %8.2f ms [%.2f .. %.2f], "
                    "speedup %.2fx\n",
                    k, n, mu.med, mu.min, mu.max, k, se.med, se.min, se.max, se.med / mu.med);
     }
-    if (json) printf("]}\n");
+    if (json && cli_json_write(stdout, json_pack("{s:o, s:s, s:i, s:i, s:i, s:o}", "model",
+                                                 cli_json_str(model, strlen(model)), "kernels", sd_backend_name(),
+                                                 "n_threads", sd_threadpool_size(pool), "ctx", ctx, "reps", reps,
+                                                 "cases", cases))) {
+        snprintf(err, sizeof err, "cannot write the JSON result");
+        goto fail;
+    }
     rc = 0;
     goto out;
 fail:

@@ -2,6 +2,7 @@
 // tokens costs relative to one token (the quantity speculative decoding lives
 // on), plain decode speed, and the memory-bandwidth floor of one decode step.
 // A program like any other: the public API only.
+#include <math.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -375,24 +376,38 @@ static void bf_summarise(const bf_opts *o, bf_state *st, bf_result *res) {
 }
 
 // ---------------------------------------------------------------- report
-static void bf_print_json(const bf_opts *o, const bf_state *st, const bf_result *r, int i1) {
-    printf("{\"model\": ");
-    cli_json_string(stdout, o->model_path, strlen(o->model_path));
-    printf(", \"kernels\": ");
-    cli_json_string(stdout, sd_backend_name(), strlen(sd_backend_name()));
-    printf(", \"model_bytes\": %zu, \"mem_bw_gbs\": %.3f, \"floor_ms\": %.4f, \"mem_bw_median_gbs\": %.3f, "
-           "\"floor_median_ms\": %.4f, \"n_threads\": %d, \"ctx\": %d, \"reps\": %d, \"decode_tokens_per_s\": %.3f, ",
-           st->info.n_bytes, r->bw, r->floor_ms, r->bw_med, r->floor_med_ms, o->n_threads, o->ctx, o->reps,
-           r->decode_tps);
-    if (r->has_ho) printf("\"handover_ns\": %.0f, ", r->ho_med);
-    printf("\"batches\": [");
-    for (int i = 0; i < o->n_batches; i++)
-        printf("%s{\"n\": %d, \"ms\": %.4f}", i ? ", " : "", o->batches[i], r->ms_med[i]);
-    printf("]");
-    if (i1 >= 0 && r->ms_med[i1] > 0)
-        for (int i = 0; i < o->n_batches; i++)
-            if (o->batches[i] != 1) printf(", \"ratio_%d_over_1\": %.4f", o->batches[i], r->ms_med[i] / r->ms_med[i1]);
-    printf("}\n");
+// The results as one JSON object on stdout (--json). 0, or -1 when they could
+// not be built or written.
+static int bf_print_json(const bf_opts *o, const bf_state *st, const bf_result *r, int i1) {
+    json_t *batches = json_array();
+    for (int i = 0; batches && i < o->n_batches; i++)
+        if (json_array_append_new(batches,
+                                  json_pack("{s:i, s:o}", "n", o->batches[i], "ms", cli_json_num(r->ms_med[i], 4)))) {
+            json_decref(batches);
+            batches = NULL;
+        }
+    json_t *j = json_pack("{s:o, s:s, s:I, s:o, s:o, s:o, s:o, s:i, s:i, s:i, s:o}", "model",
+                          cli_json_str(o->model_path, strlen(o->model_path)), "kernels", sd_backend_name(),
+                          "model_bytes", (json_int_t)st->info.n_bytes, "mem_bw_gbs", cli_json_num(r->bw, 3), "floor_ms",
+                          cli_json_num(r->floor_ms, 4), "mem_bw_median_gbs", cli_json_num(r->bw_med, 3),
+                          "floor_median_ms", cli_json_num(r->floor_med_ms, 4), "n_threads", o->n_threads, "ctx", o->ctx,
+                          "reps", o->reps, "decode_tokens_per_s", cli_json_num(r->decode_tps, 3));
+    int bad = !j || !batches;
+    if (!bad && r->has_ho) bad = json_object_set_new(j, "handover_ns", json_integer((json_int_t)llround(r->ho_med)));
+    if (!bad) bad = json_object_set_new(j, "batches", batches);
+    else json_decref(batches);
+    if (!bad && i1 >= 0 && r->ms_med[i1] > 0)
+        for (int i = 0; !bad && i < o->n_batches; i++)
+            if (o->batches[i] != 1) {
+                char key[48];
+                snprintf(key, sizeof key, "ratio_%d_over_1", o->batches[i]);
+                bad = json_object_set_new(j, key, cli_json_num(r->ms_med[i] / r->ms_med[i1], 4));
+            }
+    if (bad) {
+        json_decref(j);
+        j = NULL;
+    }
+    return cli_json_write(stdout, j);
 }
 
 static void bf_print_text(const bf_opts *o, const bf_state *st, const bf_result *r, int i1) {
@@ -428,8 +443,8 @@ int cmd_bench_forward(int argc, char **argv) {
         int i1 = -1;
         for (int i = 0; i < o.n_batches; i++)
             if (o.batches[i] == 1) i1 = i;
-        if (o.json) bf_print_json(&o, &st, &res, i1);
-        else bf_print_text(&o, &st, &res, i1);
+        if (!o.json) bf_print_text(&o, &st, &res, i1);
+        else if (bf_print_json(&o, &st, &res, i1)) rc = cli_error("cannot write the JSON result");
         fflush(stdout);
     }
     bf_free(&st);

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cli_common.h"
+#include "cli_head.h"
 #include "cli_opts.h"
 #include "specdec.h"
 #include "specdec_spec.h"
@@ -107,9 +108,10 @@ typedef struct gen_opts {
     const char *skip;       // --draft-skip L1,L2,..|auto
     const char *save_skip, *load_skip;
     const char *lookahead;  // --lookahead W,N,G
+    const char *head;       // --head FILE|auto: an EAGLE-3 head drafts (eagle3:SHAPE)
     // the spellings of the flags given, NULL when absent (for the cross-flag checks)
     const char *method_given, *draft_max_given, *p_min_given, *tree_given, *dyn_given, *ngram_given, *skip_given,
-        *lookahead_given;
+        *lookahead_given, *head_given;
 } gen_opts;
 
 // --tree W1,W2,...|auto; dst is the gen_opts.
@@ -266,6 +268,10 @@ static int gen_parse(int argc, char **argv, gen_opts *o) {
                  "trees are merged"},
         {"--method", NULL, CLI_CUSTOM, &o->method, .fn = parse_method_flag, .given = &o->method_given,
          .meta = "STR", .help = method_help},
+        {"--head", NULL, CLI_STRING, &o->head, .given = &o->head_given, .meta = "FILE|auto",
+         .help = "draft with a trained EAGLE-3 head (specdec train-head); 'auto': the head in heads/ made for this "
+                 "model, if any. The tree flags (--draft-max, --tree, --tree-dynamic) shape its drafts; default "
+                 "chain of --draft-max tokens"},
         {"--draft-max", NULL, CLI_INT, &o->draft_max, .lo = 1, .hi = 64, .given = &o->draft_max_given, .meta = "K",
          .def = CLI_DEF_VALUE, .help = "chain draft: most draft tokens per step"},
         {"--draft-p-min", NULL, CLI_FLOAT, &o->p_min, .lo = 0.0, .hi = 1.0, .given = &o->p_min_given, .meta = "P",
@@ -340,11 +346,11 @@ static void gen_plan_parts(const gen_opts *o, gen_plan *p) {
     for (char *part = strtok(s, "+"); part; part = strtok(NULL, "+")) {
         sd_method pm;
         if (sd_method_parse(part, &pm, err, sizeof err) < 0) continue;   // (the whole string parsed)
-        int model = pm.kind == SD_METHOD_MODEL || (pm.kind == SD_METHOD_AUTO && o->n_drafts > 0);
+        int model = pm.kind == SD_METHOD_MODEL || pm.kind == SD_METHOD_EAGLE3 || (pm.kind == SD_METHOD_AUTO && o->n_drafts > 0);
         int nodes = pm.uses_cost_curve ? SD_MIN(pm.tree_nodes, p->auto_nodes) : pm.tree_nodes;
         int merged = sd_method_default_nodes(&pm, o->n_drafts);   // one tree per draft model
         if (pm.uses_cost_curve && !model) merged = SD_MIN(merged, p->auto_nodes);
-        p->uses_drafts |= model || pm.kind == SD_METHOD_AUTO;
+        p->uses_drafts |= (model && pm.kind != SD_METHOD_EAGLE3) || pm.kind == SD_METHOD_AUTO;
         p->has_ngram |= pm.kind == SD_METHOD_NGRAM || (pm.kind == SD_METHOD_AUTO && !o->n_drafts);
         if (model) model_extra = SD_MAX(model_extra, 0) + nodes - 1;
         extra += merged - 1;
@@ -368,27 +374,36 @@ static int gen_method_of_flags(const gen_opts *o, gen_plan *p, char *s, size_t n
     if (o->tree_auto && (o->tree || o->dyn || o->draft_max_given))
         return cli_error("generate: --tree auto chooses the tree; it cannot be combined with %s",
                          o->tree ? "--tree" : o->dyn ? "--tree-dynamic" : "--draft-max");
-    if (!o->n_drafts && spec_only) return cli_error("generate: %s needs a draft model (--draft D.gguf)", spec_only);
+    if (o->head && (o->n_drafts || o->ngram || solo))
+        return cli_error("generate: --head drafts on its own; it cannot be combined with %s",
+                         o->n_drafts ? "--draft" : o->ngram ? "--draft-ngram" : solo);
+    if (!o->n_drafts && !o->head && spec_only)
+        return cli_error("generate: %s needs a draft model (--draft D.gguf) or a head (--head H.gguf)", spec_only);
     if (o->tree && o->dyn) return cli_error("generate: --tree and --tree-dynamic cannot be used together");
     if (o->draft_max_given && (o->tree || o->dyn))
         return cli_error("generate: --draft-max sets the chain length; it cannot be combined with %s",
                          o->tree ? "--tree" : "--tree-dynamic");
     char model[SD_METHOD_NAME_MAX] = "", ngram[SD_METHOD_NAME_MAX] = "";
-    if (o->n_drafts) {
+    if (o->head) {
+        if (o->tree_auto) snprintf(model, sizeof model, "eagle3:auto");
+        else if (o->tree) snprintf(model, sizeof model, "eagle3:tree:%s", o->tree);
+        else if (o->dyn) snprintf(model, sizeof model, "eagle3:dyn:%s", o->dyn);
+        else snprintf(model, sizeof model, "eagle3:chain:%d", o->draft_max);
+    } else if (o->n_drafts) {
         if (o->tree_auto) snprintf(model, sizeof model, "tree:auto");
         else if (o->tree) snprintf(model, sizeof model, "tree:%s", o->tree);
         else if (o->dyn) snprintf(model, sizeof model, "dyn:%s", o->dyn);
         else snprintf(model, sizeof model, "chain:%d", o->draft_max);
     }
     // --tree auto alone: n-gram lookup with an automatic tree
-    const char *ng = o->ngram ? o->ngram : o->tree_auto && !o->n_drafts ? "3,8" : NULL;
+    const char *ng = o->ngram ? o->ngram : o->tree_auto && !o->n_drafts && !o->head ? "3,8" : NULL;
     if (ng) snprintf(ngram, sizeof ngram, "ngram:%s%s", ng, o->tree_auto ? ":auto" : "");
     if (o->skip) snprintf(s, n, "skip:auto");   // the layer list replaces "auto" once parsed
     else if (o->lookahead) snprintf(s, n, "lookahead:%s", o->lookahead);
     else snprintf(s, n, "%.60s%s%.60s", model, model[0] && ngram[0] ? "+" : "", ngram);
     for (char *c = s; *c; c++)
         if (*c == ',') *c = '-';
-    p->flag = solo ? solo : o->n_drafts ? "--draft" : "--draft-ngram";
+    p->flag = solo ? solo : o->head ? "--head" : o->n_drafts ? "--draft" : "--draft-ngram";
     p->shape_flag = o->tree_auto ? "--tree auto" : o->tree ? "--tree" : o->dyn ? "--tree-dynamic" : "--draft-max";
     return 0;
 }
@@ -412,6 +427,10 @@ static int gen_plan_method(const gen_opts *o, gen_plan *p) {
     if (o->skip) snprintf(p->m.skip_list, sizeof p->m.skip_list, "%s", o->skip);
     p->spec = p->m.kind != SD_METHOD_AR;
     gen_plan_parts(o, p);
+    if (p->m.needs_head == SD_METHOD_EAGLE3 && !o->head)
+        return cli_error("generate: %s %s needs an EAGLE-3 head (--head H.gguf or --head auto)", p->flag, p->m.name);
+    if (o->method && o->head && !p->m.needs_head && p->m.kind != SD_METHOD_AUTO)
+        return cli_error("generate: %s %s does not draft with a head; drop --head", o->method_given, o->method);
     if (o->method && p->m.needs_draft_model && !o->n_drafts)
         return cli_error("generate: %s %s needs a draft model (--draft D.gguf)", o->method_given, o->method);
     if (o->method && !p->uses_drafts && o->n_drafts)
@@ -484,6 +503,7 @@ typedef struct gen_state {
     sd_session *s;
     sd_sampler *smp;
     sd_model *drafts[SD_METHOD_MAX_DRAFTS];  // (n_drafts) loaded draft models
+    sd_head *head;                           // --head, or NULL
     sd_drafter *drafter;                     // NULL without speculative decoding
     sd_cost_curve *cost;                     // the target's forward cost (automatic trees), or NULL
     char *formatted;                         // the chat-formatted prompt, or NULL
@@ -499,6 +519,7 @@ static void gen_free(gen_state *g) {
     free(g->formatted);
     sd_drafter_free(g->drafter);
     sd_cost_curve_free(g->cost);
+    sd_head_free(g->head);
     for (int i = 0; i < SD_METHOD_MAX_DRAFTS; i++) sd_model_free(g->drafts[i]);
     sd_sampler_free(g->smp);
     sd_session_free(g->s);
@@ -573,6 +594,7 @@ static int gen_build_drafter(const gen_opts *o, gen_plan *p, gen_state *g) {
     env.skip_load = o->load_skip;
     env.auto_nodes = p->auto_nodes;
     env.report = on_report;
+    env.head_eagle3 = g->head;
     if (p->m.uses_cost_curve) {   // the target's cost curve, measured on the empty session before the prompt
         double t0 = sd_time_ms();
         if (sd_cost_curve_new(&g->cost, g->s, p->max_nodes, err, sizeof err) < 0)
@@ -607,6 +629,17 @@ static int gen_build(const gen_opts *o, gen_plan *p, gen_state *g) {
     if (g->n_ids > sd_session_n_ctx(g->s))
         return cli_error("prompt has %d tokens but the context is %d (-c)", g->n_ids, sd_session_n_ctx(g->s));
     if (sd_sampler_new(&g->smp, &o->sp, g->info.n_vocab, err, sizeof err) < 0) return cli_error("%s", err);
+    if (o->head) {
+        if (cli_head_load(o->head, g->m, o->model_path, o->json, &g->head)) return 1;
+        if (!g->head) {   // --head auto found none: plain decoding
+            p->spec = 0;
+            p->max_nodes = 1;
+        } else if (!o->json) {
+            char desc[512];
+            sd_head_describe(g->head, desc, sizeof desc);
+            if (strcmp(o->head, "auto")) fprintf(stderr, "specdec: %s\n", desc);
+        }
+    }
     if (p->spec && gen_build_drafter(o, p, g)) return 1;
     g->out.tok = sd_model_tokenizer(g->m);
     g->out.json = o->json;
@@ -617,33 +650,36 @@ static int gen_build(const gen_opts *o, gen_plan *p, gen_state *g) {
 }
 
 // ---------------------------------------------------------------- run
-static void gen_print_json(const gen_opts *o, const gen_plan *p, const gen_state *g, const sd_gen_stats *st,
-                           const char *finish) {
-    printf("{\"model\": ");
-    cli_json_string(stdout, o->model_path, strlen(o->model_path));
-    printf(", \"n_threads\": %d, \"n_prompt_tokens\": %d, \"n_generated\": %d, "
-           "\"tokens_per_second\": %.3f, \"prompt_ms\": %.3f, \"generate_ms\": %.3f, "
-           "\"finish_reason\": \"%s\", \"text\": ",
-           o->n_threads, st->n_prompt_tokens, st->n_generated, st->tokens_per_second, st->prompt_ms,
-           st->generate_ms, finish);
-    cli_json_string(stdout, g->out.text ? g->out.text : "", g->out.len);
-    if (p->spec) {
-        printf(", \"draft\": [");
-        for (int i = 0; i < o->n_drafts; i++) {
-            if (i) printf(", ");
-            cli_json_string(stdout, o->draft_paths[i], strlen(o->draft_paths[i]));
+// The result as one JSON object on stdout (--json). 0, or -1 when it could
+// not be built or written.
+static int gen_print_json(const gen_opts *o, const gen_plan *p, const gen_state *g, const sd_gen_stats *st,
+                          const char *finish) {
+    json_t *j = json_pack("{s:o, s:i, s:i, s:i, s:o, s:o, s:o, s:s, s:o}", "model",
+                          cli_json_str(o->model_path, strlen(o->model_path)), "n_threads", o->n_threads,
+                          "n_prompt_tokens", st->n_prompt_tokens, "n_generated", st->n_generated, "tokens_per_second",
+                          cli_json_num(st->tokens_per_second, 3), "prompt_ms", cli_json_num(st->prompt_ms, 3),
+                          "generate_ms", cli_json_num(st->generate_ms, 3), "finish_reason", finish, "text",
+                          cli_json_str(g->out.text ? g->out.text : "", g->out.len));
+    if (j && p->spec) {
+        json_t *acc = json_array();
+        for (int k = 1; acc && k <= st->max_depth && k <= SD_SPEC_MAX_DEPTH; k++)
+            if (json_array_append_new(acc, cli_json_num(st->acceptance_by_depth[k], 4))) {
+                json_decref(acc);
+                acc = NULL;
+            }
+        json_t *spec = json_pack("{s:o, s:o, s:i, s:i, s:o, s:i, s:i, s:o, s:o, s:o}", "draft",
+                                 cli_json_strs(o->draft_paths, o->n_drafts), "method",
+                                 cli_json_str(p->label, strlen(p->label)), "max_nodes", p->max_nodes,
+                                 "n_target_forwards", st->n_target_forwards, "mean_accepted",
+                                 cli_json_num(st->mean_accepted, 4), "n_draft_nodes", st->n_draft_nodes,
+                                 "n_draft_accepted", st->n_draft_accepted, "acceptance_by_depth", acc, "draft_ms",
+                                 cli_json_num(st->draft_ms, 3), "verify_ms", cli_json_num(st->verify_ms, 3));
+        if (!spec || json_object_update_new(j, spec)) {
+            json_decref(j);
+            j = NULL;
         }
-        printf("], \"method\": ");
-        cli_json_string(stdout, p->label, strlen(p->label));
-        printf(", \"max_nodes\": %d, \"n_target_forwards\": %d, \"mean_accepted\": %.4f, "
-               "\"n_draft_nodes\": %d, \"n_draft_accepted\": %d, \"acceptance_by_depth\": [",
-               p->max_nodes, st->n_target_forwards, st->mean_accepted, st->n_draft_nodes, st->n_draft_accepted);
-        for (int k = 1; k <= st->max_depth && k <= SD_SPEC_MAX_DEPTH; k++)
-            printf("%s%.4f", k > 1 ? ", " : "", st->acceptance_by_depth[k]);
-        printf("], \"draft_ms\": %.3f, \"verify_ms\": %.3f", st->draft_ms, st->verify_ms);
     }
-    printf("}\n");
-    fflush(stdout);
+    return cli_json_write(stdout, j);
 }
 
 static void gen_print_summary(const gen_opts *o, const gen_plan *p, const sd_gen_stats *st, const char *finish) {
@@ -689,8 +725,11 @@ static int gen_run(const gen_opts *o, const gen_plan *p, gen_state *g) {
         return cli_error("%s", err);
     }
     const char *finish = g_interrupted ? "interrupted" : sd_finish_name(st.finish);
-    if (o->json) gen_print_json(o, p, g, &st, finish);
-    else gen_print_summary(o, p, &st, finish);
+    if (o->json) {
+        if (gen_print_json(o, p, g, &st, finish)) return cli_error("cannot write the JSON result");
+    } else {
+        gen_print_summary(o, p, &st, finish);
+    }
     if (g->out.oom) fprintf(stderr, "specdec: warning: out of memory, the text is incomplete\n");
     return 0;
 }

@@ -74,6 +74,12 @@ typedef struct sd_drafter_vt {
     // (keeps only the accepted rows of its own KV cache, learns acceptance,
     // reads the target's logits of its auxiliary nodes, ...).
     int (*accept)(sd_drafter *d, const sd_step_record *rec, char *err, size_t errlen);
+    // Optional (NULL: none): hidden-state rows of prompt tokens, when the
+    // drafter asks for them (n_hidden_layers > 0). The generation evaluated
+    // tokens[pos0 .. pos0+n) (tokens[0 .. pos0+n) is the prompt so far) and
+    // hands their rows in the layout of sd_step_record.hidden.
+    int (*prompt)(sd_drafter *d, const int32_t *tokens, int pos0, int n, const float *hidden, char *err,
+                  size_t errlen);
     // Forgets all state (new sequence).
     void (*reset)(sd_drafter *d);
     // Releases impl and the sd_drafter itself.

@@ -214,3 +214,23 @@ int sd_head_check_target(const sd_head *h, const sd_model *m, char *err, size_t 
                       what, (unsigned long long)hp->target_vocab_hash, (unsigned long long)vh);
     return 0;
 }
+
+const char *sd_head_type_name(const sd_head *h) { return h->hp.type == SD_HEAD_MEDUSA ? "medusa" : "eagle3"; }
+
+int sd_head_describe(const sd_head *h, char *buf, size_t len) {
+    const sd_head_hp *hp = &h->hp;
+    char facts[256] = "";
+    // The recipe's headline facts (key=value lines of the note), space-separated.
+    size_t o = 0;
+    for (const char *p = h->note; *p && o + 2 < sizeof facts;) {
+        size_t L = strcspn(p, "\n");
+        if (!strncmp(p, "tokens=", 7) || !strncmp(p, "loss=", 5) || !strncmp(p, "agree=", 6) || !strncmp(p, "seed=", 5))
+            o += (size_t)snprintf(facts + o, sizeof facts - o, " %.*s", (int)L, p);
+        p += L + (p[L] == '\n');
+    }
+    if (hp->type == SD_HEAD_MEDUSA)
+        return snprintf(buf, len, "medusa head: %d heads, draft vocabulary %d of %d tokens%s", hp->n_medusa,
+                        hp->n_draft_vocab, hp->target_n_vocab, facts);
+    return snprintf(buf, len, "eagle3 head: layers %d,%d,%d fused, draft vocabulary %d of %d tokens%s", hp->extract[0],
+                    hp->extract[1], hp->extract[2], hp->n_draft_vocab, hp->target_n_vocab, facts);
+}

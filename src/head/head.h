@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "specdec.h"
+#include "specdec_spec.h"
 
 enum sd_head_type { SD_HEAD_EAGLE3 = 1, SD_HEAD_MEDUSA = 2 };
 

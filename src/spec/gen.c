@@ -41,6 +41,7 @@ struct sd_gen {
     uint8_t *hid_want;  // (session n_batch) 1 for tree nodes
     float *hid_out;     // (max_nodes, n_hid, n_embd) rows of the tree nodes, by node
     float *hid_path;    // (max_nodes, n_hid, n_embd) rows of the accepted path, in order
+    float *hid_prompt;  // (n_batch, n_hid, n_embd) rows of a prompt chunk (drafters with a prompt hook)
     sd_aux_nodes aux;
     sd_tree tree;
     int tree_ok;
@@ -105,6 +106,7 @@ void sd_gen_free(sd_gen *g) {
     free(g->hid_want);
     free(g->hid_out);
     free(g->hid_path);
+    free(g->hid_prompt);
     if (g->tree_ok) sd_tree_free(&g->tree);
     free(g);
 }
@@ -163,11 +165,12 @@ int sd_gen_new(sd_gen **out, sd_session *s, sd_sampler *smp, sd_drafter *d, cons
         g->hid_want = malloc(nb);
         g->hid_out = malloc(sizeof(float) * g->hid_row * mn);
         g->hid_path = malloc(sizeof(float) * g->hid_row * mn);
+        if (d->vt->prompt) g->hid_prompt = malloc(sizeof(float) * g->hid_row * (size_t)g->n_batch);
     }
     g->tree_ok = sd_tree_init(&g->tree, g->max_nodes, g->nv, g->max_nodes) == 0;
     if (!g->seq || !g->out || !g->path || !g->path2 || !g->prow || !g->qscr || !g->want || !g->tree_ok ||
         (use_aux && (!g->b_tok || !g->b_par || !g->aux_tok || !g->aux_par || !g->aux_lg)) ||
-        (g->n_hid > 0 && (!g->hid_want || !g->hid_out || !g->hid_path))) {
+        (g->n_hid > 0 && (!g->hid_want || !g->hid_out || !g->hid_path || (d->vt->prompt && !g->hid_prompt)))) {
         sd_gen_free(g);
         return sd_err(err, errlen, "generation: out of memory");
     }
@@ -206,8 +209,16 @@ int sd_gen_prefill_cached(sd_gen *g, const int32_t *prompt, int n, int n_cached,
         memset(g->want, 0, (size_t)nb);
         if (i + nb == n) g->want[nb - 1] = 1;
         sd_batch b = {.n = nb, .tokens = prompt + i, .logits = g->want, .precise = !g->fast_prompt};
+        if (g->hid_prompt) {   // the drafter reads the prompt's hidden rows
+            b.hidden_layers = g->d->hidden_layers;
+            b.n_hidden_layers = g->n_hid;
+            b.hidden_out = g->hid_prompt;
+        }
         if (sd_session_forward(g->s, &b, ferr, sizeof ferr) < 0 || sd_session_commit(g->s, NULL, 0, ferr, sizeof ferr) < 0)
             return sd_err(err, errlen, "prompt evaluation failed: %s", ferr);
+        if (g->hid_prompt &&
+            g->d->vt->prompt(g->d, prompt, i, nb, g->hid_prompt, ferr, sizeof ferr) < 0)
+            return sd_err(err, errlen, "drafter '%s': %s", g->d->vt->name, ferr);
         if (i + nb == n) g->prompt_row = nb - 1;
     }
     memcpy(g->seq, prompt, sizeof(int32_t) * (size_t)n);

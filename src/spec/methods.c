@@ -10,7 +10,10 @@
 #include <string.h>
 
 #include "common.h"
+#include "kernels/quant.h"
+#include "draft/draft_eagle3.h"
 #include "draft/draft_lookahead.h"
+#include "draft/draft_medusa.h"
 #include "draft/draft_merge.h"
 #include "draft/draft_model.h"
 #include "draft/draft_ngram.h"
@@ -387,6 +390,70 @@ static int make_lookahead(const method_cfg *m, const sd_method_env *env, sd_draf
 
 static int cfg_parse(const char *s, method_cfg *m, char *err, size_t errlen);
 
+// ---- eagle3:SHAPE (the draft-model shapes, drafted by the EAGLE-3 head)
+static int parse_eagle3(const char *args, method_cfg *m, char *err, size_t errlen) {
+    const char *shape = !strcmp(args, "auto") ? "tree:auto" : args;
+    int rc = -1;
+    if (!strncmp(shape, "chain:", 6)) rc = parse_chain(shape + 6, m, err, errlen);
+    else if (!strncmp(shape, "tree:", 5)) rc = parse_tree(shape + 5, m, err, errlen);
+    else if (!strncmp(shape, "dyn:", 4)) rc = parse_dyn(shape + 4, m, err, errlen);
+    else snprintf(err, errlen, "method eagle3:SHAPE needs SHAPE chain:K, tree:W1-W2-..., dyn:B-D-M or auto, got 'eagle3:%s'", args);
+    if (rc < 0) return -1;
+    m->kind = SD_METHOD_EAGLE3;
+    m->needs_draft_model = 0;
+    return 0;
+}
+
+static int make_eagle3(const method_cfg *m, const sd_method_env *env, sd_drafter **out, char *err, size_t errlen) {
+    if (!env->head_eagle3) {
+        snprintf(err, errlen, "method '%s' needs an EAGLE-3 head (--head H.gguf)", m->name);
+        return -1;
+    }
+    sd_draft_model_params dp = m->dp;
+    if (dp.shape == SD_DRAFT_AUTO) {
+        if (!env->cost) {
+            snprintf(err, errlen, "method '%s': the automatic tree needs the target's cost curve", m->name);
+            return -1;
+        }
+        dp.tree_auto.cost = env->cost;
+        if (env->auto_nodes > 0) dp.tree_auto.max_nodes = SD_MIN(env->auto_nodes, SD_METHOD_AUTO_NODES);
+        dp.tree_auto.report = env->report;
+        dp.tree_auto.user = env->user;
+    }
+    dp.p_min = env->p_min;
+    dp.n_ctx = env->n_ctx;
+    dp.pool = env->pool;
+    return sd_draft_eagle3_new(out, env->head_eagle3, env->target, &dp, SD_TYPE_Q8_0, err, errlen);
+}
+
+// ---- medusa:W1-W2-... (children per node at depth k from Medusa head k)
+static int parse_medusa(const char *args, method_cfg *m, char *err, size_t errlen) {
+    int w[SD_DRAFT_MAX_WIDTHS];
+    char e2[160];
+    int n = sd_parse_ints("medusa", args, '-', w, SD_HEAD_MAX_MEDUSA, 1, 16, e2, sizeof e2);
+    if (n < 1) {
+        snprintf(err, errlen, "method medusa:W1-W2-... needs 1..%d widths in 1..16 (one per Medusa head), got 'medusa:%s'",
+                 SD_HEAD_MAX_MEDUSA, args);
+        return -1;
+    }
+    m->kind = SD_METHOD_MEDUSA;
+    m->dp = sd_draft_model_default_params();
+    m->dp.shape = SD_DRAFT_WIDTHS;
+    m->dp.n_widths = n;
+    memcpy(m->dp.widths, w, sizeof(int) * (size_t)n);
+    m->tree_nodes = SD_MIN(widths_nodes(w, n), 64);   // the product is cut to the best 64 nodes at most
+    return 0;
+}
+
+static int make_medusa(const method_cfg *m, const sd_method_env *env, sd_drafter **out, char *err, size_t errlen) {
+    if (!env->head_medusa) {
+        snprintf(err, errlen, "method '%s' needs a Medusa head (--head H.gguf)", m->name);
+        return -1;
+    }
+    return sd_draft_medusa_new(out, env->head_medusa, env->target, m->dp.widths, m->dp.n_widths, env->p_min, env->pool,
+                               SD_TYPE_Q8_0, err, errlen);
+}
+
 // ---- auto: draft model(s) + tree:auto with --draft, else ngram:3-8 + automatic tree
 static int parse_auto(const char *args, method_cfg *m, char *err, size_t errlen) {
     if (*args) {
@@ -400,10 +467,11 @@ static int parse_auto(const char *args, method_cfg *m, char *err, size_t errlen)
 
 static int make_auto(const method_cfg *m, const sd_method_env *env, sd_drafter **out, char *err, size_t errlen) {
     method_cfg mm;
-    const char *as = env->n_drafts > 0 ? "tree:auto" : "ngram:3-8";
+    const char *as = env->head_eagle3 ? "eagle3:auto" : env->n_drafts > 0 ? "tree:auto" : "ngram:3-8";
     if (cfg_parse(as, &mm, err, errlen) < 0) return -1;
     if (mm.kind == SD_METHOD_NGRAM) mm.tree_auto = 1;
     memcpy(mm.name, m->name, sizeof mm.name);
+    if (env->head_eagle3) return make_eagle3(&mm, env, out, err, errlen);
     return (env->n_drafts > 0 ? make_model : make_ngram)(&mm, env, out, err, errlen);
 }
 
@@ -417,6 +485,8 @@ static const method_def g_methods[] = {
     {"ngram", "ngram:N-K[:auto]", parse_ngram, make_ngram},
     {"skip", "skip:auto|skip:L1-L2-...", parse_skip, make_skip},
     {"lookahead", "lookahead:W-N-G", parse_lookahead, make_lookahead},
+    {"eagle3", "eagle3:chain:K|tree:W1-W2-...|dyn:B-D-M|auto", parse_eagle3, make_eagle3},
+    {"medusa", "medusa:W1-W2-...", parse_medusa, make_medusa},
     {"auto", "auto", parse_auto, make_auto},
 };
 // (and A+B: several methods merged, see sd_method_parse)
@@ -463,7 +533,7 @@ static int cfg_parse(const char *s, method_cfg *m, char *err, size_t errlen) {
 
 static int cfg_uses_auto(const method_cfg *m) {
     return m->kind == SD_METHOD_AUTO || (m->kind == SD_METHOD_NGRAM && m->tree_auto) ||
-           (m->kind == SD_METHOD_MODEL && m->dp.shape == SD_DRAFT_AUTO);
+           ((m->kind == SD_METHOD_MODEL || m->kind == SD_METHOD_EAGLE3) && m->dp.shape == SD_DRAFT_AUTO);
 }
 
 // Splits m->name at '+' into parsed parts; returns their count or -1.
@@ -492,7 +562,8 @@ static int method_parts(const sd_method *m, method_cfg *parts, char *err, size_t
     if (n > 1)
         for (int i = 0; i < n; i++)
             if (parts[i].kind == SD_METHOD_AR || parts[i].kind == SD_METHOD_AUTO ||
-                parts[i].kind == SD_METHOD_LOOKAHEAD) {   // (lookahead's window rides beside one tree)
+                parts[i].kind == SD_METHOD_LOOKAHEAD || parts[i].kind == SD_METHOD_EAGLE3 ||
+                parts[i].kind == SD_METHOD_MEDUSA) {   // (heads read hidden rows a merge does not pass on)   // (lookahead's window rides beside one tree)
                 snprintf(err, errlen, "method '%s': '%s' cannot be merged with other methods", m->name,
                          parts[i].name);
                 return -1;
@@ -515,6 +586,7 @@ int sd_method_parse(const char *s, sd_method *m, char *err, size_t errlen) {
     m->tree_nodes = 1;
     for (int i = 0; i < n; i++) {
         m->needs_draft_model |= parts[i].needs_draft_model;
+        if (parts[i].kind == SD_METHOD_EAGLE3 || parts[i].kind == SD_METHOD_MEDUSA) m->needs_head = parts[i].kind;
         m->uses_cost_curve |= cfg_uses_auto(&parts[i]);
         m->tree_nodes += parts[i].tree_nodes - 1;
         m->extra_nodes += parts[i].extra_nodes;

@@ -1,0 +1,407 @@
+// draft_eagle3.c - the EAGLE-3 drafter (docs/heads.md): a trained head that
+// reads the target's hidden states of the accepted text and drafts chains,
+// SpecInfer trees, EAGLE-2 dynamic trees or automatically sized ones.
+//
+// State follows the text by position p: the fused state g_p of every
+// position the target evaluated (from the prompt's rows and from each step's
+// record), and the head's KV cache of rows made from those states (row p
+// pairs token x_p with g_{p-1}). At propose time the rows up to the root's
+// position are made (a chain, committed), the root row's output gives the
+// root's children, and deeper tree nodes are pending rows fed with their
+// parent's output state, dropped after the step. Positions whose state is
+// unknown (a prompt prefix another generation evaluated) get no row; the
+// head then attends to fewer rows, which costs acceptance, never correctness.
+#include "draft/draft_eagle3.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "head/eagle3.h"
+#include "model/model.h"
+
+#define E3_TREE_MAX 512
+#define E3_ROWS 64   // rows per head call
+
+typedef struct e3d {
+    sd_draft_model_params p;
+    const sd_model *target;
+    const sd_head *head;
+    sd_e3 *e;
+    int d, V, nv, n_ctx;
+    int32_t *txt;        // (n_ctx) the text the state follows
+    int n_txt;
+    float *g;            // (n_ctx, d) fused states
+    uint8_t *gv;         // (n_ctx) 1: g_p known
+    int32_t *row_pos;    // (n_ctx) position of each committed head row
+    int last_row;        // position of the last committed row, -1: none
+    float *last_h;       // (d) output state of that row
+    float *last_lg;      // (V) its draft logits
+    int root_pos;        // position of the root at the last propose
+    // tree scratch
+    int32_t *slot;       // (E3_TREE_MAX) pending slot of each evaluated node
+    float *node_h;       // (E3_TREE_MAX, d)
+    float *lg;           // (E3_ROWS, V)
+    float *hbuf;         // (E3_ROWS, d)
+    float *cbuf;         // (E3_ROWS, d)
+    float *full;         // (nv) full-vocabulary logits (stochastic rows)
+    int32_t *hist;       // (n_ctx + E3_TREE_MAX)
+    float *feat;         // (E3_ROWS, 3d) staging of hidden rows
+    sd_sampler *smp;
+    sd_sampler_params smp_p;
+    const sd_draft_ctx *ctx;
+    float p_min;
+    sd_tree work;
+    sd_draft_auto *au;
+    // coverage of the draft vocabulary: target argmax of path nodes
+    int64_t cov_n, cov_in;
+    char note[160];
+    int test_fault;      // tests only: misreport the draft distributions (sd_draft_eagle3_test_fault)
+} e3d;
+
+static double e3_uniform(void *st) { return sd_rng_uniform((sd_rng *)st); }
+
+// Fuses n hidden rows (n, 3, d) of positions pos0.. into g.
+static void put_states(e3d *s, const float *hidden, int pos0, int n) {
+    for (int i = 0; i < n; i += E3_ROWS) {
+        int c = SD_MIN(E3_ROWS, n - i);
+        int lo = pos0 + i;
+        if (lo >= s->n_ctx) return;
+        c = SD_MIN(c, s->n_ctx - lo);
+        sd_e3_fuse(s->e, hidden + (size_t)i * 3 * s->d, c, s->g + (size_t)lo * s->d);
+        memset(s->gv + lo, 1, (size_t)c);
+    }
+}
+
+// Forget everything from position L on (the text changed there).
+static void cut_text(e3d *s, int L) {
+    if (L >= s->n_txt && L > s->last_row) return;
+    if (L < s->n_ctx) memset(s->gv + L, 0, (size_t)(s->n_ctx - L));
+    int n = sd_e3_n_cached(s->e);
+    while (n > 0 && s->row_pos[n - 1] >= L) n--;
+    sd_e3_truncate(s->e, n);
+    s->last_row = n > 0 ? s->row_pos[n - 1] : -1;
+    if (s->n_txt > L) s->n_txt = L;
+}
+
+// Distribution row over the full vocabulary from draft logits lg (V).
+static void dist_row(e3d *s, const float *lg, const int32_t *hist, int n_hist, float *row) {
+    const int32_t *d2t = s->head->d2t;
+    if (s->ctx->stochastic && s->smp) {
+        for (int v = 0; v < s->nv; v++) s->full[v] = -INFINITY;
+        for (int i = 0; i < s->V; i++) s->full[d2t[i]] = lg[i];
+        sd_sampler_probs(s->smp, s->full, hist, n_hist, row);
+        return;
+    }
+    float mx = lg[0];
+    for (int i = 1; i < s->V; i++) mx = lg[i] > mx ? lg[i] : mx;
+    double sum = 0.0;
+    memset(row, 0, sizeof(float) * (size_t)s->nv);
+    for (int i = 0; i < s->V; i++) sum += row[d2t[i]] = expf(lg[i] - mx);
+    float inv = (float)(1.0 / sum);
+    for (int i = 0; i < s->V; i++) row[d2t[i]] *= inv;
+}
+
+static int node_hist(e3d *s, const sd_tree *t, int node) {
+    int n = s->ctx->n_tokens + t->depth[node];
+    memcpy(s->hist, s->ctx->tokens, sizeof(int32_t) * (size_t)s->ctx->n_tokens);
+    for (int k = n - 1, i = node; k >= s->ctx->n_tokens; k--, i = t->parent[i]) s->hist[k] = t->token[i];
+    return n;
+}
+
+static int e3_dist(void *ud, const sd_tree *t, const int32_t *nodes, int n_nodes, float *const *rows, char *err,
+                   size_t errlen) {
+    e3d *s = ud;
+    if (t->n > E3_TREE_MAX) return sd_err(err, errlen, "eagle3: tree of %d nodes is too large", t->n);
+    for (int j0 = 0; j0 < n_nodes; j0 += E3_ROWS) {
+        int c = SD_MIN(E3_ROWS, n_nodes - j0);
+        int32_t tok[E3_ROWS], pos[E3_ROWS], par[E3_ROWS];
+        int nr = 0, map[E3_ROWS];
+        for (int j = 0; j < c; j++) {
+            int node = nodes[j0 + j];
+            map[j] = -1;
+            if (node == 0) continue;
+            int pa = t->parent[node];
+            tok[nr] = t->token[node];
+            pos[nr] = s->root_pos + t->depth[node];
+            par[nr] = pa == 0 ? -1 : s->slot[pa];
+            memcpy(s->cbuf + (size_t)nr * s->d, pa == 0 ? s->last_h : s->node_h + (size_t)pa * s->d,
+                   sizeof(float) * (size_t)s->d);
+            map[j] = nr++;
+        }
+        if (nr > 0) {
+            if (sd_e3_n_pending(s->e) + nr > E3_TREE_MAX || sd_e3_n_cached(s->e) >= s->n_ctx) {
+                for (int j = 0; j < c; j++) memset(rows[j0 + j], 0, sizeof(float) * (size_t)t->n_vocab);
+                continue;   // no room: these nodes get no children
+            }
+            int slot0 = sd_e3_n_pending(s->e);
+            if (sd_e3_eval(s->e, tok, s->cbuf, pos, par, nr, s->hbuf, s->lg, err, errlen) < 0) return -1;
+            for (int j = 0; j < c; j++) {
+                if (map[j] < 0) continue;
+                int node = nodes[j0 + j];
+                s->slot[node] = slot0 + map[j];
+                memcpy(s->node_h + (size_t)node * s->d, s->hbuf + (size_t)map[j] * s->d, sizeof(float) * (size_t)s->d);
+            }
+        }
+        for (int j = 0; j < c; j++) {
+            int node = nodes[j0 + j];
+            const float *lg = node == 0 ? s->last_lg : s->lg + (size_t)map[j] * s->V;
+            int nh = s->ctx->stochastic ? node_hist(s, t, node) : 0;
+            dist_row(s, lg, s->hist, nh, rows[j0 + j]);
+            if (t->n_vocab > s->nv) memset(rows[j0 + j] + s->nv, 0, sizeof(float) * (size_t)(t->n_vocab - s->nv));
+        }
+    }
+    return 0;
+}
+
+// Makes the committed rows up to position n-1 (the root). Returns 1 when the
+// root row exists, 0 when it cannot (no state for position n-2, or no room).
+static int catch_up(e3d *s, const int32_t *text, int n, char *err, size_t errlen) {
+    int32_t tok[E3_ROWS], pos[E3_ROWS], par[E3_ROWS], slots[E3_ROWS];
+    int p = s->last_row + 1;
+    if (p < 1) p = 1;
+    while (p <= n - 1) {
+        int nr = 0;
+        while (p <= n - 1 && nr < E3_ROWS) {
+            if (s->gv[p - 1] && sd_e3_n_cached(s->e) + nr < s->n_ctx) {
+                tok[nr] = text[p];
+                pos[nr] = p;
+                par[nr] = nr - 1;
+                slots[nr] = nr;
+                memcpy(s->cbuf + (size_t)nr * s->d, s->g + (size_t)(p - 1) * s->d, sizeof(float) * (size_t)s->d);
+                nr++;
+            }
+            p++;
+        }
+        if (nr == 0) continue;
+        sd_e3_drop_pending(s->e);
+        if (sd_e3_eval(s->e, tok, s->cbuf, pos, par, nr, s->hbuf, s->lg, err, errlen) < 0) return -1;
+        int n0 = sd_e3_n_cached(s->e);
+        if (sd_e3_commit(s->e, slots, nr, err, errlen) < 0) return -1;
+        for (int i = 0; i < nr; i++) s->row_pos[n0 + i] = pos[i];
+        s->last_row = pos[nr - 1];
+        memcpy(s->last_h, s->hbuf + (size_t)(nr - 1) * s->d, sizeof(float) * (size_t)s->d);
+        memcpy(s->last_lg, s->lg + (size_t)(nr - 1) * s->V, sizeof(float) * (size_t)s->V);
+    }
+    return s->last_row == n - 1;
+}
+
+static int e3_grow(e3d *s, const sd_draft_ctx *ctx, sd_tree *tree, const sd_tree_shape *shape, char *err,
+                   size_t errlen) {
+    int max_nodes = ctx->max_nodes > 0 ? SD_MIN(ctx->max_nodes, tree->cap) : tree->cap;
+    max_nodes = SD_MIN(max_nodes, E3_TREE_MAX);
+    if (max_nodes <= 1) return 0;
+    sd_tree_grow g = {e3_dist, s, ctx->stochastic, s->p_min, max_nodes, e3_uniform, ctx->rng};
+    switch (s->p.shape) {
+    case SD_DRAFT_CHAIN: return sd_tree_grow_chain(tree, s->p.k, &g, err, errlen);
+    case SD_DRAFT_WIDTHS: return sd_tree_grow_widths(tree, s->p.widths, s->p.n_widths, &g, err, errlen);
+    case SD_DRAFT_DYNAMIC:
+        return sd_tree_grow_dynamic(tree, &s->work, s->p.dyn_b, s->p.dyn_d, SD_MIN(s->p.dyn_m, max_nodes), &g, err,
+                                    errlen);
+    case SD_DRAFT_AUTO:
+        if (!shape || shape->n <= 1) return 0;
+        if (shape->n > max_nodes) return sd_tree_grow_chain(tree, SD_MIN(shape->depth, max_nodes - 1), &g, err, errlen);
+        return sd_tree_grow_shape(tree, shape, &g, err, errlen);
+    default: return sd_err(err, errlen, "eagle3: unknown tree shape %d", s->p.shape);
+    }
+}
+
+static int e3_propose(sd_drafter *dr, const sd_draft_ctx *ctx, sd_tree *tree, char *err, size_t errlen) {
+    e3d *s = dr->impl;
+    if (tree->n != 1) return sd_err(err, errlen, "eagle3: the tree must hold only the root");
+    const int n = ctx->n_tokens;
+    if (n < 1 || ctx->tokens[n - 1] != tree->token[0])
+        return sd_err(err, errlen, "eagle3: the tree root is not the last committed token");
+    s->ctx = ctx;
+    if (ctx->stochastic) {
+        if (!ctx->sp || !ctx->rng) return sd_err(err, errlen, "eagle3: stochastic drafting needs sampler params and rng");
+        if (!s->smp || memcmp(&s->smp_p, ctx->sp, sizeof s->smp_p) != 0) {
+            sd_sampler_free(s->smp);
+            s->smp = NULL;
+            if (sd_sampler_new(&s->smp, ctx->sp, s->nv, err, errlen) < 0) return -1;
+            s->smp_p = *ctx->sp;
+        }
+    }
+    // Follow the text: keep what agrees with it.
+    int L = 0, lim = SD_MIN(s->n_txt, n);
+    while (L < lim && s->txt[L] == ctx->tokens[L]) L++;
+    cut_text(s, L);
+    if (n > s->n_ctx) return 0;   // beyond the head's context: nothing drafted
+    memcpy(s->txt, ctx->tokens, sizeof(int32_t) * (size_t)n);
+    s->n_txt = n;
+    s->root_pos = n - 1;
+    sd_e3_drop_pending(s->e);
+    const sd_tree_shape *shape = s->au ? sd_draft_auto_begin(s->au) : NULL;
+    int rc = catch_up(s, ctx->tokens, n, err, errlen);
+    if (rc > 0) rc = e3_grow(s, ctx, tree, shape, err, errlen);
+    if (s->au) sd_draft_auto_end(s->au);
+    if (s->test_fault && rc >= 0) {   // flatten every recorded distribution after the draws: a wrong q
+        for (int r = 0; r < tree->n_dist; r++) {
+            float *row = tree->dist + (size_t)r * tree->n_vocab;
+            double sum = 0.0;
+            for (int v = 0; v < tree->n_vocab; v++) sum += row[v] = sqrtf(row[v]);
+            for (int v = 0; v < tree->n_vocab; v++) row[v] = (float)(row[v] / sum);
+        }
+    }
+    return rc < 0 ? -1 : 0;
+}
+
+static int e3_accept(sd_drafter *dr, const sd_step_record *rec, char *err, size_t errlen) {
+    e3d *s = dr->impl;
+    char ferr[256];
+    if (s->au && sd_draft_auto_accept(s->au, rec, ferr, sizeof ferr) < 0) return sd_err(err, errlen, "eagle3: %s", ferr);
+    const sd_tree *tree = rec->tree;
+    if (s->p.adapt) {
+        int depth = 0;
+        for (int i = 1; i < tree->n; i++) depth = SD_MAX(depth, tree->depth[i]);
+        s->p_min = sd_draft_adapt_p_min(s->p_min, depth, rec->n_path - 1, &s->p);
+    }
+    sd_e3_drop_pending(s->e);
+    // Coverage: is the target's choice after each path node a draft token?
+    if (rec->logits) {
+        for (int k = 0; k < rec->n_path; k++) {
+            const float *lt = rec->logits(rec->lstate, rec->path[k]);
+            if (!lt) continue;
+            int best = 0;
+            for (int v = 1; v < s->nv; v++) best = lt[v] > lt[best] ? v : best;
+            s->cov_n++;
+            s->cov_in += s->head->t2d[best] >= 0;
+        }
+    }
+    // The accepted tokens join the text at the positions after the root, and
+    // the target's states of the path become fused states.
+    if (s->root_pos < 0 || s->n_txt != s->root_pos + 1) return 0;   // nothing proposed for this text
+    for (int k = 1; k < rec->n_path && s->n_txt < s->n_ctx; k++) s->txt[s->n_txt++] = tree->token[rec->path[k]];
+    if (rec->hidden) put_states(s, rec->hidden, s->root_pos, rec->n_path);
+    return 0;
+}
+
+static int e3_prompt(sd_drafter *dr, const int32_t *tokens, int pos0, int n, const float *hidden, char *err,
+                     size_t errlen) {
+    (void)err;
+    (void)errlen;
+    e3d *s = dr->impl;
+    int end = SD_MIN(pos0 + n, s->n_ctx);
+    int L = 0, lim = SD_MIN(s->n_txt, end);
+    while (L < lim && s->txt[L] == tokens[L]) L++;
+    cut_text(s, L);
+    if (end <= pos0) return 0;
+    memcpy(s->txt + L, tokens + L, sizeof(int32_t) * (size_t)(end - L));
+    s->n_txt = end;
+    put_states(s, hidden, pos0, end - pos0);
+    return 0;
+}
+
+static void e3_reset(sd_drafter *dr) {
+    e3d *s = dr->impl;
+    s->n_txt = 0;
+    memset(s->gv, 0, (size_t)s->n_ctx);
+    sd_e3_truncate(s->e, 0);
+    s->last_row = -1;
+    s->root_pos = -1;
+    s->p_min = s->p.p_min;
+    sd_draft_auto_reset(s->au);
+}
+
+static const char *e3_note(const sd_drafter *dr) {
+    e3d *s = dr->impl;
+    if (s->cov_n == 0) snprintf(s->note, sizeof s->note, "eagle3 head: draft vocabulary %d tokens", s->V);
+    else
+        snprintf(s->note, sizeof s->note, "eagle3 head: draft vocabulary %d tokens holds the target's choice %.1f%% of %lld times",
+                 s->V, 100.0 * (double)s->cov_in / (double)s->cov_n, (long long)s->cov_n);
+    return s->note;
+}
+
+static void e3_free(sd_drafter *dr) {
+    if (!dr) return;
+    e3d *s = dr->impl;
+    if (s) {
+        sd_e3_free(s->e);
+        sd_draft_auto_free(s->au);
+        sd_sampler_free(s->smp);
+        sd_tree_free(&s->work);
+        void *bufs[] = {s->txt, s->g, s->gv, s->row_pos, s->last_h, s->last_lg, s->slot, s->node_h,
+                        s->lg, s->hbuf, s->cbuf, s->full, s->hist, s->feat};
+        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
+        free(s);
+    }
+    free(dr);
+}
+
+static const sd_drafter_vt e3_vt = {.name = "eagle3",
+                                    .propose = e3_propose,
+                                    .accept = e3_accept,
+                                    .prompt = e3_prompt,
+                                    .reset = e3_reset,
+                                    .free = e3_free,
+                                    .note = e3_note};
+
+int sd_draft_eagle3_new(sd_drafter **out, const sd_head *h, const sd_model *target, const sd_draft_model_params *p,
+                        int wtype, char *err, size_t errlen) {
+    *out = NULL;
+    if (!h || h->hp.type != SD_HEAD_EAGLE3) return sd_err(err, errlen, "eagle3: an EAGLE-3 head is required");
+    if (sd_head_check_target(h, target, err, errlen) < 0) return -1;
+    sd_draft_model_params dp = p ? *p : sd_draft_model_default_params();
+    if (dp.shape == SD_DRAFT_CHAIN && (dp.k < 1 || dp.k > 64))
+        return sd_err(err, errlen, "eagle3: chain length %d out of range 1..64", dp.k);
+    if (dp.shape == SD_DRAFT_DYNAMIC && (dp.dyn_b < 1 || dp.dyn_b > 16 || dp.dyn_d < 1 || dp.dyn_d > 16 ||
+                                         dp.dyn_m < 2 || 1 + dp.dyn_b * dp.dyn_b * dp.dyn_d > E3_TREE_MAX))
+        return sd_err(err, errlen, "eagle3: dynamic tree B=%d D=%d M=%d out of range", dp.dyn_b, dp.dyn_d, dp.dyn_m);
+    e3d *s = calloc(1, sizeof *s);
+    sd_drafter *dr = s ? sd_drafter_alloc(&e3_vt, s) : NULL;
+    if (!dr) {
+        free(s);
+        return sd_err(err, errlen, "eagle3: out of memory");
+    }
+    s->p = dp;
+    s->target = target;
+    s->head = h;
+    s->d = h->hp.n_embd;
+    s->V = h->hp.n_draft_vocab;
+    s->nv = target->hp.n_vocab;
+    s->n_ctx = dp.n_ctx > 0 ? dp.n_ctx : SD_MIN(target->hp.n_ctx_train > 0 ? target->hp.n_ctx_train : 4096, 4096);
+    s->p_min = dp.p_min;
+    s->last_row = -1;
+    s->root_pos = -1;
+    if (sd_e3_new(&s->e, h, target, s->n_ctx, E3_ROWS, E3_TREE_MAX, wtype, (sd_pool *)dp.pool, err, errlen) < 0) {
+        e3_free(dr);
+        return -1;
+    }
+    const size_t d = (size_t)s->d, nc = (size_t)s->n_ctx;
+    s->txt = malloc(sizeof(int32_t) * nc);
+    s->g = malloc(sizeof(float) * nc * d);
+    s->gv = calloc(nc, 1);
+    s->row_pos = malloc(sizeof(int32_t) * nc);
+    s->last_h = malloc(sizeof(float) * d);
+    s->last_lg = malloc(sizeof(float) * (size_t)s->V);
+    s->slot = malloc(sizeof(int32_t) * E3_TREE_MAX);
+    s->node_h = malloc(sizeof(float) * E3_TREE_MAX * d);
+    s->lg = malloc(sizeof(float) * E3_ROWS * (size_t)s->V);
+    s->hbuf = malloc(sizeof(float) * E3_ROWS * d);
+    s->cbuf = malloc(sizeof(float) * E3_ROWS * d);
+    s->full = malloc(sizeof(float) * (size_t)s->nv);
+    s->hist = malloc(sizeof(int32_t) * (nc + E3_TREE_MAX));
+    int bad = !s->txt || !s->g || !s->gv || !s->row_pos || !s->last_h || !s->last_lg || !s->slot || !s->node_h ||
+              !s->lg || !s->hbuf || !s->cbuf || !s->full || !s->hist;
+    if (!bad && dp.shape == SD_DRAFT_DYNAMIC)
+        bad = sd_tree_init(&s->work, 1 + dp.dyn_b * dp.dyn_b * dp.dyn_d, s->nv, 1 + dp.dyn_b * (dp.dyn_d - 1)) < 0;
+    if (bad) {
+        e3_free(dr);
+        return sd_err(err, errlen, "eagle3: out of memory");
+    }
+    if (dp.shape == SD_DRAFT_AUTO) {
+        sd_draft_auto_params ap = dp.tree_auto;
+        ap.on = 1;
+        if (sd_draft_auto_new(&s->au, &ap, err, errlen) < 0) {
+            e3_free(dr);
+            return -1;
+        }
+    }
+    dr->n_hidden_layers = 3;
+    for (int i = 0; i < 3; i++) dr->hidden_layers[i] = h->hp.extract[i];
+    *out = dr;
+    return 0;
+}
+
+void sd_draft_eagle3_test_fault(sd_drafter *d, int on) { ((e3d *)d->impl)->test_fault = on; }

@@ -1,0 +1,25 @@
+// draft_eagle3.h - the EAGLE-3 drafter: a trained head (head/head.h) that
+// reads the target's hidden states (docs/heads.md). Trees as the draft model's
+// (draft_model.h): chain, widths, EAGLE-2 dynamic, automatic.
+#ifndef SD_DRAFT_EAGLE3_H
+#define SD_DRAFT_EAGLE3_H
+
+#include "draft/draft_model.h"
+#include "head/head.h"
+
+// Creates the drafter for head h (shared, not owned; it must outlive the
+// drafter) and target. p: the tree shape and its settings as for a draft
+// model (n_ctx: the head's cache, 0 = min(n_ctx_train, 4096); pool: the
+// target's, the two take turns). wtype: SD_TYPE_Q8_0 (default) or
+// SD_TYPE_F32 for the head's matrices. The drafter asks the generation for
+// the hidden rows of h->hp.extract.
+int sd_draft_eagle3_new(sd_drafter **out, const sd_head *h, const sd_model *target, const sd_draft_model_params *p,
+                        int wtype, char *err, size_t errlen);
+
+// Tests only: on = 1 makes the drafter misreport its distributions (each
+// recorded row flattened after the draws were made from the true one), so
+// that the sampled output is no longer the target's: a wrong algorithm the
+// distribution test must catch.
+void sd_draft_eagle3_test_fault(sd_drafter *d, int on);
+
+#endif

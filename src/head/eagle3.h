@@ -1,0 +1,51 @@
+// eagle3.h - internal: the EAGLE-3 head at inference (docs/heads.md): fusing
+// the target's states, and evaluating head rows against the head's own KV
+// cache (committed rows) plus pending rows (the draft tree's), with the
+// matrices in an 8-bit or float copy of the head's parameters.
+#ifndef SD_EAGLE3_H
+#define SD_EAGLE3_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "head/head.h"
+#include "kernels/threadpool.h"
+
+typedef struct sd_e3 sd_e3;
+
+// A head runner for h (which must outlive it; h->w is read again by
+// sd_e3_sync) and the target m it reads embeddings from: a KV cache of n_ctx
+// committed rows, at most max_rows rows per call and max_pending pending rows
+// between commits. wtype: SD_TYPE_Q8_0 (default speed) or SD_TYPE_F32 (exact
+// float, for tests). pool may be NULL.
+int sd_e3_new(sd_e3 **out, const sd_head *h, const sd_model *m, int n_ctx, int max_rows, int max_pending, int wtype,
+              sd_pool *pool, char *err, size_t errlen);
+void sd_e3_free(sd_e3 *e);
+// Re-reads the head's parameters (after training changed them).
+void sd_e3_sync(sd_e3 *e);
+const sd_head *sd_e3_head(const sd_e3 *e);
+
+// g (n, d) = fc * feats (n, 3d): the fused states of n target positions.
+void sd_e3_fuse(sd_e3 *e, const float *feats, int n, float *g);
+
+// Evaluates n new head rows (n <= max_rows). Row i: token tok[i], input
+// state c + i*d, position pos[i], parent[i]: -1 (it sees the committed rows
+// and itself) or the pending slot of an earlier row (it sees the committed
+// rows, that row's ancestor chain and itself). The rows become pending slots
+// sd_e3_n_pending() .. + n - 1 (in order). Writes each row's output state
+// (n, d) into h_out and its draft logits (n, V') into logits (either may be
+// NULL). Returns 0, or <0 (no room: n_ctx or max_pending; bad token).
+int sd_e3_eval(sd_e3 *e, const int32_t *tok, const float *c, const int32_t *pos, const int32_t *parent, int n,
+               float *h_out, float *logits, char *err, size_t errlen);
+int sd_e3_n_pending(const sd_e3 *e);
+// Appends pending slots slots[0..n) (a chain from the committed rows, in
+// order) to the committed rows and drops every pending row.
+int sd_e3_commit(sd_e3 *e, const int32_t *slots, int n, char *err, size_t errlen);
+// Drops the pending rows.
+void sd_e3_drop_pending(sd_e3 *e);
+// Keeps the first n committed rows (n <= sd_e3_n_cached).
+void sd_e3_truncate(sd_e3 *e, int n);
+int sd_e3_n_cached(const sd_e3 *e);
+int sd_e3_n_ctx(const sd_e3 *e);
+
+#endif

@@ -1,0 +1,40 @@
+// head_find.c - `--head auto`: the shipped head made for a target.
+#include <dirent.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "head/head.h"
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+int sd_head_find(const sd_model *target, const char *dir, char *path, size_t pathlen, char *err, size_t errlen) {
+    DIR *dp = opendir(dir);
+    if (!dp) return 0;   // no heads folder: nothing found
+    char *names[256];
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(dp)) && n < 256) {
+        size_t L = strlen(de->d_name);
+        if (L > 5 && !strcmp(de->d_name + L - 5, ".gguf")) names[n++] = strdup(de->d_name);
+    }
+    closedir(dp);
+    qsort(names, (size_t)n, sizeof *names, cmp_str);
+    int found = 0;
+    for (int i = 0; i < n; i++) {
+        char p[4096], e2[512];
+        sd_head *h = NULL;
+        if (!found && names[i] && snprintf(p, sizeof p, "%s/%s", dir, names[i]) < (int)sizeof p &&
+            sd_head_load(&h, p, target, e2, sizeof e2) == 0) {
+            sd_head_free(h);
+            if (strlen(p) >= pathlen) {
+                found = sd_err(err, errlen, "head path too long: %s", p);
+            } else {
+                memcpy(path, p, strlen(p) + 1);
+                found = 1;
+            }
+        }
+        free(names[i]);
+    }
+    return found;
+}

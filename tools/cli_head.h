@@ -1,0 +1,17 @@
+// cli_head.h - `--head FILE|auto` for the commands that draft with a trained
+// head (generate, bench, serve).
+#ifndef SD_CLI_HEAD_H
+#define SD_CLI_HEAD_H
+
+#include "specdec.h"
+#include "specdec_spec.h"
+
+// Loads the head named by spec for target m (model_path: for messages).
+// "auto" looks for a head made for m in heads/ of the working directory, then
+// in heads/ beside the specdec binary's folder (the repository of a build);
+// when none matches, *out is NULL and a note says so (unless quiet). A file
+// that is not a head, or a head made for another model, is an error.
+// Returns 0, or 1 after a message.
+int cli_head_load(const char *spec, const sd_model *m, const char *model_path, int quiet, sd_head **out);
+
+#endif
