@@ -1,10 +1,11 @@
 // test_train_ops.c - the layers of head training (src/train/ops.h): the
 // matrix products against their double-precision reference and bit for bit
 // across thread counts; every backward against central finite differences
-// (forward, backward, RMSNorm, RoPE, SwiGLU, SiLU, attention with EAGLE-3's
-// training-time-test mask, soft cross-entropy); the mask against the
-// definition of docs/heads.md; and a deliberately wrong backward (the mask
-// off by one) that the same check must reject.
+// (the linear layer, RMSNorm, RoPE, SwiGLU, SiLU, attention with EAGLE-3's
+// training-time-test mask, soft cross-entropy) and every forward against
+// its definition computed in double; the mask against the definition of
+// docs/heads.md; and a deliberately wrong backward (the mask off by one)
+// that the same check must reject.
 //
 // Finite differences. Each check perturbs one float of an input by +-eps
 // (the step actually taken after rounding to float is used), evaluates the
@@ -93,7 +94,8 @@ static void test_gemm_vs_ref(void) {
               sd_tr_ctx_init(&c3, p3, err, sizeof err) == 0,
           "setup");
     static const int shapes[][3] = {{1, 1, 1}, {5, 7, 3}, {6, 16, 256}, {7, 17, 257}, {13, 33, 600},
-                                    {100, 40, 31}, {3, 2100, 70}, {200, 50, 520}, {97, 300, 64}};
+                                    {100, 40, 31}, {3, 2100, 70}, {200, 50, 520}, {97, 300, 64}, {300, 37, 333},
+                                    {270, 48, 41}};
     int n_bad = 0;
     double worst = 0;
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
@@ -205,6 +207,14 @@ static void test_fd_rmsnorm(void) {
     for (int i = 0; i < d; i++) s.g[i] = 1.0f + 0.5f * urand();
     fill(s.c, n * d, 1);
     norm_obj(&s);
+    double e = 0;   // the forward against its definition, in double
+    for (int r = 0; r < n; r++) {
+        double ss = 0;
+        for (int i = 0; i < d; i++) ss += (double)s.X[r * d + i] * s.X[r * d + i];
+        const double rs = 1.0 / sqrt(ss / d + 1e-5);
+        for (int i = 0; i < d; i++) e = fmax(e, fabs(s.Y[r * d + i] - s.X[r * d + i] * rs * s.g[i]));
+    }
+    CHECK(e < 1e-5, "rmsnorm differs from x / rms(x) * g by %g", e);
     sd_tr_rmsnorm_bwd(n, d, s.X, s.g, s.r, s.c, dX, dg);
     FD_CHECK(norm_obj, &s, s.X, dX, n * d, "rmsnorm dX");
     FD_CHECK(norm_obj, &s, s.g, dg, d, "rmsnorm dgain");
@@ -294,6 +304,10 @@ static void test_fd_swiglu(void) {
     glu_obj(&s);
     for (int i = 0; i < n; i++) e = fmax(e, fabs(s.S[i] - s.G[i] / (1 + exp(-s.G[i])) * s.U[i]));
     CHECK(e < 1e-5, "swiglu differs from silu(g) u by %g", e);
+    silu_obj(&s);
+    e = 0;
+    for (int i = 0; i < n; i++) e = fmax(e, fabs(s.S[i] - s.G[i] / (1 + exp(-s.G[i]))));
+    CHECK(e < 1e-5, "silu differs from x sigmoid(x) by %g", e);
     sd_tr_silu_bwd(n, s.G, s.c, dX);
     FD_CHECK(silu_obj, &s, s.G, dX, n, "silu dX");
     free(s.G), free(s.U), free(s.S), free(s.c), free(dG), free(dU), free(dX);
@@ -375,6 +389,30 @@ static double attn_case(int k, int bad_mask, int verbose) {
     fill(s.c, nq * nh * hd, 1);
     float *dQ = falloc(nq * nh * hd), *dK = falloc(nk * nkv * hd), *dV = falloc(nk * nkv * hd), *dS = falloc(nh * nnz);
     attn_obj(&s);
+    if (!bad_mask) {   // the forward against a dense reference in double: mask[i][j] from docs/heads.md
+        double e = 0;
+        for (int i = 0; i < nq; i++)
+            for (int h = 0; h < nh; h++) {
+                double sc[32], mx = -1e300, z = 0;
+                int ok[32] = {0};
+                for (int e2 = q_off[i]; e2 < q_off[i + 1]; e2++) ok[q_key[e2]] = 1;
+                for (int j = 0; j < nk; j++) {
+                    if (!ok[j]) continue;
+                    double dd = 0;
+                    for (int c = 0; c < hd; c++) dd += (double)s.Q[(i * nh + h) * hd + c] * s.K[(j * nkv + h / (nh / nkv)) * hd + c];
+                    sc[j] = dd / sqrt((double)hd);
+                    mx = fmax(mx, sc[j]);
+                }
+                for (int j = 0; j < nk; j++) z += ok[j] ? exp(sc[j] - mx) : 0;
+                for (int c = 0; c < hd; c++) {
+                    double o = 0;
+                    for (int j = 0; j < nk; j++)
+                        if (ok[j]) o += exp(sc[j] - mx) / z * s.V[(j * nkv + h / (nh / nkv)) * hd + c];
+                    e = fmax(e, fabs(o - s.O[(i * nh + h) * hd + c]));
+                }
+            }
+        CHECK(e < 1e-5, "step %d: attention differs from the dense reference by %g", k, e);
+    }
     sd_tr_mask mb = s.m;
     if (bad_mask) {
         memcpy(bq_key, q_key, sizeof(int32_t) * nnz);
@@ -416,7 +454,7 @@ static void test_fd_catches_wrong_mask(void) {
 
 // Attention with threads gives the bits of one thread.
 static void test_attention_threads(void) {
-    const int T = 40, k = 2, nh = 4, nkv = 2, hd = 16;
+    const int T = 64, k = 2, nh = 4, nkv = 2, hd = 16;   // 2 nnz nh hd = 2.6e5: enough for the pool
     sd_pool *p2 = sd_pool_new(2);
     sd_tr_ctx c1, c2;
     char err[128];
@@ -516,6 +554,30 @@ static void test_fd_softxent(void) {
     sd_tr_ctx_free(&ctx);
 }
 
+// The cross-entropy split over rows among 2 threads gives one thread's bits
+// (64 rows of 1000 classes: enough for the pool).
+static void test_softxent_threads(void) {
+    const int n = 64, V = 1000, nt = 4;
+    sd_pool *p2 = sd_pool_new(2);
+    sd_tr_ctx c1, c2;
+    char err[128];
+    sd_tr_ctx_init(&c1, NULL, err, sizeof err);
+    sd_tr_ctx_init(&c2, p2, err, sizeof err);
+    float *L = falloc((size_t)n * V), *tp = falloc(n * nt), *d1 = falloc((size_t)n * V), *d2 = falloc((size_t)n * V);
+    float l1[64], l2[64];
+    int32_t tid[64 * 4], a1[64], a2[64];
+    fill(L, (size_t)n * V, 4);
+    for (int i = 0; i < n * nt; i++) tid[i] = (int32_t)(sd_rng_next(&g_rng) % V), tp[i] = 0.25f;
+    const double s1 = sd_tr_softxent(&c1, n, V, L, tid, tp, nt, 0.5f, d1, l1, a1, NULL);
+    const double s2 = sd_tr_softxent(&c2, n, V, L, tid, tp, nt, 0.5f, d2, l2, a2, NULL);
+    CHECK(s1 == s2 && !memcmp(d1, d2, sizeof(float) * (size_t)n * V) && !memcmp(a1, a2, sizeof a1),
+          "2 threads give other bits than one");
+    free(L), free(tp), free(d1), free(d2);
+    sd_tr_ctx_free(&c1);
+    sd_tr_ctx_free(&c2);
+    sd_pool_free(p2);
+}
+
 int main(void) {
     sd_rng_seed(&g_rng, 20240611);
     T_RUN(test_gemm_vs_ref);
@@ -528,5 +590,6 @@ int main(void) {
     T_RUN(test_fd_catches_wrong_mask);
     T_RUN(test_attention_threads);
     T_RUN(test_fd_softxent);
+    T_RUN(test_softxent_threads);
     T_EXIT();
 }

@@ -22,7 +22,7 @@ static inline float dot_f(const float *x, const float *y, int n) {
     for (; i + SD_VW <= n; i += SD_VW) acc = vf_fma(vf_load(x + i), vf_load(y + i), acc);
     s = vf_hsum(acc);
 #endif
-    for (; i < n; i++) s = fmaf(x[i], y[i], s);
+    for (; i < n; i++) s = SD_FMAF(x[i], y[i], s);
     return s;
 }
 
@@ -72,7 +72,7 @@ void sd_tr_rmsnorm_bwd(int n, int d, const float *X, const float *g, const float
         }
         s = vf_hsum(acc);
 #endif
-        for (; i < d; i++) s = fmaf(dy[i] * (g ? g[i] : 1.0f), x[i], s);
+        for (; i < d; i++) s = SD_FMAF(dy[i] * (g ? g[i] : 1.0f), x[i], s);
         const float c = s * rs * rs * rs / (float)d;
         i = 0;
 #if SD_VW > 1
@@ -86,8 +86,8 @@ void sd_tr_rmsnorm_bwd(int n, int d, const float *X, const float *g, const float
 #endif
         for (; i < d; i++) {
             const float dyg = dy[i] * (g ? g[i] : 1.0f);
-            dx[i] += fmaf(x[i], -c, dyg * rs);
-            if (dg) dg[i] = fmaf(dy[i], x[i] * rs, dg[i]);
+            dx[i] += SD_FMAF(x[i], -c, dyg * rs);
+            if (dg) dg[i] = SD_FMAF(dy[i], x[i] * rs, dg[i]);
         }
     }
 }
@@ -149,7 +149,7 @@ void sd_tr_swiglu_bwd(size_t n, const float *G, const float *U, const float *dS,
 #endif
     for (; i < n; i++) {
         const float g = G[i], s = sigmoid_f(g);
-        dG[i] = dS[i] * U[i] * (s * fmaf(g, 1.0f - s, 1.0f));
+        dG[i] = dS[i] * U[i] * (s * SD_FMAF(g, 1.0f - s, 1.0f));
         dU[i] = dS[i] * (g * s);
     }
 }
@@ -177,7 +177,7 @@ void sd_tr_silu_bwd(size_t n, const float *X, const float *dY, float *dX) {
 #endif
     for (; i < n; i++) {
         const float s = sigmoid_f(X[i]);
-        dX[i] = fmaf(dY[i], s * fmaf(X[i], 1.0f - s, 1.0f), dX[i]);
+        dX[i] = SD_FMAF(dY[i], s * SD_FMAF(X[i], 1.0f - s, 1.0f), dX[i]);
     }
 }
 

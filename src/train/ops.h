@@ -23,20 +23,29 @@
 #ifndef SD_TRAIN_OPS_H
 #define SD_TRAIN_OPS_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "kernels/threadpool.h"
 
+// a * b + c in one rounding where the CPU fuses it (the vector lanes do,
+// so a vector loop's scalar tail matches its lanes); plain otherwise (a
+// build without FMA would emulate fmaf in software, a hundred times slower).
+#if defined(__FMA__)
+#define SD_FMAF(a, b, c) fmaf(a, b, c)
+#else
+#define SD_FMAF(a, b, c) ((a) * (b) + (c))
+#endif
+
 // ---------------------------------------------------------------- context
 
-// Blocking of the matrix products (floats): a thread packs KC x NC of B and
-// MC x KC of A at a time; the register tile is MR x NR.
+// Blocking of the matrix products (floats): a thread packs MC x KC of A
+// (L2) and KC x NR of B (one panel, L1) at a time; the register tile is MR x NR.
 #define SD_TR_MR 6
 #define SD_TR_NR 16
-#define SD_TR_MC 96
+#define SD_TR_MC 264
 #define SD_TR_KC 320
-#define SD_TR_NC 2048
 
 // What the ops need beyond their operands: the pool and each thread's
 // packing space, allocated once (house rule 3).
@@ -45,7 +54,7 @@ typedef struct sd_tr_ctx {
     int nth;                 // threads of pool (1 for NULL)
     float *pack;             // (nth, SD_TR_PACK_FLOATS) packing space of each thread
 } sd_tr_ctx;
-#define SD_TR_PACK_FLOATS ((size_t)SD_TR_MC * SD_TR_KC + (size_t)SD_TR_KC * SD_TR_NC)
+#define SD_TR_PACK_FLOATS ((size_t)SD_TR_MC * SD_TR_KC + (size_t)SD_TR_KC * SD_TR_NR)
 
 // Allocates ctx's packing space for pool's threads (pool may be NULL; it is
 // borrowed, not referenced). Returns 0 or <0 with a message.
@@ -60,7 +69,8 @@ void sd_tr_ctx_free(sd_tr_ctx *ctx);
 // ldc. Element (i, j) is the sum over k in equal blocks of at most SD_TR_KC
 // (their size a function of K alone), each block
 // summed in k order (fused multiply-adds) and added to C in block order.
-// Splits C among ctx's threads by rows or columns (whichever is longer).
+// Splits C among ctx's threads by rows when M > N, else by columns (each
+// thread packs all of the operand the split does not divide).
 void sd_tr_gemm(const sd_tr_ctx *ctx, int M, int N, int K, const float *A, long rsa, long csa, const float *B,
                 long rsb, long csb, float *C, long ldc, int acc);
 // The definition: the plain triple loop, summed in double, one thread.

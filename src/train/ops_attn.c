@@ -32,7 +32,7 @@ static inline float dot_f(const float *x, const float *y, int n) {
     for (; i + SD_VW <= n; i += SD_VW) acc = vf_fma(vf_load(x + i), vf_load(y + i), acc);
     s = vf_hsum(acc);
 #endif
-    for (; i < n; i++) s = fmaf(x[i], y[i], s);
+    for (; i < n; i++) s = SD_FMAF(x[i], y[i], s);
     return s;
 }
 
@@ -43,7 +43,7 @@ static inline void axpy_f(float *y, float a, const float *x, int n) {
     const vf va = vf_set1(a);
     for (; i + SD_VW <= n; i += SD_VW) vf_store(y + i, vf_fma(va, vf_load(x + i), vf_load(y + i)));
 #endif
-    for (; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
+    for (; i < n; i++) y[i] = SD_FMAF(a, x[i], y[i]);
 }
 
 void sd_tr_mask_transpose(sd_tr_mask *m, int32_t *k_off, int32_t *k_ent, int32_t *k_q) {
@@ -139,7 +139,7 @@ static void attn_bwd_query(const attn_job *j, int i) {
         float dsum = 0.0f;   // sum_e p_e dp_e
         for (int e = e0; e < e1; e++) {
             ds[e] = dot_f(dout, j->V + (size_t)m->q_key[e] * j->n_kv * hd + kvo, hd);   // dp_e
-            dsum = fmaf(p[e], ds[e], dsum);
+            dsum = SD_FMAF(p[e], ds[e], dsum);
         }
         for (int e = e0; e < e1; e++) {
             ds[e] = p[e] * (ds[e] - dsum);

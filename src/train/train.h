@@ -51,7 +51,10 @@ int sd_trainer_new(sd_trainer **out, const sd_head *h, const sd_model *target, i
 void sd_trainer_free(sd_trainer *tr);
 // Loss of seq under the head's current parameters; when grad != NULL the
 // gradient of that loss with respect to every parameter is ADDED into grad
-// (n_w floats, the layout of sd_head.w). Deterministic for a given pool size.
+// (n_w floats, the layout of sd_head.w). Deterministic for a given pool size
+// (the bits are in fact the same for every size). Holds the pool's busy
+// flag for the call (sd_pool_acquire: a pool shared with sessions takes
+// turns; the caller must not hold it already).
 // st may be NULL. Returns the loss (>= 0), or a negative value with a message
 // (T outside [2, T_max], topk outside [1, 256], a token or target id outside
 // the target's vocabulary, a missing array). Allocates nothing.

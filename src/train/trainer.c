@@ -93,7 +93,7 @@ static int prepare(sd_trainer *tr, const sd_train_seq *seq, char *err, size_t er
             if (t < -1 || t >= hp->target_n_vocab)
                 return sd_err(err, errlen, "trainer: target id %d at position %d is outside the target's %d", t, p,
                               hp->target_n_vocab);
-            if (t >= 0 && !(q >= 0.0f && q <= 1.5f))
+            if (t >= 0 && !(q >= 0.0f && q <= 1.001f))   // (also refuses NaN)
                 return sd_err(err, errlen, "trainer: target probability %g at position %d", (double)q, p);
             const int32_t di = t >= 0 ? tr->h->t2d[t] : -1;
             tr->tid[(size_t)p * nt + i] = di;
@@ -109,8 +109,10 @@ double sd_trainer_loss(sd_trainer *tr, const sd_train_seq *seq, float *grad, sd_
                        size_t errlen) {
     if (st) memset(st, 0, sizeof *st);
     if (prepare(tr, seq, err, errlen) < 0) return -1;
+    sd_pool_acquire(tr->ctx.pool);   // a shared pool: take our turn (house rule 8)
     double loss = tr->h->hp.type == SD_HEAD_EAGLE3 ? sd_e3_loss(tr, seq, grad, st, err, errlen)
                                                    : sd_md_loss(tr, seq, grad, st);
+    sd_pool_release(tr->ctx.pool);
     if (st && loss >= 0) st->loss = loss;
     return loss;
 }
