@@ -246,10 +246,21 @@ static void test_refusals(void) {
     CHECK(sd_train_head(&q, NULL, g_err, sizeof g_err) < 0 && strstr(g_err, "not found") &&
               strstr(g_err, "/nonexistent/dir/data.jsonl"),
           "missing data: %s", g_err);
-    // a head of another target as --init
+    // --init: a file that is not a head, a head of another target, a head of this one
     q = small_run(m2, "init", &w);
-    q.init_path = p.ckpt_path;   // not a head at all
-    CHECK(sd_train_head(&q, NULL, g_err, sizeof g_err) < 0 && strstr(g_err, "--init"), "a bad --init: %s", g_err);
+    q.init_path = p.ckpt_path;
+    CHECK(sd_train_head(&q, NULL, g_err, sizeof g_err) < 0 && strstr(g_err, "--init"), "not a head: %s", g_err);
+    sd_train_head_params h = small_run(m, "inithead", &w);
+    CHECK(sd_train_head(&h, NULL, g_err, sizeof g_err) == 0, "a head to start from: %s", g_err);
+    q = small_run(m2, "init2", &w);
+    q.init_path = h.out_path;
+    CHECK(sd_train_head(&q, NULL, g_err, sizeof g_err) < 0 && strstr(g_err, "--init") && strstr(g_err, "hidden size"),
+          "a head of another target: %s", g_err);
+    q = small_run(m, "init3", &w);
+    q.init_path = h.out_path;
+    sd_train_head_result ri;
+    CHECK(sd_train_head(&q, &ri, g_err, sizeof g_err) == 0 && ri.draft_vocab == 64, "a head of this target: %s",
+          g_err);
     sd_model_free(m);
     sd_model_free(m2);
 }

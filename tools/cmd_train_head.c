@@ -204,6 +204,12 @@ static void on_progress(void *user, const sd_train_progress *p) {
         int last = p->records == p->records_total;
         if (!due && !last) return;
         fmt_count((double)p->cache_tokens, a, sizeof a);
+        if (last && p->cache_tok_per_s == 0) {   // nothing new to compute
+            snprintf(line, sizeof line, "feature cache: %lld records, %s tokens", (long long)p->records, a);
+            put_line(v, line, 1);
+            v->last_ms = now;
+            return;
+        }
         fmt_count(p->cache_tok_per_s, b, sizeof b);
         fmt_time(p->cache_eta_s, c, sizeof c);
         snprintf(line, sizeof line, "caching %lld/%lld records  %s tokens  %s tok/s  ETA %s", (long long)p->records,
