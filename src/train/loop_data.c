@@ -195,6 +195,20 @@ static void target_rows(const sd_model *m, const sd_head *h, float *dst) {
 
 void loop_init_from_target(sd_head *h, const sd_model *m) {
     if (h->hp.type == SD_HEAD_EAGLE3) {
+        // fc starts as the selection of the highest layer's state, and the
+        // layer's two residual writes (Wo, Wdown) start small: the head
+        // begins near the target's own read-out of a late state instead of a
+        // random projection (a first loss near the entropy of language, not
+        // several times it).
+        const int64_t d = h->hp.n_embd;
+        float *fc = sd_head_w(h, SD_E3_FC);
+        memset(fc, 0, sizeof(float) * (size_t)(3 * d * d));
+        for (int64_t r = 0; r < d; r++) fc[r * 3 * d + 2 * d + r] = 1.0f;
+        const int small[2] = {SD_E3_WO, SD_E3_DOWN};
+        for (int i = 0; i < 2; i++) {
+            float *w = sd_head_w(h, small[i]);
+            for (int64_t j = 0; j < h->t[small[i]].ne0 * h->t[small[i]].ne1; j++) w[j] *= 0.1f;
+        }
         target_rows(m, h, sd_head_w(h, SD_E3_OUT));
         const sd_tensor *nt = m->out_norm;
         sd_type_get(nt->type)->to_float(nt->data, sd_head_w(h, SD_E3_OUT_NORM), m->hp.n_embd);
