@@ -66,6 +66,12 @@ int sv_method_check(sv_server *s, const char *name, sd_method *m, char *err, siz
     if (m->needs_draft_model && !s->o->n_drafts)
         return snprintf(err, errlen, "speculation method '%s' needs a draft model: start the server with --draft D.gguf",
                         name), -1;
+    if (m->needs_head == SD_METHOD_EAGLE3 && !s->head_eagle3)
+        return snprintf(err, errlen, "speculation method '%s' needs an EAGLE-3 head: start the server with "
+                        "--head H.gguf (or --head auto)", name), -1;
+    if (m->needs_head == SD_METHOD_MEDUSA && !s->head_medusa)
+        return snprintf(err, errlen, "speculation method '%s' needs a Medusa head: start the server with --head M.gguf",
+                        name), -1;
     if (m->uses_cost_curve && !s->cost)
         return snprintf(err, errlen, "speculation method '%s' needs the target's cost curve, measured at start-up: "
                         "start the server with --method %s", name, name), -1;
@@ -79,8 +85,10 @@ int sv_method_check(sv_server *s, const char *name, sd_method *m, char *err, siz
     return 0;
 }
 
-static sd_method_env method_env(sv_server *s) {
+sd_method_env sv_method_env(const sv_server *s) {
     sd_method_env env = sd_method_env_default(s->model);
+    env.head_eagle3 = s->head_eagle3;
+    env.head_medusa = s->head_medusa;
     env.drafts = (const sd_model *const *)s->drafts;
     env.n_drafts = s->o->n_drafts;
     env.n_ctx = s->n_ctx;
@@ -95,7 +103,7 @@ static int slot_drafter(sv_server *s, sv_slot *sl, const sd_method *m, char *err
     sd_drafter_free(sl->d);
     sl->d = NULL;
     sl->d_name[0] = 0;
-    sd_method_env env = method_env(s);
+    sd_method_env env = sv_method_env(s);
     if (sd_method_make(m, &env, &sl->d, err, errlen) < 0) return -1;
     snprintf(sl->d_name, sizeof sl->d_name, "%s", m->name);
     return 0;
