@@ -70,9 +70,32 @@ int sv_prefill_plan(sv_server *s, int *pf_len) {
     return n;
 }
 
+int sv_prefill_rows_setup(const sv_server *s, sv_slot *sl, char *err, size_t errlen) {
+    sl->n_hid = sd_drafter_hidden_layers(sl->d, sl->hid_layers);
+    sd_model_info info;
+    sd_model_get_info(s->model, &info);
+    size_t need = (size_t)SV_PREFILL_CHUNK * (size_t)sl->n_hid * (size_t)info.n_embd;
+    if (need <= sl->hid_cap) return 0;
+    float *p = realloc(sl->hid, sizeof(float) * need);
+    if (!p) {
+        sd_drafter_free(sl->d);
+        sl->d = NULL;
+        sl->n_hid = 0;
+        return snprintf(err, errlen, "out of memory (the drafter's prompt rows)"), -1;
+    }
+    sl->hid = p;
+    sl->hid_cap = need;
+    return 0;
+}
+
 sd_batch sv_prefill_batch(const sv_server *s, sv_slot *sl, int len) {
-    return (sd_batch){.n = len, .tokens = sl->r->prompt + sl->pf_next, .logits = no_logits,
-                      .precise = !s->o->fast_prompt};
+    sd_batch b = {.n = len, .tokens = sl->r->prompt + sl->pf_next, .logits = no_logits, .precise = !s->o->fast_prompt};
+    if (sl->n_hid > 0) {   // a head reads the prompt's states (gen.c's prefill asks for them likewise)
+        b.hidden_layers = sl->hid_layers;
+        b.n_hidden_layers = sl->n_hid;
+        b.hidden_out = sl->hid;
+    }
+    return b;
 }
 
 // After a pass: commits the chunk, and with final_now evaluates the
@@ -81,6 +104,16 @@ void sv_prefill_commit(sv_server *s, sv_slot *sl, int len, int ok, char *err, si
     if (!ok || sd_session_commit(sl->s, NULL, 0, err, errlen) < 0) {
         char msg[300];
         snprintf(msg, sizeof msg, "prompt evaluation failed: %s", err);
+        prefill_fail(s, sl, msg);
+        return;
+    }
+    // The rows of prompt tokens pf_next.. go to the drafter at their index in
+    // the prompt, which is the generation's text (as sd_gen_prefill_cached
+    // hands over its own chunks).
+    char derr[256];
+    if (sl->n_hid > 0 && sd_drafter_prompt_rows(sl->d, sl->r->prompt, sl->pf_next, len, sl->hid, derr, sizeof derr) < 0) {
+        char msg[300];
+        snprintf(msg, sizeof msg, "drafter '%s': %s", sd_drafter_name(sl->d), derr);
         prefill_fail(s, sl, msg);
         return;
     }

@@ -63,8 +63,9 @@ static int slot_drafter(sv_server *s, sv_slot *sl, const sd_method *m, char *err
     sd_drafter_free(sl->d);
     sl->d = NULL;
     sl->d_name[0] = 0;
+    sl->n_hid = 0;
     sd_method_env env = sv_method_env(s);
-    if (sd_method_make(m, &env, &sl->d, err, errlen) < 0) return -1;
+    if (sd_method_make(m, &env, &sl->d, err, errlen) < 0 || sv_prefill_rows_setup(s, sl, err, errlen) < 0) return -1;
     snprintf(sl->d_name, sizeof sl->d_name, "%s", m->name);
     return 0;
 }
@@ -600,6 +601,7 @@ void sv_sched_stop(sv_server *s) {
         sd_sampler_free(sl->smp);
         sd_drafter_free(sl->d);
         sd_session_free(sl->s);
+        free(sl->hid);
         free(sl->cache);
         free(sl->ends);
         free(sl->text);

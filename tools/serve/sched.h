@@ -14,6 +14,10 @@ struct sv_slot {
     int n_cache;
     sd_drafter *d;           // drafter of d_name, kept between requests (NULL for ar)
     char d_name[SD_METHOD_NAME_MAX];   // "" until the first request
+    int32_t hid_layers[SD_MAX_HIDDEN_LAYERS]; // (n_hid) the hidden states d reads (sd_drafter_hidden_layers)
+    int n_hid;               // their count; 0: d reads none (its prompt chunks then ask for no rows)
+    float *hid;              // (SV_PREFILL_CHUNK, n_hid, n_embd) a prompt chunk's rows for d; room for hid_cap
+    size_t hid_cap;          //   floats, grown when a drafter that reads more is built, freed with the slot
     sv_req *r;               // request being served, or NULL (free)
     int starting;            // 1: assigned this round, not yet started
     int prefilling;          // 1: its prompt is being evaluated, a chunk per round
@@ -64,11 +68,18 @@ void sv_forward_many(sv_server *s, int n, char (*errs)[256], int step);
 // Plans this round's prompt chunks into pf_len (s->n_slots); returns the
 // number of slots with a chunk.
 int sv_prefill_plan(sv_server *s, int *pf_len);
-// The batch of slot sl's next prompt chunk of len tokens (no logits).
+// After slot sl's drafter was (re)built: the hidden states it reads, and
+// room for a chunk's rows of them. 0, or -1 with a message (out of memory:
+// the slot then has no drafter).
+int sv_prefill_rows_setup(const sv_server *s, sv_slot *sl, char *err, size_t errlen);
+// The batch of slot sl's next prompt chunk of len (<= SV_PREFILL_CHUNK)
+// tokens: no logits; when the drafter reads hidden states, every token's
+// rows of them into sl->hid (handed to the drafter by sv_prefill_commit).
 sd_batch sv_prefill_batch(const sv_server *s, sv_slot *sl, int len);
 // After a pass: commits slot sl's evaluated prompt chunk of len tokens (ok:
-// the pass evaluated it; else err says why) and, with final_now, evaluates
-// the prompt's last token when only that is left.
+// the pass evaluated it; else err says why), hands the drafter the chunk's
+// hidden rows, and with final_now evaluates the prompt's last token when
+// only that is left.
 void sv_prefill_commit(sv_server *s, sv_slot *sl, int len, int ok, char *err, size_t errlen, int final_now);
 // The prompt's last token (sd_gen_prefill_cached): its logits give the first token.
 void sv_prefill_final(sv_server *s, sv_slot *sl);
