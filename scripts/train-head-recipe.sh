@@ -9,7 +9,9 @@
 # checkpoint; the head is written to heads/. Environment: THREADS (default:
 # all cores), PROMPTS (answered prompts, default 3000), CHAT_RECORDS (how many
 # answered conversations the mix takes, default all), RAW_EVERY (every Nth
-# raw text record joins the mix, default 10; 0 = none), EPOCHS (default 3).
+# raw text record joins the mix, default 10; 0 = none), RAW_RECORDS (most raw
+# records in the mix, default all), TOKENS (positions trained, default
+# 600000), LR (default 1e-3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,7 +31,9 @@ threads="${THREADS:-$(nproc)}"
 prompts="${PROMPTS:-3000}"
 chat_records="${CHAT_RECORDS:-0}"
 raw_every="${RAW_EVERY:-10}"
-epochs="${EPOCHS:-3}"
+raw_records="${RAW_RECORDS:-0}"
+tokens="${TOKENS:-600000}"
+lr="${LR:-1e-3}"
 
 make build/specdec >/dev/null
 [ -f "$model" ] || bash scripts/fetch-models.sh
@@ -44,9 +48,9 @@ python3 scripts/make-train-data.py --model "$model" --out "$work/train" --max-pr
 #    built from it checks every record).
 mix="$work/mix.jsonl"
 if [ ! -f "$mix" ]; then
-    python3 - "$work/train" "$mix" "$chat_records" "$raw_every" <<'EOF'
+    python3 - "$work/train" "$mix" "$chat_records" "$raw_every" "$raw_records" <<'EOF'
 import sys
-src, out, n_chat, every = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+src, out, n_chat, every, n_raw = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 with open(out + ".tmp", "w") as f:
     n = 0
     for line in open(f"{src}/chat.jsonl"):
@@ -57,6 +61,8 @@ with open(out + ".tmp", "w") as f:
     k = 0
     if every > 0:
         for i, line in enumerate(open(f"{src}/text.jsonl")):
+            if n_raw and k >= n_raw:
+                break
             if i % every == 0:
                 f.write(line)
                 k += 1
@@ -70,4 +76,4 @@ fi
 resume=()
 [ -f "$work/head.ckpt" ] && resume=(--resume)
 build/specdec train-head -m "$model" --data "$mix" --out "$out" --cache "$work/head.cache" \
-    --ckpt "$work/head.ckpt" --epochs "$epochs" --seed 42 -t "$threads" "${resume[@]}"
+    --ckpt "$work/head.ckpt" --tokens "$tokens" --lr "$lr" --seed 42 -t "$threads" "${resume[@]}"

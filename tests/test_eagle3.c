@@ -348,6 +348,39 @@ static void test_medusa_greedy_lossless(void) {
     sd_model_free(m);
 }
 
+// The head shipped in heads/ for the default model: found by sd_head_find,
+// lossless with every shape, and its drafts are accepted.
+static void test_shipped_head(void) {
+    if (access(DEFAULT_MODEL, R_OK) != 0) SKIP("%s not present (run scripts/fetch-models.sh)", DEFAULT_MODEL);
+    sd_model *m = NULL;
+    if (sd_model_load(&m, DEFAULT_MODEL, g_err, sizeof g_err) < 0) {
+        CHECK(0, "%s", g_err);
+        return;
+    }
+    char path[1024];
+    int rc = sd_head_find(m, "heads", path, sizeof path, g_err, sizeof g_err);
+    CHECK(rc == 1, "no head in heads/ for %s (rc %d: %s)", DEFAULT_MODEL, rc, g_err);
+    sd_head *h = NULL;
+    if (rc == 1) CHECK(sd_head_load(&h, path, m, g_err, sizeof g_err) == 0, "%s", g_err);
+    if (h) {
+        char desc[512];
+        sd_head_describe(h, desc, sizeof desc);
+        printf("  %s: %s\n", path, desc);
+        const char *text = "<|im_start|>user\nExplain what a Python list comprehension is.<|im_end|>\n<|im_start|>assistant\n";
+        int32_t prompt[128];
+        int np = sd_tokenize(sd_model_tokenizer(m), text, strlen(text), 1, 1, prompt, 128);
+        check_lossless(m, h, prompt, np, 40, "shipped");
+        static sc_tokens got;
+        sd_gen_stats st;
+        CHECK(run_method(m, h, "eagle3:chain:3", prompt, np, 40, &got, &st) == 0, "%s", g_err);
+        CHECK(st.n_draft_accepted > 0 && st.mean_accepted > 1.1,
+              "the shipped head's drafts are hardly accepted: tau %.2f (%d of %d)", st.mean_accepted,
+              st.n_draft_accepted, st.n_draft_nodes);
+    }
+    sd_head_free(h);
+    sd_model_free(m);
+}
+
 // Method strings and missing heads.
 static void test_method_errors(void) {
     sd_method me;
@@ -375,5 +408,6 @@ int main(void) {
     T_RUN(test_greedy_lossless_synthetic);
     T_RUN(test_medusa_greedy_lossless);
     T_RUN(test_greedy_lossless_default_model);
+    T_RUN(test_shipped_head);
     T_EXIT();
 }
