@@ -46,6 +46,9 @@ endif
 endif
 TLIB_OBJ := $(patsubst %.c,build/%.o,$(wildcard tests/lib/*.c))
 TESTS    := $(patsubst tests/%.c,build/tests/%,$(wildcard tests/test_*.c))
+# Helper programs of the test scripts (tests/tool_*.c, e.g. a random draft
+# head for test_serve.py): built like the tests, never run as tests.
+TEST_TOOLS := $(patsubst tests/%.c,build/tests/%,$(wildcard tests/tool_*.c))
 # These tests compile tools' own files (cli_common.c, bench_prompts.c).
 JSON_TESTS := build/tests/test_cli build/tests/test_bench
 # Test scripts (executable, print PASS/FAIL/SKIP lines like the C tests).
@@ -55,7 +58,7 @@ EXAMPLES := $(patsubst examples/%.c,build/examples/%,$(wildcard examples/*.c))
 
 .PHONY: all run test fuzz clean models asan-serve need-jansson
 .SECONDARY:
-all: build/specdec $(TESTS) $(EXAMPLES)
+all: build/specdec $(TESTS) $(TEST_TOOLS) $(EXAMPLES)
 
 build/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -92,7 +95,7 @@ run: build/specdec $(MODEL)
 
 # The model is fetched first; if that fails (no network) the tests that need
 # it say so and are skipped.
-test: build/specdec $(TESTS) $(EXAMPLES)
+test: build/specdec $(TESTS) $(TEST_TOOLS) $(EXAMPLES)
 	@bash scripts/fetch-models.sh || echo "warning: could not fetch the default model; tests that need it will be skipped"
 	@bash scripts/run-tests.sh $(TESTS) $(TEST_SCRIPTS)
 
@@ -101,7 +104,7 @@ test: build/specdec $(TESTS) $(EXAMPLES)
 # run on it (a leak or an error at the server's exit fails them).
 ASAN_FLAGS := -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -march=native -std=c11 -Wall -Wextra \
 	-D_GNU_SOURCE -pthread -Iinclude -Isrc -Itools
-asan-serve: build/asan/specdec
+asan-serve: build/asan/specdec $(TEST_TOOLS)
 	@SPECDEC_BIN=build/asan/specdec UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 		bash scripts/run-tests.sh tests/test_serve.py tests/test_page.py
 build/asan/specdec: $(SRC) $(wildcard tools/*.c tools/*.h tools/serve/*.c tools/serve/*.h src/*.h src/*/*.h include/*.h)
@@ -125,4 +128,4 @@ build/fuzz_gguf: tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) $(LIB)
 clean:
 	rm -rf build
 
--include $(OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(SERVE_OBJ:.o=.d) $(TLIB_OBJ:.o=.d) $(TESTS:%=%.d)
+-include $(OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(SERVE_OBJ:.o=.d) $(TLIB_OBJ:.o=.d) $(TESTS:%=%.d) $(TEST_TOOLS:%=%.d)

@@ -3,7 +3,11 @@
 (streaming and not), greedy output equal to `specdec generate`, concurrent
 clients equal to sequential ones, prefix reuse, stop strings, every bad input
 (401, 400, 404, 405, 413, 503), a client that disconnects mid-stream, /metrics,
-/tokenize round trips, and a clean exit on SIGTERM.
+/tokenize round trips, a clean exit on SIGTERM, and draft heads (--head):
+greedy output with a randomly initialised EAGLE-3 head (and a Medusa head)
+equal to plain `specdec generate`, on the precise and --fast-prompt prompt
+paths, a request's eagle3:/medusa: speculation, 400 without the head, and
+`--head auto`.
 
 Prints PASS/FAIL/SKIP lines like the C tests (scripts/run-tests.sh counts
 them). Needs the default model, build/specdec built with the server, and the
@@ -18,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -33,7 +38,12 @@ CASES = ["openai_chat", "openai_chat_stream", "openai_completion", "greedy_equal
          "greedy_equals_generate_completion", "long_prompt_chunked", "fast_prompt_batched", "concurrent_equals_sequential", "prefix_reuse", "stop_strings",
          "sampling_seed", "bad_json_400", "wrong_type_400", "unknown_model_400", "prompt_too_long_400",
          "body_too_large_413", "unknown_endpoint_404", "api_key_401", "queue_full_503",
-         "disconnect_frees_slot", "metrics", "tokenize_roundtrip", "sigterm_mid_stream", "shutdown_clean"]
+         "disconnect_frees_slot", "metrics", "tokenize_roundtrip", "sigterm_mid_stream", "shutdown_clean",
+         "head_missing_400"]
+# Cases of the servers started with draft heads (build/tests/tool_random_head makes them).
+HEAD_CASES = ["head_greedy_equals_generate", "head_stream_equals_generate", "head_speculation_eagle3_chain3",
+              "head_medusa", "head_shutdown_clean", "head_fast_prompt", "head_auto"]
+HEAD_TOOL = os.path.join(ROOT, "build", "tests", "tool_random_head")
 
 failures = 0
 
@@ -48,7 +58,7 @@ def report(name, ok, why=""):
 
 
 def skip_all(why):
-    for c in CASES:
+    for c in CASES + HEAD_CASES:
         print(f"SKIP {c}: {why}")
     sys.exit(0)
 
@@ -307,6 +317,14 @@ def main_cases(srv, openai):
     report("wrong_type_400", all(c[0] for c in checks), "; ".join(c[1] for c in checks if not c[0]))
     ok, why = expect("", 400, "POST", "/v1/chat/completions", chat_body(q, model="gpt-4"), "gpt-4")
     report("unknown_model_400", ok, why)
+    # a head's methods on a server without that head: a 400 that says what to start it with
+    checks = [expect("", 400, "POST", "/v1/chat/completions", chat_body(q, speculation="eagle3:chain:3"),
+                     "needs an EAGLE-3 head"),
+              expect("", 400, "POST", "/v1/completions", {"prompt": p, "speculation": "eagle3:dyn:2-4-8"},
+                     "--head"),
+              expect("", 400, "POST", "/v1/chat/completions", chat_body(q, speculation="medusa:2-2"),
+                     "needs a Medusa head")]
+    report("head_missing_400", all(c[0] for c in checks), "; ".join(c[1] for c in checks if not c[0]))
     ok, why = expect("", 400, "POST", "/v1/completions", {"prompt": "word " * 3000, "max_tokens": 4}, "context")
     report("prompt_too_long_400", ok, why)
     # The server answers 413 as soon as it has the headers (it never reads the
@@ -454,6 +472,164 @@ def limits_server():
         srv.stop()
 
 
+def completion_text(kind, status, r):
+    """The text of a non-streamed answer, or a description of the failure."""
+    if status != 200:
+        return f"HTTP {status} {r}"
+    return r["choices"][0]["message"]["content"] if kind == "chat" else r["choices"][0]["text"]
+
+
+def stream_text(srv, path, body):
+    """A streamed request's text (the deltas joined) and its last usage, read
+    through http.client (which undoes the chunked transfer encoding)."""
+    st, _, data = srv.raw("POST", path, json.dumps(dict(body, stream=True, stream_options={"include_usage": True})))
+    if st != 200:
+        return f"HTTP {st} {data[:200]!r}", None
+    parts, usage = [], None
+    for line in data.decode().split("\n"):
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        ev = json.loads(line[6:])
+        for ch in ev.get("choices", []):
+            parts.append((ch["delta"].get("content") if "delta" in ch else ch.get("text")) or "")
+        usage = ev.get("usage") or usage
+    return "".join(parts), usage
+
+
+def head_server(e3, md):
+    """A server with an EAGLE-3 and a Medusa head (random: they draft badly,
+    the text must be plain decoding's). Its default method is eagle3:chain:4;
+    a long prompt is evaluated in chunks while a chat generates, so both
+    slots' drafters get their prompt rows from the scheduler's chunk passes."""
+    srv = Server("--parallel", "2", "--head", e3, "--head", md)
+    q, p = "What is the capital of France?", "The cat sat on the"
+    lp = "The quick brown fox jumps over the lazy dog while the farmer counts his sheep. " * 6
+    try:
+        want_q, want_p, want_lp = generate(q, True, []), generate(p, False, []), generate(lp, False, [])
+        # a long completion and a chat at once, then each again (from the slots' caches), then the completion
+        res = {}
+
+        def long_req():
+            res["long"] = srv.request("POST", "/v1/completions", {"prompt": lp, "temperature": 0, "max_tokens": N_TOK})
+
+        t = threading.Thread(target=long_req)
+        t.start()
+        res["chat"] = srv.request("POST", "/v1/chat/completions", chat_body(q))
+        t.join()
+        got = [("long", completion_text("completion", *res["long"]), want_lp),
+               ("chat", completion_text("chat", *res["chat"]), want_q)]
+        st, r = srv.request("POST", "/v1/chat/completions", chat_body(q))
+        got.append(("chat again", completion_text("chat", st, r), want_q))
+        spec = r.get("usage", {}).get("speculation", {}) if st == 200 else {}
+        st, r = srv.request("POST", "/v1/completions", {"prompt": p, "temperature": 0, "max_tokens": N_TOK})
+        got.append(("completion", completion_text("completion", st, r), want_p))
+        bad = [f"{n}: server {g!r} vs generate {w!r}" for n, g, w in got if g != w]
+        if spec.get("method") != "eagle3:chain:4" or not spec.get("drafted"):
+            bad.append(f"default method: usage.speculation {spec}")
+        n_long = res["long"][1]["usage"]["prompt_tokens"] if res["long"][0] == 200 else 0
+        if n_long <= 64:
+            bad.append(f"the long prompt has {n_long} tokens, one chunk")
+        report("head_greedy_equals_generate", not bad, "; ".join(bad))
+    except Exception as e:  # noqa: BLE001
+        want_q = want_p = None
+        report("head_greedy_equals_generate", False, repr(e))
+    try:
+        bad = []
+        for path, kind, body, want in (("/v1/chat/completions", "chat", chat_body(q), want_q),
+                                       ("/v1/completions", "completion",
+                                        {"prompt": p, "temperature": 0, "max_tokens": N_TOK}, want_p)):
+            text, usage = stream_text(srv, path, body)
+            spec = (usage or {}).get("speculation", {})
+            if text != want or spec.get("method") != "eagle3:chain:4":
+                bad.append(f"{kind}: streamed {text!r} vs generate {want!r}, usage {usage}")
+        report("head_stream_equals_generate", not bad, "; ".join(bad))
+    except Exception as e:  # noqa: BLE001
+        report("head_stream_equals_generate", False, repr(e))
+    for name, spec_s in (("head_speculation_eagle3_chain3", "eagle3:chain:3"), ("head_medusa", "medusa:2-2")):
+        try:
+            bad = []
+            st, r = srv.request("POST", "/v1/chat/completions", chat_body(q, speculation=spec_s))
+            got = completion_text("chat", st, r)
+            spec = r.get("usage", {}).get("speculation", {}) if st == 200 else {}
+            if got != want_q or spec.get("method") != spec_s or not spec.get("drafted"):
+                bad.append(f"{got!r} vs generate {want_q!r}, usage.speculation {spec}")
+            text, usage = stream_text(srv, "/v1/completions",
+                                      {"prompt": p, "temperature": 0, "max_tokens": N_TOK, "speculation": spec_s})
+            if text != want_p:
+                bad.append(f"streamed completion {text!r} vs generate {want_p!r}")
+            report(name, not bad, "; ".join(bad))
+        except Exception as e:  # noqa: BLE001
+            report(name, False, repr(e))
+    rc = srv.stop()
+    report("head_shutdown_clean", rc == 0, f"exit status {rc}; log: {' | '.join(srv.log[-8:])}")
+
+
+def head_fast_prompt_server(e3):
+    """--fast-prompt with an EAGLE-3 head: the prompt chunks (and their hidden
+    rows) ride in the rounds' passes beside the other slot's steps; the texts
+    equal generate --fast-prompt's without speculation."""
+    srv = Server("--parallel", "2", "--fast-prompt", "--head", e3)
+    try:
+        lp = "Once upon a time a small robot walked through the old city looking for its friend. " * 10
+        sq = "Name a planet."
+        want_long, want_short = generate(lp, False, ["--fast-prompt"]), generate(sq, True, ["--fast-prompt"])
+        res = {}
+
+        def long_req():
+            res["long"] = srv.request("POST", "/v1/completions", {"prompt": lp, "temperature": 0, "max_tokens": N_TOK})
+
+        t = threading.Thread(target=long_req)
+        t.start()
+        res["short"] = srv.request("POST", "/v1/chat/completions", chat_body(sq))
+        t.join()
+        got_long, got_short = completion_text("completion", *res["long"]), completion_text("chat", *res["short"])
+        chunks = srv.metric("specdec_prefill_chunks_total")
+        report("head_fast_prompt", got_long == want_long and got_short == want_short and chunks and chunks >= 3,
+               f"long {got_long!r} vs {want_long!r}; short {got_short!r} vs {want_short!r}; chunks {chunks}")
+    except Exception as e:  # noqa: BLE001
+        report("head_fast_prompt", False, repr(e))
+    finally:
+        srv.stop()
+
+
+def head_auto():
+    """--head auto: the head in heads/ made for the model, or (none yet) a
+    note and the usual default; --method eagle3:... without a head stops
+    with a message."""
+    try:
+        srv = Server("--parallel", "1", "--head", "auto")
+        log = "\n".join(srv.log)
+        rc = srv.stop()
+        none = "no head in heads/ was made for" in log and "method ngram:3-8" in log
+        found = re.search(r"--head auto: \S+\.gguf", log) and "method eagle3:chain:4" in log
+        out = subprocess.run([BIN, "serve", "-m", MODEL, "--port", "0", "--method", "eagle3:chain:3"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
+        err = out.stderr.decode()
+        report("head_auto", (none or found) and rc == 0 and out.returncode != 0 and "needs an EAGLE-3 head" in err,
+               f"log {log!r}, exit {rc}; --method eagle3:chain:3 without a head: exit {out.returncode} {err!r}")
+    except Exception as e:  # noqa: BLE001
+        report("head_auto", False, repr(e))
+
+
+def head_servers():
+    if not os.access(HEAD_TOOL, os.X_OK):
+        for c in HEAD_CASES:
+            print(f"SKIP {c}: {HEAD_TOOL} not built (make)")
+        return
+    with tempfile.TemporaryDirectory(prefix="specdec-heads-") as d:
+        e3, md = os.path.join(d, "eagle3.gguf"), os.path.join(d, "medusa.gguf")
+        for path, kind in ((e3, "eagle3"), (md, "medusa")):
+            out = subprocess.run([HEAD_TOOL, MODEL, path, kind, "7"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 timeout=300)
+            if out.returncode != 0:
+                for c in HEAD_CASES:
+                    report(c, False, f"tool_random_head {kind}: {out.stderr.decode().strip()}")
+                return
+        head_server(e3, md)
+        head_fast_prompt_server(e3)
+    head_auto()
+
+
 def main():
     if not os.path.exists(MODEL):
         skip_all(f"model {MODEL} not found (scripts/fetch-models.sh)")
@@ -469,6 +645,7 @@ def main():
     run_main_server(openai)
     fast_prompt_server()
     limits_server()
+    head_servers()
     sys.exit(1 if failures else 0)
 
 

@@ -1,6 +1,6 @@
-// cmd_serve.c - specdec serve: options, start-up (model, drafts, pool, the
-// default method, the scheduler, the HTTP daemon), and a clean shutdown on
-// SIGINT / SIGTERM.
+// cmd_serve.c - specdec serve: options, start-up (model, drafts, heads, pool,
+// the default method, the scheduler, the HTTP daemon), and a clean shutdown
+// on SIGINT / SIGTERM.
 //
 // The options are a table read by the subcommands' one parser (cli_opts.h).
 #include <errno.h>
@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "cli_common.h"
+#include "cli_head.h"
 #include "cli_opts.h"
 #include "serve/serve.h"
 
@@ -28,10 +29,11 @@ static int prepare_method(sv_server *s, const char *name) {
     sd_method *m = &s->def_method;
     if (m->needs_draft_model && !s->o->n_drafts)
         return cli_error("--method %s needs a draft model (--draft D.gguf)", name);
-    sd_method_env env = sd_method_env_default(s->model);
-    env.drafts = (const sd_model *const *)s->drafts;
-    env.n_drafts = s->o->n_drafts;
-    env.pool = s->pool;
+    if (m->needs_head == SD_METHOD_EAGLE3 && !s->head_eagle3)
+        return cli_error("--method %s needs an EAGLE-3 head (--head H.gguf or --head auto)", name);
+    if (m->needs_head == SD_METHOD_MEDUSA && !s->head_medusa)
+        return cli_error("--method %s needs a Medusa head (--head M.gguf)", name);
+    sd_method_env env = sv_method_env(s);
     env.report = on_report;
     if (m->uses_cost_curve) {
         sd_session *tmp = NULL;
@@ -66,6 +68,29 @@ static int load_models(sv_server *s) {
     return 0;
 }
 
+// --head FILE|auto (at most one of each type). `auto` that finds no head
+// for the model leaves a note (cli_head_load) and nothing loaded.
+static int load_heads(sv_server *s) {
+    for (int i = 0; i < s->o->n_heads; i++) {
+        if (cli_head_load(s->o->heads[i], s->model, s->o->model, 0, &s->heads[i])) return 1;
+        if (!s->heads[i]) continue;
+        const char *type = sd_head_type_name(s->heads[i]);
+        const sd_head **slot = !strcmp(type, "medusa") ? &s->head_medusa : &s->head_eagle3;
+        if (*slot) return cli_error("--head: two %s heads given (one EAGLE-3 and one Medusa head at most)", type);
+        *slot = s->heads[i];
+        char desc[512];
+        sd_head_describe(s->heads[i], desc, sizeof desc);
+        fprintf(stderr, "specdec serve: head: %s\n", desc);
+    }
+    return 0;
+}
+
+// The default method when --method is not given: the EAGLE-3 head's chain,
+// else the draft model's, else prompt lookup.
+static const char *default_method(const sv_server *s) {
+    return s->head_eagle3 ? "eagle3:chain:4" : s->o->n_drafts ? "chain:4" : "ngram:3-8";
+}
+
 static void server_free(sv_server *s, sv_http *h) {
     sv_http_quiesce(h);
     sv_sched_stop(s);   // ends the streams in flight, fails the queue
@@ -73,6 +98,7 @@ static void server_free(sv_server *s, sv_http *h) {
     sd_cost_curve_free(s->cost);
     sd_threadpool_free(s->pool);
     for (int i = 0; i < s->o->n_drafts; i++) sd_model_free(s->drafts[i]);
+    for (int i = 0; i < s->o->n_heads; i++) sd_head_free(s->heads[i]);   // after the slots' drafters
     sd_model_free(s->model);
 }
 
@@ -83,9 +109,14 @@ int cmd_serve(int argc, char **argv) {
         {"--model", "-m", CLI_FILE, &o.model, .meta = "FILE", .what = "model file",
          .required = "a model is required (-m MODEL.gguf; see specdec serve --help)", .help = "GGUF model"},
         {"--method", NULL, CLI_STRING, &o.method, .meta = "M",
-         .help = "default speculation method (default ngram:3-8, or chain:4 with --draft)"},
+         .help = "default speculation method (default ngram:3-8; chain:4 with --draft; eagle3:chain:4 with an "
+                 "EAGLE-3 --head)"},
         {"--draft", NULL, CLI_LIST, o.drafts, .max = SD_METHOD_MAX_DRAFTS, .count = &o.n_drafts, .meta = "D.gguf",
          .what = "draft models", .help = "draft model (same vocabulary); repeat for several"},
+        {"--head", NULL, CLI_LIST, o.heads, .max = 2, .count = &o.n_heads, .meta = "FILE|auto", .what = "heads",
+         .help = "a trained draft head (specdec train-head) for the eagle3:SHAPE and auto methods, or a Medusa head "
+                 "for medusa:W1-W2-...; 'auto': the head in heads/ made for the model (none found: a note, and "
+                 "the usual default). Give it twice for an EAGLE-3 and a Medusa head"},
         {"--host", NULL, CLI_STRING, &o.host, .meta = "ADDR", .def = "127.0.0.1", .help = "address to listen on"},
         {"--port", NULL, CLI_INT, &o.port, 0, 65535, .meta = "N", .def = CLI_DEF_VALUE,
          .help = "TCP port; 0 = any free port (printed)"},
@@ -127,7 +158,6 @@ int cmd_serve(int argc, char **argv) {
     };
     int pr = cli_parse(&cmd, argc, argv);
     if (pr != CLI_PARSE_OK) return cli_parse_exit(pr);
-    if (!o.method) o.method = o.n_drafts ? "chain:4" : "ngram:3-8";
 
     // SIGINT / SIGTERM are taken by sigwait in this thread only: every
     // thread started from here on inherits the blocked mask.
@@ -146,7 +176,9 @@ int cmd_serve(int argc, char **argv) {
     sv_http *h = NULL;
     int rc = 1;
     char err[512];
-    if (load_models(&s) || prepare_method(&s, o.method)) goto out;
+    if (load_models(&s) || load_heads(&s)) goto out;
+    if (!o.method) o.method = default_method(&s);
+    if (prepare_method(&s, o.method)) goto out;
     if (sv_sched_start(&s, err, sizeof err) < 0) {
         cli_error("serve: %s", err);
         goto out;

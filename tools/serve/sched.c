@@ -1,5 +1,6 @@
 // sched.c - the scheduler thread: N slots on one model and one thread pool,
-// a bounded queue, prefix reuse, and rounds that step every active slot.
+// a bounded queue, prefix reuse, and rounds that step every active slot
+// (new prompts between the rounds: prefill.c).
 //
 // A slot is a session (its own KV cache on the shared pool), the tokens that
 // cache holds, a drafter kept between requests (rebuilt when a request asks
@@ -11,48 +12,7 @@
 #include <string.h>
 
 #include "cli_common.h"
-#include "serve/serve.h"
-
-struct sv_slot {
-    int id;
-    sd_session *s;           // the slot's KV cache and scratch, on the server's pool
-    int32_t *cache;          // (n_ctx) tokens of the session's committed rows
-    int n_cache;
-    sd_drafter *d;           // drafter of d_name, kept between requests (NULL for ar)
-    char d_name[SD_METHOD_NAME_MAX];   // "" until the first request
-    sv_req *r;               // request being served, or NULL (free)
-    int starting;            // 1: assigned this round, not yet started
-    int prefilling;          // 1: its prompt is being evaluated, a chunk per round
-    int pf_next;             // prompt tokens the session holds (next chunk starts here)
-    sd_sampler *smp;         // (per request)
-    sd_gen *g;               // (per request)
-    char *text;              // (text_len, cap text_cap) text generated for r
-    size_t text_len, text_cap;
-    char *kind;              // (kind_len == text_len, cap kind_cap) per byte of text: how its token came
-                             // ('A' accepted draft, 'T' the target's own; lower case after a token's first byte)
-    size_t kind_len, kind_cap;
-    size_t released;         // bytes of text handed to the client
-    size_t *ends;            // (n_batch + 1) text length after each token of the last step
-    int max_stop;            // longest stop string of r (bytes)
-    double last_used;        // sd_time_ms() when the slot last finished (least recently used wins ties)
-    sd_batch b;              // this round's batch (valid between begin and end)
-    int in_step;             // 1: begin succeeded this round
-};
-
-// The server's own pool size for prompt chunks and tree nodes.
-#define SV_N_BATCH 512
-// Prompt tokens a prefilling slot evaluates per round, so that a long
-// prompt does not stall the other slots' streams for long.
-#define SV_PREFILL_CHUNK 64
-// Most prompt tokens of all prefilling slots together per round while other
-// slots are generating (a round's pass waits for them): 8-bit prompt rows
-// cost what step rows cost, float-activation rows (the default) several
-// times more on CPUs without AVX-512. With nothing generating, the larger.
-#define SV_PREFILL_BUDGET 128
-#define SV_PREFILL_BUDGET_PRECISE 16
-// Most nodes of one batched pass (the batcher's rows of logits cost n_vocab
-// floats each); a round with more is split into several passes.
-#define SV_PASS_MAX_NODES 512
+#include "serve/sched.h"
 
 // ---------------------------------------------------------------- methods
 
@@ -65,6 +25,12 @@ int sv_method_check(sv_server *s, const char *name, sd_method *m, char *err, siz
     if (sd_method_parse(name, m, err, errlen) < 0) return -1;
     if (m->needs_draft_model && !s->o->n_drafts)
         return snprintf(err, errlen, "speculation method '%s' needs a draft model: start the server with --draft D.gguf",
+                        name), -1;
+    if (m->needs_head == SD_METHOD_EAGLE3 && !s->head_eagle3)
+        return snprintf(err, errlen, "speculation method '%s' needs an EAGLE-3 head: start the server with "
+                        "--head H.gguf (or --head auto)", name), -1;
+    if (m->needs_head == SD_METHOD_MEDUSA && !s->head_medusa)
+        return snprintf(err, errlen, "speculation method '%s' needs a Medusa head: start the server with --head M.gguf",
                         name), -1;
     if (m->uses_cost_curve && !s->cost)
         return snprintf(err, errlen, "speculation method '%s' needs the target's cost curve, measured at start-up: "
@@ -79,8 +45,10 @@ int sv_method_check(sv_server *s, const char *name, sd_method *m, char *err, siz
     return 0;
 }
 
-static sd_method_env method_env(sv_server *s) {
+sd_method_env sv_method_env(const sv_server *s) {
     sd_method_env env = sd_method_env_default(s->model);
+    env.head_eagle3 = s->head_eagle3;
+    env.head_medusa = s->head_medusa;
     env.drafts = (const sd_model *const *)s->drafts;
     env.n_drafts = s->o->n_drafts;
     env.n_ctx = s->n_ctx;
@@ -95,8 +63,9 @@ static int slot_drafter(sv_server *s, sv_slot *sl, const sd_method *m, char *err
     sd_drafter_free(sl->d);
     sl->d = NULL;
     sl->d_name[0] = 0;
-    sd_method_env env = method_env(s);
-    if (sd_method_make(m, &env, &sl->d, err, errlen) < 0) return -1;
+    sl->n_hid = 0;
+    sd_method_env env = sv_method_env(s);
+    if (sd_method_make(m, &env, &sl->d, err, errlen) < 0 || sv_prefill_rows_setup(s, sl, err, errlen) < 0) return -1;
     snprintf(sl->d_name, sizeof sl->d_name, "%s", m->name);
     return 0;
 }
@@ -121,9 +90,8 @@ static void release(sv_slot *sl, size_t upto) {
     sl->released = upto;
 }
 
-// Ends the slot's request: statistics, cache bookkeeping, metrics, and the
-// request marked done (error NULL: finished normally).
-static void slot_finish(sv_server *s, sv_slot *sl, const char *error, int status) {
+// Contract in sched.h.
+void sv_slot_finish(sv_server *s, sv_slot *sl, const char *error, int status) {
     sv_req *r = sl->r;
     const sd_gen_stats *gs = sl->g ? sd_gen_get_stats(sl->g) : NULL;
     if (sl->g && sl->prefilling) {   // the committed rows are prompt rows
@@ -225,7 +193,7 @@ static void slot_start(sv_server *s, sv_slot *sl) {
 
     sd_method m;
     if (sv_method_check(s, r->method, &m, err, sizeof err) < 0 || slot_drafter(s, sl, &m, err, sizeof err) < 0) {
-        slot_finish(s, sl, err, 400);
+        sv_slot_finish(s, sl, err, 400);
         return;
     }
     // Greedy text does not depend on the drafts, so a drafter keeps what it
@@ -236,7 +204,7 @@ static void slot_start(sv_server *s, sv_slot *sl) {
     sd_model_info info;
     sd_model_get_info(s->model, &info);
     if (sd_sampler_new(&sl->smp, &r->sp, info.n_vocab, err, sizeof err) < 0) {
-        slot_finish(s, sl, err, 500);
+        sv_slot_finish(s, sl, err, 500);
         return;
     }
     sd_gen_params gp = sd_gen_default_params();
@@ -244,7 +212,7 @@ static void slot_start(sv_server *s, sv_slot *sl) {
     gp.fast_prompt = s->o->fast_prompt;
     gp.max_nodes = sl->d ? SD_MIN(sd_method_default_nodes(&m, s->o->n_drafts), SV_N_BATCH) : 1;
     if (sd_gen_new(&sl->g, sl->s, sl->smp, sl->d, &gp, err, sizeof err) < 0) {
-        slot_finish(s, sl, err, 500);
+        sv_slot_finish(s, sl, err, 500);
         return;
     }
     pthread_mutex_lock(&r->mu);
@@ -333,13 +301,8 @@ static int slot_emit(sv_server *s, sv_slot *sl, const sd_step *st, char *err, si
 
 // ---------------------------------------------------------------- passes
 
-// Evaluates the batches s->pass_bs[0..n) on the sessions s->pass_ss[0..n)
-// (all precise or none) in as few sd_batcher_forward passes as the
-// batcher's size allows; s->pass_ok[i] says whether batch i was evaluated
-// (its error in errs[i]). A pass that fails is redone slot by slot with
-// sd_session_forward, so that one slot's error fails that slot only.
-// step: 1 for generation steps (counted in the pass metrics).
-static void forward_many(sv_server *s, int n, char (*errs)[256], int step) {
+// Contract in sched.h.
+void sv_forward_many(sv_server *s, int n, char (*errs)[256], int step) {
     long passes = 0, rows = 0, slots = 0, fallbacks = 0;
     double t0 = sd_time_ms();
     int i = 0;
@@ -376,117 +339,6 @@ static void forward_many(sv_server *s, int n, char (*errs)[256], int step) {
     pthread_mutex_unlock(&s->mu);
 }
 
-// The slot's prompt failed: its committed rows are prompt rows.
-static void prefill_fail(sv_server *s, sv_slot *sl, const char *err) {
-    sv_req *r = sl->r;
-    int n_past = SD_MIN(sd_session_n_past(sl->s), r->n_prompt);
-    sd_gen_free(sl->g);
-    sl->g = NULL;
-    pthread_mutex_lock(&r->mu);
-    r->gen = NULL;
-    pthread_mutex_unlock(&r->mu);
-    memcpy(sl->cache, r->prompt, sizeof(int32_t) * (size_t)n_past);
-    sl->n_cache = n_past;
-    sl->prefilling = 0;
-    slot_finish(s, sl, err, 500);
-}
-
-// The prompt's last token: sd_gen_prefill_cached evaluates it alone (its
-// logits give the first token) over the chunks before it.
-static void prefill_final(sv_server *s, sv_slot *sl) {
-    char err[256];
-    double t0 = sd_time_ms();
-    int rc = sd_gen_prefill_cached(sl->g, sl->r->prompt, sl->r->n_prompt, sl->pf_next, err, sizeof err);
-    pthread_mutex_lock(&s->mu);
-    s->m.prefill_ms += sd_time_ms() - t0;
-    pthread_mutex_unlock(&s->mu);
-    if (rc < 0) {
-        prefill_fail(s, sl, err);
-        return;
-    }
-    sl->prefilling = 0;
-}
-
-// Plans this round's prompt chunks: pf_len[i] tokens of slot i's prompt
-// (all but its last token, SV_PREFILL_CHUNK at most per slot), the oldest
-// requests first, SV_PREFILL_BUDGET(_PRECISE) tokens in all, so that a burst of new
-// requests does not stall the running streams for long. Returns the number
-// of slots with a chunk.
-static int plan_prefill(sv_server *s, int *pf_len) {
-    int n = 0, budget = SV_PREFILL_BUDGET, generating = 0;
-    for (int i = 0; i < s->n_slots; i++) generating |= s->slots[i].r && s->slots[i].g && !s->slots[i].prefilling;
-    if (!s->o->fast_prompt && generating) budget = SV_PREFILL_BUDGET_PRECISE;
-    for (int i = 0; i < s->n_slots; i++) pf_len[i] = 0;
-    while (budget > 0) {
-        int best = -1;
-        for (int i = 0; i < s->n_slots; i++) {
-            sv_slot *sl = &s->slots[i];
-            if (!sl->r || !sl->g || !sl->prefilling || pf_len[i] || sl->r->n_prompt - 1 - sl->pf_next <= 0) continue;
-            if (best < 0 || sl->r->t_enqueue < s->slots[best].r->t_enqueue) best = i;
-        }
-        if (best < 0) break;
-        sv_slot *sl = &s->slots[best];
-        pf_len[best] = SD_MIN(SD_MIN(SV_PREFILL_CHUNK, sl->r->n_prompt - 1 - sl->pf_next), budget);
-        budget -= pf_len[best];
-        n++;
-    }
-    return n;
-}
-
-// After a pass: commits slot sl's evaluated prompt chunk of len tokens (ok:
-// the pass evaluated it; else err says why) and, when only the prompt's last
-// token is left, evaluates that.
-static void prefill_commit(sv_server *s, sv_slot *sl, int len, int ok, char *err, size_t errlen, int final_now) {
-    if (!ok || sd_session_commit(sl->s, NULL, 0, err, errlen) < 0) {
-        char msg[300];
-        snprintf(msg, sizeof msg, "prompt evaluation failed: %s", err);
-        prefill_fail(s, sl, msg);
-        return;
-    }
-    sl->pf_next += len;
-    pthread_mutex_lock(&s->mu);
-    s->m.prefill_chunks++;
-    pthread_mutex_unlock(&s->mu);
-    if (final_now && sl->r->n_prompt - sl->pf_next == 1) prefill_final(s, sl);
-}
-
-// Prompts between rounds: cancelled or shut-down requests end here; a prompt
-// whose last token alone is left gets it evaluated; with float-activation
-// prompts (the default) the planned chunks of all prefilling slots go
-// through one precise pass (never mixed with step batches); with
-// --fast-prompt they ride in round_step's pass instead.
-static void prefill_round(sv_server *s, int stopping) {
-    static const uint8_t no_logits[SV_PREFILL_CHUNK];
-    for (int i = 0; i < s->n_slots; i++) {
-        sv_slot *sl = &s->slots[i];
-        if (!sl->r || !sl->prefilling) continue;
-        pthread_mutex_lock(&sl->r->mu);
-        int cancelled = sl->r->cancelled;
-        pthread_mutex_unlock(&sl->r->mu);
-        if (stopping || cancelled) slot_finish(s, sl, NULL, 0);   // the stream ends cleanly, like a stopped one
-        else if (sl->r->n_prompt - sl->pf_next == 1) prefill_final(s, sl);
-    }
-    if (s->o->fast_prompt || !plan_prefill(s, s->pf_len)) return;
-    int n = 0;
-    for (int i = 0; i < s->n_slots; i++) {
-        sv_slot *sl = &s->slots[i];
-        if (!s->pf_len[i]) continue;
-        s->pass_sl[n] = sl;
-        s->pass_ss[n] = sl->s;
-        s->pass_bs[n] = (sd_batch){.n = s->pf_len[i], .tokens = sl->r->prompt + sl->pf_next, .logits = no_logits,
-                                   .precise = 1};
-        n++;
-    }
-    char (*errs)[256] = calloc((size_t)n, sizeof *errs);
-    if (!errs) {
-        for (int k = 0; k < n; k++) prefill_fail(s, s->pass_sl[k], "out of memory");
-        return;
-    }
-    forward_many(s, n, errs, 0);
-    for (int k = 0; k < n; k++)
-        prefill_commit(s, s->pass_sl[k], s->pass_bs[k].n, s->pass_ok[k], errs[k], sizeof errs[k], 1);
-    free(errs);
-}
 
 // One round: a step of every active slot that has its prompt. Every slot
 // drafts (begin), then the batches of all slots that need a forward are
@@ -494,11 +346,10 @@ static void prefill_round(sv_server *s, int stopping) {
 // only to its own cache; bit-identical to separate forwards), then every
 // slot verifies, commits and emits (end).
 static void round_step(sv_server *s) {
-    static const uint8_t no_logits[SV_PREFILL_CHUNK];
     char err[256];
     double t_round = sd_time_ms();
     int n = 0;
-    if (s->o->fast_prompt) plan_prefill(s, s->pf_len);
+    if (s->o->fast_prompt) sv_prefill_plan(s, s->pf_len);
     for (int i = 0; i < s->n_slots; i++) {   // 1. draft (begin)
         sv_slot *sl = &s->slots[i];
         sl->in_step = 0;
@@ -506,15 +357,14 @@ static void round_step(sv_server *s) {
             if (s->o->fast_prompt && s->pf_len[i]) {
                 s->pass_sl[n] = sl;
                 s->pass_ss[n] = sl->s;
-                s->pass_bs[n] = (sd_batch){.n = s->pf_len[i], .tokens = sl->r->prompt + sl->pf_next,
-                                           .logits = no_logits};
+                s->pass_bs[n] = sv_prefill_batch(s, sl, s->pf_len[i]);
                 n++;
             }
             continue;
         }
         if (!sl->r || !sl->g || sl->prefilling) continue;
         if (sd_gen_step_begin(sl->g, &sl->b, err, sizeof err) < 0) {
-            slot_finish(s, sl, err, 500);
+            sv_slot_finish(s, sl, err, 500);
             continue;
         }
         sl->in_step = 1;
@@ -528,16 +378,16 @@ static void round_step(sv_server *s) {
     if (n > 0) {   // 2. the target: one pass over every slot's batch
         char (*errs)[256] = calloc((size_t)n, sizeof *errs);
         if (!errs) {
-            for (int k = 0; k < n; k++) s->pass_sl[k]->in_step = 0, slot_finish(s, s->pass_sl[k], "out of memory", 500);
+            for (int k = 0; k < n; k++) s->pass_sl[k]->in_step = 0, sv_slot_finish(s, s->pass_sl[k], "out of memory", 500);
         } else {
-            forward_many(s, n, errs, 1);
+            sv_forward_many(s, n, errs, 1);
             for (int k = 0; k < n; k++) {
                 sv_slot *sl = s->pass_sl[k];
                 if (sl->prefilling) {   // a folded prompt chunk
-                    prefill_commit(s, sl, s->pass_bs[k].n, s->pass_ok[k], errs[k], sizeof errs[k], 0);
+                    sv_prefill_commit(s, sl, s->pass_bs[k].n, s->pass_ok[k], errs[k], sizeof errs[k], 0);
                 } else if (!s->pass_ok[k]) {
                     sl->in_step = 0;
-                    slot_finish(s, sl, errs[k], 500);
+                    sv_slot_finish(s, sl, errs[k], 500);
                 }
             }
             free(errs);
@@ -549,15 +399,15 @@ static void round_step(sv_server *s) {
         if (!sl->in_step) continue;
         sd_step st;
         if (sd_gen_step_end(sl->g, &st, err, sizeof err) < 0 || slot_emit(s, sl, &st, err, sizeof err) < 0) {
-            slot_finish(s, sl, err, 500);
+            sv_slot_finish(s, sl, err, 500);
             continue;
         }
         emitted += st.n_tokens;
-        if (sd_gen_finished(sl->g) != SD_FINISH_NONE) slot_finish(s, sl, NULL, 0);
+        if (sd_gen_finished(sl->g) != SD_FINISH_NONE) sv_slot_finish(s, sl, NULL, 0);
     }
     for (int i = 0; i < s->n_slots; i++) {   // prompts whose last token alone is left (after the steps'
         sv_slot *sl = &s->slots[i];          // logits are read: it is a forward of its own)
-        if (sl->r && sl->g && sl->prefilling && sl->r->n_prompt - sl->pf_next == 1) prefill_final(s, sl);
+        if (sl->r && sl->g && sl->prefilling && sl->r->n_prompt - sl->pf_next == 1) sv_prefill_final(s, sl);
     }
     double now = sd_time_ms();
     pthread_mutex_lock(&s->mu);
@@ -647,13 +497,13 @@ static void *sched_main(void *arg) {
         for (int i = 0; i < s->n_slots; i++) {
             sv_slot *sl = &s->slots[i];
             if (stopping && sl->r && sl->starting) {
-                slot_finish(s, sl, "the server is shutting down", 503);
+                sv_slot_finish(s, sl, "the server is shutting down", 503);
                 continue;
             }
             if (sl->r && sl->starting) slot_start(s, sl);
             if (stopping && sl->g && !sl->prefilling) sd_gen_stop(sl->g);   // streams end cleanly with what they have
         }
-        prefill_round(s, stopping);
+        sv_prefill_round(s, stopping);
         if (n_active(s) > 0) round_step(s);
         if (stopping && n_active(s) == 0) break;
     }
@@ -751,6 +601,7 @@ void sv_sched_stop(sv_server *s) {
         sd_sampler_free(sl->smp);
         sd_drafter_free(sl->d);
         sd_session_free(sl->s);
+        free(sl->hid);
         free(sl->cache);
         free(sl->ends);
         free(sl->text);

@@ -32,6 +32,8 @@ typedef struct sv_opts {
     const char *method;       // default speculation method string ("ngram:3-8"; "ar" = none)
     const char *drafts[SD_METHOD_MAX_DRAFTS]; // (n_drafts) draft model paths
     int n_drafts;
+    const char *heads[2];     // (n_heads) --head FILE|auto: an EAGLE-3 head and/or a Medusa head
+    int n_heads;
     const char *host;         // address to bind ("127.0.0.1")
     int port;                 // TCP port (8080; 0 = any free port, printed at start)
     int n_slots;              // --parallel: generations at once (4)
@@ -135,6 +137,9 @@ typedef struct sv_server {
     const sv_opts *o;
     sd_model *model;
     sd_model *drafts[SD_METHOD_MAX_DRAFTS];
+    sd_head *heads[2];         // (o->n_heads) loaded --head files; NULL where `auto` found none
+    const sd_head *head_eagle3;// the EAGLE-3 head among them (eagle3:* and auto methods), or NULL
+    const sd_head *head_medusa;// the Medusa head among them (medusa:* methods), or NULL
     const sd_tokenizer *tok;
     char model_id[256];        // the name clients give as "model" (file name of the GGUF)
     sd_threadpool *pool;
@@ -176,6 +181,10 @@ int sv_submit(sv_server *s, sv_req *r, char *err, size_t errlen);
 // Checks a method string for a request: 0 with *m filled, or -1 with a
 // message for a 400.
 int sv_method_check(sv_server *s, const char *name, sd_method *m, char *err, size_t errlen);
+// What the server's drafters are built from: the target, the draft models,
+// the heads, the pool, the slots' n_ctx (0 before sv_sched_start: the
+// default) and the cost curve (NULL until measured). No report callback.
+sd_method_env sv_method_env(const sv_server *s);
 void sv_metrics_get(sv_server *s, sv_metrics *m);
 
 // http.c: the HTTP daemon.

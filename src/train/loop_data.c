@@ -1,0 +1,222 @@
+// loop_data.c - what the training loop reads: the cache cut into training
+// and held-back sequences, the draft vocabulary, the order of an epoch, the
+// target rows a new head starts from.
+#include "common.h"
+#include "kernels/quant.h"
+#include "model/model.h"
+#include "train/loop_impl.h"
+
+static uint64_t mix64(uint64_t x) {   // splitmix64's finaliser: spreads a hash over all bits
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static int grow(loop_chunk **a, int64_t *cap, int64_t n) {
+    if (n < *cap) return 0;
+    int64_t c = *cap ? *cap * 2 : 1024;
+    loop_chunk *p = realloc(*a, sizeof(loop_chunk) * (size_t)c);
+    if (!p) return -1;
+    *a = p;
+    *cap = c;
+    return 0;
+}
+
+int loop_split(loop_run *r, char *err, size_t errlen) {
+    int64_t n_seq;
+    const sd_cache_seq *sq = sd_cache_seqs(r->cache, &n_seq);
+    const int64_t n_rec = sd_cache_n_records(r->cache);
+    const int T = r->P.seq_len;
+    // held back: records whose mixed line hash falls under the fraction (the
+    // split does not move when the data grows or the seed changes)
+    const uint64_t bar = (uint64_t)(r->P.heldout * 1e6);
+    uint8_t *held = calloc((size_t)SD_MAX(n_rec, 1), 1);
+    if (!held) return sd_err(err, errlen, "out of memory");
+    int64_t n_held = 0, best = -1;
+    uint64_t best_v = UINT64_MAX;
+    for (int64_t i = 0; i < n_seq; i++) {
+        if (!(sq[i].window & SD_CACHE_LAST_WINDOW)) continue;
+        uint64_t v = mix64(sq[i].rec_hash) % 1000000u;
+        if (v < bar) held[sq[i].record] = 1, n_held++;
+        if (v < best_v) best_v = v, best = sq[i].record;
+    }
+    if (r->P.heldout > 0 && n_held == 0 && n_rec >= 2) held[best] = 1;   // a split asked for is never empty
+    int64_t cap_t = 0, cap_e = 0;
+    r->train_seqs = malloc(sizeof(int64_t) * (size_t)SD_MAX(n_seq, 1));
+    if (!r->train_seqs) {
+        free(held);
+        return sd_err(err, errlen, "out of memory");
+    }
+    for (int64_t i = 0; i < n_seq; i++) {
+        const int h = held[sq[i].record];
+        if (!h) r->train_seqs[r->n_train_seqs++] = i;
+        for (int32_t off = 0; sq[i].T - off >= 2; off += T) {
+            loop_chunk c = {.seq = i, .off = off, .T = SD_MIN(T, sq[i].T - off)};
+            if (grow(h ? &r->eval : &r->train, h ? &cap_e : &cap_t, h ? r->n_eval : r->n_train) < 0) {
+                free(held);
+                return sd_err(err, errlen, "out of memory");
+            }
+            if (h) {
+                r->eval[r->n_eval++] = c;
+                r->eval_pos += c.T;
+            } else {
+                r->train[r->n_train++] = c;
+                r->train_pos += c.T;
+            }
+        }
+    }
+    free(held);
+    if (r->n_train == 0)
+        return sd_err(err, errlen,
+                      "no training sequences: the cache holds %lld positions in %lld records (after holding back %.1f%% "
+                      "of the records, none has 2 positions or more)",
+                      (long long)sd_cache_n_positions(r->cache), (long long)n_rec, 100.0 * r->P.heldout);
+    r->perm = malloc(sizeof(int64_t) * (size_t)r->n_train);
+    if (!r->perm) return sd_err(err, errlen, "out of memory");
+    return 0;
+}
+
+// ---------------------------------------------------------------- the draft vocabulary
+typedef struct vcount {
+    int64_t am, in;           // times the target's argmax, times an input token
+    int32_t id;
+} vcount;
+
+static int vcount_cmp(const void *a, const void *b) {
+    const vcount *x = a, *y = b;
+    if (x->am != y->am) return x->am > y->am ? -1 : 1;
+    if (x->in != y->in) return x->in > y->in ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+// Argmax counts over the training split into am (n_vocab, zeroed here); *total their sum.
+static int argmax_counts(loop_run *r, int64_t *am, int64_t *total, char *err, size_t errlen) {
+    const int nv = r->m->hp.n_vocab;
+    memset(am, 0, sizeof(int64_t) * (size_t)nv);
+    if (sd_cache_argmax_counts(r->cache, r->train_seqs, r->n_train_seqs, am, err, errlen) < 0) return -1;
+    *total = 0;
+    for (int i = 0; i < nv; i++) *total += am[i];
+    return 0;
+}
+
+int loop_pick_vocab(loop_run *r, int n, int32_t *ids, double *coverage, char *err, size_t errlen) {
+    const int nv = r->m->hp.n_vocab;
+    int64_t *am = malloc(sizeof(int64_t) * (size_t)nv), total;
+    vcount *vc = malloc(sizeof(vcount) * (size_t)nv);
+    int32_t *tok = malloc(sizeof(int32_t) * 4096);
+    int rv = -1;
+    if (!am || !vc || !tok) {
+        sd_err(err, errlen, "out of memory");
+        goto done;
+    }
+    if (argmax_counts(r, am, &total, err, errlen) < 0) goto done;
+    for (int i = 0; i < nv; i++) vc[i] = (vcount){.am = am[i], .in = 0, .id = i};
+    int64_t n_seq;
+    const sd_cache_seq *sq = sd_cache_seqs(r->cache, &n_seq);
+    for (int64_t k = 0; k < r->n_train_seqs; k++) {   // input tokens break the ties among rare argmaxes
+        const int64_t s = r->train_seqs[k];
+        for (int off = 0; off < sq[s].T; off += 4096) {
+            int T = SD_MIN(4096, sq[s].T - off);
+            if (sd_cache_read(r->cache, s, off, T, tok, NULL, NULL, NULL, err, errlen) < 0) goto done;
+            for (int t = 0; t < T; t++)
+                if (tok[t] >= 0 && tok[t] < nv) vc[tok[t]].in++;
+        }
+    }
+    qsort(vc, (size_t)nv, sizeof *vc, vcount_cmp);
+    int64_t covered = 0;
+    for (int i = 0; i < n; i++) {
+        ids[i] = vc[i].id;
+        covered += vc[i].am;
+    }
+    *coverage = total ? (double)covered / (double)total : 0.0;
+    rv = 0;
+done:
+    free(am);
+    free(vc);
+    free(tok);
+    return rv;
+}
+
+int loop_coverage(loop_run *r, const sd_head *h, double *coverage, char *err, size_t errlen) {
+    const int nv = r->m->hp.n_vocab;
+    int64_t *am = malloc(sizeof(int64_t) * (size_t)nv), total, covered = 0;
+    if (!am) return sd_err(err, errlen, "out of memory");
+    if (argmax_counts(r, am, &total, err, errlen) < 0) {
+        free(am);
+        return -1;
+    }
+    for (int i = 0; i < h->hp.n_draft_vocab; i++) covered += am[h->d2t[i]];
+    *coverage = total ? (double)covered / (double)total : 0.0;
+    free(am);
+    return 0;
+}
+
+// ---------------------------------------------------------------- sequences
+int loop_read(loop_run *r, const loop_chunk *c, sd_train_seq *seq, char *err, size_t errlen) {
+    if (sd_cache_read(r->cache, c->seq, c->off, c->T, r->b_tok, r->b_feat, r->b_ids, r->b_p, err, errlen) < 0)
+        return -1;
+    *seq = (sd_train_seq){.T = c->T, .tokens = r->b_tok, .feats = r->b_feat, .top_ids = r->b_ids, .top_p = r->b_p,
+                          .topk = sd_cache_topk(r->cache)};
+    return 0;
+}
+
+void loop_shuffle(loop_run *r) {
+    memcpy(r->rng.s, r->st.rng_epoch, sizeof r->rng.s);
+    for (int64_t i = 0; i < r->n_train; i++) r->perm[i] = i;
+    for (int64_t i = r->n_train - 1; i > 0; i--) {   // Fisher-Yates
+        int64_t j = (int64_t)(sd_rng_next(&r->rng) % (uint64_t)(i + 1));
+        int64_t t = r->perm[i];
+        r->perm[i] = r->perm[j];
+        r->perm[j] = t;
+    }
+}
+
+const loop_chunk *loop_next_chunk(loop_run *r) {
+    if (r->st.cursor >= r->n_train) {   // the next epoch's order continues the RNG where this one's left it
+        r->st.epoch++;
+        r->st.cursor = 0;
+        memcpy(r->st.rng_epoch, r->rng.s, sizeof r->rng.s);
+        loop_shuffle(r);
+    }
+    return &r->train[r->perm[r->st.cursor++]];
+}
+
+// ---------------------------------------------------------------- initialisation
+static void target_rows(const sd_model *m, const sd_head *h, float *dst) {
+    const sd_tensor *ot = sd_model_file_tensor(m, m->output);
+    const int d = m->hp.n_embd;
+    const size_t rb = sd_row_size(ot->type, d);
+    const sd_type_traits *tt = sd_type_get(ot->type);
+    for (int i = 0; i < h->hp.n_draft_vocab; i++)
+        tt->to_float((const uint8_t *)ot->data + (size_t)h->d2t[i] * rb, dst + (size_t)i * d, d);
+}
+
+void loop_init_from_target(sd_head *h, const sd_model *m) {
+    if (h->hp.type == SD_HEAD_EAGLE3) {
+        // fc starts as the selection of the highest layer's state, and the
+        // layer's two residual writes (Wo, Wdown) start small: the head
+        // begins near the target's own read-out of a late state instead of a
+        // random projection (a first loss near the entropy of language, not
+        // several times it).
+        const int64_t d = h->hp.n_embd;
+        float *fc = sd_head_w(h, SD_E3_FC);
+        memset(fc, 0, sizeof(float) * (size_t)(3 * d * d));
+        for (int64_t r = 0; r < d; r++) fc[r * 3 * d + 2 * d + r] = 1.0f;
+        const int small[2] = {SD_E3_WO, SD_E3_DOWN};
+        for (int i = 0; i < 2; i++) {
+            float *w = sd_head_w(h, small[i]);
+            for (int64_t j = 0; j < h->t[small[i]].ne0 * h->t[small[i]].ne1; j++) w[j] *= 0.1f;
+        }
+        target_rows(m, h, sd_head_w(h, SD_E3_OUT));
+        const sd_tensor *nt = m->out_norm;
+        sd_type_get(nt->type)->to_float(nt->data, sd_head_w(h, SD_E3_OUT_NORM), m->hp.n_embd);
+    } else {
+        for (int k = 0; k < h->hp.n_medusa; k++) {   // W_k = 0, b_k = 0: each head starts as the target's read-out
+            memset(sd_head_w(h, SD_MD_FC(k)), 0, sizeof(float) * (size_t)(h->hp.n_embd * h->hp.n_embd));
+            memset(sd_head_w(h, SD_MD_BIAS(k)), 0, sizeof(float) * (size_t)h->hp.n_embd);
+            target_rows(m, h, sd_head_w(h, SD_MD_OUT(k)));
+        }
+    }
+}

@@ -1,0 +1,71 @@
+// loop_impl.h - private to train/loop.c and train/loop_data.c: the state of
+// one sd_train_head call.
+#ifndef SD_TRAIN_LOOP_IMPL_H
+#define SD_TRAIN_LOOP_IMPL_H
+
+#include "specdec_train.h"
+#include "head/head.h"
+#include "train/cache.h"
+#include "train/ckpt.h"
+#include "train/train.h"
+
+// A training or evaluation sequence: positions [off, off + T) of a cache sequence.
+typedef struct loop_chunk {
+    int64_t seq;              // cache sequence (index entry)
+    int32_t off, T;           // T in 2..seq_len
+} loop_chunk;
+
+typedef struct loop_run {
+    sd_train_head_params P;   // the caller's params with the defaults resolved
+    char cache_dir[4200], ckpt_path[4200];
+    sd_model *own_model;      // loaded here (freed at the end), or NULL
+    const sd_model *m;
+    sd_threadpool *pool;
+    sd_cache *cache;
+    loop_chunk *train, *eval; // (n_train), (n_eval): the two splits
+    int64_t n_train, n_eval;
+    int64_t train_pos, eval_pos;  // positions in each split
+    int64_t *train_seqs;      // (n_train_seqs) cache sequences of the training records (vocabulary counts)
+    int64_t n_train_seqs;
+    int64_t *perm;            // (n_train) the current epoch's order of the training chunks
+    sd_rng rng;               // shuffling
+    sd_head *h;
+    sd_adamw opt;
+    int have_opt;
+    sd_trainer *tr;
+    float *grad;              // (h->n_w)
+    int32_t *b_tok, *b_ids;   // (seq_len), (seq_len, topk): one sequence read from the cache
+    float *b_feat, *b_p;      // (seq_len, n_feat), (seq_len, topk)
+    sd_ckpt_recipe recipe;
+    sd_ckpt_state st;
+    double coverage;          // of the training split's argmax mass by the draft vocabulary
+    double t0;                // sd_time_ms at the call's start
+    double t_train0;          // ... when the first step of this call started
+    int64_t step0, tokens0;   // step and tokens when this call's training started
+    int64_t cache_rec0;       // records the cache held when this call's build started (-1: not yet known)
+    double seconds0;          // training time of earlier calls (resumed)
+    sd_train_progress prog;   // the last figures reported
+    char *note_buf;           // (1024) scratch for notes
+} loop_run;
+
+// loop_data.c: the splits, the vocabulary, the cache's sequences.
+// Cuts the cache into training and held-back chunks (held back: records
+// chosen by a hash of their line, heldout of them). 0 or <0.
+int loop_split(loop_run *r, char *err, size_t errlen);
+// The draft vocabulary: the n most frequent target argmax tokens of the
+// training split (ties: more frequent as an input token, then the lower id).
+// ids: (n) out. *coverage: their share of the argmax mass. 0 or <0.
+int loop_pick_vocab(loop_run *r, int n, int32_t *ids, double *coverage, char *err, size_t errlen);
+// Coverage of the training split's argmax mass by h's vocabulary.
+int loop_coverage(loop_run *r, const sd_head *h, double *coverage, char *err, size_t errlen);
+// Reads chunk c into the run's buffers and describes it in seq. 0 or <0.
+int loop_read(loop_run *r, const loop_chunk *c, sd_train_seq *seq, char *err, size_t errlen);
+// The next training chunk (advancing cursor, epoch and the shuffle).
+const loop_chunk *loop_next_chunk(loop_run *r);
+// Starts epoch st.epoch from the RNG state st.rng_epoch: redraws the order.
+void loop_shuffle(loop_run *r);
+// Copies the target's output rows (the draft vocabulary's) and output norm
+// into a new head, as docs/heads.md's initialisation says.
+void loop_init_from_target(sd_head *h, const sd_model *m);
+
+#endif

@@ -1,0 +1,90 @@
+// sched.h - internal to the scheduler (sched.c: slots, steps, the thread;
+// prefill.c: prompts evaluated in chunks between the steps): a slot, the
+// scheduler's sizes, and the functions the two files share. Only the
+// scheduler thread touches slots (serve.h).
+#ifndef SD_SERVE_SCHED_H
+#define SD_SERVE_SCHED_H
+
+#include "serve/serve.h"
+
+struct sv_slot {
+    int id;
+    sd_session *s;           // the slot's KV cache and scratch, on the server's pool
+    int32_t *cache;          // (n_ctx) tokens of the session's committed rows
+    int n_cache;
+    sd_drafter *d;           // drafter of d_name, kept between requests (NULL for ar)
+    char d_name[SD_METHOD_NAME_MAX];   // "" until the first request
+    int32_t hid_layers[SD_MAX_HIDDEN_LAYERS]; // (n_hid) the hidden states d reads (sd_drafter_hidden_layers)
+    int n_hid;               // their count; 0: d reads none (its prompt chunks then ask for no rows)
+    float *hid;              // (SV_PREFILL_CHUNK, n_hid, n_embd) a prompt chunk's rows for d; room for hid_cap
+    size_t hid_cap;          //   floats, grown when a drafter that reads more is built, freed with the slot
+    sv_req *r;               // request being served, or NULL (free)
+    int starting;            // 1: assigned this round, not yet started
+    int prefilling;          // 1: its prompt is being evaluated, a chunk per round
+    int pf_next;             // prompt tokens the session holds (next chunk starts here)
+    sd_sampler *smp;         // (per request)
+    sd_gen *g;               // (per request)
+    char *text;              // (text_len, cap text_cap) text generated for r
+    size_t text_len, text_cap;
+    char *kind;              // (kind_len == text_len, cap kind_cap) per byte of text: how its token came
+                             // ('A' accepted draft, 'T' the target's own; lower case after a token's first byte)
+    size_t kind_len, kind_cap;
+    size_t released;         // bytes of text handed to the client
+    size_t *ends;            // (n_batch + 1) text length after each token of the last step
+    int max_stop;            // longest stop string of r (bytes)
+    double last_used;        // sd_time_ms() when the slot last finished (least recently used wins ties)
+    sd_batch b;              // this round's batch (valid between begin and end)
+    int in_step;             // 1: begin succeeded this round
+};
+
+// The server's own pool size for prompt chunks and tree nodes.
+#define SV_N_BATCH 512
+// Prompt tokens a prefilling slot evaluates per round, so that a long
+// prompt does not stall the other slots' streams for long.
+#define SV_PREFILL_CHUNK 64
+// Most prompt tokens of all prefilling slots together per round while other
+// slots are generating (a round's pass waits for them): 8-bit prompt rows
+// cost what step rows cost, float-activation rows (the default) several
+// times more on CPUs without AVX-512. With nothing generating, the larger.
+#define SV_PREFILL_BUDGET 128
+#define SV_PREFILL_BUDGET_PRECISE 16
+// Most nodes of one batched pass (the batcher's rows of logits cost n_vocab
+// floats each); a round with more is split into several passes.
+#define SV_PASS_MAX_NODES 512
+
+// sched.c
+// Ends the slot's request: statistics, cache bookkeeping, metrics, and the
+// request marked done (error NULL: finished normally; else its HTTP status).
+void sv_slot_finish(sv_server *s, sv_slot *sl, const char *error, int status);
+// Evaluates the batches s->pass_bs[0..n) on the sessions s->pass_ss[0..n)
+// (all precise or none) in as few sd_batcher_forward passes as the
+// batcher's size allows; s->pass_ok[i] says whether batch i was evaluated
+// (its error in errs[i]). A pass that fails is redone slot by slot with
+// sd_session_forward, so that one slot's error fails that slot only.
+// step: 1 for generation steps (counted in the pass metrics).
+void sv_forward_many(sv_server *s, int n, char (*errs)[256], int step);
+
+// prefill.c
+// Plans this round's prompt chunks into pf_len (s->n_slots); returns the
+// number of slots with a chunk.
+int sv_prefill_plan(sv_server *s, int *pf_len);
+// After slot sl's drafter was (re)built: the hidden states it reads, and
+// room for a chunk's rows of them. 0, or -1 with a message (out of memory:
+// the slot then has no drafter).
+int sv_prefill_rows_setup(const sv_server *s, sv_slot *sl, char *err, size_t errlen);
+// The batch of slot sl's next prompt chunk of len (<= SV_PREFILL_CHUNK)
+// tokens: no logits; when the drafter reads hidden states, every token's
+// rows of them into sl->hid (handed to the drafter by sv_prefill_commit).
+sd_batch sv_prefill_batch(const sv_server *s, sv_slot *sl, int len);
+// After a pass: commits slot sl's evaluated prompt chunk of len tokens (ok:
+// the pass evaluated it; else err says why), hands the drafter the chunk's
+// hidden rows, and with final_now evaluates the prompt's last token when
+// only that is left.
+void sv_prefill_commit(sv_server *s, sv_slot *sl, int len, int ok, char *err, size_t errlen, int final_now);
+// The prompt's last token (sd_gen_prefill_cached): its logits give the first token.
+void sv_prefill_final(sv_server *s, sv_slot *sl);
+// Prompts between rounds (cancelled ones end, last tokens, the precise
+// chunks' pass); stopping: the server is shutting down.
+void sv_prefill_round(sv_server *s, int stopping);
+
+#endif
