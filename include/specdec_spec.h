@@ -143,9 +143,15 @@ typedef struct sd_head_online_stats {
 // Fills *st for an online drafter and returns 1; returns 0 (and zeroes *st)
 // for any other drafter.
 int sd_drafter_online_stats(const sd_drafter *d, sd_head_online_stats *st);
+// An online drafter: ends the current run of positions (its last window
+// is trained when long enough, sd_head_online_params.min_window) and waits
+// until every window collected so far is trained, so that training competes
+// with nothing that follows (a benchmark times another method next). Returns
+// 0, or <0 with a message (deterministic training failed); 0 at once for
+// other drafters.
+int sd_drafter_online_wait(sd_drafter *d, char *err, size_t errlen);
 // Writes the drafter's head as it is now (an online drafter: what it learnt,
-// waiting for the window in training to finish; otherwise the head it was
-// made with) as a head file with Q8_0 matrices, its note extended by
+// after sd_drafter_online_wait; otherwise the head it was made with) as a head file with Q8_0 matrices, its note extended by
 // "online.*" lines (windows, positions, last loss). Written to path.tmp and
 // renamed. Returns 0, or <0 with a message (a drafter without an EAGLE-3
 // head, a write error).

@@ -276,10 +276,14 @@ static void test_online_thread(void) {
     if (!d) return;
     int bad = run_stream(d, 0, N_GEN, t_online);
     CHECK(bad == 0, "online (thread): %d generations differ from plain decoding (%s)", bad, g_err);
+    // wait for the queue: every generation's windows trained (or dropped, when training fell behind)
+    CHECK(sd_drafter_online_wait(d, g_err, sizeof g_err) == 0, "%s", g_err);
     sd_head_online_stats os;
     sd_drafter_online_stats(d, &os);
     printf("  %s\n", sd_drafter_note(d));
     print_taus("online (thread)", t_online, N_GEN);
+    CHECK(os.n_windows + os.n_dropped >= 2 * N_GEN, "after the wait: %lld windows trained, %lld dropped",
+          (long long)os.n_windows, (long long)os.n_dropped);
     CHECK(os.n_positions > N_GEN * GEN_N / 2, "%lld positions collected", (long long)os.n_positions);
     CHECK(os.n_windows >= 1 && os.n_updates >= 1, "no window trained or taken up: %lld trained, %lld dropped, %lld taken",
           (long long)os.n_windows, (long long)os.n_dropped, (long long)os.n_updates);

@@ -343,6 +343,11 @@ static int e3_save_head(sd_drafter *dr, const char *path, char *err, size_t errl
     return sd_head_save(s->head, path, SD_TYPE_Q8_0, err, errlen);
 }
 
+static int e3_online_wait(sd_drafter *dr, char *err, size_t errlen) {
+    e3d *s = dr->impl;
+    return s->lr ? sd_learner_drain(s->lr, err, errlen) : 0;
+}
+
 static int e3_online_stats(const sd_drafter *dr, sd_head_online_stats *st) {
     e3d *s = dr->impl;
     if (!s->lr) return 0;
@@ -375,7 +380,8 @@ static const sd_drafter_vt e3_vt = {.name = "eagle3",
                                     .free = e3_free,
                                     .note = e3_note,
                                     .save_head = e3_save_head,
-                                    .online_stats = e3_online_stats};
+                                    .online_stats = e3_online_stats,
+                                    .online_wait = e3_online_wait};
 
 int sd_draft_eagle3_new(sd_drafter **out, const sd_head *h, const sd_model *target, const sd_draft_model_params *p,
                         int wtype, const sd_head_online_params *online, char *err, size_t errlen) {

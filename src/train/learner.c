@@ -131,9 +131,10 @@ static void *thread_main(void *arg) {
     return NULL;
 }
 
-// Waits (under mu) until the thread trains nothing.
+// Waits (under mu) until the thread trains nothing and nothing is queued
+// (or training stopped on an error).
 static void wait_idle(sd_learner *l) {
-    while (l->busy) pthread_cond_wait(&l->cv, &l->mu);
+    while (l->busy || (l->n_ready > 0 && !l->fail[0] && l->has_thread)) pthread_cond_wait(&l->cv, &l->mu);
 }
 
 // ---------------------------------------------------------------- windows
@@ -269,9 +270,18 @@ void sd_learner_note(sd_learner *l, char *buf, size_t len) {
                  st.train_ms / 1000.0);
 }
 
-int sd_learner_save(sd_learner *l, const char *path, char *err, size_t errlen) {
+int sd_learner_drain(sd_learner *l, char *err, size_t errlen) {
+    if (sd_learner_break(l, err, errlen) < 0) return -1;
     pthread_mutex_lock(&l->mu);
-    wait_idle(l);   // the thread cannot start another window while this holds mu
+    wait_idle(l);
+    pthread_mutex_unlock(&l->mu);
+    return 0;
+}
+
+int sd_learner_save(sd_learner *l, const char *path, char *err, size_t errlen) {
+    if (sd_learner_break(l, err, errlen) < 0) return -1;
+    pthread_mutex_lock(&l->mu);
+    wait_idle(l);   // (the thread cannot start another window while this holds mu)
     sd_head_online_stats st;
     stats_locked(l, &st);
     char note[sizeof l->th->note];
@@ -290,8 +300,8 @@ int sd_learner_save(sd_learner *l, const char *path, char *err, size_t errlen) {
 
 void sd_learner_reset(sd_learner *l, sd_e3 *e) {
     pthread_mutex_lock(&l->mu);
-    wait_idle(l);
-    while (l->n_ready > 0) l->freew[l->n_free++] = l->ready[--l->n_ready];
+    while (l->n_ready > 0) l->freew[l->n_free++] = l->ready[--l->n_ready];   // queued windows: dropped
+    while (l->busy) pthread_cond_wait(&l->cv, &l->mu);
     memcpy(l->th->w, l->src->w, sizeof(float) * l->src->n_w);
     memset(l->opt.m, 0, 2 * sizeof(float) * l->th->n_w);   // (m and v: one allocation)
     l->opt.t = 0;

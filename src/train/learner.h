@@ -56,11 +56,13 @@ int sd_learner_cut(sd_learner *l, int L, char *err, size_t errlen);
 // At the start of a step: when newer parameters are ready (and the lock is
 // free), swaps them into runner e. Returns 1 when it did, 0 otherwise.
 int sd_learner_swap(sd_learner *l, sd_e3 *e);
-// Writes the trained head (waiting for the window in training) with Q8_0
-// matrices; its note is the given head's plus "online.*" lines.
+// Ends the current run (sd_learner_break) and waits until every window
+// collected so far is trained: the thread idle, nothing queued.
+int sd_learner_drain(sd_learner *l, char *err, size_t errlen);
+// Writes the trained head with Q8_0 matrices after sd_learner_drain; its
+// note is the given head's plus "online.*" lines.
 int sd_learner_save(sd_learner *l, const char *path, char *err, size_t errlen);
-// Forgets what was learnt: waits for the window in training, drops the
-// queued ones, and puts the given head's parameters back (in runner e too).
+// Forgets what was learnt: waits for the windows in training and queued, and puts the given head's parameters back (in runner e too).
 void sd_learner_reset(sd_learner *l, sd_e3 *e);
 void sd_learner_stats(sd_learner *l, sd_head_online_stats *st);
 // One line for sd_drafter_note ("" before the first window).
