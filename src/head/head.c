@@ -235,7 +235,8 @@ int sd_head_describe(const sd_head *h, char *buf, size_t len) {
     size_t o = 0;
     for (const char *p = h->note; *p && o + 2 < sizeof facts;) {
         size_t L = strcspn(p, "\n");
-        if (!strncmp(p, "tokens=", 7) || !strncmp(p, "loss=", 5) || !strncmp(p, "agree=", 6) || !strncmp(p, "seed=", 5))
+        if (!strncmp(p, "tokens=", 7) || !strncmp(p, "loss=", 5) || !strncmp(p, "agree=", 6) || !strncmp(p, "seed=", 5) ||
+            !strncmp(p, "online.windows=", 15))
             o += (size_t)snprintf(facts + o, sizeof facts - o, " %.*s", (int)L, p);
         p += L + (p[L] == '\n');
     }
