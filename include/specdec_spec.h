@@ -103,6 +103,60 @@ int sd_head_describe(const sd_head *h, char *buf, size_t len);
 // target. Returns 1 and its path, 0 when none matches, <0 on error.
 int sd_head_find(const sd_model *target, const char *dir, char *path, size_t pathlen, char *err, size_t errlen);
 
+// Online adaptation (docs/heads.md, "Online adaptation"): an EAGLE-3
+// drafter made with head_online.on = 1 trains its own copy of the head while
+// it drafts, from what every verification forward already computed (the
+// accepted positions' hidden rows and the target's distribution after each),
+// in one background thread per drafter that never holds up a step: the
+// drafter takes the newest parameters at the start of a step when they are
+// ready, and keeps the old ones otherwise. The head given stays untouched.
+// Output is unaffected (greedy: plain decoding's text; sampled: the target's
+// distribution): only the drafts change, and the verifier decides.
+typedef struct sd_head_online_params {
+    int on;               // 1: adapt online (one training thread per drafter); 0 (default): off
+    float lr;             // AdamW learning rate (no warm-up, no decay). default 1e-4
+    int window;           // positions per training window: a window of this many consecutive verified
+                          // positions of one text makes one AdamW step. default 64 (8..512)
+    int min_window;       // a text that ends with at least this many untrained positions trains them as
+                          // a shorter window. default 16 (2..window)
+    int ttt_steps;        // training-time-test steps (train-head's --ttt). default 3 (1..8)
+    int steps_per_window; // AdamW steps on each window. default 1 (1..16)
+    int nice;             // niceness of the training thread (Linux; it yields to the target's threads when
+                          // the cores are busy). default 10 (0..19)
+    int deterministic;    // 1: no thread: a window is trained inside the step that completes it and the
+                          // new parameters drafts from the next step on (reproducible; steps wait for
+                          // training). default 0
+} sd_head_online_params;
+sd_head_online_params sd_head_online_default_params(void);
+
+// What online adaptation did so far.
+typedef struct sd_head_online_stats {
+    int64_t n_positions;  // verified positions collected
+    int64_t n_windows;    // windows trained (AdamW steps / steps_per_window)
+    int64_t n_dropped;    // windows dropped unseen because training fell behind (the newest are kept)
+    int64_t n_updates;    // parameter sets the drafter took up
+    double last_loss;     // training loss of the last window, before its update
+    double agree;         // the head's top-1 agreement with the target on the last windows (up to 8),
+                          // measured before it trained on them: 0..1
+    double train_ms;      // time spent training, in total (ms)
+} sd_head_online_stats;
+// Fills *st for an online drafter and returns 1; returns 0 (and zeroes *st)
+// for any other drafter.
+int sd_drafter_online_stats(const sd_drafter *d, sd_head_online_stats *st);
+// An online drafter: ends the current run of positions (its last window
+// is trained when long enough, sd_head_online_params.min_window) and waits
+// until every window collected so far is trained, so that training competes
+// with nothing that follows (a benchmark times another method next). Returns
+// 0, or <0 with a message (deterministic training failed); 0 at once for
+// other drafters.
+int sd_drafter_online_wait(sd_drafter *d, char *err, size_t errlen);
+// Writes the drafter's head as it is now (an online drafter: what it learnt,
+// after sd_drafter_online_wait; otherwise the head it was made with) as a head file with Q8_0 matrices, its note extended by
+// "online.*" lines (windows, positions, last loss). Written to path.tmp and
+// renamed. Returns 0, or <0 with a message (a drafter without an EAGLE-3
+// head, a write error).
+int sd_drafter_save_head(sd_drafter *d, const char *path, char *err, size_t errlen);
+
 // ---------------------------------------------------------------- methods
 typedef struct sd_threadpool sd_threadpool;  // (specdec.h)
 // A method string names a drafter and its shape:
@@ -162,6 +216,7 @@ typedef struct sd_method_env {
     const sd_model *target;
     const sd_head *head_eagle3;   // eagle3 methods (and auto): a loaded EAGLE-3 head, or NULL
     const sd_head *head_medusa;   // medusa methods: a loaded Medusa head, or NULL
+    sd_head_online_params head_online; // eagle3 methods (and auto with a head): online adaptation; default off
     const sd_model *const *drafts; // (n_drafts) loaded draft models, or NULL
     int n_drafts;
     int n_ctx;                 // KV length of draft sessions; 0 = their default

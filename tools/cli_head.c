@@ -49,3 +49,19 @@ int cli_head_load(const char *spec, const sd_model *m, const char *model_path, i
                 model_path);
     return 0;
 }
+
+int cli_head_online_end(sd_drafter *d, const char *save_path, int quiet) {
+    char err[768];
+    if (sd_drafter_online_wait(d, err, sizeof err) < 0) return cli_error("--head-online: %s", err);
+    sd_head_online_stats st;
+    if (sd_drafter_online_stats(d, &st) && !quiet)
+        fprintf(stderr,
+                "specdec: head online: %lld positions, %lld windows trained (%lld dropped), %lld updates taken up, "
+                "last loss %.3f, agreement %.2f, %.1f s of training\n",
+                (long long)st.n_positions, (long long)st.n_windows, (long long)st.n_dropped, (long long)st.n_updates,
+                st.last_loss, st.agree, st.train_ms / 1000.0);
+    if (!save_path) return 0;
+    if (sd_drafter_save_head(d, save_path, err, sizeof err) < 0) return cli_error("--save-head: %s", err);
+    if (!quiet) fprintf(stderr, "specdec: head saved to %s\n", save_path);
+    return 0;
+}

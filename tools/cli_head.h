@@ -14,4 +14,10 @@
 // Returns 0, or 1 after a message.
 int cli_head_load(const char *spec, const sd_model *m, const char *model_path, int quiet, sd_head **out);
 
+// After the runs of an online drafter (--head-online): waits for the windows
+// still being trained, says what was learnt on stderr (unless quiet) and
+// writes the head to save_path when given (--save-head). Returns 0, or 1
+// after a message.
+int cli_head_online_end(sd_drafter *d, const char *save_path, int quiet);
+
 #endif

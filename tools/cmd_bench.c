@@ -198,12 +198,16 @@ typedef struct bench_opts {
     int fast_prompt;
     float temp, p_min;
     uint64_t seed;      // the sampler is reseeded with seed + prompt index before every run
+    int head_online;    // --head-online: eagle3 methods keep one drafter over all prompts, adapting its head
+    int online_sync;    // --online-sync: windows trained inside the steps (deterministic)
+    float online_lr;
+    const char *save_head; // --save-head FILE: the first online method's head after the last prompt
 } bench_opts;
 
 // argv -> o (defaults first). Returns a cli_parse result.
 static int bench_parse(int argc, char **argv, bench_opts *o) {
     *o = (bench_opts){.methods_arg = "ar,chain:4", .n_predict = 128, .chat = 1,
-                      .seed = sd_sampler_default_params().seed};
+                      .seed = sd_sampler_default_params().seed, .online_lr = sd_head_online_default_params().lr};
     char methods_help[2048];
     snprintf(methods_help, sizeof methods_help,
              "comma-separated methods; ar is always run, first; every run gets fresh state (an empty KV cache and a "
@@ -232,6 +236,18 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
          .what = "heads",
          .help = "a trained draft head for the eagle3:SHAPE (and medusa) methods; 'auto': the head in heads/ made "
                  "for the model. Give it twice for an EAGLE-3 and a Medusa head"},
+        {"--head-online", NULL, CLI_FLAG, &o->head_online,
+         .help = "online adaptation: each eagle3 method (and auto with a head) keeps ONE drafter over all the "
+                 "prompts, in order, whose head keeps training on the verified text in a background thread (it "
+                 "finishes its queued windows, untimed, before any other method runs); the summary shows tau and "
+                 "tokens/s by quarter of the prompts"},
+        {"--online-lr", NULL, CLI_FLOAT, &o->online_lr, .lo = 1e-7, .hi = 1.0, .meta = "LR", .def = CLI_DEF_VALUE,
+         .help = "--head-online: AdamW learning rate, one step per 64 verified positions"},
+        {"--online-sync", NULL, CLI_FLAG, &o->online_sync,
+         .help = "--head-online: train each window inside the step that completes it (no thread: reproducible "
+                 "drafts, slower steps)"},
+        {"--save-head", NULL, CLI_STRING, &o->save_head, .meta = "FILE",
+         .help = "--head-online: write the first online method's head, with what it learnt, to FILE at the end"},
         {"--prompts", NULL, CLI_FILE, &o->prompts_path, .meta = "FILE", .what = "prompts file",
          .required = "a prompts file is required (--prompts FILE.jsonl)", .help = "prompts, JSON lines (required)"},
         {"--methods", NULL, CLI_STRING, &o->methods_arg, .meta = "LIST", .def = CLI_DEF_VALUE, .help = methods_help},
@@ -304,7 +320,8 @@ typedef struct bench_state {
     sd_model *drafts[SD_METHOD_MAX_DRAFTS];
     sd_head *heads[2];                       // --head files, loaded
     char notes[BENCH_MAX_METHODS][256];      // (nm) each method's drafter note after its last run
-    sd_drafter *drafters[BENCH_MAX_METHODS];  // (nm) the current run's, NULL between runs
+    sd_drafter *drafters[BENCH_MAX_METHODS];  // (nm) the current run's, NULL between runs (unless kept)
+    int keep[BENCH_MAX_METHODS];             // (nm) 1: the drafter adapts online and is kept over all prompts
     sd_method_env env;
     sd_cost_curve *cost;                     // the target's forward cost (automatic trees), or NULL
     tree_reports *reports;
@@ -351,6 +368,9 @@ static int bench_validate(const bench_opts *o, bench_state *b) {
     }
     for (int i = 0; i < o->n_drafts; i++)
         if (!cli_file_ok("draft model file", o->draft_paths[i])) return 1;
+    if ((o->online_sync || o->save_head) && !o->head_online)
+        return cli_error("bench: %s needs --head-online", o->online_sync ? "--online-sync" : "--save-head");
+    if (o->head_online && !o->n_heads) return cli_error("bench: --head-online needs an EAGLE-3 head (--head H.gguf)");
     return 0;
 }
 
@@ -441,6 +461,9 @@ static int bench_env(const bench_opts *o, bench_state *b, int auto_nodes) {
     b->env.p_min = o->p_min;
     b->env.report = on_report;
     b->env.user = b->reports;
+    b->env.head_online.on = o->head_online;
+    b->env.head_online.lr = o->online_lr;
+    b->env.head_online.deterministic = o->online_sync;
     if (auto_nodes > 0) {
         double t0 = sd_time_ms();
         if (sd_cost_curve_new(&b->cost, b->s, auto_nodes, err, sizeof err) < 0)
@@ -479,9 +502,16 @@ static int bench_env(const bench_opts *o, bench_state *b, int auto_nodes) {
         }
         if (sd_method_make(me, &b->env, &b->drafters[k], err, sizeof err) < 0)
             return cli_error("method '%s': %s", me->name, err);
+        sd_head_online_stats hs;
+        b->keep[k] = sd_drafter_online_stats(b->drafters[k], &hs);   // an online drafter learns over all prompts
+        if (b->keep[k]) continue;
         sd_drafter_free(b->drafters[k]);
         b->drafters[k] = NULL;
     }
+    int n_keep = 0;
+    for (int k = 0; k < b->nm; k++) n_keep += b->keep[k];
+    if (o->head_online && !n_keep)
+        return cli_error("bench: --head-online: no method drafts with the EAGLE-3 head (eagle3:SHAPE, or auto)");
     return 0;
 }
 
@@ -495,7 +525,10 @@ static int bench_run_one(const bench_opts *o, bench_state *b, int p, int k, run_
     if (sd_session_truncate(b->s, 0, err, sizeof err) < 0) return snprintf(msg, msg_len, "%s", err), -1;
     b->reports->method = me->name;
     b->reports->in_run = 1;
-    if (sd_method_make(me, &b->env, &b->drafters[k], err, sizeof err) < 0)
+    for (int j = 0; j < b->nm; j++)   // no other method's training runs while this one is timed
+        if (j != k && b->keep[j] && sd_drafter_online_wait(b->drafters[j], err, sizeof err) < 0)
+            return snprintf(msg, msg_len, "method '%s': %s", b->methods[j].name, err), -1;
+    if (!b->keep[k] && sd_method_make(me, &b->env, &b->drafters[k], err, sizeof err) < 0)
         return snprintf(msg, msg_len, "method '%s': %s", me->name, err), -1;
     sd_sampler_reseed(b->smp, o->seed + (uint64_t)p);
     b->tb.n = 0;
@@ -517,8 +550,10 @@ static int bench_run_one(const bench_opts *o, bench_state *b, int p, int k, run_
     for (int d = 1; d <= BENCH_DEPTHS && d <= SD_SPEC_MAX_DEPTH; d++)
         r->dp[d] = st.n_depth_proposed[d], r->da[d] = st.n_depth_accepted[d];
     if (b->drafters[k]) snprintf(b->notes[k], sizeof b->notes[k], "%s", sd_drafter_note(b->drafters[k]));
-    sd_drafter_free(b->drafters[k]);
-    b->drafters[k] = NULL;
+    if (!b->keep[k]) {
+        sd_drafter_free(b->drafters[k]);
+        b->drafters[k] = NULL;
+    }
     if (grc < 0) return snprintf(msg, msg_len, "method '%s' on prompt %s: %s", me->name, b->prompts[p].id, err), -1;
     return 0;
 }
@@ -574,8 +609,12 @@ static int bench_run(const bench_opts *o, bench_state *b) {
             double tau = r->n_forwards > 0 ? (double)r->n_step_tokens / r->n_forwards : 1.0;
             if (!b->reports->in_run && !tty) fputs("   ", stderr);   // the run's result after the tree reports
             b->reports->in_run = 0;
-            fprintf(stderr, " %d tokens, %.2f tok/s, tau %.2f%s", r->n_tokens,
-                    r->gen_ms > 0 ? r->n_tokens * 1000.0 / r->gen_ms : 0.0, tau, tty && !mis[0] ? "" : "\n");
+            sd_head_online_stats hs;
+            char onl[96] = "";
+            if (b->keep[k] && sd_drafter_online_stats(b->drafters[k], &hs))
+                snprintf(onl, sizeof onl, ", online %lld windows, agreement %.2f", (long long)hs.n_windows, hs.agree);
+            fprintf(stderr, " %d tokens, %.2f tok/s, tau %.2f%s%s", r->n_tokens,
+                    r->gen_ms > 0 ? r->n_tokens * 1000.0 / r->gen_ms : 0.0, tau, onl, tty && !mis[0] ? "" : "\n");
             if (mis[0]) fputs(mis, stderr);   // loudly, on a line of its own
             fflush(stderr);
         }
@@ -632,6 +671,34 @@ static void bench_print(const bench_opts *o, const bench_state *b) {
             const agg *a = &b->by_cat[(size_t)k * n_cats + c], *a0 = &b->by_cat[c];
             double t0 = agg_tps(a0);
             printf(" %.2fx (%.2f) |", t0 > 0 ? agg_tps(a) / t0 : 0.0, agg_tau(a));
+        }
+        printf("\n");
+    }
+    fflush(stdout);
+}
+
+// --head-online: tau and tokens/s of ar and of each online method by
+// quarter of the prompts (in the order run), so that the adaptation shows.
+static void bench_print_online(const bench_state *b) {
+    const int nq = SD_MIN(4, b->np), nm = b->nm;
+    printf("\nonline adaptation: tokens/s (tau, speedup over ar) by quarter of the prompts, in order:\n\n| method |");
+    for (int q = 0; q < nq; q++) {
+        const int lo = q * b->np / nq + 1, hi = (q + 1) * b->np / nq;
+        printf(lo == hi ? " prompt %d |" : " prompts %d-%d |", lo, hi);
+    }
+    printf("\n| --- |");
+    for (int q = 0; q < nq; q++) printf(" ---: |");
+    printf("\n");
+    for (int k = 0; k < nm; k++) {
+        if (k > 0 && !b->keep[k]) continue;
+        printf("| %s |", b->methods[k].name);
+        for (int q = 0; q < nq; q++) {
+            agg a, a0;
+            memset(&a, 0, sizeof a);
+            memset(&a0, 0, sizeof a0);
+            for (int p = q * b->np / nq; p < (q + 1) * b->np / nq; p++)
+                agg_add(&a, &b->res[(size_t)p * nm + k]), agg_add(&a0, &b->res[(size_t)p * nm]);
+            printf(" %.2f (%.2f, %.2fx) |", agg_tps(&a), agg_tau(&a), agg_tps(&a0) > 0 ? agg_tps(&a) / agg_tps(&a0) : 0.0);
         }
         printf("\n");
     }
@@ -700,6 +767,12 @@ int cmd_bench(int argc, char **argv) {
     if (!rc) rc = bench_env(&o, b, auto_nodes);
     if (!rc) rc = bench_run(&o, b);
     if (!rc) bench_print(&o, b);
+    if (!rc && o.head_online) bench_print_online(b);
+    for (int k = 0; !rc && o.save_head && k < b->nm; k++)
+        if (b->keep[k]) {   // the first online method's head
+            rc = cli_head_online_end(b->drafters[k], o.save_head, 0);
+            break;
+        }
     if (!rc && o.out_path) rc = bench_write_json(&o, b);
     if (!rc && b->mismatch)
         rc = cli_error("MISMATCH: some greedy method did not reproduce ar's text token for token (see above)");

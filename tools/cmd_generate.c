@@ -109,6 +109,9 @@ typedef struct gen_opts {
     const char *save_skip, *load_skip;
     const char *lookahead;  // --lookahead W,N,G
     const char *head;       // --head FILE|auto: an EAGLE-3 head drafts (eagle3:SHAPE)
+    int head_online;        // --head-online: the head keeps training while it drafts
+    float online_lr;        // --online-lr
+    const char *save_head;  // --save-head FILE: the head as it is after the run
     // the spellings of the flags given, NULL when absent (for the cross-flag checks)
     const char *method_given, *draft_max_given, *p_min_given, *tree_given, *dyn_given, *ngram_given, *skip_given,
         *lookahead_given, *head_given;
@@ -206,7 +209,8 @@ static const char *const GEN_NOTES =
 
 // argv -> o (defaults first). Returns a cli_parse result.
 static int gen_parse(int argc, char **argv, gen_opts *o) {
-    *o = (gen_opts){.n_predict = 256, .n_batch = 512, .draft_max = 4, .sp = sd_sampler_default_params()};
+    *o = (gen_opts){.n_predict = 256, .n_batch = 512, .draft_max = 4, .sp = sd_sampler_default_params(),
+                    .online_lr = sd_head_online_default_params().lr};
     char threads_help[96], method_help[1024], tree_help[1024];
     snprintf(threads_help, sizeof threads_help, "threads (default: number of cores, %d here)", sd_n_cores());
     snprintf(method_help, sizeof method_help,
@@ -272,6 +276,13 @@ static int gen_parse(int argc, char **argv, gen_opts *o) {
          .help = "draft with a trained EAGLE-3 head (specdec train-head); 'auto': the head in heads/ made for this "
                  "model, if any. The tree flags (--draft-max, --tree, --tree-dynamic) shape its drafts; default "
                  "chain of --draft-max tokens"},
+        {"--head-online", NULL, CLI_FLAG, &o->head_online,
+         .help = "online adaptation: the EAGLE-3 head keeps training on the target's states and distributions of "
+                 "the verified text, in a background thread (docs/heads.md); the head file is not changed"},
+        {"--online-lr", NULL, CLI_FLOAT, &o->online_lr, .lo = 1e-7, .hi = 1.0, .meta = "LR", .def = CLI_DEF_VALUE,
+         .help = "--head-online: AdamW learning rate, one step per 64 verified positions"},
+        {"--save-head", NULL, CLI_STRING, &o->save_head, .meta = "FILE",
+         .help = "--head-online: write the head with what it learnt to FILE after the run (Q8_0)"},
         {"--draft-max", NULL, CLI_INT, &o->draft_max, .lo = 1, .hi = 64, .given = &o->draft_max_given, .meta = "K",
          .def = CLI_DEF_VALUE, .help = "chain draft: most draft tokens per step"},
         {"--draft-p-min", NULL, CLI_FLOAT, &o->p_min, .lo = 0.0, .hi = 1.0, .given = &o->p_min_given, .meta = "P",
@@ -478,6 +489,9 @@ static int gen_validate(gen_opts *o, gen_plan *p) {
     if (o->n_threads <= 0) o->n_threads = sd_n_cores();
     p->auto_nodes = o->max_nodes > 0 ? SD_MIN(o->max_nodes, SD_METHOD_AUTO_NODES) : SD_METHOD_AUTO_NODES;
     if (gen_plan_method(o, p)) return 1;
+    if (o->save_head && !o->head_online) return cli_error("generate: --save-head needs --head-online");
+    if (o->head_online && (!o->head || !p->spec || (p->m.needs_head != SD_METHOD_EAGLE3 && p->m.kind != SD_METHOD_AUTO)))
+        return cli_error("generate: --head-online needs an EAGLE-3 head drafting (--head H.gguf)");
     const int skip_auto = p->m.kind == SD_METHOD_SKIP && !strcmp(p->m.skip_list, "auto");
     if ((o->save_skip || o->load_skip) && !skip_auto)
         return cli_error("generate: %s needs --draft-skip auto (or --method skip:auto)",
@@ -595,6 +609,8 @@ static int gen_build_drafter(const gen_opts *o, gen_plan *p, gen_state *g) {
     env.auto_nodes = p->auto_nodes;
     env.report = on_report;
     env.head_eagle3 = g->head;
+    env.head_online.on = o->head_online;
+    env.head_online.lr = o->online_lr;
     if (p->m.uses_cost_curve) {   // the target's cost curve, measured on the empty session before the prompt
         double t0 = sd_time_ms();
         if (sd_cost_curve_new(&g->cost, g->s, p->max_nodes, err, sizeof err) < 0)
@@ -731,7 +747,7 @@ static int gen_run(const gen_opts *o, const gen_plan *p, gen_state *g) {
         gen_print_summary(o, p, &st, finish);
     }
     if (g->out.oom) fprintf(stderr, "specdec: warning: out of memory, the text is incomplete\n");
-    return 0;
+    return o->head_online && g->drafter ? cli_head_online_end(g->drafter, o->save_head, o->json) : 0;
 }
 
 int cmd_generate(int argc, char **argv) {

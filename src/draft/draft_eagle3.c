@@ -20,6 +20,7 @@
 #include "common.h"
 #include "head/eagle3.h"
 #include "model/model.h"
+#include "train/learner.h"
 
 #define E3_TREE_MAX 512
 #define E3_ROWS 64   // rows per head call
@@ -56,7 +57,8 @@ typedef struct e3d {
     sd_draft_auto *au;
     // coverage of the draft vocabulary: target argmax of path nodes
     int64_t cov_n, cov_in;
-    char note[160];
+    sd_learner *lr;      // online adaptation, or NULL
+    char note[400];
     int test_fault;      // tests only: misreport the draft distributions (sd_draft_eagle3_test_fault)
 } e3d;
 
@@ -75,14 +77,16 @@ static void put_states(e3d *s, const float *hidden, int pos0, int n) {
 }
 
 // Forget everything from position L on (the text changed there).
-static void cut_text(e3d *s, int L) {
-    if (L >= s->n_txt && L > s->last_row) return;
+static int cut_text(e3d *s, int L, char *err, size_t errlen) {
+    if (s->lr && sd_learner_cut(s->lr, L, err, errlen) < 0) return -1;
+    if (L >= s->n_txt && L > s->last_row) return 0;
     if (L < s->n_ctx) memset(s->gv + L, 0, (size_t)(s->n_ctx - L));
     int n = sd_e3_n_cached(s->e);
     while (n > 0 && s->row_pos[n - 1] >= L) n--;
     sd_e3_truncate(s->e, n);
     s->last_row = n > 0 ? s->row_pos[n - 1] : -1;
     if (s->n_txt > L) s->n_txt = L;
+    return 0;
 }
 
 // Distribution row over the full vocabulary from draft logits lg (V).
@@ -223,10 +227,11 @@ static int e3_propose(sd_drafter *dr, const sd_draft_ctx *ctx, sd_tree *tree, ch
             s->smp_p = *ctx->sp;
         }
     }
+    if (s->lr) sd_learner_swap(s->lr, s->e);   // newer parameters, when ready (never waits)
     // Follow the text: keep what agrees with it.
     int L = 0, lim = SD_MIN(s->n_txt, n);
     while (L < lim && s->txt[L] == ctx->tokens[L]) L++;
-    cut_text(s, L);
+    if (cut_text(s, L, err, errlen) < 0) return -1;
     if (n > s->n_ctx) return 0;   // beyond the head's context: nothing drafted
     memcpy(s->txt, ctx->tokens, sizeof(int32_t) * (size_t)n);
     s->n_txt = n;
@@ -245,6 +250,19 @@ static int e3_propose(sd_drafter *dr, const sd_draft_ctx *ctx, sd_tree *tree, ch
         }
     }
     return rc < 0 ? -1 : 0;
+}
+
+// Online adaptation: the path's positions (root first) with their target
+// rows and the target's logits after each go to the learner.
+static int learn(e3d *s, const sd_step_record *rec, char *err, size_t errlen) {
+    for (int k = 0; k < rec->n_path; k++) {
+        const float *lt = rec->logits ? rec->logits(rec->lstate, rec->path[k]) : NULL;
+        if (!lt || !rec->hidden) return sd_learner_break(s->lr, err, errlen);
+        if (sd_learner_add(s->lr, s->root_pos + k, rec->tree->token[rec->path[k]],
+                           rec->hidden + (size_t)k * 3 * s->d, lt, err, errlen) < 0)
+            return -1;
+    }
+    return 0;
 }
 
 static int e3_accept(sd_drafter *dr, const sd_step_record *rec, char *err, size_t errlen) {
@@ -271,21 +289,21 @@ static int e3_accept(sd_drafter *dr, const sd_step_record *rec, char *err, size_
     }
     // The accepted tokens join the text at the positions after the root, and
     // the target's states of the path become fused states.
-    if (s->root_pos < 0 || s->n_txt != s->root_pos + 1) return 0;   // nothing proposed for this text
+    if (s->root_pos < 0 || s->n_txt != s->root_pos + 1)   // nothing proposed for this text
+        return s->lr ? sd_learner_break(s->lr, err, errlen) : 0;
     for (int k = 1; k < rec->n_path && s->n_txt < s->n_ctx; k++) s->txt[s->n_txt++] = tree->token[rec->path[k]];
     if (rec->hidden) put_states(s, rec->hidden, s->root_pos, rec->n_path);
+    if (s->lr) return learn(s, rec, err, errlen);
     return 0;
 }
 
 static int e3_prompt(sd_drafter *dr, const int32_t *tokens, int pos0, int n, const float *hidden, char *err,
                      size_t errlen) {
-    (void)err;
-    (void)errlen;
     e3d *s = dr->impl;
     int end = SD_MIN(pos0 + n, s->n_ctx);
     int L = 0, lim = SD_MIN(s->n_txt, end);
     while (L < lim && s->txt[L] == tokens[L]) L++;
-    cut_text(s, L);
+    if (cut_text(s, L, err, errlen) < 0) return -1;
     if (end <= pos0) return 0;
     memcpy(s->txt + L, tokens + L, sizeof(int32_t) * (size_t)(end - L));
     s->n_txt = end;
@@ -302,21 +320,46 @@ static void e3_reset(sd_drafter *dr) {
     s->root_pos = -1;
     s->p_min = s->p.p_min;
     sd_draft_auto_reset(s->au);
+    if (s->lr) sd_learner_reset(s->lr, s->e);
 }
 
 static const char *e3_note(const sd_drafter *dr) {
     e3d *s = dr->impl;
-    if (s->cov_n == 0) snprintf(s->note, sizeof s->note, "eagle3 head: draft vocabulary %d tokens", s->V);
+    int n;
+    if (s->cov_n == 0) n = snprintf(s->note, sizeof s->note, "eagle3 head: draft vocabulary %d tokens", s->V);
     else
-        snprintf(s->note, sizeof s->note, "eagle3 head: draft vocabulary %d tokens holds the target's choice %.1f%% of %lld times",
-                 s->V, 100.0 * (double)s->cov_in / (double)s->cov_n, (long long)s->cov_n);
+        n = snprintf(s->note, sizeof s->note, "eagle3 head: draft vocabulary %d tokens holds the target's choice %.1f%% of %lld times",
+                     s->V, 100.0 * (double)s->cov_in / (double)s->cov_n, (long long)s->cov_n);
+    if (s->lr && n > 0 && (size_t)n + 2 < sizeof s->note) {
+        memcpy(s->note + n, "; ", 3);
+        sd_learner_note(s->lr, s->note + n + 2, sizeof s->note - (size_t)n - 2);
+    }
     return s->note;
+}
+
+static int e3_save_head(sd_drafter *dr, const char *path, char *err, size_t errlen) {
+    e3d *s = dr->impl;
+    if (s->lr) return sd_learner_save(s->lr, path, err, errlen);
+    return sd_head_save(s->head, path, SD_TYPE_Q8_0, err, errlen);
+}
+
+static int e3_online_wait(sd_drafter *dr, char *err, size_t errlen) {
+    e3d *s = dr->impl;
+    return s->lr ? sd_learner_drain(s->lr, err, errlen) : 0;
+}
+
+static int e3_online_stats(const sd_drafter *dr, sd_head_online_stats *st) {
+    e3d *s = dr->impl;
+    if (!s->lr) return 0;
+    sd_learner_stats(s->lr, st);
+    return 1;
 }
 
 static void e3_free(sd_drafter *dr) {
     if (!dr) return;
     e3d *s = dr->impl;
     if (s) {
+        sd_learner_free(s->lr);   // (first: stops the training thread)
         sd_e3_free(s->e);
         sd_draft_auto_free(s->au);
         sd_sampler_free(s->smp);
@@ -335,10 +378,13 @@ static const sd_drafter_vt e3_vt = {.name = "eagle3",
                                     .prompt = e3_prompt,
                                     .reset = e3_reset,
                                     .free = e3_free,
-                                    .note = e3_note};
+                                    .note = e3_note,
+                                    .save_head = e3_save_head,
+                                    .online_stats = e3_online_stats,
+                                    .online_wait = e3_online_wait};
 
 int sd_draft_eagle3_new(sd_drafter **out, const sd_head *h, const sd_model *target, const sd_draft_model_params *p,
-                        int wtype, char *err, size_t errlen) {
+                        int wtype, const sd_head_online_params *online, char *err, size_t errlen) {
     *out = NULL;
     if (!h || h->hp.type != SD_HEAD_EAGLE3) return sd_err(err, errlen, "eagle3: an EAGLE-3 head is required");
     if (sd_head_check_target(h, target, err, errlen) < 0) return -1;
@@ -397,6 +443,10 @@ int sd_draft_eagle3_new(sd_drafter **out, const sd_head *h, const sd_model *targ
             e3_free(dr);
             return -1;
         }
+    }
+    if (online && online->on && sd_learner_new(&s->lr, h, target, wtype, online, err, errlen) < 0) {
+        e3_free(dr);
+        return -1;
     }
     dr->n_hidden_layers = 3;
     for (int i = 0; i < 3; i++) dr->hidden_layers[i] = h->hp.extract[i];

@@ -12,9 +12,12 @@
 // model (n_ctx: the head's cache, 0 = min(n_ctx_train, 4096); pool: the
 // target's, the two take turns). wtype: SD_TYPE_Q8_0 (default) or
 // SD_TYPE_F32 for the head's matrices. The drafter asks the generation for
-// the hidden rows of h->hp.extract.
+// the hidden rows of h->hp.extract. online: NULL or on = 0: the head as it
+// is; on = 1: online adaptation (specdec_spec.h, train/learner.h): the
+// drafter trains a copy of h (h itself is never written) and, unless
+// deterministic, runs one training thread, stopped by sd_drafter_free.
 int sd_draft_eagle3_new(sd_drafter **out, const sd_head *h, const sd_model *target, const sd_draft_model_params *p,
-                        int wtype, char *err, size_t errlen);
+                        int wtype, const sd_head_online_params *online, char *err, size_t errlen);
 
 // Tests only: on = 1 makes the drafter misreport its distributions (each
 // recorded row flattened after the draws were made from the true one), so

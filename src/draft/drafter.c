@@ -27,6 +27,21 @@ const char *sd_drafter_note(const sd_drafter *d) {
     return d && d->vt->note ? d->vt->note(d) : "";
 }
 
+int sd_drafter_online_stats(const sd_drafter *d, sd_head_online_stats *st) {
+    memset(st, 0, sizeof *st);
+    return d && d->vt->online_stats ? d->vt->online_stats(d, st) : 0;
+}
+
+int sd_drafter_online_wait(sd_drafter *d, char *err, size_t errlen) {
+    return d && d->vt->online_wait ? d->vt->online_wait(d, err, errlen) : 0;
+}
+
+int sd_drafter_save_head(sd_drafter *d, const char *path, char *err, size_t errlen) {
+    if (!d || !d->vt->save_head)
+        return sd_err(err, errlen, "drafter '%s' has no head to save (an eagle3 method has)", sd_drafter_name(d));
+    return d->vt->save_head(d, path, err, errlen);
+}
+
 static const float *no_logits(void *lstate, int i) {
     (void)lstate;
     (void)i;

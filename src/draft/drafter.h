@@ -86,6 +86,12 @@ typedef struct sd_drafter_vt {
     void (*free)(sd_drafter *d);
     // Optional: sd_drafter_note's text (NULL: "").
     const char *(*note)(const sd_drafter *d);
+    // Optional (NULL: the drafter has no head): sd_drafter_save_head.
+    int (*save_head)(sd_drafter *d, const char *path, char *err, size_t errlen);
+    // Optional (NULL: no online adaptation): fills st, returns 1 when the drafter adapts online, else 0.
+    int (*online_stats)(const sd_drafter *d, sd_head_online_stats *st);
+    // Optional (NULL: nothing to wait for): sd_drafter_online_wait.
+    int (*online_wait)(sd_drafter *d, char *err, size_t errlen);
 } sd_drafter_vt;
 
 #define SD_DRAFTER_MAX_HIDDEN SD_MAX_HIDDEN_LAYERS

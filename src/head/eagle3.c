@@ -11,20 +11,29 @@
 // One matrix in the runner's compute type.
 typedef struct e3_mat {
     int type;
-    const void *W;     // (rows, row bytes of type)
-    void *own;         // owned copy (quantized), or NULL when W is the float parameters
+    void *W;           // (n_out rows of n_in values in type) owned
     int64_t n_in, n_out;
     int ti;            // tensor index in the head
 } e3_mat;
 
 enum { M_FC, M_Q, M_K, M_V, M_O, M_GATE, M_UP, M_DOWN, M_OUT, M_N };
+enum { N_ATTN, N_HIDDEN, N_FFN, N_OUT, N_N };
+
+struct sd_e3_pack {
+    sd_head_hp hp;       // the shape it was made for
+    e3_mat mat[M_N];
+    float *norm;         // (N_N, n_embd) the norm gains: attn, hidden, ffn, output
+};
+
+static const int mat_tensor[M_N] = {SD_E3_FC, SD_E3_WQ, SD_E3_WK, SD_E3_WV, SD_E3_WO,
+                                    SD_E3_GATE, SD_E3_UP, SD_E3_DOWN, SD_E3_OUT};
+static const int norm_tensor[N_N] = {SD_E3_ATTN_NORM, SD_E3_HIDDEN_NORM, SD_E3_FFN_NORM, SD_E3_OUT_NORM};
 
 struct sd_e3 {
-    const sd_head *h;
+    const sd_head *h;    // hyper-parameters (and sd_e3_sync's source)
     const sd_model *m;
     sd_pool *pool;
-    int wtype;
-    e3_mat mat[M_N];
+    sd_e3_pack *pk;      // the parameters in use (owned)
     sd_mm_ctx mm;
     int d, qd, kd, hd, nh, nkv, nff, V;
     int n_ctx, max_rows, max_pending;
@@ -40,42 +49,71 @@ struct sd_e3 {
     float *rope_freq;    // (hd/2)
 };
 
-static const int mat_tensor[M_N] = {SD_E3_FC, SD_E3_WQ, SD_E3_WK, SD_E3_WV, SD_E3_WO,
-                                    SD_E3_GATE, SD_E3_UP, SD_E3_DOWN, SD_E3_OUT};
-
-static int mat_make(sd_e3 *e, int i) {
-    e3_mat *mt = &e->mat[i];
-    const sd_head_tensor *t = &e->h->t[mat_tensor[i]];
-    mt->ti = mat_tensor[i];
-    mt->n_in = t->ne0;
-    mt->n_out = t->ne1;
-    mt->type = e->wtype;
-    if (mt->type != SD_TYPE_F32 && t->ne0 % sd_type_get(mt->type)->blck) mt->type = SD_TYPE_F32;
-    if (mt->type == SD_TYPE_F32) {
-        mt->W = sd_head_w(e->h, mt->ti);
-        return 0;
-    }
-    mt->own = malloc(sd_row_size(mt->type, t->ne0) * (size_t)t->ne1);
-    mt->W = mt->own;
-    return mt->own ? 0 : -1;
+void sd_e3_pack_free(sd_e3_pack *p) {
+    if (!p) return;
+    for (int i = 0; i < M_N; i++) free(p->mat[i].W);
+    free(p->norm);
+    free(p);
 }
 
-void sd_e3_sync(sd_e3 *e) {
+int sd_e3_pack_new(sd_e3_pack **out, const sd_head *h, int wtype, char *err, size_t errlen) {
+    *out = NULL;
+    if (h->hp.type != SD_HEAD_EAGLE3) return sd_err(err, errlen, "eagle3: not an EAGLE-3 head");
+    if (wtype != SD_TYPE_F32 && wtype != SD_TYPE_Q8_0) return sd_err(err, errlen, "eagle3: weight type %d (f32 or q8_0)", wtype);
+    sd_e3_pack *p = calloc(1, sizeof *p);
+    if (!p) return sd_err(err, errlen, "eagle3: out of memory");
+    p->hp = h->hp;
+    int ok = (p->norm = malloc(sizeof(float) * N_N * (size_t)h->hp.n_embd)) != NULL;
+    for (int i = 0; i < M_N && ok; i++) {
+        e3_mat *mt = &p->mat[i];
+        const sd_head_tensor *t = &h->t[mat_tensor[i]];
+        mt->ti = mat_tensor[i];
+        mt->n_in = t->ne0;
+        mt->n_out = t->ne1;
+        mt->type = wtype;
+        if (mt->type != SD_TYPE_F32 && t->ne0 % sd_type_get(mt->type)->blck) mt->type = SD_TYPE_F32;
+        ok = (mt->W = malloc(sd_row_size(mt->type, t->ne0) * (size_t)t->ne1)) != NULL;
+    }
+    if (!ok) {
+        sd_e3_pack_free(p);
+        return sd_err(err, errlen, "eagle3: out of memory for the head's parameters");
+    }
+    sd_e3_pack_fill(p, h);
+    *out = p;
+    return 0;
+}
+
+void sd_e3_pack_fill(sd_e3_pack *p, const sd_head *h) {
+    SD_ASSERT(h->hp.n_embd == p->hp.n_embd && h->hp.n_ff == p->hp.n_ff && h->hp.n_draft_vocab == p->hp.n_draft_vocab);
     for (int i = 0; i < M_N; i++) {
-        e3_mat *mt = &e->mat[i];
-        if (!mt->own) continue;
+        e3_mat *mt = &p->mat[i];
         const sd_type_traits *tr = sd_type_get(mt->type);
         size_t rb = sd_row_size(mt->type, mt->n_in);
-        const float *src = sd_head_w(e->h, mt->ti);
-        for (int64_t r = 0; r < mt->n_out; r++) tr->from_float(src + r * mt->n_in, (uint8_t *)mt->own + r * rb, mt->n_in);
+        const float *src = sd_head_w(h, mt->ti);
+        if (mt->type == SD_TYPE_F32) {
+            memcpy(mt->W, src, sizeof(float) * (size_t)(mt->n_in * mt->n_out));
+            continue;
+        }
+        for (int64_t r = 0; r < mt->n_out; r++) tr->from_float(src + r * mt->n_in, (uint8_t *)mt->W + r * rb, mt->n_in);
     }
+    const size_t d = (size_t)p->hp.n_embd;
+    for (int i = 0; i < N_N; i++) memcpy(p->norm + i * d, sd_head_w(h, norm_tensor[i]), sizeof(float) * d);
 }
+
+sd_e3_pack *sd_e3_swap_pack(sd_e3 *e, sd_e3_pack *p) {
+    SD_ASSERT(p && p->hp.n_embd == e->d && p->hp.n_ff == e->nff && p->hp.n_draft_vocab == e->V);
+    sd_e3_pack *old = e->pk;
+    e->pk = p;
+    return old;
+}
+
+void sd_e3_sync(sd_e3 *e) { sd_e3_pack_fill(e->pk, e->h); }
 
 const sd_head *sd_e3_head(const sd_e3 *e) { return e->h; }
 
 void sd_e3_free(sd_e3 *e) {
     if (!e) return;
-    for (int i = 0; i < M_N; i++) free(e->mat[i].own);
+    sd_e3_pack_free(e->pk);
     float *bufs[] = {e->kc, e->vc, e->kp, e->vp, e->u, e->q, e->k, e->v, e->att, e->o, e->r, e->mm_in,
                      e->gate, e->up, e->f, e->hn, e->e, e->sc, e->rope_freq};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
@@ -97,7 +135,6 @@ int sd_e3_new(sd_e3 **out, const sd_head *h, const sd_model *m, int n_ctx, int m
     e->h = h;
     e->m = m;
     e->pool = pool ? sd_pool_ref(pool) : NULL;
-    e->wtype = wtype;
     const sd_head_hp *hp = &h->hp;
     e->d = hp->n_embd;
     e->hd = hp->head_dim;
@@ -110,8 +147,10 @@ int sd_e3_new(sd_e3 **out, const sd_head *h, const sd_model *m, int n_ctx, int m
     e->n_ctx = n_ctx;
     e->max_rows = max_rows;
     e->max_pending = max_pending;
-    int ok = 1;
-    for (int i = 0; i < M_N; i++) ok &= mat_make(e, i) == 0;
+    if (sd_e3_pack_new(&e->pk, h, wtype, err, errlen) < 0) {
+        sd_e3_free(e);
+        return -1;
+    }
     size_t R = (size_t)max_rows, d = (size_t)e->d;
     e->kc = malloc(sizeof(float) * (size_t)n_ctx * (size_t)e->kd);
     e->vc = malloc(sizeof(float) * (size_t)n_ctx * (size_t)e->kd);
@@ -133,25 +172,24 @@ int sd_e3_new(sd_e3 **out, const sd_head *h, const sd_model *m, int n_ctx, int m
     e->e = malloc(sizeof(float) * d);
     e->sc = malloc(sizeof(float) * ((size_t)n_ctx + (size_t)max_pending));
     e->rope_freq = malloc(sizeof(float) * (size_t)(e->hd / 2));
-    size_t ws = 0;
-    for (int i = 0; i < M_N; i++) ws = SD_MAX(ws, sd_matmul_wsize(e->mat[i].type, e->mat[i].n_in, max_rows));
+    size_t ws = 0;   // (every pack of this shape has the same types: sd_e3_swap_pack keeps it valid)
+    for (int i = 0; i < M_N; i++) ws = SD_MAX(ws, sd_matmul_wsize(e->pk->mat[i].type, e->pk->mat[i].n_in, max_rows));
     e->mm.wbuf = malloc(ws ? ws : 64);
     e->mm.wbuf_size = ws;
     e->mm.pool = e->pool;
-    if (!ok || !e->kc || !e->vc || !e->kp || !e->vp || !e->ppar || !e->u || !e->q || !e->k || !e->v || !e->att ||
+    if (!e->kc || !e->vc || !e->kp || !e->vp || !e->ppar || !e->u || !e->q || !e->k || !e->v || !e->att ||
         !e->o || !e->r || !e->mm_in || !e->gate || !e->up || !e->f || !e->hn || !e->e || !e->sc || !e->rope_freq ||
         !e->mm.wbuf) {
         sd_e3_free(e);
         return sd_err(err, errlen, "eagle3: out of memory");
     }
     for (int i = 0; i < e->hd / 2; i++) e->rope_freq[i] = (float)pow(hp->rope_base, -2.0 * i / e->hd);
-    sd_e3_sync(e);
     *out = e;
     return 0;
 }
 
 static void mat_apply(sd_e3 *e, int i, const float *x, int n, float *y) {
-    const e3_mat *mt = &e->mat[i];
+    const e3_mat *mt = &e->pk->mat[i];
     sd_matmul(&e->mm, mt->type, mt->W, mt->n_in, mt->n_out, x, n, y);
 }
 
@@ -233,7 +271,7 @@ int sd_e3_eval(sd_e3 *e, const int32_t *tok, const float *c, const int32_t *pos,
     const sd_head *h = e->h;
     const int d = e->d;
     const float eps = h->hp.rms_eps;
-    const float *g_attn = sd_head_w(h, SD_E3_ATTN_NORM), *g_hid = sd_head_w(h, SD_E3_HIDDEN_NORM);
+    const float *g_attn = e->pk->norm + N_ATTN * d, *g_hid = e->pk->norm + N_HIDDEN * d;
     for (int i = 0; i < n; i++) {
         float *u = e->u + (size_t)i * 2 * d;
         sd_model_token_embd(e->m, tok[i], e->e, NULL, 0);
@@ -259,7 +297,7 @@ int sd_e3_eval(sd_e3 *e, const int32_t *tok, const float *c, const int32_t *pos,
     sd_pool_acquire(e->pool);
     mat_apply(e, M_O, e->att, n, e->o);
     sd_pool_release(e->pool);
-    const float *g_ffn = sd_head_w(h, SD_E3_FFN_NORM);
+    const float *g_ffn = e->pk->norm + N_FFN * d;
     for (int i = 0; i < n; i++) {
         float *r = e->r + (size_t)i * d;
         const float *res = h->hp.norm_before_residual ? e->u + (size_t)i * 2 * d + d : c + (size_t)i * d;
@@ -275,7 +313,7 @@ int sd_e3_eval(sd_e3 *e, const int32_t *tok, const float *c, const int32_t *pos,
     }
     mat_apply(e, M_DOWN, e->gate, n, e->f);
     sd_pool_release(e->pool);
-    const float *g_out = sd_head_w(h, SD_E3_OUT_NORM);
+    const float *g_out = e->pk->norm + N_OUT * d;
     for (int i = 0; i < n; i++) {
         float *r = e->r + (size_t)i * d, *f = e->f + (size_t)i * d;
         for (int j = 0; j < d; j++) f[j] += r[j];   // f is now the output state h

@@ -13,16 +13,36 @@
 
 typedef struct sd_e3 sd_e3;
 
-// A head runner for h (which must outlive it; h->w is read again by
-// sd_e3_sync) and the target m it reads embeddings from: a KV cache of n_ctx
-// committed rows, at most max_rows rows per call and max_pending pending rows
-// between commits. wtype: SD_TYPE_Q8_0 (default speed) or SD_TYPE_F32 (exact
+// The parameters of a head as a runner reads them: the matrices in its
+// compute type (Q8_0 or float copies) and the norm gains, copied out of a
+// head (sd_head.w) when filled. A pack belongs to no head: the online
+// drafter fills one from the head it trains in a background thread, then
+// hands it to the runner at the start of a step (sd_e3_swap_pack).
+typedef struct sd_e3_pack sd_e3_pack;
+// A pack shaped for h (EAGLE-3), filled from h. wtype: SD_TYPE_Q8_0 or
+// SD_TYPE_F32 (matrices whose rows do not fill Q8_0 blocks stay float).
+// Allocates everything; h is not kept.
+int sd_e3_pack_new(sd_e3_pack **out, const sd_head *h, int wtype, char *err, size_t errlen);
+// Copies (quantizes) h's parameters into p; h has p's shape. Allocates nothing.
+void sd_e3_pack_fill(sd_e3_pack *p, const sd_head *h);
+void sd_e3_pack_free(sd_e3_pack *p);
+
+// A head runner for h (which must outlive it: its hyper-parameters are read,
+// and sd_e3_sync re-reads h->w) and the target m it reads embeddings from: a
+// KV cache of n_ctx committed rows, at most max_rows rows per call and
+// max_pending pending rows between commits. Its parameters are a pack of its
+// own made from h. wtype: SD_TYPE_Q8_0 (default speed) or SD_TYPE_F32 (exact
 // float, for tests). pool may be NULL.
 int sd_e3_new(sd_e3 **out, const sd_head *h, const sd_model *m, int n_ctx, int max_rows, int max_pending, int wtype,
               sd_pool *pool, char *err, size_t errlen);
 void sd_e3_free(sd_e3 *e);
-// Re-reads the head's parameters (after training changed them).
+// Re-reads the head's parameters into the runner's pack (after training changed them).
 void sd_e3_sync(sd_e3 *e);
+// The runner computes with p from now on (a pack of the same shape and
+// weight type, made by sd_e3_pack_new); returns the pack it used, which the
+// caller owns from now on. O(1). The committed rows keep the keys and values
+// the old parameters made.
+sd_e3_pack *sd_e3_swap_pack(sd_e3 *e, sd_e3_pack *p);
 const sd_head *sd_e3_head(const sd_e3 *e);
 
 // g (n, d) = fc * feats (n, 3d): the fused states of n target positions.

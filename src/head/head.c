@@ -128,6 +128,17 @@ void sd_head_free(sd_head *h) {
     free(h);
 }
 
+int sd_head_copy(sd_head **out, const sd_head *h, char *err, size_t errlen) {
+    if (sd_head_new(out, &h->hp, err, errlen) < 0) return -1;
+    sd_head *c = *out;
+    SD_ASSERT(c->n_w == h->n_w && c->n_t == h->n_t);
+    memcpy(c->w, h->w, sizeof(float) * h->n_w);
+    memcpy(c->d2t, h->d2t, sizeof(int32_t) * (size_t)h->hp.n_draft_vocab);
+    memcpy(c->t2d, h->t2d, sizeof(int32_t) * (size_t)h->hp.target_n_vocab);
+    memcpy(c->note, h->note, sizeof c->note);
+    return 0;
+}
+
 void sd_head_init(sd_head *h, uint64_t seed) {
     sd_rng r;
     sd_rng_seed(&r, seed);
@@ -224,7 +235,8 @@ int sd_head_describe(const sd_head *h, char *buf, size_t len) {
     size_t o = 0;
     for (const char *p = h->note; *p && o + 2 < sizeof facts;) {
         size_t L = strcspn(p, "\n");
-        if (!strncmp(p, "tokens=", 7) || !strncmp(p, "loss=", 5) || !strncmp(p, "agree=", 6) || !strncmp(p, "seed=", 5))
+        if (!strncmp(p, "tokens=", 7) || !strncmp(p, "loss=", 5) || !strncmp(p, "agree=", 6) || !strncmp(p, "seed=", 5) ||
+            !strncmp(p, "online.windows=", 15))
             o += (size_t)snprintf(facts + o, sizeof facts - o, " %.*s", (int)L, p);
         p += L + (p[L] == '\n');
     }

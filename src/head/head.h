@@ -91,6 +91,9 @@ sd_head_hp sd_head_default_hp(const sd_model *m, int type);
 // d2t = the first n_draft_vocab ids until sd_head_set_vocab). Returns 0 or <0.
 int sd_head_new(sd_head **out, const sd_head_hp *hp, char *err, size_t errlen);
 void sd_head_free(sd_head *h);
+// A new head equal to h (hyper-parameters, parameters, draft vocabulary,
+// note). Returns 0 or <0 (out of memory).
+int sd_head_copy(sd_head **out, const sd_head *h, char *err, size_t errlen);
 // Random initialisation (deterministic for seed): matrices uniform in
 // +-1/sqrt(ne0) (output and fc scaled as docs/heads.md says), norm gains 1, biases 0.
 void sd_head_init(sd_head *h, uint64_t seed);

@@ -423,7 +423,7 @@ static int make_eagle3(const method_cfg *m, const sd_method_env *env, sd_drafter
     dp.p_min = env->p_min;
     dp.n_ctx = env->n_ctx;
     dp.pool = env->pool;
-    return sd_draft_eagle3_new(out, env->head_eagle3, env->target, &dp, SD_TYPE_Q8_0, err, errlen);
+    return sd_draft_eagle3_new(out, env->head_eagle3, env->target, &dp, SD_TYPE_Q8_0, &env->head_online, err, errlen);
 }
 
 // ---- medusa:W1-W2-... (children per node at depth k from Medusa head k)
@@ -704,6 +704,7 @@ sd_method_env sd_method_env_default(const sd_model *target) {
     sd_method_env env;
     memset(&env, 0, sizeof env);
     env.target = target;
+    env.head_online = sd_head_online_default_params();
     return env;
 }
 

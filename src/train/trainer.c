@@ -38,8 +38,9 @@ int sd_trainer_new(sd_trainer **out, const sd_head *h, const sd_model *target, i
     else
         sd_md_sizes(h, T_max, &nf, &ni);
     const size_t nt = (size_t)T_max * SD_TRAIN_MAX_TOPK;
-    tr->arena = aligned_alloc(64, (nf + nt) * sizeof(float) + 64);
-    tr->iarena = aligned_alloc(64, (ni + nt) * sizeof(int32_t) + 64);
+    // (C11: the size a multiple of the alignment)
+    tr->arena = aligned_alloc(64, ((nf + nt) * sizeof(float) + 63) / 64 * 64 + 64);
+    tr->iarena = aligned_alloc(64, ((ni + nt) * sizeof(int32_t) + 63) / 64 * 64 + 64);
     tr->scored = malloc((size_t)T_max);
     if (!tr->arena || !tr->iarena || !tr->scored || sd_tr_ctx_init(&tr->ctx, pool, err, errlen) < 0) {
         sd_trainer_free(tr);

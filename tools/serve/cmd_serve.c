@@ -104,7 +104,7 @@ static void server_free(sv_server *s, sv_http *h) {
 
 int cmd_serve(int argc, char **argv) {
     sv_opts o = {.host = "127.0.0.1", .port = 8080, .n_slots = 4, .n_ctx = 2048, .n_queue = 16,
-                 .max_tokens = 1024, .max_conn = 64, .timeout_s = 60};
+                 .max_tokens = 1024, .max_conn = 64, .timeout_s = 60, .online_lr = sd_head_online_default_params().lr};
     const cli_opt opts[] = {
         {"--model", "-m", CLI_FILE, &o.model, .meta = "FILE", .what = "model file",
          .required = "a model is required (-m MODEL.gguf; see specdec serve --help)", .help = "GGUF model"},
@@ -117,6 +117,12 @@ int cmd_serve(int argc, char **argv) {
          .help = "a trained draft head (specdec train-head) for the eagle3:SHAPE and auto methods, or a Medusa head "
                  "for medusa:W1-W2-...; 'auto': the head in heads/ made for the model (none found: a note, and "
                  "the usual default). Give it twice for an EAGLE-3 and a Medusa head"},
+        {"--head-online", NULL, CLI_FLAG, &o.head_online,
+         .help = "online adaptation: each slot's EAGLE-3 drafter keeps training its own copy of the head on the "
+                 "text it verifies, over all the requests the slot serves with the same method (a training thread "
+                 "and a copy of the head with its optimiser state per slot; docs/heads.md)"},
+        {"--online-lr", NULL, CLI_FLOAT, &o.online_lr, .lo = 1e-7, .hi = 1.0, .meta = "LR", .def = CLI_DEF_VALUE,
+         .help = "--head-online: AdamW learning rate, one step per 64 verified positions"},
         {"--host", NULL, CLI_STRING, &o.host, .meta = "ADDR", .def = "127.0.0.1", .help = "address to listen on"},
         {"--port", NULL, CLI_INT, &o.port, 0, 65535, .meta = "N", .def = CLI_DEF_VALUE,
          .help = "TCP port; 0 = any free port (printed)"},
@@ -177,6 +183,10 @@ int cmd_serve(int argc, char **argv) {
     int rc = 1;
     char err[512];
     if (load_models(&s) || load_heads(&s)) goto out;
+    if (o.head_online && !s.head_eagle3) {
+        cli_error("serve: --head-online needs an EAGLE-3 head (--head H.gguf)");
+        goto out;
+    }
     if (!o.method) o.method = default_method(&s);
     if (prepare_method(&s, o.method)) goto out;
     if (sv_sched_start(&s, err, sizeof err) < 0) {

@@ -54,6 +54,8 @@ sd_method_env sv_method_env(const sv_server *s) {
     env.n_ctx = s->n_ctx;
     env.pool = s->pool;
     env.cost = s->cost;
+    env.head_online.on = s->o->head_online;
+    env.head_online.lr = s->o->online_lr;
     return env;
 }
 
@@ -199,8 +201,11 @@ static void slot_start(sv_server *s, sv_slot *sl) {
     // Greedy text does not depend on the drafts, so a drafter keeps what it
     // learnt from earlier requests; with sampling the drafts steer which
     // sample a seed gives, so the drafter starts fresh and a seed gives the
-    // same text every time.
-    if (sl->d && r->sp.temp > 0.0f) sd_drafter_reset(sl->d);
+    // same text every time. An adapting head (--head-online) keeps what it
+    // learnt instead: its drafts depend on when its training thread ran, so
+    // a seed cannot give the same sample anyway.
+    sd_head_online_stats hs;
+    if (sl->d && r->sp.temp > 0.0f && !sd_drafter_online_stats(sl->d, &hs)) sd_drafter_reset(sl->d);
     sd_model_info info;
     sd_model_get_info(s->model, &info);
     if (sd_sampler_new(&sl->smp, &r->sp, info.n_vocab, err, sizeof err) < 0) {

@@ -46,6 +46,8 @@ typedef struct sv_opts {
     int timeout_s;            // idle connection timeout (seconds, 60)
     int fast_prompt;          // prompts with 8-bit activations (sd_gen_params.fast_prompt); their chunks
                               // then share the rounds' passes with the step batches
+    int head_online;          // --head-online: each slot's EAGLE-3 drafter adapts its head (a training thread per slot)
+    float online_lr;          // --online-lr
 } sv_opts;
 
 // ---------------------------------------------------------------- requests
