@@ -169,9 +169,11 @@ static int parse_dyn(const char *args, method_cfg *m, char *err, size_t errlen) 
     return 0;
 }
 
-// One drafter per draft model, merged when there are several.
-static int make_model(const method_cfg *m, const sd_method_env *env, sd_drafter **out, char *err, size_t errlen) {
-    sd_drafter *subs[SD_METHOD_MAX_DRAFTS];
+// The draft-model shape of m with the environment's settings (the automatic
+// tree's cost curve and report, p_min, context, pool): shared by the draft
+// models and the EAGLE-3 head. 0, or -1 with a message.
+static int shape_params(const method_cfg *m, const sd_method_env *env, sd_draft_model_params *out, char *err,
+                        size_t errlen) {
     sd_draft_model_params dp = m->dp;
     if (dp.shape == SD_DRAFT_AUTO) {
         if (!env->cost) {
@@ -187,6 +189,15 @@ static int make_model(const method_cfg *m, const sd_method_env *env, sd_drafter 
     dp.n_ctx = env->n_ctx;
     dp.n_threads = env->n_threads;
     dp.pool = env->pool;
+    *out = dp;
+    return 0;
+}
+
+// One drafter per draft model, merged when there are several.
+static int make_model(const method_cfg *m, const sd_method_env *env, sd_drafter **out, char *err, size_t errlen) {
+    sd_drafter *subs[SD_METHOD_MAX_DRAFTS];
+    sd_draft_model_params dp;
+    if (shape_params(m, env, &dp, err, errlen) < 0) return -1;
     char e2[512];
     for (int i = 0; i < env->n_drafts; i++) {
         if (sd_draft_model_new(&subs[i], env->drafts[i], env->target, &dp, e2, sizeof e2) < 0) {
@@ -409,20 +420,8 @@ static int make_eagle3(const method_cfg *m, const sd_method_env *env, sd_drafter
         snprintf(err, errlen, "method '%s' needs an EAGLE-3 head (--head H.gguf)", m->name);
         return -1;
     }
-    sd_draft_model_params dp = m->dp;
-    if (dp.shape == SD_DRAFT_AUTO) {
-        if (!env->cost) {
-            snprintf(err, errlen, "method '%s': the automatic tree needs the target's cost curve", m->name);
-            return -1;
-        }
-        dp.tree_auto.cost = env->cost;
-        if (env->auto_nodes > 0) dp.tree_auto.max_nodes = SD_MIN(env->auto_nodes, SD_METHOD_AUTO_NODES);
-        dp.tree_auto.report = env->report;
-        dp.tree_auto.user = env->user;
-    }
-    dp.p_min = env->p_min;
-    dp.n_ctx = env->n_ctx;
-    dp.pool = env->pool;
+    sd_draft_model_params dp;
+    if (shape_params(m, env, &dp, err, errlen) < 0) return -1;
     return sd_draft_eagle3_new(out, env->head_eagle3, env->target, &dp, SD_TYPE_Q8_0, &env->head_online, err, errlen);
 }
 
