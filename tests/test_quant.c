@@ -564,6 +564,7 @@ static void test_avx2_backend(void) {
     test_matmul();
     test_gemm_plain_rows();
     test_matmul_batch_invariance();
+    test_repacked();
     sd_quant_init(0);
     CHECK(sd_quant_init_backend("no-such") == -1, "unknown backend name accepted");
 }

@@ -64,7 +64,8 @@ extern const char *sd_kernels_x86_init(sd_type_traits *traits, sd_from_float_fn 
                                        sd_act_pack_fn pack[SD_TYPE_COUNT]);
 // AVX2 + FMA dots of the legacy quants (src/kernels_avx2.c), for CPUs without
 // AVX-512 VNNI; NULL when the CPU lacks AVX2.
-extern const char *sd_kernels_avx2_init(sd_type_traits *traits);
+extern const char *sd_kernels_avx2_init(sd_type_traits *traits, sd_from_float_fn act[SD_TYPE_COUNT],
+                                        sd_act_pack_fn pack[SD_TYPE_COUNT]);
 
 // ---------------------------------------------------------------------------
 // float formats
@@ -458,7 +459,7 @@ static void quant_init_locked(int mode) {
     }
     const char *be = NULL;
     if (mode == 0) be = sd_kernels_x86_init(g_traits, g_act, g_pack);
-    if (!be && !force_ref) be = sd_kernels_avx2_init(g_traits);
+    if (!be && !force_ref) be = sd_kernels_avx2_init(g_traits, g_act, g_pack);
     g_backend = be ? be : "scalar";
     sd_quant_k_init(g_traits, force_ref);
     atomic_store_explicit(&g_inited, 1, memory_order_release);
