@@ -24,6 +24,7 @@ typedef struct mdd {
     sd_pool *pool;
     sd_mm_ctx mm;
     void *wq[SD_HEAD_MAX_MEDUSA], *oq[SD_HEAD_MAX_MEDUSA];   // Q8_0 copies of fc and output
+    int wq_type[SD_HEAD_MAX_MEDUSA], oq_type[SD_HEAD_MAX_MEDUSA]; // their types (sd_matmul_weights)
     int wtype;
     float *f;            // (d) the target's last normed state
     int have_f;          // f belongs to the position before the root
@@ -46,14 +47,14 @@ static void md_heads(mdd *s) {
     sd_pool_acquire(s->pool);
     for (int k = 0; k < s->K; k++) {
         const void *W = s->wq[k] ? s->wq[k] : sd_head_w(s->head, SD_MD_FC(k));
-        sd_matmul(&s->mm, s->wq[k] ? s->wtype : SD_TYPE_F32, W, s->d, s->d, s->f, 1, s->a);
+        sd_matmul(&s->mm, s->wq[k] ? s->wq_type[k] : SD_TYPE_F32, W, s->d, s->d, s->f, 1, s->a);
         const float *b = sd_head_w(s->head, SD_MD_BIAS(k));
         for (int j = 0; j < s->d; j++) {
             float x = s->a[j] + b[j];
             s->z[j] = s->f[j] + x / (1.0f + expf(-x));
         }
         const void *O = s->oq[k] ? s->oq[k] : sd_head_w(s->head, SD_MD_OUT(k));
-        sd_matmul(&s->mm, s->oq[k] ? s->wtype : SD_TYPE_F32, O, s->d, s->V, s->z, 1, s->lg + (size_t)k * s->V);
+        sd_matmul(&s->mm, s->oq[k] ? s->oq_type[k] : SD_TYPE_F32, O, s->d, s->V, s->z, 1, s->lg + (size_t)k * s->V);
     }
     sd_pool_release(s->pool);
 }
@@ -201,11 +202,10 @@ static void md_free(sd_drafter *dr) {
 static const sd_drafter_vt md_vt = {
     .name = "medusa", .propose = md_propose, .accept = md_accept, .prompt = md_prompt, .reset = md_reset, .free = md_free};
 
-static void *quant_copy(const float *w, int64_t n_in, int64_t n_out, int wtype) {
-    size_t rb = sd_row_size(wtype, n_in);
-    uint8_t *q = malloc(rb * (size_t)n_out);
-    if (!q) return NULL;
-    for (int64_t r = 0; r < n_out; r++) sd_type_get(wtype)->from_float(w + r * n_in, q + r * rb, n_in);
+// w as wtype rows in the layout sd_matmul reads fastest; *type: the type to pass it.
+static void *quant_copy(const float *w, int64_t n_in, int64_t n_out, int wtype, int *type) {
+    uint8_t *q = malloc(sd_row_size(wtype, n_in) * (size_t)n_out);
+    if (q) *type = sd_matmul_weights(wtype, w, n_in, n_out, q);
     return q;
 }
 
@@ -237,12 +237,12 @@ int sd_draft_medusa_new(sd_drafter **out, const sd_head *h, const sd_model *targ
     int bad = 0;
     if (wtype != SD_TYPE_F32 && s->d % sd_type_get(wtype)->blck == 0) {
         for (int k = 0; k < s->K; k++) {
-            s->wq[k] = quant_copy(sd_head_w(h, SD_MD_FC(k)), s->d, s->d, wtype);
-            s->oq[k] = quant_copy(sd_head_w(h, SD_MD_OUT(k)), s->d, s->V, wtype);
+            s->wq[k] = quant_copy(sd_head_w(h, SD_MD_FC(k)), s->d, s->d, wtype, &s->wq_type[k]);
+            s->oq[k] = quant_copy(sd_head_w(h, SD_MD_OUT(k)), s->d, s->V, wtype, &s->oq_type[k]);
             bad |= !s->wq[k] || !s->oq[k];
         }
     }
-    int mt = s->wq[0] ? wtype : SD_TYPE_F32;
+    int mt = s->wq[0] ? s->wq_type[0] : SD_TYPE_F32;
     s->mm.wbuf_size = sd_matmul_wsize(mt, s->d, 1);
     s->mm.wbuf = malloc(s->mm.wbuf_size ? s->mm.wbuf_size : 64);
     s->f = malloc(sizeof(float) * (size_t)s->d);

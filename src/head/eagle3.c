@@ -10,7 +10,8 @@
 
 // One matrix in the runner's compute type.
 typedef struct e3_mat {
-    int type;
+    int base;          // the compute type asked for (F32 or Q8_0)
+    int type;          // the type W holds: base, or its repacked form (sd_matmul_weights)
     void *W;           // (n_out rows of n_in values in type) owned
     int64_t n_in, n_out;
     int ti;            // tensor index in the head
@@ -70,9 +71,10 @@ int sd_e3_pack_new(sd_e3_pack **out, const sd_head *h, int wtype, char *err, siz
         mt->ti = mat_tensor[i];
         mt->n_in = t->ne0;
         mt->n_out = t->ne1;
-        mt->type = wtype;
-        if (mt->type != SD_TYPE_F32 && t->ne0 % sd_type_get(mt->type)->blck) mt->type = SD_TYPE_F32;
-        ok = (mt->W = malloc(sd_row_size(mt->type, t->ne0) * (size_t)t->ne1)) != NULL;
+        mt->base = wtype;
+        if (mt->base != SD_TYPE_F32 && t->ne0 % sd_type_get(mt->base)->blck) mt->base = SD_TYPE_F32;
+        mt->type = mt->base;
+        ok = (mt->W = malloc(sd_row_size(mt->base, t->ne0) * (size_t)t->ne1)) != NULL;
     }
     if (!ok) {
         sd_e3_pack_free(p);
@@ -87,14 +89,7 @@ void sd_e3_pack_fill(sd_e3_pack *p, const sd_head *h) {
     SD_ASSERT(h->hp.n_embd == p->hp.n_embd && h->hp.n_ff == p->hp.n_ff && h->hp.n_draft_vocab == p->hp.n_draft_vocab);
     for (int i = 0; i < M_N; i++) {
         e3_mat *mt = &p->mat[i];
-        const sd_type_traits *tr = sd_type_get(mt->type);
-        size_t rb = sd_row_size(mt->type, mt->n_in);
-        const float *src = sd_head_w(h, mt->ti);
-        if (mt->type == SD_TYPE_F32) {
-            memcpy(mt->W, src, sizeof(float) * (size_t)(mt->n_in * mt->n_out));
-            continue;
-        }
-        for (int64_t r = 0; r < mt->n_out; r++) tr->from_float(src + r * mt->n_in, (uint8_t *)mt->W + r * rb, mt->n_in);
+        mt->type = sd_matmul_weights(mt->base, sd_head_w(h, mt->ti), mt->n_in, mt->n_out, mt->W);
     }
     const size_t d = (size_t)p->hp.n_embd;
     for (int i = 0; i < N_N; i++) memcpy(p->norm + i * d, sd_head_w(h, norm_tensor[i]), sizeof(float) * d);

@@ -435,3 +435,23 @@ void sd_matmul_ref(int wtype, const void *W, int64_t n_in, int64_t n_out,
     }
     free(xq);
 }
+
+int sd_matmul_weights(int wtype, const float *w, int64_t n_in, int64_t n_out, void *dst) {
+    const size_t rb = sd_row_size(wtype, n_in), n = rb * (size_t)n_out;
+    if (wtype == SD_TYPE_F32) {
+        memcpy(dst, w, n);
+        return wtype;
+    }
+    const sd_type_traits *tr = sd_type_get(wtype);
+    const int rt = sd_quant_repack_type(wtype, n_in);
+    uint8_t *q = rt >= 0 ? malloc(n ? n : 1) : NULL;
+    if (!q) { // no repacked form (or no memory for the temporary copy): the file layout
+        for (int64_t r = 0; r < n_out; r++) tr->from_float(w + r * n_in, (uint8_t *)dst + (size_t)r * rb, n_in);
+        return wtype;
+    }
+    for (int64_t r = 0; r < n_out; r++) tr->from_float(w + r * n_in, q + (size_t)r * rb, n_in);
+    const int ok = sd_type_get(rt)->repack(q, dst, n_in, n_out) == 0;
+    if (!ok) memcpy(dst, q, n); // the kernel refused these rows: the file layout
+    free(q);
+    return ok ? rt : wtype;
+}

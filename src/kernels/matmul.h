@@ -42,6 +42,14 @@ size_t sd_matmul_wsize(int wtype, int64_t n_in, int64_t n_tok);
 // for the whole batch; threads of the pool split the output rows.
 void sd_matmul(sd_mm_ctx *ctx, int wtype, const void *W, int64_t n_in, int64_t n_out,
                const float *x, int64_t n_tok, float *y);
+// Float weights (n_out rows of n_in) made ready for sd_matmul as type wtype
+// (for heads and other matrices built at run time; a model's are repacked at
+// load): returns the type to pass to sd_matmul -- wtype's repacked form when
+// this CPU's kernels have one, else wtype -- and writes the rows to dst
+// (sd_row_size(wtype, n_in) * n_out bytes) in that type's layout. wtype
+// must have a from_float; F32 is copied. Without memory for a temporary copy
+// the file layout is written (and wtype returned).
+int sd_matmul_weights(int wtype, const float *w, int64_t n_in, int64_t n_out, void *dst);
 // Produces input rows [t0, t1) of a sd_matmul_multi's x (e.g. the residual add
 // and RMSNorm before Q, K, V). Must give each row the same bits whatever t0, t1.
 typedef void (*sd_mm_pre_fn)(void *arg, int64_t t0, int64_t t1);
