@@ -51,9 +51,6 @@
 #ifndef K2_XBUF
 #define K2_XBUF (192 * 1024) // bytes of prepared activations on the stack
 #endif
-#ifndef K2_RBUF
-#define K2_RBUF (16 * 1024) // bytes of rows repacked on the fly (file-layout gemm)
-#endif
 #define K2_TG 64 // most tokens per pass over the rows (the float accumulators' array)
 
 // kx_hsum's tree over lanes A (0..7) and B (8..15).
@@ -102,6 +99,50 @@ K2_INLINE void k2_unpack45(const uint8_t *u, int has_qh, int vw, int h, __m256i 
     }
 }
 
+// The same vectors straight from a file-layout Q4_K / Q5_K block (A or B of
+// the unit): byte run m of qs[32c..] holds elements 4m..4m+3 of sub-blocks 2c
+// (low nibbles) and 2c + 1 (high); a 4x4 transpose of 32-bit words per
+// 128-bit lane, the nibble split and an interleave put sub-block j in lane j.
+K2_INLINE void k2_unpack45_file(const uint8_t *blk, int has_qh, __m256i w[8]) {
+    const uint8_t *qs = blk + (has_qh ? 48 : 16);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i Q0 = _mm256_loadu_si256((const __m256i *)qs), Q1 = _mm256_loadu_si256((const __m256i *)(qs + 32));
+    const __m256i Q2 = _mm256_loadu_si256((const __m256i *)(qs + 64)), Q3 = _mm256_loadu_si256((const __m256i *)(qs + 96));
+    const __m256i t0 = _mm256_unpacklo_epi32(Q0, Q1), t1 = _mm256_unpackhi_epi32(Q0, Q1);
+    const __m256i t2 = _mm256_unpacklo_epi32(Q2, Q3), t3 = _mm256_unpackhi_epi32(Q2, Q3);
+    // R[m]: lane i = word m (low 128 bits) / m + 4 (high) of Q_i
+    const __m256i R[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2), _mm256_unpacklo_epi64(t1, t3),
+                          _mm256_unpackhi_epi64(t1, t3)};
+    for (int m = 0; m < 4; m++) {
+        const __m256i L = _mm256_and_si256(R[m], m4), H = _mm256_and_si256(_mm256_srli_epi16(R[m], 4), m4);
+        const __m256i lo = _mm256_unpacklo_epi32(L, H), hi = _mm256_unpackhi_epi32(L, H); // sub-blocks 0-3, 4-7
+        w[m] = _mm256_permute2x128_si256(lo, hi, 0x20);
+        w[m + 4] = _mm256_permute2x128_si256(lo, hi, 0x31);
+    }
+    if (has_qh) { // bit 4 of element l of sub-block j = bit j of qh[l]
+        const __m256i bit = _mm256_setr_epi32(0x01010101, 0x02020202, 0x04040404, 0x08080808, 0x10101010, 0x20202020,
+                                              0x40404040, (int)0x80808080u);
+        const __m256i b4 = _mm256_set1_epi8(0x10);
+        for (int k = 0; k < 8; k++) {
+            const __m256i h = _mm256_and_si256(_mm256_set1_epi32((int)sd_ld32(blk + 16 + 4 * k)), bit);
+            w[k] = _mm256_or_si256(w[k], _mm256_and_si256(_mm256_cmpeq_epi8(h, bit), b4));
+        }
+    }
+}
+
+// dsc, dcm of a file-layout Q4_K / Q5_K block (lane j = sub-block j).
+K2_INLINE void k2_dec45_file(const uint8_t *blk, __m256 *dsc, __m256 *dcm) {
+    uint32_t w0 = sd_ld32(blk + 4), w1 = sd_ld32(blk + 8), w2 = sd_ld32(blk + 12);
+    const uint64_t sc = (uint64_t)(w0 & 0x3f3f3f3fu) |
+                        (uint64_t)((w2 & 0x0f0f0f0fu) | (((w0 >> 6) & 0x03030303u) << 4)) << 32;
+    const uint64_t m = (uint64_t)(w1 & 0x3f3f3f3fu) |
+                       (uint64_t)(((w2 >> 4) & 0x0f0f0f0fu) | (((w1 >> 6) & 0x03030303u) << 4)) << 32;
+    *dsc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc))),
+                         _mm256_set1_ps(_cvtsh_ss(sd_ld16(blk))));
+    *dcm = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m))),
+                         _mm256_set1_ps(_cvtsh_ss(sd_ld16(blk + 2))));
+}
+
 // The integer dots of half h of a unit for one token: lane = sub-block.
 K2_INLINE __m256i k2_dot45(const __m256i w[8], const kx_xp45 *xp, int h, int has_qh) {
     __m256i s[8];
@@ -127,12 +168,13 @@ K2_INLINE void k2_fstep45(float *f, __m256i acc, __m256 dsc, __m256 dcm, const k
     _mm256_store_ps(f, facc);
 }
 
-// One repacked Q4_K_R / Q5_K_R row (nb blocks) against nt tokens: xp[t] the
-// token's prepared pairs (xps bytes per token), fst[t] its 16 float lanes.
-K2_INLINE void k2_row45(const int has_qh, const uint8_t *row, int64_t nb, const uint8_t *xp, size_t xps, int nt,
-                        float (*fst)[16]) {
+// One Q4_K_R / Q5_K_R row (file = 0) or Q4_K / Q5_K row (file = 1) of nb
+// blocks against nt tokens: xp + t * xps the token's prepared pairs, fst[t]
+// its 16 float lanes.
+K2_INLINE void k2_row45(const int has_qh, const int file, const uint8_t *row, int64_t nb, const uint8_t *xp,
+                        size_t xps, int nt, float (*fst)[16]) {
     const int64_t np = nb / 2, nu = (nb + 1) / 2;
-    const size_t ps = kx_pair_bytes(has_qh);
+    const size_t ps = kx_pair_bytes(has_qh), bs = ps / 2;
     for (int t = 0; t < nt; t++) {
         _mm256_store_ps(fst[t], _mm256_setzero_ps());
         _mm256_store_ps(fst[t] + 8, _mm256_setzero_ps());
@@ -142,15 +184,20 @@ K2_INLINE void k2_row45(const int has_qh, const uint8_t *row, int64_t nb, const 
         const int half = p == np, vw = half ? 32 : 64;
         _Alignas(16) uint8_t hbuf[32];
         const uint8_t *hdr = u + kx_hdr_off(has_qh, 0);
-        if (half) {
+        if (half && !file) {
             kx_pair_header(u, has_qh, 1, hbuf);
             hdr = hbuf;
         }
         for (int h = 0; h < (half ? 1 : 2); h++) {
             __m256 dsc, dcm;
-            k2_dec45(hdr, h, &dsc, &dcm);
             __m256i w[8];
-            k2_unpack45(u, has_qh, vw, h, w);
+            if (file) {
+                k2_dec45_file(u + h * bs, &dsc, &dcm);
+                k2_unpack45_file(u + h * bs, has_qh, w);
+            } else {
+                k2_dec45(hdr, h, &dsc, &dcm);
+                k2_unpack45(u, has_qh, vw, h, w);
+            }
             for (int t = 0; t < nt; t++) {
                 const kx_xp45 *x = (const kx_xp45 *)(xp + (size_t)t * xps) + p;
                 k2_fstep45(fst[t] + 8 * h, k2_dot45(w, x, h, has_qh), dsc, dcm, x, h);
@@ -174,12 +221,38 @@ K2_INLINE void k2_unpack6(const uint8_t *u, int h, __m256i w[4]) {
     w[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(H, 2), m30));
 }
 
+// The same vectors straight from a file-layout Q6_K block: the natural
+// decoding (elements 128h + 32k + l) with the 32-bit words of ql and qh
+// first put in the order 0 4 1 5 2 6 3 7 (the decoding is byte-wise), so
+// that 64-bit word q of vector k holds the words q, q + 4 of group pair k;
+// a 4x4 transpose of 64-bit words gives lane i = group 8h + i.
+K2_INLINE void k2_unpack6_file(const uint8_t *blk, int h, __m256i w[4]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const __m256i qa = _mm256_permutevar8x32_epi32(_mm256_loadu_si256((const __m256i *)(blk + 64 * h)), perm);
+    const __m256i qb = _mm256_permutevar8x32_epi32(_mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32)), perm);
+    const __m256i H = _mm256_permutevar8x32_epi32(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h)), perm);
+    const __m256i P0 = _mm256_or_si256(_mm256_and_si256(qa, m4), _mm256_and_si256(_mm256_slli_epi16(H, 4), m30));
+    const __m256i P1 = _mm256_or_si256(_mm256_and_si256(qb, m4), _mm256_and_si256(_mm256_slli_epi16(H, 2), m30));
+    const __m256i P2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qa, 4), m4), _mm256_and_si256(H, m30));
+    const __m256i P3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qb, 4), m4), _mm256_and_si256(_mm256_srli_epi16(H, 2), m30));
+    const __m256i a = _mm256_unpacklo_epi64(P0, P1), b = _mm256_unpackhi_epi64(P0, P1);
+    const __m256i c = _mm256_unpacklo_epi64(P2, P3), d = _mm256_unpackhi_epi64(P2, P3);
+    w[0] = _mm256_permute2x128_si256(a, c, 0x20);
+    w[1] = _mm256_permute2x128_si256(b, d, 0x20);
+    w[2] = _mm256_permute2x128_si256(a, c, 0x31);
+    w[3] = _mm256_permute2x128_si256(b, d, 0x31);
+}
+
+// dsc of half h: repacked (scales at 192, d at 208) or file layout (at 192, 208 too:
+// ql 128 + qh 64 bytes, then scales[16], d).
 K2_INLINE __m256 k2_dsc6(const uint8_t *u, int h) {
     return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(u + 192 + 8 * h)))),
                          _mm256_set1_ps(_cvtsh_ss(sd_ld16(u + 208))));
 }
 
-K2_INLINE void k2_row6(const uint8_t *row, int64_t nb, const uint8_t *xp, size_t xps, int nt, float (*fst)[16]) {
+K2_INLINE void k2_row6(const int file, const uint8_t *row, int64_t nb, const uint8_t *xp, size_t xps, int nt,
+                       float (*fst)[16]) {
     for (int t = 0; t < nt; t++) {
         _mm256_store_ps(fst[t], _mm256_setzero_ps());
         _mm256_store_ps(fst[t] + 8, _mm256_setzero_ps());
@@ -189,7 +262,8 @@ K2_INLINE void k2_row6(const uint8_t *row, int64_t nb, const uint8_t *xp, size_t
         for (int h = 0; h < 2; h++) {
             const __m256 dsc = k2_dsc6(u, h);
             __m256i w[4];
-            k2_unpack6(u, h, w);
+            if (file) k2_unpack6_file(u, h, w);
+            else k2_unpack6(u, h, w);
             for (int t = 0; t < nt; t++) {
                 const kx_xp6 *x = (const kx_xp6 *)(xp + (size_t)t * xps) + b;
                 __m256i s[4];
@@ -207,35 +281,27 @@ K2_INLINE void k2_row6(const uint8_t *row, int64_t nb, const uint8_t *xp, size_t
     }
 }
 
-// Out-of-line row kernels: one token (the accumulators can live in
-// registers) and any number.
-static __attribute__((noinline)) void k2_row4_1(const uint8_t *row, int64_t nb, const uint8_t *xp, size_t xps, int nt,
-                                                float (*fst)[16]) {
-    (void)nt;
-    k2_row45(0, row, nb, xp, xps, 1, fst);
-}
-static __attribute__((noinline)) void k2_row4_n(const uint8_t *row, int64_t nb, const uint8_t *xp, size_t xps, int nt,
-                                                float (*fst)[16]) {
-    k2_row45(0, row, nb, xp, xps, nt, fst);
-}
-static __attribute__((noinline)) void k2_row5_1(const uint8_t *row, int64_t nb, const uint8_t *xp, size_t xps, int nt,
-                                                float (*fst)[16]) {
-    (void)nt;
-    k2_row45(1, row, nb, xp, xps, 1, fst);
-}
-static __attribute__((noinline)) void k2_row5_n(const uint8_t *row, int64_t nb, const uint8_t *xp, size_t xps, int nt,
-                                                float (*fst)[16]) {
-    k2_row45(1, row, nb, xp, xps, nt, fst);
-}
-static __attribute__((noinline)) void k2_row6_1(const uint8_t *row, int64_t nb, const uint8_t *xp, size_t xps, int nt,
-                                                float (*fst)[16]) {
-    (void)nt;
-    k2_row6(row, nb, xp, xps, 1, fst);
-}
-static __attribute__((noinline)) void k2_row6_n(const uint8_t *row, int64_t nb, const uint8_t *xp, size_t xps, int nt,
-                                                float (*fst)[16]) {
-    k2_row6(row, nb, xp, xps, nt, fst);
-}
+// Out-of-line row kernels per type and layout: one token (the compiler sees
+// nt = 1) and any number.
+#define K2_ROWS(name, call)                                                                                   \
+    static __attribute__((noinline)) void name##_1(const uint8_t *row, int64_t nb, const uint8_t *xp,         \
+                                                   size_t xps, int nt, float (*fst)[16]) {                    \
+        (void)nt;                                                                                             \
+        enum { NT = 1 };                                                                                      \
+        call;                                                                                                 \
+    }                                                                                                         \
+    static __attribute__((noinline)) void name##_n(const uint8_t *row, int64_t nb, const uint8_t *xp,         \
+                                                   size_t xps, int nt, float (*fst)[16]) {                    \
+        const int NT = nt;                                                                                    \
+        call;                                                                                                 \
+    }
+K2_ROWS(k2_row4r, k2_row45(0, 0, row, nb, xp, xps, NT, fst))
+K2_ROWS(k2_row5r, k2_row45(1, 0, row, nb, xp, xps, NT, fst))
+K2_ROWS(k2_row6r, k2_row6(0, row, nb, xp, xps, NT, fst))
+K2_ROWS(k2_row4f, k2_row45(0, 1, row, nb, xp, xps, NT, fst))
+K2_ROWS(k2_row5f, k2_row45(1, 1, row, nb, xp, xps, NT, fst))
+K2_ROWS(k2_row6f, k2_row6(1, row, nb, xp, xps, NT, fst))
+#undef K2_ROWS
 
 typedef void (*k2_row_fn)(const uint8_t *row, int64_t nb, const uint8_t *xp, size_t xps, int nt, float (*fst)[16]);
 
@@ -248,20 +314,17 @@ static size_t k2_xp_bytes(int type, int64_t nb) {
 }
 
 // The tile kernel of base type `type`, rows repacked (repacked = 1) or in
-// the file layout (repacked on the fly, K2_RBUF bytes of rows at a time).
-// Each (row, token) runs its float steps unit by unit, then k2_hsum, in
-// whatever pass, row group or token group it falls (see the file comment).
+// the file layout (unpacked straight into the same lanes). Each (row, token)
+// runs its float steps unit by unit, then k2_hsum, in whatever pass or token
+// group it falls (see the file comment).
 static void k2_gemm(int type, int repacked, int64_t n_in, const void *W, size_t wrb, int64_t r0, int64_t r1,
                     const void *xq, size_t xrb, int64_t n_tok, float *y, int64_t ldy) {
     const int q6 = type == SD_TYPE_Q6_K;
     const int64_t nb = n_in / SD_QK_K, nu = q6 ? nb : (nb + 1) / 2;
     if (r0 >= r1 || n_tok <= 0) return;
     const size_t xps = k2_xp_bytes(type, nb);
-    const size_t rb = (size_t)nb * (q6 ? sizeof(sd_block_q6_K) : type == SD_TYPE_Q5_K ? sizeof(sd_block_q5_K)
-                                                                                    : sizeof(sd_block_q4_K));
-    const int64_t rmax = repacked ? 1 : (int64_t)(K2_RBUF / rb);
-    if (xps > K2_XBUF || rmax < 1) {
-        // rows too long for the stack buffers: the reference, per (row, token)
+    if (xps > K2_XBUF) {
+        // rows too long for the stack buffer: the reference, per (row, token)
         sd_vec_dot_fn dot = type == SD_TYPE_Q4_K ? sd_q4_K_dot_ref : type == SD_TYPE_Q5_K ? sd_q5_K_dot_ref
                                                                                         : sd_q6_K_dot_ref;
         SD_ASSERT(!repacked);
@@ -271,7 +334,6 @@ static void k2_gemm(int type, int repacked, int64_t n_in, const void *W, size_t 
         return;
     }
     _Alignas(64) uint8_t xbuf[K2_XBUF];
-    _Alignas(64) uint8_t rbuf[K2_RBUF];
     _Alignas(64) float fst[K2_TG][16];
     const int64_t tg = SD_MIN((int64_t)(K2_XBUF / xps), (int64_t)K2_TG);
     const int has_qh = type == SD_TYPE_Q5_K;
@@ -285,23 +347,14 @@ static void k2_gemm(int type, int repacked, int64_t n_in, const void *W, size_t 
             else
                 for (int64_t p = 0; p < nu; p++) kx_prep45_pair(x, nb, p, (kx_xp45 *)dst + p);
         }
-        const k2_row_fn fn = q6 ? (ntg == 1 ? k2_row6_1 : k2_row6_n)
-                             : has_qh ? (ntg == 1 ? k2_row5_1 : k2_row5_n)
-                                      : (ntg == 1 ? k2_row4_1 : k2_row4_n);
-        for (int64_t r = r0; r < r1; r += rmax) {
-            const int64_t nr = SD_MIN(rmax, r1 - r);
-            const uint8_t *rows = (const uint8_t *)W + (size_t)r * wrb;
-            size_t stride = wrb;
-            if (!repacked) { // rows of wrb bytes (maybe padded) into rbuf, packed
-                stride = rb;
-                for (int64_t i = 0; i < nr; i++) sd_quant_k_repack(type, rows + (size_t)i * wrb, rbuf + (size_t)i * rb, n_in, 1);
-                rows = rbuf;
-            }
-            for (int64_t i = 0; i < nr; i++) {
-                fn(rows + (size_t)i * stride, nb, xbuf, xps, ntg, fst);
-                for (int j = 0; j < ntg; j++)
-                    y[(t0 + j) * ldy + r + i] = k2_hsum(_mm256_load_ps(fst[j]), _mm256_load_ps(fst[j] + 8));
-            }
+        static const k2_row_fn fns[2][3][2] = {
+            {{k2_row4f_1, k2_row4f_n}, {k2_row5f_1, k2_row5f_n}, {k2_row6f_1, k2_row6f_n}},
+            {{k2_row4r_1, k2_row4r_n}, {k2_row5r_1, k2_row5r_n}, {k2_row6r_1, k2_row6r_n}}};
+        const k2_row_fn fn = fns[repacked][q6 ? 2 : has_qh][ntg > 1];
+        for (int64_t r = r0; r < r1; r++) {
+            fn((const uint8_t *)W + (size_t)r * wrb, nb, xbuf, xps, ntg, fst);
+            for (int j = 0; j < ntg; j++)
+                y[(t0 + j) * ldy + r] = k2_hsum(_mm256_load_ps(fst[j]), _mm256_load_ps(fst[j] + 8));
         }
     }
 }
