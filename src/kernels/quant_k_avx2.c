@@ -49,7 +49,7 @@
 #define K2_INLINE static inline __attribute__((always_inline))
 
 #ifndef K2_XBUF
-#define K2_XBUF (192 * 1024) // bytes of prepared activations on the stack
+#define K2_XBUF (224 * 1024) // bytes of prepared activations on the stack (16 tokens of rows of 8960)
 #endif
 #define K2_TG 64 // most tokens per pass over the rows (the float accumulators' array)
 
