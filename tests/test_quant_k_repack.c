@@ -1,6 +1,7 @@
 // test_quant_k_repack.c - the repacked K-quant layouts (Q4_K_R, Q5_K_R,
 // Q6_K_R; src/kernels/quant_k_repack.c) and the tile kernel of
-// src/kernels/quant_k_x86.c.
+// src/kernels/quant_k_x86.c (AVX-512) or src/kernels/quant_k_avx2.c (AVX2),
+// whichever the build has.
 //
 // What is checked:
 //  - the scalar reference of the repacked layout (sd_quant_k_r_dot_ref, which

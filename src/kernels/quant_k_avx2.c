@@ -30,16 +30,35 @@
 //       facc = fma(acc * dsc, dx, facc)
 //   y = ((B + A) lanes l + l4, then l + l2, then l + l1) (kx_hsum's tree)
 //
-// Loops (k2_gemm): the activations of up to k2_tg tokens are prepared into
-// a stack buffer, then each row of [r0, r1) is taken unit by unit: a half
-// unit's weights are unpacked once into registers and meet every token
-// (memory operands), each (row, token) carrying its 16 float lanes in a small
-// array. Rows in the file layout (Q4_K, ...) are repacked on the fly a few
-// at a time into a stack buffer (sd_quant_k_repack, plain C), so file-layout
-// and repacked gemm give the same bits; the model repacks its matrices at
-// load (sd_quant_repack_type), so a forward streams the repacked rows.
+// Loops (k2_gemm): the activations of up to 64 tokens (224 KiB of them: 16
+// tokens of rows of 8960) are prepared into a stack buffer, then each row of
+// [r0, r1) is taken unit by unit: a half unit's (a block's) weights are
+// unpacked once into registers and meet every token of the pass (memory
+// operands), each (row, token) carrying its 16 float lanes in a small array.
+// Rows in the file layout (Q4_K, ...) are unpacked straight into the same
+// lanes (k2_unpack45_file, k2_unpack6_file: word transposes in registers),
+// so file-layout and repacked gemm give the same bits; the model repacks its
+// matrices at load (sd_quant_repack_type), so a forward streams repacked rows.
 //
-// Measured: see the end of this comment block (filled in below).
+// Measured (the 2-vCPU AVX2 EPYC VM, shared with another job; one thread;
+// 6 copies of the matrix cycled so it streams from memory; best of 20 calls,
+// interleaved; old = one AVX2 vec_dot per (row, token), the previous path),
+// ms for n_tok = 1 / 2 / 4 / 8 / 16:
+//   Q4_K 8960 x 1536 (7.7 MB):  old       0.89 1.54 2.94 5.81 11.9
+//                               file      0.80 1.07 1.32 1.98 3.84
+//                               repacked  0.73 0.99 1.16 1.79 4.11
+//   Q6_K 1536 x 8960 (11.3 MB): old       1.09 2.06 3.87 6.91 13.1
+//                               file      1.07 1.45 1.99 3.03 6.36
+//                               repacked  0.96 1.16 1.77 2.37 6.02
+// Qwen2.5-Coder-1.5B Q4_K_M, bench-forward -t 2 --reps 11 (3 rounds each,
+// old = main's build alternating with this one, another 2-thread job on the
+// same 2 vCPUs throughout), ms for n = 1 / 2 / 4 / 8 / 16:
+//   old 146-160 212-255 415-486 745-917 1468-1885
+//   new 114-128 128-143 165-184 257-312  610-754
+// Medians are 10-40% above the best (noise). Large batches are bound by the
+// integer work per (row, token, block) (Q4: 8 vpmaddubsw, 7 adds, 1
+// vpmaddwd, 4 float ops per half) and by reading the prepared activations
+// from L2 for long rows (Q6_K 8960: 13 KiB per token).
 #include "kernels/quant_k_impl.h"
 
 #include <string.h>
