@@ -376,7 +376,7 @@ static void test_gemm_vs_ref(void) {
             free(y);
         }
     }
-    if (!any) SKIP("no K-quant gemm tile kernel in this build (it needs AVX-512 F/BW/VL)");
+    if (!any) SKIP("no K-quant gemm tile kernel in this build (it needs AVX-512 F/BW/VL, or AVX2 + FMA + F16C)");
 }
 
 // End to end through the library's sd_matmul (activation conversion, thread
@@ -443,8 +443,11 @@ static void test_matmul_batch_invariance(void) {
     sd_pool *pool = sd_pool_new(2);
     CHECK(pool != NULL, "pool");
     for (size_t k = 0; k < sizeof k_types / sizeof k_types[0]; k++) {
-        const int64_t ins[] = {768, 2304}; // 3 and 9 super-blocks (odd: a half unit; 9: two unit chunks)
-        for (int ii = 0; ii < 2; ii++)
+        // 1, 3, 6, 9 and 35 super-blocks (odd: a half unit; 9: two unit
+        // chunks of the AVX-512 kernel; 35: the AVX2 kernel's prepared
+        // activations of 19 tokens take two passes over the rows)
+        const int64_t ins[] = {256, 768, 1536, 2304, 8960};
+        for (int ii = 0; ii < 5; ii++)
             for (int use_pool = 0; use_pool < 2; use_pool++)
                 matmul_invariance_case(use_pool ? pool : NULL, k_types[k].type, ins[ii], 37);
     }

@@ -1,6 +1,7 @@
 // test_quant_k_repack.c - the repacked K-quant layouts (Q4_K_R, Q5_K_R,
 // Q6_K_R; src/kernels/quant_k_repack.c) and the tile kernel of
-// src/kernels/quant_k_x86.c.
+// src/kernels/quant_k_x86.c (AVX-512) or src/kernels/quant_k_avx2.c (AVX2),
+// whichever the build has.
 //
 // What is checked:
 //  - the scalar reference of the repacked layout (sd_quant_k_r_dot_ref, which
@@ -168,7 +169,7 @@ static void test_gemm_bits(void) {
             free(yr);
         }
     }
-    if (!any) SKIP("no repacked K-quant kernel in this build (it needs AVX-512 F/BW/VL); scalar reference checked");
+    if (!any) SKIP("no repacked K-quant kernel in this build (it needs AVX-512 F/BW/VL, or AVX2 + FMA + F16C); scalar reference checked");
 }
 
 // sd_matmul on the repacked matrix: same bits as on the file layout, and a
@@ -224,7 +225,7 @@ static void test_matmul_repacked(void) {
         }
     }
     sd_pool_free(pool);
-    if (!any) SKIP("this build has no repacked K-quant layout (no AVX-512 kernel)");
+    if (!any) SKIP("this build has no repacked K-quant layout (no AVX-512 or AVX2 kernel)");
 }
 
 // sd_q6_K_to_float (vectorized where AVX-512 is built in) gives exactly the

@@ -18,8 +18,9 @@
 // Batch invariance: y[t][r] has the same bits whatever n_tok, the place of
 // token t in the batch and the number of threads. The conversion of a token
 // does not depend on the others, and the tile kernels (kernels_x86.c,
-// quant_k_x86.c) run the same float operations for every (row, token) in every
-// tile shape; the vec_dot fallback is per (row, token) anyway. Checked by
+// kernels_avx2.c, quant_k_x86.c, quant_k_avx2.c) run the same float
+// operations for every (row, token) in every tile shape; the vec_dot
+// fallback is per (row, token) anyway. Checked by
 // tests/test_quant.c, tests/test_quant_k.c and tests/test_invariance.c.
 #include <stdatomic.h>
 #include <stdint.h>

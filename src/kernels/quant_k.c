@@ -1,7 +1,7 @@
 // quant_k.c - the K-quant weight types Q4_K, Q5_K, Q6_K and the Q8_K
 // activation format: scalar reference kernels (dequantize, quantize, dot)
-// and the choice of the optimized kernels (quant_k_vec_x86.c, quant_k_x86.c)
-// by sd_quant_k_init().
+// and the choice of the optimized kernels (quant_k_vec_x86.c, quant_k_x86.c,
+// quant_k_avx2.c) by sd_quant_k_init().
 //
 // Layouts (ggml / GGUF, super-block of SD_QK_K = 256 elements):
 //   Q4_K: value = d * sc[j] * q - dmin * m[j], j = sub-block of 32 (8 per
@@ -437,6 +437,6 @@ void sd_quant_k_init(sd_type_traits *traits, int force_ref) {
     traits[SD_TYPE_Q6_K].vec_dot = sd_q6_K_dot_avx2;
 #endif
     // tile kernels of Q4_K / Q5_K / Q6_K and their repacked forms (AVX-512
-    // builds; a no-op otherwise)
-    sd_quant_k_x86_init(traits);
+    // builds, else AVX2 builds; a no-op otherwise)
+    if (!sd_quant_k_x86_init(traits)) sd_quant_k_avx2_init(traits);
 }

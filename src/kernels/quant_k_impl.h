@@ -1,9 +1,9 @@
 // quant_k_impl.h - private to the K-quant files: quant_k.c (layouts, scalar
 // reference kernels, kernel selection), quant_k_vec_x86.c (AVX-512 / AVX2
 // vec_dot, AVX-512 dequantization), quant_k_repack.c (the repacked layouts
-// Q4_K_R, Q5_K_R, Q6_K_R and their scalar reference) and quant_k_x86.c (the
-// AVX-512 tile kernel): the kernels each exports to the others, and the
-// helpers they share.
+// Q4_K_R, Q5_K_R, Q6_K_R and their scalar reference), quant_k_x86.c (the
+// AVX-512 tile kernel) and quant_k_avx2.c (the AVX2 tile kernel): the kernels
+// each exports to the others, and the helpers they share.
 #ifndef SD_QUANT_K_IMPL_H
 #define SD_QUANT_K_IMPL_H
 
@@ -47,10 +47,10 @@ float sd_q5_K_dot_ref(int64_t n, const void *w, const void *x);
 float sd_q6_K_dot_ref(int64_t n, const void *w, const void *x);
 // Sets traits[T].vec_dot and traits[T].gemm for T = Q4_K, Q5_K, Q6_K
 // (traits: array of SD_TYPE_COUNT entries) to the best kernels compiled in
-// (AVX-512: vec_dot + tile kernel; AVX2: vec_dot only; else the reference),
-// or to the reference dot and no tile kernel when force_ref; with AVX-512
-// (and not force_ref) also gemm, repack and supported = 1 of the repacked
-// types Q4_K_R, Q5_K_R, Q6_K_R (left as sd_quant_init reset them otherwise).
+// (AVX-512 or AVX2: vec_dot + tile kernel; else the reference), or to the
+// reference dot and no tile kernel when force_ref; with AVX-512 or AVX2 (and
+// not force_ref) also gemm, repack and supported = 1 of the repacked types
+// Q4_K_R, Q5_K_R, Q6_K_R (left as sd_quant_init reset them otherwise).
 // Touches no other entry; no state of its own, so it may be called any
 // number of times.
 void sd_quant_k_init(sd_type_traits *traits, int force_ref);
@@ -72,7 +72,7 @@ float sd_q5_K_dot_avx2(int64_t n, const void *w, const void *x);
 float sd_q6_K_dot_avx2(int64_t n, const void *w, const void *x);
 
 // ---------------------------------------------------------------------------
-// quant_k_repack.c and quant_k_x86.c
+// quant_k_repack.c, quant_k_x86.c and quant_k_avx2.c
 
 // Rewrites n_rows rows of base type base_type (Q4_K, Q5_K, Q6_K) with n_in
 // elements each into the repacked layout (same bytes); returns 0, or -1 if
@@ -86,6 +86,10 @@ float sd_quant_k_r_dot_ref(int base_type, int64_t n, const void *w, const void *
 // repacked types when this build has the AVX-512 kernel; returns 1 if it did,
 // 0 (table untouched) if not.
 int sd_quant_k_x86_init(sd_type_traits *traits);
+// The same for the AVX2 kernel (AVX2 + FMA + F16C builds without AVX-512):
+// returns 1 if it set the table, 0 (table untouched) if not. Same layouts,
+// same bits as the AVX-512 kernel.
+int sd_quant_k_avx2_init(sd_type_traits *traits);
 
 // ---------------------------------------------------------------------------
 // helpers of quant_k.c and quant_k_vec_x86.c
@@ -109,7 +113,8 @@ static inline void k_scales_decode(const uint8_t *s, uint8_t sc[8], uint8_t m[8]
 }
 
 // ---------------------------------------------------------------------------
-// the repacked layouts: shared by quant_k_repack.c and quant_k_x86.c
+// the repacked layouts: shared by quant_k_repack.c, quant_k_x86.c and
+// quant_k_avx2.c
 
 // Unit sizes of the Q4_K_R / Q5_K_R rows (bytes).
 static inline size_t kx_pair_bytes(int has_qh) { return has_qh ? 352 : 288; }

@@ -1,7 +1,7 @@
 // quant_k_repack.c - the repacked K-quant layouts (Q4_K_R, Q5_K_R, Q6_K_R):
 // rows rewritten at load, the activations prepared the same way, and the
-// scalar reference of the tile kernel of quant_k_x86.c (its float
-// operations in its order). Plain C.
+// scalar reference of the tile kernels of quant_k_x86.c (AVX-512) and
+// quant_k_avx2.c (AVX2) (their float operations in their order). Plain C.
 //
 // Why a repacked layout: in the file layout a super-block's quants must be
 // unpacked, its 6-bit scales decoded and everything transposed before it can

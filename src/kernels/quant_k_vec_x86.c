@@ -18,8 +18,8 @@
 // not use it when a tile kernel exists.
 //
 // The tile kernel (gemm) of these types and of their repacked forms lives in
-// quant_k_x86.c (load-time repacked layouts; the file layout is repacked on
-// the fly a few rows at a time, giving the same bits).
+// quant_k_x86.c (AVX-512) and quant_k_avx2.c (AVX2): load-time repacked
+// layouts; the file layout gives the same bits.
 
 #include "kernels/quant_k_impl.h"
 
@@ -222,9 +222,10 @@ float sd_q6_K_dot_avx512(int64_t n, const void *w, const void *x) {
 #endif // K_HAVE_AVX512
 
 // ---------------------------------------------------------------------------
-// AVX2 vec_dot (CPUs without AVX-512; no tile kernel: sd_matmul then runs
-// one vec_dot per (row, token)). Natural element order, 32 elements per
-// vector: maddubs (u8 x s8 -> s16 pairs) then madd with the group scales.
+// AVX2 vec_dot (CPUs without AVX-512; sd_matmul uses the tile kernel of
+// quant_k_avx2.c instead, this is the one-dot API). Natural element order, 32
+// elements per vector: maddubs (u8 x s8 -> s16 pairs) then madd with the
+// group scales.
 
 #if defined(K_HAVE_AVX2)
 
