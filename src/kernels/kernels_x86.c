@@ -2,7 +2,8 @@
 // the float types, selected by sd_quant_init through sd_kernels_x86_init
 // (compiled in when the build targets AVX-512 VNNI, e.g. -march=native on this
 // EPYC; also checked at run time with __builtin_cpu_supports). Without them
-// the scalar references of quant.c stay in place (there is no AVX2 path yet).
+// sd_quant_init falls back to the AVX2 family (kernels_avx2.c) or the scalar
+// references of quant.c.
 // The references are the specification; tests/test_quant.c compares every
 // kernel here with them.
 //

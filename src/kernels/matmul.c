@@ -22,6 +22,7 @@
 // operations for every (row, token) in every tile shape; the vec_dot
 // fallback is per (row, token) anyway. Checked by
 // tests/test_quant.c, tests/test_quant_k.c and tests/test_invariance.c.
+#include <math.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -104,7 +105,7 @@ static float lanes16_sum(float *a) {
     return a[0];
 }
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
@@ -132,6 +133,33 @@ static inline __attribute__((always_inline)) void f32_tile(int R, int T, const f
             float l[16];
             _mm512_storeu_ps(l, acc[r][t]);
             y[t * ldy + r] = lanes16_sum(l);
+        }
+#elif defined(__AVX2__) && defined(__FMA__)
+    // the 16 lanes as two halves of 8, which never mix before lanes16_sum:
+    // lanes 0-7 take k = 16i + 0..7, lanes 8-15 k = 16i + 8..15, one FMA each
+    float l[SD_F32_RF][SD_F32_TF][16];
+    const int64_t nv = n / 16 * 16;
+    for (int h = 0; h < 2; h++)
+        for (int r0 = 0; r0 < R; r0 += 2) {
+            const int R2 = SD_MIN(2, R - r0);
+            __m256 acc[2][SD_F32_TF];
+            for (int r = 0; r < R2; r++)
+                for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+            for (int64_t k = 8 * h; k < nv; k += 16) {
+                __m256 xv[SD_F32_TF];
+                for (int t = 0; t < T; t++) xv[t] = _mm256_loadu_ps(x + t * n + k);
+                for (int r = 0; r < R2; r++) {
+                    const __m256 wv = _mm256_loadu_ps(wrow[r0 + r] + k);
+                    for (int t = 0; t < T; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
+                }
+            }
+            for (int r = 0; r < R2; r++)
+                for (int t = 0; t < T; t++) _mm256_storeu_ps(l[r0 + r][t] + 8 * h, acc[r][t]);
+        }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) {
+            for (int64_t k = nv; k < n; k++) l[r][t][k % 16] = fmaf(wrow[r][k], x[t * n + k], l[r][t][k % 16]);
+            y[t * ldy + r] = lanes16_sum(l[r][t]);
         }
 #else
     for (int r = 0; r < R; r++)
