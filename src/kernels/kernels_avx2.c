@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "kernels/legacy_layout.h"
 
 const char *sd_kernels_avx2_init(sd_type_traits *traits, sd_from_float_fn act[SD_TYPE_COUNT],
                                  sd_act_pack_fn pack[SD_TYPE_COUNT]);
@@ -196,31 +197,9 @@ TGT_AI void tile_row(int type, int T, int64_t n, const void *w, const char *xq, 
 #endif
 #define PV_PF 2   // panels of software prefetch ahead
 
-typedef struct {
-    float d;
-    union {
-        float s;    // types with a min: d * sum(qs)
-        int32_t a0; // offset types: -offset * sum(qs)
-    } u;
-    int8_t qs[SD_QK];
-} xblock;
-
-TGT_AI size_t w_tsize(int type) {
-    switch (type) {
-    case SD_TYPE_Q4_0: return sizeof(sd_block_q4_0);
-    case SD_TYPE_Q4_1: return sizeof(sd_block_q4_1);
-    case SD_TYPE_Q5_0: return sizeof(sd_block_q5_0);
-    case SD_TYPE_Q5_1: return sizeof(sd_block_q5_1);
-    default: return sizeof(sd_block_q8_0);
-    }
-}
-TGT_AI int w_has_min(int type) { return type == SD_TYPE_Q4_1 || type == SD_TYPE_Q5_1; }
+// (w_tsize, w_has_min, w_qoff, w_hoff and xblock: kernels/legacy_layout.h)
 TGT_AI int w_is_q5(int type) { return type == SD_TYPE_Q5_0 || type == SD_TYPE_Q5_1; }
 TGT_AI int w_offset(int type) { return type == SD_TYPE_Q4_0 ? 8 : type == SD_TYPE_Q5_0 ? 16 : 0; }
-TGT_AI size_t w_qoff(int type) { // quant bytes inside a file block
-    return type == SD_TYPE_Q4_0 ? 2 : type == SD_TYPE_Q4_1 ? 4 : type == SD_TYPE_Q5_0 ? 6 : type == SD_TYPE_Q5_1 ? 8 : 2;
-}
-TGT_AI size_t w_hoff(int type) { return type == SD_TYPE_Q5_0 ? 2 : 4; } // qh inside a Q5 block
 TGT_AI size_t pv_qb(int type) { return type == SD_TYPE_Q8_0 ? 256 : w_is_q5(type) ? 160 : 128; }
 
 TGT_AI size_t pack_bytes(int64_t n_in) { return ((size_t)(n_in / SD_QK) * sizeof(xblock) + 63) & ~(size_t)63; }

@@ -60,22 +60,14 @@ const char *sd_kernels_x86_init(sd_type_traits *traits, sd_from_float_fn act[SD_
 #include <immintrin.h>
 
 #include "common.h"
+#include "kernels/legacy_layout.h"
 
 #define AI static inline __attribute__((always_inline))
 
 
 // ---- per-type constants ---------------------------------------------------
 
-AI size_t w_tsize(int type) {
-    switch (type) {
-    case SD_TYPE_Q4_0: return sizeof(sd_block_q4_0);
-    case SD_TYPE_Q4_1: return sizeof(sd_block_q4_1);
-    case SD_TYPE_Q5_0: return sizeof(sd_block_q5_0);
-    case SD_TYPE_Q5_1: return sizeof(sd_block_q5_1);
-    default: return sizeof(sd_block_q8_0);
-    }
-}
-AI int w_has_min(int type) { return type == SD_TYPE_Q4_1 || type == SD_TYPE_Q5_1; }
+// (w_tsize, w_has_min, w_qoff, w_hoff and xblock: kernels/legacy_layout.h)
 // Offset added to the signed weight value to make it unsigned (0: none).
 AI int w_offset(int type) {
     return type == SD_TYPE_Q4_0 ? 8 : type == SD_TYPE_Q5_0 ? 16 : type == SD_TYPE_Q8_0 ? 128 : 0;
@@ -322,15 +314,6 @@ static void q8_1_quantize(const float *src, void *dst, int64_t n) {
 #define PN_T 16       // tokens per pass over a panel (a tile of the activation layout)
 #define PN_PF 2       // panels of software prefetch ahead
 
-typedef struct {
-    float d;
-    union {
-        float s;    // types with a min: d * sum(qs)
-        int32_t a0; // offset types: -offset * sum(qs)
-    } u;
-    int8_t qs[SD_QK];
-} xblock;
-
 AI size_t pack_bytes(int type, int64_t n_in) {
     const int64_t nb = n_in / SD_QK;
     if (nb > PK_NB_MAX) return (size_t)nb * x_tsize(type);
@@ -440,10 +423,6 @@ AI size_t pack_act(int type, const float *x, void *dst, int64_t n, int64_t t, in
 AI size_t rp_qb(int type) {
     return type == SD_TYPE_Q8_0 ? 512 : (type == SD_TYPE_Q5_0 || type == SD_TYPE_Q5_1) ? 320 : 256;
 }
-AI size_t w_qoff(int type) { // quant bytes inside a file block
-    return type == SD_TYPE_Q4_0 ? 2 : type == SD_TYPE_Q4_1 ? 4 : type == SD_TYPE_Q5_0 ? 6 : type == SD_TYPE_Q5_1 ? 8 : 2;
-}
-AI size_t w_hoff(int type) { return type == SD_TYPE_Q5_0 ? 2 : 4; } // qh inside a Q5 block
 
 // Block b of a panel (16 x block size bytes at o) from block b of 16 file rows.
 static void pn_build_block(int type, const uint8_t *const rows[PN_ROWS], int64_t b, uint8_t *o) {
