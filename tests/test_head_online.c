@@ -202,6 +202,18 @@ static void print_taus(const char *what, const double *tau, int n) {
 
 // Deterministic online adaptation: acceptance rises over the stream, the
 // output is plain decoding's, the saved head drafts as the adapted drafter does.
+// Saves what drafter d learnt to a temporary file named by tag, loads it back
+// (checked: both succeed) and removes the file: the loaded head, or NULL.
+static sd_head *save_and_load(sd_drafter *d, const char *tag) {
+    char path[256];
+    snprintf(path, sizeof path, "/tmp/specdec_test_head_online%s_%d.gguf", tag, (int)getpid());
+    CHECK(sd_drafter_save_head(d, path, g_err, sizeof g_err) == 0, "%s", g_err);
+    sd_head *h = NULL;
+    CHECK(sd_head_load(&h, path, g_m, g_err, sizeof g_err) == 0, "%s", g_err);
+    unlink(path);
+    return h;
+}
+
 static void test_online_acceptance_rises(void) {
     if (!setup()) SKIP("setup failed: %.200s", g_err);
     static double t_static[N_GEN], t_online[N_GEN], t_saved[N_GEN];
@@ -234,12 +246,7 @@ static void test_online_acceptance_rises(void) {
     CHECK(o_late > s_late + 0.5, "online adaptation did not raise acceptance: %.2f against %.2f", o_late, s_late);
     CHECK(o_late > o_early + 0.45, "acceptance did not rise over the stream: %.2f -> %.2f", o_early, o_late);
     // The saved head drafts the second half as the adapted drafter did.
-    char path[256];
-    snprintf(path, sizeof path, "/tmp/specdec_test_head_online_%d.gguf", (int)getpid());
-    CHECK(sd_drafter_save_head(d, path, g_err, sizeof g_err) == 0, "%s", g_err);
-    sd_head *h2 = NULL;
-    CHECK(sd_head_load(&h2, path, g_m, g_err, sizeof g_err) == 0, "%s", g_err);
-    unlink(path);
+    sd_head *h2 = save_and_load(d, "");
     if (h2) {
         CHECK(strstr(h2->note, "online.windows=") != NULL, "the saved head's note lacks the online lines: '%s'", h2->note);
         sd_drafter *d2 = new_drafter(h2, NULL);
@@ -293,13 +300,7 @@ static void test_online_thread(void) {
     printf("  mean tau: %.2f (first 4) -> %.2f (second half)\n", early, late);
     CHECK(late > early + 0.3, "acceptance did not rise with the training thread: %.2f -> %.2f", early, late);
     // Save waits for the window in training; the file loads.
-    char path[256];
-    snprintf(path, sizeof path, "/tmp/specdec_test_head_online_t_%d.gguf", (int)getpid());
-    CHECK(sd_drafter_save_head(d, path, g_err, sizeof g_err) == 0, "%s", g_err);
-    sd_head *h2 = NULL;
-    CHECK(sd_head_load(&h2, path, g_m, g_err, sizeof g_err) == 0, "%s", g_err);
-    unlink(path);
-    sd_head_free(h2);
+    sd_head_free(save_and_load(d, "_t"));
     sd_drafter_free(d);
     // Free right after a burst of windows: the thread stops after the one it trains.
     for (int r = 0; r < 3; r++) {
