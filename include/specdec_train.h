@@ -81,6 +81,7 @@ typedef struct sd_train_head_params {
     int out_type;               // enum sd_train_out_type; default SD_TRAIN_OUT_Q8_0
     const char *init_path;      // start from this head file (its vocabulary and parameters), or NULL
     int draft_vocab;            // draft vocabulary size; default 8192 (capped at the target's vocabulary)
+    int head_ff;                // EAGLE-3: width of the head's feed-forward layer; 0 (default) = the target's
     int ttt_steps;              // EAGLE-3 training-time-test steps K (1..8); default 3
     int n_medusa;               // Medusa heads (1..8); default 4
     int seq_len;                // positions per training sequence T (>= 2); default 256

@@ -265,6 +265,37 @@ static void test_refusals(void) {
     sd_model_free(m2);
 }
 
+// --ff: a narrower feed-forward layer than the target's is trained, saved
+// and loaded with that width; a checkpoint of another width is refused.
+static void test_head_ff(void) {
+    sd_model *m = tf_synth_model(64, 4, 1, g_err, sizeof g_err);
+    CHECK(m, "synthetic model: %s", g_err);
+    if (!m) return;
+    watch w = {.stop_at = -1, .limit_after_ckpt = -1};
+    sd_train_head_params p = small_run(m, "ff40", &w);
+    p.head_ff = 40;
+    const int target_ff = sd_head_default_hp(m, SD_HEAD_EAGLE3).n_ff;
+    CHECK(target_ff != 40, "the target's width (%d) differs from the head's", target_ff);
+    CHECK(sd_train_head(&p, NULL, g_err, sizeof g_err) == 0, "--ff 40: %s", g_err);
+    sd_head *h = load_head(p.out_path, m);
+    CHECK(h && h->hp.n_ff == 40 && h->t[SD_E3_DOWN].ne0 == 40, "a head of width 40: %s", g_err);
+    sd_head_free(h);
+    w.stop_at = 2;
+    sd_train_head_params q = small_run(m, "ff40stop", &w);
+    q.head_ff = 40;
+    CHECK(sd_train_head(&q, NULL, g_err, sizeof g_err) == 1, "a stopped run: %s", g_err);
+    w.stop_at = -1;
+    w.flag = 0;
+    q.resume = 1;
+    q.head_ff = 48;
+    CHECK(sd_train_head(&q, NULL, g_err, sizeof g_err) < 0 && strstr(g_err, "feed-forward width of 40"),
+          "another width on resume: %s", g_err);
+    q.resume = 0;
+    q.type = SD_TRAIN_MEDUSA;
+    CHECK(sd_train_head(&q, NULL, g_err, sizeof g_err) < 0 && strstr(g_err, "--ff 48"), "--ff for Medusa: %s", g_err);
+    sd_model_free(m);
+}
+
 // Evaluations seen by a run.
 typedef struct evals {
     int n;
@@ -466,6 +497,7 @@ int main(void) {
     T_RUN(test_refusals);
     T_RUN(test_learns_stories);
     T_RUN(test_medusa_run);
+    T_RUN(test_head_ff);
     T_RUN(test_cli);
     T_RUN(test_cli_sigint);
     tf_done();

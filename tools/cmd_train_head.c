@@ -18,7 +18,7 @@ typedef struct th_opts {
     const char *data[TH_MAX_DATA];
     int n_data;
     int type, out_type;
-    int draft_vocab, ttt, n_medusa, seq_len, batch, n_threads, topk, n_ctx, n_batch;
+    int draft_vocab, head_ff, ttt, n_medusa, seq_len, batch, n_threads, topk, n_ctx, n_batch;
     int warmup, ckpt_every, eval_every, eval_tokens;
     uint64_t tokens, seed;
     float epochs, lr, weight_decay, clip, ckpt_minutes, heldout;
@@ -78,6 +78,9 @@ static int th_parse(int argc, char **argv, th_opts *o) {
         {"--draft-vocab", NULL, CLI_INT, &o->draft_vocab, .lo = 1, .hi = 1 << 24, .meta = "N", .def = CLI_DEF_VALUE,
          .help = "draft vocabulary: the N tokens the target predicts most often in the data (capped at the "
                  "target's vocabulary)"},
+        {"--ff", NULL, CLI_INT, &o->head_ff, .lo = 0, .hi = 1 << 20, .meta = "N",
+         .help = "EAGLE-3: width of the head's feed-forward layer (default: the target's); a smaller one makes "
+                 "the head cheaper to run, train and ship"},
         {"--ttt", NULL, CLI_INT, &o->ttt, .lo = 1, .hi = SD_TRAIN_MAX_K, .meta = "K", .def = CLI_DEF_VALUE,
          .help = "EAGLE-3 training-time-test steps (the head continues from its own outputs K-1 times)"},
         {"--medusa-heads", NULL, CLI_INT, &o->n_medusa, .lo = 1, .hi = SD_TRAIN_MAX_K, .meta = "N",
@@ -270,6 +273,7 @@ int cmd_train_head(int argc, char **argv) {
     p.out_type = o.out_type;
     p.init_path = o.init_path;
     p.draft_vocab = o.draft_vocab;
+    p.head_ff = o.head_ff;
     p.ttt_steps = o.ttt;
     p.n_medusa = o.n_medusa;
     p.seq_len = o.seq_len;

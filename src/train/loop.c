@@ -79,6 +79,8 @@ static int resolve(loop_run *r, const sd_train_head_params *p, char *err, size_t
     if (P->out_type < SD_TRAIN_OUT_Q8_0 || P->out_type > SD_TRAIN_OUT_F32)
         return sd_err(err, errlen, "unknown output type %d", P->out_type);
     if (P->draft_vocab < 1) return sd_err(err, errlen, "draft vocabulary of %d tokens", P->draft_vocab);
+    if (P->head_ff < 0 || (P->head_ff > 0 && P->type != SD_TRAIN_EAGLE3))
+        return sd_err(err, errlen, "a feed-forward width (--ff %d) is for a new EAGLE-3 head", P->head_ff);
     if (P->ttt_steps < 1 || P->ttt_steps > SD_TRAIN_MAX_K)
         return sd_err(err, errlen, "%d training-time-test steps (1..%d)", P->ttt_steps, SD_TRAIN_MAX_K);
     if (P->n_medusa < 1 || P->n_medusa > SD_HEAD_MAX_MEDUSA)
@@ -121,6 +123,9 @@ static int plan_head(loop_run *r, sd_head_hp *hp, char *err, size_t errlen) {
                           hp->type == SD_HEAD_EAGLE3 ? "an EAGLE-3" : "a Medusa",
                           P->type == SD_TRAIN_EAGLE3 ? "an EAGLE-3" : "a Medusa");
         int dv = SD_MIN(P->draft_vocab, r->m->hp.n_vocab);
+        if (!P->init_path && hp->type == SD_HEAD_EAGLE3 && P->head_ff > 0 && hp->n_ff != P->head_ff)
+            return sd_err(err, errlen, "the checkpoint %s has a feed-forward width of %d; this run asks for %d",
+                          r->ckpt_path, hp->n_ff, P->head_ff);
         if (!P->init_path && hp->n_draft_vocab != dv)
             return sd_err(err, errlen, "the checkpoint %s has a draft vocabulary of %d tokens; this run asks for %d",
                           r->ckpt_path, hp->n_draft_vocab, dv);
@@ -137,6 +142,7 @@ static int plan_head(loop_run *r, sd_head_hp *hp, char *err, size_t errlen) {
     *hp = sd_head_default_hp(r->m, P->type);
     hp->n_draft_vocab = SD_MIN(P->draft_vocab, r->m->hp.n_vocab);
     if (P->type == SD_TRAIN_MEDUSA) hp->n_medusa = P->n_medusa;
+    if (P->type == SD_TRAIN_EAGLE3 && P->head_ff > 0) hp->n_ff = P->head_ff;
     return 0;
 }
 
