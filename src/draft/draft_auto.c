@@ -57,6 +57,7 @@ int sd_draft_auto_new(sd_draft_auto **out, const sd_draft_auto_params *p, char *
         free(a);
         return -1;
     }
+    if (p->prior_top1 > 0 && p->prior_top1 < 1) a->ta->stats.prior_mean[0] = p->prior_top1;
     double fixed = a->ta->cost.draft_ms_fixed, pd = a->ta->cost.draft_ms_per_depth,
            pn = a->ta->cost.draft_ms_per_node;
     if (p->draft_ms_per_depth > 0 || p->draft_ms_per_node > 0) pd = p->draft_ms_per_depth, pn = p->draft_ms_per_node;

@@ -383,6 +383,42 @@ static const sd_drafter_vt e3_vt = {.name = "eagle3",
                                     .online_stats = e3_online_stats,
                                     .online_wait = e3_online_wait};
 
+// The top-1 agreement with the target that training measured on held-back
+// text (the first training-time-test step: "eval_agree=a0,a1,..." in the
+// file's note), or 0 when the head does not record it.
+static double e3_head_agreement(const sd_head *h) {
+    const char *k = strstr(h->note, "eval_agree=");
+    if (!k) return 0.0;
+    char *end;
+    double a = strtod(k + strlen("eval_agree="), &end);
+    return end != k + strlen("eval_agree=") && a > 0 && a < 1 ? a : 0.0;
+}
+
+// The head's own cost, for an automatic tree to start from (instead of
+// learning it from 0, which makes the first trees of every text far too
+// deep): one row, then 4 sibling rows, of zeros on an empty cache, best of 3
+// each. *per_depth = the one-row call, *per_node = what each further row of
+// a call adds (ms). The drafter learns the real figures online from there.
+static void e3_time_head(e3d *s, double *per_depth, double *per_node) {
+    enum { NR = 4 };
+    int32_t tok[NR] = {0}, pos[NR] = {0}, par[NR] = {-1, -1, -1, -1};
+    memset(s->cbuf, 0, sizeof(float) * NR * (size_t)s->d);
+    double best[2] = {1e30, 1e30};
+    char e2[256];
+    for (int rep = 0; rep < 3; rep++)
+        for (int k = 0; k < 2; k++) {
+            const int n = k ? NR : 1;
+            const double t0 = sd_time_ms();
+            const int rc = sd_e3_eval(s->e, tok, s->cbuf, pos, par, n, s->hbuf, s->lg, e2, sizeof e2);
+            const double t = sd_time_ms() - t0;
+            sd_e3_drop_pending(s->e);
+            if (rc < 0) return;   // no estimate: learnt online from 0 as before
+            if (t < best[k]) best[k] = t;
+        }
+    *per_depth = best[0];
+    *per_node = best[1] > best[0] ? (best[1] - best[0]) / (NR - 1) : 0.0;
+}
+
 int sd_draft_eagle3_new(sd_drafter **out, const sd_head *h, const sd_model *target, const sd_draft_model_params *p,
                         int wtype, const sd_head_online_params *online, char *err, size_t errlen) {
     *out = NULL;
@@ -439,6 +475,9 @@ int sd_draft_eagle3_new(sd_drafter **out, const sd_head *h, const sd_model *targ
     if (dp.shape == SD_DRAFT_AUTO) {
         sd_draft_auto_params ap = dp.tree_auto;
         ap.on = 1;
+        if (ap.draft_ms_per_depth <= 0 && ap.draft_ms_per_node <= 0)
+            e3_time_head(s, &ap.draft_ms_per_depth, &ap.draft_ms_per_node);
+        if (ap.prior_top1 <= 0) ap.prior_top1 = e3_head_agreement(h);
         if (sd_draft_auto_new(&s->au, &ap, err, errlen) < 0) {
             e3_free(dr);
             return -1;
