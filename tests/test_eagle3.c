@@ -309,6 +309,59 @@ static void test_greedy_lossless_default_model(void) {
     sd_model_free(m);
 }
 
+// eagle3:auto starts from the head's recorded held-back agreement: a head
+// that agreed 2% of the time starts by not drafting, one that agreed 98% of
+// the time starts by drafting (same head weights, same cost).
+static void on_report(void *user, const char *line) {
+    int *n = user;
+    const char *k = strstr(line, "tree auto");
+    if (k && (k = strstr(k, "n=")) && *n < 0) *n = atoi(k + 2);   // the first shape
+}
+
+static int first_auto_nodes(const sd_model *m, sd_head *h, const char *agree) {
+    snprintf(h->note, sizeof h->note, "steps=10\neval_agree=%s\n", agree);
+    sd_session *s = sc_new_session(m, 256, 2, g_err, sizeof g_err);
+    sd_cost_curve *cc = NULL;
+    sd_drafter *d = NULL;
+    sd_method me;
+    int n = -1;
+    if (s && sd_method_parse("eagle3:auto", &me, g_err, sizeof g_err) == 0 &&
+        sd_cost_curve_new(&cc, s, 16, g_err, sizeof g_err) == 0) {
+        sd_method_env env = sd_method_env_default(m);
+        env.head_eagle3 = h;
+        env.pool = sd_session_pool(s);
+        env.cost = cc;
+        env.report = on_report;
+        env.user = &n;
+        if (sd_method_make(&me, &env, &d, g_err, sizeof g_err) < 0) n = -2;
+    }
+    sd_drafter_free(d);
+    sd_cost_curve_free(cc);
+    sd_session_free(s);
+    return n;
+}
+
+static void test_auto_prior_from_head(void) {
+    synth_params sp = synth_default_params();   // deep and wide enough that a one-layer head is cheap beside it
+    sp.n_embd = 256;
+    sp.n_ff = 768;
+    sp.n_layer = 16;
+    sd_model *m = sc_synth_model(&sp, "eagle3", "deep", g_err, sizeof g_err);
+    CHECK(m, "%s", g_err);
+    if (!m) return;
+    sd_head *h = random_head(m, 120, 5);
+    CHECK(h, "%s", g_err);
+    if (h) {
+        const int lo = first_auto_nodes(m, h, "0.0200,0.0100,0.0100");
+        const int hi = first_auto_nodes(m, h, "0.9800,0.9500,0.9500");
+        printf("  first automatic tree: %d nodes at agreement 0.02, %d at 0.98\n", lo, hi);
+        CHECK(lo == 1, "a head that rarely agrees starts without drafting (n=%d): %s", lo, g_err);
+        CHECK(hi >= 2, "a head that nearly always agrees starts by drafting (n=%d): %s", hi, g_err);
+    }
+    sd_head_free(h);
+    sd_model_free(m);
+}
+
 // Medusa: random heads draft, the output stays plain greedy's.
 static void test_medusa_greedy_lossless(void) {
     sd_model *m = synth();
@@ -406,6 +459,7 @@ int main(void) {
     T_RUN(test_forward_norm_before_residual);
     T_RUN(test_method_errors);
     T_RUN(test_greedy_lossless_synthetic);
+    T_RUN(test_auto_prior_from_head);
     T_RUN(test_medusa_greedy_lossless);
     T_RUN(test_greedy_lossless_default_model);
     T_RUN(test_shipped_head);
