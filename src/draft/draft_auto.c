@@ -57,7 +57,10 @@ int sd_draft_auto_new(sd_draft_auto **out, const sd_draft_auto_params *p, char *
         free(a);
         return -1;
     }
-    if (p->prior_top1 > 0 && p->prior_top1 < 1) a->ta->stats.prior_mean[0] = p->prior_top1;
+    if (p->prior_top1 > 0 && p->prior_top1 < 1) {   // every rank's prior in proportion
+        const double f = p->prior_top1 / a->ta->stats.prior_mean[0];
+        for (int r = 0; r < SD_TA_MAX_RANK; r++) a->ta->stats.prior_mean[r] = SD_MIN(0.99, a->ta->stats.prior_mean[r] * f);
+    }
     double fixed = a->ta->cost.draft_ms_fixed, pd = a->ta->cost.draft_ms_per_depth,
            pn = a->ta->cost.draft_ms_per_node;
     if (p->draft_ms_per_depth > 0 || p->draft_ms_per_node > 0) pd = p->draft_ms_per_depth, pn = p->draft_ms_per_node;

@@ -32,7 +32,8 @@ typedef struct sd_draft_auto_params {
     double draft_ms_per_depth;      // the drafter's cost model to start from (sd_cost_curve's
     double draft_ms_per_node;       // fields, ms); both 0 (default): learnt online from 0
     double prior_top1;              // > 0: the prior acceptance of a rank-0 draft token (a head's measured
-                                    // agreement), instead of the statistics' default 0.6; 0 (default) = default
+                                    // agreement) instead of the statistics' default 0.6, the other ranks'
+                                    // scaled alike; 0 (default) = the defaults
 } sd_draft_auto_params;
 
 sd_draft_auto_params sd_draft_auto_default_params(void);
