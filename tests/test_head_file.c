@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "head/head.h"
@@ -260,6 +262,40 @@ static void test_save_full_disk(void) {
     sd_model_free(m);
 }
 
+// The shipped heads (heads/*.gguf): each a well-formed GGUF file of an
+// EAGLE-3 or Medusa head with a recipe note, all together within the
+// 64 MiB the repository allows for them.
+static void test_shipped_heads(void) {
+    DIR *dir = opendir("heads");
+    if (!dir) SKIP("no heads/ directory here (run from the repository root)");
+    long long total = 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(dir))) {
+        const size_t len = strlen(e->d_name);
+        if (len < 5 || strcmp(e->d_name + len - 5, ".gguf")) continue;
+        char path[512];
+        snprintf(path, sizeof path, "heads/%s", e->d_name);
+        struct stat st;
+        CHECK(stat(path, &st) == 0, "%s: cannot stat", path);
+        total += st.st_size;
+        sd_gguf *g = NULL;
+        CHECK(sd_gguf_open(&g, path, g_err, sizeof g_err) == 0, "%s: %s", path, g_err);
+        if (g) {
+            const int arch_ok = sd_gguf_find_key(g, "eagle3.extract_layers") || sd_gguf_find_key(g, "medusa.head_count");
+            CHECK(arch_ok, "%s: neither an EAGLE-3 nor a Medusa head", path);
+            CHECK(sd_gguf_find_key(g, "specdec.head.note"), "%s: no recipe note", path);
+        }
+        sd_gguf_close(g);
+        n++;
+        printf("  %s: %.1f MB\n", path, st.st_size / 1e6);
+    }
+    closedir(dir);
+    printf("  %d heads, %.1f MiB in all\n", n, total / 1048576.0);
+    CHECK(n >= 1, "heads/ holds no head");
+    CHECK(total <= 64LL << 20, "heads/ holds %.1f MiB, more than 64 MiB", total / 1048576.0);
+}
+
 int main(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/specdec_test_head_%d", (int)getpid());
     char cmd[200];
@@ -270,6 +306,7 @@ int main(void) {
     T_RUN(test_eagle3_layout);
     T_RUN(test_bad_files);
     T_RUN(test_save_full_disk);
+    T_RUN(test_shipped_heads);
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
     if (system(cmd) != 0) return 1;
     T_EXIT();
