@@ -231,6 +231,28 @@ static void test_forward_norm_before_residual(void) { check_forward(1); }
 
 static const sd_head *g_medusa;   // the Medusa head of the run_method calls, or NULL
 
+// The drafter of `method` over session s in *d (NULL for ar), its cost curve
+// in *cc when the method needs one: measured, or with fixed_step_ms > 0 a
+// fixed one (fixed_step_ms + 1 ms a further node) so that a test does not
+// hang on this machine's timings. Returns 0 or -1 (g_err).
+static int make_drafter(const sd_model *m, const sd_head *h, const char *method, sd_session *s, double fixed_step_ms,
+                        sd_method_report_fn report, void *user, sd_cost_curve **cc, sd_drafter **d) {
+    sd_method me;
+    if (sd_method_parse(method, &me, g_err, sizeof g_err) < 0) return -1;
+    sd_method_env env = sd_method_env_default(m);
+    env.head_eagle3 = h;
+    env.head_medusa = g_medusa;
+    env.pool = sd_session_pool(s);
+    env.report = report;
+    env.user = user;
+    if (me.uses_cost_curve) {
+        if (sd_cost_curve_new(cc, s, 16, g_err, sizeof g_err) < 0) return -1;
+        for (int k = 1; fixed_step_ms > 0 && k <= 16; k++) sd_cost_curve_set(*cc, k, fixed_step_ms + 1.0 * (k - 1));
+        env.cost = *cc;
+    }
+    return sd_method_make(&me, &env, d, g_err, sizeof g_err) < 0 ? -1 : 0;
+}
+
 static int run_method(const sd_model *m, const sd_head *h, const char *method, const int32_t *prompt, int np, int n,
                       sc_tokens *out, sd_gen_stats *st) {
     sd_session *s = sc_new_session(m, 256, 2, g_err, sizeof g_err);
@@ -238,21 +260,9 @@ static int run_method(const sd_model *m, const sd_head *h, const char *method, c
     int rc = -1;
     sd_cost_curve *cc = NULL;
     sd_drafter *d = NULL;
-    sd_method me;
-    if (!s || !smp) goto out;
-    if (sd_method_parse(method, &me, g_err, sizeof g_err) < 0) goto out;
-    sd_method_env env = sd_method_env_default(m);
-    env.head_eagle3 = h;
-    env.head_medusa = g_medusa;
-    env.pool = sd_session_pool(s);
-    if (me.uses_cost_curve) {
-        if (sd_cost_curve_new(&cc, s, 16, g_err, sizeof g_err) < 0) goto out;
-        env.cost = cc;
-    }
-    if (sd_method_make(&me, &env, &d, g_err, sizeof g_err) < 0) goto out;
-    rc = d ? sc_run_spec(s, smp, d, prompt, np, n, 32, out, st, g_err, sizeof g_err)
-           : sc_run_plain(s, smp, prompt, np, n, out, st, g_err, sizeof g_err);
-out:
+    if (s && smp && make_drafter(m, h, method, s, 0.0, NULL, NULL, &cc, &d) == 0)
+        rc = d ? sc_run_spec(s, smp, d, prompt, np, n, 32, out, st, g_err, sizeof g_err)
+               : sc_run_plain(s, smp, prompt, np, n, out, st, g_err, sizeof g_err);
     sd_drafter_free(d);
     sd_cost_curve_free(cc);
     sd_sampler_free(smp);
@@ -324,22 +334,9 @@ static int first_auto_nodes(const sd_model *m, sd_head *h, const char *agree) {
     sd_session *s = sc_new_session(m, 256, 2, g_err, sizeof g_err);
     sd_cost_curve *cc = NULL;
     sd_drafter *d = NULL;
-    sd_method me;
     int n = -1;
-    if (s && sd_method_parse("eagle3:auto", &me, g_err, sizeof g_err) == 0 &&
-        sd_cost_curve_new(&cc, s, 16, g_err, sizeof g_err) == 0) {
-        // a fixed, memory-bound-like target (10 ms + 1 ms a further node) so that the
-        // choice does not hang on this machine's timings: the head's own
-        // timed cost is a small fraction of a step
-        for (int n = 1; n <= 16; n++) sd_cost_curve_set(cc, n, 10.0 + 1.0 * (n - 1));
-        sd_method_env env = sd_method_env_default(m);
-        env.head_eagle3 = h;
-        env.pool = sd_session_pool(s);
-        env.cost = cc;
-        env.report = on_report;
-        env.user = &n;
-        if (sd_method_make(&me, &env, &d, g_err, sizeof g_err) < 0) n = -2;
-    }
+    // a memory-bound-like target, 10 ms a step: the head's own timed cost is a small fraction of it
+    if (s && make_drafter(m, h, "eagle3:auto", s, 10.0, on_report, &n, &cc, &d) < 0) n = -2;
     sd_drafter_free(d);
     sd_cost_curve_free(cc);
     sd_session_free(s);

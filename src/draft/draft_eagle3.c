@@ -387,11 +387,12 @@ static const sd_drafter_vt e3_vt = {.name = "eagle3",
 // text (the first training-time-test step: "eval_agree=a0,a1,..." in the
 // file's note), or 0 when the head does not record it.
 static double e3_head_agreement(const sd_head *h) {
-    const char *k = strstr(h->note, "eval_agree=");
+    static const char key[] = "eval_agree=";
+    const char *k = strstr(h->note, key);
     if (!k) return 0.0;
     char *end;
-    double a = strtod(k + strlen("eval_agree="), &end);
-    return end != k + strlen("eval_agree=") && a > 0 && a < 1 ? a : 0.0;
+    const double a = strtod(k + sizeof key - 1, &end);
+    return end != k + sizeof key - 1 && a > 0 && a < 1 ? a : 0.0;
 }
 
 // The head's own cost, for an automatic tree to start from (instead of

@@ -30,9 +30,9 @@
 //       facc = fma(acc * dsc, dx, facc)
 //   y = ((B + A) lanes l + l4, then l + l2, then l + l1) (kx_hsum's tree)
 //
-// Loops (k2_gemm): the activations of up to K2_TG (8) tokens (at most 224
-// KiB of them, the stack buffer K2_XBUF) are prepared into a stack buffer, then each row of
-// [r0, r1) is taken unit by unit: a half unit's (a block's) weights are
+// Loops (k2_gemm): the activations of up to K2_TG (8) tokens are prepared
+// into a stack buffer (K2_XBUF, 224 KiB at most), then each row of [r0, r1)
+// is taken unit by unit: a half unit's (a block's) weights are
 // unpacked once into registers and meet every token of the pass (memory
 // operands), each (row, token) carrying its 16 float lanes in a small array.
 // Rows in the file layout (Q4_K, ...) are unpacked straight into the same
