@@ -137,6 +137,9 @@ def parse_args(argv):
     ap.add_argument("--parallel", type=int, default=4, help="server slots and concurrent requests (default 4)")
     ap.add_argument("--threads", type=int, default=0, help="server threads (default 0: all cores)")
     ap.add_argument("--ctx", type=int, default=2048, help="server KV cache per slot (default 2048)")
+    ap.add_argument("--method", default="ar",
+                    help="the server's speculation method (default ar, no drafts: the answers are the same with any lossless "
+                         "method, and a batch of slots is fastest without drafts on a CPU)")
     ap.add_argument("--port", type=int, default=0, help="server port (default 0: any free port)")
     ap.add_argument("--seed", type=int, default=1, help="seed of the shuffles, the sampled share and the sampling seeds (default 1)")
     ap.add_argument("--max-raw", type=int, default=6000, help="text records for teacher forcing (default 6000)")

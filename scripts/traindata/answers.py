@@ -19,6 +19,8 @@ class Server:
         cmd = [args.bin, "serve", "-m", args.model, "--port", str(args.port), "--parallel", str(args.parallel),
                "--fast-prompt", "--max-tokens", str(max(args.max_tokens, 1)), "-c", str(args.ctx),
                "--queue", str(max(16, 2 * args.parallel))]
+        if getattr(args, "method", None):
+            cmd += ["--method", args.method]
         if args.threads:
             cmd += ["-t", str(args.threads)]
         say("  " + " ".join(cmd))
