@@ -120,8 +120,11 @@ static int cmp_float(const void *a, const void *b) {
 // (seen: the down matrix's output of one token 2.6e-3 off while its input
 // matched to 1e-6). The attention of the next layer carries that into every
 // later row (seen: 12 of 15 rows, median 2e-2, on one type in an AVX2-only
-// build). Those rows are left out of the median; the rest, row 0 and at
-// least 3 rows in all, must match to 1e-4 (median), which a systematic
+// build). The fp16 KV cache adds such boundaries: a key or value element
+// 1e-6 off may round to the neighbouring half (seen: rows 1-13 of 15 off by
+// 0.1, rows 0 and 14 matched to 1e-5, on Q5_K). Those rows are left out of
+// the median; the rest, row 0 and at least one more, must match to 1e-4
+// (median), which a systematic
 // difference (a wrong activation format or conversion, the same at every
 // position) does not. Position-dependent errors (attention, KV cache) are
 // the business of test_long_context_vs_reference (float weights, 2e-3).
@@ -195,7 +198,7 @@ static void check_vs_ref(const char *arch, const type_case *tc) {
     CHECK(worst <= tc->tol, "%s %s: max |logit - ref| = %g > tol %g", arch, name, worst, tc->tol);
     CHECK(worstq <= tc->tolq, "%s %s: max |logit - ref(act quant)| = %g > tol %g", arch, name, worstq, tc->tolq);
     CHECK(med <= 1e-4f, "%s %s: median |logit - ref(act quant)| = %g > 1e-4", arch, name, med);
-    const int flips_ok = !row0_flipped && n_flipped <= VSREF_ROWS - 3;
+    const int flips_ok = !row0_flipped && n_flipped <= VSREF_ROWS - 2;
     CHECK(flips_ok, "%s %s: %d of %d rows off the act-quant reference by > %g%s", arch, name, n_flipped, VSREF_ROWS,
           VSREF_FLIP, row0_flipped ? ", row 0 among them" : "");
     if (n_flipped && flips_ok)
@@ -238,7 +241,11 @@ static void test_forward_vs_reference(void) {
 
 // 150 tokens fed in batches of 16 (forward + commit each), every logit row
 // compared with the reference: long attention spans, many commits. Head
-// dimensions 16, 12 and 40 cover the vector and scalar attention paths.
+// dimensions 16, 12 and 40 cover the vector and scalar attention paths. Both
+// sides round K and V to fp16, but an element 1e-7 off (float order) can
+// round to the neighbouring half: a few rows differ by up to ~3e-3 (measured
+// 2.7e-3, head dim 40), so the max is bounded at 1e-2 (a wrong key, mask or
+// position gives > 0.1) and the median row mean at 3e-4 (measured <= 6.4e-5).
 static void long_context(int n_embd, int n_head, int n_head_kv) {
     synth_params p = synth_default_params();
     p.n_embd = n_embd;
@@ -255,8 +262,10 @@ static void long_context(int n_embd, int n_head, int n_head_kv) {
     float *ref = malloc((size_t)V * sizeof(float));
     CHECK(s && r && ref, "%s", g_err);
     float worst = 0;
+    float *diffs = malloc((size_t)N * sizeof(float)); // each row's mean |diff|
+    int n_rows = 0;
     int32_t toks[16];
-    for (int done = 0; s && r && ref && done < N;) {
+    for (int done = 0; s && r && ref && diffs && done < N;) {
         int n = SD_MIN(16, N - done);
         for (int i = 0; i < n; i++) toks[i] = (int32_t)((done + i) * 131 % V);
         sd_batch b = {.n = n, .tokens = toks};
@@ -266,15 +275,23 @@ static void long_context(int n_embd, int n_head, int n_head_kv) {
         }
         for (int i = 0; i < n; i++) {
             ref_eval(r, toks[i], -1, ref);
-            float d = max_abs_diff(sd_session_logits(s, i), ref, V);
+            const float *got = sd_session_logits(s, i);
+            float d = max_abs_diff(got, ref, V), mean = 0;
+            for (int v = 0; v < V; v++) mean += fabsf(got[v] - ref[v]) / (float)V;
+            diffs[n_rows++] = mean;
             if (!(d <= worst)) worst = d;
         }
         sd_session_commit(s, NULL, 0, g_err, sizeof g_err);
         done += n;
     }
-    CHECK(worst <= 2e-3f, "long context (head dim %d): max diff %g", n_embd / n_head, worst);
-    printf("  info: 150 tokens in batches of 16 vs reference, head dim %d, %d kv heads: max|diff| %.2e (tol 0.002)\n",
-           n_embd / n_head, n_head_kv, worst);
+    qsort(diffs, (size_t)n_rows, sizeof(float), cmp_float);
+    const float med = n_rows ? diffs[n_rows / 2] : 0;
+    CHECK(n_rows == N, "long context: %d of %d rows compared", n_rows, N);
+    CHECK(worst <= 1e-2f, "long context (head dim %d): max diff %g", n_embd / n_head, worst);
+    CHECK(med <= 3e-4f, "long context (head dim %d): median row mean diff %g", n_embd / n_head, med);
+    printf("  info: 150 tokens in batches of 16 vs reference, head dim %d, %d kv heads: max|diff| %.2e (tol 0.01), "
+           "median row mean %.1e (tol 3e-4)\n", n_embd / n_head, n_head_kv, worst, med);
+    free(diffs);
     free(ref);
     ref_free(r);
     sd_session_free(s);

@@ -7,6 +7,9 @@
 #define SD_VMATH_H
 
 #include <math.h>
+#include <stdint.h>
+
+#include "common.h" // sd_fp16_to_fp32, sd_fp32_to_fp16
 
 #if defined(__AVX512F__) && defined(__FMA__)
 #include <immintrin.h>
@@ -119,5 +122,36 @@ static inline vf vf_exp(vf x) {
 #else
 static inline vf vf_exp(vf x) { return expf(x); }
 #endif
+
+
+#if defined(__F16C__) && defined(__AVX__)
+#include <immintrin.h>
+#endif
+// fp16 storage (the KV cache). vf_load_h(p): SD_VW halves at p as floats
+// (exact). sd_f16_row: n floats to halves, rounded to nearest even; the
+// vector and the scalar conversions give the same bits.
+#if SD_VW == 16
+#define vf_load_h(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#elif SD_VW == 8 && defined(__F16C__)
+#define vf_load_h(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#elif SD_VW == 8
+static inline vf vf_load_h(const uint16_t *p) {
+    float t[8];
+    for (int i = 0; i < 8; i++) t[i] = sd_fp16_to_fp32(p[i]);
+    return _mm256_loadu_ps(t);
+}
+#else
+#define vf_load_h(p) sd_fp16_to_fp32(*(p))
+#endif
+
+static inline void sd_f16_row(uint16_t *dst, const float *src, int n) {
+    int i = 0;
+#if defined(__F16C__) && defined(__AVX__)
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+    for (; i < n; i++) dst[i] = sd_fp32_to_fp16(src[i]);
+}
 
 #endif

@@ -1,7 +1,8 @@
 // attention.c - the tree-masked attention of one layer, between the Q/K/V
 // and the output projections of forward.c.
 //
-// Layout (session.h). K is cached transposed, per layer and KV head, in
+// Layout (session.h); both caches hold fp16, converted to float as they are
+// loaded (vf_load_h). K is cached transposed, per layer and KV head, in
 // blocks of SD_KT_W = 16 positions: block b holds dimension c of positions
 // 16 b .. 16 b + 15 at kt[b][c][0..16), so one vector load gives dimension c
 // of SD_VW consecutive keys and a block's 16 keys are one contiguous run.
@@ -52,7 +53,7 @@
 #define ATT_PF_KBLK 4  // key blocks ahead in the score loop
 #define ATT_PF_ROWS 32 // value rows ahead in the output loop
 
-static inline void prefetch_row(const float *p, size_t bytes) {
+static inline void prefetch_row(const uint16_t *p, size_t bytes) {
     for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch((const char *)p + o);
 }
 
@@ -61,28 +62,28 @@ static inline void prefetch_row(const float *p, size_t bytes) {
 static inline size_t kt_off(int hd, int p) { return (size_t)(p / SD_KT_W) * hd * SD_KT_W + p % SD_KT_W; }
 
 // The blocks of KV head g of layer l.
-static float *kt_head(sd_session *s, int l, int g) {
+static uint16_t *kt_head(sd_session *s, int l, int g) {
     const sd_hparams *hp = &s->m->hp;
     return s->kt + ((size_t)l * hp->n_head_kv + g) * hp->head_dim * (size_t)s->kt_nblk * SD_KT_W;
 }
 
 // sc[qi][v * VW ..) = scale * q[qi] . key, for the nv key vectors starting at
 // position 0 of kt, queries qi < nq (nq a constant after inlining).
-ATT_INLINE void scores_tile(int nq, const float *const *q, const float *kt, int hd, int nv, float scale,
+ATT_INLINE void scores_tile(int nq, const float *const *q, const uint16_t *kt, int hd, int nv, float scale,
                             float *const *sc) {
     const vf vs = vf_set1(scale);
     int v = 0;
     for (; v + 2 <= nv; v += 2) {
         vf a0[ATT_TQ], a1[ATT_TQ];
         for (int qi = 0; qi < nq; qi++) a0[qi] = a1[qi] = vf_zero();
-        const float *k = kt + kt_off(hd, v * SD_VW), *kk = kt + kt_off(hd, (v + 1) * SD_VW);
+        const uint16_t *k = kt + kt_off(hd, v * SD_VW), *kk = kt + kt_off(hd, (v + 1) * SD_VW);
         // a line per c: the block's hd lines; not past the keys in use (an
         // untouched page costs a page walk per prefetch)
         const size_t pf = v + 2 + ATT_PF_KBLK <= nv ? (size_t)ATT_PF_KBLK * hd * SD_KT_W : 0;
         for (int c = 0; c < hd; c++, k += SD_KT_W, kk += SD_KT_W) {
             __builtin_prefetch(k + pf);
             __builtin_prefetch(kk + pf);
-            const vf k0 = vf_load(k), k1 = vf_load(kk);
+            const vf k0 = vf_load_h(k), k1 = vf_load_h(kk);
             for (int qi = 0; qi < nq; qi++) {
                 const vf b = vf_set1(q[qi][c]);
                 a0[qi] = vf_fma(b, k0, a0[qi]);
@@ -97,9 +98,9 @@ ATT_INLINE void scores_tile(int nq, const float *const *q, const float *kt, int 
     if (v < nv) {
         vf a0[ATT_TQ];
         for (int qi = 0; qi < nq; qi++) a0[qi] = vf_zero();
-        const float *k = kt + kt_off(hd, v * SD_VW);
+        const uint16_t *k = kt + kt_off(hd, v * SD_VW);
         for (int c = 0; c < hd; c++, k += SD_KT_W) {
-            const vf k0 = vf_load(k);
+            const vf k0 = vf_load_h(k);
             for (int qi = 0; qi < nq; qi++) a0[qi] = vf_fma(vf_set1(q[qi][c]), k0, a0[qi]);
         }
         for (int qi = 0; qi < nq; qi++) vf_store(sc[qi] + (size_t)v * SD_VW, vf_mul(a0[qi], vs));
@@ -111,26 +112,26 @@ ATT_INLINE void scores_tile(int nq, const float *const *q, const float *kt, int 
 // its ancestors a of p[qi][n_past + a] * v[n_past + anc[qi][a]]). vb: row 0 of
 // the KV head's values, rows kvd floats apart. (nq, nv constants after inlining.)
 ATT_INLINE void outputs_chunk(int nq, int nv, const float *const *p, const int32_t *const *anc, const int *na,
-                              const float *vb, size_t kvd, int n_past, int c, const float *inv, float *const *o) {
+                              const uint16_t *vb, size_t kvd, int n_past, int c, const float *inv, float *const *o) {
     vf a[ATT_OQ][ATT_OV];
     for (int qi = 0; qi < nq; qi++)
         for (int u = 0; u < nv; u++) a[qi][u] = vf_zero();
-    const float *v = vb + c;
+    const uint16_t *v = vb + c;
     for (int r = 0; r < n_past; r++, v += kvd) {
-        prefetch_row(r + ATT_PF_ROWS < n_past ? v + ATT_PF_ROWS * kvd : v, (size_t)nv * SD_VW * sizeof(float));
+        prefetch_row(r + ATT_PF_ROWS < n_past ? v + ATT_PF_ROWS * kvd : v, (size_t)nv * SD_VW * sizeof(uint16_t));
         vf w[ATT_OV];
-        for (int u = 0; u < nv; u++) w[u] = vf_load(v + u * SD_VW);
+        for (int u = 0; u < nv; u++) w[u] = vf_load_h(v + u * SD_VW);
         for (int qi = 0; qi < nq; qi++) {
             const vf b = vf_set1(p[qi][r]);
             for (int u = 0; u < nv; u++) a[qi][u] = vf_fma(b, w[u], a[qi][u]);
         }
     }
-    const float *vn = vb + (size_t)n_past * kvd + c; // the batch's rows
+    const uint16_t *vn = vb + (size_t)n_past * kvd + c; // the batch's rows
     for (int qi = 0; qi < nq; qi++) {
         for (int j = 0; j < na[qi]; j++) {
-            const float *w = vn + (size_t)anc[qi][j] * kvd;
+            const uint16_t *w = vn + (size_t)anc[qi][j] * kvd;
             const vf b = vf_set1(p[qi][n_past + j]);
-            for (int u = 0; u < nv; u++) a[qi][u] = vf_fma(b, vf_load(w + u * SD_VW), a[qi][u]);
+            for (int u = 0; u < nv; u++) a[qi][u] = vf_fma(b, vf_load_h(w + u * SD_VW), a[qi][u]);
         }
         for (int u = 0; u < nv; u++) vf_store(o[qi] + c + u * SD_VW, vf_mul(a[qi][u], vf_set1(inv[qi])));
     }
@@ -140,17 +141,18 @@ ATT_INLINE void outputs_chunk(int nq, int nv, const float *const *p, const int32
 // single vectors, then (head sizes that are not a multiple of the vector
 // width) scalar elements. An element takes the same path for every tile.
 ATT_INLINE void outputs_tile(int nq, const float *const *p, const int32_t *const *anc, const int *na,
-                             const float *vb, size_t kvd, int n_past, int hd, const float *inv, float *const *o) {
+                             const uint16_t *vb, size_t kvd, int n_past, int hd, const float *inv, float *const *o) {
     int c = 0;
     for (; c + ATT_OV * SD_VW <= hd; c += ATT_OV * SD_VW)
         outputs_chunk(nq, ATT_OV, p, anc, na, vb, kvd, n_past, c, inv, o);
     for (; c + SD_VW <= hd; c += SD_VW) outputs_chunk(nq, 1, p, anc, na, vb, kvd, n_past, c, inv, o);
-    const float *vn = vb + (size_t)n_past * kvd;
+    const uint16_t *vn = vb + (size_t)n_past * kvd;
     for (; c < hd; c++)
         for (int qi = 0; qi < nq; qi++) {
             float a0 = 0.0f;
-            for (int r = 0; r < n_past; r++) a0 = p[qi][r] * vb[(size_t)r * kvd + c] + a0;
-            for (int j = 0; j < na[qi]; j++) a0 = p[qi][n_past + j] * vn[(size_t)anc[qi][j] * kvd + c] + a0;
+            for (int r = 0; r < n_past; r++) a0 = p[qi][r] * sd_fp16_to_fp32(vb[(size_t)r * kvd + c]) + a0;
+            for (int j = 0; j < na[qi]; j++)
+                a0 = p[qi][n_past + j] * sd_fp16_to_fp32(vn[(size_t)anc[qi][j] * kvd + c]) + a0;
             o[qi][c] = a0 * inv[qi];
         }
 }
@@ -169,12 +171,12 @@ ATT_INLINE void outputs_tile(int nq, const float *const *p, const int32_t *const
     default: F(ATT_K(8, max), __VA_ARGS__); break;                                                           \
     }
 
-static void scores_tq(int nq, const float *const *q, const float *kt, int hd, int nv, float scale,
+static void scores_tq(int nq, const float *const *q, const uint16_t *kt, int hd, int nv, float scale,
                       float *const *sc) {
     ATT_CASES(scores_tile, ATT_TQ, q, kt, hd, nv, scale, sc)
 }
 
-static void outputs_tq(int nq, const float *const *p, const int32_t *const *anc, const int *na, const float *vb,
+static void outputs_tq(int nq, const float *const *p, const int32_t *const *anc, const int *na, const uint16_t *vb,
                        size_t kvd, int n_past, int hd, const float *inv, float *const *o) {
     ATT_CASES(outputs_tile, ATT_OQ, p, anc, na, vb, kvd, n_past, hd, inv, o)
 }
@@ -220,8 +222,8 @@ static void att_block(const att_job *job, const sd_fwd_seg *sg, int g, int u0, i
     const sd_hparams *hp = &s->m->hp;
     const int hd = hp->head_dim, grp = hp->n_head / hp->n_head_kv, n_past = s->n_past;
     const size_t kvd = (size_t)s->kv_dim, ld = (size_t)s->kt_nblk * SD_KT_W, qd = (size_t)s->q_dim;
-    const float *kt = kt_head(s, job->layer, g);
-    const float *vb = s->v_cache + (size_t)job->layer * s->n_ctx * kvd + (size_t)g * hd;
+    const uint16_t *kt = kt_head(s, job->layer, g);
+    const uint16_t *vb = s->v_cache + (size_t)job->layer * s->n_ctx * kvd + (size_t)g * hd;
     float *scratch = s->att_scores + (size_t)ith * SD_ATT_QB * ld;
     const float *qrows = job->p->q + (size_t)sg->t0 * qd;
     float *orows = job->p->att + (size_t)sg->t0 * qd;
@@ -325,13 +327,18 @@ void sd_attention_part(const sd_fwd_pass *p, int layer, const sd_mm_act *out, in
 void sd_kt_store_dims(sd_session *s, int layer, const float *k, int n, int d0, int d1) {
     const sd_hparams *hp = &s->m->hp;
     const int hd = hp->head_dim;
+    uint16_t h[256];
     for (int g = d0 / hd; g * hd < d1; g++) {
-        float *kt = kt_head(s, layer, g);
+        uint16_t *kt = kt_head(s, layer, g);
         const int c0 = SD_MAX(d0 - g * hd, 0), c1 = SD_MIN(d1 - g * hd, hd);
         for (int i = 0; i < n; i++) {
-            float *dst = kt + kt_off(hd, s->n_past + i);
+            uint16_t *dst = kt + kt_off(hd, s->n_past + i);
             const float *row = k + (size_t)i * s->kv_dim + (size_t)g * hd;
-            for (int c = c0; c < c1; c++) dst[(size_t)c * SD_KT_W] = row[c];
+            for (int c = c0; c < c1; c += 256) { // converted a run at a time, then stored transposed
+                const int e = SD_MIN(c1, c + 256);
+                sd_f16_row(h, row + c, e - c);
+                for (int j = c; j < e; j++) dst[(size_t)j * SD_KT_W] = h[j - c];
+            }
         }
     }
 }
@@ -342,8 +349,8 @@ void sd_kt_move(sd_session *s, int layer, int dst, int src) {
     const sd_hparams *hp = &s->m->hp;
     const int hd = hp->head_dim;
     for (int g = 0; g < hp->n_head_kv; g++) {
-        float *kt = kt_head(s, layer, g), *d = kt + kt_off(hd, dst);
-        const float *r = kt + kt_off(hd, src);
+        uint16_t *kt = kt_head(s, layer, g), *d = kt + kt_off(hd, dst);
+        const uint16_t *r = kt + kt_off(hd, src);
         for (int c = 0; c < hd; c++) d[(size_t)c * SD_KT_W] = r[(size_t)c * SD_KT_W];
     }
 }

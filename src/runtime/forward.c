@@ -90,7 +90,7 @@ typedef struct {
     const float *norm_w;  // pre_norm: the RMSNorm weights
     int add;              // pre_norm: 1 if xn holds a sublayer's output still to be added to x
     int layer;            // qkv_rows: the layer
-    float *v_out;         // qkv_rows: where V went (the cache rows of the batch, or p->v)
+    float *v_out;         // qkv_rows: where V went (p->v)
     const sd_mm_act *act; // swiglu_cols, att_after: where the result also goes, converted for the next
                           // matrix (down; the output projection), or NULL
     int hid_lo, hid_hi;   // pre_norm: after the add, x is the output of layers [hid_lo, hid_hi), whose
@@ -187,7 +187,7 @@ static void rope_cols(const sd_fwd_pass *p, float *y, int n, int dim, int64_t r0
 }
 
 // Columns [c0, c1) of the pass's K rows into each session's transposed
-// cache and (scatter) of its V rows into each session's V cache, at the
+// cache and of its V rows into each session's V cache (fp16), at the
 // session's pending slots of layer l.
 static void kv_store_cols(const sd_fwd_pass *p, int l, int c0, int c1, int store_k, int store_v) {
     for (int j = 0; j < p->n_seg; j++) {
@@ -195,18 +195,18 @@ static void kv_store_cols(const sd_fwd_pass *p, int l, int c0, int c1, int store
         sd_session *s = sg->s;
         const size_t kvd = (size_t)s->kv_dim;
         if (store_k) sd_kt_store_dims(s, l, p->k + (size_t)sg->t0 * kvd, sg->n, c0, c1);
-        if (store_v && p->scatter) {
-            float *vc = s->v_cache + ((size_t)l * s->n_ctx + s->n_past) * kvd;
+        if (store_v) {
+            uint16_t *vc = s->v_cache + ((size_t)l * s->n_ctx + s->n_past) * kvd;
             for (int i = 0; i < sg->n; i++)
-                memcpy(vc + i * kvd + c0, p->v + (size_t)(sg->t0 + i) * kvd + c0, (size_t)(c1 - c0) * sizeof(float));
+                sd_f16_row(vc + i * kvd + c0, p->v + (size_t)(sg->t0 + i) * kvd + c0, c1 - c0);
         }
     }
 }
 
 // sd_mm_rows_fn of the Q, K, V run (RoPE_NORM models): the thread that
 // computed columns [r0, r1) of Q, K or V adds their bias, rotates them (Q,
-// K) and stores K's (and, in a pass of several sessions, V's) into the
-// sessions' caches, while they are in its cache.
+// K) and stores K's and V's into the sessions' caches, while they are in
+// its cache.
 static void qkv_rows(void *arg, int m, int64_t r0, int64_t r1) {
     const fwd_job *job = arg;
     const sd_fwd_pass *p = job->p;
@@ -408,8 +408,7 @@ static void attention_half(const sd_fwd_pass *p, fwd_job *job, int l, sd_mm_act 
     const sd_hparams *hp = &m->hp;
     const sd_layer *L = &m->layers[l];
     const int n = p->n, kvd = hp->n_head_kv * hp->head_dim, qd = hp->n_head * hp->head_dim, half = hp->n_rot / 2;
-    const sd_session *s0 = p->seg[0].s;
-    float *vc = p->scatter ? p->v : s0->v_cache + ((size_t)l * s0->n_ctx + s0->n_past) * kvd;
+    float *vc = p->v;
     job->norm_w = L->attn_norm->data;
     job->layer = l;
     job->v_out = vc;
@@ -545,7 +544,8 @@ int sd_fwd_session(sd_session *s, const sd_batch *b, char *err, size_t errlen) {
     const sd_fwd_pass p = {.m = s->m, .mm = &s->mm, .seg = &seg, .n_seg = 1, .n = b->n, .precise = b->precise,
                            .any_hid = s->n_hid > 0, .layer_skip = s->layer_skip, .out_rows = s->out_rows,
                            .n_out = n_out, .x = s->x, .xn = s->xn, .q = s->q, .k = s->k, .att = s->att,
-                           .ff_g = s->ff_g, .ff_u = s->ff_u, .rope_cs = s->rope_cs, .logits = s->logits};
+                           .ff_g = s->ff_g, .ff_u = s->ff_u, .rope_cs = s->rope_cs, .v = s->v,
+                           .logits = s->logits};
     sd_fwd_run(&p);
     return 0;
 }

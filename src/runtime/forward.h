@@ -37,11 +37,11 @@ typedef struct sd_fwd_pass {
     // Scratch, row t for node t of the pass (shapes as in struct sd_session).
     float *x, *xn, *q, *k, *att, *ff_g, *ff_u;
     const float *rope_cs;     // (n, n_rot / 2, 2) cos, sin of each row's angles
-    // Several segments: V rows land in v (n, kv_dim) and the logits in
-    // logits (n_out, n_vocab), and the threads that computed them copy their
-    // columns to each session's cache rows and logits (scatter = 1). One
-    // segment (scatter = 0): v is NULL (V goes straight into the session's
-    // cache) and logits is the session's own.
+    // V rows land in v (n, kv_dim), and the threads that computed them store
+    // their columns, as fp16, into each session's cache rows (as they do K's).
+    // Several segments: the logits land in logits (n_out, n_vocab) and the
+    // threads that computed them copy their columns to each session's logits
+    // (scatter = 1). One segment (scatter = 0): logits is the session's own.
     int scatter;
     float *v;
     float *logits;

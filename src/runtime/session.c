@@ -79,12 +79,13 @@ int sd_session_new(sd_session **out, const sd_model *m, const sd_session_params 
     s->kt_nblk = (n_ctx + SD_KT_W - 1) / SD_KT_W;
     // zeroed: the slots past the written ones are read (and ignored) by the
     // score vectors, so they should hold numbers
-    s->kt = sd_line_alloc((size_t)hp->n_layer * (size_t)s->kv_dim * (size_t)s->kt_nblk * SD_KT_W * sizeof(float), 1);
-    s->v_cache = sd_line_alloc(kv_elems * sizeof(float), 0);
+    s->kt = sd_line_alloc((size_t)hp->n_layer * (size_t)s->kv_dim * (size_t)s->kt_nblk * SD_KT_W * sizeof(uint16_t), 1);
+    s->v_cache = sd_line_alloc(kv_elems * sizeof(uint16_t), 0);
     s->x = sd_line_alloc(B * hp->n_embd * sizeof(float), 0);
     s->xn = sd_line_alloc(B * SD_MAX(hp->n_embd, s->q_dim) * sizeof(float), 0);
     s->q = sd_line_alloc(B * s->q_dim * sizeof(float), 0);
     s->k = sd_line_alloc(B * s->kv_dim * sizeof(float), 0);
+    s->v = sd_line_alloc(B * s->kv_dim * sizeof(float), 0);
     s->att = sd_line_alloc(B * s->q_dim * sizeof(float), 0);
     s->ff_g = sd_line_alloc(B * hp->n_ff * sizeof(float), 0);
     s->ff_u = sd_line_alloc(B * hp->n_ff * sizeof(float), 0);
@@ -106,13 +107,13 @@ int sd_session_new(sd_session **out, const sd_model *m, const sd_session_params 
     s->mm.wbuf = malloc(s->mm.wbuf_size ? s->mm.wbuf_size : 1);
     s->mm.abuf_size = s->mm.wbuf_size;
     s->mm.abuf = malloc(s->mm.abuf_size ? s->mm.abuf_size : 1);
-    if (!s->kt || !s->v_cache || !s->x || !s->xn || !s->q || !s->k || !s->att || !s->ff_g || !s->ff_u ||
+    if (!s->kt || !s->v_cache || !s->x || !s->xn || !s->q || !s->k || !s->v || !s->att || !s->ff_g || !s->ff_u ||
         !s->rope_cs || !s->rope_freq || !s->anc || !s->n_anc || !s->parent || !s->pos ||
         !s->out_rows || !s->logit_row || !s->hid_row || !s->logits || !s->pool || !s->att_scores || !s->mm.wbuf ||
         !s->mm.abuf) {
         sd_session_free(s);
         return sd_err(err, errlen, "out of memory allocating a session (n_ctx %d, n_batch %d: %.0f MiB of KV cache)",
-                      n_ctx, n_batch, 2.0 * (double)kv_elems * 4 / (1 << 20));
+                      n_ctx, n_batch, 2.0 * (double)kv_elems * sizeof(uint16_t) / (1 << 20));
     }
     for (int i = 0; i < hp->n_rot / 2; i++)
         s->rope_freq[i] = pow((double)hp->rope_base, -2.0 * i / hp->n_rot) / hp->rope_scale;
@@ -129,6 +130,7 @@ void sd_session_free(sd_session *s) {
     free(s->xn);
     free(s->q);
     free(s->k);
+    free(s->v);
     free(s->att);
     free(s->ff_g);
     free(s->ff_u);
@@ -186,11 +188,11 @@ int sd_session_commit(sd_session *s, const int32_t *rows, int n_rows, char *err,
     while (first < n_rows && rows[first] == first) first++;
     for (int l = 0; l < hp->n_layer && first < n_rows; l++) {
         if (s->layer_skip && s->layer_skip[l]) continue;   // no rows were written
-        float *vc = s->v_cache + (size_t)l * s->n_ctx * kvd;
+        uint16_t *vc = s->v_cache + (size_t)l * s->n_ctx * kvd;
         for (int k = first; k < n_rows; k++) {
             sd_kt_move(s, l, s->n_past + k, s->n_past + rows[k]);
             size_t dst = (size_t)(s->n_past + k) * kvd, src = (size_t)(s->n_past + rows[k]) * kvd;
-            memcpy(vc + dst, vc + src, kvd * sizeof(float));
+            memcpy(vc + dst, vc + src, kvd * sizeof(uint16_t));
         }
     }
     s->n_past += n_rows;

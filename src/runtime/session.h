@@ -30,19 +30,21 @@ struct sd_session {
     int kv_dim;         // n_head_kv * head_dim
     int q_dim;          // n_head * head_dim
 
-    // KV cache, float32, RoPE already applied to K. K is kept transposed in
+    // KV cache, fp16 (IEEE half, rounded to nearest even: half the bytes
+    // that every attention reads), RoPE already applied to K. K is kept transposed in
     // blocks of SD_KT_W positions (attention.c): dimension c of positions
     // 16 b .. 16 b + 15 of KV head g is kt[l][g][b][c][0..16), contiguous.
     // V is by positions.
-    float *kt;          // (n_layer, n_head_kv, kt_nblk, head_dim, SD_KT_W)
+    uint16_t *kt;       // (n_layer, n_head_kv, kt_nblk, head_dim, SD_KT_W)
     int kt_nblk;        // blocks per layer and KV head: n_ctx / SD_KT_W rounded up
-    float *v_cache;     // (n_layer, n_ctx, kv_dim)
+    uint16_t *v_cache;  // (n_layer, n_ctx, kv_dim)
 
     // Per-forward scratch.
     float *x;           // (n_batch, n_embd) residual stream
     float *xn;          // (n_batch, n_embd) normalised input of a block / projection output
     float *q;           // (n_batch, q_dim) queries (RoPE applied)
     float *k;           // (n_batch, kv_dim) keys of the batch before they go to kt
+    float *v;           // (n_batch, kv_dim) values of the batch before they go to v_cache
     float *att;         // (n_batch, q_dim) attention output
     float *ff_g;        // (n_batch, n_ff) gate, then silu(gate) * up
     float *ff_u;        // (n_batch, n_ff) up

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common.h"
+
 struct ref_state {
     const sd_model *m;
     int n_ctx, n_past, kv_dim, q_dim;
@@ -126,6 +128,10 @@ int ref_eval_hidden(ref_state *r, int32_t token, int pos, float *logits, float *
         matvec(r, L->wv, L->bv, r->xn, vl + (size_t)t * kvd);
         rope(r->q, hp->n_head, hp, pos);
         rope(kl + (size_t)t * kvd, hp->n_head_kv, hp, pos);
+        for (int i = 0; i < kvd; i++) { // the KV cache holds fp16
+            kl[(size_t)t * kvd + i] = sd_fp16_to_fp32(sd_fp32_to_fp16(kl[(size_t)t * kvd + i]));
+            vl[(size_t)t * kvd + i] = sd_fp16_to_fp32(sd_fp32_to_fp16(vl[(size_t)t * kvd + i]));
+        }
         for (int h = 0; h < hp->n_head; h++) {
             const int g = h / (hp->n_head / hp->n_head_kv);
             const float *q = r->q + (size_t)h * hd;

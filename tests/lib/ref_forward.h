@@ -1,6 +1,7 @@
 // ref_forward.h - a plain scalar reference forward pass, for tests only.
 //
-// One token at a time with a simple float KV cache; weights are dequantized
+// One token at a time with a simple float KV cache whose entries are rounded
+// through fp16 as the engine's are; weights are dequantized
 // row by row with the reference to_float of their type, every dot product and
 // norm accumulates in double, activations are never quantized. Slow but
 // obviously right: the optimized batched forward (src/runtime/forward.c) is checked
