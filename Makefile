@@ -85,6 +85,11 @@ build/examples/%: examples/%.c $(LIB)
 build/tests/%: build/tests/%.o $(TLIB_OBJ) $(LIB)
 	$(CC) $(CFLAGS) $< $(TLIB_OBJ) $(LIB) $(LDLIBS) -o $@
 
+# The server's draft budget is program code (tools/serve/budget.c), tested on its own.
+build/tests/test_budget.o: CFLAGS += -Itools
+build/tests/test_budget: build/tests/test_budget.o build/tools/serve/budget.o $(TLIB_OBJ) $(LIB)
+	$(CC) $(CFLAGS) $< build/tools/serve/budget.o $(TLIB_OBJ) $(LIB) $(LDLIBS) -o $@
+
 $(MODEL):
 	bash scripts/fetch-models.sh
 
@@ -106,7 +111,7 @@ ASAN_FLAGS := -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -march
 	-D_GNU_SOURCE -pthread -Iinclude -Isrc -Itools
 asan-serve: build/asan/specdec $(TEST_TOOLS)
 	@SPECDEC_BIN=build/asan/specdec UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-		bash scripts/run-tests.sh tests/test_serve.py tests/test_page.py
+		bash scripts/run-tests.sh tests/test_serve.py tests/test_serve_budget.py tests/test_page.py
 build/asan/specdec: $(SRC) $(wildcard tools/*.c tools/*.h tools/serve/*.c tools/serve/*.h src/*.h src/*/*.h include/*.h)
 	@mkdir -p $(dir $@)
 	@test "$(HAVE_SERVE)" = 1 || { echo "asan-serve needs libmicrohttpd and jansson (apt-get install libmicrohttpd-dev libjansson-dev pkg-config)"; exit 1; }

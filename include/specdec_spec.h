@@ -80,6 +80,9 @@ int sd_cost_curve_new(sd_cost_curve **out, sd_session *s, int max_nodes, char *e
 void sd_cost_curve_free(sd_cost_curve *c);
 // One line for users: "0.52 ms at 1 node, 1.90 ms at 32 nodes".
 int sd_cost_curve_describe(const sd_cost_curve *c, char *buf, size_t len);
+// The estimated ms of a forward of n nodes (rows): interpolated between the
+// measured points, extrapolated along the last two beyond them.
+double sd_cost_curve_ms(const sd_cost_curve *c, int n);
 
 // ---------------------------------------------------------------- draft heads
 // A draft head is a small trained network that reads the target's hidden
@@ -357,6 +360,11 @@ int sd_gen_step(sd_gen *g, sd_step *st, char *err, size_t errlen);
 // (sd_session_forward), then calls end.
 int sd_gen_step_begin(sd_gen *g, sd_batch *b, char *err, size_t errlen);
 int sd_gen_step_end(sd_gen *g, sd_step *st, char *err, size_t errlen);
+// Caps the tree of the next steps at max_nodes nodes, root included (1: no
+// drafting; 0: no cap beyond sd_gen_params.max_nodes), e.g. a scheduler
+// that shares one forward among several generations. The text does not
+// change: only what the drafter may propose.
+void sd_gen_set_step_limit(sd_gen *g, int max_nodes);
 // Asks the generation to stop: the next step emits nothing and ends with
 // SD_FINISH_STOPPED. Safe from a signal handler or another thread.
 void sd_gen_stop(sd_gen *g);

@@ -56,6 +56,7 @@ struct sd_gen {
     int in_step;        // 1 between begin and end
     int step_n_past;    // session n_past when the step began
     int step_max;       // node limit of the step
+    int step_limit;     // sd_gen_set_step_limit: a cap on the nodes of the next steps, 0 = none
     double t_begin, t_drafted;
     double last_accept_ms; // drafter accept time of the previous step
     // the last finished step, for sd_gen_cut
@@ -286,6 +287,8 @@ static int draft_tree(sd_gen *g, int n_past, char *err, size_t errlen) {
     return 0;
 }
 
+void sd_gen_set_step_limit(sd_gen *g, int max_nodes) { g->step_limit = SD_MAX(0, max_nodes); }
+
 int sd_gen_step_begin(sd_gen *g, sd_batch *b, char *err, size_t errlen) {
     memset(b, 0, sizeof *b);
     if (!g->prefilled) return sd_err(err, errlen, "generation: no prompt yet (sd_gen_prefill)");
@@ -296,6 +299,7 @@ int sd_gen_step_begin(sd_gen *g, sd_batch *b, char *err, size_t errlen) {
     const int n_past = sd_session_n_past(g->s);
     g->step_n_past = n_past;
     g->step_max = SD_MIN(g->max_nodes, g->n_ctx - n_past);
+    if (g->step_limit > 0) g->step_max = SD_MIN(g->step_max, g->step_limit);
     if (draft_tree(g, n_past, err, errlen) < 0) {
         g->in_step = 0;
         return -1;

@@ -746,6 +746,8 @@ int sd_cost_curve_new(sd_cost_curve **out, sd_session *s, int max_nodes, char *e
 
 void sd_cost_curve_free(sd_cost_curve *c) { free(c); }
 
+double sd_cost_curve_ms(const sd_cost_curve *c, int n) { return sd_cost_curve_verify_ms(c, n); }
+
 int sd_cost_curve_describe(const sd_cost_curve *c, char *buf, size_t len) {
     if (!c || c->n_points < 1) return snprintf(buf, len, "no points");
     return snprintf(buf, len, "%.2f ms at %d node%s, %.2f ms at %d nodes", c->ms[0], c->n[0], c->n[0] == 1 ? "" : "s",

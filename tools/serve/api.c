@@ -559,6 +559,9 @@ char *sv_metrics_text(sv_server *s) {
              "# HELP specdec_batch_fallbacks_total Batched passes that failed and were redone slot by slot.\n"
              "# TYPE specdec_batch_fallbacks_total counter\n"
              "specdec_batch_fallbacks_total %ld\n"
+             "# HELP specdec_draft_budget_withheld_total Draft nodes the draft budget withheld from busy passes.\n"
+             "# TYPE specdec_draft_budget_withheld_total counter\n"
+             "specdec_draft_budget_withheld_total %ld\n"
              "# HELP specdec_batch_forward_seconds_total Wall time in the step passes (the target's forwards).\n"
              "# TYPE specdec_batch_forward_seconds_total counter\n"
              "specdec_batch_forward_seconds_total %.3f\n"
@@ -582,7 +585,8 @@ char *sv_metrics_text(sv_server *s) {
              m.generated_tokens, m.busy_slots, m.n_slots, m.queued, m.drafted, m.accepted, m.forwards, tau,
              m.emitted_tokens, m.tps, m.pass_forwards, m.pass_rows, m.pass_slots,
              m.pass_forwards ? (double)m.pass_rows / m.pass_forwards : 0.0,
-             m.pass_forwards ? (double)m.pass_slots / m.pass_forwards : 0.0, m.pass_fallbacks, m.pass_ms / 1000.0,
+             m.pass_forwards ? (double)m.pass_slots / m.pass_forwards : 0.0, m.pass_fallbacks, m.budget_cut,
+             m.pass_ms / 1000.0,
              m.prefill_ms / 1000.0, m.round_ms / 1000.0, m.prefill_chunks,
              SV_TTFT_RING, q[0], q[1], q[2], m.ttft_sum_ms / 1000.0, m.ttft_count);
     return buf;

@@ -105,6 +105,7 @@ static void server_free(sv_server *s, sv_http *h) {
 int cmd_serve(int argc, char **argv) {
     sv_opts o = {.host = "127.0.0.1", .port = 8080, .n_slots = 4, .n_ctx = 2048, .n_queue = 16,
                  .max_tokens = 1024, .max_conn = 64, .timeout_s = 60, .online_lr = sd_head_online_default_params().lr};
+    const char *budget = "auto";
     const cli_opt opts[] = {
         {"--model", "-m", CLI_FILE, &o.model, .meta = "FILE", .what = "model file",
          .required = "a model is required (-m MODEL.gguf; see specdec serve --help)", .help = "GGUF model"},
@@ -142,6 +143,10 @@ int cmd_serve(int argc, char **argv) {
          .help = "most simultaneous connections"},
         {"--timeout", NULL, CLI_INT, &o.timeout_s, 1, 1 << 20, .meta = "S", .def = CLI_DEF_VALUE,
          .help = "idle connection timeout (s)"},
+        {"--draft-budget", NULL, CLI_STRING, &budget, .meta = "auto|off", .def = "auto",
+         .help = "auto: when several slots share a pass, each round keeps only the draft nodes whose measured "
+                 "acceptance pays for their rows at the target's cost curve (measured at start-up), so that "
+                 "speculation never slows a busy server; off: every slot drafts its method's full shape"},
         {"--fast-prompt", NULL, CLI_FLAG, &o.fast_prompt,
          .help = "evaluate prompts with 8-bit activations like generated tokens (as generate --fast-prompt): "
                  "much faster prompts on CPUs without AVX-512, their chunks batched with the other slots' steps"},
@@ -164,6 +169,9 @@ int cmd_serve(int argc, char **argv) {
     };
     int pr = cli_parse(&cmd, argc, argv);
     if (pr != CLI_PARSE_OK) return cli_parse_exit(pr);
+    if (strcmp(budget, "auto") != 0 && strcmp(budget, "off") != 0)
+        return cli_error("--draft-budget: expected auto or off, got '%s'", budget);
+    o.draft_budget = !strcmp(budget, "auto");
 
     // SIGINT / SIGTERM are taken by sigwait in this thread only: every
     // thread started from here on inherits the blocked mask.

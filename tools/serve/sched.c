@@ -67,6 +67,7 @@ static int slot_drafter(sv_server *s, sv_slot *sl, const sd_method *m, char *err
     sl->d_name[0] = 0;
     sl->n_hid = 0;
     sd_method_env env = sv_method_env(s);
+    sv_accept_init(&sl->acc);   // another drafter: nothing measured yet
     if (sd_method_make(m, &env, &sl->d, err, errlen) < 0 || sv_prefill_rows_setup(s, sl, err, errlen) < 0) return -1;
     snprintf(sl->d_name, sizeof sl->d_name, "%s", m->name);
     return 0;
@@ -220,6 +221,8 @@ static void slot_start(sv_server *s, sv_slot *sl) {
         sv_slot_finish(s, sl, err, 500);
         return;
     }
+    sl->max_nodes = gp.max_nodes;
+    sv_accept_new_gen(&sl->acc);
     pthread_mutex_lock(&r->mu);
     r->gen = sl->g;
     if (r->cancelled) sd_gen_stop(sl->g);
@@ -345,6 +348,36 @@ void sv_forward_many(sv_server *s, int n, char (*errs)[256], int step) {
 }
 
 
+// The draft budget of this round (budget.h): caps on the trees of the slots
+// that step, when they share the pass with other rows; a slot alone drafts
+// its method's full shape.
+static void plan_budget(sv_server *s) {
+    if (!s->budget_caps) return;
+    int n = 0, base = 0, cut = 0;
+    const sv_accept **acc = s->budget_acc;
+    for (int i = 0; i < s->n_slots; i++) {
+        sv_slot *sl = &s->slots[i];
+        if (sl->r && sl->g && sl->prefilling && s->o->fast_prompt) base += s->pf_len[i];
+        if (!sl->r || !sl->g || sl->prefilling) continue;
+        acc[n] = &sl->acc;
+        s->budget_max[n++] = sl->max_nodes;
+        base++;
+    }
+    if (n == 0) return;
+    if (base > 1) sv_budget_plan(s->cost, base, n, acc, &s->budget_pool, s->budget_max, s->budget_scratch, s->budget_caps);
+    for (int i = 0, k = 0; i < s->n_slots; i++) {
+        sv_slot *sl = &s->slots[i];
+        if (!sl->r || !sl->g || sl->prefilling) continue;
+        const int cap = base > 1 ? s->budget_caps[k] : 0;
+        k++;
+        sd_gen_set_step_limit(sl->g, cap);
+        if (cap > 0 && cap < sl->max_nodes) cut += sl->max_nodes - cap;
+    }
+    pthread_mutex_lock(&s->mu);
+    s->m.budget_cut += cut;
+    pthread_mutex_unlock(&s->mu);
+}
+
 // One round: a step of every active slot that has its prompt. Every slot
 // drafts (begin), then the batches of all slots that need a forward are
 // evaluated together in one sd_batcher_forward (each slot's nodes attend
@@ -355,6 +388,7 @@ static void round_step(sv_server *s) {
     double t_round = sd_time_ms();
     int n = 0;
     if (s->o->fast_prompt) sv_prefill_plan(s, s->pf_len);
+    plan_budget(s);
     for (int i = 0; i < s->n_slots; i++) {   // 1. draft (begin)
         sv_slot *sl = &s->slots[i];
         sl->in_step = 0;
@@ -407,6 +441,7 @@ static void round_step(sv_server *s) {
             sv_slot_finish(s, sl, err, 500);
             continue;
         }
+        sv_accept_observe(&sl->acc, &s->budget_pool, sd_gen_get_stats(sl->g), &st);
         emitted += st.n_tokens;
         if (sd_gen_finished(sl->g) != SD_FINISH_NONE) sv_slot_finish(s, sl, NULL, 0);
     }
@@ -429,6 +464,27 @@ static void round_step(sv_server *s) {
 }
 
 // ---------------------------------------------------------------- the thread
+
+// The draft budget's state, and the target's cost curve when no automatic
+// method measured it: on slot 0's session, still empty.
+static int budget_start(sv_server *s, char *err, size_t errlen) {
+    s->budget_scratch = malloc(sv_budget_scratch_size(s->n_slots));
+    s->budget_caps = calloc((size_t)s->n_slots, sizeof *s->budget_caps);
+    s->budget_max = calloc((size_t)s->n_slots, sizeof *s->budget_max);
+    s->budget_acc = calloc((size_t)s->n_slots, sizeof *s->budget_acc);
+    if (!s->budget_scratch || !s->budget_caps || !s->budget_max || !s->budget_acc) return snprintf(err, errlen, "out of memory"), -1;
+    for (int i = 0; i < s->n_slots; i++) sv_accept_init(&s->slots[i].acc);
+    sv_accept_init(&s->budget_pool);
+    if (!s->cost) {
+        const double t0 = sd_time_ms();
+        if (sd_cost_curve_new(&s->cost, s->slots[0].s, 32, err, errlen) < 0) return -1;
+        char desc[128];
+        sd_cost_curve_describe(s->cost, desc, sizeof desc);
+        fprintf(stderr, "specdec serve: draft budget: the target's forward costs %s (measured in %.1f s)\n", desc,
+                (sd_time_ms() - t0) / 1000.0);
+    }
+    return 0;
+}
 
 // Moves queued requests to free slots (under s->mu): the oldest request
 // first, to the free slot whose cache shares the longest prefix with its
@@ -585,6 +641,7 @@ int sv_sched_start(sv_server *s, char *err, size_t errlen) {
     s->pf_len = calloc((size_t)s->n_slots, sizeof *s->pf_len);
     if (!s->pass_sl || !s->pass_ss || !s->pass_bs || !s->pass_ok || !s->pf_len) return snprintf(err, errlen, "out of memory"), -1;
     if (s->n_slots > 1 && sd_batcher_new(&s->batcher, s->model, s->pool, s->batcher_nodes, err, errlen) < 0) return -1;
+    if (o->draft_budget && s->n_slots > 1 && budget_start(s, err, errlen) < 0) return -1;
     if (pthread_create(&s->thread, NULL, sched_main, s) != 0)
         return snprintf(err, errlen, "cannot start the scheduler thread"), -1;
     s->thread_started = 1;
@@ -619,6 +676,13 @@ void sv_sched_stop(sv_server *s) {
     free(s->pass_bs);
     free(s->pass_ok);
     free(s->pf_len);
+    free(s->budget_scratch);
+    free(s->budget_caps);
+    free(s->budget_max);
+    free(s->budget_acc);
+    s->budget_acc = NULL;
+    s->budget_scratch = NULL;
+    s->budget_caps = s->budget_max = NULL;
     s->pf_len = NULL;
     s->pass_sl = NULL;
     s->pass_ss = NULL;

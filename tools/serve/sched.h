@@ -5,6 +5,7 @@
 #ifndef SD_SERVE_SCHED_H
 #define SD_SERVE_SCHED_H
 
+#include "serve/budget.h"
 #include "serve/serve.h"
 
 struct sv_slot {
@@ -35,6 +36,8 @@ struct sv_slot {
     double last_used;        // sd_time_ms() when the slot last finished (least recently used wins ties)
     sd_batch b;              // this round's batch (valid between begin and end)
     int in_step;             // 1: begin succeeded this round
+    sv_accept acc;           // measured acceptance of the slot's drafter (the draft budget)
+    int max_nodes;           // nodes per step of the request's method (1: no drafter)
 };
 
 // The server's own pool size for prompt chunks and tree nodes.

@@ -21,6 +21,7 @@
 
 #include "specdec.h"
 #include "specdec_spec.h"
+#include "serve/budget.h"
 
 #define SV_MAX_STOP 16        // most stop strings per request
 #define SV_STOP_MAX_LEN 256   // longest stop string (bytes)
@@ -47,6 +48,7 @@ typedef struct sv_opts {
     int fast_prompt;          // prompts with 8-bit activations (sd_gen_params.fast_prompt); their chunks
                               // then share the rounds' passes with the step batches
     int head_online;          // --head-online: each slot's EAGLE-3 drafter adapts its head (a training thread per slot)
+    int draft_budget;         // --draft-budget auto (1, default) | off (0): budget.h
     float online_lr;          // --online-lr
 } sv_opts;
 
@@ -117,6 +119,7 @@ typedef struct sv_metrics {
     long pass_rows;            // their nodes, all slots together
     long pass_slots;           // their slots
     long pass_fallbacks;       // batcher calls that failed and were redone slot by slot
+    long budget_cut;           // draft nodes the draft budget withheld (budget.h)
     long prefill_chunks;       // prompt chunks evaluated between rounds
     long emitted_tokens;       // tokens emitted by steps, live (not only finished requests)
     double pass_ms;            // wall time in the step passes (the target's forwards)
@@ -146,7 +149,13 @@ typedef struct sv_server {
     char model_id[256];        // the name clients give as "model" (file name of the GGUF)
     sd_threadpool *pool;
     sd_method def_method;      // the default method, prepared (skip:auto searched once)
-    sd_cost_curve *cost;       // for automatic trees, when the default method needs one
+    sd_cost_curve *cost;       // for automatic trees, when the default method needs one; with
+                               // --draft-budget auto and several slots always
+    void *budget_scratch;      // (sv_budget_scratch_size(n_slots)) the draft budget's ranking
+    int *budget_caps;          // (n_slots) this round's caps, and the slots' method nodes
+    int *budget_max;
+    const sv_accept **budget_acc; // (n_slots) the stepping slots' estimates
+    sv_accept budget_pool;     // all slots' acceptance together
     int n_ctx;                 // per slot (the sessions' actual n_ctx)
 
     pthread_mutex_t mu;        // guards everything below
