@@ -498,10 +498,10 @@ def stream_text(srv, path, body):
 
 def head_server(e3, md):
     """A server with an EAGLE-3 and a Medusa head (random: they draft badly,
-    the text must be plain decoding's). Its default method is eagle3:chain:4;
+    the text must be plain decoding's), started with --method eagle3:chain:4;
     a long prompt is evaluated in chunks while a chat generates, so both
     slots' drafters get their prompt rows from the scheduler's chunk passes."""
-    srv = Server("--parallel", "2", "--head", e3, "--head", md)
+    srv = Server("--parallel", "2", "--head", e3, "--head", md, "--method", "eagle3:chain:4")
     q, p = "What is the capital of France?", "The cat sat on the"
     lp = "The quick brown fox jumps over the lazy dog while the farmer counts his sheep. " * 6
     try:
@@ -525,7 +525,7 @@ def head_server(e3, md):
         got.append(("completion", completion_text("completion", st, r), want_p))
         bad = [f"{n}: server {g!r} vs generate {w!r}" for n, g, w in got if g != w]
         if spec.get("method") != "eagle3:chain:4" or not spec.get("drafted"):
-            bad.append(f"default method: usage.speculation {spec}")
+            bad.append(f"--method eagle3:chain:4: usage.speculation {spec}")
         n_long = res["long"][1]["usage"]["prompt_tokens"] if res["long"][0] == 200 else 0
         if n_long <= 64:
             bad.append(f"the long prompt has {n_long} tokens, one chunk")
@@ -593,15 +593,15 @@ def head_fast_prompt_server(e3):
 
 
 def head_auto():
-    """--head auto: the head in heads/ made for the model, or (none yet) a
-    note and the usual default; --method eagle3:... without a head stops
-    with a message."""
+    """--head auto: the head in heads/ made for the model, whose default
+    method is then eagle3:auto, or (none) a note and the usual default;
+    --method eagle3:... without a head stops with a message."""
     try:
         srv = Server("--parallel", "1", "--head", "auto")
         log = "\n".join(srv.log)
         rc = srv.stop()
         none = "no head in heads/ was made for" in log and "method ngram:3-8" in log
-        found = re.search(r"--head auto: \S+\.gguf", log) and "method eagle3:chain:4" in log
+        found = re.search(r"--head auto: \S+\.gguf", log) and "method eagle3:auto" in log
         out = subprocess.run([BIN, "serve", "-m", MODEL, "--port", "0", "--method", "eagle3:chain:3"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
         err = out.stderr.decode()

@@ -275,7 +275,7 @@ static int gen_parse(int argc, char **argv, gen_opts *o) {
         {"--head", NULL, CLI_STRING, &o->head, .given = &o->head_given, .meta = "FILE|auto",
          .help = "draft with a trained EAGLE-3 head (specdec train-head); 'auto': the head in heads/ made for this "
                  "model, if any. The tree flags (--draft-max, --tree, --tree-dynamic) shape its drafts; default "
-                 "chain of --draft-max tokens"},
+                 "the automatic tree (eagle3:auto: sized by the measured costs of head and target)"},
         {"--head-online", NULL, CLI_FLAG, &o->head_online,
          .help = "online adaptation: the EAGLE-3 head keeps training on the target's states and distributions of "
                  "the verified text, in a background thread (docs/heads.md); the head file is not changed"},
@@ -399,7 +399,8 @@ static int gen_method_of_flags(const gen_opts *o, gen_plan *p, char *s, size_t n
         if (o->tree_auto) snprintf(model, sizeof model, "eagle3:auto");
         else if (o->tree) snprintf(model, sizeof model, "eagle3:tree:%s", o->tree);
         else if (o->dyn) snprintf(model, sizeof model, "eagle3:dyn:%s", o->dyn);
-        else snprintf(model, sizeof model, "eagle3:chain:%d", o->draft_max);
+        else if (o->draft_max_given) snprintf(model, sizeof model, "eagle3:chain:%d", o->draft_max);
+        else snprintf(model, sizeof model, "eagle3:auto"); // sized by the measured costs (a fixed chain was slower)
     } else if (o->n_drafts) {
         if (o->tree_auto) snprintf(model, sizeof model, "tree:auto");
         else if (o->tree) snprintf(model, sizeof model, "tree:%s", o->tree);
