@@ -142,7 +142,7 @@ int sd_cost_curve_measure(sd_cost_curve *c, sd_session *s, const int *ns, int n_
         int n = ns[qi];
         if (n < 1 || n > room || n > SD_TA_MAX_NODES) continue;
         sd_batch b = {.n = n, .tokens = toks};
-        for (int r = -1; r < reps; r++) {
+        for (int r = qi == 0 ? -1 : 0; r < reps; r++) { // one warm-up, before the first point
             double t0 = sd_time_ms();
             if (sd_session_forward(s, &b, err, errlen) < 0) return -1;
             if (r >= 0) times[r] = sd_time_ms() - t0;

@@ -59,8 +59,8 @@ void sd_cost_curve_observe(sd_cost_curve *c, int n, double ms);
 void sd_cost_curve_observe_draft(sd_cost_curve *c, int n, int depth, double ms);
 // Measures the curve on session s: for each ns[i] (any order; values above
 // the session's batch limit, its context room or SD_TA_MAX_NODES are
-// skipped) one warm-up and reps timed forwards of a chain of ns[i] arbitrary
-// tokens after the committed cache (so measure after a typical context);
+// skipped) reps timed forwards of a chain of ns[i] arbitrary tokens after
+// the committed cache (one untimed forward before the first point) (so measure after a typical context);
 // the quantile q of the reps becomes the point (0.5 = the median; 0 = the
 // minimum, the robust choice on a machine shared with other work, where
 // preemption only ever adds time). The points are then made non-decreasing
