@@ -3,7 +3,7 @@
 # the training corpus, the mix the head was trained on, and the train-head
 # command, each step resumable (rerun the script after an interruption).
 #
-#   bash scripts/train-head-recipe.sh smollm2|qwen [WORK_DIR]
+#   bash scripts/train-head-recipe.sh smollm2|qwen|qwen-sd [WORK_DIR]
 #
 # smollm2 (SmolLM2-135M-Instruct): the corpus's conversations answered by
 # SmolLM2 itself (self-distillation) and raw documentation text.
@@ -15,7 +15,17 @@
 # prompts itself would take hours here). Two mix files, the second appended
 # to the first's feature cache.
 #
-# WORK_DIR (default data/ for smollm2, data/qwen for qwen) holds the mix,
+# qwen-sd (in progress, session 14): the next Qwen2.5-Coder-1.5B head, by
+# self-distillation: the corpus's prompts answered by the 1.5B model itself
+# (make-train-data stage b with it as the server's model, 8 slots, no
+# drafts: about 40 tokens/s on 2 cores, so 3000 answers take 3-4 hours and
+# the step resumes across sessions) in data/qwen-sd, then the shipped head
+# fine-tuned (--init) on them with a share of standard-library code. Writes
+# WORK_DIR/Qwen2.5-Coder-1.5B-Instruct.eagle3-sd.gguf; it replaces the
+# shipped head only once bench shows it better.
+#
+# WORK_DIR (default data/ for smollm2, data/qwen for qwen, data/qwen-sd for
+# qwen-sd) holds the mix,
 # the feature cache and the checkpoint; the corpus is data/train (CORPUS to
 # move it); the head is written to heads/. Environment: THREADS (default: all
 # cores), PROMPTS (answered prompts, default 3000 for smollm2, 400 for qwen),
@@ -44,12 +54,25 @@ qwen)
     mixes=("mix.jsonl 0 180 pystdlib:10:0:0,pydoc:120:0:0" "mix2.jsonl 180 360 pystdlib:20:5:0")
     prompts="${PROMPTS:-400}" tokens="${TOKENS:-400000}" lr="${LR:-1e-3}" ff="${FF:-3072}" batch=4
     ;;
+qwen-sd)
+    model=models/Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf
+    work="${2:-data/qwen-sd}"
+    out="$work/Qwen2.5-Coder-1.5B-Instruct.eagle3-sd.gguf"
+    answers="$work"   # the 1.5B model's own answers (chat.jsonl)
+    n_sd="${PROMPTS:-3000}"
+    # the answers, then the pystdlib records 3, 33, 63, ... of the corpus
+    mixes=("mix.jsonl 0 $n_sd pystdlib:30:3:0")
+    prompts=400 tokens="${TOKENS:-300000}" lr="${LR:-5e-4}" ff="${FF:-3072}" batch=4
+    init=(--init heads/Qwen2.5-Coder-1.5B-Instruct.eagle3.gguf)
+    ;;
 *)
-    echo "usage: $0 smollm2|qwen [WORK_DIR]" >&2
+    echo "usage: $0 smollm2|qwen|qwen-sd [WORK_DIR]" >&2
     exit 1
     ;;
 esac
 threads="${THREADS:-$(nproc)}"
+answers="${answers:-$corpus}"
+init=("${init[@]+"${init[@]}"}")
 
 make build/specdec >/dev/null
 [ -f models/SmolLM2-135M-Instruct.Q4_1.gguf ] || bash scripts/fetch-models.sh
@@ -59,6 +82,14 @@ mkdir -p "$work" heads
 # 1. The corpus: prompts answered by SmolLM2 itself, raw text (resumable).
 python3 scripts/make-train-data.py --model models/SmolLM2-135M-Instruct.Q4_1.gguf --out "$corpus" \
     --max-prompts "$prompts" --parallel 4 --max-tokens 256
+
+# 1b. qwen-sd: the same prompts answered by the target itself (resumable).
+if [ "$answers" != "$corpus" ]; then
+    mkdir -p "$answers"
+    [ -f "$answers/prompts.jsonl" ] || head -n "$n_sd" "$corpus/prompts.jsonl" >"$answers/prompts.jsonl"
+    python3 scripts/make-train-data.py --model "$model" --out "$answers" --stages b --offline \
+        --max-prompts "$n_sd" --parallel 8 --max-tokens 256 --progress 60
+fi
 
 # 2. The mixes. Each: answered conversations [FROM, TO) of chat.jsonl, then
 #    raw records of text.jsonl by RULE: "all:EVERY:OFFSET:MAX" (record i of
@@ -71,16 +102,16 @@ for spec in "${mixes[@]}"; do
     mix="$work/$name"
     data+=(--data "$mix")
     [ -f "$mix" ] && continue
-    python3 - "$corpus" "$mix" "$from" "$to" "$rule" <<'EOF'
+    python3 - "$corpus" "$mix" "$from" "$to" "$rule" "$answers" <<'EOF'
 import json, os, sys
-src, out, c0, c1, rule = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+src, out, c0, c1, rule, chats = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
 rules = {}
 for part in rule.split(","):
     s, every, off, most = part.split(":")
     rules[s] = (int(every), int(off), int(most))
 with open(out + ".tmp", "w") as f:
     n = 0
-    for i, line in enumerate(open(f"{src}/chat.jsonl")):
+    for i, line in enumerate(open(f"{chats}/chat.jsonl")):
         if c0 <= i < c1:
             f.write(line)
             n += 1
@@ -105,4 +136,4 @@ resume=()
 [ -f "$work/head.ckpt" ] && resume=(--resume)
 build/specdec train-head -m "$model" "${data[@]}" --out "$out" --cache "$work/head.cache" \
     --ckpt "$work/head.ckpt" --tokens "$tokens" --batch "$batch" --lr "$lr" --ff "$ff" --seed 42 -t "$threads" \
-    "${resume[@]}"
+    "${init[@]+"${init[@]}"}" "${resume[@]+"${resume[@]}"}"
