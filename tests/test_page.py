@@ -28,22 +28,13 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
+from report import exit_status, report  # noqa: E402
 from serve_proc import ServeProcess  # noqa: E402
 
 BIN = os.environ.get("SPECDEC_BIN", os.path.join(ROOT, "build", "specdec"))
 MODEL = os.environ.get("SPECDEC_MODEL", os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
 SHOT = os.path.join(ROOT, "build", "page.png")
 CASES = ["page_served", "stream_token_kinds", "browser_dom", "browser_screenshot", "shutdown_clean"]
-failures = 0
-
-
-def report(name, ok, why=""):
-    global failures
-    if ok:
-        print(f"PASS {name}", flush=True)
-    else:
-        failures += 1
-        print(f"FAIL {name}: {why}", flush=True)
 
 
 def skip(names, why):
@@ -271,7 +262,7 @@ def main():
     finally:
         rc = srv.stop()
         report("shutdown_clean", rc == 0, f"exit status {rc}; log: {' | '.join(srv.log[-8:])}")
-    sys.exit(1 if failures else 0)
+    sys.exit(exit_status())
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
+from report import exit_status, report  # noqa: E402
 from serve_proc import ServeProcess  # noqa: E402
 
 BIN = os.environ.get("SPECDEC_BIN", os.path.join(ROOT, "build", "specdec"))
@@ -45,16 +46,6 @@ HEAD_CASES = ["head_greedy_equals_generate", "head_stream_equals_generate", "hea
               "head_medusa", "head_shutdown_clean", "head_fast_prompt", "head_auto"]
 HEAD_TOOL = os.path.join(ROOT, "build", "tests", "tool_random_head")
 
-failures = 0
-
-
-def report(name, ok, why=""):
-    global failures
-    if ok:
-        print(f"PASS {name}", flush=True)
-    else:
-        failures += 1
-        print(f"FAIL {name}: {why}", flush=True)
 
 
 def skip_all(why):
@@ -646,7 +637,7 @@ def main():
     fast_prompt_server()
     limits_server()
     head_servers()
-    sys.exit(1 if failures else 0)
+    sys.exit(exit_status())
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import threading
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
+from report import exit_status, report  # noqa: E402
 from serve_proc import ServeProcess  # noqa: E402
 
 BIN = os.environ.get("SPECDEC_BIN", os.path.join(ROOT, "build", "specdec"))
@@ -31,17 +32,6 @@ PROMPTS = ["Once upon a time a small robot walked through the old city looking f
            "The cat sat on the mat. The dog sat on the log. The cat sat on the mat. " * 5,
            "one two three four five six seven eight nine ten " * 8,
            "Lily liked to play in the park with her red ball every day. " * 6]
-failures = 0
-
-
-def report(name, ok, why=""):
-    global failures
-    if ok:
-        print(f"PASS {name}", flush=True)
-    else:
-        failures += 1
-        print(f"  {why}", flush=True)
-        print(f"FAIL {name}", flush=True)
 
 
 def generate(prompt):
@@ -118,7 +108,7 @@ def main():
     err = out.stderr.decode()
     report("budget_bad_value", out.returncode != 0 and "--draft-budget" in err and "auto or off" in err,
            f"exit {out.returncode}: {err!r}")
-    return 1 if failures else 0
+    return exit_status()
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
+from report import exit_status, report  # noqa: E402
 SCRIPT = os.path.join(ROOT, "scripts", "make-train-data.py")
 BIN = os.environ.get("SPECDEC_BIN", os.path.join(ROOT, "build", "specdec"))
 MODEL = os.environ.get("SPECDEC_MODEL", os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
@@ -36,16 +38,6 @@ CACHE = os.path.join(ROOT, "data", "cache")
 
 CASES = ["first_run", "records_valid", "spec_bench_excluded", "rerun_adds_nothing", "rerun_continues",
          "torn_line_repaired", "interrupt_keeps_work", "licence_pystdlib", "source_chitchat", "source_pydoc"]
-failures = 0
-
-
-def report(name, ok, why=""):
-    global failures
-    if ok:
-        print(f"PASS {name}", flush=True)
-    else:
-        failures += 1
-        print(f"FAIL {name}: {why}", flush=True)
 
 
 def skip_all(why):
@@ -128,7 +120,7 @@ def main():
         cases(tmp, dev)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    sys.exit(1 if failures else 0)
+    sys.exit(exit_status())
 
 
 def cases(tmp, dev):
