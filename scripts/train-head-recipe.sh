@@ -88,7 +88,7 @@ if [ "$answers" != "$corpus" ]; then
     mkdir -p "$answers"
     [ -f "$answers/prompts.jsonl" ] || head -n "$n_sd" "$corpus/prompts.jsonl" >"$answers/prompts.jsonl"
     python3 scripts/make-train-data.py --model "$model" --out "$answers" --stages b --offline \
-        --max-prompts "$n_sd" --parallel 8 --max-tokens 256 --progress 60
+        --max-prompts "$n_sd" --parallel 8 --max-tokens 256 --progress 60 --retry-failed
 fi
 
 # 2. The mixes. Each: answered conversations [FROM, TO) of chat.jsonl, then
