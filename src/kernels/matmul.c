@@ -98,6 +98,9 @@ typedef struct {
 #define SD_F32_RF 4            // rows per tile
 #define SD_F32_TF 4            // tokens per tile
 #define SD_F32_MAX_IN 16384    // longest row (the row buffers live on the stack)
+#ifndef SD_F32_R2
+#define SD_F32_R2 2            // AVX2: rows per register tile (times SD_F32_TF tokens)
+#endif
 
 static float lanes16_sum(float *a) {
     for (int w = 8; w >= 1; w /= 2)
@@ -140,9 +143,9 @@ static inline __attribute__((always_inline)) void f32_tile(int R, int T, const f
     float l[SD_F32_RF][SD_F32_TF][16];
     const int64_t nv = n / 16 * 16;
     for (int h = 0; h < 2; h++)
-        for (int r0 = 0; r0 < R; r0 += 2) {
-            const int R2 = SD_MIN(2, R - r0);
-            __m256 acc[2][SD_F32_TF];
+        for (int r0 = 0; r0 < R; r0 += SD_F32_R2) {
+            const int R2 = SD_MIN(SD_F32_R2, R - r0);
+            __m256 acc[SD_F32_R2][SD_F32_TF];
             for (int r = 0; r < R2; r++)
                 for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
             for (int64_t k = 8 * h; k < nv; k += 16) {
