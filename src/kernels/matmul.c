@@ -95,8 +95,12 @@ typedef struct {
 // (row, token) dot runs in 16 float lanes over the row in order and ends with
 // a fixed tree over the lanes: the same operations whatever the tile, so the
 // result does not depend on the batch either.
+#ifndef SD_F32_RF
 #define SD_F32_RF 4            // rows per tile
+#endif
+#ifndef SD_F32_TF
 #define SD_F32_TF 4            // tokens per tile
+#endif
 #define SD_F32_MAX_IN 16384    // longest row (the row buffers live on the stack)
 #ifndef SD_F32_R2
 #define SD_F32_R2 4            // AVX2: rows per register tile (times SD_F32_TF tokens; 4: 15% faster than 2)
