@@ -707,6 +707,12 @@ static void gen_print_summary(const gen_opts *o, const gen_plan *p, const sd_gen
             "(%.2f tok/s) | %d threads | finish: %s\n",
             st->n_prompt_tokens, st->prompt_ms, st->prompt_ms > 0 ? st->n_prompt_tokens * 1000.0 / st->prompt_ms : 0.0,
             st->n_generated, st->generate_ms, st->tokens_per_second, o->n_threads, finish);
+    // A long wait for the prompt: say which flag shortens it (the float path
+    // costs several times the 8-bit one on CPUs without AVX-512; docs/numerics.md).
+    if (!o->fast_prompt && st->prompt_ms > 3000.0)
+        fprintf(stderr, "specdec: note: the prompt took %.1f s with float activations (the default, for "
+                        "accuracy on near-ties); --fast-prompt evaluates it with 8-bit activations, several "
+                        "times faster (docs/numerics.md)\n", st->prompt_ms / 1000.0);
     if (!p->spec) return;
     char acc[256];
     size_t ao = 0;
