@@ -90,7 +90,6 @@ typedef struct {
     const float *norm_w;  // pre_norm: the RMSNorm weights
     int add;              // pre_norm: 1 if xn holds a sublayer's output still to be added to x
     int layer;            // qkv_rows: the layer
-    float *v_out;         // qkv_rows: where V went (p->v)
     const sd_mm_act *act; // swiglu_cols, att_after: where the result also goes, converted for the next
                           // matrix (down; the output projection), or NULL
     int hid_lo, hid_hi;   // pre_norm: after the add, x is the output of layers [hid_lo, hid_hi), whose
@@ -220,7 +219,7 @@ static void qkv_rows(void *arg, int m, int64_t r0, int64_t r1) {
         rope_cols(p, p->k, p->n, kvd, r0, r1);
         kv_store_cols(p, job->layer, (int)r0, (int)r1, 1, 0);
     } else {
-        add_bias_cols(job->v_out, L->bv, p->n, kvd, r0, r1);
+        add_bias_cols(p->v, L->bv, p->n, kvd, r0, r1);
         kv_store_cols(p, job->layer, (int)r0, (int)r1, 0, 1);
     }
 }
@@ -398,7 +397,7 @@ void sd_fwd_embed(const sd_model *m, const sd_batch *b, float *x) {
 
 // The attention half of layer l: attention norm, then Q, K and V in one
 // pool run (one activation conversion). For RoPE_NORM the same run adds the
-// biases, rotates and stores K (and V of several sessions) into the caches
+// biases, rotates and stores K and V into the caches
 // on each thread's own columns (qkv_rows) and, with enough attention work to
 // split, runs the attention on its threads behind a barrier (att_after). The
 // NEOX rotation pairs dims half a head apart: it runs here, after. Then the
@@ -408,23 +407,21 @@ static void attention_half(const sd_fwd_pass *p, fwd_job *job, int l, sd_mm_act 
     const sd_hparams *hp = &m->hp;
     const sd_layer *L = &m->layers[l];
     const int n = p->n, kvd = hp->n_head_kv * hp->head_dim, qd = hp->n_head * hp->head_dim, half = hp->n_rot / 2;
-    float *vc = p->v;
     job->norm_w = L->attn_norm->data;
     job->layer = l;
-    job->v_out = vc;
     job->act = act_for(p, o_act, L->wo, n, hp->head_dim); // filled by the attention
     const int in_task = hp->rope_type == SD_ROPE_NORM;
     const int att_in_task = in_task && sd_attention_parallel(p);
     const sd_mm_hooks h = {.pre = pre_norm, .pre_arg = job, .rows = in_task ? qkv_rows : NULL, .rows_arg = job,
                            .after = att_in_task ? att_after : NULL, .after_arg = job};
     const sd_tensor *w3[3] = {L->wq, L->wk, L->wv};
-    float *y3[3] = {p->q, p->k, vc};
+    float *y3[3] = {p->q, p->k, p->v};
     hint_next(p, L->wo);
     matmul_multi_t(p, 3, w3, p->xn, n, y3, &h);
     if (!in_task) {
         add_bias_cols(p->q, L->bq, n, qd, 0, qd);
         add_bias_cols(p->k, L->bk, n, kvd, 0, kvd);
-        add_bias_cols(vc, L->bv, n, kvd, 0, kvd);
+        add_bias_cols(p->v, L->bv, n, kvd, 0, kvd);
         for (int i = 0; i < n; i++) {
             const float *cs = p->rope_cs + (size_t)i * half * 2;
             rope_row(p->q + (size_t)i * qd, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_type, cs);

@@ -60,7 +60,8 @@ void sd_cost_curve_observe_draft(sd_cost_curve *c, int n, int depth, double ms);
 // Measures the curve on session s: for each ns[i] (any order; values above
 // the session's batch limit, its context room or SD_TA_MAX_NODES are
 // skipped) reps timed forwards of a chain of ns[i] arbitrary tokens after
-// the committed cache (one untimed forward before the first point) (so measure after a typical context);
+// the committed cache, so measure after a typical context (one untimed
+// forward comes before the first point);
 // the quantile q of the reps becomes the point (0.5 = the median; 0 = the
 // minimum, the robust choice on a machine shared with other work, where
 // preemption only ever adds time). The points are then made non-decreasing

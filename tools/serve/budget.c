@@ -41,10 +41,7 @@ static void add_draft_ms(sv_accept *a, double per_node) {
 }
 
 void sv_accept_observe(sv_accept *a, sv_accept *pool, const sd_gen_stats *st, const sd_step *step) {
-    if (step->n_drafted > 0) {
-        add_draft_ms(a, step->draft_ms / step->n_drafted);
-        if (pool) add_draft_ms(pool, step->draft_ms / step->n_drafted);
-    }
+    if (step->n_drafted > 0) add_draft_ms(a, step->draft_ms / step->n_drafted);
     double dp[SV_BUDGET_DEPTH + 1], da[SV_BUDGET_DEPTH + 1];
     int drafted = 0;
     for (int d = 1; d <= SV_BUDGET_DEPTH; d++) {

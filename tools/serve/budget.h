@@ -36,7 +36,8 @@ void sv_accept_init(sv_accept *a);
 // A new generation on the slot: its statistics counters start again at 0.
 void sv_accept_new_gen(sv_accept *a);
 // After a step: the generation's totals st and the step's own figures; the
-// step also counts in pool (all slots together), unless it is NULL.
+// step's acceptance also counts in pool (all slots together), unless it is
+// NULL (the drafting time stays the slot's own).
 void sv_accept_observe(sv_accept *a, sv_accept *pool, const sd_gen_stats *st, const sd_step *step);
 // Probability that a draft at depth d (1..SV_BUDGET_DEPTH) is accepted: a's
 // decayed counts with the pool's estimate counted as 16 steps (pool NULL: a

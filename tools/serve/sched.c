@@ -351,6 +351,8 @@ void sv_forward_many(sv_server *s, int n, char (*errs)[256], int step) {
 // The draft budget of this round (budget.h): caps on the trees of the slots
 // that step, when they share the pass with other rows; a slot alone drafts
 // its method's full shape.
+static int slot_steps(const sv_slot *sl) { return sl->r && sl->g && !sl->prefilling; }
+
 static void plan_budget(sv_server *s) {
     if (!s->budget_caps) return;
     int n = 0, base = 0, cut = 0;
@@ -358,7 +360,7 @@ static void plan_budget(sv_server *s) {
     for (int i = 0; i < s->n_slots; i++) {
         sv_slot *sl = &s->slots[i];
         if (sl->r && sl->g && sl->prefilling && s->o->fast_prompt) base += s->pf_len[i];
-        if (!sl->r || !sl->g || sl->prefilling) continue;
+        if (!slot_steps(sl)) continue;
         acc[n] = &sl->acc;
         s->budget_max[n++] = sl->max_nodes;
         base++;
@@ -367,7 +369,7 @@ static void plan_budget(sv_server *s) {
     if (base > 1) sv_budget_plan(s->cost, base, n, acc, &s->budget_pool, s->budget_max, s->budget_scratch, s->budget_caps);
     for (int i = 0, k = 0; i < s->n_slots; i++) {
         sv_slot *sl = &s->slots[i];
-        if (!sl->r || !sl->g || sl->prefilling) continue;
+        if (!slot_steps(sl)) continue;
         const int cap = base > 1 ? s->budget_caps[k] : 0;
         k++;
         sd_gen_set_step_limit(sl->g, cap);
