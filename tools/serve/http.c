@@ -17,6 +17,9 @@
 #include "serve/api.h"
 
 #define SV_POLL_MS 50   // how often a waiting connection checks that its client is still there
+// At shutdown, how long the replies in flight (ended by the scheduler) may
+// take to reach their clients before the connections are closed.
+#define SV_DRAIN_MS 10000
 
 struct sv_http {
     struct MHD_Daemon *d;
@@ -338,6 +341,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     if (!k) {
         if (!(k = calloc(1, sizeof *k))) return MHD_NO;
         *con_cls = k;
+        atomic_fetch_add(&s->requests_open, 1);
         return first_call(s, c, url, k);
     }
     if (*upload_size) {
@@ -377,7 +381,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
 }
 
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void)cls;
+    sv_server *s = cls;
     (void)c;
     (void)toe;
     conn *k = *con_cls;
@@ -389,6 +393,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
     free(k->body);
     free(k);
     *con_cls = NULL;
+    atomic_fetch_sub(&s->requests_open, 1);
 }
 
 // ---------------------------------------------------------------- the daemon
@@ -433,6 +438,11 @@ void sv_http_quiesce(sv_http *h) {
 
 void sv_http_stop(sv_http *h) {
     if (!h) return;
+    // The scheduler has ended every generation; let their last events (the
+    // finish chunk, [DONE]) reach the clients before the connections close
+    // (measured: a stream cut without them now and then, before this wait).
+    for (int waited = 0; atomic_load(&h->s->requests_open) > 0 && waited < SV_DRAIN_MS; waited += 10)
+        nanosleep(&(struct timespec){.tv_nsec = 10 * 1000000L}, NULL);
     MHD_stop_daemon(h->d);
     free(h);
 }

@@ -165,6 +165,7 @@ typedef struct sv_server {
     int stopping;              // shutdown: fail the queue, stop the slots, exit the scheduler
     sv_metrics m;
     atomic_long next_id;
+    atomic_int requests_open;  // HTTP requests whose reply is not fully sent (http.c; shutdown waits for them)
 
     sv_slot *slots;            // (n_slots)
     int n_slots;
