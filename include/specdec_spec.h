@@ -144,6 +144,11 @@ typedef struct sd_head_online_stats {
                           // measured before it trained on them: 0..1
     double train_ms;      // time spent training, in total (ms)
 } sd_head_online_stats;
+// A drafter with a reduced draft vocabulary (an EAGLE-3 head): how many
+// verified positions it checked since it was made (the target's choice after
+// each accepted node) and how many of those choices its vocabulary holds;
+// returns 1. Other drafters: 0, with both counts 0.
+int sd_drafter_vocab_coverage(const sd_drafter *d, int64_t *n_checked, int64_t *n_in);
 // Fills *st for an online drafter and returns 1; returns 0 (and zeroes *st)
 // for any other drafter.
 int sd_drafter_online_stats(const sd_drafter *d, sd_head_online_stats *st);

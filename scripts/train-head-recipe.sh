@@ -3,10 +3,17 @@
 # the training corpus, the mix the head was trained on, and the train-head
 # command, each step resumable (rerun the script after an interruption).
 #
-#   bash scripts/train-head-recipe.sh smollm2|qwen|qwen-sd [WORK_DIR]
+#   bash scripts/train-head-recipe.sh smollm2|smollm2-ft|qwen|qwen-sd [WORK_DIR]
 #
 # smollm2 (SmolLM2-135M-Instruct): the corpus's conversations answered by
 # SmolLM2 itself (self-distillation) and raw documentation text.
+#
+# smollm2-ft (session 15): that head fine-tuned (--init; INIT names another
+# start) on more of SmolLM2's own answers: the first 4000 prompts of the
+# corpus, whose prompt list now also holds generated instructions (writing,
+# arithmetic, translation, rewriting, role play, extraction: make-train-data's
+# "tasks" source). Writes WORK_DIR/SmolLM2-135M-Instruct.eagle3-ft.gguf; it
+# replaces the shipped head once bench shows it better.
 #
 # qwen (Qwen2.5-Coder-1.5B-Instruct, scripts/fetch-models.sh --pair) trains
 # on the same corpus by teacher forcing: SmolLM2's answered conversations and
@@ -45,6 +52,16 @@ smollm2)
     mixes=("mix.jsonl 0 543 all:10:0:162")
     prompts="${PROMPTS:-3000}" tokens="${TOKENS:-600000}" lr="${LR:-1e-3}" ff="${FF:-0}" batch=8
     ;;
+smollm2-ft)
+    model=models/SmolLM2-135M-Instruct.Q4_1.gguf
+    work="${2:-data/smollm2-ft}"
+    out="$work/SmolLM2-135M-Instruct.eagle3-ft.gguf"
+    # every answered conversation of the first 4000 prompts (generated instructions
+    # included), then every 20th record of text.jsonl (at most 300)
+    mixes=("mix.jsonl 0 100000 all:20:0:300")
+    prompts="${PROMPTS:-4000}" tokens="${TOKENS:-1000000}" lr="${LR:-5e-4}" ff="${FF:-0}" batch=8
+    init=(--init "${INIT:-heads/SmolLM2-135M-Instruct.eagle3.gguf}")
+    ;;
 qwen)
     model=models/Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf
     out=heads/Qwen2.5-Coder-1.5B-Instruct.eagle3.gguf
@@ -66,7 +83,7 @@ qwen-sd)
     init=(--init heads/Qwen2.5-Coder-1.5B-Instruct.eagle3.gguf)
     ;;
 *)
-    echo "usage: $0 smollm2|qwen|qwen-sd [WORK_DIR]" >&2
+    echo "usage: $0 smollm2|smollm2-ft|qwen|qwen-sd [WORK_DIR]" >&2
     exit 1
     ;;
 esac

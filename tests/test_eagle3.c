@@ -298,6 +298,45 @@ static void test_greedy_lossless_synthetic(void) {
     sd_model_free(m);
 }
 
+// The draft-vocabulary coverage counts every verified position once (the
+// generated tokens after the first, which the prompt's forward chose) and
+// counts those whose token the head's vocabulary holds.
+static void test_vocab_coverage(void) {
+    sd_model *m = synth();
+    CHECK(m, "%s", g_err);
+    if (!m) return;
+    sd_head *h = random_head(m, 120, 3);
+    sd_session *s = sc_new_session(m, 256, 2, g_err, sizeof g_err);
+    sd_sampler *smp = sc_new_sampler(m->hp.n_vocab, 0.0f, 1.0f, g_err, sizeof g_err);
+    sd_cost_curve *cc = NULL;
+    sd_drafter *d = NULL;
+    static sc_tokens got;
+    sd_gen_stats st;
+    int32_t prompt[20];
+    for (int i = 0; i < 20; i++) prompt[i] = 3 + (i * 37) % 300;
+    int rc = h && s && smp ? make_drafter(m, h, "eagle3:chain:3", s, 0.0, NULL, NULL, &cc, &d) : -1;
+    CHECK(rc == 0 && d, "%s", g_err);
+    if (rc == 0 && d) {
+        CHECK(sc_run_spec(s, smp, d, prompt, 20, 60, 32, &got, &st, g_err, sizeof g_err) == 0, "%s", g_err);
+        int64_t n_checked = -1, n_in = -1, want_in = 0;
+        CHECK(sd_drafter_vocab_coverage(d, &n_checked, &n_in) == 1, "an EAGLE-3 drafter reports coverage");
+        for (int i = 1; i < got.n; i++) want_in += h->t2d[got.tok[i]] >= 0;
+        printf("  coverage: %lld of %lld positions (expected %lld of %d)\n", (long long)n_in, (long long)n_checked,
+               (long long)want_in, got.n - 1);
+        CHECK(n_checked == got.n - 1 && n_in == want_in, "coverage %lld/%lld, expected %lld/%d", (long long)n_in,
+              (long long)n_checked, (long long)want_in, got.n - 1);
+        CHECK(want_in > 0 && want_in < got.n - 1, "the test needs tokens both in and out of the draft vocabulary");
+    }
+    int64_t a = 1, b = 1;
+    CHECK(sd_drafter_vocab_coverage(NULL, &a, &b) == 0 && a == 0 && b == 0, "no drafter: no coverage");
+    sd_drafter_free(d);
+    sd_cost_curve_free(cc);
+    sd_sampler_free(smp);
+    sd_session_free(s);
+    sd_head_free(h);
+    sd_model_free(m);
+}
+
 static void test_greedy_lossless_default_model(void) {
     if (access(DEFAULT_MODEL, R_OK) != 0) SKIP("%s not present (run scripts/fetch-models.sh)", DEFAULT_MODEL);
     sd_model *m = NULL;
@@ -457,6 +496,7 @@ int main(void) {
     T_RUN(test_forward_norm_before_residual);
     T_RUN(test_method_errors);
     T_RUN(test_greedy_lossless_synthetic);
+    T_RUN(test_vocab_coverage);
     T_RUN(test_auto_prior_from_head);
     T_RUN(test_medusa_greedy_lossless);
     T_RUN(test_greedy_lossless_default_model);

@@ -37,7 +37,8 @@ DEV = os.path.normpath(os.path.join(ROOT, "..", "shared", "prompts", "dev.jsonl"
 CACHE = os.path.join(ROOT, "data", "cache")
 
 CASES = ["first_run", "records_valid", "spec_bench_excluded", "rerun_adds_nothing", "rerun_continues",
-         "torn_line_repaired", "interrupt_keeps_work", "licence_pystdlib", "source_chitchat", "source_pydoc"]
+         "torn_line_repaired", "interrupt_keeps_work", "licence_pystdlib", "source_chitchat", "source_pydoc",
+         "source_tasks"]
 
 
 def skip_all(why):
@@ -80,7 +81,7 @@ def check_records(out):
             if not isinstance(r.get("id"), str) or r["id"] in ids:
                 return f"{where}: missing or repeated id"
             ids.add(r["id"])
-            if r.get("source") not in ("extra", "chitchat", "pydoc", "pystdlib"):
+            if r.get("source") not in ("extra", "chitchat", "pydoc", "pystdlib", "tasks"):
                 return f"{where}: source {r.get('source')!r}"
             if kind == "chat":
                 m = r.get("messages")
@@ -225,6 +226,18 @@ def cases(tmp, dev):
     else:
         print("SKIP source_pydoc: python3-doc is not installed (apt-get install python3-doc; the test runs "
               "no apt)")
+    # the generated instructions: writing and arithmetic always; translation,
+    # rewriting and role play draw on chitchat, extraction on the documentation
+    kinds = {}
+    for ln in lines(os.path.join(out, "prompts.jsonl")):
+        r = json.loads(ln)
+        if r["source"] == "tasks":
+            kinds.setdefault(r["meta"]["kind"], []).append(r["prompt"])
+    want = {"writing", "math"} | ({"translation", "rewriting", "roleplay"} if "chitchat" in lic else set()) \
+        | ({"extraction"} if "pydoc" in lic else set())
+    math_ok = all(re.search(r"\d", t) for t in kinds.get("math", []))
+    report("source_tasks", want <= set(kinds) and math_ok,
+           f"kinds {sorted(kinds)} (want {sorted(want)}), math prompts with numbers: {math_ok}")
     print(f"# {time.time() - t0:.0f} s", flush=True)
 
 

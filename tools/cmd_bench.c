@@ -322,6 +322,7 @@ typedef struct bench_state {
     char notes[BENCH_MAX_METHODS][256];      // (nm) each method's drafter note after its last run
     sd_drafter *drafters[BENCH_MAX_METHODS];  // (nm) the current run's, NULL between runs (unless kept)
     int keep[BENCH_MAX_METHODS];             // (nm) 1: the drafter adapts online and is kept over all prompts
+    int64_t cov_n[BENCH_MAX_METHODS], cov_in[BENCH_MAX_METHODS];  // (nm) draft-vocabulary coverage, all prompts
     sd_method_env env;
     sd_cost_curve *cost;                     // the target's forward cost (automatic trees), or NULL
     tree_reports *reports;
@@ -550,6 +551,9 @@ static int bench_run_one(const bench_opts *o, bench_state *b, int p, int k, run_
     for (int d = 1; d <= BENCH_DEPTHS && d <= SD_SPEC_MAX_DEPTH; d++)
         r->dp[d] = st.n_depth_proposed[d], r->da[d] = st.n_depth_accepted[d];
     if (b->drafters[k]) snprintf(b->notes[k], sizeof b->notes[k], "%s", sd_drafter_note(b->drafters[k]));
+    int64_t cn, ci;
+    if (!b->keep[k] && sd_drafter_vocab_coverage(b->drafters[k], &cn, &ci)) b->cov_n[k] += cn, b->cov_in[k] += ci;
+    if (b->keep[k] && sd_drafter_vocab_coverage(b->drafters[k], &cn, &ci)) b->cov_n[k] = cn, b->cov_in[k] = ci;
     if (!b->keep[k]) {
         sd_drafter_free(b->drafters[k]);
         b->drafters[k] = NULL;
@@ -659,7 +663,11 @@ static void bench_print(const bench_opts *o, const bench_state *b) {
     printf("\ndraft/node = the drafter's time per drafted token as a share of a one-token target forward (ar's "
            "time per token).\n");
     for (int k = 0; k < nm; k++)
-        if (b->notes[k][0]) printf("%s: %s\n", b->methods[k].name, b->notes[k]);
+        if (b->cov_n[k] > 0)
+            printf("%s: the draft vocabulary holds the target's choice %.1f%% of %lld verified positions (all "
+                   "prompts)\n", b->methods[k].name, 100.0 * (double)b->cov_in[k] / (double)b->cov_n[k],
+                   (long long)b->cov_n[k]);
+        else if (b->notes[k][0]) printf("%s: %s\n", b->methods[k].name, b->notes[k]);
     printf("\nspeedup over ar by category (tau in parentheses):\n\n| method |");
     for (int c = 0; c < n_cats; c++) printf(" %s |", b->cats[c]);
     printf("\n| --- |");
@@ -718,9 +726,16 @@ static json_t *method_json(const bench_state *b, int k, int greedy) {
         }
     }
     const char *name = b->methods[k].name;
-    return json_pack("{s:o, s:i, s:o, s:o, s:o}", "name", cli_json_str(name, strlen(name)), "max_nodes",
-                     b->max_nodes[k], "overall", agg_json(&b->overall[k], &b->overall[0], greedy), "by_category", cats,
-                     "note", cli_json_str(b->notes[k], strlen(b->notes[k])));
+    json_t *j = json_pack("{s:o, s:i, s:o, s:o, s:o}", "name", cli_json_str(name, strlen(name)), "max_nodes",
+                          b->max_nodes[k], "overall", agg_json(&b->overall[k], &b->overall[0], greedy), "by_category",
+                          cats, "note", cli_json_str(b->notes[k], strlen(b->notes[k])));
+    if (j && b->cov_n[k] > 0 &&
+        (json_object_set_new(j, "vocab_checked", json_integer(b->cov_n[k])) ||
+         json_object_set_new(j, "vocab_coverage", json_real((double)b->cov_in[k] / (double)b->cov_n[k])))) {
+        json_decref(j);
+        return NULL;
+    }
+    return j;
 }
 
 // The full results as JSON (--out). 0, or 1 after a message.

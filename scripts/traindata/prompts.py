@@ -1,6 +1,7 @@
 """Stage a (prompts.jsonl) and the sources it reads: chitchat-dataset (PyPI),
 the Python documentation (pydoc_pages.py), the standard library
-(stdlib_funcs.py) and --extra-prompts; deduplication and the Spec-Bench
+(stdlib_funcs.py), generated instructions (tasks.py) and --extra-prompts;
+deduplication and the Spec-Bench
 exclusion, which stage c (raw.py) uses too."""
 import email.parser
 import glob
@@ -17,6 +18,7 @@ from . import h12, norm, say
 from .jsonl import write_jsonl_atomic
 from .pydoc_pages import pydoc_dir, pydoc_extract, pydoc_licence
 from .stdlib_funcs import stdlib_dir, stdlib_extract, stdlib_licence
+from .tasks import tasks_prompts
 
 CHITCHAT_PKG = "chitchat-dataset==0.9.0"
 SHINGLE = 8  # words: a candidate sharing any 8-word run with a Spec-Bench prompt is dropped
@@ -202,6 +204,14 @@ class Sources:
                 self.licences()["pystdlib"] = stdlib_licence(d)
                 res = (p, t)
                 say(f"  pystdlib: {n} files of {d}: {len(p)} prompts, {len(t)} functions [{time.time() - t0:.1f} s]")
+        elif name == "tasks":
+            cc = self.get("chitchat")
+            pd = self.get("pydoc")
+            chit = [t for t, k, _ in cc[0] if k == "first-turn"] if cc else []
+            paras = [t.split("\n\n", 1)[1] for t, k, _ in pd[0] if k == "paragraph" and "\n\n" in t] if pd else []
+            res = (tasks_prompts(chit, paras, a.seed), [])
+            say(f"  tasks: {len(res[0])} generated instructions (writing, math, translation, rewriting, role play, "
+                f"extraction; {len(chit)} chitchat turns and {len(paras)} documentation paragraphs to draw on)")
         elif name == "extra":
             res = ([(t, k, a.extra_prompts) for t, k in extra_prompts(a.extra_prompts)], []) \
                 if a.extra_prompts else None
@@ -271,7 +281,7 @@ def stage_prompts(args, m, srcs, excl):
         return
     say("stage a (prompts): reading the sources")
     groups = {}
-    for name in ("extra", "chitchat", "pydoc", "pystdlib"):
+    for name in ("extra", "chitchat", "pydoc", "pystdlib", "tasks"):
         r = srcs.get(name)
         if r and r[0]:
             groups[name] = [{"id": f"{name}-{h12(name, norm(t))}", "source": name, "prompt": t.strip(),

@@ -276,16 +276,13 @@ static int e3_accept(sd_drafter *dr, const sd_step_record *rec, char *err, size_
         s->p_min = sd_draft_adapt_p_min(s->p_min, depth, rec->n_path - 1, &s->p);
     }
     sd_e3_drop_pending(s->e);
-    // Coverage: is the target's choice after each path node a draft token?
-    if (rec->logits) {
-        for (int k = 0; k < rec->n_path; k++) {
-            const float *lt = rec->logits(rec->lstate, rec->path[k]);
-            if (!lt) continue;
-            int best = 0;
-            for (int v = 1; v < s->nv; v++) best = lt[v] > lt[best] ? v : best;
-            s->cov_n++;
-            s->cov_in += s->head->t2d[best] >= 0;
-        }
+    // Coverage: is the target's choice after each path node (the next path
+    // token, the bonus after the last) a draft token?
+    for (int k = 0; k < rec->n_path; k++) {
+        const int32_t t = k + 1 < rec->n_path ? tree->token[rec->path[k + 1]] : rec->bonus;
+        if (t < 0 || t >= s->nv) continue;
+        s->cov_n++;
+        s->cov_in += s->head->t2d[t] >= 0;
     }
     // The accepted tokens join the text at the positions after the root, and
     // the target's states of the path become fused states.
@@ -337,6 +334,13 @@ static const char *e3_note(const sd_drafter *dr) {
     return s->note;
 }
 
+static int e3_vocab_coverage(const sd_drafter *dr, int64_t *n_checked, int64_t *n_in) {
+    const e3d *s = dr->impl;
+    *n_checked = s->cov_n;
+    *n_in = s->cov_in;
+    return 1;
+}
+
 static int e3_save_head(sd_drafter *dr, const char *path, char *err, size_t errlen) {
     e3d *s = dr->impl;
     if (s->lr) return sd_learner_save(s->lr, path, err, errlen);
@@ -380,6 +384,7 @@ static const sd_drafter_vt e3_vt = {.name = "eagle3",
                                     .free = e3_free,
                                     .note = e3_note,
                                     .save_head = e3_save_head,
+                                    .vocab_coverage = e3_vocab_coverage,
                                     .online_stats = e3_online_stats,
                                     .online_wait = e3_online_wait};
 

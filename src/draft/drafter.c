@@ -27,6 +27,11 @@ const char *sd_drafter_note(const sd_drafter *d) {
     return d && d->vt->note ? d->vt->note(d) : "";
 }
 
+int sd_drafter_vocab_coverage(const sd_drafter *d, int64_t *n_checked, int64_t *n_in) {
+    *n_checked = *n_in = 0;
+    return d && d->vt->vocab_coverage ? d->vt->vocab_coverage(d, n_checked, n_in) : 0;
+}
+
 int sd_drafter_online_stats(const sd_drafter *d, sd_head_online_stats *st) {
     memset(st, 0, sizeof *st);
     return d && d->vt->online_stats ? d->vt->online_stats(d, st) : 0;

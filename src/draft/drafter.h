@@ -90,6 +90,8 @@ typedef struct sd_drafter_vt {
     int (*save_head)(sd_drafter *d, const char *path, char *err, size_t errlen);
     // Optional (NULL: no online adaptation): fills st, returns 1 when the drafter adapts online, else 0.
     int (*online_stats)(const sd_drafter *d, sd_head_online_stats *st);
+    // Optional (NULL: no reduced vocabulary): sd_drafter_vocab_coverage.
+    int (*vocab_coverage)(const sd_drafter *d, int64_t *n_checked, int64_t *n_in);
     // Optional (NULL: nothing to wait for): sd_drafter_online_wait.
     int (*online_wait)(sd_drafter *d, char *err, size_t errlen);
 } sd_drafter_vt;
