@@ -3,17 +3,16 @@
 # the training corpus, the mix the head was trained on, and the train-head
 # command, each step resumable (rerun the script after an interruption).
 #
-#   bash scripts/train-head-recipe.sh smollm2|smollm2-ft|qwen|qwen-sd [WORK_DIR]
+#   bash scripts/train-head-recipe.sh smollm2|smollm2-v1|qwen|qwen-sd [WORK_DIR]
 #
-# smollm2 (SmolLM2-135M-Instruct): the corpus's conversations answered by
-# SmolLM2 itself (self-distillation) and raw documentation text.
-#
-# smollm2-ft (session 15): that head fine-tuned (--init; INIT names another
-# start) on more of SmolLM2's own answers: the first 4000 prompts of the
-# corpus, whose prompt list now also holds generated instructions (writing,
-# arithmetic, translation, rewriting, role play, extraction: make-train-data's
-# "tasks" source). Writes WORK_DIR/SmolLM2-135M-Instruct.eagle3-ft.gguf; it
-# replaces the shipped head once bench shows it better.
+# smollm2 (SmolLM2-135M-Instruct, the shipped head) has two stages:
+# smollm2-v1 (session 11's head: the corpus's first 543 conversations
+# answered by SmolLM2 itself and raw documentation text, written to
+# data/SmolLM2-135M-Instruct.eagle3-v1.gguf; run first when that file is
+# missing), then that head fine-tuned (--init; INIT names another start) on
+# SmolLM2's answers to the corpus's first 4000 prompts, whose prompt list
+# also holds generated instructions (writing, arithmetic, translation,
+# rewriting, role play, extraction: make-train-data's "tasks" source).
 #
 # qwen (Qwen2.5-Coder-1.5B-Instruct, scripts/fetch-models.sh --pair) trains
 # on the same corpus by teacher forcing: SmolLM2's answered conversations and
@@ -31,11 +30,12 @@
 # WORK_DIR/Qwen2.5-Coder-1.5B-Instruct.eagle3-sd.gguf; it replaces the
 # shipped head only once bench shows it better.
 #
-# WORK_DIR (default data/ for smollm2, data/qwen for qwen, data/qwen-sd for
-# qwen-sd) holds the mix,
-# the feature cache and the checkpoint; the corpus is data/train (CORPUS to
-# move it); the head is written to heads/. Environment: THREADS (default: all
-# cores), PROMPTS (answered prompts, default 3000 for smollm2, 400 for qwen),
+# WORK_DIR (default data/smollm2-ft for smollm2, data/ for smollm2-v1,
+# data/qwen for qwen, data/qwen-sd for qwen-sd) holds the mix, the feature
+# cache and the checkpoint; the corpus is data/train (CORPUS to move it); the
+# shipped heads are written to heads/. Environment: THREADS (default: all
+# cores), PROMPTS (answered prompts, default 4000 for smollm2, 3000 for
+# smollm2-v1, 400 for qwen),
 # TOKENS (positions trained), LR, FF (the head's feed-forward width; 0 = the
 # target's).
 set -euo pipefail
@@ -44,23 +44,27 @@ cd "$(dirname "$0")/.."
 which="${1:-}"
 corpus="${CORPUS:-data/train}"
 case "$which" in
-smollm2)
+smollm2-v1)
+    # the first stage of the shipped SmolLM2 head (session 11's head)
     model=models/SmolLM2-135M-Instruct.Q4_1.gguf
-    out=heads/SmolLM2-135M-Instruct.eagle3.gguf
     work="${2:-data}"
+    out="$work/SmolLM2-135M-Instruct.eagle3-v1.gguf"
     # the first 543 conversations, then every 10th record of text.jsonl (at most 162)
     mixes=("mix.jsonl 0 543 all:10:0:162")
     prompts="${PROMPTS:-3000}" tokens="${TOKENS:-600000}" lr="${LR:-1e-3}" ff="${FF:-0}" batch=8
     ;;
-smollm2-ft)
+smollm2)
+    # the shipped head: the first stage fine-tuned on every answered
+    # conversation of the first 4000 prompts (generated instructions included),
+    # then every 20th record of text.jsonl (at most 300)
     model=models/SmolLM2-135M-Instruct.Q4_1.gguf
     work="${2:-data/smollm2-ft}"
-    out="$work/SmolLM2-135M-Instruct.eagle3-ft.gguf"
-    # every answered conversation of the first 4000 prompts (generated instructions
-    # included), then every 20th record of text.jsonl (at most 300)
+    out=heads/SmolLM2-135M-Instruct.eagle3.gguf
     mixes=("mix.jsonl 0 100000 all:20:0:300")
     prompts="${PROMPTS:-4000}" tokens="${TOKENS:-1000000}" lr="${LR:-5e-4}" ff="${FF:-0}" batch=8
-    init=(--init "${INIT:-heads/SmolLM2-135M-Instruct.eagle3.gguf}")
+    v1="${INIT:-data/SmolLM2-135M-Instruct.eagle3-v1.gguf}"
+    [ -f "$v1" ] || CORPUS="$corpus" bash "$0" smollm2-v1
+    init=(--init "$v1")
     ;;
 qwen)
     model=models/Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf
@@ -83,7 +87,7 @@ qwen-sd)
     init=(--init heads/Qwen2.5-Coder-1.5B-Instruct.eagle3.gguf)
     ;;
 *)
-    echo "usage: $0 smollm2|smollm2-ft|qwen|qwen-sd [WORK_DIR]" >&2
+    echo "usage: $0 smollm2|smollm2-v1|qwen|qwen-sd [WORK_DIR]" >&2
     exit 1
     ;;
 esac
