@@ -8,6 +8,8 @@ summary); this package does the work:
                    --extra-prompts, deduplication, the Spec-Bench exclusion
   pydoc_pages.py   the Python HTML documentation (python3-doc): prompts, text
   stdlib_funcs.py  the Python standard library's functions: prompts, text
+  tasks.py         generated instructions (writing, arithmetic, translation,
+                   rewriting, role play, extraction) drawing on the above
   raw.py           stage c: text.jsonl for teacher forcing
   answers.py       stage b: `specdec serve` and the openai client, chat.jsonl
 
