@@ -551,9 +551,9 @@ static int bench_run_one(const bench_opts *o, bench_state *b, int p, int k, run_
     for (int d = 1; d <= BENCH_DEPTHS && d <= SD_SPEC_MAX_DEPTH; d++)
         r->dp[d] = st.n_depth_proposed[d], r->da[d] = st.n_depth_accepted[d];
     if (b->drafters[k]) snprintf(b->notes[k], sizeof b->notes[k], "%s", sd_drafter_note(b->drafters[k]));
-    int64_t cn, ci;
-    if (!b->keep[k] && sd_drafter_vocab_coverage(b->drafters[k], &cn, &ci)) b->cov_n[k] += cn, b->cov_in[k] += ci;
-    if (b->keep[k] && sd_drafter_vocab_coverage(b->drafters[k], &cn, &ci)) b->cov_n[k] = cn, b->cov_in[k] = ci;
+    int64_t cn, ci;   // a kept drafter's counts run over all prompts already; a fresh one's are this prompt's
+    if (sd_drafter_vocab_coverage(b->drafters[k], &cn, &ci))
+        b->cov_n[k] = cn + (b->keep[k] ? 0 : b->cov_n[k]), b->cov_in[k] = ci + (b->keep[k] ? 0 : b->cov_in[k]);
     if (!b->keep[k]) {
         sd_drafter_free(b->drafters[k]);
         b->drafters[k] = NULL;

@@ -1,8 +1,7 @@
 """Stage a (prompts.jsonl) and the sources it reads: chitchat-dataset (PyPI),
 the Python documentation (pydoc_pages.py), the standard library
 (stdlib_funcs.py), generated instructions (tasks.py) and --extra-prompts;
-deduplication and the Spec-Bench
-exclusion, which stage c (raw.py) uses too."""
+deduplication and the Spec-Bench exclusion, which stage c (raw.py) uses too."""
 import email.parser
 import glob
 import json

@@ -73,33 +73,28 @@ NAMES = ["Ana", "Ben", "Chloe", "David", "Emma", "Farid", "Grace", "Hugo", "Ines
 
 
 def math_prompt(rng):
+    """One arithmetic prompt of ten kinds; the numbers are drawn before the kind is used."""
     k = rng.randrange(10)
     a, b, c = rng.randint(2, 99), rng.randint(2, 99), rng.randint(2, 12)
     n = rng.choice(NAMES)
     item, lo, hi = rng.choice(ITEMS)
     price = round(rng.uniform(lo, hi), 2)
-    if k == 0:
-        return f"What is {a} * {b} + {c}? Show your steps."
-    if k == 1:
-        return f"Solve for x: {c}x + {a} = {a + c * b}. Explain each step."
-    if k == 2:
-        return (f"{n} buys {c} {item} at ${price:.2f} each and pays with a ${(int(c * price) // 10 + 1) * 10} "
-                f"note. How much change does {n} get?")
-    if k == 3:
-        return f"What is {a}% of {b * 10}? Explain how you got the answer."
-    if k == 4:
-        return (f"A train travels {a * 3} km in {c} hours. What is its average speed, and how far does it go "
-                f"in {c + 2} hours at that speed?")
-    if k == 5:
-        return f"A rectangle is {a} cm long and {b} cm wide. What are its area and its perimeter?"
-    if k == 6:
-        return (f"{n} has {a + b} marbles and gives {a} of them to a friend, then buys {c} more. "
-                f"How many marbles does {n} have now?")
-    if k == 7:
-        return f"What is the next number in the sequence {c}, {2 * c}, {4 * c}, {8 * c}, ...? Explain the pattern."
-    if k == 8:
-        return f"Is {a * b + 1} a prime number? Explain how to check."
-    return f"Convert {a * 7} minutes into hours and minutes, and {b * 100} grams into kilograms."
+    note = (int(c * price) // 10 + 1) * 10
+    kinds = [
+        f"What is {a} * {b} + {c}? Show your steps.",
+        f"Solve for x: {c}x + {a} = {a + c * b}. Explain each step.",
+        f"{n} buys {c} {item} at ${price:.2f} each and pays with a ${note} note. How much change does {n} get?",
+        f"What is {a}% of {b * 10}? Explain how you got the answer.",
+        f"A train travels {a * 3} km in {c} hours. What is its average speed, and how far does it go "
+        f"in {c + 2} hours at that speed?",
+        f"A rectangle is {a} cm long and {b} cm wide. What are its area and its perimeter?",
+        f"{n} has {a + b} marbles and gives {a} of them to a friend, then buys {c} more. "
+        f"How many marbles does {n} have now?",
+        f"What is the next number in the sequence {c}, {2 * c}, {4 * c}, {8 * c}, ...? Explain the pattern.",
+        f"Is {a * b + 1} a prime number? Explain how to check.",
+        f"Convert {a * 7} minutes into hours and minutes, and {b * 100} grams into kilograms.",
+    ]
+    return kinds[k]
 
 
 def tasks_prompts(chitchat, paragraphs, seed):

@@ -55,7 +55,7 @@ typedef struct e3d {
     float p_min;
     sd_tree work;
     sd_draft_auto *au;
-    // coverage of the draft vocabulary: target argmax of path nodes
+    // coverage of the draft vocabulary: the target's tokens after path nodes, and those it holds
     int64_t cov_n, cov_in;
     sd_learner *lr;      // online adaptation, or NULL
     char note[400];
