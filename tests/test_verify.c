@@ -3,6 +3,7 @@
 // the statistical losslessness test (with deliberately wrong verifiers that
 // the same test must reject).
 #include <stdint.h>
+#include <string.h>
 
 #include "t.h"
 #include "spec/tree.h"
@@ -219,7 +220,7 @@ static void gen_one(int method, rng_t *r, sd_tree *t, sd_tree *t2, sd_tree *work
     float q[NV];
     while (tc.n_seq < LEN) {
         sd_tree_reset(t, tc.n_seq ? tc.seq[tc.n_seq - 1] : 0);
-        sd_tree_grow g = {toy_dist, &tc, 1, 0.0f, 0, rng_uniform, r};
+        sd_tree_grow g = {toy_dist, &tc, 1, 0.0f, 0, rng_uniform, r, NULL, 0};
         static const int w32[] = {3, 2}, w22[] = {2, 2}, w1[] = {2, 3};
         switch (method) {
         case M_CHAIN: case W_CHAIN_NORESID: sd_tree_grow_chain(t, 3, &g, err, sizeof err); break;
@@ -358,7 +359,7 @@ static void test_tree_builders(void) {
     char err[128];
     CHECK(sd_tree_init(&t, 64, NV, 64) == 0 && sd_tree_init(&w, 128, NV, 64) == 0 && sd_tree_init(&m, 64, NV, 64) == 0, "init");
     cnt_t c = {0, 0};
-    sd_tree_grow g = {shape_dist, &c, 0, 0.0f, 0, NULL, NULL};
+    sd_tree_grow g = {shape_dist, &c, 0, 0.0f, 0, NULL, NULL, NULL, 0};
     // Width vector {3, 2, 1}: 1 + 3 + 6 + 6 nodes, one call per depth.
     sd_tree_reset(&t, 0);
     CHECK(sd_tree_grow_widths(&t, (const int[]){3, 2, 1}, 3, &g, err, sizeof err) == 0, "%s", err);
@@ -419,10 +420,59 @@ static void test_tree_builders(void) {
     sd_tree_free(&m);
 }
 
+// Rows with mass on a subset of ids only (ties included): growing with that
+// subset as g.support gives the same trees as scanning whole rows.
+static const int32_t k_sup[] = {1, 2, 4, 7, 8, 11, 13, 14};
+static int sparse_dist(void *ud, const sd_tree *t, const int32_t *nodes, int n_nodes, float *const *rows,
+                       char *err, size_t errlen) {
+    (void)ud, (void)err, (void)errlen;
+    const int ns = (int)(sizeof k_sup / sizeof *k_sup);
+    for (int j = 0; j < n_nodes; j++) {
+        memset(rows[j], 0, sizeof(float) * (size_t)t->n_vocab);
+        float s = 0;
+        for (int i = 0; i < ns; i++) s += rows[j][k_sup[i]] = (float)(1 + (i * 5 + t->token[nodes[j]]) % 4);
+        for (int i = 0; i < ns; i++) rows[j][k_sup[i]] /= s;
+    }
+    return 0;
+}
+
+static void test_tree_support(void) {
+    const int nv = 16;   // the support's largest id is 14
+    sd_tree a, b, wa, wb;
+    char err[128];
+    CHECK(sd_tree_init(&a, 64, nv, 64) == 0 && sd_tree_init(&b, 64, nv, 64) == 0 && sd_tree_init(&wa, 128, nv, 64) == 0 &&
+              sd_tree_init(&wb, 128, nv, 64) == 0,
+          "init");
+    for (int mode = 0; mode < 4; mode++) {
+        rng_t ra = {7}, rb = {7};
+        sd_tree_grow g = {sparse_dist, NULL, mode == 3, mode == 1 ? 0.2f : 0.0f, 0, rng_uniform, &ra, NULL, 0};
+        sd_tree_grow h = g;
+        h.ustate = &rb;
+        h.support = k_sup;
+        h.n_support = (int)(sizeof k_sup / sizeof *k_sup);
+        sd_tree_reset(&a, 3);
+        sd_tree_reset(&b, 3);
+        int ra_ = mode == 2 ? sd_tree_grow_dynamic(&a, &wa, 3, 3, 10, &g, err, sizeof err)
+                            : sd_tree_grow_widths(&a, (const int[]){3, 2, 2}, 3, &g, err, sizeof err);
+        int rb_ = mode == 2 ? sd_tree_grow_dynamic(&b, &wb, 3, 3, 10, &h, err, sizeof err)
+                            : sd_tree_grow_widths(&b, (const int[]){3, 2, 2}, 3, &h, err, sizeof err);
+        CHECK(ra_ == 0 && rb_ == 0, "mode %d: %s", mode, err);
+        CHECK(a.n == b.n && a.n > 4, "mode %d: %d vs %d nodes", mode, a.n, b.n);
+        for (int i = 0; i < a.n && i < b.n; i++)
+            CHECK(a.token[i] == b.token[i] && a.parent[i] == b.parent[i] && a.mode[i] == b.mode[i],
+                  "mode %d node %d: token %d/%d parent %d/%d", mode, i, a.token[i], b.token[i], a.parent[i], b.parent[i]);
+    }
+    sd_tree_free(&a);
+    sd_tree_free(&b);
+    sd_tree_free(&wa);
+    sd_tree_free(&wb);
+}
+
 int main(void) {
     T_RUN(test_greedy_paths);
     T_RUN(test_stochastic_exact);
     T_RUN(test_tree_builders);
+    T_RUN(test_tree_support);
     T_RUN(test_lossless_chain);
     T_RUN(test_lossless_tree_iid);
     T_RUN(test_lossless_tree_wor);

@@ -98,13 +98,7 @@ static void dist_row(e3d *s, const float *lg, const int32_t *hist, int n_hist, f
         sd_sampler_probs(s->smp, s->full, hist, n_hist, row);
         return;
     }
-    float mx = lg[0];
-    for (int i = 1; i < s->V; i++) mx = lg[i] > mx ? lg[i] : mx;
-    double sum = 0.0;
-    memset(row, 0, sizeof(float) * (size_t)s->nv);
-    for (int i = 0; i < s->V; i++) sum += row[d2t[i]] = expf(lg[i] - mx);
-    float inv = (float)(1.0 / sum);
-    for (int i = 0; i < s->V; i++) row[d2t[i]] *= inv;
+    sd_head_draft_probs(s->head, lg, row, s->nv);
 }
 
 static int node_hist(e3d *s, const sd_tree *t, int node) {
@@ -196,7 +190,7 @@ static int e3_grow(e3d *s, const sd_draft_ctx *ctx, sd_tree *tree, const sd_tree
     int max_nodes = ctx->max_nodes > 0 ? SD_MIN(ctx->max_nodes, tree->cap) : tree->cap;
     max_nodes = SD_MIN(max_nodes, E3_TREE_MAX);
     if (max_nodes <= 1) return 0;
-    sd_tree_grow g = {e3_dist, s, ctx->stochastic, s->p_min, max_nodes, e3_uniform, ctx->rng};
+    sd_tree_grow g = {e3_dist, s, ctx->stochastic, s->p_min, max_nodes, e3_uniform, ctx->rng, s->head->d2t, s->V};
     switch (s->p.shape) {
     case SD_DRAFT_CHAIN: return sd_tree_grow_chain(tree, s->p.k, &g, err, errlen);
     case SD_DRAFT_WIDTHS: return sd_tree_grow_widths(tree, s->p.widths, s->p.n_widths, &g, err, errlen);

@@ -84,11 +84,7 @@ static int md_dist(void *ud, const sd_tree *t, const int32_t *nodes, int n_nodes
             sd_sampler_probs(s->smp, s->full, s->hist, n, row);
             continue;
         }
-        float mx = lg[0];
-        for (int i = 1; i < s->V; i++) mx = lg[i] > mx ? lg[i] : mx;
-        double sum = 0.0;
-        for (int i = 0; i < s->V; i++) sum += row[d2t[i]] = expf(lg[i] - mx);
-        for (int i = 0; i < s->V; i++) row[d2t[i]] = (float)(row[d2t[i]] / sum);
+        sd_head_draft_probs(s->head, lg, row, s->nv);
     }
     return 0;
 }
@@ -128,7 +124,7 @@ static int md_propose(sd_drafter *dr, const sd_draft_ctx *ctx, sd_tree *tree, ch
     md_heads(s);
     int max_nodes = ctx->max_nodes > 0 ? SD_MIN(ctx->max_nodes, tree->cap) : tree->cap;
     if (max_nodes <= 1) return 0;
-    sd_tree_grow g = {md_dist, s, ctx->stochastic, s->p_min, max_nodes, md_uniform, ctx->rng};
+    sd_tree_grow g = {md_dist, s, ctx->stochastic, s->p_min, max_nodes, md_uniform, ctx->rng, s->head->d2t, s->V};
     return sd_tree_grow_widths(tree, s->widths, s->n_widths, &g, err, errlen);
 }
 

@@ -5,6 +5,7 @@
 #include <math.h>
 
 #include "common.h"
+#include "kernels/vmath.h"
 #include "model/model.h"
 
 sd_head_hp sd_head_default_hp(const sd_model *m, int type) {
@@ -245,4 +246,26 @@ int sd_head_describe(const sd_head *h, char *buf, size_t len) {
                         hp->n_draft_vocab, hp->target_n_vocab, facts);
     return snprintf(buf, len, "eagle3 head: layers %d,%d,%d fused, draft vocabulary %d of %d tokens%s", hp->extract[0],
                     hp->extract[1], hp->extract[2], hp->n_draft_vocab, hp->target_n_vocab, facts);
+}
+
+void sd_head_draft_probs(const sd_head *h, const float *lg, float *row, int n_row) {
+    const int V = h->hp.n_draft_vocab;
+    const int32_t *d2t = h->d2t;
+    int i = 0;
+    vf vm = vf_set1(lg[0]);
+    for (; i + SD_VW <= V; i += SD_VW) vm = vf_max(vm, vf_load(lg + i));
+    float mx = vf_hmax(vm);
+    for (; i < V; i++) mx = lg[i] > mx ? lg[i] : mx;
+    memset(row, 0, sizeof(float) * (size_t)n_row);
+    // exp(lg - mx) scattered to the target ids, summed in double
+    double sum = 0.0;
+    float e[SD_VW];
+    const vf vmx = vf_set1(mx);
+    for (i = 0; i + SD_VW <= V; i += SD_VW) {
+        vf_store(e, vf_exp(vf_sub(vf_load(lg + i), vmx)));
+        for (int l = 0; l < SD_VW; l++) sum += row[d2t[i + l]] = e[l];
+    }
+    for (; i < V; i++) sum += row[d2t[i]] = expf(lg[i] - mx);
+    const float inv = (float)(1.0 / sum);
+    for (i = 0; i < V; i++) row[d2t[i]] *= inv;
 }

@@ -101,6 +101,11 @@ void sd_head_init(sd_head *h, uint64_t seed);
 // any order; sorted on the way in). Returns 0 or <0 (duplicates, out of range).
 int sd_head_set_vocab(sd_head *h, const int32_t *ids, int n, char *err, size_t errlen);
 
+// The draft distribution over the target's vocabulary from draft logits lg
+// (n_draft_vocab): softmax(lg) at the ids d2t, zero elsewhere; row has n_row
+// (>= target_n_vocab) floats.
+void sd_head_draft_probs(const sd_head *h, const float *lg, float *row, int n_row);
+
 // Fingerprint of a target's vocabulary: FNV-1a 64 over every token's text
 // and its length, in id order.
 uint64_t sd_head_vocab_hash(const sd_model *m);

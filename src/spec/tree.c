@@ -132,10 +132,13 @@ static void sort_by_joint(const sd_tree *t, int32_t *idx, int n) {
 }
 
 // Writes the k most probable tokens of row (descending, ties: lower id) into
-// out; returns how many have probability > 0 (at most k).
-static int top_k(const float *row, int n_vocab, int k, int32_t *out) {
+// out; returns how many have probability > 0 (at most k). The row's mass lies
+// on the ids support[0..n) (strictly increasing), or anywhere when support is
+// NULL (n = n_vocab).
+static int top_k(const float *row, const int32_t *support, int n, int k, int32_t *out) {
     int m = 0;
-    for (int v = 0; v < n_vocab; v++) {
+    for (int i = 0; i < n; i++) {
+        const int v = support ? support[i] : i;
         float x = row[v];
         if (!(x > 0.0f)) continue;
         if (m == k && !(x > row[out[m - 1]])) continue;
@@ -193,21 +196,24 @@ static int grow_level(sd_tree *t, int32_t *front, int nf, int width, const sd_tr
         int k = SD_MIN(width, max_nodes - t->n);
         k = SD_MIN(k, (int)(sizeof sel / sizeof *sel));
         if (k <= 0) break;
-        if (g->p_min > 0.0f) {
-            int32_t best;
-            if (top_k(row, t->n_vocab, 1, &best) < 1 || row[best] < g->p_min) continue;
-        }
+        const int32_t *sup = g->support;
+        const int n_sup = sup ? g->n_support : t->n_vocab;
         int m;
-        if (g->sample) {
+        if (!g->sample) {   // the top k; below p_min at the top: no children
+            m = top_k(row, sup, n_sup, k, sel);
+            if (g->p_min > 0.0f && (m < 1 || row[sel[0]] < g->p_min)) continue;
+            t->mode[front[j]] = SD_CHILDREN_ANY;
+        } else {
+            if (g->p_min > 0.0f) {
+                int32_t best;
+                if (top_k(row, sup, n_sup, 1, &best) < 1 || row[best] < g->p_min) continue;
+            }
             for (m = 0; m < k; m++) {
                 int32_t v = draw_excluding(row, t->n_vocab, sel, m, g->uniform(g->ustate));
                 if (v < 0) break;
                 sel[m] = v;
             }
             t->mode[front[j]] = m == 1 ? SD_CHILDREN_IID : SD_CHILDREN_WOR;
-        } else {
-            m = top_k(row, t->n_vocab, k, sel);
-            t->mode[front[j]] = SD_CHILDREN_ANY;
         }
         for (int c = 0; c < m; c++) {
             int id = sd_tree_add(t, front[j], sel[c], row[sel[c]]);

@@ -95,6 +95,11 @@ typedef struct sd_tree_grow {
     int max_nodes;          // stop growing at this many nodes (root included); 0 = the tree's cap
     sd_uniform_fn uniform;  // randomness when sample
     void *ustate;
+    // Optional: the distributions have mass only on these n_support token ids
+    // (strictly increasing), e.g. a head's draft vocabulary, so that choosing
+    // children reads n_support entries of a row instead of n_vocab. NULL: any token.
+    const int32_t *support;
+    int n_support;
 } sd_tree_grow;
 
 // Chain of up to k draft tokens below the root (the tree must hold only the
