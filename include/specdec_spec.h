@@ -185,6 +185,9 @@ typedef struct sd_threadpool sd_threadpool;  // (specdec.h)
 //                       else ngram:3-8:auto
 //   A+B[+...]           the trees of several methods merged by token path (SpecInfer),
 //                       e.g. "chain:4+ngram:3-8"
+//   A/B[/...]           the first non-empty tree: A's, or B's when A drafts nothing, e.g.
+//                       "ngram:3-8/eagle3:auto" (prompt lookup where the text repeats, the
+//                       head elsewhere); a head (eagle3, medusa) may be the last part only
 // With several draft models, a draft-model method builds one drafter per
 // model and merges their trees.
 #define SD_METHOD_NAME_MAX 128  // longest method string, NUL included
@@ -201,6 +204,7 @@ enum sd_method_kind {
     SD_METHOD_MERGE = 6,      // A+B
     SD_METHOD_EAGLE3 = 7,     // eagle3:SHAPE
     SD_METHOD_MEDUSA = 8,     // medusa:...
+    SD_METHOD_FIRST = 9,      // A/B: A's tree, or B's when A drafts nothing
 };
 
 // A parsed method: what a program needs to know before building it.

@@ -271,7 +271,8 @@ static int run_method(const sd_model *m, const sd_head *h, const char *method, c
 }
 
 static void check_lossless(const sd_model *m, const sd_head *h, const int32_t *prompt, int np, int n, const char *tag) {
-    static const char *methods[] = {"eagle3:chain:4", "eagle3:tree:3-2-1", "eagle3:dyn:3-4-10", "eagle3:auto", "auto"};
+    static const char *methods[] = {"eagle3:chain:4", "eagle3:tree:3-2-1", "eagle3:dyn:3-4-10", "eagle3:auto", "auto",
+                                    "ngram:2-4/eagle3:auto"};
     static sc_tokens ref, got;
     sd_gen_stats st;
     CHECK(run_method(m, h, "ar", prompt, np, n, &ref, &st) == 0, "%s", g_err);
@@ -314,18 +315,32 @@ static void test_vocab_coverage(void) {
     sd_gen_stats st;
     int32_t prompt[20];
     for (int i = 0; i < 20; i++) prompt[i] = 3 + (i * 37) % 300;
-    int rc = h && s && smp ? make_drafter(m, h, "eagle3:chain:3", s, 0.0, NULL, NULL, &cc, &d) : -1;
-    CHECK(rc == 0 && d, "%s", g_err);
-    if (rc == 0 && d) {
+    // The head alone, then as the fallback of prompt lookup (which drafts at
+    // some steps of this text): the head follows every step's full path either way.
+    static const char *methods[] = {"eagle3:chain:3", "ngram:1-4/eagle3:chain:3"};
+    for (int k = 0; k < 2; k++) {
+        int rc = h && s && smp ? make_drafter(m, h, methods[k], s, 0.0, NULL, NULL, &cc, &d) : -1;
+        CHECK(rc == 0 && d, "%s: %s", methods[k], g_err);
+        if (rc != 0 || !d) break;
+        sd_session_truncate(s, 0, g_err, sizeof g_err);
         CHECK(sc_run_spec(s, smp, d, prompt, 20, 60, 32, &got, &st, g_err, sizeof g_err) == 0, "%s", g_err);
         int64_t n_checked = -1, n_in = -1, want_in = 0;
-        CHECK(sd_drafter_vocab_coverage(d, &n_checked, &n_in) == 1, "an EAGLE-3 drafter reports coverage");
+        CHECK(sd_drafter_vocab_coverage(d, &n_checked, &n_in) == 1, "%s reports coverage", methods[k]);
         for (int i = 1; i < got.n; i++) want_in += h->t2d[got.tok[i]] >= 0;
-        printf("  coverage: %lld of %lld positions (expected %lld of %d)\n", (long long)n_in, (long long)n_checked,
-               (long long)want_in, got.n - 1);
-        CHECK(n_checked == got.n - 1 && n_in == want_in, "coverage %lld/%lld, expected %lld/%d", (long long)n_in,
-              (long long)n_checked, (long long)want_in, got.n - 1);
+        printf("  %s: coverage %lld of %lld positions (expected %lld of %d), %d forwards\n", methods[k],
+               (long long)n_in, (long long)n_checked, (long long)want_in, got.n - 1, st.n_target_forwards);
+        CHECK(n_checked == got.n - 1 && n_in == want_in, "%s: coverage %lld/%lld, expected %lld/%d", methods[k],
+              (long long)n_in, (long long)n_checked, (long long)want_in, got.n - 1);
         CHECK(want_in > 0 && want_in < got.n - 1, "the test needs tokens both in and out of the draft vocabulary");
+        sd_drafter_free(d);
+        d = NULL;
+    }
+    // prompt lookup does draft on this text (so the fallback above had steps of both kinds)
+    if (s && smp && make_drafter(m, h, "ngram:1-4", s, 0.0, NULL, NULL, &cc, &d) == 0 && d) {
+        sd_session_truncate(s, 0, g_err, sizeof g_err);
+        CHECK(sc_run_spec(s, smp, d, prompt, 20, 60, 32, &got, &st, g_err, sizeof g_err) == 0, "%s", g_err);
+        CHECK(st.n_draft_nodes > 0 && st.n_draft_accepted > 0, "prompt lookup drafted %d, accepted %d",
+              st.n_draft_nodes, st.n_draft_accepted);
     }
     int64_t a = 1, b = 1;
     CHECK(sd_drafter_vocab_coverage(NULL, &a, &b) == 0 && a == 0 && b == 0, "no drafter: no coverage");
@@ -482,6 +497,16 @@ static void test_method_errors(void) {
     CHECK(sd_method_parse("eagle3", &me, g_err, sizeof g_err) < 0 && strstr(g_err, "needs arguments"), "%s", g_err);
     CHECK(sd_method_parse("eagle3:chain:4+ngram:3-8", &me, g_err, sizeof g_err) < 0 && strstr(g_err, "merged"), "%s",
           g_err);
+    CHECK(sd_method_parse("ngram:3-8/eagle3:chain:2", &me, g_err, sizeof g_err) == 0 && me.kind == SD_METHOD_FIRST &&
+              me.needs_head == SD_METHOD_EAGLE3 && me.tree_nodes == 33,
+          "fallback: %s (kind %d, %d nodes)", g_err, me.kind, me.tree_nodes);
+    CHECK(sd_method_parse("eagle3:chain:2/ngram:3-8", &me, g_err, sizeof g_err) < 0 && strstr(g_err, "last"), "%s",
+          g_err);
+    CHECK(sd_method_parse("ngram:3-8/eagle3:chain:2/medusa:2-2", &me, g_err, sizeof g_err) < 0 &&
+              strstr(g_err, "one head"),
+          "%s", g_err);
+    CHECK(sd_method_parse("ngram:3-8/chain:2+ngram:2-4", &me, g_err, sizeof g_err) < 0 && strstr(g_err, "not both"),
+          "%s", g_err);
     sd_model *m = synth();
     if (!m) return;
     CHECK(sd_method_parse("eagle3:chain:4", &me, g_err, sizeof g_err) == 0, "%s", g_err);

@@ -13,6 +13,8 @@
 #include <string.h>
 
 #include "draft/draft_eagle3.h"
+#include "draft/draft_merge.h"
+#include "draft/draft_ngram.h"
 #include "draft/draft_medusa.h"
 #include "head/head.h"
 #include "kernels/quant.h"
@@ -215,12 +217,16 @@ static void test_trained_heads_greedy(void) {
 }
 
 // The chi-square of test_spec.c's sampled-distribution test, on the EAGLE-3 drafter.
-static double chi2_of(sd_drafter *d, int n_run, double *tau) {
+static const int32_t k_prompt[6] = {12, 250, 7, 88, 140, 33};
+// Holds the likeliest first tokens, so that prompt lookup drafts after them
+// (the head, trained on texts after k_prompt, hardly gets drafts accepted here).
+static const int32_t k_prompt_rep[6] = {12, 90, 7, 172, 140, 33};
+static long g_drafted;   // draft nodes of chi2_of's runs
+static double chi2_of(sd_drafter *d, const int32_t *prompt, int n_run, double *tau) {
     sd_session *s = sc_new_session(g_m, 64, 2, g_err, sizeof g_err), *ref = sc_new_session(g_m, 64, 2, g_err, sizeof g_err);
     sd_sampler *smp = sc_topk4_sampler(NV, g_err, sizeof g_err);
     double chi = -1;
     if (!s || !ref || !smp) goto out;
-    int32_t prompt[6] = {12, 250, 7, 88, 140, 33};
     static sc_seq3 e;
     sc_fwd_probs fp = {ref, smp, g_err, sizeof g_err};
     if (sc_seq3_enumerate(&e, sc_fwd_probs_fn, &fp, prompt, 6, NV) < 0 || e.n_seq != 64) goto out;
@@ -234,6 +240,7 @@ static double chi2_of(sd_drafter *d, int n_run, double *tau) {
         sd_gen_stats st;
         if (sc_run_spec(s, smp, d, prompt, 6, 3, 16, &o, &st, g_err, sizeof g_err) < 0 || o.n != 3) goto out;
         fwd += st.mean_accepted;
+        g_drafted += st.n_draft_nodes;
         sc_seq3_tally(&e, o.tok, cnt, &n_other);
     }
     chi = n_other ? 1e9 : sc_seq3_chi2(&e, cnt, n_run);
@@ -250,17 +257,40 @@ static void test_trained_eagle3_sampled_distribution(void) {
     const char *kinds[2] = {"chain", "widths"};
     for (int i = 0; i < 2; i++) {
         sd_drafter *d = new_e3(kinds[i], 3);
-        double tau = 0, chi = d ? chi2_of(d, 2000, &tau) : -1;
+        double tau = 0, chi = d ? chi2_of(d, k_prompt, 2000, &tau) : -1;
         printf("  EAGLE-3 %-6s sampled: chi2 = %.1f (df 63, limit 125), %.2f tokens per forward\n", kinds[i], chi, tau);
         CHECK(chi >= 0 && chi < 125.0, "EAGLE-3 %s: sampled output is not distributed as the target (chi2 %.1f): %s",
               kinds[i], chi, g_err);
         CHECK(tau > 1.3, "EAGLE-3 %s: the test needs accepted drafts to mean something (tau %.2f)", kinds[i], tau);
         sd_drafter_free(d);
     }
+    // Prompt lookup first, the head where it finds nothing (method "ngram:1-3/eagle3:chain:3").
+    sd_drafter *subs[2] = {NULL, new_e3("chain", 3)};
+    sd_draft_ngram_params np = sd_draft_ngram_default_params();
+    np.n_max = 1, np.k_max = 3;
+    sd_drafter *fb = NULL;
+    if (subs[1] && sd_draft_ngram_new(&subs[0], &np, NULL, g_err, sizeof g_err) == 0)
+        sd_draft_first_new(&fb, subs, 2, NV, g_err, sizeof g_err);
+    else
+        sd_drafter_free(subs[1]);
+    g_drafted = 0;
+    double tau_fb = 0, chi_fb = fb ? chi2_of(fb, k_prompt_rep, 2000, &tau_fb) : -1;
+    const long fb_drafted = g_drafted;
+    sd_drafter *solo = new_e3("chain", 3);   // the head alone drafts 3 nodes a step
+    g_drafted = 0;
+    double tau_solo = 0, chi_solo = solo ? chi2_of(solo, k_prompt_rep, 2000, &tau_solo) : -1;
+    sd_drafter_free(solo);
+    printf("  ngram:1-3/eagle3:chain:3 sampled: chi2 = %.1f (df 63, limit 125), %.2f tokens per forward, %ld draft "
+           "nodes (the head alone: %ld, chi2 %.1f)\n",
+           chi_fb, tau_fb, fb_drafted, g_drafted, chi_solo);
+    CHECK(chi_fb >= 0 && chi_fb < 125.0, "fallback: sampled output is not distributed as the target (chi2 %.1f): %s",
+          chi_fb, g_err);
+    CHECK(fb_drafted != g_drafted, "prompt lookup never drafted in the fallback's runs (%ld nodes both)", fb_drafted);
+    sd_drafter_free(fb);
     // The wrong variant: the same drafts, their distributions misreported.
     sd_drafter *d = new_e3("chain", 3);
     if (d) sd_draft_eagle3_test_fault(d, 1);
-    double tau = 0, chi = d ? chi2_of(d, 2000, &tau) : -1;
+    double tau = 0, chi = d ? chi2_of(d, k_prompt, 2000, &tau) : -1;
     printf("  EAGLE-3 chain, misreported q: chi2 = %.1f (must exceed 125)\n", chi);
     CHECK(chi > 125.0, "the distribution test did not catch misreported draft distributions (chi2 %.1f)", chi);
     sd_drafter_free(d);

@@ -346,15 +346,17 @@ typedef struct gen_plan {
     char label[SD_METHOD_NAME_MAX + 16];  // the method as reported (skip: the layers chosen)
 } gen_plan;
 
-// Scans the '+'-separated parts of p->m: its draft-model trees
+// Scans the '+'- or '/'-separated parts of p->m: its draft-model trees
 // (p->model_nodes), n-gram lookup (p->has_ngram), the use of the --draft
-// models (p->uses_drafts), and the nodes of all their trees merged
-// (p->total_nodes; automatic trees count at most p->auto_nodes).
+// models (p->uses_drafts), and the nodes of all their trees merged, or of
+// the largest for a fallback (p->total_nodes; automatic trees count at most
+// p->auto_nodes).
 static void gen_plan_parts(const gen_opts *o, gen_plan *p) {
     char s[SD_METHOD_NAME_MAX], err[512];
     snprintf(s, sizeof s, "%s", p->m.name);
+    const int first = p->m.kind == SD_METHOD_FIRST;   // one part's tree a step
     int model_extra = -1, extra = 0;   // nodes beyond the root: of the draft-model trees (-1: none), of all
-    for (char *part = strtok(s, "+"); part; part = strtok(NULL, "+")) {
+    for (char *part = strtok(s, "+/"); part; part = strtok(NULL, "+/")) {
         sd_method pm;
         if (sd_method_parse(part, &pm, err, sizeof err) < 0) continue;   // (the whole string parsed)
         int model = pm.kind == SD_METHOD_MODEL || pm.kind == SD_METHOD_EAGLE3 || (pm.kind == SD_METHOD_AUTO && o->n_drafts > 0);
@@ -363,8 +365,8 @@ static void gen_plan_parts(const gen_opts *o, gen_plan *p) {
         if (pm.uses_cost_curve && !model) merged = SD_MIN(merged, p->auto_nodes);
         p->uses_drafts |= (model && pm.kind != SD_METHOD_EAGLE3) || pm.kind == SD_METHOD_AUTO;
         p->has_ngram |= pm.kind == SD_METHOD_NGRAM || (pm.kind == SD_METHOD_AUTO && !o->n_drafts);
-        if (model) model_extra = SD_MAX(model_extra, 0) + nodes - 1;
-        extra += merged - 1;
+        if (model) model_extra = first ? SD_MAX(model_extra, nodes - 1) : SD_MAX(model_extra, 0) + nodes - 1;
+        extra = first ? SD_MAX(extra, merged - 1) : extra + merged - 1;
     }
     p->model_nodes = model_extra < 0 ? 0 : 1 + model_extra;
     p->total_nodes = 1 + extra;

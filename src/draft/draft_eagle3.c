@@ -40,6 +40,7 @@ typedef struct e3d {
     float *last_h;       // (d) output state of that row
     float *last_lg;      // (V) its draft logits
     int root_pos;        // position of the root at the last propose
+    int followed;        // 1: the last propose only followed the text (room for no draft)
     // tree scratch
     int32_t *slot;       // (E3_TREE_MAX) pending slot of each evaluated node
     float *node_h;       // (E3_TREE_MAX, d)
@@ -231,6 +232,10 @@ static int e3_propose(sd_drafter *dr, const sd_draft_ctx *ctx, sd_tree *tree, ch
     s->n_txt = n;
     s->root_pos = n - 1;
     sd_e3_drop_pending(s->e);
+    // No room for a draft (a fallback method's other drafter drafts this
+    // step): the rows up to the root wait for the next draft.
+    s->followed = ctx->max_nodes == 1;
+    if (s->followed) return 0;
     const sd_tree_shape *shape = s->au ? sd_draft_auto_begin(s->au) : NULL;
     int rc = catch_up(s, ctx->tokens, n, err, errlen);
     if (rc > 0) rc = e3_grow(s, ctx, tree, shape, err, errlen);
@@ -262,9 +267,11 @@ static int learn(e3d *s, const sd_step_record *rec, char *err, size_t errlen) {
 static int e3_accept(sd_drafter *dr, const sd_step_record *rec, char *err, size_t errlen) {
     e3d *s = dr->impl;
     char ferr[256];
-    if (s->au && sd_draft_auto_accept(s->au, rec, ferr, sizeof ferr) < 0) return sd_err(err, errlen, "eagle3: %s", ferr);
+    const int own = !s->followed;   // the step's tree is this drafter's
+    if (own && s->au && sd_draft_auto_accept(s->au, rec, ferr, sizeof ferr) < 0)
+        return sd_err(err, errlen, "eagle3: %s", ferr);
     const sd_tree *tree = rec->tree;
-    if (s->p.adapt) {
+    if (own && s->p.adapt) {
         int depth = 0;
         for (int i = 1; i < tree->n; i++) depth = SD_MAX(depth, tree->depth[i]);
         s->p_min = sd_draft_adapt_p_min(s->p_min, depth, rec->n_path - 1, &s->p);
@@ -309,6 +316,7 @@ static void e3_reset(sd_drafter *dr) {
     sd_e3_truncate(s->e, 0);
     s->last_row = -1;
     s->root_pos = -1;
+    s->followed = 0;
     s->p_min = s->p.p_min;
     sd_draft_auto_reset(s->au);
     if (s->lr) sd_learner_reset(s->lr, s->e);

@@ -12,4 +12,12 @@
 int sd_draft_merge_new(sd_drafter **out, sd_drafter **subs, int n_subs, int n_vocab, char *err,
                        size_t errlen);
 
+// Creates a drafter that asks subs[0], subs[1], ... in turn and drafts the
+// first non-empty tree (method "A/B": A's tree, or B's when A proposes
+// nothing). At most one sub-drafter may read the target's hidden states (a
+// trained head); it follows every step's full path and states, also when
+// another sub-drafter drafted (its own catch-up then waits for its next
+// draft). Takes ownership of the sub-drafters like sd_draft_merge_new.
+int sd_draft_first_new(sd_drafter **out, sd_drafter **subs, int n_subs, int n_vocab, char *err, size_t errlen);
+
 #endif

@@ -488,7 +488,7 @@ static const method_def g_methods[] = {
     {"medusa", "medusa:W1-W2-...", parse_medusa, make_medusa},
     {"auto", "auto", parse_auto, make_auto},
 };
-// (and A+B: several methods merged, see sd_method_parse)
+// (and A+B: several methods' trees merged; A/B: A's tree, or B's when A drafts nothing)
 #define N_METHODS ((int)(sizeof g_methods / sizeof g_methods[0]))
 
 const char *sd_methods_syntax(void) {
@@ -535,19 +535,31 @@ static int cfg_uses_auto(const method_cfg *m) {
            ((m->kind == SD_METHOD_MODEL || m->kind == SD_METHOD_EAGLE3) && m->dp.shape == SD_DRAFT_AUTO);
 }
 
-// Splits m->name at '+' into parsed parts; returns their count or -1.
+// The separator of m->name's parts: '+' (merged trees), '/' (the first
+// non-empty tree), 0 for one method, -1 for both (refused).
+static int method_sep(const char *name) {
+    const int plus = strchr(name, '+') != NULL, slash = strchr(name, '/') != NULL;
+    return plus && slash ? -1 : plus ? '+' : slash ? '/' : 0;
+}
+
+// Splits m->name at '+' or '/' into parsed parts; returns their count or -1.
 static int method_parts(const sd_method *m, method_cfg *parts, char *err, size_t errlen) {
     int n = 0;
+    const int sep = method_sep(m->name);
+    if (sep < 0) {
+        snprintf(err, errlen, "method '%s': merge trees with '+' or take the first with '/', not both", m->name);
+        return -1;
+    }
     const char *p = m->name;
     for (;;) {
-        size_t L = strcspn(p, "+");
+        size_t L = strcspn(p, "+/");
         char item[SD_METHOD_NAME_MAX];
         if (L == 0) {
-            snprintf(err, errlen, "bad method '%s': empty part around '+'", m->name);
+            snprintf(err, errlen, "bad method '%s': empty part around '%c'", m->name, sep);
             return -1;
         }
         if (n == MAX_PARTS) {
-            snprintf(err, errlen, "method '%s': at most %d methods merged", m->name, MAX_PARTS);
+            snprintf(err, errlen, "method '%s': at most %d methods combined", m->name, MAX_PARTS);
             return -1;
         }
         memcpy(item, p, L);
@@ -558,15 +570,27 @@ static int method_parts(const sd_method *m, method_cfg *parts, char *err, size_t
         if (!*p) break;
         p++;
     }
-    if (n > 1)
-        for (int i = 0; i < n; i++)
-            if (parts[i].kind == SD_METHOD_AR || parts[i].kind == SD_METHOD_AUTO ||
-                parts[i].kind == SD_METHOD_LOOKAHEAD || parts[i].kind == SD_METHOD_EAGLE3 ||
-                parts[i].kind == SD_METHOD_MEDUSA) {   // (heads read hidden rows a merge does not pass on)   // (lookahead's window rides beside one tree)
-                snprintf(err, errlen, "method '%s': '%s' cannot be merged with other methods", m->name,
-                         parts[i].name);
-                return -1;
-            }
+    int heads = 0;
+    for (int i = 0; n > 1 && i < n; i++) heads += parts[i].kind == SD_METHOD_EAGLE3 || parts[i].kind == SD_METHOD_MEDUSA;
+    for (int i = 0; n > 1 && i < n; i++) {
+        const int k = parts[i].kind, head = k == SD_METHOD_EAGLE3 || k == SD_METHOD_MEDUSA;
+        // ar and auto choose for themselves; lookahead's window rides beside one tree; a head reads
+        // hidden rows that a union of trees does not pass on, and a fallback passes on to one head only
+        if (k == SD_METHOD_AR || k == SD_METHOD_AUTO || k == SD_METHOD_LOOKAHEAD || (head && sep == '+')) {
+            snprintf(err, errlen, "method '%s': '%s' cannot be %s other methods", m->name, parts[i].name,
+                     sep == '+' ? "merged with" : "combined with");
+            return -1;
+        }
+        if (heads > 1) {
+            snprintf(err, errlen, "method '%s': at most one head (eagle3 or medusa) in a fallback", m->name);
+            return -1;
+        }
+        if (head && i < n - 1) {
+            snprintf(err, errlen, "method '%s': the head '%s' drafts at every step, so it goes last", m->name,
+                     parts[i].name);
+            return -1;
+        }
+    }
     return n;
 }
 
@@ -581,13 +605,15 @@ int sd_method_parse(const char *s, sd_method *m, char *err, size_t errlen) {
     method_cfg parts[MAX_PARTS];
     int n = method_parts(m, parts, err, errlen);
     if (n < 0) return -1;
-    m->kind = n > 1 ? SD_METHOD_MERGE : parts[0].kind;
+    const int first = method_sep(m->name) == '/';
+    m->kind = n == 1 ? parts[0].kind : first ? SD_METHOD_FIRST : SD_METHOD_MERGE;
     m->tree_nodes = 1;
     for (int i = 0; i < n; i++) {
         m->needs_draft_model |= parts[i].needs_draft_model;
         if (parts[i].kind == SD_METHOD_EAGLE3 || parts[i].kind == SD_METHOD_MEDUSA) m->needs_head = parts[i].kind;
         m->uses_cost_curve |= cfg_uses_auto(&parts[i]);
-        m->tree_nodes += parts[i].tree_nodes - 1;
+        if (first) m->tree_nodes = SD_MAX(m->tree_nodes, parts[i].tree_nodes);   // one part's tree a step
+        else m->tree_nodes += parts[i].tree_nodes - 1;
         m->extra_nodes += parts[i].extra_nodes;
         if (parts[i].kind == SD_METHOD_SKIP) memcpy(m->skip_list, parts[i].skip_list, sizeof m->skip_list);
     }
@@ -682,6 +708,7 @@ int sd_method_make(const sd_method *m, const sd_method_env *env, sd_drafter **ou
     }
     sd_model_info info;
     sd_model_get_info(env->target, &info);
+    if (m->kind == SD_METHOD_FIRST) return sd_draft_first_new(out, subs, n_subs, info.n_vocab, err, errlen);
     return sd_draft_merge_new(out, subs, n_subs, info.n_vocab, err, errlen);
 }
 
@@ -717,6 +744,10 @@ int sd_method_default_nodes(const sd_method *m, int n_drafts) {
         long t = parts[i].tree_nodes - 1;
         if ((parts[i].kind == SD_METHOD_MODEL || (parts[i].kind == SD_METHOD_AUTO && n_drafts > 0)) && n_drafts > 1)
             t *= n_drafts;
+        if (m->kind == SD_METHOD_FIRST) {   // one part's tree a step
+            total = SD_MAX(total, 1 + t);
+            continue;
+        }
         total += t;
     }
     return total > (1 << 20) ? 1 << 20 : (int)total;
