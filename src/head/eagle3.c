@@ -6,6 +6,7 @@
 #include "common.h"
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
+#include "kernels/vmath.h"
 #include "model/model.h"
 
 // One matrix in the runner's compute type.
@@ -47,6 +48,7 @@ struct sd_e3 {
     int n_pend;
     // scratch for max_rows rows
     float *u, *q, *k, *v, *att, *o, *r, *mm_in, *gate, *up, *f, *hn, *e, *sc;
+    size_t sc_cap;
     float *rope_freq;    // (hd/2)
 };
 
@@ -165,7 +167,8 @@ int sd_e3_new(sd_e3 **out, const sd_head *h, const sd_model *m, int n_ctx, int m
     e->f = malloc(sizeof(float) * R * d);
     e->hn = malloc(sizeof(float) * R * d);
     e->e = malloc(sizeof(float) * d);
-    e->sc = malloc(sizeof(float) * ((size_t)n_ctx + (size_t)max_pending));
+    e->sc_cap = (size_t)n_ctx + (size_t)max_pending;   // scores of one row and head, per thread
+    e->sc = malloc(sizeof(float) * e->sc_cap * (size_t)(e->pool ? sd_pool_size(e->pool) : 1));
     e->rope_freq = malloc(sizeof(float) * (size_t)(e->hd / 2));
     size_t ws = 0;   // (every pack of this shape has the same types: sd_e3_swap_pack keeps it valid)
     for (int i = 0; i < M_N; i++) ws = SD_MAX(ws, sd_matmul_wsize(e->pk->mat[i].type, e->pk->mat[i].n_in, max_rows));
@@ -218,37 +221,63 @@ static void rope(float *v, int n_heads, int hd, int pos, const float *freq) {
 }
 
 // Attention of one row (its q, slot's own k/v already in the pending arrays).
-static void attend(sd_e3 *e, const float *q, int slot, float *out) {
-    const int hd = e->hd, kd = e->kd, grp = e->nh / e->nkv;
+// a . b over n floats, in SD_VW lanes
+static inline float dot_lanes(const float *a, const float *b, int n) {
+    vf acc = vf_zero();
+    int t = 0;
+    for (; t + SD_VW <= n; t += SD_VW) acc = vf_fma(vf_load(a + t), vf_load(b + t), acc);
+    float s = vf_hsum(acc);
+    for (; t < n; t++) s += a[t] * b[t];
+    return s;
+}
+
+// Attention of one head h of the row in pending slot `slot` (query q, output
+// out: that row's), scores in sc.
+static void attend_head(const sd_e3 *e, const float *q, int slot, int h, float *out, float *sc) {
+    const int hd = e->hd, kd = e->kd, kh = h / (e->nh / e->nkv);
     const float scale = 1.0f / sqrtf((float)hd);
     // The keys this row sees: committed 0..n_cached-1, then its pending chain (root first).
     int chain[512], nch = 0;
     for (int s = slot; s >= 0 && nch < 512; s = e->ppar[s]) chain[nch++] = s;
     const int nk = e->n_cached + nch;
-    for (int h = 0; h < e->nh; h++) {
-        const int kh = h / grp;
-        const float *qh = q + (size_t)h * hd;
-        float mx = -INFINITY;
-        for (int j = 0; j < nk; j++) {
-            const float *kr = j < e->n_cached ? e->kc + (size_t)j * kd : e->kp + (size_t)chain[nk - 1 - j] * kd;
-            kr += (size_t)kh * hd;
-            float s = 0.0f;
-            for (int t = 0; t < hd; t++) s += qh[t] * kr[t];
-            s *= scale;
-            e->sc[j] = s;
-            mx = s > mx ? s : mx;
-        }
-        double sum = 0.0;
-        for (int j = 0; j < nk; j++) sum += e->sc[j] = expf(e->sc[j] - mx);
-        float inv = (float)(1.0 / sum);
-        float *oh = out + (size_t)h * hd;
-        memset(oh, 0, sizeof(float) * (size_t)hd);
-        for (int j = 0; j < nk; j++) {
-            const float *vr = j < e->n_cached ? e->vc + (size_t)j * kd : e->vp + (size_t)chain[nk - 1 - j] * kd;
-            vr += (size_t)kh * hd;
-            float p = e->sc[j] * inv;
-            for (int t = 0; t < hd; t++) oh[t] += p * vr[t];
-        }
+    const float *qh = q + (size_t)h * hd;
+    float mx = -INFINITY;
+    for (int j = 0; j < nk; j++) {
+        const float *kr = j < e->n_cached ? e->kc + (size_t)j * kd : e->kp + (size_t)chain[nk - 1 - j] * kd;
+        float s = dot_lanes(qh, kr + (size_t)kh * hd, hd) * scale;
+        sc[j] = s;
+        mx = s > mx ? s : mx;
+    }
+    int j = 0;
+    for (; j + SD_VW <= nk; j += SD_VW) vf_store(sc + j, vf_exp(vf_sub(vf_load(sc + j), vf_set1(mx))));
+    for (; j < nk; j++) sc[j] = expf(sc[j] - mx);
+    double sum = 0.0;
+    for (j = 0; j < nk; j++) sum += sc[j];
+    float inv = (float)(1.0 / sum);
+    float *oh = out + (size_t)h * hd;
+    memset(oh, 0, sizeof(float) * (size_t)hd);
+    for (j = 0; j < nk; j++) {
+        const float *vr = j < e->n_cached ? e->vc + (size_t)j * kd : e->vp + (size_t)chain[nk - 1 - j] * kd;
+        vr += (size_t)kh * hd;
+        float p = sc[j] * inv;
+        for (int t = 0; t < hd; t++) oh[t] += p * vr[t];
+    }
+}
+
+// The attention of rows slot0.. slot0+n-1, (row, head) pairs shared by the threads.
+typedef struct att_job {
+    const sd_e3 *e;
+    int slot0, n;
+} att_job;
+
+static void att_task(void *arg, int ith, int nth) {
+    const att_job *j = arg;
+    const sd_e3 *e = j->e;
+    long lo, hi;
+    sd_split_range((long)j->n * e->nh, ith, nth, &lo, &hi);
+    for (long w = lo; w < hi; w++) {
+        const int i = (int)(w / e->nh), h = (int)(w % e->nh);
+        attend_head(e, e->q + (size_t)i * e->qd, j->slot0 + i, h, e->att + (size_t)i * e->qd, e->sc + (size_t)ith * e->sc_cap);
     }
 }
 
@@ -288,8 +317,9 @@ int sd_e3_eval(sd_e3 *e, const int32_t *tok, const float *c, const int32_t *pos,
         e->ppar[s] = parent[i];
     }
     e->n_pend += n;
-    for (int i = 0; i < n; i++) attend(e, e->q + (size_t)i * e->qd, slot0 + i, e->att + (size_t)i * e->qd);
+    att_job aj = {e, slot0, n};
     sd_pool_acquire(e->pool);
+    sd_pool_run(e->pool, att_task, &aj);
     mat_apply(e, M_O, e->att, n, e->o);
     sd_pool_release(e->pool);
     const float *g_ffn = e->pk->norm + N_FFN * d;
