@@ -497,6 +497,7 @@ const char *sd_methods_syntax(void) {
         size_t o = 0;
         for (int i = 0; i < N_METHODS && o < sizeof buf; i++)
             o += (size_t)snprintf(buf + o, sizeof buf - o, "%s%s", i ? ", " : "", g_methods[i].syntax);
+        if (o < sizeof buf) snprintf(buf + o, sizeof buf - o, ", A+B (trees merged), A/B (A's tree, else B's)");
     }
     return buf;
 }
