@@ -68,8 +68,11 @@ static int md_dist(void *ud, const sd_tree *t, const int32_t *nodes, int n_nodes
     for (int j = 0; j < n_nodes; j++) {
         float *row = rows[j];
         int k = t->depth[nodes[j]];
-        memset(row, 0, sizeof(float) * (size_t)t->n_vocab);
-        if (k >= s->K) continue;   // no head this deep: no children
+        if (t->n_vocab > s->nv) memset(row + s->nv, 0, sizeof(float) * (size_t)(t->n_vocab - s->nv));
+        if (k >= s->K) {   // no head this deep: no children
+            memset(row, 0, sizeof(float) * (size_t)s->nv);
+            continue;
+        }
         const float *lg = s->lg + (size_t)k * s->V;
         if (s->ctx->stochastic && s->smp) {
             int n = s->ctx->n_tokens + k;

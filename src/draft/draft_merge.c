@@ -156,11 +156,13 @@ static int mg_prompt(sd_drafter *dr, const int32_t *tokens, int pos0, int n, con
     return h && h->vt->prompt ? h->vt->prompt(h, tokens, pos0, n, hidden, err, errlen) : 0;
 }
 
+// The head's note, else the first sub-drafter's that has one.
 static const char *mg_note(const sd_drafter *dr) {
     const mg *g = dr->impl;
+    const sd_drafter *h = mg_hid(dr);
+    if (h && h->vt->note) return h->vt->note(h);
     for (int i = 0; i < g->n; i++) {
-        const sd_drafter *s = g->subs[(i + (g->hid > 0 ? g->hid : 0)) % g->n];   // the head's note first
-        const char *t = s->vt->note ? s->vt->note(s) : NULL;
+        const char *t = g->subs[i]->vt->note ? g->subs[i]->vt->note(g->subs[i]) : NULL;
         if (t && *t) return t;
     }
     return "";
