@@ -230,6 +230,8 @@ typedef struct sd_method_env {
     const sd_head *head_eagle3;   // eagle3 methods (and auto): a loaded EAGLE-3 head, or NULL
     const sd_head *head_medusa;   // medusa methods: a loaded Medusa head, or NULL
     sd_head_online_params head_online; // eagle3 methods (and auto with a head): online adaptation; default off
+    int head_bits;             // a head's matrices in memory: 8 (Q8_0), 5 (Q5_0, default) or 4 (Q4_1) bits
+                               // per weight (the head file's own type does not matter: they are requantised)
     const sd_model *const *drafts; // (n_drafts) loaded draft models, or NULL
     int n_drafts;
     int n_ctx;                 // KV length of draft sessions; 0 = their default

@@ -199,6 +199,7 @@ typedef struct bench_opts {
     float temp, p_min;
     uint64_t seed;      // the sampler is reseeded with seed + prompt index before every run
     int head_online;    // --head-online: eagle3 methods keep one drafter over all prompts, adapting its head
+    int head_bits;          // --head-bits
     int online_sync;    // --online-sync: windows trained inside the steps (deterministic)
     float online_lr;
     const char *save_head; // --save-head FILE: the first online method's head after the last prompt
@@ -207,7 +208,7 @@ typedef struct bench_opts {
 // argv -> o (defaults first). Returns a cli_parse result.
 static int bench_parse(int argc, char **argv, bench_opts *o) {
     *o = (bench_opts){.methods_arg = "ar,chain:4", .n_predict = 128, .chat = 1,
-                      .seed = sd_sampler_default_params().seed, .online_lr = sd_head_online_default_params().lr};
+                      .seed = sd_sampler_default_params().seed, .online_lr = sd_head_online_default_params().lr, .head_bits = 5};
     char methods_help[2048];
     snprintf(methods_help, sizeof methods_help,
              "comma-separated methods; ar is always run, first; every run gets fresh state (an empty KV cache and a "
@@ -236,6 +237,10 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
          .what = "heads",
          .help = "a trained draft head for the eagle3:SHAPE (and medusa) methods; 'auto': the head in heads/ made "
                  "for the model. Give it twice for an EAGLE-3 and a Medusa head"},
+        {"--head-bits", NULL, CLI_INT, &o->head_bits, .lo = 4, .hi = 8, .meta = "N", .def = CLI_DEF_VALUE,
+         .help = "bits per weight of the head's matrices in memory: 8 (Q8_0), 5 (Q5_0) or 4 (Q4_1); fewer bits make "
+                 "each drafted token cheaper (the head is read from memory after every target step) at a small "
+                 "cost in acceptance (docs/heads.md)"},
         {"--head-online", NULL, CLI_FLAG, &o->head_online,
          .help = "online adaptation: each eagle3 method (and auto with a head) keeps ONE drafter over all the "
                  "prompts, in order, whose head keeps training on the verified text in a background thread (it "
@@ -463,6 +468,7 @@ static int bench_env(const bench_opts *o, bench_state *b, int auto_nodes) {
     b->env.report = on_report;
     b->env.user = b->reports;
     b->env.head_online.on = o->head_online;
+    b->env.head_bits = o->head_bits;
     b->env.head_online.lr = o->online_lr;
     b->env.head_online.deterministic = o->online_sync;
     if (auto_nodes > 0) {

@@ -110,6 +110,7 @@ typedef struct gen_opts {
     const char *lookahead;  // --lookahead W,N,G
     const char *head;       // --head FILE|auto: an EAGLE-3 head drafts (eagle3:SHAPE)
     int head_online;        // --head-online: the head keeps training while it drafts
+    int head_bits;          // --head-bits
     float online_lr;        // --online-lr
     const char *save_head;  // --save-head FILE: the head as it is after the run
     // the spellings of the flags given, NULL when absent (for the cross-flag checks)
@@ -210,7 +211,7 @@ static const char *const GEN_NOTES =
 // argv -> o (defaults first). Returns a cli_parse result.
 static int gen_parse(int argc, char **argv, gen_opts *o) {
     *o = (gen_opts){.n_predict = 256, .n_batch = 512, .draft_max = 4, .sp = sd_sampler_default_params(),
-                    .online_lr = sd_head_online_default_params().lr};
+                    .online_lr = sd_head_online_default_params().lr, .head_bits = 5};
     char threads_help[96], method_help[1024], tree_help[1024];
     snprintf(threads_help, sizeof threads_help, "threads (default: number of cores, %d here)", sd_n_cores());
     snprintf(method_help, sizeof method_help,
@@ -276,6 +277,10 @@ static int gen_parse(int argc, char **argv, gen_opts *o) {
          .help = "draft with a trained EAGLE-3 head (specdec train-head); 'auto': the head in heads/ made for this "
                  "model, if any. The tree flags (--draft-max, --tree, --tree-dynamic) shape its drafts; default "
                  "the automatic tree (eagle3:auto: sized by the measured costs of head and target)"},
+        {"--head-bits", NULL, CLI_INT, &o->head_bits, .lo = 4, .hi = 8, .meta = "N", .def = CLI_DEF_VALUE,
+         .help = "bits per weight of the head's matrices in memory: 8 (Q8_0), 5 (Q5_0) or 4 (Q4_1); fewer bits make "
+                 "each drafted token cheaper (the head is read from memory after every target step) at a small "
+                 "cost in acceptance (docs/heads.md)"},
         {"--head-online", NULL, CLI_FLAG, &o->head_online,
          .help = "online adaptation: the EAGLE-3 head keeps training on the target's states and distributions of "
                  "the verified text, in a background thread (docs/heads.md); the head file is not changed"},
@@ -613,6 +618,7 @@ static int gen_build_drafter(const gen_opts *o, gen_plan *p, gen_state *g) {
     env.report = on_report;
     env.head_eagle3 = g->head;
     env.head_online.on = o->head_online;
+    env.head_bits = o->head_bits;
     env.head_online.lr = o->online_lr;
     if (p->m.uses_cost_curve) {   // the target's cost curve, measured on the empty session before the prompt
         double t0 = sd_time_ms();

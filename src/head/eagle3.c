@@ -62,7 +62,9 @@ void sd_e3_pack_free(sd_e3_pack *p) {
 int sd_e3_pack_new(sd_e3_pack **out, const sd_head *h, int wtype, char *err, size_t errlen) {
     *out = NULL;
     if (h->hp.type != SD_HEAD_EAGLE3) return sd_err(err, errlen, "eagle3: not an EAGLE-3 head");
-    if (wtype != SD_TYPE_F32 && wtype != SD_TYPE_Q8_0) return sd_err(err, errlen, "eagle3: weight type %d (f32 or q8_0)", wtype);
+    if (wtype != SD_TYPE_F32 && wtype != SD_TYPE_Q8_0 && wtype != SD_TYPE_Q4_0 && wtype != SD_TYPE_Q4_1 &&
+        wtype != SD_TYPE_Q5_0)
+        return sd_err(err, errlen, "eagle3: weight type %d (f32, q8_0, q5_0, q4_1 or q4_0)", wtype);
     sd_e3_pack *p = calloc(1, sizeof *p);
     if (!p) return sd_err(err, errlen, "eagle3: out of memory");
     p->hp = h->hp;

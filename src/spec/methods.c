@@ -415,6 +415,17 @@ static int parse_eagle3(const char *args, method_cfg *m, char *err, size_t errle
     return 0;
 }
 
+// The type of a head's matrices in memory (sd_method_env.head_bits), or -1.
+static int head_wtype(const sd_method_env *env, char *err, size_t errlen) {
+    switch (env->head_bits) {
+    case 8: return SD_TYPE_Q8_0;
+    case 5: return SD_TYPE_Q5_0;
+    case 4: return SD_TYPE_Q4_1;
+    }
+    snprintf(err, errlen, "head weights: %d bits per weight (8, 5 or 4)", env->head_bits);
+    return -1;
+}
+
 static int make_eagle3(const method_cfg *m, const sd_method_env *env, sd_drafter **out, char *err, size_t errlen) {
     if (!env->head_eagle3) {
         snprintf(err, errlen, "method '%s' needs an EAGLE-3 head (--head H.gguf)", m->name);
@@ -422,7 +433,9 @@ static int make_eagle3(const method_cfg *m, const sd_method_env *env, sd_drafter
     }
     sd_draft_model_params dp;
     if (shape_params(m, env, &dp, err, errlen) < 0) return -1;
-    return sd_draft_eagle3_new(out, env->head_eagle3, env->target, &dp, SD_TYPE_Q8_0, &env->head_online, err, errlen);
+    const int wt = head_wtype(env, err, errlen);
+    if (wt < 0) return -1;
+    return sd_draft_eagle3_new(out, env->head_eagle3, env->target, &dp, wt, &env->head_online, err, errlen);
 }
 
 // ---- medusa:W1-W2-... (children per node at depth k from Medusa head k)
@@ -449,8 +462,10 @@ static int make_medusa(const method_cfg *m, const sd_method_env *env, sd_drafter
         snprintf(err, errlen, "method '%s' needs a Medusa head (--head H.gguf)", m->name);
         return -1;
     }
+    const int wt = head_wtype(env, err, errlen);
+    if (wt < 0) return -1;
     return sd_draft_medusa_new(out, env->head_medusa, env->target, m->dp.widths, m->dp.n_widths, env->p_min, env->pool,
-                               SD_TYPE_Q8_0, err, errlen);
+                               wt, err, errlen);
 }
 
 // ---- auto: draft model(s) + tree:auto with --draft, else ngram:3-8 + automatic tree
@@ -732,6 +747,7 @@ sd_method_env sd_method_env_default(const sd_model *target) {
     memset(&env, 0, sizeof env);
     env.target = target;
     env.head_online = sd_head_online_default_params();
+    env.head_bits = 5;
     return env;
 }
 

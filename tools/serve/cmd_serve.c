@@ -106,7 +106,8 @@ static void server_free(sv_server *s, sv_http *h) {
 
 int cmd_serve(int argc, char **argv) {
     sv_opts o = {.host = "127.0.0.1", .port = 8080, .n_slots = 4, .n_ctx = 2048, .n_queue = 16,
-                 .max_tokens = 1024, .max_conn = 64, .timeout_s = 60, .online_lr = sd_head_online_default_params().lr};
+                 .max_tokens = 1024, .max_conn = 64, .timeout_s = 60, .online_lr = sd_head_online_default_params().lr,
+                 .head_bits = 5};
     const char *budget = "auto";
     const cli_opt opts[] = {
         {"--model", "-m", CLI_FILE, &o.model, .meta = "FILE", .what = "model file",
@@ -120,6 +121,10 @@ int cmd_serve(int argc, char **argv) {
          .help = "a trained draft head (specdec train-head) for the eagle3:SHAPE and auto methods, or a Medusa head "
                  "for medusa:W1-W2-...; 'auto': the head in heads/ made for the model (none found: a note, and "
                  "the usual default). Give it twice for an EAGLE-3 and a Medusa head"},
+        {"--head-bits", NULL, CLI_INT, &o.head_bits, .lo = 4, .hi = 8, .meta = "N", .def = CLI_DEF_VALUE,
+         .help = "bits per weight of the head's matrices in memory: 8 (Q8_0), 5 (Q5_0) or 4 (Q4_1); fewer bits make "
+                 "each drafted token cheaper (the head is read from memory after every target step) at a small "
+                 "cost in acceptance (docs/heads.md)"},
         {"--head-online", NULL, CLI_FLAG, &o.head_online,
          .help = "online adaptation: each slot's EAGLE-3 drafter keeps training its own copy of the head on the "
                  "text it verifies, over all the requests the slot serves with the same method (a training thread "

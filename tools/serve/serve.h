@@ -48,6 +48,7 @@ typedef struct sv_opts {
     int fast_prompt;          // prompts with 8-bit activations (sd_gen_params.fast_prompt); their chunks
                               // then share the rounds' passes with the step batches
     int head_online;          // --head-online: each slot's EAGLE-3 drafter adapts its head (a training thread per slot)
+    int head_bits;            // --head-bits: the heads' matrices in memory
     int draft_budget;         // --draft-budget auto (1, default) | off (0): budget.h
     float online_lr;          // --online-lr
 } sv_opts;
