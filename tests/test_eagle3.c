@@ -288,6 +288,28 @@ static void check_lossless(const sd_model *m, const sd_head *h, const int32_t *p
     }
 }
 
+// The head's matrices in memory at 8, 5 and 4 bits per weight: every width
+// drafts (the heads are small enough to agree with the target now and then)
+// and stays lossless; another width is refused with the accepted ones named.
+static void check_head_bits(const sd_model *m, const sd_head *h, const int32_t *prompt, int np) {
+    static sc_tokens ref, got;
+    sd_gen_stats st;
+    CHECK(run_method(m, h, "ar", prompt, np, 60, &ref, &st) == 0, "%s", g_err);
+    static const int bits[] = {8, 5, 4};
+    for (int i = 0; i < 3; i++) {
+        g_bits = bits[i];
+        int rc = run_method(m, h, "eagle3:tree:3-2-1", prompt, np, 60, &got, &st);
+        CHECK(rc == 0, "%d bits: %s", bits[i], g_err);
+        CHECK(rc != 0 || sc_same_tokens(&ref, &got), "%d bits: output differs from plain greedy", bits[i]);
+        CHECK(rc != 0 || st.n_draft_nodes > 0, "%d bits: nothing drafted", bits[i]);
+        printf("  %d bits: drafted %d, accepted %d\n", bits[i], st.n_draft_nodes, st.n_draft_accepted);
+    }
+    g_bits = 6;
+    int rc = run_method(m, h, "eagle3:chain:2", prompt, np, 8, &got, &st);
+    CHECK(rc < 0 && strstr(g_err, "8, 5 or 4"), "6 bits: rc %d, '%s'", rc, g_err);
+    g_bits = 5;
+}
+
 static void test_greedy_lossless_synthetic(void) {
     sd_model *m = synth();
     CHECK(m, "%s", g_err);
@@ -297,37 +319,7 @@ static void test_greedy_lossless_synthetic(void) {
     int32_t prompt[20];
     for (int i = 0; i < 20; i++) prompt[i] = 3 + (i * 37) % 300;
     if (h) check_lossless(m, h, prompt, 20, 60, "synthetic");
-    sd_head_free(h);
-    sd_model_free(m);
-}
-
-// The head's matrices in memory at 8, 5 and 4 bits per weight: every width
-// drafts (the heads are small enough to agree with the target now and then)
-// and stays lossless; another width is refused with the accepted ones named.
-static void test_head_bits(void) {
-    sd_model *m = synth();
-    CHECK(m, "%s", g_err);
-    if (!m) return;
-    sd_head *h = random_head(m, 120, 3);
-    CHECK(h, "%s", g_err);
-    int32_t prompt[20];
-    for (int i = 0; i < 20; i++) prompt[i] = 3 + (i * 37) % 300;
-    static sc_tokens ref, got;
-    sd_gen_stats st;
-    CHECK(h && run_method(m, h, "ar", prompt, 20, 60, &ref, &st) == 0, "%s", g_err);
-    static const int bits[] = {8, 5, 4};
-    for (int i = 0; h && i < 3; i++) {
-        g_bits = bits[i];
-        int rc = run_method(m, h, "eagle3:tree:3-2-1", prompt, 20, 60, &got, &st);
-        CHECK(rc == 0, "%d bits: %s", bits[i], g_err);
-        CHECK(rc != 0 || sc_same_tokens(&ref, &got), "%d bits: output differs from plain greedy", bits[i]);
-        CHECK(rc != 0 || st.n_draft_nodes > 0, "%d bits: nothing drafted", bits[i]);
-        printf("  %d bits: drafted %d, accepted %d\n", bits[i], st.n_draft_nodes, st.n_draft_accepted);
-    }
-    g_bits = 6;
-    int rc = h ? run_method(m, h, "eagle3:chain:2", prompt, 20, 8, &got, &st) : -1;
-    CHECK(rc < 0 && strstr(g_err, "8, 5 or 4"), "6 bits: rc %d, '%s'", rc, g_err);
-    g_bits = 5;
+    if (h) check_head_bits(m, h, prompt, 20);
     sd_head_free(h);
     sd_model_free(m);
 }
@@ -554,7 +546,6 @@ int main(void) {
     T_RUN(test_forward_norm_before_residual);
     T_RUN(test_method_errors);
     T_RUN(test_greedy_lossless_synthetic);
-    T_RUN(test_head_bits);
     T_RUN(test_vocab_coverage);
     T_RUN(test_auto_prior_from_head);
     T_RUN(test_medusa_greedy_lossless);
