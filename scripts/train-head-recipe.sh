@@ -3,7 +3,7 @@
 # the training corpus, the mix the head was trained on, and the train-head
 # command, each step resumable (rerun the script after an interruption).
 #
-#   bash scripts/train-head-recipe.sh smollm2|smollm2-v1|qwen|qwen-v1 [WORK_DIR]
+#   bash scripts/train-head-recipe.sh smollm2|smollm2-v1|qwen|qwen-sd [WORK_DIR]
 #
 # smollm2 (SmolLM2-135M-Instruct, the shipped head) has two stages:
 # smollm2-v1 (session 11's head: the corpus's first 543 conversations
@@ -15,25 +15,26 @@
 # rewriting, role play, extraction: make-train-data's "tasks" source).
 #
 # qwen (Qwen2.5-Coder-1.5B-Instruct, scripts/fetch-models.sh --pair, the
-# shipped head) also has two stages. qwen-v1 (session 13's head, shipped in
-# sessions 13-16) trains by teacher forcing on the same corpus: SmolLM2's
-# answered conversations and standard-library code and documentation from
-# text.jsonl, with the 1.5B model's own distribution as the soft labels; two
-# mix files, the second appended to the first's feature cache; written to
-# data/qwen/Qwen2.5-Coder-1.5B-Instruct.eagle3-v1.gguf (run first when that
-# file is missing). Then qwen fine-tunes it (--init) by self-distillation:
-# the corpus's first prompts answered by the 1.5B model itself
-# (make-train-data stage b with it as the server's model, 8 slots, no drafts:
-# about 40 tokens/s when the machine is left to it, so ANSWERS=682 answers
-# take 1-1.5 hours and the step resumes across sessions; SD_PROMPTS, default
-# 688, is how many prompts it answers) in data/qwen-sd,
-# with a share of standard-library code.
+# shipped head; session 13's head) trains by teacher forcing on the same
+# corpus: SmolLM2's answered conversations and standard-library code and
+# documentation from text.jsonl, with the 1.5B model's own distribution as
+# the soft labels; two mix files, the second appended to the first's feature
+# cache. About 68 minutes here.
+#
+# qwen-sd (not shipped: over the 2-hour budget, heads/README.md) fine-tunes
+# the shipped Qwen head (--init; INIT names another start) by
+# self-distillation: the corpus's first prompts answered by the 1.5B model
+# itself (make-train-data stage b with it as the server's model, 8 slots, no
+# drafts: about 40 tokens/s when the machine is left to it, so ANSWERS=682
+# answers take 1-1.5 hours; the step resumes; SD_PROMPTS, default 688, is
+# how many prompts it answers) in data/qwen-sd, with a share of
+# standard-library code. Writes WORK_DIR/Qwen2.5-Coder-1.5B-Instruct.eagle3-sd.gguf.
 # WORK_DIR (default data/smollm2-ft for smollm2, data/ for smollm2-v1,
-# data/qwen for qwen-v1, data/qwen-sd/ft for qwen) holds the mix, the feature
+# data/qwen for qwen, data/qwen-sd/ft for qwen-sd) holds the mix, the feature
 # cache and the checkpoint; the corpus is data/train (CORPUS to move it); the
 # shipped heads are written to heads/. Environment: THREADS (default: all
 # cores), PROMPTS (answered prompts, default 4000 for smollm2, 3000 for
-# smollm2-v1, 400 for qwen-v1), ANSWERS (qwen: the 1.5B model's answers
+# smollm2-v1, 400 for qwen), ANSWERS (qwen-sd: the 1.5B model's answers
 # used, default 682),
 # TOKENS (positions trained), LR, FF (the head's feed-forward width; 0 = the
 # target's).
@@ -65,33 +66,31 @@ smollm2)
     [ -f "$v1" ] || CORPUS="$corpus" bash "$0" smollm2-v1
     init=(--init "$v1")
     ;;
-qwen-v1)
-    # the first stage of the shipped Qwen head (session 13's head)
+qwen)
+    # the shipped Qwen head (session 13's head)
     model=models/Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf
     work="${2:-data/qwen}"
-    out="$work/Qwen2.5-Coder-1.5B-Instruct.eagle3-v1.gguf"
+    out=heads/Qwen2.5-Coder-1.5B-Instruct.eagle3.gguf
     # mix.jsonl: conversations 0-179, every 10th pystdlib record, every 120th pydoc record;
     # mix2.jsonl: conversations 180-359, the pystdlib records 5, 25, 45, ... (every 20th from the 6th)
     mixes=("mix.jsonl 0 180 pystdlib:10:0:0,pydoc:120:0:0" "mix2.jsonl 180 360 pystdlib:20:5:0")
     prompts="${PROMPTS:-400}" tokens="${TOKENS:-400000}" lr="${LR:-1e-3}" ff="${FF:-3072}" batch=4
     ;;
-qwen)
-    # the shipped head: the first stage fine-tuned on the 1.5B model's own answers
+qwen-sd)
+    # the shipped head fine-tuned on the 1.5B model's own answers (not shipped)
     model=models/Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf
     work="${2:-data/qwen-sd/ft}"
-    out=heads/Qwen2.5-Coder-1.5B-Instruct.eagle3.gguf
+    out="$work/Qwen2.5-Coder-1.5B-Instruct.eagle3-sd.gguf"
     answers=data/qwen-sd   # the 1.5B model's own answers (chat.jsonl)
     n_sd="${ANSWERS:-682}"
     # mix.jsonl: answers 0-339, the pystdlib records 3, 33, 63, ...;
     # mix2.jsonl: answers 340 on, the pystdlib records 18, 48, 78, ...
     mixes=("mix.jsonl 0 340 pystdlib:30:3:0" "mix2.jsonl 340 $n_sd pystdlib:30:18:0")
     prompts=400 tokens="${TOKENS:-300000}" lr="${LR:-5e-4}" ff="${FF:-3072}" batch=4
-    v1="${INIT:-data/qwen/Qwen2.5-Coder-1.5B-Instruct.eagle3-v1.gguf}"
-    [ -f "$v1" ] || CORPUS="$corpus" bash "$0" qwen-v1
-    init=(--init "$v1")
+    init=(--init "${INIT:-heads/Qwen2.5-Coder-1.5B-Instruct.eagle3.gguf}")
     ;;
 *)
-    echo "usage: $0 smollm2|smollm2-v1|qwen|qwen-v1 [WORK_DIR]" >&2
+    echo "usage: $0 smollm2|smollm2-v1|qwen|qwen-sd [WORK_DIR]" >&2
     exit 1
     ;;
 esac
@@ -108,9 +107,8 @@ mkdir -p "$work" heads
 python3 scripts/make-train-data.py --model models/SmolLM2-135M-Instruct.Q4_1.gguf --out "$corpus" \
     --max-prompts "$prompts" --parallel 4 --max-tokens 256
 
-# 1b. qwen: the corpus's first 688 prompts answered by the target itself
-#     (resumable; 682 of them were answered when the shipped head was
-#     trained, the other 6 timed out or were in flight when it stopped).
+# 1b. qwen-sd: the corpus's first 688 prompts answered by the target itself
+#     (resumable; session 17 had 682 of them, the other 6 timed out).
 if [ "$answers" != "$corpus" ]; then
     mkdir -p "$answers"
     [ -f "$answers/prompts.jsonl" ] || head -n 3000 "$corpus/prompts.jsonl" >"$answers/prompts.jsonl"
