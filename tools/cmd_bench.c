@@ -203,6 +203,7 @@ typedef struct bench_opts {
     int online_sync;    // --online-sync: windows trained inside the steps (deterministic)
     float online_lr;
     const char *save_head; // --save-head FILE: the first online method's head after the last prompt
+    const char *datastore; // --datastore FILE: ngram methods also look continuations up in this corpus
 } bench_opts;
 
 // argv -> o (defaults first). Returns a cli_parse result.
@@ -253,6 +254,9 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
                  "drafts, slower steps)"},
         {"--save-head", NULL, CLI_STRING, &o->save_head, .meta = "FILE",
          .help = "--head-online: write the first online method's head, with what it learnt, to FILE at the end"},
+        {"--datastore", NULL, CLI_FILE, &o->datastore, .what = "datastore file", .meta = "FILE",
+         .help = "ngram methods (and auto without a draft model) also look continuations up in this text corpus "
+                 "(REST-style retrieval; indexed to FILE.sdsa on first use)"},
         {"--prompts", NULL, CLI_FILE, &o->prompts_path, .meta = "FILE", .what = "prompts file",
          .required = "a prompts file is required (--prompts FILE.jsonl)", .help = "prompts, JSON lines (required)"},
         {"--methods", NULL, CLI_STRING, &o->methods_arg, .meta = "LIST", .def = CLI_DEF_VALUE, .help = methods_help},
@@ -469,6 +473,7 @@ static int bench_env(const bench_opts *o, bench_state *b, int auto_nodes) {
     b->env.user = b->reports;
     b->env.head_online.on = o->head_online;
     b->env.head_bits = o->head_bits;
+    b->env.datastore = o->datastore;
     b->env.head_online.lr = o->online_lr;
     b->env.head_online.deterministic = o->online_sync;
     if (auto_nodes > 0) {
