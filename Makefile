@@ -111,7 +111,7 @@ ASAN_FLAGS := -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -march
 	-D_GNU_SOURCE -pthread -Iinclude -Isrc -Itools
 asan-serve: build/asan/specdec $(TEST_TOOLS)
 	@SPECDEC_BIN=build/asan/specdec UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-		bash scripts/run-tests.sh tests/test_serve.py tests/test_serve_budget.py tests/test_page.py
+		bash scripts/run-tests.sh tests/test_serve.py tests/test_serve_budget.py tests/test_page.py tests/test_datastore.py
 build/asan/specdec: $(SRC) $(wildcard tools/*.c tools/*.h tools/serve/*.c tools/serve/*.h src/*.h src/*/*.h include/*.h)
 	@mkdir -p $(dir $@)
 	@test "$(HAVE_SERVE)" = 1 || { echo "asan-serve needs libmicrohttpd and jansson (apt-get install libmicrohttpd-dev libjansson-dev pkg-config)"; exit 1; }

@@ -9,7 +9,10 @@
   prompt retrieves it: prompt lookup's tokens per target forward rise from
   what the prompt alone gives to several per step, and the text stays equal
   to plain decoding's (bench's own check, exit status 0);
-- bench refuses a missing datastore file with a clear error.
+- bench refuses a missing datastore file with a clear error;
+- `specdec serve --datastore` indexes the corpus at start-up and its
+  requests retrieve from it alike: the same text as generate's, several
+  tokens per target forward in the response's usage.
 
 Prints PASS/FAIL/SKIP lines (scripts/run-tests.sh counts them). The bench
 cases need build/specdec and the default model (SPECDEC_MODEL another, with a
@@ -24,6 +27,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
 from report import exit_status, report  # noqa: E402
+from serve_proc import ServeProcess  # noqa: E402
 SCRIPT = os.path.join(ROOT, "scripts", "make-datastore.py")
 BIN = os.environ.get("SPECDEC_BIN", os.path.join(ROOT, "build", "specdec"))
 MODEL = os.environ.get("SPECDEC_MODEL", os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
@@ -85,7 +89,7 @@ def bench(tmp, prompts, *extra):
 
 
 def bench_cases(tmp):
-    names = ["bench_retrieves_own_answer", "bench_missing_datastore"]
+    names = ["bench_retrieves_own_answer", "bench_missing_datastore", "serve_retrieves_own_answer"]
     for path, what in ((BIN, "build/specdec"), (MODEL, "the default model (make test fetches it)")):
         if not os.path.exists(path):
             for n in names:
@@ -122,6 +126,34 @@ def bench_cases(tmp):
                         os.path.join(tmp, "absent.txt")], capture_output=True, text=True, timeout=60)
     report(names[1], r.returncode == 1 and "absent.txt" in r.stderr and "datastore" in r.stderr,
            f"exit {r.returncode}, {r.stderr.strip()[-300:]!r}")
+    serve_case(names[2], corpus, g.stdout.rstrip("\n"))   # generate ends its text with a newline
+
+
+def serve_case(name, corpus, want):
+    try:
+        srv = ServeProcess(BIN, MODEL, "--parallel", "1", "--datastore", corpus, "--method", "ngram:3-8")
+    except RuntimeError as e:
+        if "without the server" in str(e) or "libmicrohttpd" in str(e):
+            print(f"SKIP {name}: specdec was built without the server ({e})")
+        else:
+            report(name, False, f"serve did not start: {e}")
+        return
+    try:
+        body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": N_PREDICT, "temperature": 0}
+        st, _, data = srv.raw("POST", "/v1/chat/completions", json.dumps(body))
+        log = "\n".join(srv.log)
+    finally:
+        rc = srv.stop()
+    try:
+        r = json.loads(data)
+        text = r["choices"][0]["message"]["content"]
+        tau = r["usage"]["speculation"]["tau"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        report(name, False, f"status {st}, body {data[:300]!r}")
+        return
+    report(name, st == 200 and rc == 0 and text == want and tau >= 2.4 and "datastore:" in log,
+           f"status {st}, exit {rc}, tau {tau}, text equal to generate's: {text == want}, "
+           f"start-up log names the datastore: {'datastore:' in log}")
 
 
 def main():

@@ -276,7 +276,8 @@ static int gen_parse(int argc, char **argv, gen_opts *o) {
         {"--head", NULL, CLI_STRING, &o->head, .given = &o->head_given, .meta = "FILE|auto",
          .help = "draft with a trained EAGLE-3 head (specdec train-head); 'auto': the head in heads/ made for this "
                  "model, if any. The tree flags (--draft-max, --tree, --tree-dynamic) shape its drafts; default "
-                 "the automatic tree (eagle3:auto: sized by the measured costs of head and target)"},
+                 "ngram:3-8/eagle3:auto: prompt lookup where the text repeats, else the head's automatic tree "
+                 "(sized by the measured costs of head and target)"},
         {"--head-bits", NULL, CLI_INT, &o->head_bits, .lo = 4, .hi = 8, .meta = "N", .def = CLI_DEF_VALUE,
          .help = "bits per weight of the head's matrices in memory: 8 (Q8_0), 5 (Q5_0) or 4 (Q4_1); fewer bits make "
                  "each drafted token cheaper (the head is read from memory after every target step) at a small "
@@ -407,7 +408,7 @@ static int gen_method_of_flags(const gen_opts *o, gen_plan *p, char *s, size_t n
         else if (o->tree) snprintf(model, sizeof model, "eagle3:tree:%s", o->tree);
         else if (o->dyn) snprintf(model, sizeof model, "eagle3:dyn:%s", o->dyn);
         else if (o->draft_max_given) snprintf(model, sizeof model, "eagle3:chain:%d", o->draft_max);
-        else snprintf(model, sizeof model, "eagle3:auto"); // sized by the measured costs (a fixed chain was slower)
+        else snprintf(model, sizeof model, "ngram:3-8/eagle3:auto"); // prompt lookup, else the head (docs/heads.md)
     } else if (o->n_drafts) {
         if (o->tree_auto) snprintf(model, sizeof model, "tree:auto");
         else if (o->tree) snprintf(model, sizeof model, "tree:%s", o->tree);

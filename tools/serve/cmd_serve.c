@@ -50,6 +50,14 @@ static int prepare_method(sv_server *s, const char *name) {
     }
     double est = 0;
     if (sd_method_prepare(m, &env, &est, err, sizeof err) < 0) return cli_error("--method %s: %s", name, err);
+    if (s->o->datastore) {   // index it now, once: the slots' drafters then only load the index
+        sd_method ng;
+        sd_drafter *d = NULL;
+        if (sd_method_parse("ngram:3-8", &ng, err, sizeof err) < 0 || sd_method_make(&ng, &env, &d, err, sizeof err) < 0)
+            return cli_error("--datastore %s: %s", s->o->datastore, err);
+        fprintf(stderr, "specdec serve: %s\n", sd_drafter_note(d));
+        sd_drafter_free(d);
+    }
     if (m->kind == SD_METHOD_SKIP) fprintf(stderr, "specdec serve: skip set {%s}\n", m->skip_list);
     return 0;
 }
@@ -85,12 +93,12 @@ static int load_heads(sv_server *s) {
     return 0;
 }
 
-// The default method when --method is not given: the EAGLE-3 head's
-// automatic tree (sized by the measured costs of the head and the target:
-// a fixed chain of 4 made SmolLM2-135M 0.6x slower), else the draft model's
-// chain, else prompt lookup.
+// The default method when --method is not given: with an EAGLE-3 head,
+// prompt lookup where the text repeats and else the head's automatic tree
+// (the best of the head's methods on the 37 prompts, docs/performance.md,
+// session 18), else the draft model's chain, else prompt lookup.
 static const char *default_method(const sv_server *s) {
-    return s->head_eagle3 ? "eagle3:auto" : s->o->n_drafts ? "chain:4" : "ngram:3-8";
+    return s->head_eagle3 ? "ngram:3-8/eagle3:auto" : s->o->n_drafts ? "chain:4" : "ngram:3-8";
 }
 
 static void server_free(sv_server *s, sv_http *h) {
@@ -113,8 +121,8 @@ int cmd_serve(int argc, char **argv) {
         {"--model", "-m", CLI_FILE, &o.model, .meta = "FILE", .what = "model file",
          .required = "a model is required (-m MODEL.gguf; see specdec serve --help)", .help = "GGUF model"},
         {"--method", NULL, CLI_STRING, &o.method, .meta = "M",
-         .help = "default speculation method (default ngram:3-8; chain:4 with --draft; eagle3:auto with an "
-                 "EAGLE-3 --head)"},
+         .help = "default speculation method (default ngram:3-8; chain:4 with --draft; ngram:3-8/eagle3:auto "
+                 "with an EAGLE-3 --head)"},
         {"--draft", NULL, CLI_LIST, o.drafts, .max = SD_METHOD_MAX_DRAFTS, .count = &o.n_drafts, .meta = "D.gguf",
          .what = "draft models", .help = "draft model (same vocabulary); repeat for several"},
         {"--head", NULL, CLI_LIST, o.heads, .max = 2, .count = &o.n_heads, .meta = "FILE|auto", .what = "heads",
@@ -131,6 +139,10 @@ int cmd_serve(int argc, char **argv) {
                  "and a copy of the head with its optimiser state per slot; docs/heads.md)"},
         {"--online-lr", NULL, CLI_FLOAT, &o.online_lr, .lo = 1e-7, .hi = 1.0, .meta = "LR", .def = CLI_DEF_VALUE,
          .help = "--head-online: AdamW learning rate, one step per 64 verified positions"},
+        {"--datastore", NULL, CLI_FILE, &o.datastore, .what = "datastore file", .meta = "FILE",
+         .help = "the n-gram methods (ngram:N-K, and the n-gram part of A/B and A+B methods) also retrieve "
+                 "continuations from this text corpus, REST-style (indexed to FILE.sdsa at start-up; "
+                 "scripts/make-datastore.py makes one of the model's own answers)"},
         {"--host", NULL, CLI_STRING, &o.host, .meta = "ADDR", .def = "127.0.0.1", .help = "address to listen on"},
         {"--port", NULL, CLI_INT, &o.port, 0, 65535, .meta = "N", .def = CLI_DEF_VALUE,
          .help = "TCP port; 0 = any free port (printed)"},

@@ -56,6 +56,7 @@ sd_method_env sv_method_env(const sv_server *s) {
     env.cost = s->cost;
     env.head_online.on = s->o->head_online;
     env.head_bits = s->o->head_bits;
+    env.datastore = s->o->datastore;
     env.head_online.lr = s->o->online_lr;
     return env;
 }

@@ -51,6 +51,7 @@ typedef struct sv_opts {
     int head_bits;            // --head-bits: the heads' matrices in memory
     int draft_budget;         // --draft-budget auto (1, default) | off (0): budget.h
     float online_lr;          // --online-lr
+    const char *datastore;    // --datastore: a text corpus the n-gram drafters also search, or NULL
 } sv_opts;
 
 // ---------------------------------------------------------------- requests
