@@ -192,8 +192,10 @@ def cases(tmp, dev):
            f"exit {rc}, {len(chat4)} records; {check_records(out)}; log: {log4[-800:]}")
 
     # Ctrl-C while answering: exit 130, finished answers kept, the server stopped
+    # (answers of 64 tokens here, so that the 50 new ones cannot all be done
+    # before the signal lands: with 8 tokens a fast machine finished them first)
     cmd = [sys.executable, SCRIPT, "--out", out, "--cache", CACHE, "--bin", BIN, "--model", MODEL, "--no-apt",
-           "--sample-files", "4", "--max-tokens", "8", "--parallel", "2", "--max-prompts", "60", "--max-raw", "10",
+           "--sample-files", "4", "--max-tokens", "64", "--parallel", "2", "--max-prompts", "60", "--max-raw", "10",
            "--progress", "1", "--extra-prompts", os.path.join(tmp, "planted.jsonl")]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 40
