@@ -359,6 +359,7 @@ static void bench_free(bench_state *b) {
     free(b->by_cat);
     free(b->overall);
     bench_prompts_free(b->prompts, b->n_loaded);
+    free(b);
 }
 
 // The methods of --methods into b->methods (ar first), checked against the
