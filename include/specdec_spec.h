@@ -217,6 +217,8 @@ typedef struct sd_method {
     int tree_nodes;           // nodes of the largest tree one step proposes with one
                               // draft model, root included (1 for ar)
     int extra_nodes;          // batch nodes evaluated beside the tree (lookahead window)
+    int uses_ngram;           // 1: some part may draft by n-gram lookup (ngram:N-K, or auto without draft
+                              // models or head), the drafters that env.datastore feeds
     char skip_list[256];      // skip: the layer list, "auto" until sd_method_prepare resolved it
 } sd_method;
 

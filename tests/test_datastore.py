@@ -9,7 +9,8 @@
   prompt retrieves it: prompt lookup's tokens per target forward rise from
   what the prompt alone gives to several per step, and the text stays equal
   to plain decoding's (bench's own check, exit status 0);
-- bench refuses a missing datastore file with a clear error;
+- bench refuses a missing datastore file, and a datastore with no n-gram
+  method to read it, with a clear error;
 - `specdec serve --datastore` indexes the corpus at start-up and its
   requests retrieve from it alike: the same text as generate's, several
   tokens per target forward in the response's usage.
@@ -89,7 +90,8 @@ def bench(tmp, prompts, *extra):
 
 
 def bench_cases(tmp):
-    names = ["bench_retrieves_own_answer", "bench_missing_datastore", "serve_retrieves_own_answer"]
+    names = ["bench_retrieves_own_answer", "bench_missing_datastore", "bench_datastore_unused",
+             "serve_retrieves_own_answer"]
     for path, what in ((BIN, "build/specdec"), (MODEL, "the default model (make test fetches it)")):
         if not os.path.exists(path):
             for n in names:
@@ -126,7 +128,11 @@ def bench_cases(tmp):
                         os.path.join(tmp, "absent.txt")], capture_output=True, text=True, timeout=60)
     report(names[1], r.returncode == 1 and "absent.txt" in r.stderr and "datastore" in r.stderr,
            f"exit {r.returncode}, {r.stderr.strip()[-300:]!r}")
-    serve_case(names[2], corpus, g.stdout.rstrip("\n"))   # generate ends its text with a newline
+    r = subprocess.run([BIN, "bench", "-m", MODEL, "--prompts", prompts, "--methods", "lookahead:4-3-4",
+                        "--datastore", corpus], capture_output=True, text=True, timeout=60)
+    report(names[2], r.returncode == 1 and "--datastore needs an n-gram method" in r.stderr,
+           f"exit {r.returncode}, {r.stderr.strip()[-300:]!r}")
+    serve_case(names[3], corpus, g.stdout.rstrip("\n"))   # generate ends its text with a newline
 
 
 def serve_case(name, corpus, want):

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "bench_agg.h"
 #include "bench_prompts.h"
 #include "cli_common.h"
 #include "cli_head.h"
@@ -58,72 +59,6 @@ static int collect(int32_t t, void *user) {
     if (b->n < b->cap) b->t[b->n] = t;
     b->n++;
     return 0;
-}
-
-#define BENCH_DEPTHS 16   // acceptance by depth is kept to this depth
-
-// Result of one method on one prompt.
-typedef struct run_res {
-    int n_tokens;       // tokens generated
-    int n_forwards;     // target forwards after the prompt (spec); n_tokens - 1 for ar
-    int n_step_tokens;  // tokens those forwards produced (n_tokens - 1)
-    double gen_ms;      // generation time, prompt excluded
-    int equal;          // 1: same tokens as ar (greedy only)
-    double draft_ms;    // time in the drafter
-    int n_draft, n_accepted;                  // draft nodes proposed, accepted
-    int dp[BENCH_DEPTHS + 1], da[BENCH_DEPTHS + 1]; // steps reaching / accepting at depth d
-} run_res;
-
-// Sums over a set of runs.
-typedef struct agg {
-    long n_tokens, n_forwards, n_step_tokens;
-    double ms, draft_ms;
-    long n_draft, n_accepted, dp[BENCH_DEPTHS + 1], da[BENCH_DEPTHS + 1];
-    int n_runs, n_equal;
-} agg;
-
-static void agg_add(agg *a, const run_res *r) {
-    a->n_tokens += r->n_tokens;
-    a->n_forwards += r->n_forwards;
-    a->n_step_tokens += r->n_step_tokens;
-    a->ms += r->gen_ms;
-    a->n_runs++;
-    a->n_equal += r->equal;
-    a->draft_ms += r->draft_ms;
-    a->n_draft += r->n_draft;
-    a->n_accepted += r->n_accepted;
-    for (int d = 1; d <= BENCH_DEPTHS; d++) a->dp[d] += r->dp[d], a->da[d] += r->da[d];
-}
-
-// The drafter's time per drafted node as a fraction of a one-token target
-// forward (ar's time per token in the same run); 0 without drafts.
-static double agg_draft_cost(const agg *a, const agg *ar) {
-    if (a->n_draft <= 0 || ar->n_tokens <= 0 || ar->ms <= 0) return 0.0;
-    return (a->draft_ms / (double)a->n_draft) / (ar->ms / (double)ar->n_tokens);
-}
-
-// Acceptance at depth d (accepted / proposed), as a JSON array for d = 1.. the deepest proposed.
-static json_t *agg_depth_json(const agg *a) {
-    json_t *arr = json_array();
-    for (int d = 1; arr && d <= BENCH_DEPTHS && a->dp[d] > 0; d++)
-        json_array_append_new(arr, cli_json_num((double)a->da[d] / (double)a->dp[d], 4));
-    return arr;
-}
-
-static double agg_tps(const agg *a) { return a->ms > 0 ? a->n_tokens * 1000.0 / a->ms : 0.0; }
-static double agg_tau(const agg *a) { return a->n_forwards > 0 ? (double)a->n_step_tokens / a->n_forwards : 1.0; }
-
-// One aggregate against ar's over the same runs, as JSON; NULL when out of memory.
-static json_t *agg_json(const agg *a, const agg *ar, int greedy) {
-    const double tps = agg_tps(a), tar = agg_tps(ar);
-    return json_pack("{s:o, s:o, s:o, s:o, s:I, s:o, s:I, s:i, s:I, s:I, s:o, s:o, s:o}", "tokens_per_s",
-                     cli_json_num(tps, 3), "speedup", cli_json_num(tar > 0 ? tps / tar : 0.0, 4), "tau",
-                     cli_json_num(agg_tau(a), 4), "equal_to_ar",
-                     greedy ? json_boolean(a->n_equal == a->n_runs) : json_null(), "n_tokens", (json_int_t)a->n_tokens,
-                     "time_ms", cli_json_num(a->ms, 3), "n_target_forwards", (json_int_t)a->n_forwards, "n_prompts",
-                     a->n_runs, "n_draft_nodes", (json_int_t)a->n_draft, "n_draft_accepted", (json_int_t)a->n_accepted,
-                     "draft_ms", cli_json_num(a->draft_ms, 3), "draft_ms_per_node_vs_forward",
-                     cli_json_num(agg_draft_cost(a, ar), 4), "acceptance_by_depth", agg_depth_json(a));
 }
 
 // Tokenizes text (chat-formatted unless raw) into a malloc'd array; <0 on error.
@@ -369,14 +304,19 @@ static int bench_validate(const bench_opts *o, bench_state *b) {
     int nm = sd_methods_parse(o->methods_arg, b->methods, BENCH_MAX_METHODS, err, sizeof err);
     if (nm < 0) return cli_error("%s", err);
     b->nm = nm;
+    int ngram = 0;
     for (int k = 0; k < nm; k++) {
         const sd_method *me = &b->methods[k];
+        ngram |= me->uses_ngram;
         if (me->needs_draft_model && o->n_drafts == 0)
             return cli_error("bench: method '%s' needs a draft model (--draft D.gguf)", me->name);
         if (me->tree_nodes > BENCH_BATCH)
             return cli_error("bench: method '%s' makes trees of %d nodes, more than the batch (%d)", me->name,
                              me->tree_nodes, BENCH_BATCH);
     }
+    if (o->datastore && !ngram)
+        return cli_error("bench: --datastore needs an n-gram method in --methods (ngram:N-K, A/B or A+B with one, "
+                         "or auto)");
     for (int i = 0; i < o->n_drafts; i++)
         if (!cli_file_ok("draft model file", o->draft_paths[i])) return 1;
     if ((o->online_sync || o->save_head) && !o->head_online)

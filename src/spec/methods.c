@@ -628,6 +628,7 @@ int sd_method_parse(const char *s, sd_method *m, char *err, size_t errlen) {
         m->needs_draft_model |= parts[i].needs_draft_model;
         if (parts[i].kind == SD_METHOD_EAGLE3 || parts[i].kind == SD_METHOD_MEDUSA) m->needs_head = parts[i].kind;
         m->uses_cost_curve |= cfg_uses_auto(&parts[i]);
+        m->uses_ngram |= parts[i].kind == SD_METHOD_NGRAM || parts[i].kind == SD_METHOD_AUTO;
         if (first) m->tree_nodes = SD_MAX(m->tree_nodes, parts[i].tree_nodes);   // one part's tree a step
         else m->tree_nodes += parts[i].tree_nodes - 1;
         m->extra_nodes += parts[i].extra_nodes;

@@ -50,15 +50,21 @@ static int prepare_method(sv_server *s, const char *name) {
     }
     double est = 0;
     if (sd_method_prepare(m, &env, &est, err, sizeof err) < 0) return cli_error("--method %s: %s", name, err);
-    if (s->o->datastore) {   // index it now, once: the slots' drafters then only load the index
-        sd_method ng;
-        sd_drafter *d = NULL;
-        if (sd_method_parse("ngram:3-8", &ng, err, sizeof err) < 0 || sd_method_make(&ng, &env, &d, err, sizeof err) < 0)
-            return cli_error("--datastore %s: %s", s->o->datastore, err);
-        fprintf(stderr, "specdec serve: %s\n", sd_drafter_note(d));
-        sd_drafter_free(d);
-    }
     if (m->kind == SD_METHOD_SKIP) fprintf(stderr, "specdec serve: skip set {%s}\n", m->skip_list);
+    return 0;
+}
+
+// --datastore: indexed here, once (an n-gram drafter built and dropped), so
+// that the slots' drafters only load the index and never race to write it.
+static int index_datastore(const sv_server *s) {
+    char err[512];
+    sd_method ng;
+    sd_drafter *d = NULL;
+    sd_method_env env = sv_method_env(s);
+    if (sd_method_parse("ngram:3-8", &ng, err, sizeof err) < 0 || sd_method_make(&ng, &env, &d, err, sizeof err) < 0)
+        return cli_error("--datastore %s: %s", s->o->datastore, err);
+    fprintf(stderr, "specdec serve: %s\n", sd_drafter_note(d));
+    sd_drafter_free(d);
     return 0;
 }
 
@@ -215,7 +221,7 @@ int cmd_serve(int argc, char **argv) {
         goto out;
     }
     if (!o.method) o.method = default_method(&s);
-    if (prepare_method(&s, o.method)) goto out;
+    if (prepare_method(&s, o.method) || (o.datastore && index_datastore(&s))) goto out;
     if (sv_sched_start(&s, err, sizeof err) < 0) {
         cli_error("serve: %s", err);
         goto out;
