@@ -56,7 +56,7 @@ TEST_SCRIPTS := $(wildcard tests/test_*.py)
 # Examples see only include/ (the public API), never src/.
 EXAMPLES := $(patsubst examples/%.c,build/examples/%,$(wildcard examples/*.c))
 
-.PHONY: all run test fuzz clean models asan-serve need-jansson
+.PHONY: all run run-only test test-only setup fuzz clean models asan-serve need-jansson
 .SECONDARY:
 all: build/specdec $(TESTS) $(TEST_TOOLS) $(EXAMPLES)
 
@@ -95,12 +95,26 @@ $(MODEL):
 
 models: $(MODEL)
 
-run: build/specdec $(MODEL)
+# `make run` and `make test` first install what is missing (scripts/setup.sh:
+# Debian packages as root or through sudo, else it prints the command), then
+# run make again so that pkg-config's answers are read afresh.
+setup:
+	@bash scripts/setup.sh test
+
+run:
+	@bash scripts/setup.sh build
+	@$(MAKE) --no-print-directory run-only
+
+run-only: build/specdec $(MODEL)
 	./build/specdec generate -m $(MODEL) --chat -p "$(PROMPT)" -n 200 --head auto
 
 # The model is fetched first; if that fails (no network) the tests that need
 # it say so and are skipped.
-test: build/specdec $(TESTS) $(TEST_TOOLS) $(EXAMPLES)
+test:
+	@bash scripts/setup.sh test
+	@$(MAKE) --no-print-directory test-only
+
+test-only: build/specdec $(TESTS) $(TEST_TOOLS) $(EXAMPLES)
 	@bash scripts/fetch-models.sh || echo "warning: could not fetch the default model; tests that need it will be skipped"
 	@bash scripts/run-tests.sh $(TESTS) $(TEST_SCRIPTS)
 
