@@ -120,8 +120,10 @@ static int parse_params(sv_server *s, const json_t *o, sv_req *r, sv_api_err *e)
     r->sp.top_k = (int)k;
     k = 0;
     if ((rc = get_int(o, "seed", INT64_MIN, INT64_MAX, &k, e))) return rc;
-    if (json_is_integer(json_object_get(o, "seed"))) r->sp.seed = (uint64_t)k;
-    else   // a seed of its own per request r->sp.seed = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (uint64_t)(size_t)r ^ (uint64_t)s->next_id;
+    if (json_is_integer(json_object_get(o, "seed")))
+        r->sp.seed = (uint64_t)k;
+    else   // a seed of its own per request
+        r->sp.seed = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (uint64_t)(size_t)r ^ (uint64_t)s->next_id;
     k = s->o->max_tokens;
     if ((rc = get_int(o, "max_completion_tokens", 1, INT32_MAX, &k, e))) return rc;
     if ((rc = get_int(o, "max_tokens", 1, INT32_MAX, &k, e))) return rc;
