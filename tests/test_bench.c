@@ -304,12 +304,16 @@ static void test_generate_draft(void) {
     t = json_after(g_out, "text");
     CHECK(t && plain[0] && !strncmp(t, plain, strlen(plain)), "ngram greedy text differs:\nplain %s\nspec  %s", plain,
           t ? t : "(none)");
-    // a tree, several drafts, and a summary line without --json
+    // a tree, several drafts, and a summary line without --json: one line, the details with -v
     snprintf(args, sizeof args,
              "generate -m %s -p \"Once upon a time\" -n 20 --temp 0 -t 1 --draft %s --draft %s --tree 2,2", g_model,
              g_model, g_model);
     rc = run(args, 1);
-    CHECK(rc == 0 && strstr(g_out, "target forwards") && strstr(g_out, "mean accepted"), "tree: exit %d:\n%s", rc,
+    CHECK(rc == 0 && strstr(g_out, "tree:2-2: ") && strstr(g_out, "tokens/forward") && !strstr(g_out, "mean accepted"),
+          "tree: exit %d:\n%s", rc, g_out);
+    strcat(args, " -v");
+    rc = run(args, 1);
+    CHECK(rc == 0 && strstr(g_out, "target forwards") && strstr(g_out, "mean accepted"), "tree -v: exit %d:\n%s", rc,
           g_out);
     // errors
     snprintf(args, sizeof args, "generate -m %s -p hi --draft %s --tree 4,x", g_model, g_model);
@@ -413,15 +417,23 @@ static void test_generate_methods(void) {
         CHECK(t && plain[0] && !strncmp(t, plain, strlen(plain)), "%s: greedy text differs:\nplain %s\nspec  %s", variants[v], plain,
               t ? t : "(none)");
     }
-    // --tree auto prints the chosen tree
-    snprintf(args, sizeof args, "generate -m %s -p \"Once upon a time\" -n 20 -t 1 --draft %s --tree auto", g_model,
+    // --tree auto prints the chosen tree with -v; without it stderr has one line, the summary
+    snprintf(args, sizeof args, "generate -m %s -p \"Once upon a time\" -n 20 -t 1 --draft %s --tree auto -v", g_model,
              g_model);
     rc = run(args, 1);
     CHECK(rc == 0 && strstr(g_out, "tree auto: n=") && strstr(g_out, "depth=") && strstr(g_out, "tree:auto"),
-          "--tree auto: exit %d:\n%s", rc, g_out);
+          "--tree auto -v: exit %d:\n%s", rc, g_out);
+    snprintf(args, sizeof args, "generate -m %s -p \"Once upon a time\" -n 20 -t 1 --draft %s --tree auto", g_model, g_model);
+    rc = run(args, 1);
+    {
+        int lines = 0;   // lines of specdec's own on stderr
+        for (const char *c = strstr(g_out, "specdec:"); c; c = strstr(c + 1, "specdec:")) lines++;
+        CHECK(rc == 0 && !strstr(g_out, "tree auto:") && lines == 1 && strstr(g_out, "tokens/forward"),
+              "--tree auto without -v: exit %d, want one summary line on stderr:\n%s", rc, g_out);
+    }
     // the skip search, saved and loaded
     snprintf(skf, sizeof skf, "%s/skip.txt", g_dir);
-    snprintf(args, sizeof args, "generate -m %s -p \"Once upon a time\" -n 20 -t 1 --draft-skip auto --save-skip %s",
+    snprintf(args, sizeof args, "generate -m %s -p \"Once upon a time\" -n 20 -t 1 --draft-skip auto --save-skip %s -v",
              g_model, skf);
     rc = run(args, 1);
     CHECK(rc == 0 && strstr(g_out, "skip search [") && strstr(g_out, "skip set chosen: {") &&

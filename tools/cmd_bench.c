@@ -143,7 +143,7 @@ typedef struct bench_opts {
 
 // argv -> o (defaults first). Returns a cli_parse result.
 static int bench_parse(int argc, char **argv, bench_opts *o) {
-    *o = (bench_opts){.methods_arg = "ar,chain:4", .n_predict = 128, .chat = 1,
+    *o = (bench_opts){.methods_arg = "ar,chain:4", .n_predict = 128, .chat = 1, .fast_prompt = 1,
                       .seed = sd_sampler_default_params().seed, .online_lr = sd_head_online_default_params().lr, .head_bits = 5};
     char methods_help[2048];
     snprintf(methods_help, sizeof methods_help,
@@ -206,9 +206,11 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
          .help = "chain/tree drafts stop below this top probability"},
         {"--no-chat", NULL, CLI_FLAG, &o->chat, .off = 1,
          .help = "use the prompt text as is (models without a chat template)"},
+        {"--precise-prompt", NULL, CLI_FLAG, &o->fast_prompt, .off = 1,
+         .help = "prompts with float activations (as generate --precise-prompt; the default is 8-bit activations "
+                 "like the generated tokens); prompt time is not part of tokens/s either way"},
         {"--fast-prompt", NULL, CLI_FLAG, &o->fast_prompt,
-         .help = "prompts with 8-bit activations (as generate --fast-prompt); prompt time is not part of tokens/s "
-                 "either way"},
+         .help = "prompts with 8-bit activations (the default; kept for scripts that pass it)"},
         {"--threads", "-t", CLI_INT, &o->n_threads, .lo = 1, .hi = 1024, .meta = "N",
          .help = "threads (default: number of cores)"},
         {"--draft-threads", NULL, CLI_INT, &o->draft_threads, .lo = 0, .hi = 1024, .meta = "N",

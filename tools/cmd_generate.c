@@ -17,10 +17,10 @@ static void on_sigint(int sig) {
     signal(SIGINT, SIG_DFL); // a second Ctrl-C ends the program at once
 }
 
-// Progress of the layer-skip search and the automatic tree's choices, on stderr.
+// Progress of the layer-skip search and the automatic tree's choices, on
+// stderr with -v (user points to the verbose flag); silent otherwise.
 static void on_report(void *user, const char *line) {
-    (void)user;
-    fprintf(stderr, "specdec: %s\n", line);
+    if (user && *(const int *)user) fprintf(stderr, "specdec: %s\n", line);
 }
 
 typedef struct {
@@ -87,7 +87,8 @@ static int on_token(int32_t t, void *user) {
 typedef struct gen_opts {
     const char *model_path, *prompt, *system;
     int n_predict;      // most tokens generated (0 = until end or context full)
-    int chat, json, fast_prompt;
+    int chat, json, fast_prompt;  // fast_prompt: 1 by default (8-bit activations), 0 with --precise-prompt
+    int verbose;        // -v: the drafter's reports and the detailed statistics on stderr
     int n_threads;      // 0 = number of cores (resolved by gen_validate)
     int n_ctx;          // tokens; 0 = min(model's, 4096)
     int n_batch;        // prompt tokens per forward; also the most tree nodes
@@ -202,15 +203,15 @@ static int parse_method_flag(const char *flag, const char *v, void *dst) {
 
 static const char *const GEN_INTRO =
     "Generates text from PROMPT and streams it to stdout; a one-line speed summary\n"
-    "goes to stderr. Ctrl-C stops generation (what was generated is kept).\n";
+    "goes to stderr (-v adds the drafter's reports and the detailed statistics).\n"
+    "Ctrl-C stops generation (what was generated is kept).\n";
 static const char *const GEN_NOTES =
-    "Without --json a one-line summary of the speculative statistics goes to stderr.\n"
     "\n"
     "Sampling order: repetition penalty, temperature, top-k, top-p, min-p.\n";
 
 // argv -> o (defaults first). Returns a cli_parse result.
 static int gen_parse(int argc, char **argv, gen_opts *o) {
-    *o = (gen_opts){.n_predict = 256, .n_batch = 512, .draft_max = 4, .sp = sd_sampler_default_params(),
+    *o = (gen_opts){.n_predict = 256, .n_batch = 512, .draft_max = 4, .sp = sd_sampler_default_params(), .fast_prompt = 1,
                     .online_lr = sd_head_online_default_params().lr, .head_bits = 5};
     char threads_help[96], method_help[1024], tree_help[1024];
     snprintf(threads_help, sizeof threads_help, "threads (default: number of cores, %d here)", sd_n_cores());
@@ -257,9 +258,15 @@ static int gen_parse(int argc, char **argv, gen_opts *o) {
          .help = "context length in tokens (default: min(model's, 4096))"},
         {"--batch", "-b", CLI_INT, &o->n_batch, .lo = 1, .hi = 1 << 16, .meta = "N", .def = CLI_DEF_VALUE,
          .help = "prompt tokens per forward pass"},
+        {"--precise-prompt", NULL, CLI_FLAG, &o->fast_prompt, .off = 1,
+         .help = "evaluate the prompt with float activations (several times slower; by default the prompt uses "
+                 "8-bit activations like the generated tokens, as llama.cpp does; docs/numerics.md measures the "
+                 "difference)"},
         {"--fast-prompt", NULL, CLI_FLAG, &o->fast_prompt,
-         .help = "evaluate the prompt with 8-bit activations like the generated tokens (about 2x faster prompt; by "
-                 "default the prompt uses float activations: a more accurate cache and first token)"},
+         .help = "the prompt with 8-bit activations (the default; kept for scripts that pass it)"},
+        {"--verbose", "-v", CLI_FLAG, &o->verbose,
+         .help = "print the drafter's reports (automatic tree sizes, skip search, head) and the detailed "
+                 "statistics on stderr"},
         {"--json", NULL, CLI_FLAG, &o->json,
          .help = "print one JSON object at the end instead of streaming: text, n_prompt_tokens, n_generated, "
                  "tokens_per_second, prompt_ms, generate_ms, model, n_threads, finish_reason (with a drafter also: "
@@ -617,6 +624,7 @@ static int gen_build_drafter(const gen_opts *o, gen_plan *p, gen_state *g) {
     env.skip_load = o->load_skip;
     env.auto_nodes = p->auto_nodes;
     env.report = on_report;
+    env.user = (void *)&o->verbose;
     env.head_eagle3 = g->head;
     env.head_online.on = o->head_online;
     env.head_bits = o->head_bits;
@@ -628,14 +636,14 @@ static int gen_build_drafter(const gen_opts *o, gen_plan *p, gen_state *g) {
         env.cost = g->cost;
         char desc[128];
         sd_cost_curve_describe(g->cost, desc, sizeof desc);
-        fprintf(stderr, "specdec: tree auto: target cost measured in %.0f ms: %s\n", sd_time_ms() - t0, desc);
+        if (o->verbose) fprintf(stderr, "specdec: tree auto: target cost measured in %.0f ms: %s\n", sd_time_ms() - t0, desc);
     }
     if (p->m.kind == SD_METHOD_SKIP && gen_prepare_skip(o, p, &env)) return 1;
     for (int i = 0; i < o->n_drafts; i++)
         if (sd_model_load(&g->drafts[i], o->draft_paths[i], err, sizeof err) < 0)
             return cli_error("cannot load draft model '%s': %s", o->draft_paths[i], err);
     if (sd_method_make(&p->m, &env, &g->drafter, err, sizeof err) < 0) return cli_error("%s: %s", p->flag, err);
-    if (o->datastore && !o->json) fprintf(stderr, "specdec: %s\n", sd_drafter_note(g->drafter));
+    if (o->datastore && o->verbose && !o->json) fprintf(stderr, "specdec: %s\n", sd_drafter_note(g->drafter));
     return 0;
 }
 
@@ -656,14 +664,14 @@ static int gen_build(const gen_opts *o, gen_plan *p, gen_state *g) {
         return cli_error("prompt has %d tokens but the context is %d (-c)", g->n_ids, sd_session_n_ctx(g->s));
     if (sd_sampler_new(&g->smp, &o->sp, g->info.n_vocab, err, sizeof err) < 0) return cli_error("%s", err);
     if (o->head) {
-        if (cli_head_load(o->head, g->m, o->model_path, o->json, &g->head)) return 1;
+        if (cli_head_load(o->head, g->m, o->model_path, o->json || !o->verbose, &g->head)) return 1;
         if (!g->head) {   // --head auto found none: plain decoding
             p->spec = 0;
             p->max_nodes = 1;
         } else if (!o->json) {
             char desc[512];
             sd_head_describe(g->head, desc, sizeof desc);
-            if (strcmp(o->head, "auto")) fprintf(stderr, "specdec: %s\n", desc);
+            if (o->verbose && strcmp(o->head, "auto")) fprintf(stderr, "specdec: %s\n", desc);
         }
     }
     if (p->spec && gen_build_drafter(o, p, g)) return 1;
@@ -708,20 +716,25 @@ static int gen_print_json(const gen_opts *o, const gen_plan *p, const gen_state 
     return cli_json_write(stdout, j);
 }
 
+// One line on stderr; -v: the prompt's and the drafter's statistics in detail.
 static void gen_print_summary(const gen_opts *o, const gen_plan *p, const sd_gen_stats *st, const char *finish) {
     printf("\n");
     fflush(stdout);
+    const double pp = st->prompt_ms > 0 ? st->n_prompt_tokens * 1000.0 / st->prompt_ms : 0.0;
+    if (!o->verbose) {
+        char spec[SD_METHOD_NAME_MAX + 96] = "";
+        if (p->spec)
+            snprintf(spec, sizeof spec, " | %s: %.2f tokens/forward", p->label, st->mean_accepted);
+        fprintf(stderr, "specdec: %d tokens in %.0f ms (%.1f tok/s) | prompt %d tokens (%.0f tok/s)%s | %d threads | %s\n",
+                st->n_generated, st->generate_ms, st->tokens_per_second, st->n_prompt_tokens, pp, spec, o->n_threads,
+                finish);
+        return;
+    }
     fprintf(stderr,
-            "specdec: prompt %d tokens in %.1f ms (%.1f tok/s) | generated %d tokens in %.1f ms "
+            "specdec: prompt %d tokens in %.1f ms (%.1f tok/s, %s activations) | generated %d tokens in %.1f ms "
             "(%.2f tok/s) | %d threads | finish: %s\n",
-            st->n_prompt_tokens, st->prompt_ms, st->prompt_ms > 0 ? st->n_prompt_tokens * 1000.0 / st->prompt_ms : 0.0,
-            st->n_generated, st->generate_ms, st->tokens_per_second, o->n_threads, finish);
-    // A long wait for the prompt: say which flag shortens it (the float path
-    // costs several times the 8-bit one on CPUs without AVX-512; docs/numerics.md).
-    if (!o->fast_prompt && st->prompt_ms > 3000.0)
-        fprintf(stderr, "specdec: note: the prompt took %.1f s with float activations (the default, for "
-                        "accuracy on near-ties); --fast-prompt evaluates it with 8-bit activations, several "
-                        "times faster (docs/numerics.md)\n", st->prompt_ms / 1000.0);
+            st->n_prompt_tokens, st->prompt_ms, pp, o->fast_prompt ? "8-bit" : "float", st->n_generated,
+            st->generate_ms, st->tokens_per_second, o->n_threads, finish);
     if (!p->spec) return;
     char acc[256];
     size_t ao = 0;

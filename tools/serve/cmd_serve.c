@@ -119,7 +119,7 @@ static void server_free(sv_server *s, sv_http *h) {
 }
 
 int cmd_serve(int argc, char **argv) {
-    sv_opts o = {.host = "127.0.0.1", .port = 8080, .n_slots = 4, .n_ctx = 2048, .n_queue = 16,
+    sv_opts o = {.fast_prompt = 1, .host = "127.0.0.1", .port = 8080, .n_slots = 4, .n_ctx = 2048, .n_queue = 16,
                  .max_tokens = 1024, .max_conn = 64, .timeout_s = 60, .online_lr = sd_head_online_default_params().lr,
                  .head_bits = 5};
     const char *budget = "auto";
@@ -172,9 +172,12 @@ int cmd_serve(int argc, char **argv) {
          .help = "auto: when several slots share a pass, each round keeps only the draft nodes whose measured "
                  "acceptance pays for their rows at the target's cost curve (measured at start-up), so that "
                  "speculation never slows a busy server; off: every slot drafts its method's full shape"},
+        {"--precise-prompt", NULL, CLI_FLAG, &o.fast_prompt, .off = 1,
+         .help = "evaluate prompts with float activations (as generate --precise-prompt), in chunks of their own; "
+                 "by default prompts use 8-bit activations like generated tokens, their chunks batched with the "
+                 "other slots' steps"},
         {"--fast-prompt", NULL, CLI_FLAG, &o.fast_prompt,
-         .help = "evaluate prompts with 8-bit activations like generated tokens (as generate --fast-prompt): "
-                 "much faster prompts on CPUs without AVX-512, their chunks batched with the other slots' steps"},
+         .help = "prompts with 8-bit activations (the default; kept for scripts that pass it)"},
         {"--help", "-h", CLI_HELP, .help = "show this help"},
     };
     static char notes[1024];
