@@ -3,6 +3,7 @@
 #   make test   build and run every test; ends with "N passed, N failed"
 #   make fuzz   build the GGUF parser fuzz target (clang, libFuzzer)
 #   make asan-serve  build specdec with AddressSanitizer and run the server (and page) tests on it
+#   make docs   regenerate docs/cli.md (the command-line reference) from specdec's --help
 CC      ?= cc
 OPT     ?= -O3 -march=native
 CFLAGS  ?=
@@ -56,7 +57,7 @@ TEST_SCRIPTS := $(wildcard tests/test_*.py)
 # Examples see only include/ (the public API), never src/.
 EXAMPLES := $(patsubst examples/%.c,build/examples/%,$(wildcard examples/*.c))
 
-.PHONY: all run run-only test test-only setup fuzz clean models asan-serve need-jansson
+.PHONY: all run run-only test test-only setup fuzz clean models asan-serve need-jansson docs
 .SECONDARY:
 all: build/specdec $(TESTS) $(TEST_TOOLS) $(EXAMPLES)
 
@@ -117,6 +118,12 @@ test:
 test-only: build/specdec $(TESTS) $(TEST_TOOLS) $(EXAMPLES)
 	@bash scripts/fetch-models.sh || echo "warning: could not fetch the default model; tests that need it will be skipped"
 	@bash scripts/run-tests.sh $(TESTS) $(TEST_SCRIPTS)
+
+# docs/cli.md is generated from the --help of every command
+# (tests/test_cli_doc.py fails when it is out of date).
+docs: docs/cli.md
+docs/cli.md: build/specdec scripts/gen-cli-doc.py
+	python3 scripts/gen-cli-doc.py --bin build/specdec --out $@
 
 # The whole program (library, tools, server) built with AddressSanitizer and
 # UndefinedBehaviorSanitizer into build/asan/specdec, then the server tests

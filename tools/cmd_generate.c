@@ -213,8 +213,7 @@ static const char *const GEN_NOTES =
 static int gen_parse(int argc, char **argv, gen_opts *o) {
     *o = (gen_opts){.n_predict = 256, .n_batch = 512, .draft_max = 4, .sp = sd_sampler_default_params(), .fast_prompt = 1,
                     .online_lr = sd_head_online_default_params().lr, .head_bits = 5};
-    char threads_help[96], method_help[1024], tree_help[1024];
-    snprintf(threads_help, sizeof threads_help, "threads (default: number of cores, %d here)", sd_n_cores());
+    char method_help[1024], tree_help[1024];
     snprintf(method_help, sizeof method_help,
              "speculative method, a method string as bench --methods takes: %s. The flags below are shorthands "
              "(--draft-max K = chain:K, --tree W1,W2 = tree:W1-W2, --tree-dynamic B,D,M = dyn:B-D-M, --draft-ngram "
@@ -253,7 +252,8 @@ static int gen_parse(int argc, char **argv, gen_opts *o) {
         {"--repeat-last-n", NULL, CLI_INT, &sp->repeat_last_n, .lo = 0, .hi = 1 << 30, .meta = "N",
          .def = CLI_DEF_VALUE, .help = "tokens of history the penalty looks at"},
         {"--seed", NULL, CLI_U64, &sp->seed, .meta = "S", .def = CLI_DEF_VALUE, .help = "random seed"},
-        {"--threads", "-t", CLI_INT, &o->n_threads, .lo = 1, .hi = 1024, .meta = "N", .help = threads_help},
+        {"--threads", "-t", CLI_INT, &o->n_threads, .lo = 1, .hi = 1024, .meta = "N",
+         .help = "threads (default: number of cores)"},
         {"--ctx", "-c", CLI_INT, &o->n_ctx, .lo = 1, .hi = 1 << 24, .meta = "N",
          .help = "context length in tokens (default: min(model's, 4096))"},
         {"--batch", "-b", CLI_INT, &o->n_batch, .lo = 1, .hi = 1 << 16, .meta = "N", .def = CLI_DEF_VALUE,
