@@ -218,7 +218,7 @@ static int gen_parse(int argc, char **argv, gen_opts *o) {
              "speculative method, a method string as bench --methods takes: %s. The flags below are shorthands "
              "(--draft-max K = chain:K, --tree W1,W2 = tree:W1-W2, --tree-dynamic B,D,M = dyn:B-D-M, --draft-ngram "
              "N,K = ngram:N-K, --draft-skip auto = skip:auto, --lookahead W,N,G = lookahead:W-N-G, --tree auto alone "
-             "= auto) and cannot be combined with it",
+             "= ngram:3-8:auto) and cannot be combined with it",
              sd_methods_syntax());
     snprintf(tree_help, sizeof tree_help,
              "tree draft: W1 children of the root, W2 of each of those, ...\n"
