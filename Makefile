@@ -16,6 +16,7 @@ PROMPT  ?= Write a short story about a robot who learns to paint.
 SRC      := $(wildcard src/*.c src/*/*.c)
 OBJ      := $(SRC:%.c=build/%.o)
 LIB      := build/libspecdec.a
+LIB_SO   := build/libspecdec.so
 TOOL_OBJ := $(patsubst %.c,build/%.o,$(wildcard tools/*.c))
 # build/specdec needs jansson (JSON: the --json outputs, bench's prompt files
 # and results, the server's API), found with pkg-config; without it make stops
@@ -59,7 +60,7 @@ EXAMPLES := $(patsubst examples/%.c,build/examples/%,$(wildcard examples/*.c))
 
 .PHONY: all run run-only test test-only setup fuzz clean models asan-serve need-jansson docs
 .SECONDARY:
-all: build/specdec $(TESTS) $(TEST_TOOLS) $(EXAMPLES)
+all: build/specdec $(LIB_SO) $(TESTS) $(TEST_TOOLS) $(EXAMPLES)
 
 build/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -68,6 +69,17 @@ build/%.o: %.c
 $(LIB): $(OBJ)
 	@rm -f $@
 	ar rcs $@ $^
+
+# The library's objects are position-independent, so that the same objects
+# make build/libspecdec.a and build/libspecdec.so. The shared library exports
+# exactly the functions that include/ declares (a version script made from
+# the headers; tests/test_exports.py checks its dynamic symbols).
+build/src/%.o: CFLAGS += -fPIC
+build/specdec.map: scripts/export-map.sh $(wildcard include/*.h)
+	@mkdir -p build
+	sh scripts/export-map.sh $(wildcard include/*.h) > $@
+$(LIB_SO): $(OBJ) build/specdec.map
+	$(CC) -shared -Wl,--version-script=build/specdec.map $(OBJ) $(LDLIBS) -o $@
 
 # Stops the build of anything that needs jansson when pkg-config cannot find it.
 need-jansson:
@@ -115,7 +127,7 @@ test:
 	@bash scripts/setup.sh test
 	@$(MAKE) --no-print-directory test-only
 
-test-only: build/specdec $(TESTS) $(TEST_TOOLS) $(EXAMPLES)
+test-only: build/specdec $(LIB_SO) $(TESTS) $(TEST_TOOLS) $(EXAMPLES)
 	@bash scripts/fetch-models.sh || echo "warning: could not fetch the default model; tests that need it will be skipped"
 	@bash scripts/run-tests.sh $(TESTS) $(TEST_SCRIPTS)
 

@@ -16,6 +16,23 @@
 extern "C" {
 #endif
 
+// What kind of failure a negative return value is. Functions that predate
+// these codes return -1 (SD_ERR_INPUT) for every failure; those that document
+// sd_status return the specific code.
+typedef enum sd_status {
+    SD_OK = 0,
+    SD_ERR_INPUT = -1,    // bad arguments or bad data (a file's contents, a state's bytes)
+    SD_ERR_NO_ROOM = -2,  // no room in the KV cache / context for what was asked
+    SD_ERR_ABORTED = -3,  // stopped by the caller (a callback asked to stop)
+    SD_ERR_OOM = -4,      // out of memory
+    SD_ERR_IO = -5,       // a file could not be opened, read or written
+    SD_ERR_BUSY = -6,     // the thread pool is held by another forward at that moment
+} sd_status;
+
+// The library's version, "MAJOR.MINOR.PATCH" (also SPECDEC_VERSION).
+#define SPECDEC_VERSION "0.2.0"
+const char *sd_version(void);
+
 typedef struct sd_model sd_model;
 typedef struct sd_session sd_session;
 typedef struct sd_tokenizer sd_tokenizer;
@@ -149,6 +166,29 @@ int sd_session_n_ctx(const sd_session *s);
 const sd_model *sd_session_model(const sd_session *s);
 // The pool the session runs on (its own or the one it was given).
 sd_threadpool *sd_session_pool(const sd_session *s);
+// A session's committed state -- its KV cache rows [0, n_past) and its
+// layer-skip mask -- as bytes, so that a generation can be suspended, moved to
+// another session of the same model (any n_ctx >= n_past, any thread count)
+// or resumed after a reconnect: a session loaded with a state continues
+// exactly as the saved one would have (same logits, bit for bit, with the same
+// kernel family). Pending rows are not part of it. The caller keeps the
+// tokens it committed (the step API's state adds them, specdec_spec.h).
+// Bytes a state of the session takes now (depends on n_past).
+size_t sd_session_state_size(const sd_session *s);
+// Writes the state into buf (size bytes, at least sd_session_state_size).
+// Returns the bytes written, or SD_ERR_INPUT (buffer too small) with a message.
+int sd_session_state_save(const sd_session *s, void *buf, size_t size, char *err, size_t errlen);
+// Replaces the session's cache with a saved state (size: its exact bytes).
+// Checked before anything changes: SD_ERR_INPUT for bytes that are not a
+// state, of another version, truncated or corrupt, or saved from another
+// model (dimensions or weights); SD_ERR_NO_ROOM when its rows exceed the
+// session's context. Returns 0.
+int sd_session_state_load(sd_session *s, const void *buf, size_t size, char *err, size_t errlen);
+// The same through a file: SD_ERR_IO when it cannot be opened, read or
+// written, SD_ERR_OOM without memory for the bytes, else as above.
+int sd_session_state_save_file(const sd_session *s, const char *path, char *err, size_t errlen);
+int sd_session_state_load_file(sd_session *s, const char *path, char *err, size_t errlen);
+
 // Layer skipping (self-speculative drafting): skip (n_layer bytes, nonzero =
 // skipped) makes every later forward of this session pass the residual stream
 // through the skipped layers unchanged; they neither read nor write KV rows

@@ -269,6 +269,39 @@ int sd_method_make(const sd_method *m, const sd_method_env *env, sd_drafter **ou
 int sd_method_default_nodes(const sd_method *m, int n_drafts);
 // The accepted syntax, one line, for help texts.
 const char *sd_methods_syntax(void);
+
+// What is loaded beside the target, for planning a method.
+typedef struct sd_method_have {
+    int n_drafts;      // draft models loaded
+    int eagle3_head;   // 1: an EAGLE-3 head is loaded
+    int medusa_head;   // 1: a Medusa head is loaded
+    int n_batch;       // most rows of one forward (the session's n_batch); 0 = 512
+    int max_nodes;     // the caller's limit on tree nodes per forward, root included; 0 = the method's own size
+} sd_method_have;
+// What a method needs and takes, worked out once by the library so that no
+// program re-derives it from the method string.
+typedef struct sd_method_plan {
+    int spec;            // 1: some drafter (0 for ar)
+    int max_nodes;       // tree nodes per target forward, root included: sd_gen_params.max_nodes
+    int step_rows;       // rows one step takes in a forward: max_nodes + the nodes beside the tree (lookahead)
+    int model_nodes;     // nodes of its draft-model (or head) trees merged, root included; 0: none
+    int total_nodes;     // nodes of all its trees merged (the largest for A/B), root included
+    int auto_nodes;      // automatic trees: the most nodes, root included (the cost curve's range); 0: none
+    int uses_drafts;     // 1: some part drafts with the draft models
+    int uses_ngram;      // 1: some part drafts by n-gram lookup (what a datastore feeds)
+    int needs_head;      // SD_METHOD_EAGLE3, SD_METHOD_MEDUSA, or 0
+    int uses_cost_curve; // 1: building it needs the target's cost curve (sd_method_env.cost)
+} sd_method_plan;
+// Plans m for what h says is loaded. Returns 0, or <0 with a message:
+// SD_ERR_INPUT when a draft model or head it needs is missing ("method
+// 'chain:4' needs a draft model") or the limits are invalid; SD_ERR_NO_ROOM
+// when its draft-model tree does not fit h->max_nodes or h->n_batch (p is
+// then filled, so that a program can word the message with its own flags).
+int sd_method_plan_make(const sd_method *m, const sd_method_have *h, sd_method_plan *p, char *err, size_t errlen);
+// The default method for what is loaded: "ngram:3-8/eagle3:auto" with an
+// EAGLE-3 head, "chain:4" with draft models, else "ngram:3-8". The method
+// 'auto' drafts as this default.
+const char *sd_method_default(const sd_method_have *h);
 // Parses "W1,W2,..." (sep ',') or "W1-W2-..." (sep '-') into at most max
 // positive integers in [lo, hi], as method arguments are parsed; flag names
 // the option in messages ("--tree: expected comma-separated positive

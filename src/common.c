@@ -1,6 +1,8 @@
 // common.c - error formatting, clock and half-precision conversions.
 #include "common.h"
 
+#include "specdec.h"
+
 #include <string.h>
 #include <time.h>
 
@@ -12,6 +14,16 @@ int sd_err(char *err, size_t errlen, const char *fmt, ...) {
         va_end(ap);
     }
     return -1;
+}
+
+int sd_errc(int code, char *err, size_t errlen, const char *fmt, ...) {
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
 }
 
 double sd_time_ms(void) {
@@ -120,3 +132,5 @@ uint64_t sd_rng_derive(uint64_t seed, uint64_t stream) {
     uint64_t x = seed ^ (stream * 0xD1B54A32D192ED03ull);
     return splitmix64(&x);
 }
+
+const char *sd_version(void) { return SPECDEC_VERSION; }

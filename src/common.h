@@ -17,6 +17,11 @@
 int sd_err(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+// As sd_err, returning code (one of the negative sd_status values of
+// include/specdec.h) instead of -1.
+int sd_errc(int code, char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
 // Internal invariant check: names file and line, then aborts. Used only for
 // programming errors, never for bad input (bad input returns an error).
 #define SD_ASSERT(c)                                                          \

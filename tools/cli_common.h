@@ -10,7 +10,8 @@
 
 #include <jansson.h>
 
-#define SPECDEC_VERSION "0.1.0"
+#include "specdec.h"   // SPECDEC_VERSION
+
 
 #ifndef SD_MIN
 #define SD_MIN(a, b) ((a) < (b) ? (a) : (b))

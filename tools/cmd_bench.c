@@ -310,11 +310,8 @@ static int bench_validate(const bench_opts *o, bench_state *b) {
     for (int k = 0; k < nm; k++) {
         const sd_method *me = &b->methods[k];
         ngram |= me->uses_ngram;
-        if (me->needs_draft_model && o->n_drafts == 0)
+        if (me->needs_draft_model && o->n_drafts == 0)   // (before the model loads; the plan checks the rest)
             return cli_error("bench: method '%s' needs a draft model (--draft D.gguf)", me->name);
-        if (me->tree_nodes > BENCH_BATCH)
-            return cli_error("bench: method '%s' makes trees of %d nodes, more than the batch (%d)", me->name,
-                             me->tree_nodes, BENCH_BATCH);
     }
     if (o->datastore && !ngram)
         return cli_error("bench: --datastore needs an n-gram method in --methods (ngram:N-K, A/B or A+B with one, "
@@ -377,12 +374,28 @@ static int bench_load(const bench_opts *o, bench_state *b, int *auto_nodes) {
                              err, o->chat ? " (--no-chat uses the text as is)" : "");
         max_prompt = SD_MAX(max_prompt, b->n_ids[p]);
     }
+    sd_method_have have = {.n_drafts = o->n_drafts, .n_batch = BENCH_BATCH};
+    for (int i = 0; i < o->n_heads; i++) {
+        if (cli_head_load(o->head_paths[i], b->m, o->model_path, 0, &b->heads[i])) return 1;
+        if (!b->heads[i]) continue;
+        int *has = !strcmp(sd_head_type_name(b->heads[i]), "medusa") ? &have.medusa_head : &have.eagle3_head;
+        if (*has) return cli_error("--head: two %s heads given", sd_head_type_name(b->heads[i]));
+        *has = 1;
+        char desc[512];
+        sd_head_describe(b->heads[i], desc, sizeof desc);
+        fprintf(stderr, "head: %s\n", desc);
+    }
     *auto_nodes = 0;
-    for (int k = 0; k < b->nm; k++) {
-        b->max_nodes[k] = SD_MIN(sd_method_default_nodes(&b->methods[k], o->n_drafts), BENCH_BATCH);
-        max_tree = SD_MAX(max_tree, b->max_nodes[k]);
-        max_extra = SD_MAX(max_extra, b->methods[k].extra_nodes);
-        if (b->methods[k].uses_cost_curve) *auto_nodes = SD_MAX(*auto_nodes, b->max_nodes[k]);
+    for (int k = 0; k < b->nm; k++) {   // what each method needs and takes (the library's plan)
+        sd_method_plan pl;
+        if (sd_method_plan_make(&b->methods[k], &have, &pl, err, sizeof err) < 0)
+            return cli_error("bench: %s%s", err,
+                             b->methods[k].needs_draft_model && !o->n_drafts ? " (--draft D.gguf)"
+                             : b->methods[k].needs_head ? " (--head H.gguf)" : "");
+        b->max_nodes[k] = pl.max_nodes;
+        max_tree = SD_MAX(max_tree, pl.max_nodes);
+        max_extra = SD_MAX(max_extra, pl.step_rows - pl.max_nodes);
+        if (pl.uses_cost_curve) *auto_nodes = SD_MAX(*auto_nodes, pl.max_nodes);
     }
     sd_session_params ssp = sd_session_default_params();
     ssp.n_ctx = max_prompt + o->n_predict + max_tree + max_extra + 8;
@@ -432,17 +445,10 @@ static int bench_env(const bench_opts *o, bench_state *b, int auto_nodes) {
         if (sd_model_load(&b->drafts[i], o->draft_paths[i], err, sizeof err) < 0)
             return cli_error("cannot load draft model '%s': %s", o->draft_paths[i], err);
     }
-    for (int i = 0; i < o->n_heads; i++) {
-        if (cli_head_load(o->head_paths[i], b->m, o->model_path, 0, &b->heads[i])) return 1;
-        if (!b->heads[i]) continue;
-        const sd_head **slot = !strcmp(sd_head_type_name(b->heads[i]), "medusa") ? &b->env.head_medusa
-                                                                                  : &b->env.head_eagle3;
-        if (*slot) return cli_error("--head: two %s heads given", sd_head_type_name(b->heads[i]));
-        *slot = b->heads[i];
-        char desc[512];
-        sd_head_describe(b->heads[i], desc, sizeof desc);
-        fprintf(stderr, "head: %s\n", desc);
-    }
+    for (int i = 0; i < o->n_heads; i++)   // (loaded and checked by bench_load)
+        if (b->heads[i])
+            *(!strcmp(sd_head_type_name(b->heads[i]), "medusa") ? &b->env.head_medusa : &b->env.head_eagle3) =
+                b->heads[i];
     for (int k = 0; k < b->nm; k++) {
         sd_method *me = &b->methods[k];
         double est = 0;

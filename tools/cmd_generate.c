@@ -350,40 +350,9 @@ typedef struct gen_plan {
     sd_method m;             // the method; m.name is its string ("chain:4", "tree:2-2+ngram:3-8", ...)
     const char *flag;        // the flag that chose it, for messages ("--method", "--draft-skip", ...)
     const char *shape_flag;  // the flag that set the draft-model tree's shape, for messages
-    int model_nodes;         // nodes of its draft-model trees merged, root included; 0 = no draft-model part
-    int uses_drafts;         // 1: some part drafts with the --draft models
-    int has_ngram;           // 1: some part is n-gram lookup (what --datastore feeds)
-    int total_nodes;         // nodes of all its trees merged, root included
-    int auto_nodes;          // automatic trees: most nodes, root included
-    int max_nodes;           // tree nodes per target forward, root included (resolved)
+    sd_method_plan pl;       // what it needs and takes (the library's plan)
     char label[SD_METHOD_NAME_MAX + 16];  // the method as reported (skip: the layers chosen)
 } gen_plan;
-
-// Scans the '+'- or '/'-separated parts of p->m: its draft-model trees
-// (p->model_nodes), n-gram lookup (p->has_ngram), the use of the --draft
-// models (p->uses_drafts), and the nodes of all their trees merged, or of
-// the largest for a fallback (p->total_nodes; automatic trees count at most
-// p->auto_nodes).
-static void gen_plan_parts(const gen_opts *o, gen_plan *p) {
-    char s[SD_METHOD_NAME_MAX], err[512];
-    snprintf(s, sizeof s, "%s", p->m.name);
-    const int first = p->m.kind == SD_METHOD_FIRST;   // one part's tree a step
-    int model_extra = -1, extra = 0;   // nodes beyond the root: of the draft-model trees (-1: none), of all
-    for (char *part = strtok(s, "+/"); part; part = strtok(NULL, "+/")) {
-        sd_method pm;
-        if (sd_method_parse(part, &pm, err, sizeof err) < 0) continue;   // (the whole string parsed)
-        int model = pm.kind == SD_METHOD_MODEL || pm.kind == SD_METHOD_EAGLE3 || (pm.kind == SD_METHOD_AUTO && o->n_drafts > 0);
-        int nodes = pm.uses_cost_curve ? SD_MIN(pm.tree_nodes, p->auto_nodes) : pm.tree_nodes;
-        int merged = sd_method_default_nodes(&pm, o->n_drafts);   // one tree per draft model
-        if (pm.uses_cost_curve && !model) merged = SD_MIN(merged, p->auto_nodes);
-        p->uses_drafts |= (model && pm.kind != SD_METHOD_EAGLE3) || pm.kind == SD_METHOD_AUTO;
-        p->has_ngram |= pm.kind == SD_METHOD_NGRAM || (pm.kind == SD_METHOD_AUTO && !o->n_drafts);
-        if (model) model_extra = first ? SD_MAX(model_extra, nodes - 1) : SD_MAX(model_extra, 0) + nodes - 1;
-        extra = first ? SD_MAX(extra, merged - 1) : extra + merged - 1;
-    }
-    p->model_nodes = model_extra < 0 ? 0 : 1 + model_extra;
-    p->total_nodes = 1 + extra;
-}
 
 // The shorthand flags (--draft-max, --tree, --tree-dynamic, --draft-ngram,
 // --draft-skip, --lookahead) as one method string in s. 0, or 1 after a message.
@@ -452,49 +421,27 @@ static int gen_plan_method(const gen_opts *o, gen_plan *p) {
     if (sd_method_parse(s, &p->m, err, sizeof err) < 0) return cli_error("%s: %s", p->flag, err);
     // a layer list may hold ranges A-B, which a method string cannot: the flag's list is kept as given
     if (o->skip) snprintf(p->m.skip_list, sizeof p->m.skip_list, "%s", o->skip);
-    p->spec = p->m.kind != SD_METHOD_AR;
-    gen_plan_parts(o, p);
-    if (p->m.needs_head == SD_METHOD_EAGLE3 && !o->head)
-        return cli_error("generate: %s %s needs an EAGLE-3 head (--head H.gguf or --head auto)", p->flag, p->m.name);
+    // what the method needs and takes (the library's plan; --head FILE is taken for an EAGLE-3 head here and
+    // checked when loaded)
+    sd_method_have have = {.n_drafts = o->n_drafts, .eagle3_head = o->head != NULL, .n_batch = o->n_batch,
+                           .max_nodes = o->max_nodes};
+    const int prc = sd_method_plan_make(&p->m, &have, &p->pl, err, sizeof err);
+    if (prc == SD_ERR_NO_ROOM)
+        return cli_error("%s: the tree has %d nodes (root included), more than %s %d", p->shape_flag,
+                         p->pl.model_nodes ? p->pl.model_nodes : p->pl.step_rows,
+                         o->max_nodes > 0 ? "--max-nodes" : "the batch size, -b", o->max_nodes > 0 ? o->max_nodes : o->n_batch);
+    if (prc < 0)
+        return cli_error("generate: %s: %s%s", p->flag, err,
+                         p->m.needs_draft_model && !o->n_drafts ? " (--draft D.gguf)"
+                         : p->m.needs_head == SD_METHOD_EAGLE3 && !o->head ? " (--head H.gguf or --head auto)"
+                                                                            : "");
+    p->spec = p->pl.spec;
     if (o->method && o->head && !p->m.needs_head && p->m.kind != SD_METHOD_AUTO)
         return cli_error("generate: %s %s does not draft with a head; drop --head", o->method_given, o->method);
-    if (o->method && p->m.needs_draft_model && !o->n_drafts)
-        return cli_error("generate: %s %s needs a draft model (--draft D.gguf)", o->method_given, o->method);
-    if (o->method && !p->uses_drafts && o->n_drafts)
+    if (o->method && !p->pl.uses_drafts && o->n_drafts)
         return cli_error("generate: %s %s does not use a draft model; drop --draft (--draft-ngram N,K with --draft "
                          "merges n-gram and draft-model trees)", o->method_given, o->method);
     snprintf(p->label, sizeof p->label, "%s", p->m.name);
-    return 0;
-}
-
-// The tree nodes per target forward (p->max_nodes) and the checks of the
-// trees' sizes against --max-nodes and -b. 0, or 1 after a message.
-static int gen_plan_nodes(const gen_opts *o, gen_plan *p) {
-    p->max_nodes = o->max_nodes;
-    if (!p->spec) return 0;
-    if (p->max_nodes > o->n_batch)
-        return cli_error("--max-nodes %d is larger than the batch size (-b %d)", p->max_nodes, o->n_batch);
-    if (p->m.kind == SD_METHOD_SKIP || p->m.kind == SD_METHOD_LOOKAHEAD) {   // drafting alone, beside a window
-        int nodes = p->m.tree_nodes;
-        if (p->max_nodes <= 0) p->max_nodes = SD_MIN(nodes, o->n_batch);
-        if (nodes + p->m.extra_nodes > o->n_batch)
-            return cli_error("%s: %d tree nodes and %d window nodes per step do not fit the batch size (-b %d)",
-                             p->flag, nodes, p->m.extra_nodes, o->n_batch);
-        return 0;
-    }
-    // A draft model's tree must fit; an n-gram tree is a most and is cut to the limit.
-    int nodes = p->model_nodes ? p->model_nodes : 2;
-    if (p->max_nodes > 0) {
-        if (nodes > p->max_nodes)
-            return cli_error("%s: the tree has %d nodes (root included), more than --max-nodes %d", p->shape_flag,
-                             nodes, p->max_nodes);
-    } else {
-        if (nodes > o->n_batch)
-            return cli_error("%s: the tree has %d nodes (root included), more than the batch size (-b %d)",
-                             p->shape_flag, nodes, o->n_batch);
-        // room for every drafter's tree when they are merged
-        p->max_nodes = SD_MIN(p->total_nodes, o->n_batch);
-    }
     return 0;
 }
 
@@ -503,7 +450,9 @@ static int gen_validate(gen_opts *o, gen_plan *p) {
     memset(p, 0, sizeof *p);
     if (o->system && !o->chat) return cli_error("generate: --system needs --chat");
     if (o->n_threads <= 0) o->n_threads = sd_n_cores();
-    p->auto_nodes = o->max_nodes > 0 ? SD_MIN(o->max_nodes, SD_METHOD_AUTO_NODES) : SD_METHOD_AUTO_NODES;
+    if (o->max_nodes == 1) return cli_error("--max-nodes: a tree needs at least 2 nodes, got 1");
+    if (o->max_nodes > o->n_batch)
+        return cli_error("--max-nodes %d is larger than the batch size (-b %d)", o->max_nodes, o->n_batch);
     if (gen_plan_method(o, p)) return 1;
     if (o->save_head && !o->head_online) return cli_error("generate: --save-head needs --head-online");
     if (o->head_online && (!o->head || !p->spec || (p->m.needs_head != SD_METHOD_EAGLE3 && p->m.kind != SD_METHOD_AUTO)))
@@ -513,16 +462,15 @@ static int gen_validate(gen_opts *o, gen_plan *p) {
         return cli_error("generate: %s needs --draft-skip auto (or --method skip:auto)",
                          o->save_skip ? "--save-skip" : "--load-skip");
     if (o->save_skip && o->load_skip) return cli_error("generate: --save-skip and --load-skip cannot be used together");
-    if (o->datastore && !p->has_ngram) return cli_error("generate: --datastore needs --draft-ngram N,K");
+    if (o->datastore && !p->pl.uses_ngram) return cli_error("generate: --datastore needs --draft-ngram N,K");
     if (o->max_nodes > 0 && !p->spec)
         return cli_error("generate: --max-nodes needs a drafter (--draft, --draft-ngram, --draft-skip, --lookahead, "
                          "--method)");
-    if (o->max_nodes == 1) return cli_error("--max-nodes: a tree needs at least 2 nodes, got 1");
-    if (o->p_min_given && !p->model_nodes && p->m.kind != SD_METHOD_SKIP)
+    if (o->p_min_given && !p->pl.model_nodes && p->m.kind != SD_METHOD_SKIP)
         return cli_error("generate: --draft-p-min needs a draft model (--draft D.gguf) or --draft-skip");
     for (int i = 0; i < o->n_drafts; i++)
         if (!cli_file_ok("draft model file", o->draft_paths[i])) return 1;
-    return gen_plan_nodes(o, p);
+    return 0;
 }
 
 // ---------------------------------------------------------------- build
@@ -622,7 +570,7 @@ static int gen_build_drafter(const gen_opts *o, gen_plan *p, gen_state *g) {
     env.datastore = o->datastore;
     env.skip_save = o->save_skip;
     env.skip_load = o->load_skip;
-    env.auto_nodes = p->auto_nodes;
+    env.auto_nodes = p->pl.auto_nodes;
     env.report = on_report;
     env.user = (void *)&o->verbose;
     env.head_eagle3 = g->head;
@@ -631,7 +579,7 @@ static int gen_build_drafter(const gen_opts *o, gen_plan *p, gen_state *g) {
     env.head_online.lr = o->online_lr;
     if (p->m.uses_cost_curve) {   // the target's cost curve, measured on the empty session before the prompt
         double t0 = sd_time_ms();
-        if (sd_cost_curve_new(&g->cost, g->s, p->max_nodes, err, sizeof err) < 0)
+        if (sd_cost_curve_new(&g->cost, g->s, p->pl.max_nodes, err, sizeof err) < 0)
             return cli_error("%s: %s", o->method ? o->method_given : "--tree auto", err);
         env.cost = g->cost;
         char desc[128];
@@ -667,7 +615,7 @@ static int gen_build(const gen_opts *o, gen_plan *p, gen_state *g) {
         if (cli_head_load(o->head, g->m, o->model_path, o->json || !o->verbose, &g->head)) return 1;
         if (!g->head) {   // --head auto found none: plain decoding
             p->spec = 0;
-            p->max_nodes = 1;
+            p->pl.max_nodes = 1;
         } else if (!o->json) {
             char desc[512];
             sd_head_describe(g->head, desc, sizeof desc);
@@ -703,7 +651,7 @@ static int gen_print_json(const gen_opts *o, const gen_plan *p, const gen_state 
             }
         json_t *spec = json_pack("{s:o, s:o, s:i, s:i, s:o, s:i, s:i, s:o, s:o, s:o}", "draft",
                                  cli_json_strs(o->draft_paths, o->n_drafts), "method",
-                                 cli_json_str(p->label, strlen(p->label)), "max_nodes", p->max_nodes,
+                                 cli_json_str(p->label, strlen(p->label)), "max_nodes", p->pl.max_nodes,
                                  "n_target_forwards", st->n_target_forwards, "mean_accepted",
                                  cli_json_num(st->mean_accepted, 4), "n_draft_nodes", st->n_draft_nodes,
                                  "n_draft_accepted", st->n_draft_accepted, "acceptance_by_depth", acc, "draft_ms",
@@ -744,7 +692,7 @@ static void gen_print_summary(const gen_opts *o, const gen_plan *p, const sd_gen
     fprintf(stderr,
             "specdec: speculative %s (%d draft model%s, max %d nodes): %d target forwards, mean accepted %.2f "
             "tokens/forward | acceptance by depth [%s] | draft %.1f ms, verify %.1f ms\n",
-            p->label, o->n_drafts, o->n_drafts == 1 ? "" : "s", p->max_nodes, st->n_target_forwards,
+            p->label, o->n_drafts, o->n_drafts == 1 ? "" : "s", p->pl.max_nodes, st->n_target_forwards,
             st->mean_accepted, acc, st->draft_ms, st->verify_ms);
 }
 
@@ -760,7 +708,7 @@ static int gen_run(const gen_opts *o, const gen_plan *p, gen_state *g) {
     gp.n_predict = o->n_predict;
     gp.n_batch = o->n_batch;
     gp.fast_prompt = o->fast_prompt;
-    gp.max_nodes = p->spec ? p->max_nodes : 1;
+    gp.max_nodes = p->spec ? p->pl.max_nodes : 1;
     sd_gen_stats st;
     int grc = sd_generate(g->s, g->smp, g->drafter, g->ids, g->n_ids, &gp, on_token, &g->out, &st, err, sizeof err);
     signal(SIGINT, SIG_DFL);
