@@ -28,8 +28,6 @@ typedef struct builder {
     uint16_t *st_feat;        // (n_batch, n_feat)
     int32_t *ids;             // (ids_cap) the record's tokens
     int ids_cap;
-    char *text;               // (text_cap) the formatted chat
-    size_t text_cap;
     uint64_t *rec_hash;       // (c->n_rec at the start) hashes of the cached records
     int64_t tokens_new;
     double t0;
@@ -43,7 +41,6 @@ static void builder_free(builder *b) {
     free(b->st_p);
     free(b->st_feat);
     free(b->ids);
-    free(b->text);
     free(b->rec_hash);
 }
 
@@ -102,29 +99,13 @@ static void top_k(const float *l, int n, int k, int32_t *ids, uint16_t *p16) {
 }
 
 // The record's tokens into b->ids; returns their count, or <0 with a message.
+// A chat record goes through sd_chat_tokenize_messages (the template's
+// markers as special tokens, the contents as plain text, as the server
+// tokenizes them); a text record is plain text.
 static int tokenize_record(builder *b, const sd_corpus_rec *rec, const char *path, char *err, size_t errlen) {
     const sd_tokenizer *tok = sd_model_tokenizer(b->m);
-    const char *text = rec->text;
-    if (!text) {
-        size_t need = 4096;
-        for (int i = 0; i < rec->n_msg; i++) need += strlen(rec->contents[i]) + 64;
-        for (int attempt = 0;; attempt++) {
-            if (b->text_cap < need) {
-                free(b->text);
-                b->text = malloc(need);
-                b->text_cap = b->text ? need : 0;
-                if (!b->text) return sd_err(err, errlen, "out of memory");
-            }
-            char e2[512];
-            if (sd_chat_format_messages(tok, (const char *const *)rec->roles, (const char *const *)rec->contents,
-                                        rec->n_msg, b->text, b->text_cap, e2, sizeof e2) >= 0)
-                break;
-            if (attempt == 2) return sd_err(err, errlen, "%s:%d: cannot format the messages: %s", path, rec->line, e2);
-            need *= 4;
-        }
-        text = b->text;
-    }
-    size_t len = strlen(text);
+    size_t len = rec->text ? strlen(rec->text) : 4096;
+    for (int i = 0; !rec->text && i < rec->n_msg; i++) len += strlen(rec->contents[i]) + 64;
     int max = (int)SD_MIN(len + 8, (size_t)1 << 30);
     for (;;) {
         if (b->ids_cap < max) {
@@ -133,7 +114,13 @@ static int tokenize_record(builder *b, const sd_corpus_rec *rec, const char *pat
             b->ids_cap = b->ids ? max : 0;
             if (!b->ids) return sd_err(err, errlen, "out of memory");
         }
-        int n = sd_tokenize(tok, text, len, 1, rec->text ? 0 : 1, b->ids, b->ids_cap);
+        char e2[512];
+        int n = rec->text ? sd_tokenize(tok, rec->text, len, 1, 0, b->ids, b->ids_cap)
+                          : sd_chat_tokenize_messages(tok, (const char *const *)rec->roles,
+                                                      (const char *const *)rec->contents, rec->n_msg, b->ids,
+                                                      b->ids_cap, e2, sizeof e2);
+        if (n < 0 && !rec->text)
+            return sd_err(err, errlen, "%s:%d: cannot format the messages: %s", path, rec->line, e2);
         if (n < 0) return sd_err(err, errlen, "%s:%d: cannot tokenize the record", path, rec->line);
         if (n <= b->ids_cap) return n;
         max = n;
