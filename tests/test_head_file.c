@@ -2,8 +2,10 @@
 // head saved and loaded back give the same parameters (F32 exactly, F16 and
 // Q8_0 within their rounding) and draft vocabulary; the file carries
 // llama.cpp's eagle3 keys and tensors; truncated or corrupted files, files
-// that are not heads, and heads made for another target are refused with a
-// message saying what is wrong.
+// that are not heads, heads made for another target, and heads with corrupt
+// metadata (NaN RoPE base, zero lengths, a vocabulary size or hidden size
+// that disagrees, a boolean of 7, the other head type, another layout's
+// tensors) are refused with a message naming the key and the value.
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -407,7 +409,7 @@ static void test_save_full_disk(void) {
 }
 
 // The shipped heads (heads/*.gguf): each a well-formed GGUF file of an
-// EAGLE-3 or Medusa head with a recipe note, all together within the
+// EAGLE-3 or Medusa head with a recipe note that loads, all together within the
 // 64 MiB the repository allows for them.
 static void test_shipped_heads(void) {
     DIR *dir = opendir("heads");
@@ -431,6 +433,9 @@ static void test_shipped_heads(void) {
             CHECK(sd_gguf_find_key(g, "specdec.head.note"), "%s: no recipe note", path);
         }
         sd_gguf_close(g);
+        sd_head *h = NULL;   // and passes the loader's checks (its target aside)
+        CHECK(sd_head_load(&h, path, NULL, g_err, sizeof g_err) == 0, "%s: %s", path, g_err);
+        sd_head_free(h);
         n++;
         printf("  %s: %.1f MB\n", path, st.st_size / 1e6);
     }
