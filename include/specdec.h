@@ -251,9 +251,12 @@ int sd_batcher_forward(sd_batcher *b, sd_session *const *ss, const sd_batch *bs,
 // ---------------------------------------------------------------- tokenizer
 // Encodes text into ids. add_bos: prepend BOS when the vocabulary asks for it
 // (tokenizer.ggml.add_bos_token, default true for SentencePiece vocabularies).
-// parse_special: recognise special-token texts such as "<|im_start|>".
-// Returns the number of ids (which may exceed max: call again with a larger
-// buffer), or <0 on error.
+// parse_special: recognise the texts of control tokens such as "<|im_start|>"
+// (user-defined tokens are recognised either way). Text from a user must be
+// tokenized with parse_special = 0, or it can write the model's control
+// tokens; the programs take a plain (non-chat) prompt that way, and chat
+// prompts go through sd_chat_tokenize. Returns the number of ids (which may
+// exceed max: call again with a larger buffer), or <0 on error.
 int sd_tokenize(const sd_tokenizer *t, const char *text, size_t len, int add_bos,
                 int parse_special, int32_t *out, int max);
 // Bytes of token id as text (SentencePiece spaces and byte tokens resolved,
@@ -272,7 +275,10 @@ const char *sd_token_text(const sd_tokenizer *t, int32_t id, size_t *len);
 // template's default) in the model's chat format, recognised from
 // tokenizer.chat_template: ChatML or Llama 3. Writes a NUL-terminated prompt
 // ending with the assistant header. Returns the length, <0 with a message if
-// the template is absent or unknown or the buffer too small.
+// the template is absent or unknown or the buffer too small. The text is for
+// showing; to run the prompt use sd_chat_tokenize (tokenizing this text with
+// parse_special = 1 would read special-token texts inside the messages as
+// the template's markers).
 int sd_chat_format(const sd_tokenizer *t, const char *system, const char *user,
                    char *out, size_t outsize, char *err, size_t errlen);
 // Formats a whole conversation, messages[0..n) with roles[i] one of
@@ -281,13 +287,28 @@ int sd_chat_format(const sd_tokenizer *t, const char *system, const char *user,
 // order, then the assistant header the reply continues. ChatML templates with
 // a default system message (SmolLM2, Qwen2.5) get it first when messages[0]
 // is not a system message, as their templates do; Llama 3 contents are
-// trimmed as its template does. Tokenize the result with parse_special = 1
-// (and add_bos = 1: BOS is written into the text only when the tokenizer will
-// not add it). Writes a NUL-terminated prompt; returns its length, or <0 with
-// a message: n < 1, an unknown role (named), a missing template, or outsize
-// too small (the message gives the bytes needed). Allocates nothing.
+// trimmed as its template does. BOS is written into the text only when the
+// tokenizer will not add it. Writes a NUL-terminated prompt; returns its
+// length, or <0 with a message: n < 1, an unknown role (named), a missing
+// template, or outsize too small (the message gives the bytes needed).
+// Allocates nothing. As with sd_chat_format, the text is for showing: run
+// the prompt from sd_chat_tokenize_messages.
 int sd_chat_format_messages(const sd_tokenizer *t, const char *const *roles, const char *const *contents, int n,
                             char *out, size_t outsize, char *err, size_t errlen);
+// The prompts of sd_chat_format and sd_chat_format_messages (same arguments,
+// same turns, same errors) as token ids: BOS as sd_tokenize with add_bos = 1,
+// each marker of the template (<|im_start|>, <|im_end|>, <|start_header_id|>,
+// ...) its one special token, and the text between markers (role names,
+// newlines, message contents) tokenized with parse_special = 0, so that no
+// message can open or close a turn. For messages without special-token
+// texts the ids equal sd_tokenize(formatted text, add_bos = 1,
+// parse_special = 1). Writes the first max ids; returns the number of ids
+// (which may exceed max: call again with a larger buffer; out may be NULL
+// with max 0 to count), or <0 with a message.
+int sd_chat_tokenize(const sd_tokenizer *t, const char *system, const char *user, int32_t *out, int max, char *err,
+                     size_t errlen);
+int sd_chat_tokenize_messages(const sd_tokenizer *t, const char *const *roles, const char *const *contents, int n,
+                              int32_t *out, int max, char *err, size_t errlen);
 
 // ---------------------------------------------------------------- sampling
 typedef struct sd_sampler_params {

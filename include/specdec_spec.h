@@ -324,8 +324,9 @@ typedef struct sd_gen_params {
     int n_predict;    // most tokens to generate (EOG included); <= 0: until EOG or full context. default 256
     int n_batch;      // prompt tokens per forward call; 0 = the session's n_batch
     int max_nodes;    // tree nodes per target forward, root included; 0 = 16. Capped by the session's n_batch
-    int fast_prompt;  // 1: the prompt uses 8-bit activations like generated tokens; 0 (default):
-                      // float activations (sd_batch.precise), a more accurate cache and first token
+    int fast_prompt;  // 1 (default): the prompt uses 8-bit activations like generated tokens, as llama.cpp;
+                      // 0: float activations (sd_batch.precise), several times slower, a cache nearer
+                      // exact arithmetic (docs/numerics.md)
     uint64_t seed;    // seed of the drafter's own RNG; 0 (default) = drawn from the sampler's RNG, so that
                       // successive generations draft independently (a fixed seed reused over many
                       // generations makes their drafts correlated, never their single outputs wrong)

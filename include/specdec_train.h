@@ -39,7 +39,8 @@ enum sd_train_out_type { SD_TRAIN_OUT_Q8_0 = 0, SD_TRAIN_OUT_F16 = 1, SD_TRAIN_O
 
 // What a progress report is about.
 enum sd_train_phase {
-    SD_TRAIN_PHASE_CACHE = 1,   // the feature cache grew by a record (records, cache_* fields)
+    SD_TRAIN_PHASE_CACHE = 1,   // the feature cache grew by a record or, inside one, by a forward (records,
+                                // cache_* and record_* fields)
     SD_TRAIN_PHASE_STEP,        // an optimiser step was taken (step, loss, agree, tok_per_s, eta_s)
     SD_TRAIN_PHASE_EVAL,        // the held-back split was evaluated (eval_* fields)
     SD_TRAIN_PHASE_NOTE,        // news for the user (note): resumed, vocabulary coverage, checkpoint written, ...
@@ -53,6 +54,7 @@ typedef struct sd_train_progress {
     int64_t cache_tokens;             // positions in the cache
     double cache_tok_per_s;           // target positions per second of this build
     double cache_eta_s;               // estimated time to finish the cache (s), < 0 unknown
+    int64_t record_tokens, record_done;  // the record being cached: its positions, those done (0, 0: between records)
     // training
     int64_t step, n_steps;            // steps taken, steps of the run
     int64_t tokens;                   // training positions consumed (resumed runs included)
@@ -115,7 +117,8 @@ sd_train_head_params sd_train_head_default_params(void);
 
 typedef struct sd_train_head_result {
     int stopped;                // stopped by the flag: 1 while training (a checkpoint holds the run, no head
-                                // was written), 2 while building the cache (its complete records are kept)
+                                // was written), 2 while building the cache (its complete records and the
+                                // finished windows of the record in progress are kept)
     int64_t cache_records, cache_tokens;  // the cache's size
     int64_t train_tokens_avail, eval_tokens_avail;  // positions in the training and held-back splits
     int draft_vocab;            // tokens of the draft vocabulary

@@ -373,8 +373,8 @@ static void test_hidden_rows_to_drafter(void) {
     CHECK(sc_same_tokens(&a, &plain), "the oracle's speculative text differs from plain");
     CHECK(st.n_draft_accepted >= a.n / 2, "only %d drafts accepted for %d tokens", st.n_draft_accepted, a.n);
     CHECK(h.bad == 0 && h.n >= a.n - 4, "%d row records (%d without rows) for %d tokens", h.n, h.bad, a.n);
-    // the reference: the prompt as prefill does it, then each root token alone
-    sd_batch pb = {.n = 10, .tokens = prompt, .precise = 1};
+    // the reference: the prompt as prefill does it (8-bit activations, the default), then each root token alone
+    sd_batch pb = {.n = 10, .tokens = prompt, .precise = !sd_gen_default_params().fast_prompt};
     CHECK(sd_session_forward(ref, &pb, g_err, sizeof g_err) == 0 && sd_session_commit(ref, NULL, 0, g_err, sizeof g_err) == 0,
           "%s", g_err);
     int32_t layers[2] = {0, SD_HIDDEN_NORM};

@@ -2,8 +2,10 @@
 // head saved and loaded back give the same parameters (F32 exactly, F16 and
 // Q8_0 within their rounding) and draft vocabulary; the file carries
 // llama.cpp's eagle3 keys and tensors; truncated or corrupted files, files
-// that are not heads, and heads made for another target are refused with a
-// message saying what is wrong.
+// that are not heads, heads made for another target, and heads with corrupt
+// metadata (NaN RoPE base, zero lengths, a vocabulary size or hidden size
+// that disagrees, a boolean of 7, the other head type, another layout's
+// tensors) are refused with a message naming the key and the value.
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -233,6 +235,150 @@ static void test_bad_files(void) {
     sd_model_free(m);
 }
 
+// The value of key in a GGUF image: the key as written (u64 length, then its
+// bytes) is followed by its u32 type and the value. Returns the value's offset
+// (and *type), or -1.
+static long key_value_at(const char *buf, long n, const char *key, uint32_t *type) {
+    const size_t kl = strlen(key);
+    for (long i = 8; i + (long)kl + 8 <= n; i++) {
+        uint64_t len;
+        memcpy(&len, buf + i - 8, 8);
+        if (len != kl || memcmp(buf + i, key, kl) != 0) continue;
+        memcpy(type, buf + i + kl, 4);
+        return i + (long)kl + 4;
+    }
+    return -1;
+}
+
+// One corruption of a head file: key set to a value of its own type, and
+// what the refusal must say besides the key.
+typedef struct {
+    const char *key;
+    uint32_t type;      // GGUF value type the key has (checked, then overwritten in place)
+    uint32_t u;         // U32 value or BOOL byte
+    float f;            // F32 value
+    const char *s;      // STRING value (same length as the original)
+    const char *says;   // the bad value as the message gives it
+} corruption;
+
+// Writes buf with c applied to path; 0, or -1 if the key is not found as expected.
+static int write_corrupted(const char *path, const char *buf, long n, const corruption *c) {
+    char *b = malloc((size_t)n);
+    if (!b) return -1;
+    memcpy(b, buf, (size_t)n);
+    uint32_t ty = 0;
+    long at = key_value_at(b, n, c->key, &ty);
+    int ok = at >= 0 && ty == c->type;
+    if (ok && ty == 4) memcpy(b + at, &c->u, 4);
+    else if (ok && ty == 7) b[at] = (char)c->u;
+    else if (ok && ty == 6) memcpy(b + at, &c->f, 4);
+    else if (ok && ty == 8) {
+        uint64_t len;
+        memcpy(&len, b + at, 8);
+        ok = len == strlen(c->s);
+        if (ok) memcpy(b + at + 8, c->s, len);
+    } else {
+        ok = 0;
+    }
+    FILE *f = ok ? fopen(path, "wb") : NULL;
+    if (f) {
+        ok = fwrite(b, 1, (size_t)n, f) == (size_t)n;
+        fclose(f);
+    }
+    free(b);
+    return ok && f ? 0 : -1;
+}
+
+static char *read_all(const char *path, long *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    *n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)*n);
+    if (buf && fread(buf, 1, (size_t)*n, f) != (size_t)*n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    return buf;
+}
+
+// Head files with corrupt metadata (issue 27's probe and kin) are refused,
+// each with a message naming the key and the bad value, with or without
+// the target at hand; the untouched file loads.
+static void test_bad_metadata(void) {
+    sd_model *m = synth_model(320, 64, 8, 1);
+    if (!m) {
+        CHECK(0, "%s", g_err);
+        return;
+    }
+    static const corruption e3[] = {
+        {"eagle3.rope.freq_base", 6, 0, NAN, NULL, "nan"},
+        {"eagle3.rope.freq_base", 6, 0, INFINITY, NULL, "inf"},
+        {"eagle3.rope.freq_base", 6, 0, 0.5f, NULL, "0.5"},
+        {"eagle3.context_length", 4, 0, 0, NULL, "= 0"},
+        {"eagle3.attention.key_length", 4, 0, 0, NULL, "= 0"},
+        {"eagle3.attention.key_length", 4, 15, 0, NULL, "= 15"},
+        {"eagle3.attention.value_length", 4, 18, 0, NULL, "= 18"},
+        {"eagle3.vocab_size", 4, 1000, 0, NULL, "= 1000"},
+        {"eagle3.norm_before_residual", 7, 7, 0, NULL, "= 7"},
+        {"specdec.target.n_embd", 4, 1024, 0, NULL, "= 1024"},
+        {"specdec.head.type", 8, 0, 0, "medusa", "'medusa'"},
+        {"eagle3.attention.layer_norm_rms_epsilon", 6, 0, -1.0f, NULL, "= -1"},
+        {"eagle3.attention.layer_norm_rms_epsilon", 6, 0, NAN, NULL, "nan"},
+        {"eagle3.attention.head_count", 4, 0, 0, NULL, "= 0"},
+        {"eagle3.attention.head_count_kv", 4, 3, 0, NULL, "= 3"},
+        {"eagle3.feed_forward_length", 4, 0, 0, NULL, "= 0"},
+        {"eagle3.embedding_length", 4, 0, 0, NULL, "= 0"},
+        {"eagle3.target_hidden_size", 4, 32, 0, NULL, "= 32"},
+        {"eagle3.block_count", 4, 2, 0, NULL, "= 2"},
+        {"specdec.target.n_vocab", 4, 0, 0, NULL, "= 0"},
+        {"specdec.target.n_layer", 4, 5000, 0, NULL, "= 5000"},
+    };
+    static const corruption md[] = {
+        {"specdec.head.type", 8, 0, 0, "eagle3", "'eagle3'"},
+        {"medusa.head_count", 4, 9, 0, NULL, "= 9"},
+        {"medusa.head_count", 4, 3, 0, NULL, "tensor 'medusa.3.fc.weight'"},   // a fourth head's tensors left over
+        {"specdec.target.n_embd", 4, 1024, 0, NULL, "= 1024"},
+        {"medusa.attention.layer_norm_rms_epsilon", 6, 0, INFINITY, NULL, "inf"},
+    };
+    const struct { int type; const corruption *c; size_t n; } sets[2] = {
+        {SD_HEAD_EAGLE3, e3, sizeof e3 / sizeof *e3}, {SD_HEAD_MEDUSA, md, sizeof md / sizeof *md}};
+    const char *path = tmp_path("meta.gguf"), *bad = tmp_path("meta-bad.gguf");
+    for (int s = 0; s < 2; s++) {
+        sd_head *h = make_head(m, sets[s].type);
+        CHECK(h && sd_head_save(h, path, SD_TYPE_F16, g_err, sizeof g_err) == 0, "%s", g_err);
+        sd_head_free(h);
+        long n = 0;
+        char *buf = read_all(path, &n);
+        CHECK(buf, "read %s", path);
+        if (!buf) continue;
+        sd_head *b = NULL;
+        CHECK(sd_head_load(&b, path, m, g_err, sizeof g_err) == 0, "the untouched file: %s", g_err);
+        sd_head_free(b);
+        for (size_t i = 0; i < sets[s].n; i++) {
+            const corruption *c = &sets[s].c[i];
+            int w = write_corrupted(bad, buf, n, c);
+            CHECK(w == 0, "%s: key not found with type %u", c->key, c->type);
+            if (w) continue;
+            for (int with_model = 0; with_model <= 1; with_model++) {
+                b = NULL;
+                g_err[0] = 0;
+                int rc = sd_head_load(&b, bad, with_model ? m : NULL, g_err, sizeof g_err);
+                CHECK(rc < 0 && !b && strstr(g_err, c->key) && strstr(g_err, c->says),
+                      "%s %s (model %d): rc %d, '%s'", c->key, c->says, with_model, rc, g_err);
+                sd_head_free(b);
+            }
+            printf("  %s: %s\n", c->key, strstr(g_err, "head file:") ? strstr(g_err, "head file:") : g_err);
+        }
+        free(buf);
+    }
+    remove(path);
+    remove(bad);
+    sd_model_free(m);
+}
+
 // A full disk while saving leaves the previous file intact.
 static void test_save_full_disk(void) {
     if (access("/dev/full", W_OK) != 0) SKIP("/dev/full is not writable here");
@@ -263,7 +409,7 @@ static void test_save_full_disk(void) {
 }
 
 // The shipped heads (heads/*.gguf): each a well-formed GGUF file of an
-// EAGLE-3 or Medusa head with a recipe note, all together within the
+// EAGLE-3 or Medusa head with a recipe note that loads, all together within the
 // 64 MiB the repository allows for them.
 static void test_shipped_heads(void) {
     DIR *dir = opendir("heads");
@@ -287,6 +433,9 @@ static void test_shipped_heads(void) {
             CHECK(sd_gguf_find_key(g, "specdec.head.note"), "%s: no recipe note", path);
         }
         sd_gguf_close(g);
+        sd_head *h = NULL;   // and passes the loader's checks (its target aside)
+        CHECK(sd_head_load(&h, path, NULL, g_err, sizeof g_err) == 0, "%s: %s", path, g_err);
+        sd_head_free(h);
         n++;
         printf("  %s: %.1f MB\n", path, st.st_size / 1e6);
     }
@@ -305,6 +454,7 @@ int main(void) {
     T_RUN(test_medusa_roundtrip);
     T_RUN(test_eagle3_layout);
     T_RUN(test_bad_files);
+    T_RUN(test_bad_metadata);
     T_RUN(test_save_full_disk);
     T_RUN(test_shipped_heads);
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);

@@ -68,6 +68,96 @@ static int build(const char *dir, const sd_model *m, const sd_cache_params *cp, 
     sd_cache_close(c);
     return r;
 }
+// Stops a build inside a record once rec_done reaches at (progress
+// callback), and counts the reports made inside a record.
+typedef struct in_record {
+    volatile sig_atomic_t flag;
+    int64_t at;               // < 0: never stop
+    int64_t reports_inside;   // reports with a record in progress
+    int64_t tokens_new;       // the last report's
+} in_record;
+
+static void in_record_cb(void *user, const sd_cache_progress *p) {
+    in_record *s = user;
+    if (p->rec_tokens > 0 && p->rec_done > 0) s->reports_inside++;
+    s->tokens_new = p->tokens_new;
+    if (s->at >= 0 && p->rec_done >= s->at) s->flag = 1;
+}
+
+static int build_in_record(const char *dir, const sd_model *m, const sd_cache_params *cp, const char *data,
+                           in_record *st, char *note, size_t notelen) {
+    sd_cache *c;
+    if (sd_cache_open(&c, dir, m, cp, note, notelen, g_err, sizeof g_err) < 0) return -100;
+    sd_cache_build_params bp = {.n_batch = 8, .stop = &st->flag, .progress = in_record_cb, .user = st};
+    const char *paths[1] = {data};
+    int r = sd_cache_build(c, m, paths, 1, &bp, g_err, sizeof g_err);
+    sd_cache_close(c);
+    return r;
+}
+
+// A long record (many windows) reports progress while it is cached; a build
+// stopped inside it keeps its finished windows, and the next build goes on
+// after them (computing only the rest) to the same bytes as one in one go.
+// Windows of a record the data no longer has (edited after the stop) are
+// dropped and recomputed.
+static void test_cache_long_record_resumes(void) {
+    sd_model *m = tf_synth_model(64, 4, 1, g_err, sizeof g_err);
+    CHECK(m, "synthetic model: %s", g_err);
+    if (!m) return;
+    char data[512], a[512], b[512], text[8192], note[1024];
+    tf_path(data, sizeof data, "long.jsonl");
+    tf_path(a, sizeof a, "long_a.cache");
+    tf_path(b, sizeof b, "long_b.cache");
+    int o = snprintf(text, sizeof text, "{\"text\": \"");
+    for (int w = 0; w < 300; w++) o += snprintf(text + o, sizeof text - (size_t)o, "%sw%d", w ? " " : "", (w * 37) % 60);
+    snprintf(text + o, sizeof text - (size_t)o, "\"}\n{\"text\": \"w1 w2 w3\"}\n");
+    tf_write_file(data, text);
+    const int W = 16;
+    sd_cache_params cp = eagle_params(m, 4, W);
+    in_record one = {.at = -1};
+    CHECK(build_in_record(a, m, &cp, data, &one, NULL, 0) == 0, "one go: %s", g_err);
+    const int64_t total_new = one.tokens_new;
+    CHECK(total_new > 10 * W, "the long record has %lld positions", (long long)total_new);
+    CHECK(one.reports_inside >= 10, "progress inside the record: %lld reports", (long long)one.reports_inside);
+    // stopped inside the first record, after 5 windows and a half
+    in_record st = {.at = 5 * W + 8};
+    int r = build_in_record(b, m, &cp, data, &st, NULL, 0);
+    CHECK(r == 1, "stopped: %d (%s)", r, g_err);
+    char idx[600];
+    snprintf(idx, sizeof idx, "%s/index.bin", b);
+    CHECK(tf_file_len(idx) == 5 * 48, "the 5 finished windows are kept: index.bin has %ld bytes", tf_file_len(idx));
+    sd_cache *c = NULL;
+    CHECK(sd_cache_open(&c, b, m, &cp, note, sizeof note, g_err, sizeof g_err) == 0, "open: %s", g_err);
+    CHECK(c && sd_cache_n_records(c) == 0 && sd_cache_n_positions(c) == 0, "readers see no record yet");
+    CHECK(strstr(note, "5 windows") && strstr(note, "unfinished") && !strstr(note, "torn"), "note: '%s'", note);
+    sd_cache_close(c);
+    // stopped again a window later, then to the end
+    st = (in_record){.at = 7 * W};
+    CHECK(build_in_record(b, m, &cp, data, &st, NULL, 0) == 1, "stopped again: %s", g_err);
+    CHECK(tf_file_len(idx) == 7 * 48, "7 windows now: %ld bytes", tf_file_len(idx));
+    st = (in_record){.at = -1};
+    CHECK(build_in_record(b, m, &cp, data, &st, NULL, 0) == 0, "resumed: %s", g_err);
+    CHECK(st.tokens_new == total_new - 7 * W, "the resumed build computed %lld positions, want %lld",
+          (long long)st.tokens_new, (long long)(total_new - 7 * W));
+    CHECK(same_cache(a, b), "a build resumed inside a record differs from one in one go");
+    // stopped inside the record, then the record edited: its windows are redone
+    tf_rm_rf(b);
+    st = (in_record){.at = 3 * W};
+    CHECK(build_in_record(b, m, &cp, data, &st, NULL, 0) == 1, "stopped: %s", g_err);
+    CHECK(!strncmp(text, "{\"text\": \"w0 ", 13), "the first word: %.16s", text);
+    text[11] = '1';   // "w0" -> "w1"
+    tf_write_file(data, text);
+    tf_rm_rf(a);
+    one = (in_record){.at = -1};
+    CHECK(build_in_record(a, m, &cp, data, &one, NULL, 0) == 0, "one go, edited: %s", g_err);
+    st = (in_record){.at = -1};
+    CHECK(build_in_record(b, m, &cp, data, &st, NULL, 0) == 0, "edited record: %s", g_err);
+    CHECK(st.tokens_new == one.tokens_new, "the edited record is computed whole: %lld of %lld",
+          (long long)st.tokens_new, (long long)one.tokens_new);
+    CHECK(same_cache(a, b), "the edited record's windows were not redone");
+    sd_model_free(m);
+}
+
 // ---------------------------------------------------------------- the cache
 // Every position of every window holds the record's token, the target's
 // states at the extract layers (F16 of the forward's rows, bit for bit) and
@@ -338,12 +428,57 @@ static void test_cache_stories(void) {
     sd_model_free(m);
 }
 
+// A UTF-8 byte order mark at the start of the file is accepted (the same
+// cache as without it); invalid UTF-8 in a string (text, content, or a key
+// read over) is refused with the file, line and column.
+static void test_corpus_bom_and_utf8(void) {
+    sd_model *m = tf_synth_model(64, 4, 1, g_err, sizeof g_err);
+    CHECK(m, "synthetic model: %s", g_err);
+    if (!m) return;
+    char plain[512], bom[512], d1[512], d2[512];
+    tf_path(plain, sizeof plain, "nobom.jsonl");
+    tf_path(bom, sizeof bom, "bom.jsonl");
+    tf_path(d1, sizeof d1, "nobom.cache");
+    tf_path(d2, sizeof d2, "bom.cache");
+    const char *body = "{\"text\": \"w1 w2 caf\xC3\xA9 \xF0\x9F\x98\x80 w3\"}\n{\"text\": \"w4 w5\"}\n";
+    char withbom[256];
+    snprintf(withbom, sizeof withbom, "\xEF\xBB\xBF%s", body);
+    tf_write_file(plain, body);
+    tf_write_file(bom, withbom);
+    sd_cache_params cp = eagle_params(m, 4, 16);
+    CHECK(build(d1, m, &cp, plain, NULL, NULL, 0) == 0, "without a BOM: %s", g_err);
+    CHECK(build(d2, m, &cp, bom, NULL, NULL, 0) == 0, "with a BOM: %s", g_err);
+    CHECK(same_cache(d1, d2), "a BOM changes the cache");
+    struct { const char *line; const char *want; } cases[] = {
+        {"{\"text\": \"ab\xFF\"}", "bad.jsonl:3: invalid UTF-8 (byte 0xFF) in a string at column 13"},
+        {"{\"text\": \"\xC0\x80\"}", "bad.jsonl:3: invalid UTF-8 (byte 0xC0)"},          // overlong
+        {"{\"text\": \"\xED\xA0\x80\"}", "bad.jsonl:3: invalid UTF-8 (byte 0xED)"},      // a surrogate
+        {"{\"text\": \"x\xE2\x82\"}", "bad.jsonl:3: invalid UTF-8 (byte 0xE2)"},          // truncated
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"\xFE\"}]}", "bad.jsonl:3: invalid UTF-8"},
+        {"{\"id\": \"\x80\", \"text\": \"w1\"}", "bad.jsonl:3: invalid UTF-8 (byte 0x80)"},
+        {"\xEF\xBB\xBF{\"text\": \"w1\"}", "bad.jsonl:3: expected '{' at column 1"},   // a BOM inside the file
+    };
+    char bad[512], dir[512], text[512];
+    tf_path(bad, sizeof bad, "bad.jsonl");
+    tf_path(dir, sizeof dir, "bad.cache");
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        snprintf(text, sizeof text, "%s%s\n", body, cases[i].line);
+        tf_write_file(bad, text);
+        tf_rm_rf(dir);
+        int r = build(dir, m, &cp, bad, NULL, NULL, 0);
+        CHECK(r < 0 && strstr(g_err, cases[i].want), "case %zu: got %d '%s', want '%s'", i, r, g_err, cases[i].want);
+    }
+    sd_model_free(m);
+}
+
 int main(void) {
     tf_init("test_train_cache");
     T_RUN(test_cache_matches_target);
     T_RUN(test_cache_resume_and_torn_tail);
     T_RUN(test_cache_refuses_foreign);
     T_RUN(test_corpus_errors);
+    T_RUN(test_corpus_bom_and_utf8);
+    T_RUN(test_cache_long_record_resumes);
     T_RUN(test_cache_stories);
     tf_done();
     T_EXIT();

@@ -62,34 +62,28 @@ static int collect(int32_t t, void *user) {
 }
 
 // Tokenizes text (chat-formatted unless raw) into a malloc'd array; <0 on error.
+// Raw text is plain text (no special tokens parsed); chat prompts take the
+// template's markers as special tokens and the text as text (sd_chat_tokenize).
 static int tokenize_prompt(const sd_tokenizer *tok, const char *text, int chat, int32_t **out, char *err,
                            size_t errlen) {
     *out = NULL;
-    char *formatted = NULL;
-    if (chat) {
-        size_t cap = strlen(text) + 4096;
-        formatted = malloc(cap);
-        if (!formatted) return snprintf(err, errlen, "out of memory"), -1;
-        if (sd_chat_format(tok, NULL, text, formatted, cap, err, errlen) < 0) {
-            free(formatted);
+    size_t len = strlen(text);
+    int max = (int)len + (chat ? 4096 : 16), n = -1;
+    int32_t *ids = NULL;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        int32_t *t = realloc(ids, sizeof(int32_t) * (size_t)max);
+        if (!t) break;
+        ids = t;
+        n = chat ? sd_chat_tokenize(tok, NULL, text, ids, max, err, errlen)
+                 : sd_tokenize(tok, text, len, 1, 0, ids, max);
+        if (chat && n < 0) {
+            free(ids);
             return -1;
         }
-        text = formatted;
+        if (n <= max) break;
+        max = n;
+        n = -1;
     }
-    size_t len = strlen(text);
-    int max = (int)len + 16;
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)max);
-    int n = ids ? sd_tokenize(tok, text, len, 1, chat, ids, max) : -1;
-    if (n > max) {
-        int32_t *t = realloc(ids, sizeof(int32_t) * (size_t)n);
-        if (t) {
-            ids = t;
-            n = sd_tokenize(tok, text, len, 1, chat, ids, n);
-        } else {
-            n = -1;
-        }
-    }
-    free(formatted);
     if (n < 0) {
         free(ids);
         return snprintf(err, errlen, "cannot tokenize the prompt"), -1;

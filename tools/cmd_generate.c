@@ -232,7 +232,7 @@ static int gen_parse(int argc, char **argv, gen_opts *o) {
         {"--model", "-m", CLI_FILE, &o->model_path, .meta = "FILE", .what = "model file",
          .help = "GGUF model (required)",
          .required = "a model is required (-m MODEL.gguf; see specdec generate --help)"},
-        {"--prompt", "-p", CLI_STRING, &o->prompt, .meta = "TEXT", .help = "prompt (required)",
+        {"--prompt", "-p", CLI_STRING, &o->prompt, .meta = "TEXT", .help = "prompt (required), plain text: special-token texts in it are not parsed",
          .required = "a prompt is required (-p PROMPT)"},
         {"--n-predict", "-n", CLI_INT, &o->n_predict, .lo = 0, .hi = 1 << 30, .meta = "N", .def = CLI_DEF_VALUE,
          .help = "most tokens to generate; 0 = until end or context full"},
@@ -484,7 +484,6 @@ typedef struct gen_state {
     sd_head *head;                           // --head, or NULL
     sd_drafter *drafter;                     // NULL without speculative decoding
     sd_cost_curve *cost;                     // the target's forward cost (automatic trees), or NULL
-    char *formatted;                         // the chat-formatted prompt, or NULL
     int32_t *ids;                            // (n_ids) prompt tokens
     int n_ids;
     gen_out out;
@@ -494,7 +493,6 @@ static void gen_free(gen_state *g) {
     free(g->out.text);
     free(g->out.piece);
     free(g->ids);
-    free(g->formatted);
     sd_drafter_free(g->drafter);
     sd_cost_curve_free(g->cost);
     sd_head_free(g->head);
@@ -505,30 +503,28 @@ static void gen_free(gen_state *g) {
 }
 
 // The prompt (chat-formatted with --chat) as tokens in g->ids. 0, or 1 after a message.
+// A plain prompt is text: special-token texts in it are not parsed (as the
+// server's completions); with --chat the template's markers are the special
+// tokens and the messages are text (sd_chat_tokenize).
 static int gen_tokenize(const gen_opts *o, gen_state *g) {
     char err[512];
     const sd_tokenizer *tok = sd_model_tokenizer(g->m);
     const char *text = o->prompt;
-    if (o->chat) {
-        size_t cap = strlen(o->prompt) + (o->system ? strlen(o->system) : 0) + 4096;
-        g->formatted = malloc(cap);
-        if (!g->formatted) return cli_error("out of memory");
-        if (sd_chat_format(tok, o->system, o->prompt, g->formatted, cap, err, sizeof err) < 0)
-            return cli_error("--chat: %s", err);
-        text = g->formatted;
-    }
-    int max_ids = (int)strlen(text) + 16;
-    g->ids = malloc((size_t)max_ids * sizeof(int32_t));
-    int n_ids = g->ids ? sd_tokenize(tok, text, strlen(text), 1, o->chat, g->ids, max_ids) : -1;
-    if (n_ids > max_ids) {
-        int32_t *t = realloc(g->ids, (size_t)n_ids * sizeof(int32_t));
-        if (t) {
-            g->ids = t;
-            max_ids = n_ids;
-            n_ids = sd_tokenize(tok, text, strlen(text), 1, o->chat, g->ids, max_ids);
+    int max_ids = (int)strlen(text) + (o->chat ? (o->system ? (int)strlen(o->system) : 0) + 4096 : 16);
+    int n_ids = -1;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        int32_t *t = realloc(g->ids, (size_t)max_ids * sizeof(int32_t));
+        if (!t) break;
+        g->ids = t;
+        if (o->chat) {
+            n_ids = sd_chat_tokenize(tok, o->system, o->prompt, g->ids, max_ids, err, sizeof err);
+            if (n_ids < 0) return cli_error("--chat: %s", err);
         } else {
-            n_ids = -1;
+            n_ids = sd_tokenize(tok, text, strlen(text), 1, 0, g->ids, max_ids);
         }
+        if (n_ids <= max_ids) break;
+        max_ids = n_ids;
+        n_ids = -1;
     }
     if (n_ids < 0) return cli_error("cannot tokenize the prompt");
     if (n_ids == 0) return cli_error("generate: the prompt is empty (no tokens)");

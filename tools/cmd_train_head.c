@@ -215,8 +215,12 @@ static void on_progress(void *user, const sd_train_progress *p) {
         }
         fmt_count(p->cache_tok_per_s, b, sizeof b);
         fmt_time(p->cache_eta_s, c, sizeof c);
-        snprintf(line, sizeof line, "caching %lld/%lld records  %s tokens  %s tok/s  ETA %s", (long long)p->records,
-                 (long long)p->records_total, a, b, c);
+        char in_rec[48] = "";   // inside a long record: how far it is
+        if (p->record_tokens > 0 && !last)
+            snprintf(in_rec, sizeof in_rec, " (record %lld at %.1f%%)", (long long)p->records + 1,
+                     100.0 * (double)p->record_done / (double)p->record_tokens);
+        snprintf(line, sizeof line, "caching %lld/%lld records%s  %s tokens  %s tok/s  ETA %s", (long long)p->records,
+                 (long long)p->records_total, in_rec, a, b, c);
         put_line(v, line, last);
     } else if (p->phase == SD_TRAIN_PHASE_STEP) {
         int last = p->step == p->n_steps;

@@ -59,7 +59,15 @@ static int check_hp(const sd_head_hp *hp, char *err, size_t errlen) {
     } else if (hp->n_medusa < 1 || hp->n_medusa > SD_HEAD_MAX_MEDUSA) {
         return sd_err(err, errlen, "head: %d Medusa heads (1..%d)", hp->n_medusa, SD_HEAD_MAX_MEDUSA);
     }
-    if (!(hp->rms_eps > 0.0f)) return sd_err(err, errlen, "head: rms epsilon must be > 0");
+    if (!(isfinite(hp->rms_eps) && hp->rms_eps > 0.0f && hp->rms_eps < 1.0f))
+        return sd_err(err, errlen, "head: rms epsilon %g, expected a finite number in (0, 1)", (double)hp->rms_eps);
+    if (hp->type == SD_HEAD_EAGLE3 && !(isfinite(hp->rope_base) && hp->rope_base > 1.0f))
+        return sd_err(err, errlen, "head: RoPE base %g, expected a finite number > 1", (double)hp->rope_base);
+    if (hp->type == SD_HEAD_EAGLE3 && (hp->norm_before_residual & ~1))
+        return sd_err(err, errlen, "head: norm_before_residual %d, expected 0 or 1", hp->norm_before_residual);
+    if (hp->target_n_embd != hp->n_embd)
+        return sd_err(err, errlen, "head: made for a target of hidden size %d, its width is %d", hp->target_n_embd,
+                      hp->n_embd);
     return 0;
 }
 

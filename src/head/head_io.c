@@ -121,15 +121,100 @@ int sd_head_save(const sd_head *h, const char *path, int wtype, char *err, size_
 }
 
 // ---------------------------------------------------------------- reading
+// Every key is checked as strictly as a model's (src/model/model.c): integers
+// in sane ranges, floats finite and in range, booleans 0 or 1, and keys that
+// say the same thing twice (the target's hidden size and vocabulary, the head
+// type) agreeing. Each message names the key and the value found.
 
-static int need_u32(const sd_gguf *g, const char *key, int *out, int lo, int hi, char *err, size_t errlen) {
-    uint32_t v = 0;
-    int rc = sd_gguf_get_u32(g, key, &v, err, errlen);
-    if (rc < 0) return -1;
-    if (rc == 1) return sd_err(err, errlen, "head file: key '%s' is missing", key);
-    if ((int64_t)v < lo || (int64_t)v > hi) return sd_err(err, errlen, "head file: %s = %u is out of range", key, v);
+// An integer key in [lo, hi]: 0, 1 if absent (*out untouched; an error when
+// required), <0 with a message.
+static int get_int(const sd_gguf *g, const char *key, int required, int64_t lo, int64_t hi, int *out, char *err,
+                   size_t errlen) {
+    int64_t v = 0;
+    char e2[200];
+    int rc = sd_gguf_get_i64(g, key, &v, e2, sizeof e2);   // names the key and the value or type
+    if (rc < 0) return sd_err(err, errlen, "head file: %s", e2);
+    if (rc == 1) return required ? sd_err(err, errlen, "head file: key '%s' is missing", key) : 1;
+    if (v < lo || v > hi)
+        return sd_err(err, errlen, "head file: %s = %lld is out of range (%lld..%lld)", key, (long long)v,
+                      (long long)lo, (long long)hi);
     *out = (int)v;
     return 0;
+}
+
+// A float key (default def when absent) that is finite and in (lo, hi).
+static int get_float(const sd_gguf *g, const char *key, float def, double lo, double hi, float *out, char *err,
+                     size_t errlen) {
+    *out = def;
+    char e2[200];
+    if (sd_gguf_get_f32(g, key, out, e2, sizeof e2) < 0) return sd_err(err, errlen, "head file: %s", e2);
+    if (!isfinite(*out) || !(*out > lo && *out < hi))
+        return sd_err(err, errlen, "head file: %s = %g, expected a finite number in (%g, %g)", key, (double)*out, lo,
+                      hi);
+    return 0;
+}
+
+// A boolean key (0 when absent) whose byte is 0 or 1.
+static int get_bool01(const sd_gguf *g, const char *key, int *out, char *err, size_t errlen) {
+    *out = 0;
+    const sd_gguf_kv *kv = sd_gguf_find_key(g, key);
+    if (!kv) return 0;
+    if (kv->type != SD_GGUF_BOOL) {
+        char e2[200];
+        sd_gguf_get_bool(g, key, out, e2, sizeof e2);
+        return sd_err(err, errlen, "head file: %s", e2);
+    }
+    uint8_t b = *(const uint8_t *)kv->data;
+    if (b > 1) return sd_err(err, errlen, "head file: %s = %u, a boolean must be 0 or 1", key, b);
+    *out = b;
+    return 0;
+}
+
+// An optional integer key that must equal want (what another key or the
+// target says, named by what).
+static int check_same(const sd_gguf *g, const char *key, int want, const char *what, char *err, size_t errlen) {
+    int v = 0;
+    int rc = get_int(g, key, 0, 0, INT32_MAX, &v, err, errlen);
+    if (rc < 0) return rc;
+    if (rc == 0 && v != want) return sd_err(err, errlen, "head file: %s = %d differs from %s (%d)", key, v, what, want);
+    return 0;
+}
+
+static int read_eagle3_hp(const sd_gguf *g, sd_head_hp *hp, char *err, size_t errlen) {
+    int nb = 0, v = 0, rc;
+    if (get_int(g, "eagle3.block_count", 1, 1, 1, &nb, err, errlen) < 0) return -1;
+    if (get_int(g, "eagle3.feed_forward_length", 1, 1, 1 << 20, &hp->n_ff, err, errlen) < 0) return -1;
+    if (get_int(g, "eagle3.attention.head_count", 1, 1, 1024, &hp->n_head, err, errlen) < 0) return -1;
+    if (get_int(g, "eagle3.attention.head_count_kv", 1, 1, 1024, &hp->n_head_kv, err, errlen) < 0) return -1;
+    if (hp->n_head % hp->n_head_kv)
+        return sd_err(err, errlen, "head file: eagle3.attention.head_count_kv = %d does not divide "
+                      "eagle3.attention.head_count = %d", hp->n_head_kv, hp->n_head);
+    hp->head_dim = hp->n_embd % hp->n_head ? 0 : hp->n_embd / hp->n_head;
+    if ((rc = get_int(g, "eagle3.attention.key_length", 0, 2, 65536, &hp->head_dim, err, errlen)) < 0) return -1;
+    if (rc == 1 && hp->head_dim == 0)
+        return sd_err(err, errlen, "head file: eagle3.embedding_length = %d is not a multiple of head_count = %d and "
+                      "eagle3.attention.key_length is absent", hp->n_embd, hp->n_head);
+    if (hp->head_dim % 2)
+        return sd_err(err, errlen, "head file: eagle3.attention.key_length = %d must be even (RoPE pairs)", hp->head_dim);
+    if (check_same(g, "eagle3.attention.value_length", hp->head_dim, "the key length", err, errlen) < 0) return -1;
+    if (get_int(g, "eagle3.context_length", 0, 1, 1 << 24, &v, err, errlen) < 0) return -1;
+    if (get_float(g, "eagle3.rope.freq_base", 10000.0f, 1.0, 1e12, &hp->rope_base, err, errlen) < 0) return -1;
+    const sd_gguf_kv *kv = sd_gguf_find_key(g, "eagle3.extract_layers");
+    if (!kv) return sd_err(err, errlen, "head file: key 'eagle3.extract_layers' is missing");
+    if (kv->type != SD_GGUF_ARRAY || kv->n != 3 || kv->arr_type == SD_GGUF_STRING || kv->arr_type == SD_GGUF_F32 ||
+        kv->arr_type == SD_GGUF_F64 || kv->arr_type == SD_GGUF_ARRAY || kv->arr_type == SD_GGUF_BOOL)
+        return sd_err(err, errlen, "head file: eagle3.extract_layers must be an array of 3 integers");
+    for (int i = 0; i < 3; i++) {
+        int64_t x = sd_gguf_arr_i64(kv, (uint64_t)i);
+        if (x < 0 || x > 4096)
+            return sd_err(err, errlen, "head file: eagle3.extract_layers[%d] = %lld is out of range", i, (long long)x);
+        hp->extract[i] = (int)x;
+    }
+    if (get_int(g, "eagle3.target_hidden_size", 1, 1, 65536, &hp->target_n_embd, err, errlen) < 0) return -1;
+    if (hp->target_n_embd != hp->n_embd)
+        return sd_err(err, errlen, "head file: eagle3.target_hidden_size = %d differs from eagle3.embedding_length = "
+                      "%d (not supported)", hp->target_n_embd, hp->n_embd);
+    return get_bool01(g, "eagle3.norm_before_residual", &hp->norm_before_residual, err, errlen);
 }
 
 static int read_hp(const sd_gguf *g, const sd_model *m, sd_head_hp *hp, char *err, size_t errlen) {
@@ -143,72 +228,86 @@ static int read_hp(const sd_gguf *g, const sd_model *m, sd_head_hp *hp, char *er
         return sd_err(err, errlen, "not a draft head: architecture '%.*s' (a head is 'eagle3' or 'medusa')",
                       (int)SD_MIN(a.len, 32), a.ptr);
     const char *arch = arch_of(hp->type);
+    sd_str ty;
+    char e2[200];
+    int rc = sd_gguf_get_str(g, "specdec.head.type", &ty, e2, sizeof e2);
+    if (rc < 0) return sd_err(err, errlen, "head file: %s", e2);
+    if (rc == 0 && !sd_str_eq(ty, arch))
+        return sd_err(err, errlen, "head file: specdec.head.type = '%.*s' differs from general.architecture = '%s'",
+                      (int)SD_MIN(ty.len, 32), ty.ptr, arch);
     char k[96];
     snprintf(k, sizeof k, "%s.embedding_length", arch);
-    if (need_u32(g, k, &hp->n_embd, 1, 65536, err, errlen) < 0) return -1;
+    if (get_int(g, k, 1, 1, 65536, &hp->n_embd, err, errlen) < 0) return -1;
     snprintf(k, sizeof k, "%s.attention.layer_norm_rms_epsilon", arch);
-    hp->rms_eps = 1e-5f;
-    if (sd_gguf_get_f32(g, k, &hp->rms_eps, err, errlen) < 0) return -1;
+    if (get_float(g, k, 1e-5f, 0.0, 1.0, &hp->rms_eps, err, errlen) < 0) return -1;
     if (hp->type == SD_HEAD_EAGLE3) {
-        int nb = 0;
-        if (need_u32(g, "eagle3.block_count", &nb, 1, 1, err, errlen) < 0) return -1;
-        if (need_u32(g, "eagle3.feed_forward_length", &hp->n_ff, 1, 1 << 20, err, errlen) < 0) return -1;
-        if (need_u32(g, "eagle3.attention.head_count", &hp->n_head, 1, 1024, err, errlen) < 0) return -1;
-        if (need_u32(g, "eagle3.attention.head_count_kv", &hp->n_head_kv, 1, 1024, err, errlen) < 0) return -1;
-        hp->head_dim = hp->n_embd / hp->n_head;
-        uint32_t hd = 0;
-        if (sd_gguf_get_u32(g, "eagle3.attention.key_length", &hd, err, errlen) < 0) return -1;
-        if (hd) hp->head_dim = (int)hd;
-        hp->rope_base = 10000.0f;
-        if (sd_gguf_get_f32(g, "eagle3.rope.freq_base", &hp->rope_base, err, errlen) < 0) return -1;
-        const sd_gguf_kv *kv = sd_gguf_find_key(g, "eagle3.extract_layers");
-        if (!kv) return sd_err(err, errlen, "head file: key 'eagle3.extract_layers' is missing");
-        if (kv->type != SD_GGUF_ARRAY || kv->n != 3 || kv->arr_type == SD_GGUF_STRING || kv->arr_type == SD_GGUF_F32 ||
-            kv->arr_type == SD_GGUF_F64 || kv->arr_type == SD_GGUF_ARRAY)
-            return sd_err(err, errlen, "head file: eagle3.extract_layers must be an array of 3 integers");
-        for (int i = 0; i < 3; i++) {
-            int64_t v = sd_gguf_arr_i64(kv, (uint64_t)i);
-            if (v < 0 || v > 4096) return sd_err(err, errlen, "head file: extract layer %lld is out of range", (long long)v);
-            hp->extract[i] = (int)v;
-        }
-        if (need_u32(g, "eagle3.target_hidden_size", &hp->target_n_embd, 1, 65536, err, errlen) < 0) return -1;
-        if (hp->target_n_embd != hp->n_embd)
-            return sd_err(err, errlen, "head file: target hidden size %d differs from the head's width %d (not supported)",
-                          hp->target_n_embd, hp->n_embd);
-        if (sd_gguf_get_bool(g, "eagle3.norm_before_residual", &hp->norm_before_residual, err, errlen) < 0) return -1;
+        if (read_eagle3_hp(g, hp, err, errlen) < 0) return -1;
     } else {
-        if (need_u32(g, "medusa.head_count", &hp->n_medusa, 1, SD_HEAD_MAX_MEDUSA, err, errlen) < 0) return -1;
+        if (get_int(g, "medusa.head_count", 1, 1, SD_HEAD_MAX_MEDUSA, &hp->n_medusa, err, errlen) < 0) return -1;
         hp->target_n_embd = hp->n_embd;
     }
     // What the head was made for: specdec's keys, else (a head made elsewhere) what the model says.
-    uint32_t v = 0;
-    int rc = sd_gguf_get_u32(g, "specdec.target.n_vocab", &v, err, errlen);
-    if (rc < 0) return -1;
-    hp->target_n_vocab = rc == 0 ? (int)v : (m ? m->hp.n_vocab : 0);
-    rc = sd_gguf_get_u32(g, "specdec.target.n_layer", &v, err, errlen);
-    if (rc < 0) return -1;
-    hp->target_n_layer = rc == 0 ? (int)v : (m ? m->hp.n_layer : 0);
+    hp->target_n_vocab = m ? m->hp.n_vocab : 0;
+    hp->target_n_layer = m ? m->hp.n_layer : 0;
+    if (get_int(g, "specdec.target.n_vocab", 0, 1, 1 << 24, &hp->target_n_vocab, err, errlen) < 0) return -1;
+    if (get_int(g, "specdec.target.n_layer", 0, 1, 4096, &hp->target_n_layer, err, errlen) < 0) return -1;
+    snprintf(k, sizeof k, "%s.embedding_length", arch);
+    if (check_same(g, "specdec.target.n_embd", hp->target_n_embd,
+                   hp->type == SD_HEAD_EAGLE3 ? "eagle3.target_hidden_size" : k, err, errlen) < 0)
+        return -1;
+    if (hp->type == SD_HEAD_EAGLE3 && hp->target_n_vocab > 0 &&
+        check_same(g, "eagle3.vocab_size", hp->target_n_vocab,
+                   sd_gguf_find_key(g, "specdec.target.n_vocab") ? "specdec.target.n_vocab" : "the target's vocabulary",
+                   err, errlen) < 0)
+        return -1;
     sd_str hs;
-    rc = sd_gguf_get_str(g, "specdec.target.vocab_hash", &hs, err, errlen);
-    if (rc < 0) return -1;
+    rc = sd_gguf_get_str(g, "specdec.target.vocab_hash", &hs, e2, sizeof e2);
+    if (rc < 0) return sd_err(err, errlen, "head file: %s", e2);
     if (rc == 0) {
         char buf[32];
         snprintf(buf, sizeof buf, "%.*s", (int)SD_MIN(hs.len, 31), hs.ptr);
         char *end = NULL;
         hp->target_vocab_hash = strtoull(buf, &end, 16);
-        if (hs.len != 16 || !end || *end) return sd_err(err, errlen, "head file: specdec.target.vocab_hash is not 16 hex digits");
+        if (hs.len != 16 || !end || *end)
+            return sd_err(err, errlen, "head file: specdec.target.vocab_hash = '%s' is not 16 hex digits", buf);
     } else if (m) {
         hp->target_vocab_hash = sd_head_vocab_hash(m);   // unknown: nothing to compare
     }
     if (hp->target_n_vocab <= 0 || hp->target_n_layer <= 0)
         return sd_err(err, errlen, "head file: the target's vocabulary and layer count are not recorded (specdec.target.*)");
+    if (hp->type == SD_HEAD_EAGLE3)
+        for (int i = 0; i < 3; i++)
+            if (hp->extract[i] >= hp->target_n_layer)
+                return sd_err(err, errlen, "head file: eagle3.extract_layers[%d] = %d is outside the target's %d layers",
+                              i, hp->extract[i], hp->target_n_layer);
     const sd_tensor *d2t = sd_gguf_find_tensor(g, "d2t");
     if (d2t) {
         if (d2t->n_dims != 1 || (d2t->type != GGUF_TYPE_I64 && d2t->type != GGUF_TYPE_I32))
             return sd_err(err, errlen, "head file: tensor 'd2t' must be a vector of I64 or I32");
-        hp->n_draft_vocab = (int)SD_MIN(d2t->ne[0], (int64_t)1 << 30);
+        if (d2t->ne[0] < 1 || d2t->ne[0] > hp->target_n_vocab)
+            return sd_err(err, errlen, "head file: tensor 'd2t' has %lld entries, expected 1..%d (the target's "
+                          "vocabulary)", (long long)d2t->ne[0], hp->target_n_vocab);
+        hp->n_draft_vocab = (int)d2t->ne[0];
     } else {
         hp->n_draft_vocab = hp->target_n_vocab;   // the full vocabulary
+    }
+    return 0;
+}
+
+// Every tensor of the file is one of the head's (d2t aside): a file with
+// tensors of another layout (a Medusa head's in an EAGLE-3 file, a fifth
+// Medusa head beyond head_count) is refused.
+static int check_no_extra_tensors(const sd_gguf *g, const sd_head *h, char *err, size_t errlen) {
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        sd_str nm = g->tensors[i].name;
+        int known = sd_str_eq(nm, "d2t");
+        for (int j = 0; j < h->n_t && !known; j++) known = sd_str_eq(nm, h->t[j].name);
+        if (!known && h->hp.type == SD_HEAD_MEDUSA)
+            return sd_err(err, errlen, "head file: tensor '%.*s' is not part of a Medusa head of medusa.head_count = %d "
+                          "heads", (int)SD_MIN(nm.len, 64), nm.ptr, h->hp.n_medusa);
+        if (!known)
+            return sd_err(err, errlen, "head file: tensor '%.*s' is not part of an EAGLE-3 head",
+                          (int)SD_MIN(nm.len, 64), nm.ptr);
     }
     return 0;
 }
@@ -245,6 +344,7 @@ int sd_head_load(sd_head **out, const char *path, const sd_model *m, char *err, 
     sd_head *h = NULL;
     char e2[320];
     if (read_hp(g, m, &hp, e2, sizeof e2) < 0 || sd_head_new(&h, &hp, e2, sizeof e2) < 0) goto fail;
+    if (check_no_extra_tensors(g, h, e2, sizeof e2) < 0) goto fail;
     for (int i = 0; i < h->n_t; i++)
         if (read_tensor(g, h, i, e2, sizeof e2) < 0) goto fail;
     const sd_tensor *d2t = sd_gguf_find_tensor(g, "d2t");

@@ -74,7 +74,7 @@ sd_gen_params sd_gen_default_params(void) {
     p.n_predict = 256;
     p.n_batch = 0;
     p.max_nodes = 16;
-    p.fast_prompt = 0;
+    p.fast_prompt = 1;
     p.seed = 0;
     return p;
 }

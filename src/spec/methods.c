@@ -480,12 +480,17 @@ static int parse_auto(const char *args, method_cfg *m, char *err, size_t errlen)
 }
 
 static int make_auto(const method_cfg *m, const sd_method_env *env, sd_drafter **out, char *err, size_t errlen) {
+    if (env->head_eagle3) {   // with a head, the default method (sd_method_default): lookup, else the head
+        sd_method dm;
+        const sd_method_have have = {.n_drafts = env->n_drafts, .eagle3_head = 1};
+        if (sd_method_parse(sd_method_default(&have), &dm, err, errlen) < 0) return -1;
+        return sd_method_make(&dm, env, out, err, errlen);
+    }
     method_cfg mm;
-    const char *as = env->head_eagle3 ? "eagle3:auto" : env->n_drafts > 0 ? "tree:auto" : "ngram:3-8";
+    const char *as = env->n_drafts > 0 ? "tree:auto" : "ngram:3-8";
     if (cfg_parse(as, &mm, err, errlen) < 0) return -1;
     if (mm.kind == SD_METHOD_NGRAM) mm.tree_auto = 1;
     memcpy(mm.name, m->name, sizeof mm.name);
-    if (env->head_eagle3) return make_eagle3(&mm, env, out, err, errlen);
     return (env->n_drafts > 0 ? make_model : make_ngram)(&mm, env, out, err, errlen);
 }
 

@@ -229,6 +229,7 @@ static int index_load(sd_cache *c, char *note, size_t notelen, char *err, size_t
     }
     int64_t keep = good;
     while (keep > 0 && !(c->seq[keep - 1].window & SD_CACHE_LAST_WINDOW)) keep--;   // an unfinished record
+    const int64_t done = keep;
     // data that is not all there (a crash after the index reached the disk, not the data)
     for (;;) {
         keep_entries(c, keep);
@@ -247,12 +248,25 @@ static int index_load(sd_cache *c, char *note, size_t notelen, char *err, size_t
         keep--;
         while (keep > 0 && !(c->seq[keep - 1].window & SD_CACHE_LAST_WINDOW)) keep--;
     }
+    // the windows of an unfinished record after them whose data is all there
+    // and hashes as written (the build resumes the record from there)
+    c->n_part = c->part_pos = 0;
+    for (int64_t i = keep; keep == done && i < good; i++) {
+        uint64_t h;
+        int ok = 1;
+        for (int f = 0; f < CACHE_N_FILES; f++)
+            if (file_size(c->fd[f]) < (c->n_pos + c->part_pos + c->seq[i].T) * (int64_t)cache_row_bytes(c, f)) ok = 0;
+        if (!ok || data_hash(c, c->seq[i].pos0, c->seq[i].T, &h) < 0 || h != c->seq[i].data_hash) break;
+        c->n_part++;
+        c->part_pos += c->seq[i].T;
+    }
     // cut the files to what is kept
-    int cut = n != keep || sz != keep * (int64_t)sizeof(sd_cache_seq);
-    if (ftruncate(c->fd_index, (off_t)(keep * (int64_t)sizeof(sd_cache_seq))) != 0)
+    const int64_t n_keep = keep + c->n_part;
+    int cut = n != n_keep || sz != n_keep * (int64_t)sizeof(sd_cache_seq);
+    if (ftruncate(c->fd_index, (off_t)(n_keep * (int64_t)sizeof(sd_cache_seq))) != 0)
         return sd_err(err, errlen, "cache %s: cannot cut index.bin: %s", c->dir, strerror(errno));
     for (int f = 0; f < CACHE_N_FILES; f++) {
-        int64_t want = c->n_pos * (int64_t)cache_row_bytes(c, f);
+        int64_t want = (c->n_pos + c->part_pos) * (int64_t)cache_row_bytes(c, f);
         if (file_size(c->fd[f]) != want) {
             cut = 1;
             if (ftruncate(c->fd[f], (off_t)want) != 0)
@@ -261,7 +275,13 @@ static int index_load(sd_cache *c, char *note, size_t notelen, char *err, size_t
     }
     if (cut && note)
         snprintf(note, notelen, "cut a torn tail from the feature cache %s: kept %lld records (%lld entries of %lld)",
-                 c->dir, (long long)c->n_rec, (long long)keep, (long long)n);
+                 c->dir, (long long)c->n_rec, (long long)n_keep, (long long)n);
+    if (c->n_part && note && notelen) {
+        size_t o = strlen(note);
+        snprintf(note + o, notelen - o, "%sthe feature cache %s holds %lld windows (%lld positions) of record %lld, "
+                 "unfinished: the build goes on from there", o ? "; " : "", c->dir, (long long)c->n_part,
+                 (long long)c->part_pos, (long long)c->n_rec + 1);
+    }
     return 0;
 }
 

@@ -66,11 +66,13 @@ int sd_cache_open(sd_cache **out, const char *dir, const sd_model *m, const sd_c
                   size_t notelen, char *err, size_t errlen);
 void sd_cache_close(sd_cache *c);
 
-// Progress of a build: called after each record (and at the start).
+// Progress of a build: called after each record (and at the start), and
+// after each forward inside a record.
 typedef struct sd_cache_progress {
     int64_t records, records_total;   // records cached (old and new), records in the data
     int64_t tokens_new;               // positions computed by this build so far
-    int64_t tokens;                   // positions in the cache
+    int64_t tokens;                   // positions in the cache (the record being cached: those done)
+    int64_t rec_tokens, rec_done;     // the record being cached: its positions, those done (0, 0 between records)
     double ms;                        // wall time of this build so far
 } sd_cache_progress;
 typedef void (*sd_cache_progress_fn)(void *user, const sd_cache_progress *p);
@@ -78,7 +80,8 @@ typedef void (*sd_cache_progress_fn)(void *user, const sd_cache_progress *p);
 typedef struct sd_cache_build_params {
     int n_batch;              // tokens per target forward (prompt-style, 8-bit path); default 256
     sd_threadpool *pool;      // threads of the target's forwards (NULL: one)
-    volatile sig_atomic_t *stop;  // nonzero: stop after the current forward (the cache stays consistent)
+    volatile sig_atomic_t *stop;  // nonzero: stop after the current forward (the cache stays consistent; the
+                                  // finished windows of a record are kept and the next build goes on after them)
     sd_cache_progress_fn progress;
     void *user;
 } sd_cache_build_params;

@@ -28,10 +28,10 @@ typedef struct builder {
     uint16_t *st_feat;        // (n_batch, n_feat)
     int32_t *ids;             // (ids_cap) the record's tokens
     int ids_cap;
-    char *text;               // (text_cap) the formatted chat
-    size_t text_cap;
     uint64_t *rec_hash;       // (c->n_rec at the start) hashes of the cached records
     int64_t tokens_new;
+    int64_t total;            // records in the data
+    int64_t rec_tokens, rec_done;  // the record being cached: its positions, those in the cache
     double t0;
 } builder;
 
@@ -43,7 +43,6 @@ static void builder_free(builder *b) {
     free(b->st_p);
     free(b->st_feat);
     free(b->ids);
-    free(b->text);
     free(b->rec_hash);
 }
 
@@ -102,29 +101,13 @@ static void top_k(const float *l, int n, int k, int32_t *ids, uint16_t *p16) {
 }
 
 // The record's tokens into b->ids; returns their count, or <0 with a message.
+// A chat record goes through sd_chat_tokenize_messages (the template's
+// markers as special tokens, the contents as plain text, as the server
+// tokenizes them); a text record is plain text.
 static int tokenize_record(builder *b, const sd_corpus_rec *rec, const char *path, char *err, size_t errlen) {
     const sd_tokenizer *tok = sd_model_tokenizer(b->m);
-    const char *text = rec->text;
-    if (!text) {
-        size_t need = 4096;
-        for (int i = 0; i < rec->n_msg; i++) need += strlen(rec->contents[i]) + 64;
-        for (int attempt = 0;; attempt++) {
-            if (b->text_cap < need) {
-                free(b->text);
-                b->text = malloc(need);
-                b->text_cap = b->text ? need : 0;
-                if (!b->text) return sd_err(err, errlen, "out of memory");
-            }
-            char e2[512];
-            if (sd_chat_format_messages(tok, (const char *const *)rec->roles, (const char *const *)rec->contents,
-                                        rec->n_msg, b->text, b->text_cap, e2, sizeof e2) >= 0)
-                break;
-            if (attempt == 2) return sd_err(err, errlen, "%s:%d: cannot format the messages: %s", path, rec->line, e2);
-            need *= 4;
-        }
-        text = b->text;
-    }
-    size_t len = strlen(text);
+    size_t len = rec->text ? strlen(rec->text) : 4096;
+    for (int i = 0; !rec->text && i < rec->n_msg; i++) len += strlen(rec->contents[i]) + 64;
     int max = (int)SD_MIN(len + 8, (size_t)1 << 30);
     for (;;) {
         if (b->ids_cap < max) {
@@ -133,11 +116,25 @@ static int tokenize_record(builder *b, const sd_corpus_rec *rec, const char *pat
             b->ids_cap = b->ids ? max : 0;
             if (!b->ids) return sd_err(err, errlen, "out of memory");
         }
-        int n = sd_tokenize(tok, text, len, 1, rec->text ? 0 : 1, b->ids, b->ids_cap);
+        char e2[512];
+        int n = rec->text ? sd_tokenize(tok, rec->text, len, 1, 0, b->ids, b->ids_cap)
+                          : sd_chat_tokenize_messages(tok, (const char *const *)rec->roles,
+                                                      (const char *const *)rec->contents, rec->n_msg, b->ids,
+                                                      b->ids_cap, e2, sizeof e2);
+        if (n < 0 && !rec->text)
+            return sd_err(err, errlen, "%s:%d: cannot format the messages: %s", path, rec->line, e2);
         if (n < 0) return sd_err(err, errlen, "%s:%d: cannot tokenize the record", path, rec->line);
         if (n <= b->ids_cap) return n;
         max = n;
     }
+}
+
+static void report(builder *b) {
+    if (!b->bp->progress) return;
+    sd_cache_progress p = {.records = b->c->n_rec, .records_total = b->total, .tokens_new = b->tokens_new,
+                           .tokens = b->c->n_pos + b->rec_done, .rec_tokens = b->rec_tokens, .rec_done = b->rec_done,
+                           .ms = sd_time_ms() - b->t0};
+    b->bp->progress(b->bp->user, &p);
 }
 
 // Runs window ids[0..T) through the target and appends its rows at
@@ -171,26 +168,45 @@ static int run_window(builder *b, const int32_t *ids, int T, uint64_t pos0, uint
         }
         done += n;
         b->tokens_new += n;
-        if (b->bp->stop && *b->bp->stop) return 1;
+        b->rec_done += n;
+        report(b);   // within a long record too
+        if (done < T && b->bp->stop && *b->bp->stop) return 1;
     }
     return 0;
 }
 
-// Cuts the data files back to the complete records (after a stop or an error).
+// Cuts the data files back to the complete records and the finished windows
+// of an unfinished one (after a stop or an error).
 static void cut_to_committed(sd_cache *c) {
     for (int f = 0; f < CACHE_N_FILES; f++)
-        if (ftruncate(c->fd[f], (off_t)(c->n_pos * (int64_t)cache_row_bytes(c, f)))) {
+        if (ftruncate(c->fd[f], (off_t)((c->n_pos + c->part_pos) * (int64_t)cache_row_bytes(c, f)))) {
         }
-    if (ftruncate(c->fd_index, (off_t)(c->n_seq * (int64_t)sizeof(sd_cache_seq)))) {
+    if (ftruncate(c->fd_index, (off_t)((c->n_seq + c->n_part) * (int64_t)sizeof(sd_cache_seq)))) {
     }
 }
 
-// Appends a record: its windows' data, then its index entries.
+// 1 if the unfinished record's windows in the cache belong to rec (its
+// line's hash) cut into n_win windows of W from n tokens.
+static int part_matches(const sd_cache *c, const sd_corpus_rec *rec, int n, int W, int n_win) {
+    if (c->n_part >= n_win) return 0;
+    for (int64_t w = 0; w < c->n_part; w++) {
+        const sd_cache_seq *e = &c->seq[c->n_seq + w];
+        if (e->rec_hash != rec->hash || e->T != SD_MIN(W, n - (int)w * W)) return 0;
+    }
+    return 1;
+}
+
+// Appends a record window by window: each window's data, then its index
+// entry (the last one flagged), so that a stop or a crash inside a long
+// record keeps its finished windows; a record the cache holds windows of
+// (an earlier build stopped inside it) goes on after them. Returns 0, 1 when
+// stopped, <0 on error.
 static int add_record(builder *b, const sd_corpus_rec *rec, const char *path, char *err, size_t errlen) {
     sd_cache *c = b->c;
     int n = tokenize_record(b, rec, path, err, errlen);
     if (n < 0) return -1;
     const int W = c->hdr.n_ctx, n_win = n > 0 ? (n + W - 1) / W : 1;
+    if (c->n_part && !part_matches(c, rec, n, W, n_win)) c->n_part = c->part_pos = 0;   // not this record's: redo
     if (c->n_seq + n_win > c->cap) {
         int64_t cap = SD_MAX(c->cap * 2, c->n_seq + n_win);
         sd_cache_seq *s = realloc(c->seq, sizeof(sd_cache_seq) * (size_t)cap);
@@ -199,8 +215,10 @@ static int add_record(builder *b, const sd_corpus_rec *rec, const char *path, ch
         c->cap = cap;
     }
     sd_cache_seq *e = c->seq + c->n_seq;
-    uint64_t pos = (uint64_t)c->n_pos;
-    for (int w = 0; w < n_win; w++) {
+    uint64_t pos = (uint64_t)(c->n_pos + c->part_pos);
+    b->rec_tokens = n;
+    b->rec_done = c->part_pos;
+    for (int w = (int)c->n_part; w < n_win; w++) {
         const int T = SD_MIN(W, n - w * W);
         uint64_t hs[CACHE_N_FILES];
         for (int f = 0; f < CACHE_N_FILES; f++) hs[f] = SD_FNV_OFF;
@@ -215,21 +233,18 @@ static int add_record(builder *b, const sd_corpus_rec *rec, const char *path, ch
         e[w].data_hash = sd_fnv64(SD_FNV_OFF, hs, sizeof hs);
         e[w].entry_hash = cache_entry_hash(&e[w]);
         pos += (uint64_t)e[w].T;
+        if (cache_pwrite(c->fd_index, &e[w], sizeof(sd_cache_seq), (c->n_seq + w) * (int64_t)sizeof(sd_cache_seq)) < 0)
+            return sd_err(err, errlen, "cache %s: write error: %s", c->dir, strerror(errno));
+        c->n_part = w + 1;
+        c->part_pos += e[w].T;
+        if (w + 1 < n_win && b->bp->stop && *b->bp->stop) return 1;
     }
-    if (cache_pwrite(c->fd_index, e, sizeof(sd_cache_seq) * (size_t)n_win,
-                     c->n_seq * (int64_t)sizeof(sd_cache_seq)) < 0)
-        return sd_err(err, errlen, "cache %s: write error: %s", c->dir, strerror(errno));
     c->n_seq += n_win;
     c->n_pos = (int64_t)pos;
     c->n_rec++;
+    c->n_part = c->part_pos = 0;
+    b->rec_tokens = b->rec_done = 0;
     return 0;
-}
-
-static void report(builder *b, int64_t total) {
-    if (!b->bp->progress) return;
-    sd_cache_progress p = {.records = b->c->n_rec, .records_total = total, .tokens_new = b->tokens_new,
-                           .tokens = b->c->n_pos, .ms = sd_time_ms() - b->t0};
-    b->bp->progress(b->bp->user, &p);
 }
 
 // The records of the data (for progress), after reading every line once:
@@ -270,7 +285,8 @@ int sd_cache_build(sd_cache *c, const sd_model *m, const char *const *paths, int
     const int64_t have = c->n_rec;
     int64_t rec_no = 0;
     b.t0 = sd_time_ms();
-    if (r == 0) report(&b, total);
+    b.total = total;
+    if (r == 0) report(&b);
     for (int i = 0; r == 0 && i < n_paths; i++) {
         sd_corpus *cr;
         if ((r = sd_corpus_open(&cr, paths[i], err, errlen)) < 0) break;
@@ -289,19 +305,20 @@ int sd_cache_build(sd_cache *c, const sd_model *m, const char *const *paths, int
                                c->dir, (long long)rec_no + 1, paths[i], rec.line);
             } else {
                 r = add_record(&b, &rec, paths[i], err, errlen);
-                if (r == 0) report(&b, total);
+                if (r == 0) report(&b);
                 if (r == 0 && bp->stop && *bp->stop && rec_no + 1 < total) r = 1;
             }
             rec_no++;
         }
         sd_corpus_close(cr);
     }
+    if (r == 0 && c->n_part) c->n_part = c->part_pos = 0;   // windows of a record the data no longer has
     if (r == 0 && rec_no < have)
         r = sd_err(err, errlen,
                    "the feature cache %s holds %lld records but the data has only %lld: it was built from other data; "
                    "use another --cache directory",
                    c->dir, (long long)have, (long long)rec_no);
-    if (r != 0) cut_to_committed(c);
+    if (r != 0 || c->n_part == 0) cut_to_committed(c);
     builder_free(&b);
     return r;
 }

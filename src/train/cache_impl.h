@@ -33,6 +33,10 @@ struct sd_cache {
     int64_t n_seq, cap;
     int64_t n_pos;            // positions in the data files (sum of T)
     int64_t n_rec;            // complete records
+    // The windows done of an unfinished record (a stop or a crash inside a
+    // long record): entries seq[n_seq .. n_seq + n_part), data after n_pos.
+    // Readers see only the complete records; the build goes on from there.
+    int64_t n_part, part_pos;
     uint16_t *f16;            // (f16_cap bytes) read buffer of F16 rows
     size_t f16_cap;
 };

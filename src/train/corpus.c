@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "common.h"
+#include "model/unicode.h"
 
 struct sd_corpus {
     FILE *f;
@@ -93,6 +94,15 @@ static int jstring(jcur *j, const char **out) {
         unsigned char ch = (unsigned char)*j->p++;
         if (ch == '"') break;
         if (ch < 0x20) return j->p--, jfail(j, "control character in a string");
+        if (ch >= 0x80) {   // UTF-8, well-formed (as the server's JSON reader requires)
+            uint32_t cp;
+            int k = sd_utf8_decode(j->p - 1, (size_t)(j->end - j->p + 1), &cp);
+            if (cp >= SD_UTF8_INVALID_BASE) return j->p--, jfail(j, "invalid UTF-8 (byte 0x%02X) in a string", ch);
+            memcpy(o, j->p - 1, (size_t)k);
+            o += k;
+            j->p += k - 1;
+            continue;
+        }
         if (ch != '\\') {
             *o++ = (char)ch;
             continue;
@@ -337,9 +347,11 @@ int sd_corpus_next(sd_corpus *c, sd_corpus_rec *rec, int parse, char *err, size_
         c->line++;
         size_t len = (size_t)n;
         if (len && c->buf[len - 1] == '\n') len--;
-        if (blank(c->buf, len)) continue;
+        char *line = c->buf;
+        if (c->line == 1 && len >= 3 && !memcmp(line, "\xEF\xBB\xBF", 3)) line += 3, len -= 3;   // a UTF-8 BOM
+        if (blank(line, len)) continue;
         rec->line = c->line;
-        rec->hash = sd_fnv64(SD_FNV_OFF, c->buf, len);
+        rec->hash = sd_fnv64(SD_FNV_OFF, line, len);
         if (!parse) return 1;
         if (c->arena_cap < 2 * len + 2) {
             free(c->arena);
@@ -352,7 +364,7 @@ int sd_corpus_next(sd_corpus *c, sd_corpus_rec *rec, int parse, char *err, size_
         }
         c->arena_used = 0;
         char msg[256];
-        if (parse_record(c, c->buf, len, rec, msg, sizeof msg) < 0)
+        if (parse_record(c, line, len, rec, msg, sizeof msg) < 0)
             return sd_err(err, errlen, "%s:%d: %s", c->path, c->line, msg);
         return 1;
     }

@@ -2,12 +2,15 @@
 // lines, one record per line (blank lines are skipped):
 //   {"id": "...", "source": "...", "messages": [{"role": "user", "content": "..."}, ...]}
 //   {"id": "...", "source": "...", "text": "..."}
-// A chat record is formatted with the target's chat template
-// (sd_chat_format_messages) and tokenized with special tokens recognised; a
-// text record is tokenized as is (BOS added when the vocabulary asks for
-// it). Other keys (id, source, anything else) are read over and ignored. A
-// small JSON reader of its own: every string escape (\uXXXX with surrogate
-// pairs), numbers, literals, nested arrays and objects.
+// A chat record is tokenized in the target's chat template
+// (sd_chat_tokenize_messages: the template's markers as special tokens, the
+// contents as plain text); a text record is tokenized as plain text (BOS
+// added when the vocabulary asks for it). Other keys (id, source, anything
+// else) are read over and ignored. A small JSON reader of its own: every
+// string escape (\uXXXX with surrogate pairs), numbers, literals, nested
+// arrays and objects; strings must be well-formed UTF-8 (as the server's
+// JSON reader requires), and a UTF-8 byte order mark at the start of the
+// file is skipped (columns count from after it).
 #ifndef SD_TRAIN_CORPUS_H
 #define SD_TRAIN_CORPUS_H
 

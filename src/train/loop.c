@@ -61,9 +61,17 @@ static void on_cache(void *user, const sd_cache_progress *cp) {
     r->prog.records_total = cp->records_total;
     r->prog.cache_tokens = cp->tokens;
     r->prog.cache_tok_per_s = cp->ms > 0 ? cp->tokens_new * 1000.0 / cp->ms : 0.0;
-    // time per record of this build, over the records still to do
-    int64_t done = cp->records - r->cache_rec0;
-    r->prog.cache_eta_s = done > 0 ? cp->ms / 1000.0 / (double)done * (double)(cp->records_total - cp->records) : -1;
+    r->prog.record_tokens = cp->rec_tokens;
+    r->prog.record_done = cp->rec_done;
+    // time per record of this build, over the records still to do; inside
+    // the first record, its positions left at this build's rate (and the
+    // records after it taken as long)
+    int64_t done = cp->records - r->cache_rec0, left = cp->records_total - cp->records;
+    const double tps = r->prog.cache_tok_per_s;
+    if (done > 0) r->prog.cache_eta_s = cp->ms / 1000.0 / (double)done * (double)left;
+    else if (cp->rec_tokens > 0 && tps > 0)
+        r->prog.cache_eta_s = (double)(cp->rec_tokens - cp->rec_done) / tps + (double)(left - 1) * cp->rec_tokens / tps;
+    else r->prog.cache_eta_s = -1;
     report(r, SD_TRAIN_PHASE_CACHE);
 }
 
@@ -152,15 +160,16 @@ static int open_cache(loop_run *r, const sd_head_hp *hp, char *err, size_t errle
     memcpy(cp.extract, hp->extract, sizeof cp.extract);
     cp.topk = r->P.topk;
     cp.n_ctx = r->P.n_ctx;
-    char cnote[512];
+    char cnote[1024];
     if (sd_cache_open(&r->cache, r->cache_dir, r->m, &cp, cnote, sizeof cnote, err, errlen) < 0) return -1;
     if (cnote[0]) note(r, "%s", cnote);
     sd_cache_build_params bp = {.n_batch = r->P.n_batch, .pool = r->pool, .stop = r->P.stop,
                                 .progress = on_cache, .user = r};
     r->cache_rec0 = -1;
     int b = sd_cache_build(r->cache, r->m, r->P.data_paths, r->P.n_data, &bp, err, errlen);
-    if (b == 1) note(r, "stopped while building the feature cache %s: its complete records are kept; run again to go on",
-                     r->cache_dir);
+    if (b == 1)
+        note(r, "stopped while building the feature cache %s: its complete records (and the finished windows of the "
+             "record in progress) are kept; run again to go on", r->cache_dir);
     return b;
 }
 

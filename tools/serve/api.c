@@ -207,8 +207,9 @@ static int message_text(const json_t *c, size_t i, char **out, sv_api_err *e) {
     return 0;
 }
 
-// The chat prompt of "messages", formatted by the model's chat template.
-static int chat_prompt(sv_server *s, const json_t *o, char **text, sv_api_err *e) {
+// The chat prompt of "messages" in the model's chat template, as ids (*ids,
+// *n_ids): the template's markers are special tokens, the contents plain text.
+static int chat_prompt(sv_server *s, const json_t *o, int32_t **ids, int *n_ids, sv_api_err *e) {
     json_t *ms = json_object_get(o, "messages");
     if (!ms) return BAD("missing_field", "'messages' is required");
     if (!json_is_array(ms)) return BAD("invalid_type", "'messages' must be an array, got %s", type_name(ms));
@@ -236,14 +237,17 @@ static int chat_prompt(sv_server *s, const json_t *o, char **text, sv_api_err *e
     }
     char err[256];
     if (rc == 0) {
-        size_t cap = total + 4096;
-        *text = malloc(cap);
-        if (!*text) rc = BAD("internal", "out of memory");
-        else if (sd_chat_format_messages(s->tok, roles, (const char *const *)contents, (int)n, *text, cap, err,
-                                         sizeof err) < 0) {
-            free(*text);
-            *text = NULL;
-            rc = BAD("invalid_value", "'messages': %s", err);
+        int cap = (int)(total < (1u << 24) ? total : (1u << 24)) + 4096, k = -1;
+        *ids = malloc(sizeof(int32_t) * (size_t)cap);
+        if (*ids) k = sd_chat_tokenize_messages(s->tok, roles, (const char *const *)contents, (int)n, *ids, cap, err,
+                                                sizeof err);
+        if (!*ids) rc = BAD("internal", "out of memory");
+        else if (k < 0) rc = BAD("invalid_value", "'messages': %s", err);
+        else if (k > cap) rc = BAD("invalid_value", "the text is too long to tokenize");
+        else *n_ids = k;
+        if (rc) {
+            free(*ids);
+            *ids = NULL;
         }
     }
     for (size_t i = 0; contents && i < n; i++) free(contents[i]);
@@ -276,20 +280,15 @@ int sv_parse_generation(sv_server *s, int kind, const json_t *o, sv_req *r, sv_a
     int rc;
     r->kind = kind;
     if ((rc = sv_check_model(s, o, e)) || (rc = parse_params(s, o, r, e))) return rc;
-    char *text = NULL;
-    int special = kind == SV_CHAT;   // completions take the prompt as plain text, like specdec generate
     if (kind == SV_CHAT) {
-        if ((rc = chat_prompt(s, o, &text, e))) return rc;
-    } else {
+        if ((rc = chat_prompt(s, o, &r->prompt, &r->n_prompt, e))) return rc;
+    } else {   // completions take the prompt as plain text, like specdec generate
         json_t *p = json_object_get(o, "prompt");
         if (json_is_array(p) && json_array_size(p) == 1) p = json_array_get(p, 0);
         if (!p) return BAD("missing_field", "'prompt' is required");
         if (!json_is_string(p)) return BAD("invalid_type", "'prompt' must be a string, got %s", type_name(p));
-        if (!(text = strdup(json_string_value(p)))) return BAD("internal", "out of memory");
+        if ((rc = sv_tokenize(s, json_string_value(p), 1, 0, &r->prompt, &r->n_prompt, e))) return rc;
     }
-    rc = sv_tokenize(s, text, 1, special, &r->prompt, &r->n_prompt, e);
-    free(text);
-    if (rc) return rc;
     if (r->n_prompt == 0) return BAD("invalid_value", "the prompt is empty (no tokens)");
     if (r->n_prompt >= s->n_ctx)
         return BAD("context_length_exceeded", "the prompt has %d tokens but the context per slot is %d (--ctx); "
