@@ -100,9 +100,10 @@ const sd_type_traits *sd_type_get(int t);
 // references everywhere (force_ref=1); thread-safe.
 void sd_quant_init(int force_ref);
 // Test only, as sd_quant_init: installs a family by name: "auto" (what
-// sd_quant_init(0) picks), "scalar" (= sd_quant_init(1)) or "avx2" (the
-// AVX2 dots of the legacy quants even on an AVX-512 CPU). Returns 0, or -1
-// for an unknown name or a CPU without it.
+// sd_quant_init(0) picks), "scalar" (= sd_quant_init(1)), "avx2" (the AVX2
+// kernels, legacy quants and K-quants, even on an AVX-512 CPU) or
+// "avx512-vnni". Returns 0, or -1 for an unknown name or a CPU (or build)
+// without it; the best family is installed then.
 int sd_quant_init_backend(const char *name);
 // Name of the installed kernel family, e.g. "avx512-vnni", "avx2", "scalar"
 // ("scalar" before any installation; sd_backend_name installs "auto" first).
