@@ -727,8 +727,9 @@ static void test_default_model(void) {
     sd_model_free(m);
 }
 
-int main(void) {
-    sd_quant_init(0);
+int main(int argc, char **argv) {
+    (void)argc;
+    t_families(argv); // every case under each kernel family this CPU has
     T_RUN(test_load_errors);
     T_RUN(test_model_info);
     T_RUN(test_rope_linear_scaling);

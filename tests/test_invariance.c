@@ -173,7 +173,9 @@ static void test_default_model_invariance(void) {
     check_model_invariance(path, 2);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    (void)argc;
+    t_families(argv); // every case under each kernel family this CPU has
     T_RUN(test_matmul_batch_invariance);
     T_RUN(test_synthetic_model_invariance);
     T_RUN(test_default_model_invariance);
