@@ -11,6 +11,13 @@ struct ref_state {
     const sd_model *m;
     int n_ctx, n_past, kv_dim, q_dim;
     int act_quant;           // see ref_set_act_quant
+    uint32_t tie_mask;       // see ref_set_tie_flips
+    int n_ties;              // near-tie sites met by the evaluation under way / the last one
+    float tie_dist[32];      // (n_ties, at most 32) each site's distance from its tie, in units of its margin
+    const float *last_x;     // input of the last matvec with act_quant (its quantization, xq, is reused for
+    float *xsave;            // the same input again: one set of sites, as the engine quantizes it once)
+    int64_t last_n;
+    int last_at;
     void *qbuf;              // (row of the widest input in the activation format)
     float *xq;               // (widest input) activation after the quantization round trip
     float *k, *v;            // (n_layer, n_ctx, kv_dim)
@@ -42,7 +49,8 @@ ref_state *ref_new(const sd_model *m, int n_ctx) {
     r->sc = calloc((size_t)n_ctx, sizeof(float));
     r->xq = calloc((size_t)wmax, sizeof(float));
     r->qbuf = calloc((size_t)wmax * 2 + 1024, 1); // every activation format takes < 2 bytes / element
-    if (!r->xq || !r->qbuf || !r->k || !r->v || !r->x || !r->xn || !r->q || !r->att || !r->tmp || !r->g || !r->u || !r->row || !r->sc) {
+    r->xsave = calloc((size_t)wmax, sizeof(float));
+    if (!r->xsave || !r->xq || !r->qbuf || !r->k || !r->v || !r->x || !r->xn || !r->q || !r->att || !r->tmp || !r->g || !r->u || !r->row || !r->sc) {
         ref_free(r);
         return NULL;
     }
@@ -52,7 +60,7 @@ ref_state *ref_new(const sd_model *m, int n_ctx) {
 void ref_free(ref_state *r) {
     if (!r) return;
     free(r->k); free(r->v); free(r->x); free(r->xn); free(r->q); free(r->att);
-    free(r->tmp); free(r->g); free(r->u); free(r->row); free(r->sc); free(r->xq); free(r->qbuf);
+    free(r->tmp); free(r->g); free(r->u); free(r->row); free(r->sc); free(r->xq); free(r->qbuf); free(r->xsave);
     free(r);
 }
 
@@ -64,6 +72,56 @@ void ref_truncate(ref_state *r, int n) {
     if (n >= 0 && n <= r->n_past) r->n_past = n;
 }
 
+void ref_set_tie_flips(ref_state *r, uint32_t mask) { r->tie_mask = mask; }
+int ref_last_ties(const ref_state *r) { return r->n_ties; }
+
+// A near-tie site met, dist from its tie (in units of the margin, <= 1): 1
+// if it rounds the other way (bit n_ties of the mask).
+static int tie_site(ref_state *r, float dist) {
+    const int i = r->n_ties++;
+    if (i < 32) r->tie_dist[i] = dist;
+    return i < 32 && (r->tie_mask >> i & 1);
+}
+
+// The near-tie sites of x's 8-bit quantization xq (blocks of blck with one
+// scale, amax / 127: Q8_0, Q8_1, Q8_K): the element at a site that rounds the
+// other way gets the other neighbouring step.
+static void ties_q8(ref_state *r, const float *x, float *xq, int64_t n, int blck) {
+    for (int64_t b0 = 0; b0 + blck <= n; b0 += blck) {
+        float amax = 0, xmax = 0;
+        for (int k = 0; k < blck; k++)
+            if (fabsf(x[b0 + k]) > amax) amax = fabsf(x[b0 + k]), xmax = fabsf(xq[b0 + k]);
+        if (!(amax > 0) || !(xmax > 0)) continue;
+        const float d = xmax / 127; // (the amax element is +-127 steps)
+        for (int k = 0; k < blck; k++) {
+            const float v = x[b0 + k] * (127.f / amax), fl = floorf(v);
+            const float dist = fabsf(v - (fl + 0.5f)) / (REF_TIE_Q8_REL * fabsf(v) + REF_TIE_Q8_ABS);
+            if (!(dist <= 1) || !tie_site(r, dist)) continue;
+            const float q = nearbyintf(xq[b0 + k] / d), other = q == fl ? fl + 1 : fl;
+            if (fabsf(other) <= 127) xq[b0 + k] = d * other;
+        }
+    }
+}
+
+// The fp16 neighbour of h one step up (up = 1) or down.
+static uint16_t f16_step(uint16_t h, int up) {
+    if ((h & 0x7FFF) == 0) return up ? 0x0001 : 0x8001;
+    return (uint16_t)((h & 0x8000) ? (up ? h - 1 : h + 1) : (up ? h + 1 : h - 1));
+}
+
+// x rounded through fp16 as the KV cache does, or to its other fp16
+// neighbour at a near-tie site that rounds the other way.
+static float kv_round(ref_state *r, float x) {
+    const uint16_t h = sd_fp32_to_fp16(x);
+    const float xr = sd_fp16_to_fp32(h);
+    if (xr == x || !isfinite(xr)) return xr;
+    const uint16_t o = f16_step(h, x > xr);
+    const float xo = sd_fp16_to_fp32(o);
+    const float dist = fabsf(x - 0.5f * (xr + xo)) / (REF_TIE_F16_REL * fabsf(x));
+    if (!isfinite(xo) || !(dist <= 1) || !tie_site(r, dist)) return xr;
+    return xo;
+}
+
 // y[o] = sum_k W[o][k] * x[k] (+ b[o]) with W dequantized row by row.
 static void matvec(ref_state *r, const sd_tensor *w, const sd_tensor *b, const float *x, float *y) {
     w = sd_model_file_tensor(r->m, w); // the file's layout (the model may hold a repacked copy)
@@ -71,8 +129,14 @@ static void matvec(ref_state *r, const sd_tensor *w, const sd_tensor *b, const f
     const sd_type_traits *tr = sd_type_get(w->type);
     const sd_type_traits *at = sd_type_get(tr->vec_dot_type);
     if (r->act_quant && tr->vec_dot_type != SD_TYPE_F32 && at && at->from_float && at->to_float) {
-        at->from_float(x, r->qbuf, n_in);
-        at->to_float(r->qbuf, r->xq, n_in);
+        if (x != r->last_x || n_in != r->last_n || tr->vec_dot_type != r->last_at ||
+            memcmp(x, r->xsave, (size_t)n_in * sizeof(float)) != 0) { // (else: the same input again)
+            at->from_float(x, r->qbuf, n_in);
+            at->to_float(r->qbuf, r->xq, n_in);
+            ties_q8(r, x, r->xq, n_in, at->blck);
+            memcpy(r->xsave, x, (size_t)n_in * sizeof(float));
+            r->last_x = x, r->last_n = n_in, r->last_at = tr->vec_dot_type;
+        }
         x = r->xq;
     }
     const size_t rs = sd_row_size(w->type, n_in);
@@ -116,6 +180,8 @@ int ref_eval_hidden(ref_state *r, int32_t token, int pos, float *logits, float *
     const sd_hparams *hp = &m->hp;
     if (r->n_past >= r->n_ctx || token < 0 || token >= hp->n_vocab) return -1;
     if (pos < 0) pos = r->n_past;
+    r->n_ties = 0;
+    r->last_x = NULL;
     const int E = hp->n_embd, hd = hp->head_dim, kvd = r->kv_dim, t = r->n_past;
     const sd_type_traits *et = sd_type_get(m->tok_embd->type);
     et->to_float((const uint8_t *)m->tok_embd->data + (size_t)token * sd_row_size(m->tok_embd->type, E), r->x, E);
@@ -129,8 +195,8 @@ int ref_eval_hidden(ref_state *r, int32_t token, int pos, float *logits, float *
         rope(r->q, hp->n_head, hp, pos);
         rope(kl + (size_t)t * kvd, hp->n_head_kv, hp, pos);
         for (int i = 0; i < kvd; i++) { // the KV cache holds fp16
-            kl[(size_t)t * kvd + i] = sd_fp16_to_fp32(sd_fp32_to_fp16(kl[(size_t)t * kvd + i]));
-            vl[(size_t)t * kvd + i] = sd_fp16_to_fp32(sd_fp32_to_fp16(vl[(size_t)t * kvd + i]));
+            kl[(size_t)t * kvd + i] = kv_round(r, kl[(size_t)t * kvd + i]);
+            vl[(size_t)t * kvd + i] = kv_round(r, vl[(size_t)t * kvd + i]);
         }
         for (int h = 0; h < hp->n_head; h++) {
             const int g = h / (hp->n_head / hp->n_head_kv);
@@ -171,4 +237,72 @@ int ref_eval_hidden(ref_state *r, int32_t token, int pos, float *logits, float *
     matvec(r, m->output, NULL, r->xn, logits);
     r->n_past++;
     return 0;
+}
+
+static float max_diff(const float *a, const float *b, int n) {
+    float m = 0;
+    for (int i = 0; i < n; i++) {
+        const float d = fabsf(a[i] - b[i]);
+        if (!(d <= m)) m = d; // (NaN counts as the largest)
+    }
+    return m;
+}
+
+int ref_eval_nearest(ref_state *r, int32_t token, int pos, const float *want, float tol, float *logits,
+                     uint32_t *flips) {
+    const int V = r->m->hp.n_vocab, n0 = r->n_past;
+    const uint32_t mask0 = r->tie_mask;
+    if (flips) *flips = 0;
+    r->tie_mask = 0;
+    if (ref_eval(r, token, pos, logits) < 0) {
+        r->tie_mask = mask0;
+        return -1;
+    }
+    const int ties = r->n_ties;
+    float best_d = max_diff(logits, want, V);
+    if (best_d <= tol || ties == 0) {
+        r->tie_mask = mask0;
+        return ties;
+    }
+    // the REF_TIE_SEARCH sites nearest their ties (of the first 32), fewest flipped first
+    int idx[32], ns = 0;
+    for (int i = 0; i < ties && i < 32; i++) idx[ns++] = i;
+    for (int i = 1; i < ns; i++)
+        for (int j = i; j > 0 && r->tie_dist[idx[j]] < r->tie_dist[idx[j - 1]]; j--) {
+            const int tmp = idx[j];
+            idx[j] = idx[j - 1];
+            idx[j - 1] = tmp;
+        }
+    if (ns > REF_TIE_SEARCH) ns = REF_TIE_SEARCH;
+    float *lg = malloc((size_t)V * sizeof(float));
+    uint32_t best = 0, last = 0;
+    for (int pc = 1; pc <= ns && best_d > tol; pc++)
+        for (uint32_t c = 1; lg && c < (1u << ns) && best_d > tol; c++) {
+            if (__builtin_popcount(c) != pc) continue;
+            uint32_t m = 0;
+            for (int i = 0; i < ns; i++)
+                if (c >> i & 1) m |= 1u << idx[i];
+            ref_truncate(r, n0);
+            r->tie_mask = last = m;
+            ref_eval(r, token, pos, lg);
+            const float d = max_diff(lg, want, V);
+            if (d < best_d) {
+                best_d = d;
+                best = m;
+                memcpy(logits, lg, (size_t)V * sizeof(float));
+            }
+        }
+    if (best != last) { // the cache holds the last evaluation's K / V: redo the one kept
+        ref_truncate(r, n0);
+        r->tie_mask = best;
+        ref_eval(r, token, pos, lg ? lg : logits);
+    }
+    free(lg);
+    if (best && getenv("REF_TIE_DEBUG"))
+        for (int i = 0; i < 32; i++)
+            if (best >> i & 1) printf("    [near tie %d of %d rounded the other way: %.3g of the margin from its tie]\n", i, ties, i < ties ? r->tie_dist[i] : -1.f);
+    r->n_ties = ties;
+    r->tie_mask = mask0;
+    if (flips) *flips = best;
+    return ties;
 }
