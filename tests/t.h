@@ -152,6 +152,18 @@ static inline void t_families(char **argv) {
     exit(bad);
 }
 
+// Cases on a real model (the default one) are slow under the scalar family
+// (test_forward's: 25 s of its 30 here, against 2 s under avx512-vnni); they
+// call this first: under "scalar", unless SD_TEST_SLOW=1 is set, it gives
+// the reason to skip them (the synthetic-model cases of the same programs
+// run every family), else NULL.
+static inline const char *t_slow_family(void) {
+    const char *e = getenv("SD_TEST_SLOW");
+    if (!t_family || strcmp(t_family, "scalar") != 0 || (e && !strcmp(e, "1"))) return NULL;
+    return "the default model is slow under the scalar kernels (set SD_TEST_SLOW=1 to run it); the synthetic "
+           "models of this program check the scalar family";
+}
+
 // Reinstalls the kernel table of the family under test (after a test-only
 // sd_quant_init / sd_quant_init_backend of another one); "auto" outside
 // t_families.

@@ -668,6 +668,7 @@ static void test_model_info(void) {
 // ---------------------------------------------------------------- the default model
 
 static void test_default_model(void) {
+    if (t_slow_family()) SKIP("%s", t_slow_family());
     if (access(DEFAULT_MODEL, R_OK) != 0) SKIP("%s absent (run scripts/fetch-models.sh)", DEFAULT_MODEL);
     sd_model *m;
     if (sd_model_load(&m, DEFAULT_MODEL, g_err, sizeof g_err) < 0) {

@@ -168,6 +168,7 @@ static void test_synthetic_model_invariance(void) {
 }
 
 static void test_default_model_invariance(void) {
+    if (t_slow_family()) SKIP("%s", t_slow_family());
     const char *path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
     if (access(path, R_OK) != 0) SKIP("%s absent (run scripts/fetch-models.sh)", path);
     check_model_invariance(path, 2);

@@ -541,6 +541,12 @@ void sd_quant_fix_for_model(void) {
     pthread_mutex_unlock(&g_lock);
 }
 
+int sd_quant_simd_level(void) {
+    if (!atomic_load_explicit(&g_inited, memory_order_acquire)) sd_quant_init(0);
+    const char *be = sd_quant_backend();
+    return !strcmp(be, "avx512-vnni") ? 2 : !strcmp(be, "avx2") ? 1 : 0;
+}
+
 const char *sd_quant_backend(void) {
     pthread_mutex_lock(&g_lock);
     const char *be = g_backend;

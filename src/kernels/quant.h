@@ -108,6 +108,10 @@ int sd_quant_init_backend(const char *name);
 // Name of the installed kernel family, e.g. "avx512-vnni", "avx2", "scalar"
 // ("scalar" before any installation; sd_backend_name installs "auto" first).
 const char *sd_quant_backend(void);
+// Internal (matmul.c): the vector width of the installed family, for the
+// kernels outside the traits table (the float-activation tiles): 2
+// "avx512-vnni", 1 "avx2", 0 "scalar" (installs "auto" first if nothing is).
+int sd_quant_simd_level(void);
 // Called by model loading: fixes the family for the process ("auto" unless
 // sd_backend_select chose one; installed if no table is), after which
 // sd_backend_select of another family fails.
