@@ -388,6 +388,44 @@ static void test_gemm_vs_ref(void) {
              "or AVX2 + FMA + F16C, in the build)", t_family ? t_family : sd_quant_backend());
 }
 
+// The accuracy of the family's kernels (vec_dot and tile kernel) and of the
+// reference dot, against the exact dot of the dequantized values: a
+// tolerance of 5e-7 of sum |w x|, four times the worst any reaches here
+// (1.2e-7, the AVX2 Q6_K vec_dot; most 6e-8 to 9e-8). An activation at a near tie of the next 8-bit rounding flips
+// as soon as two correct implementations differ at all (test_forward); this
+// bounds how far they may, well below the 1e-5 of the checks above.
+static void test_k_accuracy(void) {
+    enum { NR = 24, NSB = 6, N = NSB * SD_QK_K, NT = 5 };
+    sd_type_traits tr[SD_TYPE_COUNT];
+    memset(tr, 0, sizeof tr);
+    sd_quant_k_init(tr, k_family_mode());
+    for (int t = 0; t < 3; t++) {
+        const ktype *kt = &k_types[t];
+        const size_t wrb = (size_t)NSB * kt->bsize;
+        uint8_t *W = malloc(NR * wrb);
+        static sd_block_q8_K X[NT][NSB];
+        float y[NT * NR];
+        for (int r = 0; r < NR; r++) rnd_weights(kt, W + r * wrb, N, 1);
+        for (int j = 0; j < NT; j++) rnd_act(X[j], N, 0);
+        if (tr[kt->type].gemm) tr[kt->type].gemm(N, W, wrb, 0, NR, X, sizeof X[0], NT, y, NR);
+        double worst[3] = {0, 0, 0}; // tile kernel, vec_dot, reference
+        for (int j = 0; j < NT; j++)
+            for (int r = 0; r < NR; r++) {
+                double exact, a = abs_dot(kt, W + r * wrb, X[j], N, &exact);
+                const double e[3] = {tr[kt->type].gemm ? fabs(y[j * NR + r] - exact) / a : 0,
+                                     fabs(tr[kt->type].vec_dot(N, W + r * wrb, X[j]) - exact) / a,
+                                     fabs(kt->dot_ref(N, W + r * wrb, X[j]) - exact) / a};
+                for (int k = 0; k < 3; k++) worst[k] = e[k] > worst[k] ? e[k] : worst[k];
+            }
+        printf("  %s: worst |y - exact| / sum |w x|: tile kernel %.2e%s, vec_dot %.2e, reference %.2e\n", kt->name,
+               worst[0], tr[kt->type].gemm ? "" : " (none)", worst[1], worst[2]);
+        CHECK(worst[0] <= 5e-7 && worst[1] <= 5e-7 && worst[2] <= 5e-7,
+              "%s: tile kernel %.3g, vec_dot %.3g, reference %.3g of sum |w x| (tol 5e-7)", kt->name, worst[0],
+              worst[1], worst[2]);
+        free(W);
+    }
+}
+
 // End to end through the library's sd_matmul (activation conversion, thread
 // split, tile kernel) against sd_matmul_ref.
 static void test_matmul_k_types(void) {
@@ -472,6 +510,7 @@ int main(int argc, char **argv) {
     T_RUN(test_dot_ref_vs_dequantized);
     T_RUN(test_vec_dot_opt_vs_ref);
     T_RUN(test_gemm_vs_ref);
+    T_RUN(test_k_accuracy);
     T_RUN(test_matmul_k_types);
     T_RUN(test_matmul_batch_invariance);
     T_EXIT();
