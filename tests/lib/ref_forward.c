@@ -2,6 +2,7 @@
 #include "ref_forward.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -298,7 +299,7 @@ int ref_eval_nearest(ref_state *r, int32_t token, int pos, const float *want, fl
         ref_eval(r, token, pos, lg ? lg : logits);
     }
     free(lg);
-    if (best && getenv("REF_TIE_DEBUG"))
+    if (best && getenv("REF_TIE_DEBUG") && !strcmp(getenv("REF_TIE_DEBUG"), "1"))
         for (int i = 0; i < 32; i++)
             if (best >> i & 1) printf("    [near tie %d of %d rounded the other way: %.3g of the margin from its tie]\n", i, ties, i < ties ? r->tie_dist[i] : -1.f);
     r->n_ties = ties;

@@ -55,6 +55,8 @@ int ref_last_ties(const ref_state *r);
 // its logits in logits, its K / V in the cache (so later tokens see that
 // choice). Returns the near-tie sites the plain evaluation met, or -1 as
 // ref_eval; *flips (may be NULL): the combination kept (0: the plain one).
+// REF_TIE_DEBUG=1 in the environment prints the sites of a combination kept
+// and how near their ties they were.
 #define REF_TIE_SEARCH 6
 int ref_eval_nearest(ref_state *r, int32_t token, int pos, const float *want, float tol, float *logits,
                      uint32_t *flips);
