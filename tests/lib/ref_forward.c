@@ -12,9 +12,9 @@ struct ref_state {
     const sd_model *m;
     int n_ctx, n_past, kv_dim, q_dim;
     int act_quant;           // see ref_set_act_quant
-    uint32_t tie_mask;       // see ref_set_tie_flips
+    int flip[REF_TIE_FLIPS_MAX]; // see ref_set_tie_flips
+    int n_flip;
     int n_ties;              // near-tie sites met by the evaluation under way / the last one
-    float tie_dist[32];      // (n_ties, at most 32) each site's distance from its tie, in units of its margin
     const float *last_x;     // input of the last matvec with act_quant (its quantization, xq, is reused for
     float *xsave;            // the same input again: one set of sites, as the engine quantizes it once)
     int64_t last_n;
@@ -73,15 +73,18 @@ void ref_truncate(ref_state *r, int n) {
     if (n >= 0 && n <= r->n_past) r->n_past = n;
 }
 
-void ref_set_tie_flips(ref_state *r, uint32_t mask) { r->tie_mask = mask; }
+void ref_set_tie_flips(ref_state *r, const int *sites, int n) {
+    r->n_flip = n < 0 ? 0 : n > REF_TIE_FLIPS_MAX ? REF_TIE_FLIPS_MAX : n;
+    if (r->n_flip) memcpy(r->flip, sites, (size_t)r->n_flip * sizeof(int));
+}
 int ref_last_ties(const ref_state *r) { return r->n_ties; }
 
-// A near-tie site met, dist from its tie (in units of the margin, <= 1): 1
-// if it rounds the other way (bit n_ties of the mask).
-static int tie_site(ref_state *r, float dist) {
+// A near-tie site met: 1 if it rounds the other way (its index is listed).
+static int tie_site(ref_state *r) {
     const int i = r->n_ties++;
-    if (i < 32) r->tie_dist[i] = dist;
-    return i < 32 && (r->tie_mask >> i & 1);
+    for (int k = 0; k < r->n_flip; k++)
+        if (r->flip[k] == i) return 1;
+    return 0;
 }
 
 // The near-tie sites of x's 8-bit quantization xq (blocks of blck with one
@@ -96,8 +99,7 @@ static void ties_q8(ref_state *r, const float *x, float *xq, int64_t n, int blck
         const float d = xmax / 127; // (the amax element is +-127 steps)
         for (int k = 0; k < blck; k++) {
             const float v = x[b0 + k] * (127.f / amax), fl = floorf(v);
-            const float dist = fabsf(v - (fl + 0.5f)) / (REF_TIE_Q8_REL * fabsf(v) + REF_TIE_Q8_ABS);
-            if (!(dist <= 1) || !tie_site(r, dist)) continue;
+            if (!(fabsf(v - (fl + 0.5f)) <= REF_TIE_Q8_REL * fabsf(v) + REF_TIE_Q8_ABS) || !tie_site(r)) continue;
             const float q = nearbyintf(xq[b0 + k] / d), other = q == fl ? fl + 1 : fl;
             if (fabsf(other) <= 127) xq[b0 + k] = d * other;
         }
@@ -118,8 +120,7 @@ static float kv_round(ref_state *r, float x) {
     if (xr == x || !isfinite(xr)) return xr;
     const uint16_t o = f16_step(h, x > xr);
     const float xo = sd_fp16_to_fp32(o);
-    const float dist = fabsf(x - 0.5f * (xr + xo)) / (REF_TIE_F16_REL * fabsf(x));
-    if (!isfinite(xo) || !(dist <= 1) || !tie_site(r, dist)) return xr;
+    if (!isfinite(xo) || !(fabsf(x - 0.5f * (xr + xo)) <= REF_TIE_F16_REL * fabsf(x)) || !tie_site(r)) return xr;
     return xo;
 }
 
@@ -249,61 +250,61 @@ static float max_diff(const float *a, const float *b, int n) {
     return m;
 }
 
+// One evaluation of token with the sites fl[0..nf) rounded the other way,
+// from n0 cached tokens; its max |logit - want|.
+static float eval_flipped(ref_state *r, int n0, int32_t token, int pos, const int *fl, int nf, const float *want,
+                          float *lg) {
+    ref_truncate(r, n0);
+    ref_set_tie_flips(r, fl, nf);
+    ref_eval(r, token, pos, lg);
+    return max_diff(lg, want, r->m->hp.n_vocab);
+}
+
 int ref_eval_nearest(ref_state *r, int32_t token, int pos, const float *want, float tol, float *logits,
-                     uint32_t *flips) {
+                     int *flips) {
     const int V = r->m->hp.n_vocab, n0 = r->n_past;
-    const uint32_t mask0 = r->tie_mask;
     if (flips) *flips = 0;
-    r->tie_mask = 0;
-    if (ref_eval(r, token, pos, logits) < 0) {
-        r->tie_mask = mask0;
-        return -1;
-    }
+    r->n_flip = 0;
+    if (ref_eval(r, token, pos, logits) < 0) return -1;
     const int ties = r->n_ties;
-    float best_d = max_diff(logits, want, V);
-    if (best_d <= tol || ties == 0) {
-        r->tie_mask = mask0;
-        return ties;
-    }
-    // the REF_TIE_SEARCH sites nearest their ties (of the first 32), fewest flipped first
-    int idx[32], ns = 0;
-    for (int i = 0; i < ties && i < 32; i++) idx[ns++] = i;
-    for (int i = 1; i < ns; i++)
-        for (int j = i; j > 0 && r->tie_dist[idx[j]] < r->tie_dist[idx[j - 1]]; j--) {
-            const int tmp = idx[j];
-            idx[j] = idx[j - 1];
-            idx[j - 1] = tmp;
-        }
-    if (ns > REF_TIE_SEARCH) ns = REF_TIE_SEARCH;
+    const float d0 = max_diff(logits, want, V);
+    if (d0 <= tol || ties == 0) return ties;
+    // every site alone, then pairs and triples of the REF_TIE_SEARCH best alone
+    enum { NB = REF_TIE_SEARCH };
+    int bi[NB], nb = 0, best[3] = {0, 0, 0}, nbest = 0;
+    float bd[NB], best_d = d0;
     float *lg = malloc((size_t)V * sizeof(float));
-    uint32_t best = 0, last = 0;
-    for (int pc = 1; pc <= ns && best_d > tol; pc++)
-        for (uint32_t c = 1; lg && c < (1u << ns) && best_d > tol; c++) {
-            if (__builtin_popcount(c) != pc) continue;
-            uint32_t m = 0;
-            for (int i = 0; i < ns; i++)
-                if (c >> i & 1) m |= 1u << idx[i];
-            ref_truncate(r, n0);
-            r->tie_mask = last = m;
-            ref_eval(r, token, pos, lg);
-            const float d = max_diff(lg, want, V);
-            if (d < best_d) {
-                best_d = d;
-                best = m;
-                memcpy(logits, lg, (size_t)V * sizeof(float));
+    if (!lg) return ties;
+    const int ns = ties < REF_TIE_SITES_MAX ? ties : REF_TIE_SITES_MAX;
+    for (int i = 0; i < ns && best_d > tol; i++) {
+        const float d = eval_flipped(r, n0, token, pos, &i, 1, want, lg);
+        if (d < best_d) best_d = d, best[0] = i, nbest = 1;
+        int k = nb < NB ? nb++ : NB - 1; // insert into the NB smallest
+        if (k == NB - 1 && nb == NB && !(d < bd[k])) continue;
+        for (; k > 0 && d < bd[k - 1]; k--) bd[k] = bd[k - 1], bi[k] = bi[k - 1];
+        bd[k] = d, bi[k] = i;
+    }
+    for (int a = 0; a < nb && best_d > tol; a++)
+        for (int b = a + 1; b < nb && best_d > tol; b++) {
+            int fl[3] = {bi[a], bi[b], 0};
+            float d = eval_flipped(r, n0, token, pos, fl, 2, want, lg);
+            if (d < best_d) best_d = d, best[0] = fl[0], best[1] = fl[1], nbest = 2;
+            for (int c = b + 1; c < nb && best_d > tol; c++) {
+                fl[2] = bi[c];
+                d = eval_flipped(r, n0, token, pos, fl, 3, want, lg);
+                if (d < best_d) best_d = d, best[0] = fl[0], best[1] = fl[1], best[2] = fl[2], nbest = 3;
             }
         }
-    if (best != last) { // the cache holds the last evaluation's K / V: redo the one kept
-        ref_truncate(r, n0);
-        r->tie_mask = best;
-        ref_eval(r, token, pos, lg ? lg : logits);
-    }
+    // keep a combination that matches, else the plain rounding (a choice
+    // that only comes closer may be wrong, and later tokens would carry it)
+    if (!(best_d <= tol)) nbest = 0;
+    eval_flipped(r, n0, token, pos, best, nbest, want, logits);
+    if (nbest && getenv("REF_TIE_DEBUG") && !strcmp(getenv("REF_TIE_DEBUG"), "1"))
+        printf("    [%d of %d near-tie sites rounded the other way: %d %d %d; max diff %.3g -> %.3g]\n", nbest, ties,
+               best[0], best[1], best[2], d0, best_d);
     free(lg);
-    if (best && getenv("REF_TIE_DEBUG") && !strcmp(getenv("REF_TIE_DEBUG"), "1"))
-        for (int i = 0; i < 32; i++)
-            if (best >> i & 1) printf("    [near tie %d of %d rounded the other way: %.3g of the margin from its tie]\n", i, ties, i < ties ? r->tie_dist[i] : -1.f);
+    r->n_flip = 0;
     r->n_ties = ties;
-    r->tie_mask = mask0;
-    if (flips) *flips = best;
+    if (flips) *flips = nbest;
     return ties;
 }
