@@ -153,10 +153,10 @@ static inline void t_families(char **argv) {
 }
 
 // Cases on a real model (the default one) are slow under the scalar family
-// (test_forward's: 25 s of its 30 here, against 2 s under avx512-vnni); they
-// call this first: under "scalar", unless SD_TEST_SLOW=1 is set, it gives
-// the reason to skip them (the synthetic-model cases of the same programs
-// run every family), else NULL.
+// (test_forward's default-model case: 28 s against 2 s under avx512-vnni, on
+// this busy 2-core machine); they call this first: under "scalar", unless
+// SD_TEST_SLOW=1 is set, it gives the reason to skip them (the
+// synthetic-model cases of the same programs run every family), else NULL.
 static inline const char *t_slow_family(void) {
     const char *e = getenv("SD_TEST_SLOW");
     if (!t_family || strcmp(t_family, "scalar") != 0 || (e && !strcmp(e, "1"))) return NULL;
