@@ -3,6 +3,11 @@
 # and counts the PASS / FAIL / SKIP lines they print. A program that exits
 # non-zero without printing a FAIL line (a crash) counts as one failure.
 # The last line is "N passed, N failed, N skipped".
+# Programs that exercise the compute kernels run their cases once per kernel
+# family the CPU has (tests/t.h, t_families): their lines end in " [family]",
+# and a family the CPU or build lacks is one "SKIP kernels [family]: why"
+# line. SD_TEST_KERNELS=<family> runs one family only; SD_TEST_SLOW=1 adds
+# the default model's cases under the scalar family.
 set -u
 cd "$(dirname "$0")/.." || exit 2
 pass=0; fail=0; skip=0

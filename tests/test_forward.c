@@ -114,21 +114,26 @@ static int cmp_float(const void *a, const void *b) {
 }
 
 #define VSREF_ROWS 15 // 12 prompt rows (one batch) + 3 single steps: exercises 8-row attention blocks
-// A row whose logits are more than this off the act-quant reference was hit
-// by a rounding flip: a float-order difference of ~1e-6 moved one activation
-// across a rounding boundary of the 8-bit conversion, one quantization step
+// A row more than this off the act-quant reference is off. The reference and
+// the engine round the same values to 8 bits (activations) and to fp16 (the
+// KV cache), and a value at a near tie can round either way in the two (their
+// float sums differ by ~1e-6): one activation then moves by a whole step
 // (seen: the down matrix's output of one token 2.6e-3 off while its input
-// matched to 1e-6). The attention of the next layer carries that into every
-// later row (seen: 12 of 15 rows, median 2e-2, on one type in an AVX2-only
-// build). The fp16 KV cache adds such boundaries: a key or value element
-// 1e-6 off may round to the neighbouring half (seen: rows 1-13 of 15 off by
-// 0.1, rows 0 and 14 matched to 1e-5, on Q5_K). Those rows are left out of
-// the median; the rest, row 0 and at least one more, must match to 1e-4
-// (median), which a systematic
-// difference (a wrong activation format or conversion, the same at every
-// position) does not. Position-dependent errors (attention, KV cache) are
-// the business of test_long_context_vs_reference (float weights, 2e-3).
+// matched to 1e-6), and through the KV cache every later row (seen: llama
+// Q5_K, an activation 1.9e-6 steps below a tie in row 1 rounded up by the
+// tile kernels of both x86 families and by nothing else: rows 1-14 off by
+// 0.1-0.27, which failed here). So the reference is evaluated again with its
+// near-tie sites rounded the other way (ref_eval_nearest) and keeps a choice
+// that matches the engine to VSREF_MATCH. Rows still off (a flip the search
+// did not find: outside its margins, or a K / V flip whose own row hides it;
+// over six model seeds and the three x86 families, 1-5 rows in some types)
+// are left out of the median; row 0 and one more at least must match, the
+// median of the rest to 1e-4, which a systematic difference (a wrong
+// activation format or conversion, the same at every position) does not.
+// Position-dependent errors (attention, KV cache) are the business of
+// test_long_context_vs_reference (float weights, 2e-3).
 #define VSREF_FLIP 1e-3f
+#define VSREF_MATCH 1e-4f // ref_eval_nearest stops at a choice this close
 
 // Prompt of 12 tokens as one batch, then 3 single-token steps; every logit row
 // compared with the two references run token by token.
@@ -162,7 +167,7 @@ static void check_vs_ref(const char *arch, const type_case *tc) {
     const int32_t prompt[12] = {1, 300, 17, 260, 99, 5, 280, 281, 3, 312, 64, 128};
     int32_t tok = 42;
     float worst = 0, worstq = 0, sd = 0;
-    int nq = 0, n_flipped = 0, row0_flipped = 0;
+    int nq = 0, n_off = 0, n_tied = 0, n_ties = 0, row0_off = 0;
     sd_batch b = {.n = 12, .tokens = prompt};
     int rc = sd_session_forward(s, &b, g_err, sizeof g_err);
     CHECK(rc == 0, "forward: %s", g_err);
@@ -181,14 +186,16 @@ static void check_vs_ref(const char *arch, const type_case *tc) {
             tok = (int32_t)(tok * 7 + 3) % V;
         }
         ref_eval(r, t, -1, ref);
-        ref_eval(rq, t, -1, refq);
+        int flips = 0;
+        n_ties += ref_eval_nearest(rq, t, -1, got, VSREF_MATCH, refq, &flips); // (see VSREF_FLIP)
+        n_tied += flips != 0;
         float d = max_abs_diff(got, ref, V), dqm = max_abs_diff(got, refq, V);
         if (!(d <= worst)) worst = d;
         if (!(dqm <= worstq)) worstq = dqm;
         sd = stddev(ref, V);
-        if (!(dqm <= VSREF_FLIP)) { // hit by a rounding flip: out of the median (see VSREF_FLIP)
-            n_flipped++;
-            row0_flipped |= row == 0;
+        if (!(dqm <= VSREF_FLIP)) { // off whichever way the near ties round: out of the median (see VSREF_FLIP)
+            n_off++;
+            row0_off |= row == 0;
             continue;
         }
         for (int v = 0; v < V; v++) dq[nq++] = fabsf(got[v] - refq[v]);
@@ -198,12 +205,15 @@ static void check_vs_ref(const char *arch, const type_case *tc) {
     CHECK(worst <= tc->tol, "%s %s: max |logit - ref| = %g > tol %g", arch, name, worst, tc->tol);
     CHECK(worstq <= tc->tolq, "%s %s: max |logit - ref(act quant)| = %g > tol %g", arch, name, worstq, tc->tolq);
     CHECK(med <= 1e-4f, "%s %s: median |logit - ref(act quant)| = %g > 1e-4", arch, name, med);
-    const int flips_ok = !row0_flipped && n_flipped <= VSREF_ROWS - 2;
-    CHECK(flips_ok, "%s %s: %d of %d rows off the act-quant reference by > %g%s", arch, name, n_flipped, VSREF_ROWS,
-          VSREF_FLIP, row0_flipped ? ", row 0 among them" : "");
-    if (n_flipped && flips_ok)
-        printf("  info: %-5s %-5s %d of %d rows hit by a rounding flip (max > %g), the median is over the other %d\n",
-               arch, name, n_flipped, VSREF_ROWS, VSREF_FLIP, VSREF_ROWS - n_flipped);
+    const int off_ok = !row0_off && n_off <= VSREF_ROWS - 2;
+    CHECK(off_ok, "%s %s: %d of %d rows off the act-quant reference by > %g%s, whichever way its near ties round (%d "
+          "sites)", arch, name, n_off, VSREF_ROWS, VSREF_FLIP, row0_off ? ", row 0 among them" : "", n_ties);
+    if (n_off && off_ok)
+        printf("  info: %-5s %-5s %d of %d rows off (a flip the near-tie search did not find), the median is over the "
+               "other %d\n", arch, name, n_off, VSREF_ROWS, VSREF_ROWS - n_off);
+    if (n_tied)
+        printf("  info: %-5s %-5s %d of %d rows matched with near ties of the reference rounded the other way (%d "
+               "near-tie sites)\n", arch, name, n_tied, VSREF_ROWS, n_ties);
     printf("  info: %-5s %-5s vs float ref max %.2e (tol %.2g); vs act-quant ref max %.2e median %.0e (tol %.2g); "
            "logit std %.2f\n",
            arch, name, worst, tc->tol, worstq, med, tc->tolq, sd);
@@ -666,6 +676,7 @@ static void test_model_info(void) {
 // ---------------------------------------------------------------- the default model
 
 static void test_default_model(void) {
+    if (t_slow_family()) SKIP("%s", t_slow_family());
     if (access(DEFAULT_MODEL, R_OK) != 0) SKIP("%s absent (run scripts/fetch-models.sh)", DEFAULT_MODEL);
     sd_model *m;
     if (sd_model_load(&m, DEFAULT_MODEL, g_err, sizeof g_err) < 0) {
@@ -727,8 +738,9 @@ static void test_default_model(void) {
     sd_model_free(m);
 }
 
-int main(void) {
-    sd_quant_init(0);
+int main(int argc, char **argv) {
+    (void)argc;
+    t_families(argv); // every case under each kernel family this CPU has
     T_RUN(test_load_errors);
     T_RUN(test_model_info);
     T_RUN(test_rope_linear_scaling);

@@ -168,12 +168,15 @@ static void test_synthetic_model_invariance(void) {
 }
 
 static void test_default_model_invariance(void) {
+    if (t_slow_family()) SKIP("%s", t_slow_family());
     const char *path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
     if (access(path, R_OK) != 0) SKIP("%s absent (run scripts/fetch-models.sh)", path);
     check_model_invariance(path, 2);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    (void)argc;
+    t_families(argv); // every case under each kernel family this CPU has
     T_RUN(test_matmul_batch_invariance);
     T_RUN(test_synthetic_model_invariance);
     T_RUN(test_default_model_invariance);

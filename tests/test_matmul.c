@@ -288,8 +288,9 @@ static void test_read_ahead_window(void) {
     CHECK(sd_pool_wait_step() == 0, "a cleared window pauses");
 }
 
-int main(void) {
-    sd_quant_init(0);
+int main(int argc, char **argv) {
+    (void)argc;
+    t_families(argv); // every case under each kernel family this CPU has
     T_RUN(test_hooks);
     T_RUN(test_act_ahead);
     T_RUN(test_read_ahead_window);

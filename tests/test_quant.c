@@ -333,14 +333,15 @@ static void test_gemm_plain_rows(void) {
     sd_pool_free(pool);
 }
 
-// force_ref=1 puts the references everywhere; sd_quant_init(0) restores.
+// force_ref=1 puts the references everywhere; t_kernels_reset restores the
+// family under test.
 static void test_force_ref(void) {
     sd_quant_init(1);
     const sd_type_traits *tr = sd_type_get(SD_TYPE_Q4_1);
     CHECK(tr->vec_dot == tr->vec_dot_ref && tr->gemm == NULL, "force_ref keeps Q4_1 scalar");
     CHECK(strcmp(sd_quant_backend(), "scalar") == 0, "backend %s", sd_quant_backend());
     CHECK(sd_quant_repack_type(SD_TYPE_Q4_1, 576) < 0, "force_ref: no repacked types");
-    sd_quant_init(0);
+    t_kernels_reset();
     printf("  backend after re-init: %s\n", sd_quant_backend());
 }
 
@@ -454,7 +455,8 @@ static void test_repacked(void) {
         const int64_t *ins = tr->blck == SD_QK ? ins32 : insk;
         const int n_ins = tr->blck == SD_QK ? (int)(sizeof ins32 / sizeof *ins32) : 3;
         if (sd_quant_repack_type(t, ins[0]) < 0) {
-            printf("  %s: no repacked form on this CPU (backend %s)\n", tr->name, sd_quant_backend());
+            if (strcmp(sd_quant_backend(), "scalar") != 0) // (the scalar family has none at all: see the end)
+                printf("  %s: no repacked form on this CPU (backend %s)\n", tr->name, sd_quant_backend());
             continue;
         }
         for (int ii = 0; ii < n_ins; ii++) {
@@ -497,6 +499,7 @@ static void test_repacked(void) {
           "no repacked form of F32 or of a repacked type");
     printf("  %d repacked matrix shapes equal to the file layout\n", n_checked);
     sd_pool_free(pool);
+    if (n_checked == 0) SKIP("no repacked layouts in kernel family %s (the scalar family has none)", sd_quant_backend());
 }
 
 // Float activations (sd_mm_ctx.act_f32, used for prompts): every type with a
@@ -550,27 +553,57 @@ static void test_matmul_f32_act(void) {
     sd_pool_free(pool);
 }
 
-// The AVX2 kernels of the legacy quants (CPUs without AVX-512 VNNI), forced
-// on this CPU: the same checks as for the default kernels.
-static void test_avx2_backend(void) {
-    if (sd_quant_init_backend("avx2") != 0) {
-        sd_quant_init(0);
-        SKIP("this CPU has no AVX2 + FMA + F16C (backend %s)", sd_quant_backend());
-    }
-    printf("  backend: %s\n", sd_quant_backend());
-    CHECK(strcmp(sd_quant_backend(), "avx2") == 0, "backend %s", sd_quant_backend());
-    CHECK(sd_type_get(SD_TYPE_Q4_1)->vec_dot != sd_type_get(SD_TYPE_Q4_1)->vec_dot_ref, "Q4_1 dot is the reference");
-    test_vec_dot();
-    test_matmul();
-    test_gemm_plain_rows();
-    test_matmul_batch_invariance();
-    test_repacked();
-    sd_quant_init(0);
+// The family under test is the one installed (t_families runs every case of
+// this program under each family the CPU has, so the AVX2 kernels are checked
+// on an AVX-512 CPU too): its name, and dots / tile kernels that are the
+// family's own. The avx2 family must not reuse any AVX-512 kernel (its
+// K-quant tile kernels once were the AVX-512 ones, so an AVX-512 host never
+// ran the AVX2 ones).
+void sd_q4_K_to_float_ref(const void *src, float *dst, int64_t n);
+void sd_q6_K_to_float_ref(const void *src, float *dst, int64_t n);
+void sd_q8_K_from_float_ref(const float *src, void *dst, int64_t n);
+static void test_family_installed(void) {
     CHECK(sd_quant_init_backend("no-such") == -1, "unknown backend name accepted");
+    t_kernels_reset();
+    if (!t_family) SKIP("not run under t_families");
+    printf("  backend: %s\n", sd_quant_backend());
+    CHECK(strcmp(sd_quant_backend(), t_family) == 0, "backend %s, family %s", sd_quant_backend(), t_family);
+    static const int kt[] = {SD_TYPE_Q4_0, SD_TYPE_Q4_1, SD_TYPE_Q5_0, SD_TYPE_Q5_1, SD_TYPE_Q8_0,
+                             SD_TYPE_Q4_K, SD_TYPE_Q5_K, SD_TYPE_Q6_K};
+    const int scalar = !strcmp(t_family, "scalar");
+    sd_vec_dot_fn dot[8];
+    sd_gemm_fn gemm[8];
+    for (int i = 0; i < 8; i++) {
+        const sd_type_traits *tr = sd_type_get(kt[i]);
+        dot[i] = tr->vec_dot;
+        gemm[i] = tr->gemm;
+        if (scalar) {
+            CHECK(tr->vec_dot == tr->vec_dot_ref && tr->gemm == NULL, "%s: scalar family, optimized kernel", tr->name);
+            CHECK(sd_quant_repack_type(kt[i], 1024) < 0, "%s: scalar family, repacked type", tr->name);
+        } else if (i < 5 || sd_type_get(SD_TYPE_Q4_K)->gemm) { // (K-quant kernels: AVX2 + FMA + F16C builds)
+            CHECK(tr->vec_dot != tr->vec_dot_ref && tr->gemm != NULL, "%s: family %s, reference kernels", tr->name,
+                  t_family);
+        }
+    }
+    if (scalar) {
+        CHECK(sd_type_get(SD_TYPE_Q4_K)->to_float == sd_q4_K_to_float_ref &&
+                  sd_type_get(SD_TYPE_Q6_K)->to_float == sd_q6_K_to_float_ref &&
+                  sd_type_get(SD_TYPE_Q8_K)->from_float == sd_q8_K_from_float_ref,
+              "scalar family: K-quant conversions are not the plain C ones");
+    }
+    if (!strcmp(t_family, "avx2") && sd_quant_init_backend("avx512-vnni") == 0) {
+        for (int i = 0; i < 8; i++) {
+            const sd_type_traits *tr = sd_type_get(kt[i]);
+            CHECK(tr->vec_dot != dot[i] && (!gemm[i] || tr->gemm != gemm[i]), "%s: avx2 family has avx512-vnni's kernel",
+                  tr->name);
+        }
+        t_kernels_reset();
+    }
 }
 
-int main(void) {
-    sd_quant_init(0);
+int main(int argc, char **argv) {
+    (void)argc;
+    t_families(argv); // every case under each kernel family this CPU has
     T_RUN(test_traits);
     T_RUN(test_half);
     T_RUN(test_roundtrip);
@@ -582,6 +615,6 @@ int main(void) {
     T_RUN(test_repacked);
     T_RUN(test_matmul_f32_act);
     T_RUN(test_force_ref);
-    T_RUN(test_avx2_backend);
+    T_RUN(test_family_installed);
     T_EXIT();
 }

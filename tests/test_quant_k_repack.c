@@ -169,7 +169,9 @@ static void test_gemm_bits(void) {
             free(yr);
         }
     }
-    if (!any) SKIP("no repacked K-quant kernel in this build (it needs AVX-512 F/BW/VL, or AVX2 + FMA + F16C); scalar reference checked");
+    if (!any)
+        SKIP("no repacked K-quant kernel in kernel family %s (the scalar family has none; the others need AVX-512 "
+             "F/BW/VL, or AVX2 + FMA + F16C, in the build); scalar reference checked", sd_quant_backend());
 }
 
 // sd_matmul on the repacked matrix: same bits as on the file layout, and a
@@ -225,7 +227,9 @@ static void test_matmul_repacked(void) {
         }
     }
     sd_pool_free(pool);
-    if (!any) SKIP("this build has no repacked K-quant layout (no AVX-512 or AVX2 kernel)");
+    if (!any)
+        SKIP("no repacked K-quant layout in kernel family %s (the scalar family has none; the others need an AVX-512 "
+             "or AVX2 kernel in the build)", sd_quant_backend());
 }
 
 // sd_q6_K_to_float (vectorized where AVX-512 is built in) gives exactly the
@@ -300,8 +304,9 @@ static void test_repack_refuses(void) {
     }
 }
 
-int main(void) {
-    sd_quant_init(0);
+int main(int argc, char **argv) {
+    (void)argc;
+    t_families(argv); // every case under each kernel family this CPU has
     T_RUN(test_repacked_ref_vs_plain_ref);
     T_RUN(test_gemm_bits);
     T_RUN(test_matmul_repacked);

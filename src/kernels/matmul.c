@@ -87,6 +87,7 @@ typedef struct {
     int64_t n_tok;
     int64_t align;    // thread row ranges start at multiples of this (SD_MM_ROW_ALIGN or hooks->align)
     int f32;          // 1: x stays float, each weight row is dequantized (ctx->act_f32)
+    int f32_level;    // then the kernel family's version (sd_quant_simd_level)
     sd_mm_next next;  // the next run's weights (a prefetch hint), W NULL if unknown
 } mm_job;
 
@@ -116,9 +117,12 @@ static float lanes16_sum(float *a) {
 #include <immintrin.h>
 #endif
 
-// y[t * ldy + r] for R rows (wrow[r], n floats) and T tokens (x + t * n).
-static inline __attribute__((always_inline)) void f32_tile(int R, int T, const float *const *wrow, const float *x, int64_t n, float *y, int64_t ldy) {
+// y[t * ldy + r] for R rows (wrow[r], n floats) and T tokens (x + t * n),
+// one version per kernel family (sd_quant_simd_level: the family installed);
+// an AVX-512 build has all three, so any host runs the ones it can.
+#define F32_TILE_FN static inline __attribute__((always_inline)) void
 #if defined(__AVX512F__)
+F32_TILE_FN f32_tile_avx512(int R, int T, const float *const *wrow, const float *x, int64_t n, float *y, int64_t ldy) {
     __m512 acc[SD_F32_RF][SD_F32_TF];
     for (int r = 0; r < R; r++)
         for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
@@ -141,7 +145,11 @@ static inline __attribute__((always_inline)) void f32_tile(int R, int T, const f
             _mm512_storeu_ps(l, acc[r][t]);
             y[t * ldy + r] = lanes16_sum(l);
         }
-#elif defined(__AVX2__) && defined(__FMA__)
+}
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__)
+F32_TILE_FN f32_tile_avx2(int R, int T, const float *const *wrow, const float *x, int64_t n, float *y, int64_t ldy) {
     // the 16 lanes as two halves of 8, which never mix before lanes16_sum:
     // lanes 0-7 take k = 16i + 0..7, lanes 8-15 k = 16i + 8..15, one FMA each
     float l[SD_F32_RF][SD_F32_TF][16];
@@ -168,18 +176,41 @@ static inline __attribute__((always_inline)) void f32_tile(int R, int T, const f
             for (int64_t k = nv; k < n; k++) l[r][t][k % 16] = fmaf(wrow[r][k], x[t * n + k], l[r][t][k % 16]);
             y[t * ldy + r] = lanes16_sum(l[r][t]);
         }
-#else
+}
+#endif
+
+F32_TILE_FN f32_tile_c(int R, int T, const float *const *wrow, const float *x, int64_t n, float *y, int64_t ldy) {
     for (int r = 0; r < R; r++)
         for (int t = 0; t < T; t++) {
             float l[16] = {0};
             for (int64_t k = 0; k < n; k++) l[k % 16] += wrow[r][k] * x[t * n + k];
             y[t * ldy + r] = lanes16_sum(l);
         }
-#endif
 }
 
-static void f32_rows(const void *W, size_t wrb, sd_to_float_fn to_float, int64_t n_in, int64_t r0, int64_t r1,
-                     const float *x, int64_t n_tok, float *y, int64_t ldy) {
+// The tile of level lv (a constant where this is inlined).
+F32_TILE_FN f32_tile(const int lv, int R, int T, const float *const *wrow, const float *x, int64_t n, float *y,
+                     int64_t ldy) {
+#if defined(__AVX512F__)
+    if (lv >= 2) {
+        f32_tile_avx512(R, T, wrow, x, n, y, ldy);
+        return;
+    }
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+    if (lv >= 1) {
+        f32_tile_avx2(R, T, wrow, x, n, y, ldy);
+        return;
+    }
+#endif
+    (void)lv;
+    f32_tile_c(R, T, wrow, x, n, y, ldy);
+}
+
+static inline __attribute__((always_inline)) void f32_rows_lv(const int lv, const void *W, size_t wrb,
+                                                              sd_to_float_fn to_float, int64_t n_in, int64_t r0,
+                                                              int64_t r1, const float *x, int64_t n_tok, float *y,
+                                                              int64_t ldy) {
     float buf[SD_F32_RF][SD_F32_MAX_IN];
     for (int64_t r = r0; r < r1; r += SD_F32_RF) {
         const int R = (int)SD_MIN((int64_t)SD_F32_RF, r1 - r);
@@ -191,11 +222,20 @@ static void f32_rows(const void *W, size_t wrb, sd_to_float_fn to_float, int64_t
         for (int64_t t = 0; t < n_tok; t += SD_F32_TF) {
             const int T = (int)SD_MIN((int64_t)SD_F32_TF, n_tok - t);
             if (R == SD_F32_RF && T == SD_F32_TF) // the full tile, with constant bounds
-                f32_tile(SD_F32_RF, SD_F32_TF, wrow, x + t * n_in, n_in, y + t * ldy + r, ldy);
+                f32_tile(lv, SD_F32_RF, SD_F32_TF, wrow, x + t * n_in, n_in, y + t * ldy + r, ldy);
             else
-                f32_tile(R, T, wrow, x + t * n_in, n_in, y + t * ldy + r, ldy);
+                f32_tile(lv, R, T, wrow, x + t * n_in, n_in, y + t * ldy + r, ldy);
         }
     }
+}
+
+// The float-activation rows of the kernel family installed (level: see
+// sd_quant_simd_level; a level this build lacks takes the next one down).
+static void f32_rows(int level, const void *W, size_t wrb, sd_to_float_fn to_float, int64_t n_in, int64_t r0,
+                     int64_t r1, const float *x, int64_t n_tok, float *y, int64_t ldy) {
+    if (level >= 2) f32_rows_lv(2, W, wrb, to_float, n_in, r0, r1, x, n_tok, y, ldy);
+    else if (level == 1) f32_rows_lv(1, W, wrb, to_float, n_in, r0, r1, x, n_tok, y, ldy);
+    else f32_rows_lv(0, W, wrb, to_float, n_in, r0, r1, x, n_tok, y, ldy);
 }
 
 // Rows [r0, r1) of matrix m of the job, all tokens.
@@ -204,7 +244,7 @@ static void mm_rows(const mm_job *j, int m, int64_t r0, int64_t r1) {
     const int64_t n_out = j->n_out[m];
     float *y = j->y[m];
     if (j->f32) {
-        f32_rows(j->W[m], j->w_row_bytes, j->tr->to_float, j->n_in, r0, r1, j->x, j->n_tok, y, n_out);
+        f32_rows(j->f32_level, j->W[m], j->w_row_bytes, j->tr->to_float, j->n_in, r0, r1, j->x, j->n_tok, y, n_out);
         return;
     }
     if (j->tr->gemm) {
@@ -371,6 +411,7 @@ static void matmul_run(sd_mm_ctx *ctx, int wtype, int n_mats, const void *const 
     int vdt = tr->vec_dot_type;
     // float activations: x is used as it is, no conversion
     j.f32 = !act && ctx && ctx->act_f32 && tr->to_float && n_in <= SD_F32_MAX_IN;
+    j.f32_level = j.f32 ? sd_quant_simd_level() : 0;
     if (act) {
         SD_ASSERT(act->wtype == wtype && act->n_in == n_in && act->n_tok == n_tok && !j.pre);
         j.xq = act->buf;

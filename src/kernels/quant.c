@@ -22,7 +22,7 @@
 //   void  sd_q4_K_from_float(const float *src, void *dst, int64_t n);  (q5_K, q6_K, q8_K alike)
 //   float sd_q4_K_dot_ref(int64_t n, const void *w, const void *x);    (q5_K, q6_K alike;
 //         x is a Q8_K row)
-//   void  sd_quant_k_init(sd_type_traits *traits, int force_ref);
+//   void  sd_quant_k_init(sd_type_traits *traits, int mode);
 //         traits is this whole table (indexed by type id, SD_TYPE_COUNT
 //         entries); the hook sets vec_dot and gemm of Q4_K/Q5_K/Q6_K to its
 //         best kernels (to the references when force_ref != 0). It is called
@@ -51,7 +51,7 @@ extern void sd_q8_K_from_float(const float *src, void *dst, int64_t n);
 extern float sd_q4_K_dot_ref(int64_t n, const void *w, const void *x);
 extern float sd_q5_K_dot_ref(int64_t n, const void *w, const void *x);
 extern float sd_q6_K_dot_ref(int64_t n, const void *w, const void *x);
-extern void sd_quant_k_init(sd_type_traits *traits, int force_ref);
+extern void sd_quant_k_init(sd_type_traits *traits, int mode); // mode: 0 best, 1 references, 2 AVX2
 
 // Optimized kernels (src/kernels_x86.c). sd_kernels_x86_init returns the
 // family name and fills vec_dot/gemm of the legacy types, or returns NULL
@@ -461,7 +461,7 @@ static void quant_init_locked(int mode) {
     if (mode == 0) be = sd_kernels_x86_init(g_traits, g_act, g_pack);
     if (!be && !force_ref) be = sd_kernels_avx2_init(g_traits, g_act, g_pack);
     g_backend = be ? be : "scalar";
-    sd_quant_k_init(g_traits, force_ref);
+    sd_quant_k_init(g_traits, mode); // the same modes
     atomic_store_explicit(&g_inited, 1, memory_order_release);
 }
 
@@ -472,11 +472,12 @@ void sd_quant_init(int force_ref) {
 }
 
 int sd_quant_init_backend(const char *name) {
-    int mode = !strcmp(name, "auto") ? 0 : !strcmp(name, "scalar") ? 1 : !strcmp(name, "avx2") ? 2 : -1;
+    const int avx512 = !strcmp(name, "avx512-vnni");
+    int mode = !strcmp(name, "auto") || avx512 ? 0 : !strcmp(name, "scalar") ? 1 : !strcmp(name, "avx2") ? 2 : -1;
     if (mode < 0) return -1;
     pthread_mutex_lock(&g_lock);
     quant_init_locked(mode);
-    int ok = mode != 2 || strcmp(g_backend, "avx2") == 0;
+    int ok = mode == 2 ? strcmp(g_backend, "avx2") == 0 : avx512 ? strcmp(g_backend, "avx512-vnni") == 0 : 1;
     if (!ok) quant_init_locked(0); // not on this CPU: back to the best it has
     pthread_mutex_unlock(&g_lock);
     return ok ? 0 : -1;
@@ -538,6 +539,12 @@ void sd_quant_fix_for_model(void) {
     }
     g_model_loaded = 1;
     pthread_mutex_unlock(&g_lock);
+}
+
+int sd_quant_simd_level(void) {
+    if (!atomic_load_explicit(&g_inited, memory_order_acquire)) sd_quant_init(0);
+    const char *be = sd_quant_backend();
+    return !strcmp(be, "avx512-vnni") ? 2 : !strcmp(be, "avx2") ? 1 : 0;
 }
 
 const char *sd_quant_backend(void) {

@@ -100,13 +100,18 @@ const sd_type_traits *sd_type_get(int t);
 // references everywhere (force_ref=1); thread-safe.
 void sd_quant_init(int force_ref);
 // Test only, as sd_quant_init: installs a family by name: "auto" (what
-// sd_quant_init(0) picks), "scalar" (= sd_quant_init(1)) or "avx2" (the
-// AVX2 dots of the legacy quants even on an AVX-512 CPU). Returns 0, or -1
-// for an unknown name or a CPU without it.
+// sd_quant_init(0) picks), "scalar" (= sd_quant_init(1)), "avx2" (the AVX2
+// kernels, legacy quants and K-quants, even on an AVX-512 CPU) or
+// "avx512-vnni". Returns 0, or -1 for an unknown name or a CPU (or build)
+// without it; the best family is installed then.
 int sd_quant_init_backend(const char *name);
 // Name of the installed kernel family, e.g. "avx512-vnni", "avx2", "scalar"
 // ("scalar" before any installation; sd_backend_name installs "auto" first).
 const char *sd_quant_backend(void);
+// Internal (matmul.c): the vector width of the installed family, for the
+// kernels outside the traits table (the float-activation tiles): 2
+// "avx512-vnni", 1 "avx2", 0 "scalar" (installs "auto" first if nothing is).
+int sd_quant_simd_level(void);
 // Called by model loading: fixes the family for the process ("auto" unless
 // sd_backend_select chose one; installed if no table is), after which
 // sd_backend_select of another family fails.

@@ -74,8 +74,12 @@ static void k_q6_unpack_ref(const sd_block_q6_K *b, int8_t q[SD_QK_K]) {
 void sd_q4_K_to_float(const void *src, float *dst, int64_t n) {
 #if defined(K_HAVE_AVX512)
     sd_q4_K_to_float_avx512(src, dst, n);
-    return;
+#else
+    sd_q4_K_to_float_ref(src, dst, n);
 #endif
+}
+
+void sd_q4_K_to_float_ref(const void *src, float *dst, int64_t n) {
     const sd_block_q4_K *b = src;
     for (int64_t i = 0; i < n / SD_QK_K; i++, b++) {
         const float d = k_h2f(b->d), dmin = k_h2f(b->dmin);
@@ -120,8 +124,12 @@ void sd_q5_K_to_float(const void *src, float *dst, int64_t n) {
 void sd_q6_K_to_float(const void *src, float *dst, int64_t n) {
 #if defined(K_HAVE_AVX512)
     sd_q6_K_to_float_avx512(src, dst, n);
-    return;
+#else
+    sd_q6_K_to_float_ref(src, dst, n);
 #endif
+}
+
+void sd_q6_K_to_float_ref(const void *src, float *dst, int64_t n) {
     const sd_block_q6_K *b = src;
     for (int64_t i = 0; i < n / SD_QK_K; i++, b++) {
         const float d = k_h2f(b->d);
@@ -309,26 +317,41 @@ void sd_q6_K_from_float(const float *src, void *dst, int64_t n) {
 }
 
 // Activations are converted once per token and matmul, so this quantizer is
-// on the hot path; the AVX-512 branch computes the same bytes as the scalar
-// one (same float operations, round-to-nearest-even) for finite input.
-void sd_q8_K_from_float(const float *src, void *dst, int64_t n) {
+// on the hot path; the AVX-512 version computes the same bytes as the plain
+// C one (same float operations, round-to-nearest-even) for finite input.
+void sd_q8_K_from_float_ref(const float *src, void *dst, int64_t n) {
     sd_block_q8_K *b = dst;
     for (int64_t i = 0; i < n / SD_QK_K; i++, b++, src += SD_QK_K) {
         float amax = 0;
-#if defined(K_HAVE_AVX512)
-        __m512 vmax = _mm512_setzero_ps();
-        for (int v = 0; v < 16; v++) vmax = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(src + 16 * v)), vmax);
-        amax = _mm512_reduce_max_ps(vmax);
-#else
         for (int e = 0; e < SD_QK_K; e++) amax = fabsf(src[e]) > amax ? fabsf(src[e]) : amax;
-#endif
         if (!(amax > 0)) { // all zero (or NaN input): a zero block
             memset(b, 0, sizeof *b);
             continue;
         }
         const float iscale = 127.f / amax;
         b->d = amax / 127.f;
+        for (int e = 0; e < SD_QK_K; e++) b->qs[e] = (int8_t)k_clamp(k_round(src[e] * iscale), -127, 127);
+        for (int g = 0; g < 16; g++) {
+            int sum = 0;
+            for (int k = 0; k < 16; k++) sum += b->qs[16 * g + k];
+            b->bsums[g] = (int16_t)sum;
+        }
+    }
+}
+
+void sd_q8_K_from_float(const float *src, void *dst, int64_t n) {
 #if defined(K_HAVE_AVX512)
+    sd_block_q8_K *b = dst;
+    for (int64_t i = 0; i < n / SD_QK_K; i++, b++, src += SD_QK_K) {
+        __m512 vmax = _mm512_setzero_ps();
+        for (int v = 0; v < 16; v++) vmax = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(src + 16 * v)), vmax);
+        const float amax = _mm512_reduce_max_ps(vmax);
+        if (!(amax > 0)) { // all zero (or NaN input): a zero block
+            memset(b, 0, sizeof *b);
+            continue;
+        }
+        const float iscale = 127.f / amax;
+        b->d = amax / 127.f;
         const __m512 is = _mm512_set1_ps(iscale);
         const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
         for (int v = 0; v < 16; v++) {
@@ -337,15 +360,10 @@ void sd_q8_K_from_float(const float *src, void *dst, int64_t n) {
             _mm_storeu_si128((__m128i *)(b->qs + 16 * v), _mm512_cvtepi32_epi8(q));
             b->bsums[v] = (int16_t)_mm512_reduce_add_epi32(q);
         }
-#else
-        for (int e = 0; e < SD_QK_K; e++) b->qs[e] = (int8_t)k_clamp(k_round(src[e] * iscale), -127, 127);
-        for (int g = 0; g < 16; g++) {
-            int sum = 0;
-            for (int k = 0; k < 16; k++) sum += b->qs[16 * g + k];
-            b->bsums[g] = (int16_t)sum;
-        }
-#endif
     }
+#else
+    sd_q8_K_from_float_ref(src, dst, n);
+#endif
 }
 
 // ---------------------------------------------------------------------------
@@ -419,24 +437,35 @@ float sd_q6_K_dot_ref(int64_t n, const void *w, const void *x) {
 // ---------------------------------------------------------------------------
 // kernel selection
 
-void sd_quant_k_init(sd_type_traits *traits, int force_ref) {
+void sd_quant_k_init(sd_type_traits *traits, int mode) {
     traits[SD_TYPE_Q4_K].vec_dot = sd_q4_K_dot_ref;
     traits[SD_TYPE_Q5_K].vec_dot = sd_q5_K_dot_ref;
     traits[SD_TYPE_Q6_K].vec_dot = sd_q6_K_dot_ref;
     traits[SD_TYPE_Q4_K].gemm = NULL;
     traits[SD_TYPE_Q5_K].gemm = NULL;
     traits[SD_TYPE_Q6_K].gemm = NULL;
-    if (force_ref) return;
+    // the plain C conversions, unless the family below has faster ones
+    traits[SD_TYPE_Q4_K].to_float = sd_q4_K_to_float_ref;
+    traits[SD_TYPE_Q5_K].to_float = sd_q5_K_to_float;
+    traits[SD_TYPE_Q6_K].to_float = sd_q6_K_to_float_ref;
+    traits[SD_TYPE_Q8_K].from_float = sd_q8_K_from_float_ref;
+    if (mode == SD_QK_REF) return;
 #if defined(K_HAVE_AVX512)
-    traits[SD_TYPE_Q4_K].vec_dot = sd_q4_K_dot_avx512;
-    traits[SD_TYPE_Q5_K].vec_dot = sd_q5_K_dot_avx512;
-    traits[SD_TYPE_Q6_K].vec_dot = sd_q6_K_dot_avx512;
-#elif defined(K_HAVE_AVX2)
+    if (mode == SD_QK_BEST) {
+        traits[SD_TYPE_Q4_K].vec_dot = sd_q4_K_dot_avx512;
+        traits[SD_TYPE_Q5_K].vec_dot = sd_q5_K_dot_avx512;
+        traits[SD_TYPE_Q6_K].vec_dot = sd_q6_K_dot_avx512;
+        traits[SD_TYPE_Q4_K].to_float = sd_q4_K_to_float;
+        traits[SD_TYPE_Q6_K].to_float = sd_q6_K_to_float;
+        traits[SD_TYPE_Q8_K].from_float = sd_q8_K_from_float;
+        sd_quant_k_x86_init(traits); // the tile kernels and the repacked types
+        return;
+    }
+#endif
+#if defined(K_HAVE_AVX2)
     traits[SD_TYPE_Q4_K].vec_dot = sd_q4_K_dot_avx2;
     traits[SD_TYPE_Q5_K].vec_dot = sd_q5_K_dot_avx2;
     traits[SD_TYPE_Q6_K].vec_dot = sd_q6_K_dot_avx2;
+    sd_quant_k_avx2_init(traits); // (a no-op in builds without F16C)
 #endif
-    // tile kernels of Q4_K / Q5_K / Q6_K and their repacked forms (AVX-512
-    // builds, else AVX2 builds; a no-op otherwise)
-    if (!sd_quant_k_x86_init(traits)) sd_quant_k_avx2_init(traits);
 }

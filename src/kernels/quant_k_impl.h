@@ -20,7 +20,9 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define K_HAVE_AVX512 1
 #endif
-#if !defined(K_HAVE_AVX512) && defined(__AVX2__) && defined(__FMA__)
+// The AVX2 kernels are compiled into AVX-512 builds too: the "avx2" kernel
+// family (sd_backend_select) runs them there, so an AVX-512 host tests them.
+#if defined(__AVX2__) && defined(__FMA__)
 #define K_HAVE_AVX2 1
 #endif
 
@@ -45,19 +47,32 @@ void sd_q8_K_from_float(const float *src, void *dst, int64_t n);
 float sd_q4_K_dot_ref(int64_t n, const void *w, const void *x);
 float sd_q5_K_dot_ref(int64_t n, const void *w, const void *x);
 float sd_q6_K_dot_ref(int64_t n, const void *w, const void *x);
+// The plain C bodies of the three functions above that have AVX-512
+// versions in AVX-512 builds (the same values, bit for bit); the scalar
+// kernel family installs these.
+void sd_q4_K_to_float_ref(const void *src, float *dst, int64_t n);
+void sd_q6_K_to_float_ref(const void *src, float *dst, int64_t n);
+void sd_q8_K_from_float_ref(const float *src, void *dst, int64_t n);
+// Kernel families of sd_quant_k_init.
+enum { SD_QK_BEST = 0, SD_QK_REF = 1, SD_QK_AVX2 = 2 };
 // Sets traits[T].vec_dot and traits[T].gemm for T = Q4_K, Q5_K, Q6_K
-// (traits: array of SD_TYPE_COUNT entries) to the best kernels compiled in
-// (AVX-512 or AVX2: vec_dot + tile kernel; else the reference), or to the
-// reference dot and no tile kernel when force_ref; with AVX-512 or AVX2 (and
-// not force_ref) also gemm, repack and supported = 1 of the repacked types
-// Q4_K_R, Q5_K_R, Q6_K_R (left as sd_quant_init reset them otherwise).
+// (traits: array of SD_TYPE_COUNT entries), by family:
+//   SD_QK_BEST: the best kernels compiled in (AVX-512, else AVX2: vec_dot +
+//     tile kernel; else the references);
+//   SD_QK_AVX2: the AVX2 kernels (AVX-512 builds included; the references
+//     where the build has no AVX2);
+//   SD_QK_REF: the reference dots and no tile kernel, and the plain C
+//     to_float of Q4_K, Q6_K and from_float of Q8_K.
+// With a tile kernel also gemm, repack and supported = 1 of the repacked
+// types Q4_K_R, Q5_K_R, Q6_K_R (left as sd_quant_init reset them otherwise),
+// and to_float of Q4_K, Q5_K, Q6_K / from_float of Q8_K as the family's.
 // Touches no other entry; no state of its own, so it may be called any
 // number of times.
-void sd_quant_k_init(sd_type_traits *traits, int force_ref);
+void sd_quant_k_init(sd_type_traits *traits, int mode);
 
 // ---------------------------------------------------------------------------
-// quant_k_vec_x86.c (AVX-512 builds: the first five; AVX2 builds without
-// AVX-512: the last three)
+// quant_k_vec_x86.c (AVX-512 builds: the first five; AVX2 builds, AVX-512
+// ones included: the last three)
 
 // to_float with AVX-512: the values of sd_q4_K_to_float / sd_q6_K_to_float.
 void sd_q4_K_to_float_avx512(const void *src, float *dst, int64_t n);
@@ -86,7 +101,7 @@ float sd_quant_k_r_dot_ref(int base_type, int64_t n, const void *w, const void *
 // repacked types when this build has the AVX-512 kernel; returns 1 if it did,
 // 0 (table untouched) if not.
 int sd_quant_k_x86_init(sd_type_traits *traits);
-// The same for the AVX2 kernel (AVX2 + FMA + F16C builds without AVX-512):
+// The same for the AVX2 kernel (AVX2 + FMA + F16C builds, AVX-512 ones too):
 // returns 1 if it set the table, 0 (table untouched) if not. Same layouts,
 // same bits as the AVX-512 kernel.
 int sd_quant_k_avx2_init(sd_type_traits *traits);

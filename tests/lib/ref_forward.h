@@ -28,6 +28,39 @@ int ref_n_past(const ref_state *r);
 void ref_set_act_quant(ref_state *r, int act_quant);
 // Forgets cached tokens beyond n (n <= n_past).
 void ref_truncate(ref_state *r, int n);
+
+// Near ties. An activation quantized to 8 bits (act_quant) or a K / V element
+// rounded to fp16 that lies this close to the midpoint between its two
+// rounding candidates may round either way in an implementation whose float
+// operations differ from these in order or precision (the engine's float sums
+// against these double ones: about 1e-6 relative): a "near-tie site". Such a
+// flip moves one activation by a whole quantization step, and through the KV
+// cache every later token, by far more than the 1e-6 the two otherwise agree
+// to. REF_TIE_*: the closeness, in quantization steps (|v - tie| <= REL * |v|
+// + ABS, v the value in steps) and relative to the value (fp16).
+#define REF_TIE_Q8_REL 2e-5f
+#define REF_TIE_Q8_ABS 1e-4f
+#define REF_TIE_F16_REL 2e-5f
+// Evaluations round the near-tie sites listed (their indices in the order
+// an evaluation meets them, from 0; at most REF_TIE_FLIPS_MAX) the other way;
+// n = 0 (the default): the plain rounding everywhere.
+#define REF_TIE_FLIPS_MAX 4
+void ref_set_tie_flips(ref_state *r, const int *sites, int n);
+// Near-tie sites the last evaluation met.
+int ref_last_ties(const ref_state *r);
+// Evaluates token as ref_eval does (pos as there), and when its logits are
+// further than tol (max |difference|) from want (n_vocab floats, e.g. the
+// engine's), again with near-tie sites of the evaluation rounded the other
+// way: each of the first REF_TIE_SITES_MAX alone, then pairs and triples of
+// the REF_TIE_SEARCH that came closest alone, until one comes within tol.
+// Keeps a combination within tol, else the plain rounding: its logits in
+// logits, its K / V in the cache (so later tokens see that choice). Returns
+// the near-tie sites the plain evaluation met, or -1 as ref_eval; *flips
+// (may be NULL): the number of sites the kept evaluation rounded the other
+// way. REF_TIE_DEBUG=1 in the environment prints them.
+#define REF_TIE_SITES_MAX 64
+#define REF_TIE_SEARCH 6
+int ref_eval_nearest(ref_state *r, int32_t token, int pos, const float *want, float tol, float *logits, int *flips);
 // Evaluates token at position pos (-1: pos = n_past), appends its K/V rows and
 // writes n_vocab logits. Returns 0, or -1 if the cache is full or the token is
 // out of range.
