@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common.h"
 #include "specdec.h"
@@ -14,6 +15,12 @@
 // workers write (n_done) sit on separate cache lines, so a worker polling gen
 // is not disturbed by another's n_done update and vice versa.
 #define SD_POOL_LINE 64
+
+// The online cores (the thread pool's default size; public in specdec.h).
+int sd_n_cores(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
 
 // A worker polls for a new job SD_POOL_SPIN times (pause between polls),
 // then yields its core between polls, then sleeps.

@@ -9,11 +9,6 @@
 
 #include "common.h"
 
-int sd_n_cores(void) {
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (int)n : 1;
-}
-
 sd_session_params sd_session_default_params(void) {
     sd_session_params p;
     p.n_ctx = 0;
