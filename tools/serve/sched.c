@@ -143,7 +143,11 @@ void sv_slot_finish(sv_server *s, sv_slot *sl, const char *error, int status) {
     if (gs) {
         r->n_gen = gs->n_generated;
         r->n_drafted = gs->n_draft_nodes;
-        r->n_accepted = gs->n_draft_accepted;
+        // the accepted draft tokens of the text delivered: the generation's
+        // count also holds drafts accepted past a stop string or max_tokens
+        // (verified, never emitted) and tokens without text
+        r->n_accepted = 0;
+        for (size_t i = 0; i < r->how_len; i++) r->n_accepted += r->how[i] == 'A';
         r->n_forwards = gs->n_target_forwards;
         r->tau = gs->mean_accepted;
         snprintf(r->finish, sizeof r->finish, "%s", finish_reason(gs->finish));
@@ -198,7 +202,9 @@ static void slot_start(sv_server *s, sv_slot *sl) {
 
     sd_method m;
     if (sv_method_check(s, r->method, &m, err, sizeof err) < 0 || slot_drafter(s, sl, &m, err, sizeof err) < 0) {
-        sv_slot_finish(s, sl, err, 400);
+        char msg[300];   // the field at fault, as the parse-time errors of api.c say it
+        snprintf(msg, sizeof msg, "'speculation': %s", err);
+        sv_slot_finish(s, sl, msg, 400);
         return;
     }
     // Greedy text does not depend on the drafts, so a drafter keeps what it
