@@ -629,7 +629,8 @@ def head_servers():
 # ---------------------------------------------------------------- hostile input (issue 27)
 HOSTILE_CASES = ["accepted_equals_chunks", "half_close_reply", "content_length_conflict_400",
                  "allow_and_head", "bearer_any_case", "logprobs_refused", "max_tokens_clamped", "any_model_name",
-                 "speculation_errors_named", "head_limits_json", "slow_headers_deadline", "slowloris_health"]
+                 "speculation_errors_named", "head_limits_json", "slow_headers_deadline", "slowloris_health",
+                 "hostile_shutdown_clean"]
 
 
 def raw_exchange(port, data, half_close=False, timeout=60):
@@ -813,7 +814,7 @@ def hostile_server():
         report("head_limits_json", not bad, "; ".join(bad))
     except Exception as e:  # noqa: BLE001
         report("head_limits_json", False, repr(e))
-    srv.stop()
+    return srv.stop(), srv.log
 
 
 class SlowClient(threading.Thread):
@@ -889,12 +890,14 @@ def slow_clients_server():
                f"health after {h} s, slow clients closed after {ends} s")
     except Exception as e:  # noqa: BLE001
         report("slowloris_health", False, repr(e))
-    srv.stop()
+    return srv.stop(), srv.log
 
 
 def hostile_servers():
-    hostile_server()
-    slow_clients_server()
+    """Both servers exit 0 (under make asan-serve: no leak, no error)."""
+    (rc1, log1), (rc2, log2) = hostile_server(), slow_clients_server()
+    report("hostile_shutdown_clean", rc1 == 0 and rc2 == 0,
+           f"exit {rc1}: {' | '.join(log1[-6:])}; exit {rc2}: {' | '.join(log2[-6:])}")
 
 
 def main():
