@@ -70,7 +70,8 @@ def hostile_server(Server):
     try:
         # usage.speculation.accepted is what the chunks delivered: cuts by
         # max_tokens and a stop string inside an accepted run of drafts
-        bad, cut = [], False
+        bad, cut, total = [], False, 0
+        before = srv.metric("specdec_draft_accepted_total", key)
         for body in [{"prompt": rep, "max_tokens": n} for n in (9, 10, 11, 13)] + \
                     [{"prompt": rep, "max_tokens": 16, "stop": ["seven"]}]:
             st, acc, tgt, u = stream_spec_sums(srv, "/v1/completions", dict(body, temperature=0), key)
@@ -79,9 +80,14 @@ def hostile_server(Server):
                 bad.append(f"{body}: HTTP {st}, chunks accepted {acc} target {tgt}, usage {u}")
             # the drafts ran past the delivered text (8 per step: 16 drafted, 9 delivered)
             cut = cut or spec.get("drafted", 0) > acc + 1
+            total += acc
         st, acc, tgt, u = stream_spec_sums(srv, "/v1/chat/completions", chat_body("Count from 1 to 20."), key)
         if st != 200 or (u or {}).get("speculation", {}).get("accepted") != acc:
             bad.append(f"chat: chunks accepted {acc}, usage {u}")
+        total += acc
+        after = srv.metric("specdec_draft_accepted_total", key)
+        if after - before != total:   # /metrics counts the same tokens
+            bad.append(f"specdec_draft_accepted_total grew by {after - before}, the chunks delivered {total}")
         report("accepted_equals_chunks", not bad and cut, "; ".join(bad) or "no step was cut inside its drafts")
     except Exception as e:  # noqa: BLE001
         report("accepted_equals_chunks", False, repr(e))

@@ -117,6 +117,11 @@ void sv_slot_finish(sv_server *s, sv_slot *sl, const char *error, int status) {
         }
     }
     if (!error) release(sl, sl->text_len);
+    // The accepted draft tokens of the text delivered (usage and /metrics):
+    // the generation's count also holds drafts verified past a stop string or
+    // max_tokens, never emitted. r->how grows only on this thread (release).
+    int n_acc = 0;
+    for (size_t i = 0; i < r->how_len; i++) n_acc += r->how[i] == 'A';
     pthread_mutex_lock(&s->mu);
     int cancelled = r->cancelled;
     if (error || cancelled) s->m.requests_error++;
@@ -126,7 +131,7 @@ void sv_slot_finish(sv_server *s, sv_slot *sl, const char *error, int status) {
         s->m.prompt_tokens_cached += r->n_cached;
         s->m.generated_tokens += gs->n_generated;
         s->m.drafted += gs->n_draft_nodes;
-        s->m.accepted += gs->n_draft_accepted;
+        s->m.accepted += n_acc;
         s->m.forwards += gs->n_target_forwards;
         s->m.step_tokens += gs->mean_accepted * gs->n_target_forwards;
     }
@@ -143,11 +148,7 @@ void sv_slot_finish(sv_server *s, sv_slot *sl, const char *error, int status) {
     if (gs) {
         r->n_gen = gs->n_generated;
         r->n_drafted = gs->n_draft_nodes;
-        // the accepted draft tokens of the text delivered: the generation's
-        // count also holds drafts accepted past a stop string or max_tokens
-        // (verified, never emitted) and tokens without text
-        r->n_accepted = 0;
-        for (size_t i = 0; i < r->how_len; i++) r->n_accepted += r->how[i] == 'A';
+        r->n_accepted = n_acc;
         r->n_forwards = gs->n_target_forwards;
         r->tau = gs->mean_accepted;
         snprintf(r->finish, sizeof r->finish, "%s", finish_reason(gs->finish));
