@@ -429,7 +429,37 @@ static void test_help_lists_options(void) {
     CHECK(rc == 1 && strstr(g_out, "too many arguments ('d')"), "convert: %s", g_out);
 }
 
+// Method strings: every range error names the parameter and its range (and
+// the tree bound of dyn:B-D-M); a layer listed twice in skip: is refused.
+static void test_method_errors(void) {
+    static const struct { const char *method, *want; } cases[] = {
+        {"eagle3:dyn:16-16-2", "needs 1 + B*B*D <= 512 (the drafter's largest tree), got B = 16, D = 16"},
+        {"dyn:16-16-2", "needs 1 + B*B*D <= 1024"},
+        {"dyn:20-4-8", "method dyn:B-D-M needs B in 1..16, got B = 20 in 'dyn:20-4-8'"},
+        {"dyn:4-0-8", "needs D in 1..16, got D = 0"},
+        {"dyn:4-4-1", "needs M in 2..1024, got M = 1"},
+        {"chain:99", "method chain:K needs K in 1..64, got K = 99 in 'chain:99'"},
+        {"tree:2-99", "needs W2 in 1..64, got W2 = 99"},
+        {"ngram:3-0", "needs K in 1..256, got K = 0"},
+        {"ngram:99-8", "needs N in 1.."},
+        {"lookahead:3-1-2", "method lookahead:W-N-G needs N in 2..16, got N = 1"},
+        {"lookahead:65-3-2", "needs W in 1..64, got W = 65"},
+        {"medusa:2-20", "needs W2 in 1..16, got W2 = 20"},
+        {"skip:0-0-0", "method skip:L1-L2-... lists layer 0 twice in 'skip:0-0-0'"},
+        {"skip:3-5-3", "lists layer 3 twice"},
+    };
+    char cmd[128];
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        snprintf(cmd, sizeof cmd, "generate -m Makefile -p hi --method %s", cases[i].method);
+        int rc = run(cmd, 1);
+        CHECK(rc == 1 && strstr(g_out, cases[i].want), "--method %s: exit %d, %s", cases[i].method, rc, g_out);
+    }
+    int rc = run("generate -m Makefile -p hi --method skip:0-2-5", 1);   // accepted: fails at loading Makefile
+    CHECK(rc == 1 && !strstr(g_out, "--method"), "skip:0-2-5: %s", g_out);
+}
+
 int main(void) {
+    T_RUN(test_method_errors);
     T_RUN(test_utf8_and_json);
     T_RUN(test_opts_parse);
     T_RUN(test_opts_errors);

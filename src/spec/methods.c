@@ -4,7 +4,6 @@
 // builds it. The public sd_method keeps the string and what a program needs
 // to know; the parsed parameters (method_cfg) stay here and are re-derived
 // from the string when the drafter is built.
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +19,7 @@
 #include "draft/draft_skip.h"
 #include "draft/skip_search.h"
 #include "spec/cost_curve.h"
+#include "spec/method_args.h"
 #include "specdec_spec.h"
 
 #define MAX_PARTS 4   // most methods merged by '+'
@@ -38,49 +38,12 @@ typedef struct method_cfg {
     int extra_nodes;            // batch nodes evaluated beside the tree each step
 } method_cfg;
 
-int sd_parse_ints(const char *flag, const char *s, char sep, int *out, int max, int lo, int hi, char *err,
-                    size_t errlen) {
-    const char *what = sep == ',' ? "comma-separated" : "dash-separated";
-    int n = 0;
-    const char *p = s;
-    if (!*s) goto bad;
-    for (;;) {
-        char *end;
-        if (*p < '0' || *p > '9') goto bad;
-        errno = 0;
-        long v = strtol(p, &end, 10);
-        if (errno || end == p) goto bad;
-        if (v < 1) goto bad;
-        if (v < lo || v > hi) {
-            snprintf(err, errlen, "%s: %ld is out of range [%d, %d] in '%s'", flag, v, lo, hi, s);
-            return -1;
-        }
-        if (n == max) {
-            snprintf(err, errlen, "%s: at most %d values, got '%s'", flag, max, s);
-            return -1;
-        }
-        out[n++] = (int)v;
-        p = end;
-        if (!*p) break;
-        if (*p != sep) goto bad;
-        p++;
-    }
-    return n;
-bad:
-    snprintf(err, errlen, "%s: expected %s positive integers, got '%s'", flag, what, s);
-    return -1;
-}
+#define widths_nodes sd_method_widths_nodes
+// Most nodes of a tree the dynamic shapes grow (draft_model.c DM_TREE_MAX,
+// draft_eagle3.c E3_TREE_MAX): dyn:B-D-M needs 1 + B*B*D within it.
+#define DYN_TREE_MAX_MODEL 1024
+#define DYN_TREE_MAX_EAGLE3 512
 
-static int widths_nodes(const int *w, int n) {
-    long total = 1, level = 1;
-    for (int i = 0; i < n; i++) {
-        level *= w[i];
-        if (level > (1 << 20)) level = 1 << 20;
-        total += level;
-        if (total > (1 << 20)) return 1 << 20;
-    }
-    return (int)total;
-}
 
 // ------------------------------------------------------------ the methods
 // Parses the text after "NAME:" (args, "" when there was no colon).
@@ -108,11 +71,13 @@ static int parse_ar(const char *args, method_cfg *m, char *err, size_t errlen) {
 
 static int parse_chain(const char *args, method_cfg *m, char *err, size_t errlen) {
     int k;
-    char e2[128];
-    if (sd_parse_ints("chain", args, '-', &k, 1, 1, 64, e2, sizeof e2) != 1) {
-        snprintf(err, errlen, "method chain:K needs K in 1..64, got 'chain:%s'", args);
+    char got[96];
+    snprintf(got, sizeof got, "chain:%s", args);
+    if (sd_method_nums(args, '-', 0, &k, 1) != 1) {
+        snprintf(err, errlen, "method chain:K needs K in 1..64, got '%s'", got);
         return -1;
     }
+    if (sd_method_range("chain:K", "K", k, 1, 64, got, err, errlen) < 0) return -1;
     m->kind = SD_METHOD_MODEL;
     m->needs_draft_model = 1;
     m->dp = sd_draft_model_default_params();
@@ -134,12 +99,14 @@ static int parse_tree(const char *args, method_cfg *m, char *err, size_t errlen)
         m->tree_nodes = SD_METHOD_AUTO_NODES;
         return 0;
     }
-    int n = sd_parse_ints("tree", args, '-', w, SD_DRAFT_MAX_WIDTHS, 1, 64, e2, sizeof e2);
-    if (n < 1) {
-        snprintf(err, errlen, "method tree:W1-W2-... needs 1..%d widths in 1..64 (or tree:auto), got 'tree:%s'",
-                 SD_DRAFT_MAX_WIDTHS, args);
+    int n = sd_method_nums(args, '-', 0, w, SD_DRAFT_MAX_WIDTHS);
+    snprintf(e2, sizeof e2, "tree:%s", args);
+    if (n < 1 || n > SD_DRAFT_MAX_WIDTHS) {
+        snprintf(err, errlen, "method tree:W1-W2-... needs 1..%d widths in 1..64 (or tree:auto), got '%s'",
+                 SD_DRAFT_MAX_WIDTHS, e2);
         return -1;
     }
+    if (sd_method_widths_range("tree:W1-W2-...", w, n, 1, 64, e2, err, errlen) < 0) return -1;
     m->kind = SD_METHOD_MODEL;
     m->needs_draft_model = 1;
     m->dp = sd_draft_model_default_params();
@@ -150,12 +117,23 @@ static int parse_tree(const char *args, method_cfg *m, char *err, size_t errlen)
     return 0;
 }
 
-static int parse_dyn(const char *args, method_cfg *m, char *err, size_t errlen) {
+// dyn:B-D-M for a drafter whose trees hold at most tree_max nodes.
+static int parse_dyn_max(const char *args, method_cfg *m, int tree_max, char *err, size_t errlen) {
     int v[3];
-    char e2[160];
-    int n = sd_parse_ints("dyn", args, '-', v, 3, 1, 1024, e2, sizeof e2);
-    if (n != 3 || v[0] > 16 || v[1] > 16 || v[2] < 2) {
-        snprintf(err, errlen, "method dyn:B-D-M needs B in 1..16, D in 1..16, M >= 2, got 'dyn:%s'", args);
+    char got[96];
+    snprintf(got, sizeof got, "dyn:%s", args);
+    int n = sd_method_nums(args, '-', 0, v, 3);
+    if (n != 3) {
+        snprintf(err, errlen, "method dyn:B-D-M needs B in 1..16, D in 1..16, M in 2..1024, got '%s'", got);
+        return -1;
+    }
+    if (sd_method_range("dyn:B-D-M", "B", v[0], 1, 16, got, err, errlen) < 0 ||
+        sd_method_range("dyn:B-D-M", "D", v[1], 1, 16, got, err, errlen) < 0 ||
+        sd_method_range("dyn:B-D-M", "M", v[2], 2, 1024, got, err, errlen) < 0)
+        return -1;
+    if (1 + v[0] * v[0] * v[1] > tree_max) {   // the candidates the drafter grows before keeping M
+        snprintf(err, errlen, "method dyn:B-D-M needs 1 + B*B*D <= %d (the drafter's largest tree), got B = %d, "
+                 "D = %d (%d nodes) in '%s'", tree_max, v[0], v[1], 1 + v[0] * v[0] * v[1], got);
         return -1;
     }
     m->kind = SD_METHOD_MODEL;
@@ -167,6 +145,10 @@ static int parse_dyn(const char *args, method_cfg *m, char *err, size_t errlen) 
     m->dp.dyn_m = v[2];
     m->tree_nodes = v[2];
     return 0;
+}
+
+static int parse_dyn(const char *args, method_cfg *m, char *err, size_t errlen) {
+    return parse_dyn_max(args, m, DYN_TREE_MAX_MODEL, err, errlen);
 }
 
 // The draft-model shape of m with the environment's settings (the automatic
@@ -223,12 +205,16 @@ static int parse_ngram(const char *args, method_cfg *m, char *err, size_t errlen
     int tree_auto = len > 5 && !strcmp(args + len - 5, ":auto");
     if (tree_auto) len -= 5;
     snprintf(nums, sizeof nums, "%.*s", (int)SD_MIN(len, sizeof nums - 1), args);
-    int n = sd_parse_ints("ngram", nums, '-', v, 2, 1, 256, e2, sizeof e2);
-    if (n != 2 || v[0] > SD_NGRAM_MAX_N) {
-        snprintf(err, errlen, "method ngram:N-K[:auto] needs N in 1..%d and K in 1..256, got 'ngram:%s'",
-                 SD_NGRAM_MAX_N, args);
+    int n = sd_method_nums(nums, '-', 0, v, 2);
+    snprintf(e2, sizeof e2, "ngram:%.100s", args);
+    if (n != 2) {
+        snprintf(err, errlen, "method ngram:N-K[:auto] needs N in 1..%d and K in 1..256, got '%s'", SD_NGRAM_MAX_N,
+                 e2);
         return -1;
     }
+    if (sd_method_range("ngram:N-K[:auto]", "N", v[0], 1, SD_NGRAM_MAX_N, e2, err, errlen) < 0 ||
+        sd_method_range("ngram:N-K[:auto]", "K", v[1], 1, 256, e2, err, errlen) < 0)
+        return -1;
     m->tree_auto = tree_auto;
     m->kind = SD_METHOD_NGRAM;
     m->ngram_n = v[0];
@@ -282,6 +268,11 @@ static int parse_skip(const char *args, method_cfg *m, char *err, size_t errlen)
                      args);
             return -1;
         }
+    }
+    if (strcmp(args, "auto")) {   // each layer once: a repeat is a typo, never two skips of one layer
+        int ls[128], n = sd_method_nums(args, '-', ',', ls, 128), twice = sd_method_repeat(ls, n > 128 ? 128 : n);
+        if (twice >= 0)
+            return snprintf(err, errlen, "method skip:L1-L2-... lists layer %d twice in 'skip:%s'", twice, args), -1;
     }
     m->kind = SD_METHOD_SKIP;
     m->needs_draft_model = 0;
@@ -377,13 +368,17 @@ static int make_skip(const method_cfg *m, const sd_method_env *env, sd_drafter *
 // ---- lookahead:W-N-G
 static int parse_lookahead(const char *args, method_cfg *m, char *err, size_t errlen) {
     int v[3];
-    char e2[160];
-    int n = sd_parse_ints("lookahead", args, '-', v, 3, 1, 64, e2, sizeof e2);
-    if (n != 3 || v[1] < 2 || v[1] > 16) {
-        snprintf(err, errlen, "method lookahead:W-N-G needs W in 1..64, N in 2..16, G in 1..64, got 'lookahead:%s'",
-                 args);
+    char got[96];
+    snprintf(got, sizeof got, "lookahead:%s", args);
+    int n = sd_method_nums(args, '-', 0, v, 3);
+    if (n != 3) {
+        snprintf(err, errlen, "method lookahead:W-N-G needs W in 1..64, N in 2..16, G in 1..64, got '%s'", got);
         return -1;
     }
+    if (sd_method_range("lookahead:W-N-G", "W", v[0], 1, 64, got, err, errlen) < 0 ||
+        sd_method_range("lookahead:W-N-G", "N", v[1], 2, 16, got, err, errlen) < 0 ||
+        sd_method_range("lookahead:W-N-G", "G", v[2], 1, 64, got, err, errlen) < 0)
+        return -1;
     m->kind = SD_METHOD_LOOKAHEAD;
     m->la_w = v[0], m->la_n = v[1], m->la_g = v[2];
     m->tree_nodes = 1 + v[2] * (v[1] - 1);
@@ -407,7 +402,7 @@ static int parse_eagle3(const char *args, method_cfg *m, char *err, size_t errle
     int rc = -1;
     if (!strncmp(shape, "chain:", 6)) rc = parse_chain(shape + 6, m, err, errlen);
     else if (!strncmp(shape, "tree:", 5)) rc = parse_tree(shape + 5, m, err, errlen);
-    else if (!strncmp(shape, "dyn:", 4)) rc = parse_dyn(shape + 4, m, err, errlen);
+    else if (!strncmp(shape, "dyn:", 4)) rc = parse_dyn_max(shape + 4, m, DYN_TREE_MAX_EAGLE3, err, errlen);
     else snprintf(err, errlen, "method eagle3:SHAPE needs SHAPE chain:K, tree:W1-W2-..., dyn:B-D-M or auto, got 'eagle3:%s'", args);
     if (rc < 0) return -1;
     m->kind = SD_METHOD_EAGLE3;
@@ -442,12 +437,14 @@ static int make_eagle3(const method_cfg *m, const sd_method_env *env, sd_drafter
 static int parse_medusa(const char *args, method_cfg *m, char *err, size_t errlen) {
     int w[SD_DRAFT_MAX_WIDTHS];
     char e2[160];
-    int n = sd_parse_ints("medusa", args, '-', w, SD_HEAD_MAX_MEDUSA, 1, 16, e2, sizeof e2);
-    if (n < 1) {
-        snprintf(err, errlen, "method medusa:W1-W2-... needs 1..%d widths in 1..16 (one per Medusa head), got 'medusa:%s'",
-                 SD_HEAD_MAX_MEDUSA, args);
+    int n = sd_method_nums(args, '-', 0, w, SD_HEAD_MAX_MEDUSA);
+    snprintf(e2, sizeof e2, "medusa:%.100s", args);
+    if (n < 1 || n > SD_HEAD_MAX_MEDUSA) {
+        snprintf(err, errlen, "method medusa:W1-W2-... needs 1..%d widths in 1..16 (one per Medusa head), got '%s'",
+                 SD_HEAD_MAX_MEDUSA, e2);
         return -1;
     }
+    if (sd_method_widths_range("medusa:W1-W2-...", w, n, 1, 16, e2, err, errlen) < 0) return -1;
     m->kind = SD_METHOD_MEDUSA;
     m->dp = sd_draft_model_default_params();
     m->dp.shape = SD_DRAFT_WIDTHS;

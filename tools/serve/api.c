@@ -124,10 +124,16 @@ static int parse_params(sv_server *s, const json_t *o, sv_req *r, sv_api_err *e)
         r->sp.seed = (uint64_t)k;
     else   // a seed of its own per request
         r->sp.seed = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (uint64_t)(size_t)r ^ (uint64_t)s->next_id;
-    k = s->o->max_tokens;
-    if ((rc = get_int(o, "max_completion_tokens", 1, INT32_MAX, &k, e))) return rc;
-    if ((rc = get_int(o, "max_tokens", 1, INT32_MAX, &k, e))) return rc;
-    r->n_predict = (int)(k < s->o->max_tokens ? k : s->o->max_tokens);   // bounded by --max-tokens
+    k = s->o->max_tokens;   // any positive count, clamped to --max-tokens
+    if ((rc = get_int(o, "max_completion_tokens", 1, INT64_MAX, &k, e))) return rc;
+    if ((rc = get_int(o, "max_tokens", 1, INT64_MAX, &k, e))) return rc;
+    r->n_predict = (int)(k < s->o->max_tokens ? k : s->o->max_tokens);
+    // log probabilities are not computed: said plainly rather than ignored
+    json_t *lp = json_object_get(o, "logprobs"), *tlp = json_object_get(o, "top_logprobs");
+    if (lp && !json_is_null(lp) && !json_is_false(lp))
+        return BAD("unsupported_parameter", "'logprobs' is not supported by this server (leave it out, or false)");
+    if (tlp && !json_is_null(tlp) && !(json_is_integer(tlp) && json_integer_value(tlp) == 0))
+        return BAD("unsupported_parameter", "'top_logprobs' is not supported by this server (leave it out)");
     k = 1;
     if ((rc = get_int(o, "n", 1, 1, &k, e))) return rc;
     if ((rc = get_bool(o, "stream", &r->stream, e))) return rc;
@@ -168,16 +174,14 @@ static int parse_params(sv_server *s, const json_t *o, sv_req *r, sv_api_err *e)
     return 0;
 }
 
+// "model" may name any model, as with llama-server: clients often send a
+// fixed name; the one model served answers, and replies carry its id.
 int sv_check_model(sv_server *s, const json_t *o, sv_api_err *e) {
+    (void)s;
     json_t *v = json_object_get(o, "model");
     if (!v || json_is_null(v)) return 0;
     if (!json_is_string(v)) return BAD("invalid_type", "'model' must be a string, got %s", type_name(v));
-    const char *m = json_string_value(v);
-    if (!*m || !strcmp(m, s->model_id) || !strcmp(m, s->o->model)) return 0;
-    snprintf(e->msg, sizeof e->msg, "model '%.100s' is not served here; this server serves '%.100s' (GET /v1/models)",
-             m, s->model_id);
-    snprintf(e->code, sizeof e->code, "model_not_found");
-    return 400;
+    return 0;
 }
 
 // The text of a message's content: a string, or an array of text parts.

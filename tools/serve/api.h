@@ -20,7 +20,7 @@ const char *sv_error_type(int status);
 char *sv_error_json(int status, const char *code, const char *message);
 // The body as a JSON object, or NULL with a 400 message in e.
 json_t *sv_parse_body(const char *body, size_t len, sv_api_err *e);
-// A "model" field, when present, must name the served model: 0 or 400.
+// A "model" field, when present, must be a string (any name: the served model answers): 0 or 400.
 int sv_check_model(sv_server *s, const json_t *o, sv_api_err *e);
 // Fills r from a /v1/chat/completions (SV_CHAT) or /v1/completions body:
 // prompt tokens, sampling, limits, stop strings, speculation. 0, or the

@@ -167,7 +167,8 @@ int cmd_serve(int argc, char **argv) {
         {"--max-conn", NULL, CLI_INT, &o.max_conn, 1, 1 << 16, .meta = "N", .def = CLI_DEF_VALUE,
          .help = "most simultaneous connections"},
         {"--timeout", NULL, CLI_INT, &o.timeout_s, 1, 1 << 20, .meta = "S", .def = CLI_DEF_VALUE,
-         .help = "idle connection timeout (s)"},
+         .help = "idle connection timeout, and the most time a request's headers and body may take to arrive "
+                 "(s); when the connections near --max-conn, requests still arriving after 2 s are cut"},
         {"--draft-budget", NULL, CLI_STRING, &budget, .meta = "auto|off", .def = "auto",
          .help = "auto: when several slots share a pass, each round keeps only the draft nodes whose measured "
                  "acceptance pays for their rows at the target's cost curve (measured at start-up), so that "

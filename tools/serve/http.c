@@ -2,20 +2,31 @@
 // connection (MHD's), which reads the body (bounded), checks the API key,
 // parses and enqueues, then waits for the scheduler's text: a whole JSON
 // reply, or server-sent events streamed as the text grows. A client that
-// goes away is noticed within SV_POLL_MS (peer hang-up on the socket) or at
-// the next write, and its generation is stopped at once (sv_req_cancel).
+// goes away is noticed within SV_POLL_MS (the socket hung up; a half-close
+// is not leaving) or at the next write, and its generation is stopped at
+// once (sv_req_cancel). Slow clients are cut by guard.c.
 #include <microhttpd.h>
 #include <netdb.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "serve/api.h"
+#include "serve/guard.h"
 
+// The request head: MHD keeps it in a per-connection pool of SV_HEAD_POOL
+// bytes (its default, 32 KiB, raised) and answers a head that overflows it
+// itself (an HTML 414 or 431 page: libmicrohttpd has no hook to change its
+// error bodies); below that, a URI or headers over these limits get the
+// JSON error.
+#define SV_HEAD_POOL (96 * 1024)
+#define SV_URI_MAX (16 * 1024)
+#define SV_HEADERS_MAX (32 * 1024)
 #define SV_POLL_MS 50   // how often a waiting connection checks that its client is still there
 // At shutdown, how long the replies in flight (ended by the scheduler) may
 // take to reach their clients before the connections are closed.
@@ -24,6 +35,7 @@
 struct sv_http {
     struct MHD_Daemon *d;
     sv_server *s;
+    sv_guard *guard;   // request deadlines (slow clients)
     int quiesced;
 };
 
@@ -52,7 +64,9 @@ typedef struct stream {
 
 // ---------------------------------------------------------------- replies
 
-static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const char *type, char *body) {
+// allow: the Allow header of a 405, or NULL.
+static enum MHD_Result reply_allow(struct MHD_Connection *c, unsigned status, const char *type, char *body,
+                                   const char *allow) {
     if (!body) {
         status = 500;
         type = "application/json";
@@ -66,9 +80,14 @@ static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const ch
     }
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
     if (status == 401) MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    if (allow) MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
     enum MHD_Result ret = MHD_queue_response(c, status, resp);
     MHD_destroy_response(resp);
     return ret;
+}
+
+static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const char *type, char *body) {
+    return reply_allow(c, status, type, body, NULL);
 }
 
 static enum MHD_Result reply_error(struct MHD_Connection *c, unsigned status, const char *code, const char *msg) {
@@ -86,11 +105,16 @@ static int client_fd(struct MHD_Connection *c) {
     return ci ? ci->connect_fd : -1;
 }
 
-// 1 if the client closed its side of the connection.
+// 1 if the client is gone: the socket hung up or failed. The end of the
+// client's sending side alone (POLLRDHUP, a read of 0 bytes) is not taken
+// as leaving: a client may half-close its socket (shutdown(SHUT_WR)) once
+// its request is sent and still read the reply. A client that closed its
+// socket altogether is noticed when a write fails (its kernel answers the
+// write with a reset), i.e. at a stream's next chunk or at the reply.
 static int client_gone(int fd) {
     if (fd < 0) return 0;
-    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
-    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+    struct pollfd p = {.fd = fd, .events = 0};
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR | POLLNVAL));
 }
 
 // Waits (r->mu held) until r grows past `have` bytes or is done; 0, or -1
@@ -304,8 +328,10 @@ static int route_of(const char *url, int *post) {
 static int auth_ok(const sv_server *s, struct MHD_Connection *c) {
     const char *key = s->o->api_key;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (!h || strncmp(h, "Bearer ", 7)) return 0;
-    h += 7;
+    // the scheme is case-insensitive (RFC 9110 11.1), then one or more spaces
+    if (!h || strncasecmp(h, "Bearer", 6) || (h[6] != ' ' && h[6] != '\t')) return 0;
+    h += 6;
+    while (*h == ' ' || *h == '\t') h++;
     size_t n = strlen(key);
     if (strlen(h) != n) return 0;
     unsigned char d = 0;
@@ -313,15 +339,61 @@ static int auth_ok(const sv_server *s, struct MHD_Connection *c) {
     return d == 0;
 }
 
-// The first call for a request: authentication and the declared body size,
-// answered before the body is read.
+// Content-Length headers of a request: the first value, and whether another
+// one differs from it (MHD frames the body by the first; repeats of one
+// value are allowed, RFC 9112 6.3).
+typedef struct lengths {
+    const char *first;
+    int differ;
+} lengths;
+
+static enum MHD_Result count_lengths(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    (void)kind;
+    lengths *L = cls;
+    if (!key || strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH)) return MHD_YES;
+    if (!L->first) L->first = value ? value : "";
+    else if (strcmp(L->first, value ? value : "")) L->differ = 1;
+    return MHD_YES;
+}
+
+// Bytes of a kind of request values (headers, query arguments), each
+// counted with its separators.
+static enum MHD_Result add_size(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    (void)kind;
+    *(size_t *)cls += (key ? strlen(key) : 0) + (value ? strlen(value) : 0) + 4;
+    return MHD_YES;
+}
+
+// The first call for a request: the head's size, authentication, the
+// Content-Length headers and the declared body size, answered before the
+// body is read.
+
 static enum MHD_Result first_call(sv_server *s, struct MHD_Connection *c, const char *url, conn *k) {
+    // A request head too large for MHD's buffer (SV_HEAD_POOL) gets MHD's
+    // own 414 / 431 page; these limits answer the ones below it in JSON.
+    size_t uri = strlen(url), head = 0;
+    MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, add_size, &uri);
+    MHD_get_connection_values(c, MHD_HEADER_KIND, add_size, &head);
+    if (uri > SV_URI_MAX || head > SV_HEADERS_MAX) {
+        k->responded = 1;
+        char msg[96];
+        snprintf(msg, sizeof msg, "the request %s longer than %d bytes", uri > SV_URI_MAX ? "URI is" : "headers are",
+                 uri > SV_URI_MAX ? SV_URI_MAX : SV_HEADERS_MAX);
+        return uri > SV_URI_MAX ? reply_error(c, 414, "uri_too_long", msg)
+                                : reply_error(c, 431, "headers_too_large", msg);
+    }
     int post;
     int route = route_of(url, &post);
     // the page holds no data (it sends the key the user gives it)
     if (s->o->api_key && route != R_HEALTH && route != R_PAGE && !auth_ok(s, c)) {
         k->responded = 1;
         return reply_error(c, 401, "invalid_api_key", "missing or wrong API key (send 'Authorization: Bearer KEY')");
+    }
+    lengths L = {NULL, 0};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, count_lengths, &L);
+    if (L.differ) {   // which one frames the body? (request smuggling)
+        k->responded = 1;
+        return reply_error(c, 400, "bad_request", "the request has several Content-Length headers that differ");
     }
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     if (cl && strtoull(cl, NULL, 10) > SV_BODY_MAX) {
@@ -358,15 +430,18 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         *upload_size = 0;
         return MHD_YES;
     }
+    sv_guard_received(c);   // the request is in: no deadline while it is answered
     if (k->responded) return MHD_YES;
     if (k->too_large) return reply_error(c, 413, "request_too_large", "the request body is larger than 1 MiB");
     int post;
     int route = route_of(url, &post);
     if (route == R_NONE) return reply_error(c, 404, "not_found", "no such endpoint");
-    if (strcmp(method, post ? "POST" : "GET")) {
+    // HEAD is GET without the body (MHD sends the headers only)
+    if (post ? strcmp(method, "POST") : strcmp(method, "GET") && strcmp(method, "HEAD")) {
         char msg[96];
         snprintf(msg, sizeof msg, "%s needs %s", url, post ? "POST" : "GET");
-        return reply_error(c, 405, "method_not_allowed", msg);
+        return reply_allow(c, 405, "application/json", sv_error_json(405, "method_not_allowed", msg),
+                           post ? "POST" : "GET, HEAD");
     }
     switch (route) {
     case R_HEALTH: return serve_health(s, c);
@@ -382,8 +457,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
 
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
     sv_server *s = cls;
-    (void)c;
     (void)toe;
+    sv_guard_next(c);   // a keep-alive connection's next request starts arriving now
     conn *k = *con_cls;
     if (!k) return;
     if (k->r) {
@@ -413,13 +488,20 @@ int sv_http_start(sv_http **out, sv_server *s, int *port, char *err, size_t errl
     sv_http *h = calloc(1, sizeof *h);
     if (!h) return snprintf(err, errlen, "out of memory"), -1;
     h->s = s;
+    long deadline_ms = (long)s->o->timeout_s * 1000;
+    if (!(h->guard = sv_guard_new(s->o->max_conn, deadline_ms > (1L << 30) ? (1 << 30) : (int)deadline_ms))) {
+        free(h);
+        return snprintf(err, errlen, "out of memory"), -1;
+    }
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC |
                      MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
     h->d = MHD_start_daemon(flags, (uint16_t)*port, NULL, NULL, handler, s, MHD_OPTION_SOCK_ADDR,
                             (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->o->max_conn,
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)SV_HEAD_POOL,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->o->timeout_s, MHD_OPTION_NOTIFY_COMPLETED,
-                            completed, s, MHD_OPTION_END);
+                            completed, s, MHD_OPTION_NOTIFY_CONNECTION, sv_guard_notify, h->guard, MHD_OPTION_END);
     if (!h->d) {
+        sv_guard_free(h->guard);
         free(h);
         return snprintf(err, errlen, "cannot listen on %s:%d (address in use, or not allowed)", s->o->host, *port), -1;
     }
@@ -444,5 +526,6 @@ void sv_http_stop(sv_http *h) {
     for (int waited = 0; atomic_load(&h->s->requests_open) > 0 && waited < SV_DRAIN_MS; waited += 10)
         nanosleep(&(struct timespec){.tv_nsec = 10 * 1000000L}, NULL);
     MHD_stop_daemon(h->d);
+    sv_guard_free(h->guard);
     free(h);
 }

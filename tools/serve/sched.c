@@ -117,6 +117,11 @@ void sv_slot_finish(sv_server *s, sv_slot *sl, const char *error, int status) {
         }
     }
     if (!error) release(sl, sl->text_len);
+    // The accepted draft tokens of the text delivered (usage and /metrics):
+    // the generation's count also holds drafts verified past a stop string or
+    // max_tokens, never emitted. r->how grows only on this thread (release).
+    int n_acc = 0;
+    for (size_t i = 0; i < r->how_len; i++) n_acc += r->how[i] == 'A';
     pthread_mutex_lock(&s->mu);
     int cancelled = r->cancelled;
     if (error || cancelled) s->m.requests_error++;
@@ -126,7 +131,7 @@ void sv_slot_finish(sv_server *s, sv_slot *sl, const char *error, int status) {
         s->m.prompt_tokens_cached += r->n_cached;
         s->m.generated_tokens += gs->n_generated;
         s->m.drafted += gs->n_draft_nodes;
-        s->m.accepted += gs->n_draft_accepted;
+        s->m.accepted += n_acc;
         s->m.forwards += gs->n_target_forwards;
         s->m.step_tokens += gs->mean_accepted * gs->n_target_forwards;
     }
@@ -143,7 +148,7 @@ void sv_slot_finish(sv_server *s, sv_slot *sl, const char *error, int status) {
     if (gs) {
         r->n_gen = gs->n_generated;
         r->n_drafted = gs->n_draft_nodes;
-        r->n_accepted = gs->n_draft_accepted;
+        r->n_accepted = n_acc;
         r->n_forwards = gs->n_target_forwards;
         r->tau = gs->mean_accepted;
         snprintf(r->finish, sizeof r->finish, "%s", finish_reason(gs->finish));
@@ -198,7 +203,9 @@ static void slot_start(sv_server *s, sv_slot *sl) {
 
     sd_method m;
     if (sv_method_check(s, r->method, &m, err, sizeof err) < 0 || slot_drafter(s, sl, &m, err, sizeof err) < 0) {
-        sv_slot_finish(s, sl, err, 400);
+        char msg[300];   // the field at fault, as the parse-time errors of api.c say it
+        snprintf(msg, sizeof msg, "'speculation': %s", err);
+        sv_slot_finish(s, sl, msg, 400);
         return;
     }
     // Greedy text does not depend on the drafts, so a drafter keeps what it

@@ -44,7 +44,7 @@ typedef struct sv_opts {
     int n_queue;              // requests waiting for a slot beyond the active ones (16)
     int max_tokens;           // default and most tokens per request (1024)
     int max_conn;             // most simultaneous connections (64)
-    int timeout_s;            // idle connection timeout (seconds, 60)
+    int timeout_s;            // idle connection timeout, and deadline of a request's arrival (seconds, 60; guard.h)
     int fast_prompt;          // prompts with 8-bit activations (sd_gen_params.fast_prompt); their chunks
                               // then share the rounds' passes with the step batches
     int head_online;          // --head-online: each slot's EAGLE-3 drafter adapts its head (a training thread per slot)
