@@ -23,6 +23,7 @@
 #include "specdec.h"
 #include "specdec_spec.h"
 #include "t.h"
+#include "train/learner.h"
 #include "train/train.h"
 
 #define NV 320
@@ -153,7 +154,7 @@ static sd_drafter *new_drafter(const sd_head *h, const sd_head_online_params *op
     dp.k = 4;
     dp.n_ctx = N_CTX;
     sd_drafter *d = NULL;
-    if (sd_draft_eagle3_new(&d, h, g_m, &dp, SD_TYPE_Q8_0, op, g_err, sizeof g_err) < 0) return NULL;
+    if (sd_draft_eagle3_new(&d, h, g_m, &dp, SD_TYPE_Q8_0, op, &sd_learner_hook, g_err, sizeof g_err) < 0) return NULL;
     return d;
 }
 

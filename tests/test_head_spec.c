@@ -183,7 +183,7 @@ static sd_drafter *new_e3(const char *shape_kind, int k) {
     else dp.shape = SD_DRAFT_WIDTHS, dp.n_widths = 3, dp.widths[0] = 3, dp.widths[1] = 2, dp.widths[2] = 1;
     dp.n_ctx = 128;
     sd_drafter *d = NULL;
-    if (sd_draft_eagle3_new(&d, g_e3, g_m, &dp, SD_TYPE_F32, NULL, g_err, sizeof g_err) < 0) return NULL;
+    if (sd_draft_eagle3_new(&d, g_e3, g_m, &dp, SD_TYPE_F32, NULL, NULL, g_err, sizeof g_err) < 0) return NULL;
     return d;
 }
 

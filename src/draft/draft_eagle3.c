@@ -20,7 +20,6 @@
 #include "common.h"
 #include "head/eagle3.h"
 #include "model/model.h"
-#include "train/learner.h"
 
 #define E3_TREE_MAX 512
 #define E3_ROWS 64   // rows per head call
@@ -58,7 +57,8 @@ typedef struct e3d {
     sd_draft_auto *au;
     // coverage of the draft vocabulary: the target's tokens after path nodes, and those it holds
     int64_t cov_n, cov_in;
-    sd_learner *lr;      // online adaptation, or NULL
+    void *lr;            // online adaptation (through hook), or NULL
+    const sd_e3_online_hook *hook;
     char note[400];
     int test_fault;      // tests only: misreport the draft distributions (sd_draft_eagle3_test_fault)
 } e3d;
@@ -79,7 +79,7 @@ static void put_states(e3d *s, const float *hidden, int pos0, int n) {
 
 // Forget everything from position L on (the text changed there).
 static int cut_text(e3d *s, int L, char *err, size_t errlen) {
-    if (s->lr && sd_learner_cut(s->lr, L, err, errlen) < 0) return -1;
+    if (s->lr && s->hook->cut(s->lr, L, err, errlen) < 0) return -1;
     if (L >= s->n_txt && L > s->last_row) return 0;
     if (L < s->n_ctx) memset(s->gv + L, 0, (size_t)(s->n_ctx - L));
     int n = sd_e3_n_cached(s->e);
@@ -222,7 +222,7 @@ static int e3_propose(sd_drafter *dr, const sd_draft_ctx *ctx, sd_tree *tree, ch
             s->smp_p = *ctx->sp;
         }
     }
-    if (s->lr) sd_learner_swap(s->lr, s->e);   // newer parameters, when ready (never waits)
+    if (s->lr) s->hook->swap(s->lr, s->e);   // newer parameters, when ready (never waits)
     // Follow the text: keep what agrees with it.
     int L = 0, lim = SD_MIN(s->n_txt, n);
     while (L < lim && s->txt[L] == ctx->tokens[L]) L++;
@@ -256,8 +256,8 @@ static int e3_propose(sd_drafter *dr, const sd_draft_ctx *ctx, sd_tree *tree, ch
 static int learn(e3d *s, const sd_step_record *rec, char *err, size_t errlen) {
     for (int k = 0; k < rec->n_path; k++) {
         const float *lt = rec->logits ? rec->logits(rec->lstate, rec->path[k]) : NULL;
-        if (!lt || !rec->hidden) return sd_learner_break(s->lr, err, errlen);
-        if (sd_learner_add(s->lr, s->root_pos + k, rec->tree->token[rec->path[k]],
+        if (!lt || !rec->hidden) return s->hook->brk(s->lr, err, errlen);
+        if (s->hook->add(s->lr, s->root_pos + k, rec->tree->token[rec->path[k]],
                            rec->hidden + (size_t)k * 3 * s->d, lt, err, errlen) < 0)
             return -1;
     }
@@ -288,7 +288,7 @@ static int e3_accept(sd_drafter *dr, const sd_step_record *rec, char *err, size_
     // The accepted tokens join the text at the positions after the root, and
     // the target's states of the path become fused states.
     if (s->root_pos < 0 || s->n_txt != s->root_pos + 1)   // nothing proposed for this text
-        return s->lr ? sd_learner_break(s->lr, err, errlen) : 0;
+        return s->lr ? s->hook->brk(s->lr, err, errlen) : 0;
     for (int k = 1; k < rec->n_path && s->n_txt < s->n_ctx; k++) s->txt[s->n_txt++] = tree->token[rec->path[k]];
     if (rec->hidden) put_states(s, rec->hidden, s->root_pos, rec->n_path);
     if (s->lr) return learn(s, rec, err, errlen);
@@ -319,7 +319,7 @@ static void e3_reset(sd_drafter *dr) {
     s->followed = 0;
     s->p_min = s->p.p_min;
     sd_draft_auto_reset(s->au);
-    if (s->lr) sd_learner_reset(s->lr, s->e);
+    if (s->lr) s->hook->reset(s->lr, s->e);
 }
 
 static const char *e3_note(const sd_drafter *dr) {
@@ -331,7 +331,7 @@ static const char *e3_note(const sd_drafter *dr) {
                      s->V, 100.0 * (double)s->cov_in / (double)s->cov_n, (long long)s->cov_n);
     if (s->lr && n > 0 && (size_t)n + 2 < sizeof s->note) {
         memcpy(s->note + n, "; ", 3);
-        sd_learner_note(s->lr, s->note + n + 2, sizeof s->note - (size_t)n - 2);
+        s->hook->note(s->lr, s->note + n + 2, sizeof s->note - (size_t)n - 2);
     }
     return s->note;
 }
@@ -345,19 +345,19 @@ static int e3_vocab_coverage(const sd_drafter *dr, int64_t *n_checked, int64_t *
 
 static int e3_save_head(sd_drafter *dr, const char *path, char *err, size_t errlen) {
     e3d *s = dr->impl;
-    if (s->lr) return sd_learner_save(s->lr, path, err, errlen);
+    if (s->lr) return s->hook->save(s->lr, path, err, errlen);
     return sd_head_save(s->head, path, SD_TYPE_Q8_0, err, errlen);
 }
 
 static int e3_online_wait(sd_drafter *dr, char *err, size_t errlen) {
     e3d *s = dr->impl;
-    return s->lr ? sd_learner_drain(s->lr, err, errlen) : 0;
+    return s->lr ? s->hook->drain(s->lr, err, errlen) : 0;
 }
 
 static int e3_online_stats(const sd_drafter *dr, sd_head_online_stats *st) {
     e3d *s = dr->impl;
     if (!s->lr) return 0;
-    sd_learner_stats(s->lr, st);
+    s->hook->stats(s->lr, st);
     return 1;
 }
 
@@ -365,7 +365,7 @@ static void e3_free(sd_drafter *dr) {
     if (!dr) return;
     e3d *s = dr->impl;
     if (s) {
-        sd_learner_free(s->lr);   // (first: stops the training thread)
+        if (s->lr) s->hook->free(s->lr);   // (first: stops the training thread)
         sd_e3_free(s->e);
         sd_draft_auto_free(s->au);
         sd_sampler_free(s->smp);
@@ -428,7 +428,8 @@ static void e3_time_head(e3d *s, double *per_depth, double *per_node) {
 }
 
 int sd_draft_eagle3_new(sd_drafter **out, const sd_head *h, const sd_model *target, const sd_draft_model_params *p,
-                        int wtype, const sd_head_online_params *online, char *err, size_t errlen) {
+                        int wtype, const sd_head_online_params *online, const sd_e3_online_hook *hook, char *err,
+                        size_t errlen) {
     *out = NULL;
     if (!h || h->hp.type != SD_HEAD_EAGLE3) return sd_err(err, errlen, "eagle3: an EAGLE-3 head is required");
     if (sd_head_check_target(h, target, err, errlen) < 0) return -1;
@@ -491,7 +492,12 @@ int sd_draft_eagle3_new(sd_drafter **out, const sd_head *h, const sd_model *targ
             return -1;
         }
     }
-    if (online && online->on && sd_learner_new(&s->lr, h, target, wtype, online, err, errlen) < 0) {
+    if (online && online->on && !hook) {
+        e3_free(dr);
+        return sd_err(err, errlen, "eagle3: online adaptation is not available here (no learner given)");
+    }
+    s->hook = hook;
+    if (online && online->on && hook->create(&s->lr, h, target, wtype, online, err, errlen) < 0) {
         e3_free(dr);
         return -1;
     }

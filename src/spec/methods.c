@@ -18,6 +18,7 @@
 #include "draft/draft_ngram.h"
 #include "draft/draft_skip.h"
 #include "draft/skip_search.h"
+#include "train/learner.h"
 #include "spec/cost_curve.h"
 #include "spec/method_args.h"
 #include "specdec_spec.h"
@@ -430,7 +431,7 @@ static int make_eagle3(const method_cfg *m, const sd_method_env *env, sd_drafter
     if (shape_params(m, env, &dp, err, errlen) < 0) return -1;
     const int wt = head_wtype(env, err, errlen);
     if (wt < 0) return -1;
-    return sd_draft_eagle3_new(out, env->head_eagle3, env->target, &dp, wt, &env->head_online, err, errlen);
+    return sd_draft_eagle3_new(out, env->head_eagle3, env->target, &dp, wt, &env->head_online, &sd_learner_hook, err, errlen);
 }
 
 // ---- medusa:W1-W2-... (children per node at depth k from Medusa head k)

@@ -410,3 +410,27 @@ int sd_learner_new(sd_learner **out, const sd_head *h, const sd_model *target, i
     *out = l;
     return 0;
 }
+
+// ---------------------------------------------------------------- the drafter's hook
+static int hk_create(void **l, const sd_head *h, const sd_model *target, int wtype, const sd_head_online_params *p,
+                     char *err, size_t errlen) {
+    sd_learner *x = NULL;
+    int rc = sd_learner_new(&x, h, target, wtype, p, err, errlen);
+    *l = x;
+    return rc;
+}
+static void hk_free(void *l) { sd_learner_free(l); }
+static int hk_add(void *l, int pos, int32_t tok, const float *feat, const float *logits, char *err, size_t errlen) {
+    return sd_learner_add(l, pos, tok, feat, logits, err, errlen);
+}
+static int hk_brk(void *l, char *err, size_t errlen) { return sd_learner_break(l, err, errlen); }
+static int hk_cut(void *l, int L, char *err, size_t errlen) { return sd_learner_cut(l, L, err, errlen); }
+static int hk_swap(void *l, sd_e3 *e) { return sd_learner_swap(l, e); }
+static int hk_drain(void *l, char *err, size_t errlen) { return sd_learner_drain(l, err, errlen); }
+static int hk_save(void *l, const char *path, char *err, size_t errlen) { return sd_learner_save(l, path, err, errlen); }
+static void hk_reset(void *l, sd_e3 *e) { sd_learner_reset(l, e); }
+static void hk_stats(void *l, sd_head_online_stats *st) { sd_learner_stats(l, st); }
+static void hk_note(void *l, char *buf, size_t len) { sd_learner_note(l, buf, len); }
+
+const sd_e3_online_hook sd_learner_hook = {hk_create, hk_free, hk_add,  hk_brk,   hk_cut, hk_swap,
+                                           hk_drain,  hk_save, hk_reset, hk_stats, hk_note};

@@ -23,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "draft/draft_eagle3.h"
 #include "head/eagle3.h"
 #include "head/head.h"
 
@@ -67,5 +68,8 @@ void sd_learner_reset(sd_learner *l, sd_e3 *e);
 void sd_learner_stats(sd_learner *l, sd_head_online_stats *st);
 // One line for sd_drafter_note ("" before the first window).
 void sd_learner_note(sd_learner *l, char *buf, size_t len);
+
+// The functions above as the EAGLE-3 drafter's online hook (draft_eagle3.h).
+extern const sd_e3_online_hook sd_learner_hook;
 
 #endif
