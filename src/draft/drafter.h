@@ -1,5 +1,5 @@
 // drafter.h - the drafter interface (a small vtable: docs/house-rules.md, rule 7).
-// The generation step (src/spec/gen.c) knows only this interface: draft
+// The generation step (src/gen/gen.c) knows only this interface: draft
 // models, n-gram lookup, lookahead, layer skipping, trained heads and remote
 // clients all plug in here. Programs see sd_drafter as an opaque handle
 // (include/specdec_spec.h) built from a method string.

@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "spec/method_args.h"
+#include "gen/method_args.h"
 #include "specdec_spec.h"
 
 int sd_parse_ints(const char *flag, const char *s, char sep, int *out, int max, int lo, int hi, char *err,

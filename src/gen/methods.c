@@ -20,7 +20,7 @@
 #include "draft/skip_search.h"
 #include "train/learner.h"
 #include "spec/cost_curve.h"
-#include "spec/method_args.h"
+#include "gen/method_args.h"
 #include "specdec_spec.h"
 
 #define MAX_PARTS 4   // most methods merged by '+'
