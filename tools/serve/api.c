@@ -167,8 +167,9 @@ static int parse_params(sv_server *s, const json_t *o, sv_req *r, sv_api_err *e)
         method = json_string_value(sp);
     }
     sd_method m;
-    char merr[256];
-    if (strlen(method) >= sizeof r->method || sv_method_check(s, method, &m, merr, sizeof merr) < 0)
+    sd_method_plan pl;
+    char merr[400];
+    if (strlen(method) >= sizeof r->method || sv_method_check(s, method, &m, &pl, merr, sizeof merr) < 0)
         return BAD("invalid_speculation", "'speculation': %s", strlen(method) >= sizeof r->method ? "too long" : merr);
     snprintf(r->method, sizeof r->method, "%s", m.name);
     return 0;

@@ -12,6 +12,7 @@
 #include "cli_common.h"
 #include "cli_head.h"
 #include "cli_opts.h"
+#include "serve/sched.h"
 #include "serve/serve.h"
 
 // ---------------------------------------------------------------- start-up
@@ -27,12 +28,13 @@ static int prepare_method(sv_server *s, const char *name) {
     char err[512];
     if (sd_method_parse(name, &s->def_method, err, sizeof err) < 0) return cli_error("--method: %s", err);
     sd_method *m = &s->def_method;
-    if (m->needs_draft_model && !s->o->n_drafts)
-        return cli_error("--method %s needs a draft model (--draft D.gguf)", name);
-    if (m->needs_head == SD_METHOD_EAGLE3 && !s->head_eagle3)
-        return cli_error("--method %s needs an EAGLE-3 head (--head H.gguf or --head auto)", name);
-    if (m->needs_head == SD_METHOD_MEDUSA && !s->head_medusa)
-        return cli_error("--method %s needs a Medusa head (--head M.gguf)", name);
+    s->have = (sd_method_have){.n_drafts = s->o->n_drafts, .eagle3_head = s->head_eagle3 != NULL,
+                               .medusa_head = s->head_medusa != NULL, .n_batch = SV_N_BATCH};
+    if (sd_method_plan_make(m, &s->have, &s->def_plan, err, sizeof err) < 0)
+        return cli_error("--method: %s%s", err,
+                         m->needs_draft_model ? " (--draft D.gguf)"
+                         : m->needs_head == SD_METHOD_EAGLE3 ? " (--head H.gguf or --head auto)"
+                         : m->needs_head == SD_METHOD_MEDUSA ? " (--head M.gguf)" : "");
     sd_method_env env = sv_method_env(s);
     env.report = on_report;
     if (m->uses_cost_curve) {
@@ -99,12 +101,12 @@ static int load_heads(sv_server *s) {
     return 0;
 }
 
-// The default method when --method is not given: with an EAGLE-3 head,
-// prompt lookup where the text repeats and else the head's automatic tree
-// (the best of the head's methods on the 37 prompts, docs/performance.md,
-// session 18), else the draft model's chain, else prompt lookup.
+// The default method when --method is not given: the library's for what is
+// loaded (sd_method_default: lookup, else the head's tree, with an EAGLE-3
+// head; a draft model's chain; else prompt lookup).
 static const char *default_method(const sv_server *s) {
-    return s->head_eagle3 ? "ngram:3-8/eagle3:auto" : s->o->n_drafts ? "chain:4" : "ngram:3-8";
+    const sd_method_have have = {.n_drafts = s->o->n_drafts, .eagle3_head = s->head_eagle3 != NULL};
+    return sd_method_default(&have);
 }
 
 static void server_free(sv_server *s, sv_http *h) {

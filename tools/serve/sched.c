@@ -16,32 +16,34 @@
 
 // ---------------------------------------------------------------- methods
 
-int sv_method_check(sv_server *s, const char *name, sd_method *m, char *err, size_t errlen) {
+// What the server can load for a missing prerequisite of m, for messages.
+static const char *serve_hint(const sd_method *m) {
+    return m->needs_draft_model        ? "start the server with --draft D.gguf"
+           : m->needs_head == SD_METHOD_EAGLE3 ? "start the server with --head H.gguf (or --head auto)"
+           : m->needs_head == SD_METHOD_MEDUSA ? "start the server with --head M.gguf"
+                                                : "";
+}
+
+int sv_method_check(sv_server *s, const char *name, sd_method *m, sd_method_plan *pl, char *err, size_t errlen) {
     if (!strcmp(name, "off") || !strcmp(name, "none")) name = "ar";
     if (!strcmp(name, s->def_method.name)) {
         *m = s->def_method;
+        *pl = s->def_plan;
         return 0;
     }
     if (sd_method_parse(name, m, err, errlen) < 0) return -1;
-    if (m->needs_draft_model && !s->o->n_drafts)
-        return snprintf(err, errlen, "speculation method '%s' needs a draft model: start the server with --draft D.gguf",
-                        name), -1;
-    if (m->needs_head == SD_METHOD_EAGLE3 && !s->head_eagle3)
-        return snprintf(err, errlen, "speculation method '%s' needs an EAGLE-3 head: start the server with "
-                        "--head H.gguf (or --head auto)", name), -1;
-    if (m->needs_head == SD_METHOD_MEDUSA && !s->head_medusa)
-        return snprintf(err, errlen, "speculation method '%s' needs a Medusa head: start the server with --head M.gguf",
-                        name), -1;
+    char perr[384];
+    int prc = sd_method_plan_make(m, &s->have, pl, perr, sizeof perr);
+    if (prc == SD_ERR_NO_ROOM)
+        return snprintf(err, errlen, "speculation method '%s' evaluates %d nodes per step, more than %d", name,
+                        SD_MAX(pl->model_nodes, pl->step_rows), SV_N_BATCH), -1;
+    if (prc < 0) return snprintf(err, errlen, "speculation %s: %s", perr, serve_hint(m)), -1;
     if (m->uses_cost_curve && !s->cost)
         return snprintf(err, errlen, "speculation method '%s' needs the target's cost curve, measured at start-up: "
                         "start the server with --method %s", name, name), -1;
     if (strstr(name, "skip:auto"))
         return snprintf(err, errlen, "'skip:auto' searches its layer set once at start-up: start the server with "
                         "--method skip:auto, or give the layers (skip:L1-L2-...)"), -1;
-    int nodes = sd_method_default_nodes(m, s->o->n_drafts) + m->extra_nodes;
-    if (nodes > SV_N_BATCH)
-        return snprintf(err, errlen, "speculation method '%s' evaluates %d nodes per step, more than %d", name, nodes,
-                        SV_N_BATCH), -1;
     return 0;
 }
 
@@ -202,7 +204,8 @@ static void slot_start(sv_server *s, sv_slot *sl) {
     r->n_cached = keep;
 
     sd_method m;
-    if (sv_method_check(s, r->method, &m, err, sizeof err) < 0 || slot_drafter(s, sl, &m, err, sizeof err) < 0) {
+    sd_method_plan pl;
+    if (sv_method_check(s, r->method, &m, &pl, err, sizeof err) < 0 || slot_drafter(s, sl, &m, err, sizeof err) < 0) {
         char msg[300];   // the field at fault, as the parse-time errors of api.c say it
         snprintf(msg, sizeof msg, "'speculation': %s", err);
         sv_slot_finish(s, sl, msg, 400);
@@ -225,7 +228,7 @@ static void slot_start(sv_server *s, sv_slot *sl) {
     sd_gen_params gp = sd_gen_default_params();
     gp.n_predict = r->n_predict;
     gp.fast_prompt = s->o->fast_prompt;
-    gp.max_nodes = sl->d ? SD_MIN(sd_method_default_nodes(&m, s->o->n_drafts), SV_N_BATCH) : 1;
+    gp.max_nodes = sl->d ? pl.max_nodes : 1;
     if (sd_gen_new(&sl->g, sl->s, sl->smp, sl->d, &gp, err, sizeof err) < 0) {
         sv_slot_finish(s, sl, err, 500);
         return;
@@ -641,8 +644,7 @@ int sv_sched_start(sv_server *s, char *err, size_t errlen) {
     // auxiliary nodes of the default method (a request asking for a larger
     // tree, or a round beyond that, is split into several passes).
     int per_slot = 1;
-    if (strcmp(s->def_method.name, "ar") != 0)
-        per_slot = SD_MIN(sd_method_default_nodes(&s->def_method, o->n_drafts) + s->def_method.extra_nodes, SV_N_BATCH);
+    if (s->def_plan.spec) per_slot = SD_MIN(s->def_plan.step_rows, SV_N_BATCH);
     per_slot = SD_MAX(per_slot, SV_PREFILL_CHUNK / 4);
     s->batcher_nodes = SD_MIN(SD_MAX(s->n_slots * per_slot, SV_PREFILL_CHUNK), SV_PASS_MAX_NODES);
     s->pass_sl = calloc((size_t)s->n_slots, sizeof *s->pass_sl);

@@ -151,6 +151,8 @@ typedef struct sv_server {
     char model_id[256];        // the name clients give as "model" (file name of the GGUF)
     sd_threadpool *pool;
     sd_method def_method;      // the default method, prepared (skip:auto searched once)
+    sd_method_plan def_plan;   // what it needs and takes (the library's plan)
+    sd_method_have have;       // what is loaded: draft models, heads, the batch (for the plans)
     sd_cost_curve *cost;       // for automatic trees, when the default method needs one; with
                                // --draft-budget auto and several slots always
     void *budget_scratch;      // (sv_budget_scratch_size(n_slots)) the draft budget's ranking
@@ -194,7 +196,7 @@ void sv_sched_stop(sv_server *s);
 int sv_submit(sv_server *s, sv_req *r, char *err, size_t errlen);
 // Checks a method string for a request: 0 with *m filled, or -1 with a
 // message for a 400.
-int sv_method_check(sv_server *s, const char *name, sd_method *m, char *err, size_t errlen);
+int sv_method_check(sv_server *s, const char *name, sd_method *m, sd_method_plan *pl, char *err, size_t errlen);
 // What the server's drafters are built from: the target, the draft models,
 // the heads, the pool, the slots' n_ctx (0 before sv_sched_start: the
 // default) and the cost curve (NULL until measured). No report callback.
