@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static int t_case_failed;   // checks failed in the current case
 static int t_case_skipped;  // current case asked to skip
@@ -52,11 +53,16 @@ static int t_n_fail;        // failed cases in this program
 #define T_EXIT() return t_n_fail ? 1 : 0
 
 // Path of ../shared (the directory beside the repository), or NULL if absent.
-// SD_SHARED overrides it for unusual layouts.
+// SD_SHARED overrides it for unusual layouts; SD_SHARED naming a directory
+// that does not exist gives NULL, as a clone without ../shared has (so
+// `SD_SHARED=/nonexistent make test` shows what such a clone skips).
 static inline const char *t_shared_dir(void) {
     const char *e = getenv("SD_SHARED");
     static const char *cands[] = {"../shared", "../../shared"};
-    if (e && *e) return e;
+    if (e && *e) {
+        struct stat st;
+        return stat(e, &st) == 0 && S_ISDIR(st.st_mode) ? e : NULL;
+    }
     for (size_t i = 0; i < sizeof cands / sizeof *cands; i++) {
         char p[512];
         snprintf(p, sizeof p, "%s/models/README.md", cands[i]);
