@@ -64,7 +64,7 @@ def lines(path):
         return f.read().splitlines(keepends=True)
 
 
-def run(out, *extra, timeout=120):
+def run(out, *extra, timeout=300):
     cmd = [sys.executable, SCRIPT, "--out", out, "--cache", CACHE, "--bin", BIN, "--model", MODEL,
            "--no-apt", "--sample-files", "4", "--max-tokens", "8", "--parallel", "2", "--sampled-share", "0.5",
            "--progress", "1", "--extra-prompts", os.path.join(out, "..", "planted.jsonl")] \
@@ -209,7 +209,7 @@ def cases(tmp, src, dev):
            "--progress", "1", "--extra-prompts", os.path.join(tmp, "planted.jsonl")] \
         + [a for e in EXCLUDES for a in ("--exclude", e)]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 40
+    deadline = time.time() + 120   # only against a hang: a slow host may take a while to answer the first two
     while time.time() < deadline and len(lines(os.path.join(out, "chat.jsonl"))) < 12 and p.poll() is None:
         time.sleep(0.2)
     p.send_signal(signal.SIGINT)
