@@ -53,9 +53,9 @@ static int t_n_fail;        // failed cases in this program
 #define T_EXIT() return t_n_fail ? 1 : 0
 
 // Path of ../shared (the directory beside the repository), or NULL if absent.
-// SD_SHARED overrides it for unusual layouts; SD_SHARED naming a directory
-// that does not exist gives NULL, as a clone without ../shared has (so
-// `SD_SHARED=/nonexistent make test` shows what such a clone skips).
+// SD_SHARED overrides it for unusual layouts; naming a directory that does
+// not exist, it gives NULL as a clone without ../shared does
+// (`SD_SHARED=/nonexistent make test` shows what such a clone skips).
 static inline const char *t_shared_dir(void) {
     const char *e = getenv("SD_SHARED");
     static const char *cands[] = {"../shared", "../../shared"};
