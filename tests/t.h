@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -175,11 +176,16 @@ static inline void t_kernels_reset(void) {
 }
 
 // Path of ../shared (the directory beside the repository), or NULL if absent.
-// SD_SHARED overrides it for unusual layouts.
+// SD_SHARED overrides it for unusual layouts; naming a directory that does
+// not exist, it gives NULL as a clone without ../shared does
+// (`SD_SHARED=/nonexistent make test` shows what such a clone skips).
 static inline const char *t_shared_dir(void) {
     const char *e = getenv("SD_SHARED");
     static const char *cands[] = {"../shared", "../../shared"};
-    if (e && *e) return e;
+    if (e && *e) {
+        struct stat st;
+        return stat(e, &st) == 0 && S_ISDIR(st.st_mode) ? e : NULL;
+    }
     for (size_t i = 0; i < sizeof cands / sizeof *cands; i++) {
         char p[512];
         snprintf(p, sizeof p, "%s/models/README.md", cands[i]);

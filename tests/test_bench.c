@@ -1,8 +1,10 @@
 // test_bench.c - the Spec-Bench prompt reader (unit tests) and `specdec
-// bench` / `specdec generate --draft` run on stories260K drafting for itself
-// (converted to GGUF under /tmp; skipped when ../shared/models is absent):
-// greedy speculative text must equal plain decoding, tau must be high, the
-// JSON results must parse, and a malformed prompts file must fail cleanly.
+// bench` / `specdec generate --draft` run on a small synthetic model drafting
+// for itself (tests/lib/synth.h: 5 layers, random weights, written under
+// /tmp; its greedy text is words, never an end of text, so every run makes
+// its n tokens): greedy speculative text must equal plain decoding, tau must
+// be high, the JSON results must parse, and a malformed prompts file must
+// fail cleanly.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +13,7 @@
 #include <unistd.h>
 
 #include "lib/cli_run.h"
+#include "lib/synth.h"
 #include "t.h"
 // the prompt reader is unit-tested here directly
 #include "../tools/bench_prompts.c"
@@ -23,7 +26,7 @@ static const char *specdec_bin(void) {
 
 static char g_out[1 << 17];   // output of the last run
 static char g_dir[256];       // scratch directory of this process
-static char g_model[320];     // stories260K converted to GGUF ("" if unavailable)
+static char g_model[320];     // the synthetic model's GGUF ("" if unavailable)
 static char g_why[256];       // why g_model is unavailable
 
 // Runs `SPECDEC args` through the shell with stdout and stderr together (or
@@ -47,29 +50,22 @@ static char *read_file_all(const char *path) {
     return buf;
 }
 
-// Converts stories260K once; fills g_model or g_why.
+// Writes the synthetic model once; fills g_model or g_why. Five layers (the
+// layer-skip methods need some; the messages below name them), no chat
+// template (bench needs --no-chat), words only (see synth.h).
 static void prepare_model(void) {
     struct stat st;
     if (stat(specdec_bin(), &st) != 0) {
         snprintf(g_why, sizeof g_why, "%s is missing: build it with make", specdec_bin());
         return;
     }
-    const char *sh = t_shared_dir();
-    if (!sh) {
-        snprintf(g_why, sizeof g_why, "../shared/models (stories260K) is absent; set SD_SHARED");
-        return;
-    }
-    char args[1024];
-    snprintf(args, sizeof args, "%s/models/stories260K.bin", sh);
-    if (stat(args, &st) != 0) {
-        snprintf(g_why, sizeof g_why, "%.200s is absent", args);
-        return;
-    }
-    snprintf(g_model, sizeof g_model, "%s/stories260K.gguf", g_dir);
-    snprintf(args, sizeof args, "convert-llama2c %s/models/stories260K.bin %s/models/tok512.bin %s", sh, sh, g_model);
-    int rc = run(args, 1);
-    if (rc != 0) {
-        snprintf(g_why, sizeof g_why, "convert-llama2c failed (exit %d)", rc);
+    synth_params p = synth_default_params();
+    p.n_layer = 5;
+    p.words_only = 1;
+    char err[256];
+    snprintf(g_model, sizeof g_model, "%s/synth.gguf", g_dir);
+    if (synth_write(g_model, &p, err, sizeof err) < 0) {
+        snprintf(g_why, sizeof g_why, "synthetic model: %.200s", err);
         g_model[0] = 0;
     }
 }
@@ -260,7 +256,7 @@ static void test_bench_errors(void) {
     snprintf(args, sizeof args, "bench -m %s --prompts %s --methods ar,bogus:1 --no-chat", g_model, pj);
     rc = run(args, 1);
     CHECK(rc == 1 && strstr(g_out, "unknown method 'bogus:1'"), "unknown method: exit %d:\n%s", rc, g_out);
-    // stories260K has no chat template: without --no-chat the prompt cannot be formatted
+    // the model has no chat template: without --no-chat the prompt cannot be formatted
     write_file(pj, "{\"question_id\": 1, \"category\": \"story\", \"turns\": [\"Once upon a time\"]}\n");
     snprintf(args, sizeof args, "bench -m %s --prompts %s --methods ar -n 4", g_model, pj);
     rc = run(args, 1);

@@ -1,6 +1,8 @@
 // test_llama2c.c - llama2.c checkpoint conversion: the stories260K model
-// generates its known text; hand-written v0 and v1 checkpoints convert to the
-// same tensors; truncated and garbage files give clear errors.
+// generates its known text (the one case that needs ../shared); hand-written
+// v0 and v1 checkpoints convert to the same tensors, through the library and
+// through `specdec convert-llama2c`, and the result generates; truncated and
+// garbage files give clear errors.
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -14,6 +16,7 @@
 #include "model/gguf.h"
 #include "model/llama2c.h"
 #include "specdec.h"
+#include "lib/cli_run.h"
 #include "t.h"
 
 static char g_tmp[256];
@@ -370,6 +373,51 @@ static void test_bad_files(void) {
     tiny_free(&w);
 }
 
+// SPECDEC_BIN overrides the program under test.
+static const char *specdec_bin(void) {
+    const char *e = getenv("SPECDEC_BIN");
+    return e && *e ? e : "./build/specdec";
+}
+
+// The command on a hand-written v0 checkpoint (the converter of a clone
+// without ../shared, where test_cli's stories260K case is skipped): the same
+// tensors as the library writes, a model that generates, and a truncated
+// checkpoint refused with the reason and exit status 1.
+static void test_tiny_command(void) {
+    struct stat st;
+    if (stat(specdec_bin(), &st) != 0) SKIP("%s is missing: build it with make", specdec_bin());
+    static char out_txt[1 << 14];
+    tiny_w w;
+    tiny_make(&w);
+    const char *tok = tmp_path("cmd_tok.bin"), *ck = tmp_path("cmd_v0.bin"), *bad = tmp_path("cmd_bad.bin"),
+               *out = tmp_path("cmd.gguf");
+    write_tok(tok);
+    write_v0(ck, &w, 0);
+    char args[2048];
+    snprintf(args, sizeof args, "convert-llama2c %s %s %s", ck, tok, out);
+    int rc = cli_run(specdec_bin(), args, 1, out_txt, sizeof out_txt);
+    CHECK(rc == 0, "convert-llama2c: exit %d: %s", rc, out_txt);
+    if (rc == 0) {
+        check_tiny_gguf(out, &w, 0);
+        snprintf(args, sizeof args, "generate -m %s -p \"ab\" -n 8 --temp 0 -t 1 --json", out);
+        rc = cli_run(specdec_bin(), args, 0, out_txt, sizeof out_txt);
+        const char *ng = strstr(out_txt, "\"n_generated\": ");
+        int n = ng ? atoi(ng + 15) : -1;
+        CHECK(rc == 0 && n >= 1 && n <= 8, "generate: exit %d, %d generated: %s", rc, n, out_txt);
+    }
+    truncate_copy(ck, bad, 100);
+    unlink(out);
+    snprintf(args, sizeof args, "convert-llama2c %s %s %s", bad, tok, out);
+    rc = cli_run(specdec_bin(), args, 1, out_txt, sizeof out_txt);
+    CHECK(rc == 1 && strstr(out_txt, "truncated") && stat(out, &st) != 0,
+          "truncated checkpoint: exit %d, output file %s: %s", rc, stat(out, &st) == 0 ? "left" : "none", out_txt);
+    unlink(tok);
+    unlink(ck);
+    unlink(bad);
+    unlink(out);
+    tiny_free(&w);
+}
+
 int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/specdec_test_llama2c_%d", (int)getpid());
     if (mkdir(g_tmp, 0700) != 0 && errno != EEXIST) {
@@ -379,6 +427,7 @@ int main(void) {
     T_RUN(test_stories260k);
     T_RUN(test_tiny_v1_and_v0);
     T_RUN(test_bad_files);
+    T_RUN(test_tiny_command);
     rmdir(g_tmp);
     T_EXIT();
 }

@@ -1,6 +1,7 @@
 // test_train_cache.c - the feature cache of `specdec train-head`
 // (src/train/cache.c, cache_build.c) and its corpus reader (corpus.c) on
-// tiny synthetic models and stories260K: the cache holds what the target
+// tiny synthetic models and a real one (stories260K, else the default
+// model): the cache holds what the target
 // computes (tokens, states, top-k), bit for bit, split into windows; a
 // stopped build resumes to the same bytes; a torn tail is cut and rebuilt;
 // a foreign target, other layers, type, top-k, window or data are refused;
@@ -391,17 +392,19 @@ static void test_corpus_errors(void) {
     sd_cache_close(c);
     sd_model_free(m);
 }
-// stories260K (text records only: it has no chat template): a Medusa cache
-// holds the final normed state (n_feat = d) of every position.
+// A real target (tf_real_target: stories260K, else the default model; text
+// records only: stories260K has no chat template): a Medusa cache holds the
+// final normed state (n_feat = d) of every position, and the target's argmax
+// where the text is plain to a real model.
 static void test_cache_stories(void) {
     char why[256], data[512], dir[512];
-    const char *gguf = tf_stories_gguf(t_shared_dir(), why, sizeof why);
+    const char *gguf = tf_real_target(t_shared_dir(), why, sizeof why);
     if (!gguf) SKIP("%s", why);
     tf_path(data, sizeof data, "stories.jsonl");
     tf_path(dir, sizeof dir, "stories.cache");
     sd_model *m = NULL;
     sd_model_load(&m, gguf, g_err, sizeof g_err);
-    CHECK(m, "stories260K: %s", g_err);
+    CHECK(m, "%s: %s", gguf, g_err);
     if (!m) return;
     tf_write_file(data, "{\"text\": \"Once upon a time, there was a little girl named Lily.\"}\n"
                      "{\"text\": \"She loved to play outside in the park.\", \"source\": \"x\"}\n");
@@ -412,17 +415,23 @@ static void test_cache_stories(void) {
     CHECK(sd_cache_open(&c, dir, m, &cp, NULL, 0, g_err, sizeof g_err) == 0, "open: %s", g_err);
     if (c) {
         CHECK(sd_cache_n_feat(c) == m->hp.n_embd, "n_feat %d", sd_cache_n_feat(c));
-        int32_t ids[64];
-        int n = sd_tokenize(sd_model_tokenizer(m), "Once upon a time, there was a little girl named Lily.", 53, 1, 0,
-                            ids, 64);
+        const sd_tokenizer *tk = sd_model_tokenizer(m);
+        int32_t ids[64], pre[64];
+        int n = sd_tokenize(tk, "Once upon a time, there was a little girl named Lily.", 53, 1, 0, ids, 64);
+        // the tokens of "Once upon a" (BOS too where the vocabulary has one) begin the record's
+        int k = sd_tokenize(tk, "Once upon a", 11, 1, 0, pre, 64);
+        CHECK(n > 0 && k > 0 && k < n && !memcmp(pre, ids, sizeof(int32_t) * (size_t)k),
+              "'Once upon a' is %d tokens, a prefix of the record's %d", k, n);
         int32_t tok[64];
-        CHECK(sd_cache_read(c, 0, 0, n, tok, NULL, NULL, NULL, g_err, sizeof g_err) == 0 &&
+        CHECK(n > 0 && sd_cache_read(c, 0, 0, n, tok, NULL, NULL, NULL, g_err, sizeof g_err) == 0 &&
                   !memcmp(tok, ids, sizeof(int32_t) * (size_t)n),
               "the first record's tokens");
-        int32_t top[8];
-        // the model continues its own story: after "Once upon a" comes " time"
-        CHECK(sd_cache_read(c, 0, 3, 1, NULL, NULL, top, NULL, g_err, sizeof g_err) == 0 && top[0] == ids[4],
-              "the target's argmax after 'Once upon a' is the text's next token (%d vs %d)", top[0], ids[4]);
+        int32_t top[8] = {0};
+        // the model continues the story: after "Once upon a" comes " time"
+        CHECK(k > 0 && k < n && sd_cache_read(c, 0, k - 1, 1, NULL, NULL, top, NULL, g_err, sizeof g_err) == 0 &&
+                  top[0] == ids[k],
+              "the target's argmax after 'Once upon a' is the text's next token (%d vs %d)", top[0],
+              k > 0 && k < n ? ids[k] : -1);
     }
     sd_cache_close(c);
     sd_model_free(m);

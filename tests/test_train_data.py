@@ -2,16 +2,19 @@
 """test_train_data.py - scripts/make-train-data.py end to end on a tiny budget
 (a few documentation pages and library files, a handful of prompts answered
 with 8 tokens by the default model): the records are valid JSONL of the
-trainer's two kinds, prompts planted from the Spec-Bench file (verbatim,
-re-cased, embedded in a longer text, sharing 8 words) are dropped and counted,
-a second run adds nothing and starts no server, a larger budget continues
-without touching what is there, a torn last line is repaired, Ctrl-C keeps
-every finished answer and stops the server, and the licences are recorded.
+trainer's two kinds, prompts planted from the exclusion file
+(tests/data/exclude-prompts.jsonl: 16 prompts in the Spec-Bench format,
+written for this test; ../shared/prompts/dev.jsonl is excluded as well where
+it is there) - verbatim, re-cased, embedded in a longer text, sharing 8 words
+- are dropped and counted, a second run adds nothing and starts no server, a
+larger budget continues without touching what is there, a torn last line is
+repaired, Ctrl-C keeps every finished answer and stops the server, and the
+licences are recorded.
 
 Prints PASS/FAIL/SKIP lines (scripts/run-tests.sh counts them). Needs
 build/specdec with the server, the default model (SPECDEC_MODEL another, with a
-chat template: the tiny stories260K model has none), the `openai` package and
-../shared/prompts/dev.jsonl; otherwise every case is skipped with the reason.
+chat template: the tiny stories260K model has none) and the `openai` package;
+otherwise every case is skipped with the reason.
 The network is not needed: apt is never run (--no-apt; the documentation case
 is skipped when python3-doc is not installed) and chitchat-dataset comes from
 data/cache when an earlier run downloaded it (else one `pip download` is
@@ -33,7 +36,10 @@ from report import exit_status, report  # noqa: E402
 SCRIPT = os.path.join(ROOT, "scripts", "make-train-data.py")
 BIN = os.environ.get("SPECDEC_BIN", os.path.join(ROOT, "build", "specdec"))
 MODEL = os.environ.get("SPECDEC_MODEL", os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
-DEV = os.path.normpath(os.path.join(ROOT, "..", "shared", "prompts", "dev.jsonl"))
+EXCLUDE = os.path.join(ROOT, "tests", "data", "exclude-prompts.jsonl")
+SHARED = os.environ.get("SD_SHARED") or os.path.join(ROOT, "..", "shared")
+DEV = os.path.normpath(os.path.join(SHARED, "prompts", "dev.jsonl"))
+EXCLUDES = [EXCLUDE] + ([DEV] if os.path.exists(DEV) else [])
 CACHE = os.path.join(ROOT, "data", "cache")
 
 CASES = ["first_run", "records_valid", "spec_bench_excluded", "rerun_adds_nothing", "rerun_continues",
@@ -58,10 +64,11 @@ def lines(path):
         return f.read().splitlines(keepends=True)
 
 
-def run(out, *extra, timeout=120):
+def run(out, *extra, timeout=300):
     cmd = [sys.executable, SCRIPT, "--out", out, "--cache", CACHE, "--bin", BIN, "--model", MODEL,
            "--no-apt", "--sample-files", "4", "--max-tokens", "8", "--parallel", "2", "--sampled-share", "0.5",
-           "--progress", "1", "--extra-prompts", os.path.join(out, "..", "planted.jsonl")] + list(extra)
+           "--progress", "1", "--extra-prompts", os.path.join(out, "..", "planted.jsonl")] \
+        + [a for e in EXCLUDES for a in ("--exclude", e)] + list(extra)
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
     return r.returncode, r.stdout
 
@@ -112,25 +119,28 @@ def main():
         import openai  # noqa: F401
     except ImportError:
         skip_all("the openai package is not installed (python3 -m pip install openai)")
-    if not os.path.exists(DEV):
-        skip_all(f"the Spec-Bench prompts {DEV} are not there to plant")
-    with open(DEV, encoding="utf-8") as f:
-        dev = [json.loads(l)["turns"][0] for l in f if l.strip()]
+    with open(EXCLUDE, encoding="utf-8") as f:
+        planted_from = [json.loads(l)["turns"][0] for l in f if l.strip()]
+    dev = []
+    if os.path.exists(DEV):
+        with open(DEV, encoding="utf-8") as f:
+            dev = [json.loads(l)["turns"][0] for l in f if l.strip()]
     tmp = tempfile.mkdtemp(prefix="test_train_data.")
     try:
-        cases(tmp, dev)
+        cases(tmp, planted_from, planted_from + dev)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     sys.exit(exit_status())
 
 
-def cases(tmp, dev):
+def cases(tmp, src, dev):
+    """src: the prompts of the exclusion file to plant; dev: every excluded prompt."""
     t0 = time.time()
     out = os.path.join(tmp, "train")
-    w4 = dev[3].split()
-    planted = [dev[6],                                        # verbatim
-               dev[0].upper() + "!!",                         # other case and punctuation
-               "Please help me with this: " + dev[14] + " Thank you.",  # embedded in a longer text
+    w4 = src[3].split()
+    planted = [src[6],                                        # verbatim
+               src[0].upper() + "!!",                         # other case and punctuation
+               "Please help me with this: " + src[14] + " Thank you.",  # embedded in a longer text
                " ".join(w4[:8]) + " while it is raining hard outside"]  # 8 words in a row shared
     innocent = ["What is a Python list comprehension?", "Tell me a fun fact about owls."]
     with open(os.path.join(tmp, "planted.jsonl"), "w", encoding="utf-8") as f:
@@ -196,9 +206,10 @@ def cases(tmp, dev):
     # before the signal lands: with 8 tokens a fast machine finished them first)
     cmd = [sys.executable, SCRIPT, "--out", out, "--cache", CACHE, "--bin", BIN, "--model", MODEL, "--no-apt",
            "--sample-files", "4", "--max-tokens", "64", "--parallel", "2", "--max-prompts", "60", "--max-raw", "10",
-           "--progress", "1", "--extra-prompts", os.path.join(tmp, "planted.jsonl")]
+           "--progress", "1", "--extra-prompts", os.path.join(tmp, "planted.jsonl")] \
+        + [a for e in EXCLUDES for a in ("--exclude", e)]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 40
+    deadline = time.time() + 120   # only against a hang: a slow host may take a while to answer the first two
     while time.time() < deadline and len(lines(os.path.join(out, "chat.jsonl"))) < 12 and p.poll() is None:
         time.sleep(0.2)
     p.send_signal(signal.SIGINT)

@@ -44,9 +44,10 @@ static float rng_unif(uint64_t *s) { // [-1, 1)
 
 // Adds tensor name with ne (n_dims), values offset + scale * U(-1,1),
 // stored as type. Honors the fault-injection fields.
-static int add_tensor(sd_gguf_writer *w, const synth_params *p, uint64_t *rng, const char *name, int type,
-                      int n_dims, int64_t ne0, int64_t ne1, float offset, float scale, char *err,
-                      size_t errlen) {
+// The first zero_rows rows (of ne0 values) are zero.
+static int add_tensor_z(sd_gguf_writer *w, const synth_params *p, uint64_t *rng, const char *name, int type,
+                        int n_dims, int64_t ne0, int64_t ne1, float offset, float scale, int64_t zero_rows,
+                        char *err, size_t errlen) {
     if (p->omit_tensor && strcmp(p->omit_tensor, name) == 0) return 0;
     int64_t ne[2] = {ne0, ne1};
     if (p->bad_shape_tensor && strcmp(p->bad_shape_tensor, name) == 0) {
@@ -67,6 +68,7 @@ static int add_tensor(sd_gguf_writer *w, const synth_params *p, uint64_t *rng, c
         return sd_err(err, errlen, "synth: out of memory");
     }
     for (size_t i = 0; i < n; i++) f[i] = offset + scale * rng_unif(rng);
+    for (size_t i = 0; i < n && i < (size_t)(zero_rows * ne[0]); i++) f[i] = 0.0f;
     if (type == SD_TYPE_F32) memcpy(q, f, n * sizeof(float));
     else
         for (int64_t r = 0; r < (n_dims == 2 ? ne[1] : 1); r++)
@@ -75,6 +77,12 @@ static int add_tensor(sd_gguf_writer *w, const synth_params *p, uint64_t *rng, c
     free(f);
     free(q);
     return 0;
+}
+
+static int add_tensor(sd_gguf_writer *w, const synth_params *p, uint64_t *rng, const char *name, int type,
+                      int n_dims, int64_t ne0, int64_t ne1, float offset, float scale, char *err,
+                      size_t errlen) {
+    return add_tensor_z(w, p, rng, name, type, n_dims, ne0, ne1, offset, scale, 0, err, errlen);
 }
 
 int synth_write(const char *path, const synth_params *p, char *err, size_t errlen) {
@@ -89,6 +97,7 @@ int synth_write(const char *path, const synth_params *p, char *err, size_t errle
     const int mtype = p->mix_type >= 0 ? p->mix_type : p->wtype;
     const int qwen = strcmp(p->arch, "qwen2") == 0;
     const int biases = p->biases >= 0 ? p->biases : qwen;
+    const int tied = p->tied && !p->words_only;
     sd_gguf_writer *w = sd_gguf_writer_new();
     if (!w) return sd_err(err, errlen, "synth: out of memory");
     char key[128];
@@ -155,9 +164,11 @@ int synth_write(const char *path, const synth_params *p, char *err, size_t errle
     // normalised state (norm ~ sqrt(E)), so a tied output gives logits of
     // std ~ sqrt(E) * 0.58: multiply embeddings by 3 / sqrt(E) for std ~ 1.7.
     const float s_emb = 3.0f / sqrtf((float)E);
-    ADD("token_embd.weight", etype, 2, E, V, 0.0f, p->tied ? s_emb * 1.7f : 1.0f);
+    ADD("token_embd.weight", etype, 2, E, V, 0.0f, tied ? s_emb * 1.7f : 1.0f);
     ADD("output_norm.weight", SD_TYPE_F32, 1, E, 1, 1.0f, 0.2f);
-    if (!p->tied) ADD("output.weight", etype, 2, E, V, 0.0f, s_emb * 1.7f);
+    if (!tied && (rc = add_tensor_z(w, p, &rng, "output.weight", etype, 2, E, V, 0.0f, s_emb * 1.7f,
+                                    p->words_only ? 259 : 0, err, errlen)) < 0)
+        goto done;
     for (int l = 0; l < p->n_layer; l++) {
 #define BLK(suffix) (snprintf(nm, sizeof nm, "blk.%d.%s", l, suffix), nm)
         ADD(BLK("attn_norm.weight"), SD_TYPE_F32, 1, E, 1, 1.0f, 0.2f);

@@ -33,6 +33,10 @@ typedef struct synth_params {
     int mix_type;          // type of attn_v and ffn_up (mixed files such as Q4_K_M); -1 (default) = wtype
     int tied;              // 1 (default): no output.weight, logits use token_embd
     int biases;            // 1: write attn_{q,k,v}.bias; default 1 for qwen2, 0 for llama (-1 = by arch)
+    int words_only;        // 1: an output.weight (even when tied) whose rows for <unk>, <s>, </s> and the
+                           // byte tokens are zero: their logits are 0, and the best word's is above 0 unless
+                           // all n_vocab - 259 are negative (odds 2^-(n_vocab - 259)): greedy text is words
+                           // and never ends; default 0
     uint64_t seed;         // default 1234
     const char *rope_scaling_type; // "<arch>.rope.scaling.type" to write ("linear", "yarn", ...), or NULL (default)
     float rope_scaling_factor;     // "<arch>.rope.scaling.factor", written when rope_scaling_type is set

@@ -56,16 +56,20 @@ int tf_same_file(const char *a, const char *b) {
     return same;
 }
 
-sd_model *tf_synth_model(int n_embd, int n_layer, uint64_t seed, char *err, size_t errlen) {
+int tf_synth_gguf(const char *path, int n_embd, int n_layer, uint64_t seed, char *err, size_t errlen) {
     synth_params p = synth_default_params();
     p.n_embd = n_embd;
     p.n_ff = 2 * n_embd;
     p.n_layer = n_layer;
     p.seed = seed;
+    return synth_write(path, &p, err, errlen);
+}
+
+sd_model *tf_synth_model(int n_embd, int n_layer, uint64_t seed, char *err, size_t errlen) {
     char path[512];
     snprintf(path, sizeof path, "%s/synth_%d_%d_%llu.gguf", g_dir, n_embd, n_layer, (unsigned long long)seed);
     sd_model *m = NULL;
-    if (synth_write(path, &p, err, errlen) == 0) sd_model_load(&m, path, err, errlen);
+    if (tf_synth_gguf(path, n_embd, n_layer, seed, err, errlen) == 0) sd_model_load(&m, path, err, errlen);
     remove(path);
     return m;
 }
@@ -118,4 +122,16 @@ const char *tf_stories_gguf(const char *sh, char *why, size_t n) {
         return NULL;
     }
     return gguf;
+}
+
+#define TF_DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+const char *tf_real_target(const char *sh, char *why, size_t n) {
+    char ckpt[512];
+    snprintf(ckpt, sizeof ckpt, "%s/models/stories260K.bin", sh ? sh : "");
+    if (sh && access(ckpt, R_OK) == 0) return tf_stories_gguf(sh, why, n);
+    if (access(TF_DEFAULT_MODEL, R_OK) == 0) return TF_DEFAULT_MODEL;
+    snprintf(why, n, "neither ../shared/models/stories260K.bin nor %s (scripts/fetch-models.sh) is here",
+             TF_DEFAULT_MODEL);
+    return NULL;
 }
