@@ -70,6 +70,68 @@ int sd_drafter_hidden_layers(const sd_drafter *d, int32_t *out);
 int sd_drafter_prompt_rows(sd_drafter *d, const int32_t *tokens, int pos0, int n, const float *hidden, char *err,
                            size_t errlen);
 
+// ---------------------------------------------------------------- a program's own drafter
+// A program (a remote client, a binding, an experiment) defines its own
+// drafter with a few callbacks; sd_drafter_from_callbacks wraps them as an
+// sd_drafter that sd_gen_new and sd_generate take like the library's own.
+// Greedy output is the target's own, and sampled output keeps the target's
+// distribution (the race draw: the very text plain sampling gives for the
+// seed), whatever the callbacks propose: children are verified as chosen
+// by the program's rule, independent of the verifier's randomness.
+//
+// The tree to fill: node 0 is the root (the last token of the text, not yet
+// in the target's cache). sd_tree_add appends a child of node parent (an
+// existing node) with token and the drafter's probability p for it (any
+// value in [0, 1]; only statistics read it) and returns the new node's
+// index, or -1 when the tree is full (the step's room, max_nodes). Nodes are
+// in the order added; a parent comes before its children.
+typedef struct sd_tree sd_tree;
+int sd_tree_add(sd_tree *t, int parent, int32_t token, float p);
+int sd_tree_size(const sd_tree *t);                 // nodes, root included
+int32_t sd_tree_token(const sd_tree *t, int i);     // -1 when i is not a node
+int sd_tree_parent(const sd_tree *t, int i);        // -1 for the root, -2 when i is not a node
+
+// What propose sees. Every pointer is the library's, valid during the call only.
+typedef struct sd_draft_request {
+    const int32_t *tokens;  // (n_tokens) the text so far, prompt included; its last token is the root
+    int n_tokens;
+    int max_nodes;          // most nodes the tree may hold this step, root included
+    int sampling;           // 1: the target samples (temperature > 0), 0: greedy
+} sd_draft_request;
+
+// What step hears after each step. Every pointer is the library's, valid during the call only.
+typedef struct sd_draft_result {
+    const int32_t *accepted; // (n_accepted) the drafted tokens the target accepted, in order (a root-to-node path)
+    int n_accepted;
+    int32_t bonus;           // the target's own token after them: the next step's root
+    // With n_hidden_layers > 0: the target's hidden rows of the root and the
+    // accepted nodes, (1 + n_accepted, n_hidden_layers, n_embd) floats, in
+    // the order of hidden_layers (sd_batch.hidden_out's layout); else NULL.
+    const float *hidden;
+} sd_draft_result;
+
+typedef struct sd_drafter_callbacks {
+    const char *name;       // shown by sd_drafter_name ("callbacks" when NULL); must outlive the drafter
+    void *user;             // handed to every callback; the program's, never freed by the library but through free
+    // Required: fill tree (see above); adding nothing is allowed (the step then decodes one token).
+    int (*propose)(void *user, const sd_draft_request *req, sd_tree *tree, char *err, size_t errlen);
+    // Optional: the step's outcome (keep the accepted path, learn from it).
+    int (*step)(void *user, const sd_draft_result *res, char *err, size_t errlen);
+    // Optional, with n_hidden_layers > 0: the hidden rows of prompt tokens
+    // tokens[pos0 .. pos0 + n) as the prompt is evaluated, (n, n_hidden_layers, n_embd) floats.
+    int (*prompt)(void *user, const int32_t *tokens, int pos0, int n, const float *hidden, char *err,
+                  size_t errlen);
+    void (*reset)(void *user);   // optional: forget the text (a new generation starts)
+    void (*free)(void *user);    // optional: called once by sd_drafter_free
+    int n_hidden_layers;         // 0..SD_MAX_HIDDEN_LAYERS: the target's hidden rows wanted (EAGLE-style drafters)
+    int32_t hidden_layers[SD_MAX_HIDDEN_LAYERS]; // as sd_batch.hidden_layers
+} sd_drafter_callbacks;
+
+// Wraps cb (copied) as a drafter owned by the caller (sd_drafter_free).
+// Returns 0, SD_ERR_INPUT without propose or with n_hidden_layers out of
+// range, SD_ERR_OOM; a message in err.
+int sd_drafter_from_callbacks(sd_drafter **out, const sd_drafter_callbacks *cb, char *err, size_t errlen);
+
 // ---------------------------------------------------------------- cost curve
 // The target's measured forward time against the number of tree nodes,
 // which automatic ("auto", "tree:auto") trees are sized by.

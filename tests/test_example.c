@@ -3,7 +3,8 @@
 // with the step brackets removed, equals generate's greedy text for the same
 // prompt and token budget (default model; skipped when it is absent); so do
 // the texts of examples/batch.c, which steps several generations together
-// with one forward per step for all of them.
+// with one forward per step for all of them, and of examples/own_drafter.c,
+// whose drafter is the program's own.
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -108,8 +109,38 @@ static void test_batch_example(void) {
     }
 }
 
+// examples/own_drafter.c: a drafter of the program's own (callbacks) gives
+// generate's greedy text, and its guesses are accepted on a repeating text.
+static void test_own_drafter_example(void) {
+    struct stat st;
+    if (stat("build/examples/own_drafter", &st) != 0) SKIP("build/examples/own_drafter was not built");
+    int rc = cli_run("build/examples/own_drafter", "/nonexistent.gguf", 1, g_out, sizeof g_out);
+    CHECK(rc == 1 && strstr(g_out, "own_drafter: "), "missing model: exit %d, output '%.200s'", rc, g_out);
+    if (stat(MODEL, &st) != 0) SKIP("%s is absent (run scripts/fetch-models.sh)", MODEL);
+    rc = cli_run("build/examples/own_drafter", MODEL " '" PROMPT "' 48", 0, g_out, sizeof g_out);
+    int n_tok = 0, n_fwd = 0, n_acc = 0, n_prop = 0;
+    char *line = strrchr(g_out, '\n');
+    while (line && line > g_out && line[1] == 0) {   // the last non-empty line: the statistics
+        *line = 0;
+        line = strrchr(g_out, '\n');
+    }
+    CHECK(rc == 0 && line && sscanf(line + 1, "%d tokens, %d target forwards, %d of %d drafts", &n_tok, &n_fwd, &n_acc,
+                                    &n_prop) == 4,
+          "exit %d, output '%.300s'", rc, g_out);
+    if (!line) return;
+    *line = 0;   // the text alone
+    rc = cli_run("./build/specdec", "generate -m " MODEL " -p '" PROMPT "' -n 48 --temp 0 --json", 0, g_ref,
+                 sizeof g_ref);
+    char gen[sizeof g_ref];
+    CHECK(rc == 0 && json_text(gen, sizeof gen), "specdec generate failed: '%.200s'", g_ref);
+    CHECK(!strcmp(g_out, gen), "own drafter's text differs from generate's:\n  own: '%s'\n  generate: '%s'", g_out, gen);
+    CHECK(n_tok == 48 && n_acc > 0 && n_fwd < n_tok && n_fwd + n_acc + 1 >= n_tok && n_prop >= n_acc,
+          "%d tokens, %d forwards, %d of %d drafts accepted", n_tok, n_fwd, n_acc, n_prop);
+}
+
 int main(void) {
     T_RUN(test_example_runs);
     T_RUN(test_batch_example);
+    T_RUN(test_own_drafter_example);
     T_EXIT();
 }
