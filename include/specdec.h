@@ -244,9 +244,15 @@ int sd_batcher_n_nodes(const sd_batcher *b);
 // sd_threadpool_run holds the pool (so two calls on one batcher, or a
 // batcher pass and a forward of one of its sessions, never run at once).
 // One session (n == 1) runs as its own sd_session_forward. Returns 0, or <0
-// with a message.
+// with a message (SD_ERR_BUSY when the pool is held).
 int sd_batcher_forward(sd_batcher *b, sd_session *const *ss, const sd_batch *bs, int n, char *err,
                        size_t errlen);
+// After a failed sd_batcher_forward: the index i of the batch (bs[i],
+// ss[i]) that failed its checks, so that a caller can drop that one and pass
+// the others again (nothing was written); -1 when the call as a whole failed
+// (SD_ERR_BUSY: the pool held by another forward; a bad count), or after a
+// call that succeeded.
+int sd_batcher_failed_batch(const sd_batcher *b);
 
 // ---------------------------------------------------------------- tokenizer
 // Encodes text into ids. add_bos: prepend BOS when the vocabulary asks for it

@@ -534,22 +534,25 @@ static void test_batcher_errors(void) {
         sd_batch bs[3];
         int n;
         const char *needle, *what;
+        int failed;   // the batch sd_batcher_failed_batch names, -1: the call as a whole
     } cases[] = {
-        {{a, other_m}, {b4, b4}, 2, "another model", "model"},
-        {{a, other_p}, {b4, b4}, 2, "another thread pool", "pool"},
-        {{a, b, a}, {b4, b4, b4}, 3, "listed twice", "twice"},
-        {{a, b, c}, {b4, b4, b5}, 3, "13 nodes in all", "too many nodes"},
-        {{a, small}, {b4, b4}, 2, "context full", "context overflow"},
-        {{a, b}, {b4, {.n = 9, .tokens = toks}}, 2, "n_batch", "batch larger than n_batch"},
-        {{a, b}, {b4, {.n = 2, .tokens = toks, .precise = 1}}, 2, "cannot mix precise", "mixed precise"},
-        {{a, NULL}, {b4, b4}, 2, "NULL", "NULL session"},
-        {{a, b}, {b4, b4}, -1, "sessions", "negative count"},
+        {{a, other_m}, {b4, b4}, 2, "another model", "model", 1},
+        {{a, other_p}, {b4, b4}, 2, "another thread pool", "pool", 1},
+        {{a, b, a}, {b4, b4, b4}, 3, "listed twice", "twice", 2},
+        {{a, b, c}, {b4, b4, b5}, 3, "13 nodes in all", "too many nodes", -1},
+        {{a, small}, {b4, b4}, 2, "context full", "context overflow", 1},
+        {{a, b}, {b4, {.n = 9, .tokens = toks}}, 2, "n_batch", "batch larger than n_batch", 1},
+        {{a, b}, {b4, {.n = 2, .tokens = toks, .precise = 1}}, 2, "cannot mix precise", "mixed precise", 1},
+        {{a, NULL}, {b4, b4}, 2, "NULL", "NULL session", 1},
+        {{a, b}, {b4, b4}, -1, "sessions", "negative count", -1},
     };
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         g_err[0] = 0;
         const int r = sd_batcher_forward(bat, cases[k].ss, cases[k].bs, cases[k].n, g_err, sizeof g_err);
         CHECK(r < 0 && strstr(g_err, cases[k].needle), "%s: returned %d, message '%s' lacks '%s'", cases[k].what, r,
               g_err, cases[k].needle);
+        CHECK(sd_batcher_failed_batch(bat) == cases[k].failed, "%s: failed batch %d, want %d", cases[k].what,
+              sd_batcher_failed_batch(bat), cases[k].failed);
         check_untouched(a, keep, m->hp.n_vocab, 0, cases[k].what);
         printf("  info: %s -> %s\n", cases[k].what, g_err);
     }
@@ -566,8 +569,9 @@ static void test_batcher_errors(void) {
     // a pool held by someone else: the pass refuses, deterministically
     CHECK(sd_pool_try_acquire(pool) == 1, "could not take the pool");
     g_err[0] = 0;
-    CHECK(sd_batcher_forward(bat, sk, bk, 2, g_err, sizeof g_err) < 0 && strstr(g_err, "in use"), "busy pool: '%s'",
-          g_err);
+    CHECK(sd_batcher_forward(bat, sk, bk, 2, g_err, sizeof g_err) == SD_ERR_BUSY && strstr(g_err, "in use") &&
+              sd_batcher_failed_batch(bat) == -1,
+          "busy pool: '%s'", g_err);
     sd_pool_release(pool);
     check_untouched(a, keep, m->hp.n_vocab, 0, "busy pool");
     // nothing to do
@@ -577,7 +581,8 @@ static void test_batcher_errors(void) {
     CHECK(sd_session_commit(a, NULL, 0, g_err, sizeof g_err) == 0 && sd_session_n_past(a) == 3, "commit after errors: %s",
           g_err);
     // a pass that works after all that
-    CHECK(sd_batcher_forward(bat, sk, bk, 2, g_err, sizeof g_err) == 0, "%s", g_err);
+    CHECK(sd_batcher_forward(bat, sk, bk, 2, g_err, sizeof g_err) == 0 && sd_batcher_failed_batch(bat) == -1, "%s",
+          g_err);
 out:
     free(keep);
     sd_session_free(a);

@@ -13,6 +13,7 @@
 #include "t.h"
 // the helpers of the program are unit-tested here directly
 #include "../tools/cli_common.c"
+#include "../tools/utf8.c"
 #include "../tools/cli_opts.c"
 
 // SPECDEC_BIN overrides the program under test.
@@ -210,13 +211,13 @@ static void test_convert_and_generate(void) {
 
 static void test_utf8_and_json(void) {
     // "é" = C3 A9, "€" = E2 82 AC, "😀" = F0 9F 98 80
-    CHECK(cli_utf8_complete("ab", 2) == 2, "ascii");
-    CHECK(cli_utf8_complete("a\xC3", 2) == 1, "held back lead byte");
-    CHECK(cli_utf8_complete("a\xC3\xA9", 3) == 3, "complete 2-byte");
-    CHECK(cli_utf8_complete("\xE2\x82", 2) == 0, "incomplete 3-byte");
-    CHECK(cli_utf8_complete("\xF0\x9F\x98\x80x", 5) == 5, "4-byte");
-    CHECK(cli_utf8_complete("\xF0\x9F\x98", 3) == 0, "incomplete 4-byte");
-    CHECK(cli_utf8_complete("\x80z", 2) == 2, "stray continuation passes through");
+    CHECK(utf8_complete("ab", 2) == 2, "ascii");
+    CHECK(utf8_complete("a\xC3", 2) == 1, "held back lead byte");
+    CHECK(utf8_complete("a\xC3\xA9", 3) == 3, "complete 2-byte");
+    CHECK(utf8_complete("\xE2\x82", 2) == 0, "incomplete 3-byte");
+    CHECK(utf8_complete("\xF0\x9F\x98\x80x", 5) == 5, "4-byte");
+    CHECK(utf8_complete("\xF0\x9F\x98", 3) == 0, "incomplete 4-byte");
+    CHECK(utf8_complete("\x80z", 2) == 2, "stray continuation passes through");
     // JSON values: invalid UTF-8 becomes U+FFFD (a cut-off character too),
     // numbers are rounded, inf is null, one line with ", " and ": "
     char buf[256] = "";

@@ -30,11 +30,6 @@ int cli_u64(const char *flag, const char *s, uint64_t *out);
 // "WHAT 'PATH' not found" (or not readable) and returns 0.
 int cli_file_ok(const char *what, const char *path);
 
-// Length of the longest prefix of s[0..n) that does not end inside a UTF-8
-// character (incomplete trailing sequences are held back; invalid bytes count
-// as complete single bytes).
-size_t cli_utf8_complete(const char *s, size_t n);
-
 // A new JSON string holding s[0..n) with every invalid UTF-8 byte replaced
 // by U+FFFD (jansson takes valid UTF-8 only; generated text and file names
 // may hold anything). NUL bytes are kept (written as \u0000). NULL when out of

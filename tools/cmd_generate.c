@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cli_common.h"
+#include "utf8.h"
 #include "cli_head.h"
 #include "cli_opts.h"
 #include "specdec.h"
@@ -53,7 +54,7 @@ static int out_append(gen_out *o, const char *s, size_t n) {
 
 // Prints the complete UTF-8 characters of the pending bytes, keeps the rest.
 static void stream_flush(gen_out *o, int final) {
-    size_t n = final ? o->len : cli_utf8_complete(o->text, o->len);
+    size_t n = final ? o->len : utf8_complete(o->text, o->len);
     if (n) {
         fwrite(o->text, 1, n, stdout);
         memmove(o->text, o->text + n, o->len - n);

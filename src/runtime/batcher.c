@@ -14,6 +14,7 @@ struct sd_batcher {
     const sd_model *m;
     sd_pool *pool;       // the sessions' pool (a reference)
     int n_nodes;         // most rows of a pass
+    int failed;          // the batch the last failed sd_batcher_forward named, -1: none (the whole call)
     sd_mm_ctx mm;        // wbuf and abuf sized for the largest matmul with n_nodes tokens
     // Scratch of a pass, row t for node t (shapes as in struct sd_session, with n_nodes rows).
     float *x, *xn, *q, *k, *v, *att, *ff_g, *ff_u;
@@ -36,6 +37,7 @@ int sd_batcher_new(sd_batcher **out, const sd_model *m, sd_threadpool *pool, int
     if (!b) return sd_err(err, errlen, "out of memory");
     b->m = m;
     b->n_nodes = n_nodes;
+    b->failed = -1;
     b->pool = sd_pool_ref(pool);
     b->x = sd_line_alloc(N * hp->n_embd * sizeof(float), 0);
     b->xn = sd_line_alloc(N * SD_MAX((size_t)hp->n_embd, qd) * sizeof(float), 0);
@@ -93,29 +95,29 @@ static int same_skip(const uint8_t *a, const uint8_t *b, int n) {
 }
 
 // Every check of sd_batcher_forward, before anything is written.
-static int check_all(const sd_batcher *b, sd_session *const *ss, const sd_batch *bs, int n, char *err,
-                     size_t errlen) {
+static int check_all(sd_batcher *b, sd_session *const *ss, const sd_batch *bs, int n, char *err, size_t errlen) {
+    b->failed = -1;
     if (n < 0 || n > b->n_nodes)
         return sd_err(err, errlen, "batcher: %d sessions, expected 0..%d (n_nodes)", n, b->n_nodes);
     if (n > 0 && (!ss || !bs)) return sd_err(err, errlen, "batcher: no sessions or no batches");
     long total = 0;
     for (int i = 0; i < n; i++) {
         const sd_session *s = ss[i];
-        if (!s) return sd_err(err, errlen, "batcher: session %d is NULL", i);
-        if (s->m != b->m) return sd_err(err, errlen, "batcher: session %d belongs to another model", i);
+        if (!s) return b->failed = i, sd_err(err, errlen, "batcher: session %d is NULL", i);
+        if (s->m != b->m) return b->failed = i, sd_err(err, errlen, "batcher: session %d belongs to another model", i);
         if (s->pool != b->pool)
-            return sd_err(err, errlen, "batcher: session %d runs on another thread pool than the batcher's", i);
+            return b->failed = i, sd_err(err, errlen, "batcher: session %d runs on another thread pool than the batcher's", i);
         for (int j = 0; j < i; j++)
-            if (ss[j] == s) return sd_err(err, errlen, "batcher: session %d is listed twice (also as %d)", i, j);
+            if (ss[j] == s) return b->failed = i, sd_err(err, errlen, "batcher: session %d is listed twice (also as %d)", i, j);
         char msg[256];
-        if (sd_fwd_check(s, &bs[i], msg, sizeof msg) < 0) return sd_err(err, errlen, "batcher: session %d: %s", i, msg);
+        if (sd_fwd_check(s, &bs[i], msg, sizeof msg) < 0) return b->failed = i, sd_err(err, errlen, "batcher: session %d: %s", i, msg);
         if (!bs[i].precise != !bs[0].precise)
-            return sd_err(err, errlen,
+            return b->failed = i, sd_err(err, errlen,
                           "batcher: batch %d is %s but batch 0 is %s: one pass cannot mix precise (float) and normal "
                           "batches",
                           i, bs[i].precise ? "precise" : "normal", bs[0].precise ? "precise" : "normal");
         if (!same_skip(s->layer_skip, ss[0]->layer_skip, b->m->hp.n_layer))
-            return sd_err(err, errlen, "batcher: session %d skips other layers than session 0", i);
+            return b->failed = i, sd_err(err, errlen, "batcher: session %d skips other layers than session 0", i);
         total += bs[i].n;
     }
     if (total > b->n_nodes)
@@ -149,14 +151,16 @@ static void layout(sd_batcher *b, sd_fwd_pass *p, sd_session *const *ss, const s
 
 int sd_batcher_forward(sd_batcher *b, sd_session *const *ss, const sd_batch *bs, int n, char *err,
                        size_t errlen) {
+    b->failed = -1;
     if (!sd_pool_try_acquire(b->pool))
-        return sd_err(err, errlen,
+        return sd_errc(SD_ERR_BUSY, err, errlen,
                       "batcher: the thread pool is in use by another forward or sd_threadpool_run (sessions sharing "
                       "a pool must take turns)");
     int r = check_all(b, ss, bs, n, err, errlen);
     if (r == 0 && n == 1) {
         // One session: its own forward, on its own scratch (no copies).
         r = sd_fwd_session(ss[0], &bs[0], err, errlen);
+        if (r < 0) b->failed = 0;
     } else if (r == 0 && n > 1) {
         sd_fwd_pass p;
         layout(b, &p, ss, bs, n);
@@ -165,3 +169,5 @@ int sd_batcher_forward(sd_batcher *b, sd_session *const *ss, const sd_batch *bs,
     sd_pool_release(b->pool);
     return r;
 }
+
+int sd_batcher_failed_batch(const sd_batcher *b) { return b ? b->failed : -1; }

@@ -9,7 +9,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "cli_common.h"
 #include "serve/api.h"
 
 // ---------------------------------------------------------------- errors

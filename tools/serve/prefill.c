@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli_common.h"
 #include "serve/sched.h"
 
 // A prompt chunk asks for no logits (the prompt's last token, which gives
@@ -24,7 +23,6 @@ static void prefill_fail(sv_server *s, sv_slot *sl, const char *err) {
     pthread_mutex_unlock(&r->mu);
     memcpy(sl->cache, r->prompt, sizeof(int32_t) * (size_t)n_past);
     sl->n_cache = n_past;
-    sl->prefilling = 0;
     sv_slot_finish(s, sl, err, 500);
 }
 
@@ -41,7 +39,7 @@ void sv_prefill_final(sv_server *s, sv_slot *sl) {
         prefill_fail(s, sl, err);
         return;
     }
-    sl->prefilling = 0;
+    sl->state = SV_SLOT_STEPPING;
 }
 
 // Plans this round's prompt chunks: pf_len[i] tokens of slot i's prompt
@@ -51,14 +49,14 @@ void sv_prefill_final(sv_server *s, sv_slot *sl) {
 // of slots with a chunk.
 int sv_prefill_plan(sv_server *s, int *pf_len) {
     int n = 0, budget = SV_PREFILL_BUDGET, generating = 0;
-    for (int i = 0; i < s->n_slots; i++) generating |= s->slots[i].r && s->slots[i].g && !s->slots[i].prefilling;
+    for (int i = 0; i < s->n_slots; i++) generating |= s->slots[i].state == SV_SLOT_STEPPING;
     if (!s->o->fast_prompt && generating) budget = SV_PREFILL_BUDGET_PRECISE;
     for (int i = 0; i < s->n_slots; i++) pf_len[i] = 0;
     while (budget > 0) {
         int best = -1;
         for (int i = 0; i < s->n_slots; i++) {
             sv_slot *sl = &s->slots[i];
-            if (!sl->r || !sl->g || !sl->prefilling || pf_len[i] || sl->r->n_prompt - 1 - sl->pf_next <= 0) continue;
+            if (sl->state != SV_SLOT_PROMPT || pf_len[i] || sl->r->n_prompt - 1 - sl->pf_next <= 0) continue;
             if (best < 0 || sl->r->t_enqueue < s->slots[best].r->t_enqueue) best = i;
         }
         if (best < 0) break;
@@ -132,7 +130,7 @@ void sv_prefill_commit(sv_server *s, sv_slot *sl, int len, int ok, char *err, si
 void sv_prefill_round(sv_server *s, int stopping) {
     for (int i = 0; i < s->n_slots; i++) {
         sv_slot *sl = &s->slots[i];
-        if (!sl->r || !sl->prefilling) continue;
+        if (sl->state != SV_SLOT_PROMPT) continue;
         pthread_mutex_lock(&sl->r->mu);
         int cancelled = sl->r->cancelled;
         pthread_mutex_unlock(&sl->r->mu);
@@ -149,13 +147,8 @@ void sv_prefill_round(sv_server *s, int stopping) {
         s->pass_bs[n] = sv_prefill_batch(s, sl, s->pf_len[i]);
         n++;
     }
-    char (*errs)[256] = calloc((size_t)n, sizeof *errs);
-    if (!errs) {
-        for (int k = 0; k < n; k++) prefill_fail(s, s->pass_sl[k], "out of memory");
-        return;
-    }
+    char(*errs)[256] = s->pass_err;   // (allocated once, n_slots entries)
     sv_forward_many(s, n, errs, 0);
     for (int k = 0; k < n; k++)
         sv_prefill_commit(s, s->pass_sl[k], s->pass_bs[k].n, s->pass_ok[k], errs[k], sizeof errs[k], 1);
-    free(errs);
 }

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli_common.h"
+#include "utf8.h"
 #include "serve/sched.h"
 
 // ---------------------------------------------------------------- methods
@@ -101,7 +101,7 @@ static void release(sv_slot *sl, size_t upto) {
 void sv_slot_finish(sv_server *s, sv_slot *sl, const char *error, int status) {
     sv_req *r = sl->r;
     const sd_gen_stats *gs = sl->g ? sd_gen_get_stats(sl->g) : NULL;
-    if (sl->g && sl->prefilling) {   // the committed rows are prompt rows
+    if (sl->g && sl->state == SV_SLOT_PROMPT) {   // the committed rows are prompt rows
         int n_past = SD_MIN(sd_session_n_past(sl->s), r->n_prompt);
         memcpy(sl->cache, r->prompt, sizeof(int32_t) * (size_t)n_past);
         sl->n_cache = n_past;
@@ -168,8 +168,7 @@ void sv_slot_finish(sv_server *s, sv_slot *sl, const char *error, int status) {
     sl->g = NULL;
     sl->smp = NULL;
     sl->r = NULL;
-    sl->starting = 0;
-    sl->prefilling = 0;
+    sl->state = SV_SLOT_FREE;
     sl->last_used = sd_time_ms();
     sv_req_unref(r);
 }
@@ -188,7 +187,6 @@ static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
 static void slot_start(sv_server *s, sv_slot *sl) {
     sv_req *r = sl->r;
     char err[256];
-    sl->starting = 0;
     sl->text_len = sl->kind_len = sl->released = 0;
     sl->max_stop = 0;
     for (int i = 0; i < r->n_stop; i++) sl->max_stop = SD_MAX(sl->max_stop, (int)strlen(r->stop[i]));
@@ -241,7 +239,7 @@ static void slot_start(sv_server *s, sv_slot *sl) {
     pthread_mutex_unlock(&r->mu);
     // The prompt is evaluated between rounds, SV_PREFILL_CHUNK tokens per
     // round (prefill_round), the last chunk by sd_gen_prefill_cached.
-    sl->prefilling = 1;
+    sl->state = SV_SLOT_PROMPT;
     sl->pf_next = keep;
 }
 
@@ -315,13 +313,22 @@ static int slot_emit(sv_server *s, sv_slot *sl, const sd_step *st, char *err, si
     }
     if (sd_gen_finished(sl->g) != SD_FINISH_NONE) return 0;   // slot_finish releases the rest
     size_t upto = sl->text_len - stop_prefix_hold(r, sl->text, sl->text_len);
-    release(sl, cli_utf8_complete(sl->text, upto));
+    release(sl, utf8_complete(sl->text, upto));
     return 0;
 }
 
 // ---------------------------------------------------------------- passes
 
 // Contract in sched.h.
+// Swaps entries a and b of the round's pass arrays.
+static void swap_pass(sv_server *s, int a, int b) {
+    sv_slot *sl = s->pass_sl[a];
+    sd_session *ss = s->pass_ss[a];
+    sd_batch bs = s->pass_bs[a];
+    s->pass_sl[a] = s->pass_sl[b], s->pass_ss[a] = s->pass_ss[b], s->pass_bs[a] = s->pass_bs[b];
+    s->pass_sl[b] = sl, s->pass_ss[b] = ss, s->pass_bs[b] = bs;
+}
+
 void sv_forward_many(sv_server *s, int n, char (*errs)[256], int step) {
     long passes = 0, rows = 0, slots = 0, fallbacks = 0;
     double t0 = sd_time_ms();
@@ -329,18 +336,31 @@ void sv_forward_many(sv_server *s, int n, char (*errs)[256], int step) {
     while (i < n) {
         int j = i, total = 0;
         while (j < n && (j == i || total + s->pass_bs[j].n <= s->batcher_nodes)) total += s->pass_bs[j++].n;
-        int rc = -1;
-        if (j - i > 1 && s->batcher)
-            rc = sd_batcher_forward(s->batcher, s->pass_ss + i, s->pass_bs + i, j - i, errs[i], sizeof errs[i]);
-        if (rc == 0) {
-            for (int k = i; k < j; k++) s->pass_ok[k] = 1;
-            passes++;
-        } else {
-            if (j - i > 1) fallbacks++;
-            for (int k = i; k < j; k++) {
-                s->pass_ok[k] = sd_session_forward(s->pass_ss[k], &s->pass_bs[k], errs[k], sizeof errs[k]) == 0;
-                passes++;
+        if (j - i > 1 && s->batcher) {
+            int rc = sd_batcher_forward(s->batcher, s->pass_ss + i, s->pass_bs + i, j - i, errs[i], sizeof errs[i]);
+            const int f = rc < 0 ? sd_batcher_failed_batch(s->batcher) : -1;
+            if (f >= 0) {   // that batch alone is bad (nothing was written): it fails, the others go again
+                char msg[256];
+                snprintf(msg, sizeof msg, "%s", errs[i]);
+                swap_pass(s, i + f, n - 1);
+                snprintf(errs[n - 1], sizeof errs[n - 1], "%s", msg);
+                s->pass_ok[n - 1] = 0;
+                n--;
+                continue;
             }
+            if (rc == 0) {
+                for (int k = i; k < j; k++) s->pass_ok[k] = 1;
+                passes++;
+                rows += total;
+                slots += j - i;
+                i = j;
+                continue;
+            }
+            fallbacks++;   // the call as a whole failed: each batch alone
+        }
+        for (int k = i; k < j; k++) {
+            s->pass_ok[k] = sd_session_forward(s->pass_ss[k], &s->pass_bs[k], errs[k], sizeof errs[k]) == 0;
+            passes++;
         }
         rows += total;
         slots += j - i;
@@ -363,7 +383,7 @@ void sv_forward_many(sv_server *s, int n, char (*errs)[256], int step) {
 // The draft budget of this round (budget.h): caps on the trees of the slots
 // that step, when they share the pass with other rows; a slot alone drafts
 // its method's full shape.
-static int slot_steps(const sv_slot *sl) { return sl->r && sl->g && !sl->prefilling; }
+static int slot_steps(const sv_slot *sl) { return sl->state == SV_SLOT_STEPPING; }
 
 static void plan_budget(sv_server *s) {
     if (!s->budget_caps) return;
@@ -371,7 +391,7 @@ static void plan_budget(sv_server *s) {
     const sv_accept **acc = s->budget_acc;
     for (int i = 0; i < s->n_slots; i++) {
         sv_slot *sl = &s->slots[i];
-        if (sl->r && sl->g && sl->prefilling && s->o->fast_prompt) base += s->pf_len[i];
+        if (sl->state == SV_SLOT_PROMPT && s->o->fast_prompt) base += s->pf_len[i];
         if (!slot_steps(sl)) continue;
         acc[n] = &sl->acc;
         s->budget_max[n++] = sl->max_nodes;
@@ -406,7 +426,7 @@ static void round_step(sv_server *s) {
     for (int i = 0; i < s->n_slots; i++) {   // 1. draft (begin)
         sv_slot *sl = &s->slots[i];
         sl->in_step = 0;
-        if (sl->r && sl->g && sl->prefilling) {   // with --fast-prompt, a planned prompt chunk rides along
+        if (sl->state == SV_SLOT_PROMPT) {   // with --fast-prompt, a planned prompt chunk rides along
             if (s->o->fast_prompt && s->pf_len[i]) {
                 s->pass_sl[n] = sl;
                 s->pass_ss[n] = sl->s;
@@ -415,7 +435,7 @@ static void round_step(sv_server *s) {
             }
             continue;
         }
-        if (!sl->r || !sl->g || sl->prefilling) continue;
+        if (sl->state != SV_SLOT_STEPPING) continue;
         if (sd_gen_step_begin(sl->g, &sl->b, err, sizeof err) < 0) {
             sv_slot_finish(s, sl, err, 500);
             continue;
@@ -429,21 +449,16 @@ static void round_step(sv_server *s) {
         }
     }
     if (n > 0) {   // 2. the target: one pass over every slot's batch
-        char (*errs)[256] = calloc((size_t)n, sizeof *errs);
-        if (!errs) {
-            for (int k = 0; k < n; k++) s->pass_sl[k]->in_step = 0, sv_slot_finish(s, s->pass_sl[k], "out of memory", 500);
-        } else {
-            sv_forward_many(s, n, errs, 1);
-            for (int k = 0; k < n; k++) {
-                sv_slot *sl = s->pass_sl[k];
-                if (sl->prefilling) {   // a folded prompt chunk
-                    sv_prefill_commit(s, sl, s->pass_bs[k].n, s->pass_ok[k], errs[k], sizeof errs[k], 0);
-                } else if (!s->pass_ok[k]) {
-                    sl->in_step = 0;
-                    sv_slot_finish(s, sl, errs[k], 500);
-                }
+        char(*errs)[256] = s->pass_err;
+        sv_forward_many(s, n, errs, 1);
+        for (int k = 0; k < n; k++) {
+            sv_slot *sl = s->pass_sl[k];
+            if (sl->state == SV_SLOT_PROMPT) {   // a folded prompt chunk
+                sv_prefill_commit(s, sl, s->pass_bs[k].n, s->pass_ok[k], errs[k], sizeof errs[k], 0);
+            } else if (!s->pass_ok[k]) {
+                sl->in_step = 0;
+                sv_slot_finish(s, sl, errs[k], 500);
             }
-            free(errs);
         }
     }
     long emitted = 0;
@@ -461,7 +476,7 @@ static void round_step(sv_server *s) {
     }
     for (int i = 0; i < s->n_slots; i++) {   // prompts whose last token alone is left (after the steps'
         sv_slot *sl = &s->slots[i];          // logits are read: it is a forward of its own)
-        if (sl->r && sl->g && sl->prefilling && sl->r->n_prompt - sl->pf_next == 1) sv_prefill_final(s, sl);
+        if (sl->state == SV_SLOT_PROMPT && sl->r->n_prompt - sl->pf_next == 1) sv_prefill_final(s, sl);
     }
     double now = sd_time_ms();
     pthread_mutex_lock(&s->mu);
@@ -522,7 +537,7 @@ static void assign(sv_server *s) {
         int best_lcp = -1;
         for (int i = 0; i < s->n_slots; i++) {
             sv_slot *sl = &s->slots[i];
-            if (sl->r) continue;
+            if (sl->state != SV_SLOT_FREE) continue;
             int lcp = common_prefix(sl->cache, sl->n_cache, r->prompt, r->n_prompt);
             if (lcp > best_lcp || (lcp == best_lcp && sl->last_used < best->last_used)) {
                 best = sl;
@@ -533,14 +548,14 @@ static void assign(sv_server *s) {
         s->q_head = (s->q_head + 1) % s->q_cap;
         s->q_len--;
         best->r = r;
-        best->starting = 1;
+        best->state = SV_SLOT_STARTING;
         s->m.busy_slots++;
     }
 }
 
 static int n_active(const sv_server *s) {
     int n = 0;
-    for (int i = 0; i < s->n_slots; i++) n += s->slots[i].r != NULL;
+    for (int i = 0; i < s->n_slots; i++) n += s->slots[i].state != SV_SLOT_FREE;
     return n;
 }
 
@@ -571,12 +586,12 @@ static void *sched_main(void *arg) {
         pthread_mutex_unlock(&s->mu);
         for (int i = 0; i < s->n_slots; i++) {
             sv_slot *sl = &s->slots[i];
-            if (stopping && sl->r && sl->starting) {
+            if (stopping && sl->state == SV_SLOT_STARTING) {
                 sv_slot_finish(s, sl, "the server is shutting down", 503);
                 continue;
             }
-            if (sl->r && sl->starting) slot_start(s, sl);
-            if (stopping && sl->g && !sl->prefilling) sd_gen_stop(sl->g);   // streams end cleanly with what they have
+            if (sl->state == SV_SLOT_STARTING) slot_start(s, sl);
+            if (stopping && sl->state == SV_SLOT_STEPPING) sd_gen_stop(sl->g);   // streams end cleanly with what they have
         }
         sv_prefill_round(s, stopping);
         if (n_active(s) > 0) round_step(s);
@@ -651,8 +666,9 @@ int sv_sched_start(sv_server *s, char *err, size_t errlen) {
     s->pass_ss = calloc((size_t)s->n_slots, sizeof *s->pass_ss);
     s->pass_bs = calloc((size_t)s->n_slots, sizeof *s->pass_bs);
     s->pass_ok = calloc((size_t)s->n_slots, sizeof *s->pass_ok);
+    s->pass_err = calloc((size_t)s->n_slots, sizeof *s->pass_err);
     s->pf_len = calloc((size_t)s->n_slots, sizeof *s->pf_len);
-    if (!s->pass_sl || !s->pass_ss || !s->pass_bs || !s->pass_ok || !s->pf_len) return snprintf(err, errlen, "out of memory"), -1;
+    if (!s->pass_sl || !s->pass_ss || !s->pass_bs || !s->pass_ok || !s->pass_err || !s->pf_len) return snprintf(err, errlen, "out of memory"), -1;
     if (s->n_slots > 1 && sd_batcher_new(&s->batcher, s->model, s->pool, s->batcher_nodes, err, errlen) < 0) return -1;
     if (o->draft_budget && s->n_slots > 1 && budget_start(s, err, errlen) < 0) return -1;
     if (pthread_create(&s->thread, NULL, sched_main, s) != 0)
@@ -688,6 +704,7 @@ void sv_sched_stop(sv_server *s) {
     free(s->pass_ss);
     free(s->pass_bs);
     free(s->pass_ok);
+    free(s->pass_err);
     free(s->pf_len);
     free(s->budget_scratch);
     free(s->budget_caps);

@@ -8,6 +8,14 @@
 #include "serve/budget.h"
 #include "serve/serve.h"
 
+// What a slot is doing. FREE: no request (r NULL). STARTING: a request
+// assigned this round, not yet started (no generation yet). PROMPT: its
+// prompt is being evaluated, a chunk per round. STEPPING: generating, one
+// step per round. Transitions: assign FREE -> STARTING; slot_start
+// STARTING -> PROMPT; sv_prefill_final PROMPT -> STEPPING; sv_slot_finish
+// any -> FREE.
+typedef enum sv_slot_state { SV_SLOT_FREE = 0, SV_SLOT_STARTING, SV_SLOT_PROMPT, SV_SLOT_STEPPING } sv_slot_state;
+
 struct sv_slot {
     int id;
     sd_session *s;           // the slot's KV cache and scratch, on the server's pool
@@ -20,8 +28,7 @@ struct sv_slot {
     float *hid;              // (SV_PREFILL_CHUNK, n_hid, n_embd) a prompt chunk's rows for d; room for hid_cap
     size_t hid_cap;          //   floats, grown when a drafter that reads more is built, freed with the slot
     sv_req *r;               // request being served, or NULL (free)
-    int starting;            // 1: assigned this round, not yet started
-    int prefilling;          // 1: its prompt is being evaluated, a chunk per round
+    sv_slot_state state;     // free, starting, prompt or stepping (below)
     int pf_next;             // prompt tokens the session holds (next chunk starts here)
     sd_sampler *smp;         // (per request)
     sd_gen *g;               // (per request)
@@ -62,8 +69,11 @@ void sv_slot_finish(sv_server *s, sv_slot *sl, const char *error, int status);
 // Evaluates the batches s->pass_bs[0..n) on the sessions s->pass_ss[0..n)
 // (all precise or none) in as few sd_batcher_forward passes as the
 // batcher's size allows; s->pass_ok[i] says whether batch i was evaluated
-// (its error in errs[i]). A pass that fails is redone slot by slot with
-// sd_session_forward, so that one slot's error fails that slot only.
+// (its error in errs[i]). When a pass names the batch that failed
+// (sd_batcher_failed_batch), that batch fails alone and the others go again
+// without it; the entries of the pass arrays may be reordered then (pass_sl
+// with them). A pass that fails as a whole is redone slot by slot with
+// sd_session_forward.
 // step: 1 for generation steps (counted in the pass metrics).
 void sv_forward_many(sv_server *s, int n, char (*errs)[256], int step);
 

@@ -18,10 +18,16 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "specdec.h"
 #include "specdec_spec.h"
 #include "serve/budget.h"
+
+#ifndef SD_MIN
+#define SD_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define SD_MAX(a, b) ((a) > (b) ? (a) : (b))
+#endif
 
 #define SV_MAX_STOP 16        // most stop strings per request
 #define SV_STOP_MAX_LEN 256   // longest stop string (bytes)
@@ -178,7 +184,8 @@ typedef struct sv_server {
     sv_slot **pass_sl;         // (n_slots) scratch of a round's pass: slots,
     sd_session **pass_ss;      //   their sessions,
     sd_batch *pass_bs;         //   their batches,
-    int *pass_ok;              //   and whether each was evaluated
+    int *pass_ok;              //   whether each was evaluated,
+    char (*pass_err)[256];     //   and why not (allocated once: a round allocates nothing)
     int *pf_len;               // (n_slots) prompt tokens each slot evaluates this round
     pthread_t thread;
     int thread_started;
