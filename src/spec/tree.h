@@ -134,8 +134,8 @@ int sd_tree_grow_widths(sd_tree *t, const int *widths, int n_depth, const sd_tre
 // with the highest joint draft probability by their top-B tokens; then keep
 // the M - 1 best draft nodes overall by joint probability (closed under
 // ancestors) plus the root. work is a scratch tree with cap >= 1 + B*B*D and
-// n_dist_cap >= 1 + B*(D-1). Children are always top-k (SD_CHILDREN_ANY);
-// g->sample is ignored.
+// n_dist_cap >= 1 + B*(D-1). Children are the top-k by probability, or by
+// race score with g->race (SD_CHILDREN_ANY either way); g->sample is ignored.
 int sd_tree_grow_dynamic(sd_tree *t, sd_tree *work, int B, int D, int M, const sd_tree_grow *g,
                          char *err, size_t errlen);
 // Keeps the root and the m - 1 non-root nodes of src with the highest joint
