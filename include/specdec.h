@@ -317,6 +317,23 @@ int sd_chat_tokenize_messages(const sd_tokenizer *t, const char *const *roles, c
                               int32_t *out, int max, char *err, size_t errlen);
 
 // ---------------------------------------------------------------- sampling
+// How a sampled token is drawn from the final distribution (sd_sampler_params.draw).
+enum sd_sampling_draw {
+    // The exponential race (Gumbel-max trick) over noise hashed from (seed,
+    // position in the text, token): the token at position pos is
+    // argmax_x log(u_x) / p_x. No random state advances, so the text depends
+    // only on the seed and the text: speculative decoding gives plain
+    // sampling's text token for token, with any method, tree or load (a
+    // drafter proposes its own draw under the same noise; verification
+    // accepts a child exactly when it is the target's draw). Default.
+    SD_DRAW_RACE = 0,
+    // Inverse-CDF draws from a sequential random number generator, and
+    // speculative sampling by rejection (accept with min(1, p/q), draw the
+    // residual): the most drafts accepted for a given drafter, the same
+    // distribution, but the text for a seed changes with the tree's shape.
+    SD_DRAW_REJECTION = 1,
+};
+
 typedef struct sd_sampler_params {
     float temp;            // <= 0: greedy (argmax). default 0.8
     int top_k;             // <= 0: off. default 40
@@ -325,6 +342,7 @@ typedef struct sd_sampler_params {
     float repeat_penalty;  // 1: off. default 1.0
     int repeat_last_n;     // tokens of history the penalty looks at. default 64
     uint64_t seed;         // default 0xC0FFEE
+    int draw;              // enum sd_sampling_draw. default SD_DRAW_RACE (greedy ignores it)
 } sd_sampler_params;
 sd_sampler_params sd_sampler_default_params(void);
 int sd_sampler_new(sd_sampler **out, const sd_sampler_params *p, int n_vocab, char *err, size_t errlen);
@@ -336,12 +354,20 @@ void sd_sampler_free(sd_sampler *s);
 // argmax (ties: lowest id). Speculative sampling uses this for the target and
 // the draft alike.
 void sd_sampler_probs(sd_sampler *s, const float *logits, const int32_t *hist, int n_hist, float *probs);
-// Draws a token from probs (n_vocab) using the sampler's RNG.
+// Draws a token from probs (n_vocab) using the sampler's sequential RNG
+// (the draw of SD_DRAW_REJECTION, whatever the sampler's draw).
 int32_t sd_sampler_draw(sd_sampler *s, const float *probs);
-// Convenience: probs then draw (argmax directly when greedy).
+// Samples the token that follows hist[0..n_hist) (argmax directly when
+// greedy). SD_DRAW_REJECTION: probs then sd_sampler_draw. SD_DRAW_RACE: the
+// race draw for position n_hist (the token's index in the text), so the same
+// logits, position and seed give the same token on every call (hist may be
+// NULL without a repetition penalty; n_hist still names the position).
 int32_t sd_sampler_sample(sd_sampler *s, const float *logits, const int32_t *hist, int n_hist);
 // Uniform double in [0, 1) from the sampler's RNG (speculative acceptance tests).
 double sd_sampler_uniform(sd_sampler *s);
+// Restarts the sampler's randomness from seed: the RNG, and the race's texts
+// (a generation, sd_gen_new, takes the next text's noise: after a reseed the
+// first generation draws as the first after sd_sampler_new with that seed).
 void sd_sampler_reseed(sd_sampler *s, uint64_t seed);
 const sd_sampler_params *sd_sampler_get_params(const sd_sampler *s);
 

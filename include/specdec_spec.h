@@ -5,10 +5,13 @@
 // sampler (the target's distribution and the acceptance draws) and an
 // optional drafter. sd_gen_prefill evaluates a prompt; every sd_gen_step then
 // drafts a token tree, evaluates it with ONE target forward, verifies it
-// (greedy: the target's argmax path; sampling: lossless speculative sampling),
-// commits the accepted rows to the session's cache and tells the drafter. The
-// tokens a step emits are exactly those plain decoding would emit next
-// (greedy), or have the same distribution (sampling).
+// (greedy: the target's argmax path; sampling with the race draw, the
+// default: the path of the target's own draws, sd_sampler_params.draw;
+// sampling with the rejection draw: lossless speculative sampling), commits
+// the accepted rows to the session's cache and tells the drafter. The tokens
+// a step emits are exactly those plain decoding would emit next (greedy, and
+// sampling with the race draw: the same seed gives the same text), or have
+// the same distribution (the rejection draw).
 //
 //   sd_method meth;  sd_method_parse("ngram:3-8", &meth, err, sizeof err);
 //   sd_method_env env = sd_method_env_default(model);
@@ -437,6 +440,9 @@ typedef struct sd_gen sd_gen;
 // plain decoding). The drafter keeps what it learnt from earlier texts (its
 // pools, statistics, cache) and follows the new text by itself; call
 // sd_drafter_reset for a fresh start. Its RNG is reseeded (sd_gen_params.seed).
+// With the race draw the generation takes the sampler's next text's noise
+// (specdec.h, sd_sampler_reseed): the first generation after a reseed with
+// seed S gives the text of seed S, with or without a drafter.
 // Nothing is owned: s, smp and d
 // must outlive the generation. Allocates everything its steps need.
 int sd_gen_new(sd_gen **out, sd_session *s, sd_sampler *smp, sd_drafter *d, const sd_gen_params *p,

@@ -222,9 +222,18 @@ static const int32_t k_prompt[6] = {12, 250, 7, 88, 140, 33};
 // (the head, trained on texts after k_prompt, hardly gets drafts accepted here).
 static const int32_t k_prompt_rep[6] = {12, 90, 7, 172, 140, 33};
 static long g_drafted;   // draft nodes of chi2_of's runs
-static double chi2_of(sd_drafter *d, const int32_t *prompt, int n_run, double *tau) {
+// draw: SD_DRAW_REJECTION tests the drafts' recorded distributions (rejection
+// sampling reads them); SD_DRAW_RACE the shared noise.
+static double chi2_of(sd_drafter *d, const int32_t *prompt, int n_run, double *tau, int draw) {
     sd_session *s = sc_new_session(g_m, 64, 2, g_err, sizeof g_err), *ref = sc_new_session(g_m, 64, 2, g_err, sizeof g_err);
     sd_sampler *smp = sc_topk4_sampler(NV, g_err, sizeof g_err);
+    if (smp) {
+        sd_sampler_params sp = *sd_sampler_get_params(smp);
+        sp.draw = draw;
+        sd_sampler_free(smp);
+        smp = NULL;
+        sd_sampler_new(&smp, &sp, NV, g_err, sizeof g_err);
+    }
     double chi = -1;
     if (!s || !ref || !smp) goto out;
     static sc_seq3 e;
@@ -257,7 +266,7 @@ static void test_trained_eagle3_sampled_distribution(void) {
     const char *kinds[2] = {"chain", "widths"};
     for (int i = 0; i < 2; i++) {
         sd_drafter *d = new_e3(kinds[i], 3);
-        double tau = 0, chi = d ? chi2_of(d, k_prompt, 2000, &tau) : -1;
+        double tau = 0, chi = d ? chi2_of(d, k_prompt, 2000, &tau, SD_DRAW_REJECTION) : -1;
         printf("  EAGLE-3 %-6s sampled: chi2 = %.1f (df 63, limit 125), %.2f tokens per forward\n", kinds[i], chi, tau);
         CHECK(chi >= 0 && chi < 125.0, "EAGLE-3 %s: sampled output is not distributed as the target (chi2 %.1f): %s",
               kinds[i], chi, g_err);
@@ -274,11 +283,11 @@ static void test_trained_eagle3_sampled_distribution(void) {
     else
         sd_drafter_free(subs[1]);
     g_drafted = 0;
-    double tau_fb = 0, chi_fb = fb ? chi2_of(fb, k_prompt_rep, 2000, &tau_fb) : -1;
+    double tau_fb = 0, chi_fb = fb ? chi2_of(fb, k_prompt_rep, 2000, &tau_fb, SD_DRAW_REJECTION) : -1;
     const long fb_drafted = g_drafted;
     sd_drafter *solo = new_e3("chain", 3);   // the head alone drafts 3 nodes a step
     g_drafted = 0;
-    double tau_solo = 0, chi_solo = solo ? chi2_of(solo, k_prompt_rep, 2000, &tau_solo) : -1;
+    double tau_solo = 0, chi_solo = solo ? chi2_of(solo, k_prompt_rep, 2000, &tau_solo, SD_DRAW_REJECTION) : -1;
     sd_drafter_free(solo);
     printf("  ngram:1-3/eagle3:chain:3 sampled: chi2 = %.1f (df 63, limit 125), %.2f tokens per forward, %ld draft "
            "nodes (the head alone: %ld, chi2 %.1f)\n",
@@ -290,9 +299,17 @@ static void test_trained_eagle3_sampled_distribution(void) {
     // The wrong variant: the same drafts, their distributions misreported.
     sd_drafter *d = new_e3("chain", 3);
     if (d) sd_draft_eagle3_test_fault(d, 1);
-    double tau = 0, chi = d ? chi2_of(d, k_prompt, 2000, &tau) : -1;
+    double tau = 0, chi = d ? chi2_of(d, k_prompt, 2000, &tau, SD_DRAW_REJECTION) : -1;
     printf("  EAGLE-3 chain, misreported q: chi2 = %.1f (must exceed 125)\n", chi);
     CHECK(chi > 125.0, "the distribution test did not catch misreported draft distributions (chi2 %.1f)", chi);
+    sd_drafter_free(d);
+    // The race draw (the default): the trained head drafts under the target's noise.
+    d = new_e3("chain", 3);
+    tau = 0;
+    chi = d ? chi2_of(d, k_prompt, 2000, &tau, SD_DRAW_RACE) : -1;
+    printf("  EAGLE-3 chain, race draw: chi2 = %.1f (df 63, limit 125), %.2f tokens per forward\n", chi, tau);
+    CHECK(chi >= 0 && chi < 125.0, "race: sampled output is not distributed as the target (chi2 %.1f): %s", chi, g_err);
+    CHECK(tau > 1.3, "race: the trained head's drafts are hardly accepted (tau %.2f)", tau);
     sd_drafter_free(d);
 }
 

@@ -1,9 +1,14 @@
 // test_sampler.c - every transform of the sampler on hand-made logits with
-// exact expected probabilities, draws against probs (chi-square), determinism.
+// exact expected probabilities, draws against probs (chi-square), determinism;
+// both draws: the sequential generator (SD_DRAW_REJECTION) and the race
+// (SD_DRAW_RACE: frequencies over many seeds and over the positions of one
+// seed, independence of neighbouring positions, a draw fixed by seed,
+// position and logits alone).
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "runtime/race.h"
 #include "specdec.h"
 #include "t.h"
 
@@ -242,6 +247,7 @@ static void test_large_vocab(void) {
 static void test_chi_square(void) {
     sd_sampler_params p = off();
     p.seed = 42;
+    p.draw = SD_DRAW_REJECTION;   // sequential draws: every call a new one
     sd_sampler *s = mk(&p, NV);
     if (!s) return;
     float l[NV], pr[NV];
@@ -281,6 +287,7 @@ static void test_chi_square(void) {
 static void test_determinism(void) {
     sd_sampler_params p = off();
     p.seed = 7;
+    p.draw = SD_DRAW_REJECTION;
     sd_sampler *a = mk(&p, NV), *b = mk(&p, NV);
     if (!a || !b) return;
     float l[NV];
@@ -307,6 +314,125 @@ static void test_determinism(void) {
     sd_sampler_free(b);
 }
 
+// Pearson chi-square of counts cnt[n] of N draws against probabilities w.
+static double chi2_of(const long *cnt, const double *w, int n, long N) {
+    double chi = 0;
+    for (int i = 0; i < n; i++) {
+        double e = (double)N * w[i];
+        chi += (cnt[i] - e) * (cnt[i] - e) / e;
+    }
+    return chi;
+}
+
+// The race draw is a sample of the final distribution: over many seeds at
+// one position, over the positions of one seed, with truncation (top-k 3 of
+// W: the kept three renormalised), and a pair of neighbouring positions is
+// independent (noise indexed by anything but the position, e.g. the depth in
+// a tree, would repeat or correlate neighbours).
+static void test_race_chi_square(void) {
+    sd_sampler_params p = off();
+    CHECK(p.draw == SD_DRAW_RACE, "the race is the default draw (%d)", p.draw);
+    sd_sampler *s = mk(&p, NV);
+    if (!s) return;
+    float l[NV];
+    logw(W, l, NV);
+    enum { N = 120000 };
+    long cnt[NV] = {0}, cnt_pos[NV] = {0}, pair[NV * NV] = {0};
+    for (long i = 0; i < N; i++) {
+        sd_sampler_reseed(s, 1000 + (uint64_t)i);
+        cnt[sd_sampler_sample(s, l, NULL, 17)]++;
+    }
+    double chi = chi2_of(cnt, W, NV, N);
+    printf("  over %d seeds: chi2 %.2f (df 5, limit 20.5)\n", N, chi);
+    CHECK(chi < 20.5, "race over seeds: chi-square %.2f too large", chi);
+    sd_sampler_reseed(s, 5);
+    int32_t prev = -1;
+    for (long i = 0; i < N; i++) {
+        int32_t t = sd_sampler_sample(s, l, NULL, (int)i);
+        cnt_pos[t]++;
+        if (prev >= 0) pair[prev * NV + t]++;
+        prev = t;
+    }
+    chi = chi2_of(cnt_pos, W, NV, N);
+    double wp[NV * NV];
+    for (int a = 0; a < NV; a++)
+        for (int b = 0; b < NV; b++) wp[a * NV + b] = W[a] * W[b];
+    double chi_pair = chi2_of(pair, wp, NV * NV, N - 1);
+    printf("  over %d positions: chi2 %.2f (df 5), neighbouring pairs chi2 %.2f (df 35, limit 66.6)\n", N, chi,
+           chi_pair);
+    CHECK(chi < 20.5, "race over positions: chi-square %.2f too large", chi);
+    CHECK(chi_pair < 66.6, "race: neighbouring positions are not independent (chi2 %.2f)", chi_pair);
+    sd_sampler_free(s);
+
+    // truncation: top-k 3 keeps {1, 3, 4} with 0.4, 0.25, 0.15 of 0.8
+    p.top_k = 3;
+    s = mk(&p, NV);
+    if (!s) return;
+    long ck[NV] = {0};
+    for (long i = 0; i < N; i++) {
+        sd_sampler_reseed(s, 77 + (uint64_t)i * 3);
+        ck[sd_sampler_sample(s, l, NULL, 3)]++;
+    }
+    const double wk[NV] = {0, 0.5, 0, 0.3125, 0.1875, 0};
+    CHECK(ck[0] + ck[2] + ck[5] == 0, "race drew a truncated token");
+    long c3[3] = {ck[1], ck[3], ck[4]};
+    const double w3[3] = {wk[1], wk[3], wk[4]};
+    chi = chi2_of(c3, w3, 3, N);
+    CHECK(chi < 13.8, "race with top-k 3: chi-square %.2f too large (df 2)", chi);
+    sd_sampler_free(s);
+}
+
+// A race draw depends on the seed, the position and the logits only: not on
+// the calls before it, nor on the sampler object; the texts of a seed
+// (sd_sampler_next_text) start again after a reseed and differ between them.
+static void test_race_determinism(void) {
+    sd_sampler_params p = off();
+    p.seed = 7;
+    sd_sampler *a = mk(&p, NV), *b = mk(&p, NV);
+    if (!a || !b) return;
+    float l[NV];
+    logw(W, l, NV);
+    int32_t first[64];
+    int same = 1, varied = 0;
+    for (int i = 0; i < 64; i++) first[i] = sd_sampler_sample(a, l, NULL, i);
+    for (int i = 63; i >= 0; i--) same &= sd_sampler_sample(b, l, NULL, i) == first[i];   // backwards
+    for (int i = 1; i < 64; i++) varied |= first[i] != first[0];
+    CHECK(same, "one seed, one position: another token on another sampler or in another order");
+    CHECK(varied, "64 positions gave one token");
+    for (int i = 0; i < 64; i++) (void)sd_sampler_draw(a, (const float[NV]){0.1f, 0.2f, 0.3f, 0.1f, 0.2f, 0.1f});
+    same = 1;
+    for (int i = 0; i < 64; i++) same &= sd_sampler_sample(a, l, NULL, i) == first[i];
+    CHECK(same, "sequential draws in between changed the race");
+    // the key of the race's first text is the one sd_sampler_sample uses; texts differ
+    uint64_t k0 = sd_sampler_next_text(a), k1 = sd_sampler_next_text(a);
+    CHECK(k0 == sd_race_key(7, 0) && k1 == sd_race_key(7, 1) && k0 != k1, "texts' keys");
+    int diff = 0;
+    for (int i = 0; i < 64; i++) diff |= sd_sampler_sample(a, l, NULL, i) != first[i];
+    CHECK(diff, "the second text drew the first's tokens");
+    sd_sampler_reseed(a, 7);
+    same = 1;
+    for (int i = 0; i < 64; i++) same &= sd_sampler_race_sample(a, l, NULL, 0, sd_race_key(7, 0), i) == first[i];
+    CHECK(same, "the explicit key gives other tokens");
+    CHECK(sd_sampler_next_text(a) == k0, "reseed does not restart the texts");
+    sd_sampler_reseed(b, 8);
+    diff = 0;
+    for (int i = 0; i < 64; i++) diff |= sd_sampler_sample(b, l, NULL, i) != first[i];
+    CHECK(diff, "another seed gives the same 64 draws");
+    // the race over a full row agrees with the sampler's over its candidates
+    float pr[NV];
+    sd_sampler_probs(a, l, NULL, 0, pr);
+    same = 1;
+    for (int i = 0; i < 64; i++) same &= sd_race_draw_row(sd_race_key(7, 0), i, pr, NV) == first[i];
+    CHECK(same, "sd_race_draw_row differs from the sampler's race");
+    // greedy ignores the draw
+    p.temp = 0.0f;
+    sd_sampler *g = mk(&p, NV);
+    if (g) CHECK(sd_sampler_sample(g, l, NULL, 5) == 1, "greedy race sample");
+    sd_sampler_free(g);
+    sd_sampler_free(a);
+    sd_sampler_free(b);
+}
+
 static void test_bad_params(void) {
     sd_sampler *s = NULL;
     char err[128] = "";
@@ -315,6 +441,9 @@ static void test_bad_params(void) {
     CHECK(err[0] != 0, "no message");
     p.repeat_penalty = 0.0f;
     CHECK(sd_sampler_new(&s, &p, 10, err, sizeof err) < 0, "repeat_penalty 0 accepted");
+    p = off();
+    p.draw = 2;
+    CHECK(sd_sampler_new(&s, &p, 10, err, sizeof err) < 0 && strstr(err, "draw"), "draw 2 accepted: %s", err);
 }
 
 int main(void) {
@@ -330,6 +459,8 @@ int main(void) {
     T_RUN(test_large_vocab);
     T_RUN(test_chi_square);
     T_RUN(test_determinism);
+    T_RUN(test_race_chi_square);
+    T_RUN(test_race_determinism);
     T_RUN(test_bad_params);
     T_EXIT();
 }

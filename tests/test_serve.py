@@ -646,7 +646,51 @@ def main():
     fast_prompt_server()
     limits_server()
     head_servers()
+    sampling_race_seeded()
     sys.exit(exit_status())
+
+
+def sampling_race_seeded():
+    """sampling_race_seeded: with the race draw (the default), three identical
+    seeded requests at temperature 0.8 with eagle3:auto, sent at once (so that
+    they share the rounds' passes and the draft budget), and one with
+    ngram:3-8/eagle3:auto return one text: plain sampling's (speculation off)
+    with that seed."""
+    name = "sampling_race_seeded"
+    head = os.path.join(ROOT, "heads", "SmolLM2-135M-Instruct.eagle3.gguf")
+    if not os.path.exists(head):
+        print(f"SKIP {name}: {head} not found")
+        return
+    try:
+        srv = Server("--head", head, "--parallel", "3")
+        try:
+            def ask(spec, out=None, i=0):
+                body = {"messages": [{"role": "user", "content": "Write a short poem about the sea."}],
+                        "temperature": 0.8, "seed": 1234, "max_tokens": 48, "speculation": spec}
+                st, r = srv.request("POST", "/v1/chat/completions", body)
+                res = (r["choices"][0]["message"]["content"], r["usage"].get("speculation", {})) if st == 200 else (
+                    f"HTTP {st} {r}", {})
+                if out is not None:
+                    out[i] = res
+                return res
+
+            plain, _ = ask("off")
+            got = [None] * 3
+            ts = [threading.Thread(target=ask, args=("eagle3:auto", got, i)) for i in range(3)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join(600)
+            got.append(ask("ngram:3-8/eagle3:auto"))
+            bad = [f"request {i}: {g[0]!r}" for i, g in enumerate(got) if g is None or g[0] != plain]
+            drafted = sum(g[1].get("accepted", 0) for g in got if g)
+            if not plain or drafted == 0:
+                bad.append(f"nothing to compare: plain {plain!r}, {drafted} drafts accepted")
+            report(name, not bad, f"plain {plain!r}; " + "; ".join(bad))
+        finally:
+            srv.stop()
+    except Exception as e:  # noqa: BLE001
+        report(name, False, repr(e))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,10 @@
 // drafters, several prompts, n_predict cuts, full context, repetition
 // penalty); a model drafting for itself must have every draft accepted; the
 // draft model's KV cache must stay in step; and the same on the default
-// model when present.
+// model when present. Sampling with the race draw (the default) must give
+// plain sampling's text for the same seed, token for token, with every
+// method and any step size; sampled output follows the target's
+// distribution with both draws.
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -299,9 +302,16 @@ out:
 // possible values whose exact probabilities come from plain target forwards
 // (with the repetition penalty on, so the per-node history matters). The
 // speculative loop's empirical distribution must pass a chi-square test.
-static void check_sampled_distribution(sd_drafter *d, const char *name, int n_run) {
+static void check_sampled_distribution(sd_drafter *d, const char *name, int n_run, int draw) {
     sd_session *s = new_session(g_tgt, 64), *ref = new_session(g_tgt, 64);
     sd_sampler *smp = sc_topk4_sampler(320, g_err, sizeof g_err);
+    if (smp) {   // the same settings with the given draw
+        sd_sampler_params sp = *sd_sampler_get_params(smp);
+        sp.draw = draw;
+        sd_sampler_free(smp);
+        smp = NULL;
+        sd_sampler_new(&smp, &sp, 320, g_err, sizeof g_err);
+    }
     CHECK(s && ref && smp && d, "%s: setup: %s", name, g_err);
     if (!s || !ref || !smp || !d) goto out;
     int32_t prompt[6 + 3];
@@ -329,7 +339,8 @@ static void check_sampled_distribution(sd_drafter *d, const char *name, int n_ru
     }
     double chi = sc_seq3_chi2(&e, cnt, n_run);
     // df = 63: mean 63, sd 11.2; 125 is more than 5 sd out.
-    printf("  %-26s chi2 = %.1f (df 63, limit 125), %.2f tokens per forward\n", name, chi, fwd / n_run);
+    printf("  %-26s %-9s chi2 = %.1f (df 63, limit 125), %.2f tokens per forward\n", name,
+           draw == SD_DRAW_RACE ? "race" : "rejection", chi, fwd / n_run);
     CHECK(n_other == 0, "%s: %d sequences outside the target's support", name, n_other);
     CHECK(chi < 125.0, "%s: chi2 %.1f: sampled output is not distributed as the target", name, chi);
 out:
@@ -340,17 +351,121 @@ out:
 
 static void test_sampled_distribution(void) {
     if (!need_models()) SKIP("synthetic models: %.200s", g_err);
-    sd_drafter *d = new_dm(g_near, SD_DRAFT_CHAIN, 3);
-    check_sampled_distribution(d, "sampled chain", 2000);
-    sd_drafter_free(d);
-    d = new_dm(g_near, SD_DRAFT_WIDTHS, 0);
-    check_sampled_distribution(d, "sampled widths {3,2,1}", 2000);
-    sd_drafter_free(d);
-    sd_drafter *subs[3] = {new_dm(g_dft2, SD_DRAFT_CHAIN, 3), new_dm(g_near, SD_DRAFT_DYNAMIC, 0),
-                           new_dm(g_near, SD_DRAFT_CHAIN, 2)};
-    CHECK(sd_draft_merge_new(&d, subs, 3, 320, g_err, sizeof g_err) == 0, "%s", g_err);
-    check_sampled_distribution(d, "sampled merged", 2000);
-    sd_drafter_free(d);
+    for (int draw = SD_DRAW_RACE; draw <= SD_DRAW_REJECTION; draw++) {
+        sd_drafter *d = new_dm(g_near, SD_DRAFT_CHAIN, 3);
+        check_sampled_distribution(d, "sampled chain", 2000, draw);
+        sd_drafter_free(d);
+        d = new_dm(g_near, SD_DRAFT_WIDTHS, 0);
+        check_sampled_distribution(d, "sampled widths {3,2,1}", 2000, draw);
+        sd_drafter_free(d);
+        sd_drafter *subs[3] = {new_dm(g_dft2, SD_DRAFT_CHAIN, 3), new_dm(g_near, SD_DRAFT_DYNAMIC, 0),
+                               new_dm(g_near, SD_DRAFT_CHAIN, 2)};
+        CHECK(sd_draft_merge_new(&d, subs, 3, 320, g_err, sizeof g_err) == 0, "%s", g_err);
+        check_sampled_distribution(d, "sampled merged", 2000, draw);
+        sd_drafter_free(d);
+    }
+}
+
+// ---------------------------------------------------------------- the race draw
+// Runs d (NULL: plain decoding) after reseeding smp with seed; vary: the
+// step's node limit changes every step (2..16 nodes, a server's budget under
+// changing load). Tokens in out; 0 or -1.
+static int run_seeded(sd_session *s, sd_sampler *smp, sd_drafter *d, const int32_t *prompt, int np, int n,
+                      uint64_t seed, int vary, collect_t *out, sd_gen_stats *st) {
+    sd_gen_params gp = sd_gen_default_params();
+    gp.n_predict = n;
+    gp.max_nodes = 16;
+    sd_gen *g = NULL;
+    out->n = 0;
+    sd_sampler_reseed(smp, seed);
+    if (d) sd_drafter_reset(d);
+    if (sd_session_truncate(s, 0, g_err, sizeof g_err) < 0 || sd_gen_new(&g, s, smp, d, &gp, g_err, sizeof g_err) < 0)
+        return -1;
+    int rc = sd_gen_prefill(g, prompt, np, g_err, sizeof g_err);
+    for (int k = 0; rc == 0 && sd_gen_finished(g) == SD_FINISH_NONE; k++) {
+        if (vary) sd_gen_set_step_limit(g, 2 + (int)((seed * 7 + (uint64_t)k * 13) % 15));
+        sd_step st1;
+        rc = sd_gen_step(g, &st1, g_err, sizeof g_err);
+        for (int i = 0; rc == 0 && i < st1.n_tokens && out->n < SC_MAXTOK; i++) out->tok[out->n++] = st1.tokens[i];
+    }
+    if (st) *st = *sd_gen_get_stats(g);
+    sd_gen_free(g);
+    return rc;
+}
+
+static sd_drafter *method_drafter(const char *method, const sd_model *draft) {
+    sd_method m;
+    sd_drafter *d = NULL;
+    sd_method_env env = sd_method_env_default(g_tgt);
+    const sd_model *drafts[1] = {draft};
+    env.drafts = drafts;
+    env.n_drafts = 1;
+    env.n_ctx = 512;
+    env.n_threads = 1;
+    if (sd_method_parse(method, &m, g_err, sizeof g_err) < 0 || sd_method_make(&m, &env, &d, g_err, sizeof g_err) < 0)
+        return NULL;
+    return d;
+}
+
+// Sampled text with the race draw equals plain sampling's with the same
+// seed, token for token: draft models close to the target and far from it
+// (chain, widths, dynamic trees, merged with prompt lookup), prompt lookup,
+// a fallback method, lookahead and a self-draft (every draft accepted), over
+// prompts, seeds, a repetition penalty and step limits that change every
+// step.
+static void test_race_equals_plain(void) {
+    if (!need_models()) SKIP("synthetic models: %.200s", g_err);
+    static const struct { const char *method; int near; } ms[] = {
+        {"chain:4", 1}, {"tree:3-2-1", 1}, {"dyn:3-4-12", 0}, {"chain:3+ngram:2-4", 1},
+        {"ngram:2-4", 1}, {"ngram:2-4/chain:3", 0}, {"lookahead:4-3-4", 1}, {"chain:5", 2},
+    };
+    enum { NM = sizeof ms / sizeof *ms };
+    sd_drafter *d[NM];
+    for (int i = 0; i < (int)NM; i++) {
+        d[i] = method_drafter(ms[i].method, ms[i].near == 2 ? g_tgt : ms[i].near ? g_near : g_dft);
+        CHECK(d[i], "%s: %s", ms[i].method, g_err);
+    }
+    sd_session *s = new_session(g_tgt, 512);
+    int64_t acc[NM] = {0}, fwd[NM] = {0}, tok[NM] = {0};
+    for (int pen = 0; pen < 2; pen++) {
+        sd_sampler *smp = sc_new_sampler(320, 0.9f, pen ? 1.3f : 1.0f, g_err, sizeof g_err);
+        CHECK(s && smp && sd_sampler_get_params(smp)->draw == SD_DRAW_RACE, "setup: %s", g_err);
+        for (int pr = 0; s && smp && pr < 3; pr++) {
+            int32_t prompt[40];
+            int np = 6 + pr * 11;
+            make_prompt(prompt, np, 300 + (uint64_t)pr, 320);
+            if (pr == 2)   // a repetitive prompt, for prompt lookup
+                for (int i = 8; i < np; i++) prompt[i] = prompt[i % 8];
+            for (uint64_t seed = 1; seed <= 2; seed++) {
+                static collect_t a, b;
+                sd_gen_stats st;
+                memset(&st, 0, sizeof st);
+                CHECK(run_seeded(s, smp, NULL, prompt, np, 40, seed, 0, &a, &st) == 0 && a.n == 40, "plain: %s",
+                      g_err);
+                for (int i = 0; i < (int)NM; i++) {
+                    if (!d[i]) continue;
+                    int vary = (int)(seed + (uint64_t)pr + (uint64_t)i) % 2;
+                    CHECK(run_seeded(s, smp, d[i], prompt, np, 40, seed, vary, &b, &st) == 0, "%s: %s", ms[i].method,
+                          g_err);
+                    CHECK(same_tokens(&a, &b), "%s, penalty %d, prompt %d, seed %d%s: differs from plain sampling",
+                          ms[i].method, pen, pr, (int)seed, vary ? ", varying step limits" : "");
+                    acc[i] += st.n_draft_accepted, fwd[i] += st.n_target_forwards, tok[i] += b.n;
+                    if (ms[i].near == 2)
+                        CHECK(st.n_draft_accepted == st.n_draft_nodes, "self-draft: %d of %d drafts accepted",
+                              st.n_draft_accepted, st.n_draft_nodes);
+                }
+            }
+        }
+        sd_sampler_free(smp);
+    }
+    for (int i = 0; i < (int)NM; i++) {
+        printf("  %-20s %-5s %lld drafts accepted, %.2f tokens per forward\n", ms[i].method,
+               ms[i].near == 2 ? "self" : ms[i].near ? "near" : "far", (long long)acc[i],
+               fwd[i] ? (double)tok[i] / fwd[i] : 0.0);
+        CHECK(ms[i].near != 1 || acc[i] > 0, "%s: no draft accepted", ms[i].method);
+        sd_drafter_free(d[i]);
+    }
+    sd_session_free(s);
 }
 
 static void test_default_model(void) {
@@ -411,6 +526,7 @@ int main(void) {
     T_RUN(test_eog_in_path);
     T_RUN(test_stochastic_smoke);
     T_RUN(test_sampled_distribution);
+    T_RUN(test_race_equals_plain);
     T_RUN(test_default_model);
     sd_model_free(g_tgt);
     sd_model_free(g_dft);

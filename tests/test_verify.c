@@ -220,7 +220,7 @@ static void gen_one(int method, rng_t *r, sd_tree *t, sd_tree *t2, sd_tree *work
     float q[NV];
     while (tc.n_seq < LEN) {
         sd_tree_reset(t, tc.n_seq ? tc.seq[tc.n_seq - 1] : 0);
-        sd_tree_grow g = {toy_dist, &tc, 1, 0.0f, 0, rng_uniform, r, NULL, 0};
+        sd_tree_grow g = {toy_dist, &tc, 1, 0.0f, 0, rng_uniform, r, NULL, 0, NULL};
         static const int w32[] = {3, 2}, w22[] = {2, 2}, w1[] = {2, 3};
         switch (method) {
         case M_CHAIN: case W_CHAIN_NORESID: sd_tree_grow_chain(t, 3, &g, err, sizeof err); break;
@@ -359,7 +359,7 @@ static void test_tree_builders(void) {
     char err[128];
     CHECK(sd_tree_init(&t, 64, NV, 64) == 0 && sd_tree_init(&w, 128, NV, 64) == 0 && sd_tree_init(&m, 64, NV, 64) == 0, "init");
     cnt_t c = {0, 0};
-    sd_tree_grow g = {shape_dist, &c, 0, 0.0f, 0, NULL, NULL, NULL, 0};
+    sd_tree_grow g = {shape_dist, &c, 0, 0.0f, 0, NULL, NULL, NULL, 0, NULL};
     // Width vector {3, 2, 1}: 1 + 3 + 6 + 6 nodes, one call per depth.
     sd_tree_reset(&t, 0);
     CHECK(sd_tree_grow_widths(&t, (const int[]){3, 2, 1}, 3, &g, err, sizeof err) == 0, "%s", err);
@@ -445,7 +445,7 @@ static void test_tree_support(void) {
           "init");
     for (int mode = 0; mode < 4; mode++) {
         rng_t ra = {7}, rb = {7};
-        sd_tree_grow g = {sparse_dist, NULL, mode == 3, mode == 1 ? 0.2f : 0.0f, 0, rng_uniform, &ra, NULL, 0};
+        sd_tree_grow g = {sparse_dist, NULL, mode == 3, mode == 1 ? 0.2f : 0.0f, 0, rng_uniform, &ra, NULL, 0, NULL};
         sd_tree_grow h = g;
         h.ustate = &rb;
         h.support = k_sup;

@@ -2,6 +2,8 @@
 #include "cli_common.h"
 #include "utf8.h"
 
+#include "specdec.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -48,6 +50,13 @@ int cli_float(const char *flag, const char *s, double lo, double hi, float *out)
         return -1;
     }
     *out = (float)v;
+    return 0;
+}
+
+int cli_sampling_draw(const char *flag, const char *value, void *dst) {
+    if (!strcmp(value, "race")) *(int *)dst = SD_DRAW_RACE;
+    else if (!strcmp(value, "rejection")) *(int *)dst = SD_DRAW_REJECTION;
+    else return cli_error("%s: expected race or rejection, got '%s'", flag, value), -1;
     return 0;
 }
 

@@ -25,6 +25,14 @@ int cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int cli_int(const char *flag, const char *s, long lo, long hi, int *out);
 int cli_float(const char *flag, const char *s, double lo, double hi, float *out);
 int cli_u64(const char *flag, const char *s, uint64_t *out);
+// --sampling-draw race|rejection into *(int *)dst (enum sd_sampling_draw); a
+// cli_custom_fn. CLI_SAMPLING_DRAW_HELP is its help text.
+int cli_sampling_draw(const char *flag, const char *value, void *dst);
+#define CLI_SAMPLING_DRAW_HELP                                                                                   \
+    "how a sampled token is drawn (temp > 0): race = the exponential race over noise hashed from (seed, "        \
+    "position, token): a seed gives the same text with any method, tree or load, equal to plain sampling's; "   \
+    "rejection = a sequential random generator and rejection-based speculative sampling: the most drafts "       \
+    "accepted, the same distribution, but the text of a seed depends on the drafts"
 
 // 1 if path names an existing readable regular file; otherwise prints
 // "WHAT 'PATH' not found" (or not readable) and returns 0.

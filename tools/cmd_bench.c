@@ -127,6 +127,7 @@ typedef struct bench_opts {
     int fast_prompt;
     float temp, p_min;
     uint64_t seed;      // the sampler is reseeded with seed + prompt index before every run
+    int draw;           // --sampling-draw (enum sd_sampling_draw)
     int head_online;    // --head-online: eagle3 methods keep one drafter over all prompts, adapting its head
     int head_bits;          // --head-bits
     int online_sync;    // --online-sync: windows trained inside the steps (deterministic)
@@ -195,6 +196,8 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
          .help = "temperature; 0 = greedy. Other sampling settings are generate's defaults"},
         {"--seed", NULL, CLI_U64, &o->seed, .meta = "S", .def = CLI_DEF_VALUE,
          .help = "random seed; the sampler is reseeded with S + prompt index before every run"},
+        {"--sampling-draw", NULL, CLI_CUSTOM, &o->draw, .fn = cli_sampling_draw, .meta = "race|rejection",
+         .def = "race", .help = CLI_SAMPLING_DRAW_HELP},
         {"--limit", NULL, CLI_INT, &o->limit, .lo = 1, .hi = 1 << 30, .meta = "N", .help = "only the first N prompts"},
         {"--draft-p-min", NULL, CLI_FLOAT, &o->p_min, .lo = 0.0, .hi = 1.0, .meta = "P", .def = CLI_DEF_VALUE,
          .help = "chain/tree drafts stop below this top probability"},
@@ -398,6 +401,7 @@ static int bench_load(const bench_opts *o, bench_state *b, int *auto_nodes) {
     if (sd_session_new(&b->s, b->m, &ssp, err, sizeof err) < 0) return cli_error("cannot create a session: %s", err);
     sd_sampler_params sp = sd_sampler_default_params();
     sp.temp = o->temp;
+    sp.draw = o->draw;
     sp.seed = o->seed;
     if (sd_sampler_new(&b->smp, &sp, info.n_vocab, err, sizeof err) < 0) return cli_error("%s", err);
     return 0;

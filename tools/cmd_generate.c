@@ -253,6 +253,8 @@ static int gen_parse(int argc, char **argv, gen_opts *o) {
         {"--repeat-last-n", NULL, CLI_INT, &sp->repeat_last_n, .lo = 0, .hi = 1 << 30, .meta = "N",
          .def = CLI_DEF_VALUE, .help = "tokens of history the penalty looks at"},
         {"--seed", NULL, CLI_U64, &sp->seed, .meta = "S", .def = CLI_DEF_VALUE, .help = "random seed"},
+        {"--sampling-draw", NULL, CLI_CUSTOM, &sp->draw, .fn = cli_sampling_draw, .meta = "race|rejection",
+         .def = "race", .help = CLI_SAMPLING_DRAW_HELP},
         {"--threads", "-t", CLI_INT, &o->n_threads, .lo = 1, .hi = 1024, .meta = "N",
          .help = "threads (default: number of cores)"},
         {"--ctx", "-c", CLI_INT, &o->n_ctx, .lo = 1, .hi = 1 << 24, .meta = "N",

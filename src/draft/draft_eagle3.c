@@ -191,7 +191,8 @@ static int e3_grow(e3d *s, const sd_draft_ctx *ctx, sd_tree *tree, const sd_tree
     int max_nodes = ctx->max_nodes > 0 ? SD_MIN(ctx->max_nodes, tree->cap) : tree->cap;
     max_nodes = SD_MIN(max_nodes, E3_TREE_MAX);
     if (max_nodes <= 1) return 0;
-    sd_tree_grow g = {e3_dist, s, ctx->stochastic, s->p_min, max_nodes, e3_uniform, ctx->rng, s->head->d2t, s->V};
+    sd_tree_grow g = {e3_dist, s, ctx->stochastic, s->p_min, max_nodes, e3_uniform, ctx->rng, s->head->d2t, s->V,
+                      ctx->stochastic ? ctx->race : NULL};
     switch (s->p.shape) {
     case SD_DRAFT_CHAIN: return sd_tree_grow_chain(tree, s->p.k, &g, err, errlen);
     case SD_DRAFT_WIDTHS: return sd_tree_grow_widths(tree, s->p.widths, s->p.n_widths, &g, err, errlen);

@@ -127,7 +127,8 @@ static int md_propose(sd_drafter *dr, const sd_draft_ctx *ctx, sd_tree *tree, ch
     md_heads(s);
     int max_nodes = ctx->max_nodes > 0 ? SD_MIN(ctx->max_nodes, tree->cap) : tree->cap;
     if (max_nodes <= 1) return 0;
-    sd_tree_grow g = {md_dist, s, ctx->stochastic, s->p_min, max_nodes, md_uniform, ctx->rng, s->head->d2t, s->V};
+    sd_tree_grow g = {md_dist, s, ctx->stochastic, s->p_min, max_nodes, md_uniform, ctx->rng, s->head->d2t, s->V,
+                      ctx->stochastic ? ctx->race : NULL};
     return sd_tree_grow_widths(tree, s->widths, s->n_widths, &g, err, errlen);
 }
 

@@ -277,7 +277,8 @@ static int dm_propose_shape(dm *d, const sd_draft_ctx *ctx, sd_tree *tree, const
     d->is_spine[0] = 1;
     int max_nodes = ctx->max_nodes > 0 ? SD_MIN(ctx->max_nodes, tree->cap) : tree->cap;
     if (max_nodes <= 1) return 0;
-    sd_tree_grow g = {dm_dist, d, ctx->stochastic, d->p_min, max_nodes, dm_uniform, ctx->rng, NULL, 0};
+    sd_tree_grow g = {dm_dist, d, ctx->stochastic, d->p_min, max_nodes, dm_uniform, ctx->rng, NULL, 0,
+                      ctx->stochastic ? ctx->race : NULL};
     switch (d->p.shape) {
     case SD_DRAFT_CHAIN: return sd_tree_grow_chain(tree, d->p.k, &g, err, errlen);
     case SD_DRAFT_WIDTHS: return sd_tree_grow_widths(tree, d->p.widths, d->p.n_widths, &g, err, errlen);

@@ -22,6 +22,11 @@ typedef struct sd_draft_ctx {
     int stochastic;         // 1: the target samples (drafts record their distributions q)
     const sd_sampler_params *sp; // the target's sampling parameters (stochastic drafts apply the same transform)
     sd_rng *rng;            // the drafter's own randomness (sd_drafter.rng)
+    // The target's race noise when it samples with SD_DRAW_RACE (NULL
+    // otherwise): a drafter that ranks children by its own distribution
+    // passes it to the tree builders (sd_tree_grow.race), so that its first
+    // child is its own draw under the target's noise.
+    const sd_tree_race *race;
 } sd_draft_ctx;
 
 // Auxiliary batch nodes of one step: extra nodes the drafter wants evaluated

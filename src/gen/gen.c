@@ -7,6 +7,7 @@
 
 #include "common.h"
 #include "draft/drafter.h"
+#include "runtime/race.h"
 #include "runtime/session.h"
 #include "spec/verify.h"
 #include "specdec_spec.h"
@@ -17,6 +18,8 @@ struct sd_gen {
     sd_drafter *d;
     const sd_tokenizer *tok;
     int n_ctx, nv, greedy;
+    int race;           // sampling with SD_DRAW_RACE: tokens are race draws, verification follows them
+    sd_tree_race rk;    // race: this text's key (pos0 set per step, for the drafter)
     int n_batch;        // prompt tokens per forward
     int max_nodes;      // tree nodes per forward, root included
     int n_predict;      // as given (<= 0: until EOG or full context)
@@ -129,6 +132,7 @@ int sd_gen_new(sd_gen **out, sd_session *s, sd_sampler *smp, sd_drafter *d, cons
     g->nv = info.n_vocab;
     g->n_ctx = sd_session_n_ctx(s);
     g->greedy = sd_sampler_get_params(smp)->temp <= 0.0f;
+    g->race = !g->greedy && sd_sampler_get_params(smp)->draw == SD_DRAW_RACE;
     g->n_batch = gp.n_batch > 0 ? SD_MIN(gp.n_batch, s->n_batch) : s->n_batch;
     g->max_nodes = SD_MIN(gp.max_nodes > 0 ? gp.max_nodes : 16, s->n_batch);
     g->n_predict = gp.n_predict;
@@ -175,6 +179,10 @@ int sd_gen_new(sd_gen **out, sd_session *s, sd_sampler *smp, sd_drafter *d, cons
         sd_gen_free(g);
         return sd_err(err, errlen, "generation: out of memory");
     }
+    // The race's noise of this text: the sampler's next text (the first
+    // after a reseed is the seed's first), so that a seed gives its text
+    // again and successive generations on one sampler draw independently.
+    if (g->race) g->rk.key = sd_sampler_next_text(smp);
     if (d) {
         // A fresh stream per generation: draft randomness reused across
         // generations would correlate the drafts with one another, and the
@@ -264,7 +272,9 @@ static int draft_tree(sd_gen *g, int n_past, char *err, size_t errlen) {
     sd_tree_reset(&g->tree, g->seq[g->n_seq - 1]);
     g->aux = (sd_aux_nodes){0, 0, g->aux_tok, g->aux_par, g->aux_lg};
     if (!d || g->step_max <= 1) return 0;
-    sd_draft_ctx dc = {g->seq, g->n_seq, g->step_max, !g->greedy, sd_sampler_get_params(g->smp), &d->rng};
+    g->rk.pos0 = g->n_seq;   // the root's children stand at the text's next position
+    sd_draft_ctx dc = {g->seq, g->n_seq, g->step_max, !g->greedy, sd_sampler_get_params(g->smp), &d->rng,
+                       g->race ? &g->rk : NULL};
     if (d->vt->propose(d, &dc, &g->tree, ferr, sizeof ferr) < 0)
         return sd_err(err, errlen, "drafter '%s' failed: %s", d->vt->name, ferr);
     if (g->tree.n > g->step_max || g->tree.n < 1 || g->tree.token[0] != g->seq[g->n_seq - 1])
@@ -354,6 +364,16 @@ static int32_t target_next(void *st, int node) {
     return sd_sampler_sample(g->smp, lg, g->seq, node_hist(g, node));
 }
 
+// The target's race draw after node i (the token at position n_seq + depth
+// of i); -1 if the node has no logits.
+static int32_t target_draw(void *st, int node) {
+    sd_gen *g = st;
+    const float *lg = sd_session_logits(g->s, node);
+    if (!lg) return -1;
+    const int n = node_hist(g, node);
+    return sd_sampler_race_sample(g->smp, lg, g->seq, n, g->rk.key, n);
+}
+
 static double target_uniform(void *st) { return sd_sampler_uniform((sd_sampler *)st); }
 
 static const float *batch_logits(void *st, int i) { return sd_session_logits((const sd_session *)st, i); }
@@ -365,7 +385,9 @@ static int step_first(sd_gen *g, sd_step *st, char *err, size_t errlen) {
     g->first_pending = 0;
     g->last_first = 1;
     g->last_base = sd_session_n_past(g->s);
-    emit(g, sd_sampler_sample(g->smp, lg, g->seq, g->n_seq), sd_session_n_past(g->s));
+    int32_t t = g->race ? sd_sampler_race_sample(g->smp, lg, g->seq, g->n_seq, g->rk.key, g->n_seq)
+                        : sd_sampler_sample(g->smp, lg, g->seq, g->n_seq);
+    emit(g, t, sd_session_n_past(g->s));
     g->out[0] = g->seq[g->n_seq - 1];
     st->n_tokens = 1;
     return 0;
@@ -382,6 +404,9 @@ static int step_verify(sd_gen *g, sd_step *st, char *err, size_t errlen) {
     int32_t bonus = -1;
     if (g->greedy) {
         if (sd_verify_greedy_fn(t, target_next, g, g->path, &n_path, &bonus) < 0)
+            return sd_err(err, errlen, "a tree node has no target logits");
+    } else if (g->race) {
+        if (sd_verify_race(t, target_draw, g, g->path, &n_path, &bonus) < 0)
             return sd_err(err, errlen, "a tree node has no target logits");
     } else if (sd_verify_stochastic(t, target_row, g, target_uniform, g->smp, g->qscr, g->path, &n_path, &bonus, ferr,
                                     sizeof ferr) < 0) {

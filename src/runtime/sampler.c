@@ -1,5 +1,7 @@
-// sampler.c - turning logits into a token: the transforms of sd_sampler_params
-// and a seeded xoshiro256** random number generator.
+// sampler.c - turning logits into a token: the transforms of sd_sampler_params,
+// then a draw: the reproducible race (SD_DRAW_RACE, runtime/race.h: noise
+// from a hash of the key, the position and the token) or a seeded xoshiro256**
+// random number generator (SD_DRAW_REJECTION).
 //
 // Order of the transforms (sd_sampler_probs), as stated in specdec.h:
 //   1. repetition penalty: every distinct token among the last repeat_last_n
@@ -24,6 +26,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "runtime/race.h"
 #include "specdec.h"
 
 typedef struct {
@@ -38,13 +41,24 @@ struct sd_sampler {
     sd_cand *cand;    // (n_vocab) candidate set
     uint8_t *mark;    // (n_vocab) 1 while a token has been penalised in this call
     float *probs;     // (n_vocab) scratch for sd_sampler_sample
+    int32_t *ids;     // (n_vocab) race: the candidates' ids
+    double *u;        // (n_vocab) race: their uniforms
     sd_rng rng;       // draws (sd_sampler_draw, sd_sampler_uniform)
+    uint64_t stream;  // race: texts started since the last reseed (sd_sampler_next_text)
+    uint64_t key;     // race: the key of sd_sampler_sample
 };
 
 // ---------------------------------------------------------------- RNG
 void sd_sampler_reseed(sd_sampler *s, uint64_t seed) {
     sd_rng_seed(&s->rng, seed);
     s->p.seed = seed;
+    s->stream = 0;
+    s->key = sd_race_key(seed, 0);
+}
+
+uint64_t sd_sampler_next_text(sd_sampler *s) {
+    s->key = sd_race_key(s->p.seed, s->stream++);
+    return s->key;
 }
 
 double sd_sampler_uniform(sd_sampler *s) {
@@ -61,6 +75,7 @@ sd_sampler_params sd_sampler_default_params(void) {
     p.repeat_penalty = 1.0f;
     p.repeat_last_n = 64;
     p.seed = 0xC0FFEE;
+    p.draw = SD_DRAW_RACE;
     return p;
 }
 
@@ -72,6 +87,8 @@ int sd_sampler_new(sd_sampler **out, const sd_sampler_params *p, int n_vocab, ch
         return sd_err(err, errlen, "sampler: repeat_penalty must be > 0, got %g", (double)sp.repeat_penalty);
     if (sp.top_p != sp.top_p || sp.min_p != sp.min_p || sp.temp != sp.temp)
         return sd_err(err, errlen, "sampler: NaN parameter");
+    if (sp.draw != SD_DRAW_RACE && sp.draw != SD_DRAW_REJECTION)
+        return sd_err(err, errlen, "sampler: unknown draw %d (SD_DRAW_RACE or SD_DRAW_REJECTION)", sp.draw);
     sd_sampler *s = calloc(1, sizeof(*s));
     if (!s) return sd_err(err, errlen, "sampler: out of memory");
     s->p = sp;
@@ -80,7 +97,9 @@ int sd_sampler_new(sd_sampler **out, const sd_sampler_params *p, int n_vocab, ch
     s->cand = malloc((size_t)n_vocab * sizeof(sd_cand));
     s->mark = calloc((size_t)n_vocab, 1);
     s->probs = malloc((size_t)n_vocab * sizeof(float));
-    if (!s->work || !s->cand || !s->mark || !s->probs) {
+    s->ids = malloc((size_t)n_vocab * sizeof(int32_t));
+    s->u = malloc((size_t)n_vocab * sizeof(double));
+    if (!s->work || !s->cand || !s->mark || !s->probs || !s->ids || !s->u) {
         sd_sampler_free(s);
         return sd_err(err, errlen, "sampler: out of memory (n_vocab %d)", n_vocab);
     }
@@ -95,6 +114,8 @@ void sd_sampler_free(sd_sampler *s) {
     free(s->cand);
     free(s->mark);
     free(s->probs);
+    free(s->ids);
+    free(s->u);
     free(s);
 }
 
@@ -183,15 +204,11 @@ static const float *penalised(sd_sampler *s, const float *logits, const int32_t 
     return s->work;
 }
 
-void sd_sampler_probs(sd_sampler *s, const float *logits, const int32_t *hist, int n_hist, float *probs) {
+// The kept candidates of a sampling (temp > 0) distribution: s->cand[0..n)
+// with their unnormalised probabilities; returns n, the mass in *sum.
+static int candidates(sd_sampler *s, const float *l, double *sum_out) {
     const int nv = s->n_vocab;
     const sd_sampler_params *p = &s->p;
-    const float *l = penalised(s, logits, hist, n_hist);
-    memset(probs, 0, (size_t)nv * sizeof(float));
-    if (p->temp <= 0.0f) {
-        probs[argmax(l, nv)] = 1.0f;
-        return;
-    }
     sd_cand *c = s->cand;
     int n = nv;
     for (int i = 0; i < nv; i++) {
@@ -257,8 +274,39 @@ void sd_sampler_probs(sd_sampler *s, const float *logits, const int32_t *hist, i
     }
     sum = 0.0;
     for (int i = 0; i < n; i++) sum += c[i].v;
-    inv = (float)(1.0 / sum);
-    for (int i = 0; i < n; i++) probs[c[i].id] = c[i].v * inv;
+    *sum_out = sum;
+    return n;
+}
+
+void sd_sampler_probs(sd_sampler *s, const float *logits, const int32_t *hist, int n_hist, float *probs) {
+    const int nv = s->n_vocab;
+    const float *l = penalised(s, logits, hist, n_hist);
+    memset(probs, 0, (size_t)nv * sizeof(float));
+    if (s->p.temp <= 0.0f) {
+        probs[argmax(l, nv)] = 1.0f;
+        return;
+    }
+    double sum;
+    const int n = candidates(s, l, &sum);
+    const float inv = (float)(1.0 / sum);
+    for (int i = 0; i < n; i++) probs[s->cand[i].id] = s->cand[i].v * inv;
+}
+
+int32_t sd_sampler_race_sample(sd_sampler *s, const float *logits, const int32_t *hist, int n_hist, uint64_t key,
+                               int64_t pos) {
+    const float *l = penalised(s, logits, hist, n_hist);
+    if (s->p.temp <= 0.0f) return argmax(l, s->n_vocab);
+    double sum;
+    const int n = candidates(s, l, &sum);
+    // the probabilities exactly as sd_sampler_probs writes them, so that a
+    // drafter ranking that row with the same noise finds the same winner
+    const float inv = (float)(1.0 / sum);
+    for (int i = 0; i < n; i++) {
+        s->ids[i] = s->cand[i].id;
+        s->probs[i] = s->cand[i].v * inv;
+    }
+    int w = sd_race_pick(key, pos, s->ids, s->probs, n, s->u);
+    return w >= 0 ? s->ids[w] : s->cand[0].id;
 }
 
 int32_t sd_sampler_draw(sd_sampler *s, const float *probs) {
@@ -277,6 +325,7 @@ int32_t sd_sampler_draw(sd_sampler *s, const float *probs) {
 
 int32_t sd_sampler_sample(sd_sampler *s, const float *logits, const int32_t *hist, int n_hist) {
     if (s->p.temp <= 0.0f) return argmax(penalised(s, logits, hist, n_hist), s->n_vocab);
+    if (s->p.draw == SD_DRAW_RACE) return sd_sampler_race_sample(s, logits, hist, n_hist, s->key, n_hist);
     sd_sampler_probs(s, logits, hist, n_hist, s->probs);
     return sd_sampler_draw(s, s->probs);
 }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "runtime/race.h"
 
 int sd_tree_init(sd_tree *t, int cap, int n_vocab, int n_dist_cap) {
     memset(t, 0, sizeof *t);
@@ -152,6 +153,14 @@ static int top_k(const float *row, const int32_t *support, int n, int k, int32_t
     return m;
 }
 
+int sd_tree_rank_children(const sd_tree *t, int node, const float *row, const sd_tree_grow *g, int k, int32_t *out) {
+    const int32_t *sup = g->support;
+    const int n_sup = sup ? g->n_support : t->n_vocab;
+    k = SD_MIN(k, 64);
+    if (g->race) return sd_race_rank(g->race->key, g->race->pos0 + t->depth[node], row, sup, n_sup, k, out);
+    return top_k(row, sup, n_sup, k, out);
+}
+
 // Draws from row restricted to tokens not in excl[0..n_excl); -1 if no mass is left.
 static int32_t draw_excluding(const float *row, int n_vocab, const int32_t *excl, int n_excl, double u) {
     double tot = 0.0;
@@ -199,7 +208,14 @@ static int grow_level(sd_tree *t, int32_t *front, int nf, int width, const sd_tr
         const int32_t *sup = g->support;
         const int n_sup = sup ? g->n_support : t->n_vocab;
         int m;
-        if (!g->sample) {   // the top k; below p_min at the top: no children
+        if (g->race) {   // the race's order under the target's noise; below p_min at the top: no children
+            if (g->p_min > 0.0f) {
+                int32_t best;
+                if (top_k(row, sup, n_sup, 1, &best) < 1 || row[best] < g->p_min) continue;
+            }
+            m = sd_tree_rank_children(t, front[j], row, g, k, sel);
+            t->mode[front[j]] = SD_CHILDREN_ANY;
+        } else if (!g->sample) {   // the top k; below p_min at the top: no children
             m = top_k(row, sup, n_sup, k, sel);
             if (g->p_min > 0.0f && (m < 1 || row[sel[0]] < g->p_min)) continue;
             t->mode[front[j]] = SD_CHILDREN_ANY;
@@ -227,7 +243,7 @@ static int grow_level(sd_tree *t, int32_t *front, int nf, int width, const sd_tr
 int sd_tree_grow_widths(sd_tree *t, const int *widths, int n_depth, const sd_tree_grow *g,
                         char *err, size_t errlen) {
     if (t->n != 1) return sd_err(err, errlen, "token tree: growing needs a tree holding only the root");
-    if (g->sample && !g->uniform) return sd_err(err, errlen, "token tree: sampling needs a uniform source");
+    if (g->sample && !g->uniform && !g->race) return sd_err(err, errlen, "token tree: sampling needs a uniform source");
     int32_t *a = t->scratch, *b = t->scratch + t->cap;
     int na = 1, nb = 0;
     a[0] = 0;
@@ -243,7 +259,7 @@ int sd_tree_grow_widths(sd_tree *t, const int *widths, int n_depth, const sd_tre
 
 int sd_tree_grow_chain(sd_tree *t, int k, const sd_tree_grow *g, char *err, size_t errlen) {
     if (t->n != 1) return sd_err(err, errlen, "token tree: growing needs a tree holding only the root");
-    if (g->sample && !g->uniform) return sd_err(err, errlen, "token tree: sampling needs a uniform source");
+    if (g->sample && !g->uniform && !g->race) return sd_err(err, errlen, "token tree: sampling needs a uniform source");
     int32_t *a = t->scratch, *b = t->scratch + t->cap;
     int na = 1, nb = 0;
     a[0] = 0;

@@ -85,6 +85,14 @@ typedef int (*sd_tree_dist_fn)(void *ud, const sd_tree *t, const int32_t *nodes,
 // A uniform double in [0, 1).
 typedef double (*sd_uniform_fn)(void *state);
 
+// The target's race noise (runtime/race.h) as a drafter sees it: the children
+// of node i stand at position pos0 + depth[i] of the text (pos0: the position
+// after the root, the text's length), drawn with key.
+typedef struct sd_tree_race {
+    uint64_t key;
+    int64_t pos0;
+} sd_tree_race;
+
 typedef struct sd_tree_grow {
     sd_tree_dist_fn dist;   // the drafter's distributions
     void *ud;               // passed to dist
@@ -100,7 +108,19 @@ typedef struct sd_tree_grow {
     // children reads n_support entries of a row instead of n_vocab. NULL: any token.
     const int32_t *support;
     int n_support;
+    // Optional: the target samples with the race draw (SD_DRAW_RACE). Children
+    // are then the best tokens by race score E_x / q_x under the target's noise
+    // at their position (sd_race_rank: the first is the drafter's own draw
+    // under shared noise, which the target's draw equals whenever q is close
+    // to p), in every builder, and their mode is SD_CHILDREN_ANY; sample and
+    // uniform are not used. NULL: as sample says.
+    const sd_tree_race *race;
 } sd_tree_grow;
+
+// The k best children of node (at most 64) from its distribution row, by
+// g's rule: race score when g->race, else probability (descending, ties:
+// lower id). Writes them to out; returns how many (only tokens with mass).
+int sd_tree_rank_children(const sd_tree *t, int node, const float *row, const sd_tree_grow *g, int k, int32_t *out);
 
 // Chain of up to k draft tokens below the root (the tree must hold only the
 // root). Stops early when the top draft probability is below p_min.
@@ -114,8 +134,8 @@ int sd_tree_grow_widths(sd_tree *t, const int *widths, int n_depth, const sd_tre
 // with the highest joint draft probability by their top-B tokens; then keep
 // the M - 1 best draft nodes overall by joint probability (closed under
 // ancestors) plus the root. work is a scratch tree with cap >= 1 + B*B*D and
-// n_dist_cap >= 1 + B*(D-1). Children are always top-k (SD_CHILDREN_ANY);
-// g->sample is ignored.
+// n_dist_cap >= 1 + B*(D-1). Children are the top-k by probability, or by
+// race score with g->race (SD_CHILDREN_ANY either way); g->sample is ignored.
 int sd_tree_grow_dynamic(sd_tree *t, sd_tree *work, int B, int D, int M, const sd_tree_grow *g,
                          char *err, size_t errlen);
 // Keeps the root and the m - 1 non-root nodes of src with the highest joint

@@ -424,8 +424,13 @@ int sd_tree_grow_shape(sd_tree *t, const sd_tree_shape *s, const sd_tree_grow *g
             float ps[SD_TA_MAX_RANK];
             int m = 0;
             const float *row = rows[q];
-            for (int v = 0; v < t->n_vocab; v++)
-                if (row[v] > 0) topk_insert(ids, ps, &m, k, v, row[v]);
+            if (g->race) {   // the race's order under the target's noise (tree.h)
+                m = sd_tree_rank_children(t, nodes[q], row, g, k, ids);
+                for (int r = 0; r < m; r++) ps[r] = row[ids[r]];
+            } else {
+                for (int v = 0; v < t->n_vocab; v++)
+                    if (row[v] > 0) topk_insert(ids, ps, &m, k, v, row[v]);
+            }
             int r = 0;
             for (int c = u + 1; c < s->n; c++) { // shape children of u, in rank order
                 if (s->parent[c] != u) continue;

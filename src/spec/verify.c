@@ -37,6 +37,13 @@ int sd_verify_greedy_fn(const sd_tree *t, sd_next_fn next_fn, void *state, int32
     return 0;
 }
 
+// The greedy walk with the target's race draw in place of its argmax: both
+// are deterministic functions of the node's context (and, for the race, of
+// the seed and the node's position), which is all the walk needs.
+int sd_verify_race(const sd_tree *t, sd_next_fn draw, void *state, int32_t *path, int *n_path, int32_t *bonus) {
+    return sd_verify_greedy_fn(t, draw, state, path, n_path, bonus);
+}
+
 int32_t sd_draw_row(const float *row, int n, double u) {
     double tot = 0.0;
     for (int v = 0; v < n; v++) tot += row[v] > 0.0f ? row[v] : 0.0f;

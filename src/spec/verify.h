@@ -28,6 +28,17 @@ typedef int32_t (*sd_next_fn)(void *state, int node);
 int sd_verify_greedy_fn(const sd_tree *t, sd_next_fn next, void *state, int32_t *path, int *n_path,
                         int32_t *bonus);
 
+// Race verification (SD_DRAW_RACE, runtime/race.h): draw(state, i) is the
+// target's race draw after node i, the token plain sampling with the same
+// seed emits at that position (noise of the node's absolute position in the
+// text, never of its depth in the tree). The walk follows the child equal to
+// the draw, as deep as it goes; the bonus is the draw after the last accepted
+// node. Every emitted token is therefore the target's own draw at its
+// position: the text equals plain sampling's token for token, for any tree,
+// drafter or children mode (a drafter's distributions are not read). Only
+// the nodes on the walk are asked. Returns 0, or the draw's value when < 0.
+int sd_verify_race(const sd_tree *t, sd_next_fn draw, void *state, int32_t *path, int *n_path, int32_t *bonus);
+
 // Supplies the target distribution p after node i (n_vocab floats, the
 // sampler's final distribution: penalties, temperature, top-k/p, min-p). The
 // row is writable: the verifier turns it into residual distributions in

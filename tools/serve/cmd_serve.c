@@ -151,6 +151,8 @@ int cmd_serve(int argc, char **argv) {
          .help = "the n-gram methods (ngram:N-K, and the n-gram part of A/B and A+B methods) also retrieve "
                  "continuations from this text corpus, REST-style (indexed to FILE.sdsa at start-up; "
                  "scripts/make-datastore.py makes one of the model's own answers)"},
+        {"--sampling-draw", NULL, CLI_CUSTOM, &o.draw, .fn = cli_sampling_draw, .meta = "race|rejection",
+         .def = "race", .help = CLI_SAMPLING_DRAW_HELP},
         {"--host", NULL, CLI_STRING, &o.host, .meta = "ADDR", .def = "127.0.0.1", .help = "address to listen on"},
         {"--port", NULL, CLI_INT, &o.port, 0, 65535, .meta = "N", .def = CLI_DEF_VALUE,
          .help = "TCP port; 0 = any free port (printed)"},

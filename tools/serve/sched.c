@@ -219,6 +219,7 @@ static void slot_start(sv_server *s, sv_slot *sl) {
     if (sl->d && r->sp.temp > 0.0f && !sd_drafter_online_stats(sl->d, &hs)) sd_drafter_reset(sl->d);
     sd_model_info info;
     sd_model_get_info(s->model, &info);
+    r->sp.draw = s->o->draw;
     if (sd_sampler_new(&sl->smp, &r->sp, info.n_vocab, err, sizeof err) < 0) {
         sv_slot_finish(s, sl, err, 500);
         return;

@@ -58,6 +58,7 @@ typedef struct sv_opts {
     int draft_budget;         // --draft-budget auto (1, default) | off (0): budget.h
     float online_lr;          // --online-lr
     const char *datastore;    // --datastore: a text corpus the n-gram drafters also search, or NULL
+    int draw;                 // --sampling-draw: every request's sd_sampler_params.draw
 } sv_opts;
 
 // ---------------------------------------------------------------- requests
