@@ -222,12 +222,12 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
                  "per line: {\"question_id\", \"category\", \"turns\": [...]}; the first turn is the\n"
                  "prompt, wrapped in the model's chat template) and reports, per category and\n"
                  "overall, tokens/s, the speedup over ar measured in the same run, tau (tokens\n"
-                 "per target forward, bonus included) and, when greedy, whether every method's\n"
-                 "text equals ar's token for token (a mismatch is reported on stderr and makes\n"
-                 "the exit status 1). tokens/s = generated tokens / generation time; prompt\n"
-                 "processing by the target is excluded (a draft model's first pass over the\n"
-                 "prompt happens inside generation and is included). A Markdown table goes to\n"
-                 "stdout, progress to stderr.\n",
+                 "per target forward, bonus included) and, when greedy or sampled with the race\n"
+                 "draw, whether every method's text equals ar's token for token (a mismatch is\n"
+                 "reported on stderr and makes the exit status 1). tokens/s = generated tokens /\n"
+                 "generation time; prompt processing by the target is excluded (a draft model's\n"
+                 "first pass over the prompt happens inside generation and is included). A\n"
+                 "Markdown table goes to stdout, progress to stderr.\n",
         .opts = opts,
         .n_opts = CLI_N(opts),
     };
@@ -520,8 +520,12 @@ static int bench_run_one(const bench_opts *o, bench_state *b, int p, int k, run_
     return 0;
 }
 
-// Compares run (p, k)'s tokens with ar's (greedy), or keeps them when k is
-// ar; a mismatch message goes into mis ("" when none).
+// 1 when every method must reproduce ar's text token for token: greedy, or
+// sampled with the race draw (the text depends only on the seed).
+static int bench_exact(const bench_opts *o) { return o->temp <= 0.0f || o->draw == SD_DRAW_RACE; }
+
+// Compares run (p, k)'s tokens with ar's (greedy, or the race draw), or
+// keeps them when k is ar; a mismatch message goes into mis ("" when none).
 static void bench_compare(const bench_opts *o, bench_state *b, int p, int k, run_res *r, char *mis, size_t mis_len) {
     const sd_method *me = &b->methods[k];
     const int n_got = SD_MIN(b->tb.n, o->n_predict);
@@ -533,7 +537,7 @@ static void bench_compare(const bench_opts *o, bench_state *b, int p, int k, run
         r->equal = 1;
         return;
     }
-    if (o->temp > 0.0f) return;
+    if (!bench_exact(o)) return;
     const int n_ar = b->ar_n[p];
     int d = 0;
     while (d < n_got && d < n_ar && got[d] == ref[d]) d++;
@@ -588,7 +592,7 @@ static int bench_run(const bench_opts *o, bench_state *b) {
 // ---------------------------------------------------------------- report
 // The Markdown tables on stdout.
 static void bench_print(const bench_opts *o, const bench_state *b) {
-    const int greedy = o->temp <= 0.0f, nm = b->nm, n_cats = b->n_cats;
+    const int greedy = bench_exact(o), nm = b->nm, n_cats = b->n_cats;
     printf("## specdec bench\n\n");
     printf("target `%s`", o->model_path);
     for (int i = 0; i < o->n_drafts; i++) printf("%s`%s`", i ? ", " : ", draft ", o->draft_paths[i]);
@@ -615,7 +619,7 @@ static void bench_print(const bench_opts *o, const bench_state *b) {
             o2 += (size_t)snprintf(dep + o2, sizeof dep - o2, "%s%.2f", d > 1 ? " " : "", (double)a->da[d] / a->dp[d]);
         printf("| %s | %.2f | %.2fx | %.2f | %ld | %.1f | %s | %.1f%% | %s |\n", b->methods[k].name, agg_tps(a),
                t0 > 0 ? agg_tps(a) / t0 : 0.0, agg_tau(a), a->n_tokens, a->ms / 1000.0,
-               !greedy ? "n/a (sampled)" : a->n_equal == a->n_runs ? "yes" : "**NO**",
+               !greedy ? "n/a (rejection draw)" : a->n_equal == a->n_runs ? "yes" : "**NO**",
                100.0 * agg_draft_cost(a, &b->overall[0]), dep);
     }
     printf("\ndraft/node = the drafter's time per drafted token as a share of a one-token target forward (ar's "
@@ -698,7 +702,7 @@ static json_t *method_json(const bench_state *b, int k, int greedy) {
 
 // The full results as JSON (--out). 0, or 1 after a message.
 static int bench_write_json(const bench_opts *o, const bench_state *b) {
-    const int greedy = o->temp <= 0.0f;
+    const int greedy = bench_exact(o);
     json_t *methods = json_array();
     for (int k = 0; methods && k < b->nm; k++)
         if (json_array_append_new(methods, method_json(b, k, greedy))) {
@@ -748,7 +752,7 @@ int cmd_bench(int argc, char **argv) {
         }
     if (!rc && o.out_path) rc = bench_write_json(&o, b);
     if (!rc && b->mismatch)
-        rc = cli_error("MISMATCH: some greedy method did not reproduce ar's text token for token (see above)");
+        rc = cli_error("MISMATCH: some method did not reproduce ar's text token for token (see above)");
     bench_free(b);
     return rc;
 }

@@ -209,14 +209,15 @@ static void slot_start(sv_server *s, sv_slot *sl) {
         sv_slot_finish(s, sl, msg, 400);
         return;
     }
-    // Greedy text does not depend on the drafts, so a drafter keeps what it
-    // learnt from earlier requests; with sampling the drafts steer which
-    // sample a seed gives, so the drafter starts fresh and a seed gives the
-    // same text every time. An adapting head (--head-online) keeps what it
-    // learnt instead: its drafts depend on when its training thread ran, so
-    // a seed cannot give the same sample anyway.
+    // Greedy text, and sampled text with the race draw (the default), do not
+    // depend on the drafts, so a drafter keeps what it learnt from earlier
+    // requests. With the rejection draw the drafts steer which sample a seed
+    // gives, so the drafter starts fresh and a seed gives the same text every
+    // time; an adapting head (--head-online) keeps what it learnt even then
+    // (its drafts depend on when its training thread ran).
     sd_head_online_stats hs;
-    if (sl->d && r->sp.temp > 0.0f && !sd_drafter_online_stats(sl->d, &hs)) sd_drafter_reset(sl->d);
+    if (sl->d && r->sp.temp > 0.0f && r->sp.draw == SD_DRAW_REJECTION && !sd_drafter_online_stats(sl->d, &hs))
+        sd_drafter_reset(sl->d);
     sd_model_info info;
     sd_model_get_info(s->model, &info);
     r->sp.draw = s->o->draw;
