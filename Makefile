@@ -32,6 +32,10 @@ JSON_CFLAGS := $(shell pkg-config --cflags jansson)
 JSON_LIBS   := $(shell pkg-config --libs jansson)
 endif
 build/tools/%.o: CFLAGS += $(JSON_CFLAGS)
+# Tests sit in folders that mirror src/ (tests/kernels, tests/model, ...) and
+# include the harness (t.h), tests/lib and, for the CLI's own files, tools/
+# from the repository root.
+build/tests/%.o: CFLAGS += -Itests -I.
 build/tools/serve/%.o: CFLAGS += -Itools
 SERVE_PKGS := libmicrohttpd jansson
 HAVE_SERVE := $(shell pkg-config --exists $(SERVE_PKGS) 2>/dev/null && echo 1)
@@ -47,14 +51,14 @@ $(warning libmicrohttpd not found by pkg-config: building specdec without 'serve
 endif
 endif
 TLIB_OBJ := $(patsubst %.c,build/%.o,$(wildcard tests/lib/*.c))
-TESTS    := $(patsubst tests/%.c,build/tests/%,$(wildcard tests/test_*.c))
+TESTS    := $(patsubst tests/%.c,build/tests/%,$(wildcard tests/*/test_*.c))
 # Helper programs of the test scripts (tests/tool_*.c, e.g. a random draft
 # head for test_serve.py): built like the tests, never run as tests.
 TEST_TOOLS := $(patsubst tests/%.c,build/tests/%,$(wildcard tests/tool_*.c))
 # These tests compile tools' own files (cli_common.c, bench_prompts.c).
-JSON_TESTS := build/tests/test_cli build/tests/test_bench
+JSON_TESTS := build/tests/cli/test_cli_options build/tests/cli/test_generate_bench
 # Test scripts (executable, print PASS/FAIL/SKIP lines like the C tests).
-TEST_SCRIPTS := $(wildcard tests/test_*.py)
+TEST_SCRIPTS := $(wildcard tests/*/test_*.py)
 # Examples see only include/ (the public API), never src/.
 EXAMPLES := $(patsubst examples/%.c,build/examples/%,$(wildcard examples/*.c))
 
@@ -73,7 +77,7 @@ $(LIB): $(OBJ)
 # The library's objects are position-independent, so that the same objects
 # make build/libspecdec.a and build/libspecdec.so. The shared library exports
 # exactly the functions that include/ declares (a version script made from
-# the headers; tests/test_exports.py checks its dynamic symbols).
+# the headers; tests/house/test_exports.py checks its dynamic symbols).
 build/src/%.o: CFLAGS += -fPIC
 build/specdec.map: scripts/export-map.sh $(wildcard include/*.h)
 	@mkdir -p build
@@ -99,8 +103,8 @@ build/tests/%: build/tests/%.o $(TLIB_OBJ) $(LIB)
 	$(CC) $(CFLAGS) $< $(TLIB_OBJ) $(LIB) $(LDLIBS) -o $@
 
 # The server's draft budget is program code (tools/serve/budget.c), tested on its own.
-build/tests/test_budget.o: CFLAGS += -Itools
-build/tests/test_budget: build/tests/test_budget.o build/tools/serve/budget.o $(TLIB_OBJ) $(LIB)
+build/tests/serve/test_draft_budget.o: CFLAGS += -Itools
+build/tests/serve/test_draft_budget: build/tests/serve/test_draft_budget.o build/tools/serve/budget.o $(TLIB_OBJ) $(LIB)
 	$(CC) $(CFLAGS) $< build/tools/serve/budget.o $(TLIB_OBJ) $(LIB) $(LDLIBS) -o $@
 
 $(MODEL):
@@ -132,7 +136,7 @@ test-only: build/specdec $(LIB_SO) $(TESTS) $(TEST_TOOLS) $(EXAMPLES)
 	@bash scripts/run-tests.sh $(TESTS) $(TEST_SCRIPTS)
 
 # docs/cli.md is generated from the --help of every command
-# (tests/test_cli_doc.py fails when it is out of date).
+# (tests/cli/test_cli_doc.py fails when it is out of date).
 docs: docs/cli.md
 docs/cli.md: build/specdec scripts/gen-cli-doc.py
 	python3 scripts/gen-cli-doc.py --bin build/specdec --out $@
@@ -144,7 +148,7 @@ ASAN_FLAGS := -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -march
 	-D_GNU_SOURCE -pthread -Iinclude -Isrc -Itools
 asan-serve: build/asan/specdec $(TEST_TOOLS)
 	@SPECDEC_BIN=build/asan/specdec UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-		bash scripts/run-tests.sh tests/test_serve.py tests/test_serve_budget.py tests/test_page.py tests/test_datastore.py
+		bash scripts/run-tests.sh tests/serve/test_serve.py tests/serve/test_serve_budget.py tests/serve/test_page.py tests/serve/test_datastore.py
 build/asan/specdec: $(SRC) $(wildcard tools/*.c tools/*.h tools/serve/*.c tools/serve/*.h src/*.h src/*/*.h include/*.h)
 	@mkdir -p $(dir $@)
 	@test "$(HAVE_SERVE)" = 1 || { echo "asan-serve needs libmicrohttpd and jansson (apt-get install libmicrohttpd-dev libjansson-dev pkg-config)"; exit 1; }

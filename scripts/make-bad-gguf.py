@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Writes the corpus of malformed GGUF files used by tests/test_gguf.c.
+"""Writes the corpus of malformed GGUF files used by tests/model/test_gguf_parse.c.
 
     python3 scripts/make-bad-gguf.py                 # -> tests/data/gguf-bad/
     python3 scripts/make-bad-gguf.py --seeds DIR     # bad files + valid ones (fuzzer seeds)
 
-Each bad file differs from a small valid file in one way; tests/test_gguf.c
+Each bad file differs from a small valid file in one way; tests/model/test_gguf_parse.c
 keeps the table of file name -> expected substring of the error message.
 Development-time only: the tests read the committed files, not this script.
 """

@@ -36,9 +36,9 @@ pc() { if have pkg-config; then pkg-config --exists "$1" 2>/dev/null; else [ -e 
 pc jansson /usr/include/jansson.h || need+=(libjansson-dev)
 pc libmicrohttpd /usr/include/microhttpd.h || need+=(libmicrohttpd-dev)
 if [ "$mode" = test ]; then
-  # tests/test_page.py drives the chat page in headless Chromium
+  # tests/serve/test_page.py drives the chat page in headless Chromium
   have chromium || need+=(chromium)
-  # tests/test_train_data.py reads Python's HTML documentation
+  # tests/train/test_train_data.py reads Python's HTML documentation
   [ -d /usr/share/doc/python3-doc/html ] || need+=(python3-doc)
 fi
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Expected values for tests/test_tokenizer.c, computed independently of the
+"""Expected values for tests/model/test_tokenizer.c, computed independently of the
 C code (development time only; the C test does not run Python):
 
   1. byte-level BPE ids for SmolLM2: a `tokenizers` BPE model built from the
@@ -14,7 +14,7 @@ C code (development time only; the C test does not run Python):
      the leftmost best-scoring pair) on the llama2.c tokenizer file.
 
 Usage: python3 scripts/tokenizer-expected.py [model.gguf] [tok512.bin] > /tmp/expected.c
-and paste the printed C arrays into tests/test_tokenizer.c.
+and paste the printed C arrays into tests/model/test_tokenizer.c.
 """
 import struct
 import sys

@@ -1,6 +1,6 @@
 // tool_random_head.c - a test helper, not a test: writes a randomly
 // initialised draft head for a model, so that the Python tests
-// (tests/test_serve.py) can start programs with --head before any trained
+// (tests/serve/test_serve.py) can start programs with --head before any trained
 // head exists. A random head drafts badly (almost nothing is accepted), but
 // greedy output must still equal plain decoding, which is what those tests
 // assert.

@@ -5,7 +5,7 @@
 // so the rest of the library needs no -mavx2) and installed by sd_quant_init
 // at run time when the CPU has AVX2, FMA and F16C but the AVX-512 VNNI
 // kernels of kernels_x86.c are not available. Also selectable on purpose
-// (sd_quant_init_backend("avx2")) so that tests/test_quant.c checks them
+// (sd_quant_init_backend("avx2")) so that tests/kernels/test_quant_legacy.c checks them
 // against the scalar references on any AVX2 machine.
 //
 // Per block of 32: the weight quants become unsigned bytes (0..15 or 0..31;

@@ -4,7 +4,7 @@
 // EPYC; also checked at run time with __builtin_cpu_supports). Without them
 // sd_quant_init falls back to the AVX2 family (kernels_avx2.c) or the scalar
 // references of quant.c.
-// The references are the specification; tests/test_quant.c compares every
+// The references are the specification; tests/kernels/test_quant_legacy.c compares every
 // kernel here with them.
 //
 // Integer dots use VNNI vpdpbusd (unsigned byte x signed byte, 4 products

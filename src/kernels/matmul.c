@@ -21,7 +21,7 @@
 // kernels_avx2.c, quant_k_x86.c, quant_k_avx2.c) run the same float
 // operations for every (row, token) in every tile shape; the vec_dot
 // fallback is per (row, token) anyway. Checked by
-// tests/test_quant.c, tests/test_quant_k.c and tests/test_invariance.c.
+// tests/kernels/test_quant_legacy.c, tests/kernels/test_quant_k.c and tests/runtime/test_batch_invariance.c.
 #include <math.h>
 #include <stdatomic.h>
 #include <stdint.h>

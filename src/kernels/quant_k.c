@@ -23,7 +23,7 @@
 // sc[j + 4] / m[j + 4] sit in bits 6-7 of byte j / byte j + 4.
 //
 // These layouts were checked against the python `gguf` package (see
-// tests/test_quant_k.c for how).
+// tests/kernels/test_quant_k.c for how).
 #include "kernels/quant_k_impl.h"
 
 #include <math.h>

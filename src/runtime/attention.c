@@ -22,7 +22,7 @@
 // decoded alone after its ancestors were committed (they are then the last
 // committed rows, in the same order); an output element is the chain over that
 // list, in order. So a node's output has the same bits whatever the batch,
-// the tree around it and the thread count (tests/test_invariance.c).
+// the tree around it and the thread count (tests/runtime/test_batch_invariance.c).
 #include <math.h>
 #include <string.h>
 

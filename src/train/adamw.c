@@ -8,7 +8,7 @@
 //   w -= lr_t (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps) + lr_t wd w   (wd on matrices only)
 // The AVX2 loop performs the same correctly rounded operations in the same
 // order as the scalar one (no fused multiply-adds), so both give the same
-// bits (tests/test_train_adamw.c compares them).
+// bits (tests/train/test_adamw.c compares them).
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

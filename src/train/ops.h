@@ -18,7 +18,7 @@
 // Every vectorised kernel (AVX2 + FMA) has the plain C version beside it
 // (house rule 11): sd_tr_gemm_ref is the definition of the products, and the
 // element-wise kernels are written with vmath.h's vf, whose one-lane build
-// (no AVX2) is the scalar fallback. tests/test_train_ops.c compares them and
+// (no AVX2) is the scalar fallback. tests/train/test_train_ops.c compares them and
 // checks every backward against finite differences.
 #ifndef SD_TRAIN_OPS_H
 #define SD_TRAIN_OPS_H

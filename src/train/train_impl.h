@@ -10,7 +10,7 @@
 // Most top-k entries per position a sequence may carry (sd_train_seq.topk).
 #define SD_TRAIN_MAX_TOPK 256
 
-// Deliberate faults for the tests (tests/test_train_grad.c shows that the
+// Deliberate faults for the tests (tests/train/test_gradients.c shows that the
 // gradient check catches a wrong backward): never set outside tests.
 enum {
     SD_TR_FAULT_NONE = 0,

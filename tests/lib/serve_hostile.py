@@ -4,7 +4,7 @@ sockets, conflicting Content-Length headers, Allow and HEAD, the Bearer
 scheme in any case, refused logprobs, clamped max_tokens, any model name,
 speculation errors that name the field, JSON 414 / 431, and
 usage.speculation.accepted equal to the streamed chunks' sum. Run alone with
-`python3 tests/test_serve.py hostile`."""
+`python3 tests/serve/test_serve.py hostile`."""
 import http.client
 import json
 import socket

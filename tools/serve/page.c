@@ -6,7 +6,7 @@
 // sv_chunk_spec): an accepted draft token, or the target's own token (the
 // correction or bonus of a step). Per answer: tau, tokens/s (from the usage
 // chunk). Model text goes into the page only through textContent. /?q=TEXT
-// sends TEXT at once (tests/test_page.py screenshots that).
+// sends TEXT at once (tests/serve/test_page.py screenshots that).
 #include "serve/api.h"
 
 const char sv_page_html[] =
