@@ -64,14 +64,6 @@ void sd_drafter_reset(sd_drafter *d);
 // for SD_MAX_HIDDEN_LAYERS) and returns their count; 0 for drafters that
 // read none (d NULL included).
 int sd_drafter_hidden_layers(const sd_drafter *d, int32_t *out);
-// For programs that evaluate a prompt themselves instead of through
-// sd_gen_prefill (a server's chunked prompts): hands the drafter the hidden
-// rows of prompt tokens tokens[pos0 .. pos0+n), whose text so far is
-// tokens[0 .. pos0+n), as the forward wrote them (sd_batch.hidden_out with
-// the layers of sd_drafter_hidden_layers). No-op for drafters that read no
-// rows. Returns 0, or <0 with a message.
-int sd_drafter_prompt_rows(sd_drafter *d, const int32_t *tokens, int pos0, int n, const float *hidden, char *err,
-                           size_t errlen);
 
 // ---------------------------------------------------------------- a program's own drafter
 // A program (a remote client, a binding, an experiment) defines its own
@@ -464,6 +456,18 @@ int sd_gen_prefill(sd_gen *g, const int32_t *prompt, int n, char *err, size_t er
 // equal to the session's n_past, the prompt longer than the context.
 // stats.n_prompt_tokens counts the evaluated tokens only.
 int sd_gen_prefill_cached(sd_gen *g, const int32_t *prompt, int n, int n_cached, char *err, size_t errlen);
+// The prompt as steps: gives the generation its prompt (the same checks and
+// n_cached as sd_gen_prefill_cached) without evaluating it. The following
+// steps then evaluate it, a chunk each, through the same begin / forward /
+// end phases as decoding: begin returns the chunk (at most the generation's
+// n_batch tokens, and the step limit of sd_gen_set_step_limit; logits for
+// the prompt's last token only; the drafter's hidden rows when it reads
+// them), end commits it and hands the drafter its rows; such a step emits
+// no token. A scheduler so batches prompt chunks with other generations'
+// steps. sd_gen_prefill(_cached) is this and a loop of such steps.
+int sd_gen_set_prompt(sd_gen *g, const int32_t *prompt, int n, int n_cached, char *err, size_t errlen);
+// Prompt tokens the next steps still evaluate (0 once the prompt is in the cache).
+int sd_gen_prompt_left(const sd_gen *g);
 // One step (see the top of this file). The first step after prefill emits the
 // token sampled from the prompt's logits without a forward. Returns 0 with
 // *st filled (st->finish says whether the generation ended), or <0 with a
@@ -471,8 +475,9 @@ int sd_gen_prefill_cached(sd_gen *g, const int32_t *prompt, int n, int n_cached,
 int sd_gen_step(sd_gen *g, sd_step *st, char *err, size_t errlen);
 // The phases of sd_gen_step, for a scheduler batching several generations.
 // begin drafts and returns in *b the batch to evaluate on the generation's
-// session (valid until end); *b->n == 0 means no forward is needed (the
-// first step, or an ended generation). The caller evaluates it
+// session (valid until end): a prompt chunk while the prompt is not all
+// evaluated (sd_gen_set_prompt), else the tree; *b->n == 0 means no forward
+// is needed (the first step, or an ended generation). The caller evaluates it
 // (sd_session_forward), then calls end.
 int sd_gen_step_begin(sd_gen *g, sd_batch *b, char *err, size_t errlen);
 int sd_gen_step_end(sd_gen *g, sd_step *st, char *err, size_t errlen);

@@ -66,9 +66,3 @@ int sd_drafter_hidden_layers(const sd_drafter *d, int32_t *out) {
     return d->n_hidden_layers;
 }
 
-int sd_drafter_prompt_rows(sd_drafter *d, const int32_t *tokens, int pos0, int n, const float *hidden, char *err,
-                           size_t errlen) {
-    if (!d || d->n_hidden_layers <= 0 || !d->vt->prompt || n <= 0) return 0;
-    if (!tokens || !hidden || pos0 < 0) return sd_err(err, errlen, "drafter: prompt rows without tokens or rows");
-    return d->vt->prompt(d, tokens, pos0, n, hidden, err, errlen);
-}

@@ -49,7 +49,11 @@ struct sd_gen {
     sd_tree tree;
     int tree_ok;
 
-    int prefilled;      // prefill done
+    int prompt_given;   // sd_gen_set_prompt (or a prefill) was called
+    int n_prompt;       // prompt tokens (seq[0..n_prompt))
+    int pf_next;        // prompt tokens the session holds; the next prompt chunk starts here
+    int step_chunk;     // the step between begin and end evaluates prompt tokens [pf_next, pf_next + step_chunk)
+    int prefilled;      // the whole prompt is evaluated
     int first_pending;  // the first token is still to be sampled from the prompt's logits
     int prompt_row;     // logits row of the last prompt token
     int finish;         // enum sd_finish
@@ -198,9 +202,10 @@ int sd_gen_new(sd_gen **out, sd_session *s, sd_sampler *smp, sd_drafter *d, cons
 // Contract in specdec_spec.h. prompt[0..n_cached) are taken to be the
 // session's committed rows (the caller vouches for them: a server slot that
 // kept a prompt prefix); they join the generation's text, which the drafter
-// sees, without being evaluated again.
-int sd_gen_prefill_cached(sd_gen *g, const int32_t *prompt, int n, int n_cached, char *err, size_t errlen) {
-    if (g->prefilled) return sd_err(err, errlen, "generation: the prompt was already given");
+// sees, without being evaluated again. The rest is evaluated by the next
+// steps, a chunk each (prompt_chunk_begin / _end).
+int sd_gen_set_prompt(sd_gen *g, const int32_t *prompt, int n, int n_cached, char *err, size_t errlen) {
+    if (g->prompt_given) return sd_err(err, errlen, "generation: the prompt was already given");
     if (!prompt || n <= 0) return sd_err(err, errlen, "generation: the prompt is empty");
     const int n_past0 = sd_session_n_past(g->s);
     if (n_cached < 0 || n_cached >= n)
@@ -211,32 +216,69 @@ int sd_gen_prefill_cached(sd_gen *g, const int32_t *prompt, int n, int n_cached,
     if (n_past0 - n_cached + n > g->n_ctx)
         return sd_err(err, errlen, "prompt has %d tokens but the context is %d%s", n + n_past0 - n_cached, g->n_ctx,
                       n_past0 > n_cached ? " (including the tokens already in the cache)" : "");
-    double t0 = sd_time_ms();
-    char ferr[256];
-    for (int i = n_cached; i < n; i += g->n_batch) {
-        int nb = SD_MIN(g->n_batch, n - i);
-        memset(g->want, 0, (size_t)nb);
-        if (i + nb == n) g->want[nb - 1] = 1;
-        sd_batch b = {.n = nb, .tokens = prompt + i, .logits = g->want, .precise = !g->fast_prompt};
-        if (g->hid_prompt) {   // the drafter reads the prompt's hidden rows
-            b.hidden_layers = g->d->hidden_layers;
-            b.n_hidden_layers = g->n_hid;
-            b.hidden_out = g->hid_prompt;
-        }
-        if (sd_session_forward(g->s, &b, ferr, sizeof ferr) < 0 || sd_session_commit(g->s, NULL, 0, ferr, sizeof ferr) < 0)
-            return sd_err(err, errlen, "prompt evaluation failed: %s", ferr);
-        if (g->hid_prompt &&
-            g->d->vt->prompt(g->d, prompt, i, nb, g->hid_prompt, ferr, sizeof ferr) < 0)
-            return sd_err(err, errlen, "drafter '%s': %s", g->d->vt->name, ferr);
-        if (i + nb == n) g->prompt_row = nb - 1;
-    }
     memcpy(g->seq, prompt, sizeof(int32_t) * (size_t)n);
-    g->n_seq = n;
-    g->prefilled = 1;
-    g->first_pending = 1;
-    g->t_prefill_end = sd_time_ms();
+    g->n_seq = g->n_prompt = n;
+    g->pf_next = n_cached;
+    g->prompt_given = 1;
     g->st.n_prompt_tokens = n - n_cached;
-    g->st.prompt_ms = g->t_prefill_end - t0;
+    g->st.prompt_ms = 0;
+    return 0;
+}
+
+int sd_gen_prompt_left(const sd_gen *g) { return g->prompt_given ? g->n_prompt - g->pf_next : 0; }
+
+// A step over the next prompt chunk: at most n_batch tokens (and the step
+// limit), logits for the prompt's last token only, the drafter's hidden rows
+// when it reads them.
+static void prompt_chunk_begin(sd_gen *g, sd_batch *b) {
+    int nb = SD_MIN(g->n_batch, g->n_prompt - g->pf_next);
+    if (g->step_limit > 0) nb = SD_MIN(nb, g->step_limit);
+    memset(g->want, 0, (size_t)nb);
+    if (g->pf_next + nb == g->n_prompt) g->want[nb - 1] = 1;
+    *b = (sd_batch){.n = nb, .tokens = g->seq + g->pf_next, .logits = g->want, .precise = !g->fast_prompt};
+    if (g->hid_prompt) {   // the drafter reads the prompt's hidden rows
+        b->hidden_layers = g->d->hidden_layers;
+        b->n_hidden_layers = g->n_hid;
+        b->hidden_out = g->hid_prompt;
+    }
+    g->step_chunk = nb;
+}
+
+// The chunk's rows committed, told to the drafter; the prompt done when it was its last.
+static int prompt_chunk_end(sd_gen *g, char *err, size_t errlen) {
+    const int nb = g->step_chunk;
+    char ferr[256];
+    g->step_chunk = 0;
+    if (sd_session_commit(g->s, NULL, 0, ferr, sizeof ferr) < 0)
+        return sd_err(err, errlen, "prompt evaluation failed: %s", ferr);
+    if (g->hid_prompt && g->d->vt->prompt(g->d, g->seq, g->pf_next, nb, g->hid_prompt, ferr, sizeof ferr) < 0)
+        return sd_err(err, errlen, "drafter '%s': %s", g->d->vt->name, ferr);
+    g->pf_next += nb;
+    g->t_prefill_end = sd_time_ms();
+    g->st.prompt_ms += g->t_prefill_end - g->t_begin;
+    if (g->pf_next == g->n_prompt) {
+        g->prompt_row = nb - 1;
+        g->prefilled = 1;
+        g->first_pending = 1;
+    }
+    return 0;
+}
+
+int sd_gen_prefill_cached(sd_gen *g, const int32_t *prompt, int n, int n_cached, char *err, size_t errlen) {
+    if (sd_gen_set_prompt(g, prompt, n, n_cached, err, errlen) < 0) return -1;
+    char ferr[256];
+    while (g->pf_next < g->n_prompt) {   // the prompt's steps: chunks through begin, forward, end
+        sd_batch b;
+        sd_step st;
+        if (sd_gen_step_begin(g, &b, err, errlen) < 0) return -1;
+        if (b.n > 0 && sd_session_forward(g->s, &b, ferr, sizeof ferr) < 0) {
+            g->in_step = 0;
+            g->step_chunk = 0;
+            return sd_err(err, errlen, "prompt evaluation failed: %s", ferr);
+        }
+        if (sd_gen_step_end(g, &st, err, errlen) < 0) return -1;
+        if (b.n == 0) break;   // stopped
+    }
     return 0;
 }
 
@@ -301,11 +343,15 @@ void sd_gen_set_step_limit(sd_gen *g, int max_nodes) { g->step_limit = SD_MAX(0,
 
 int sd_gen_step_begin(sd_gen *g, sd_batch *b, char *err, size_t errlen) {
     memset(b, 0, sizeof *b);
-    if (!g->prefilled) return sd_err(err, errlen, "generation: no prompt yet (sd_gen_prefill)");
+    if (!g->prompt_given) return sd_err(err, errlen, "generation: no prompt yet (sd_gen_set_prompt, sd_gen_prefill)");
     if (g->in_step) return sd_err(err, errlen, "generation: the previous step was not ended");
     g->in_step = 1;
     g->t_begin = sd_time_ms();
     if (g->finish != SD_FINISH_NONE || g->first_pending || atomic_load(&g->stop)) return 0;
+    if (!g->prefilled) {   // the prompt's next chunk: a step like decoding's, through the same phases
+        prompt_chunk_begin(g, b);
+        return 0;
+    }
     const int n_past = sd_session_n_past(g->s);
     g->step_n_past = n_past;
     g->step_max = SD_MIN(g->max_nodes, g->n_ctx - n_past);
@@ -467,6 +513,12 @@ int sd_gen_step_end(sd_gen *g, sd_step *st, char *err, size_t errlen) {
     if (!g->in_step) return sd_err(err, errlen, "generation: sd_gen_step_end without sd_gen_step_begin");
     g->in_step = 0;
     g->last_n_tokens = 0;
+    if (g->step_chunk > 0) {   // a prompt chunk: its rows committed (the first token comes with the next step)
+        int rc = prompt_chunk_end(g, err, errlen);
+        if (rc == 0 && atomic_load(&g->stop)) g->finish = SD_FINISH_STOPPED;
+        st->finish = g->finish;
+        return rc;
+    }
     if (g->finish != SD_FINISH_NONE) return 0;
     int rc;
     if (atomic_load(&g->stop)) {
@@ -493,6 +545,7 @@ int sd_gen_step(sd_gen *g, sd_step *st, char *err, size_t errlen) {
         char ferr[256];
         if (sd_session_forward(g->s, &b, ferr, sizeof ferr) < 0) {
             g->in_step = 0;
+            g->step_chunk = 0;
             memset(st, 0, sizeof *st);
             return sd_err(err, errlen, "target forward failed after %d tokens: %s", g->st.n_generated, ferr);
         }

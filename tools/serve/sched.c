@@ -69,10 +69,9 @@ static int slot_drafter(sv_server *s, sv_slot *sl, const sd_method *m, char *err
     sd_drafter_free(sl->d);
     sl->d = NULL;
     sl->d_name[0] = 0;
-    sl->n_hid = 0;
     sd_method_env env = sv_method_env(s);
     sv_accept_init(&sl->acc);   // another drafter: nothing measured yet
-    if (sd_method_make(m, &env, &sl->d, err, errlen) < 0 || sv_prefill_rows_setup(s, sl, err, errlen) < 0) return -1;
+    if (sd_method_make(m, &env, &sl->d, err, errlen) < 0) return -1;
     snprintf(sl->d_name, sizeof sl->d_name, "%s", m->name);
     return 0;
 }
@@ -239,10 +238,13 @@ static void slot_start(sv_server *s, sv_slot *sl) {
     r->gen = sl->g;
     if (r->cancelled) sd_gen_stop(sl->g);
     pthread_mutex_unlock(&r->mu);
-    // The prompt is evaluated between rounds, SV_PREFILL_CHUNK tokens per
-    // round (prefill_round), the last chunk by sd_gen_prefill_cached.
+    // The prompt is evaluated by the generation's own prompt steps, a chunk
+    // per round (prefill.c), beside the other slots' steps.
+    if (sd_gen_set_prompt(sl->g, r->prompt, r->n_prompt, keep, err, sizeof err) < 0) {
+        sv_slot_finish(s, sl, err, 500);
+        return;
+    }
     sl->state = SV_SLOT_PROMPT;
-    sl->pf_next = keep;
 }
 
 // ---------------------------------------------------------------- steps
@@ -429,11 +431,14 @@ static void round_step(sv_server *s) {
         sv_slot *sl = &s->slots[i];
         sl->in_step = 0;
         if (sl->state == SV_SLOT_PROMPT) {   // with --fast-prompt, a planned prompt chunk rides along
-            if (s->o->fast_prompt && s->pf_len[i]) {
-                s->pass_sl[n] = sl;
-                s->pass_ss[n] = sl->s;
-                s->pass_bs[n] = sv_prefill_batch(s, sl, s->pf_len[i]);
-                n++;
+            if (s->o->fast_prompt && s->pf_len[i] && sv_prefill_begin(s, sl, s->pf_len[i], &s->pass_bs[n]) == 0) {
+                if (s->pass_bs[n].n == 0) {   // nothing to evaluate (stopped)
+                    sv_prefill_end(s, sl, 1, "");
+                } else {
+                    s->pass_sl[n] = sl;
+                    s->pass_ss[n] = sl->s;
+                    n++;
+                }
             }
             continue;
         }
@@ -456,7 +461,7 @@ static void round_step(sv_server *s) {
         for (int k = 0; k < n; k++) {
             sv_slot *sl = s->pass_sl[k];
             if (sl->state == SV_SLOT_PROMPT) {   // a folded prompt chunk
-                sv_prefill_commit(s, sl, s->pass_bs[k].n, s->pass_ok[k], errs[k], sizeof errs[k], 0);
+                sv_prefill_end(s, sl, s->pass_ok[k], errs[k]);
             } else if (!s->pass_ok[k]) {
                 sl->in_step = 0;
                 sv_slot_finish(s, sl, errs[k], 500);
@@ -475,10 +480,6 @@ static void round_step(sv_server *s) {
         sv_accept_observe(&sl->acc, &s->budget_pool, sd_gen_get_stats(sl->g), &st);
         emitted += st.n_tokens;
         if (sd_gen_finished(sl->g) != SD_FINISH_NONE) sv_slot_finish(s, sl, NULL, 0);
-    }
-    for (int i = 0; i < s->n_slots; i++) {   // prompts whose last token alone is left (after the steps'
-        sv_slot *sl = &s->slots[i];          // logits are read: it is a forward of its own)
-        if (sl->state == SV_SLOT_PROMPT && sl->r->n_prompt - sl->pf_next == 1) sv_prefill_final(s, sl);
     }
     double now = sd_time_ms();
     pthread_mutex_lock(&s->mu);
@@ -694,7 +695,6 @@ void sv_sched_stop(sv_server *s) {
         sd_sampler_free(sl->smp);
         sd_drafter_free(sl->d);
         sd_session_free(sl->s);
-        free(sl->hid);
         free(sl->cache);
         free(sl->ends);
         free(sl->text);

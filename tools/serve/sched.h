@@ -12,7 +12,7 @@
 // assigned this round, not yet started (no generation yet). PROMPT: its
 // prompt is being evaluated, a chunk per round. STEPPING: generating, one
 // step per round. Transitions: assign FREE -> STARTING; slot_start
-// STARTING -> PROMPT; sv_prefill_final PROMPT -> STEPPING; sv_slot_finish
+// STARTING -> PROMPT; sv_prefill_end PROMPT -> STEPPING (the prompt in the cache); sv_slot_finish
 // any -> FREE.
 typedef enum sv_slot_state { SV_SLOT_FREE = 0, SV_SLOT_STARTING, SV_SLOT_PROMPT, SV_SLOT_STEPPING } sv_slot_state;
 
@@ -23,13 +23,8 @@ struct sv_slot {
     int n_cache;
     sd_drafter *d;           // drafter of d_name, kept between requests (NULL for ar)
     char d_name[SD_METHOD_NAME_MAX];   // "" until the first request
-    int32_t hid_layers[SD_MAX_HIDDEN_LAYERS]; // (n_hid) the hidden states d reads (sd_drafter_hidden_layers)
-    int n_hid;               // their count; 0: d reads none (its prompt chunks then ask for no rows)
-    float *hid;              // (SV_PREFILL_CHUNK, n_hid, n_embd) a prompt chunk's rows for d; room for hid_cap
-    size_t hid_cap;          //   floats, grown when a drafter that reads more is built, freed with the slot
     sv_req *r;               // request being served, or NULL (free)
     sv_slot_state state;     // free, starting, prompt or stepping (below)
-    int pf_next;             // prompt tokens the session holds (next chunk starts here)
     sd_sampler *smp;         // (per request)
     sd_gen *g;               // (per request)
     char *text;              // (text_len, cap text_cap) text generated for r
@@ -81,23 +76,18 @@ void sv_forward_many(sv_server *s, int n, char (*errs)[256], int step);
 // Plans this round's prompt chunks into pf_len (s->n_slots); returns the
 // number of slots with a chunk.
 int sv_prefill_plan(sv_server *s, int *pf_len);
-// After slot sl's drafter was (re)built: the hidden states it reads, and
-// room for a chunk's rows of them. 0, or -1 with a message (out of memory:
-// the slot then has no drafter).
-int sv_prefill_rows_setup(const sv_server *s, sv_slot *sl, char *err, size_t errlen);
-// The batch of slot sl's next prompt chunk of len (<= SV_PREFILL_CHUNK)
-// tokens: no logits; when the drafter reads hidden states, every token's
-// rows of them into sl->hid (handed to the drafter by sv_prefill_commit).
-sd_batch sv_prefill_batch(const sv_server *s, sv_slot *sl, int len);
-// After a pass: commits slot sl's evaluated prompt chunk of len tokens (ok:
-// the pass evaluated it; else err says why), hands the drafter the chunk's
-// hidden rows, and with final_now evaluates the prompt's last token when
-// only that is left.
-void sv_prefill_commit(sv_server *s, sv_slot *sl, int len, int ok, char *err, size_t errlen, int final_now);
-// The prompt's last token (sd_gen_prefill_cached): its logits give the first token.
-void sv_prefill_final(sv_server *s, sv_slot *sl);
-// Prompts between rounds (cancelled ones end, last tokens, the precise
-// chunks' pass); stopping: the server is shutting down.
+// Begins slot sl's prompt step over its next len tokens (its generation's
+// prompt chunk, sd_gen_set_prompt) into *b: 0, or -1 after failing the slot.
+// b->n == 0: nothing to evaluate (stopped); sv_prefill_end at once.
+int sv_prefill_begin(sv_server *s, sv_slot *sl, int len, sd_batch *b);
+// Ends it after the pass (ok: evaluated; else ferr says why): the chunk is
+// committed and the drafter hears its rows (sd_gen_step_end); when the
+// prompt is all in the cache the slot steps (its first token comes with its
+// next step, without a forward).
+void sv_prefill_end(sv_server *s, sv_slot *sl, int ok, const char *ferr);
+// Prompts before a round: cancelled ones end; with --precise-prompt the
+// planned chunks go through a float pass of their own (with 8-bit prompts
+// they ride in round_step's pass). stopping: the server is shutting down.
 void sv_prefill_round(sv_server *s, int stopping);
 
 #endif
