@@ -284,6 +284,15 @@ typedef struct sd_method {
 typedef void (*sd_method_report_fn)(void *user, const char *line);
 
 // What building a drafter may need. sd_method_env_default fills the defaults.
+// Lifetimes (what a drafter made by sd_method_make keeps):
+//   - kept, borrowed, must outlive the drafter: target, head_eagle3,
+//     head_medusa, every draft model drafts[i], and report with user (called
+//     while it drafts: automatic tree choices);
+//   - kept as a reference that the drafter releases: pool (reference-counted);
+//   - read during sd_method_prepare / sd_method_make only (the caller may free
+//     or change them afterwards): the drafts array itself, datastore and the
+//     skip_save / skip_load paths (the datastore is loaded into the drafter),
+//     cost (copied), head_online (copied), and every number.
 typedef struct sd_method_env {
     const sd_model *target;
     const sd_head *head_eagle3;   // eagle3 methods (and auto): a loaded EAGLE-3 head, or NULL
