@@ -78,7 +78,7 @@ $(LIB): $(OBJ)
 # make build/libspecdec.a and build/libspecdec.so. The shared library exports
 # exactly the functions that include/ declares (a version script made from
 # the headers; tests/house/test_exports.py checks its dynamic symbols).
-build/src/%.o: CFLAGS += -fPIC
+build/src/%.o: CFLAGS += -fPIC -fvisibility=hidden
 build/specdec.map: scripts/export-map.sh $(wildcard include/*.h)
 	@mkdir -p build
 	sh scripts/export-map.sh $(wildcard include/*.h) > $@

@@ -16,6 +16,14 @@
 extern "C" {
 #endif
 
+// SD_API marks the functions the library exports (build/libspecdec.so
+// exports exactly these; tests/house/test_exports.py checks it).
+#if defined(__GNUC__) || defined(__clang__)
+#define SD_API __attribute__((visibility("default")))
+#else
+#define SD_API
+#endif
+
 // What kind of failure a negative return value is. Functions that predate
 // these codes return -1 (SD_ERR_INPUT) for every failure; those that document
 // sd_status return the specific code.
@@ -29,9 +37,12 @@ typedef enum sd_status {
     SD_ERR_BUSY = -6,     // the thread pool is held by another forward at that moment
 } sd_status;
 
+// The kinds of trained draft heads (one enum for files, methods and training).
+typedef enum sd_head_type { SD_HEAD_NONE = 0, SD_HEAD_EAGLE3 = 1, SD_HEAD_MEDUSA = 2 } sd_head_type;
+
 // The library's version, "MAJOR.MINOR.PATCH" (also SPECDEC_VERSION).
 #define SPECDEC_VERSION "0.2.0"
-const char *sd_version(void);
+SD_API const char *sd_version(void);
 
 typedef struct sd_model sd_model;
 typedef struct sd_session sd_session;
@@ -42,8 +53,8 @@ typedef struct sd_threadpool sd_threadpool;
 // ---------------------------------------------------------------- model
 // Loads and validates a GGUF model (architectures: llama, qwen2), including
 // its tokenizer. The file is memory-mapped; weights are used in place.
-int sd_model_load(sd_model **out, const char *path, char *err, size_t errlen);
-void sd_model_free(sd_model *m);
+SD_API int sd_model_load(sd_model **out, const char *path, char *err, size_t errlen);
+SD_API void sd_model_free(sd_model *m);
 
 typedef struct sd_model_info {
     const char *arch;   // "llama" or "qwen2"
@@ -52,13 +63,13 @@ typedef struct sd_model_info {
     int n_ctx_train;    // context length the model was trained with
     size_t n_bytes;     // bytes of tensor data
 } sd_model_info;
-void sd_model_get_info(const sd_model *m, sd_model_info *info);
-const sd_tokenizer *sd_model_tokenizer(const sd_model *m);
+SD_API void sd_model_get_info(const sd_model *m, sd_model_info *info);
+SD_API const sd_tokenizer *sd_model_tokenizer(const sd_model *m);
 // The input embedding of token (a row of token_embd, dequantized with the
 // reference conversion of its type): n_embd floats into out. A batch of
 // these rows (sd_batch.embd) gives the same bits as the batch of the tokens.
 // Returns 0, or <0 if token is out of range [0, n_vocab).
-int sd_model_token_embd(const sd_model *m, int32_t token, float *out, char *err, size_t errlen);
+SD_API int sd_model_token_embd(const sd_model *m, int32_t token, float *out, char *err, size_t errlen);
 
 // ---------------------------------------------------------------- threads
 // A pool of worker threads that sessions run their forward passes on (house
@@ -73,17 +84,17 @@ int sd_model_token_embd(const sd_model *m, int32_t token, float *out, char *err,
 // sd_threadpool_new starts n_threads threads, the calling thread included
 // (0 = the number of online cores; at most 1024). Returns 0, or <0 with a
 // message.
-int sd_threadpool_new(sd_threadpool **out, int n_threads, char *err, size_t errlen);
+SD_API int sd_threadpool_new(sd_threadpool **out, int n_threads, char *err, size_t errlen);
 // Releases the caller's reference; the threads stop with the last one. NULL: nothing.
-void sd_threadpool_free(sd_threadpool *p);
+SD_API void sd_threadpool_free(sd_threadpool *p);
 // Threads of the pool, the caller included (1 for NULL).
-int sd_threadpool_size(const sd_threadpool *p);
+SD_API int sd_threadpool_size(const sd_threadpool *p);
 // Calls fn(arg, ith, nth) on every thread of the pool (the caller is thread
 // 0, nth = sd_threadpool_size(p)) and waits for all (p NULL: fn(arg, 0, 1)).
 // It takes its turn: it waits while a forward holds the pool, and a forward
 // that starts meanwhile fails. Not reentrant: fn must not run a forward or
 // sd_threadpool_run on the same pool.
-void sd_threadpool_run(sd_threadpool *p, void (*fn)(void *arg, int ith, int nth), void *arg);
+SD_API void sd_threadpool_run(sd_threadpool *p, void (*fn)(void *arg, int ith, int nth), void *arg);
 
 // ---------------------------------------------------------------- session
 typedef struct sd_session_params {
@@ -93,10 +104,10 @@ typedef struct sd_session_params {
     sd_threadpool *pool; // NULL: the session starts its own pool of n_threads; otherwise it runs on this
                          // one (and keeps a reference to it); sessions on one pool take turns
 } sd_session_params;
-sd_session_params sd_session_default_params(void);
-int sd_session_new(sd_session **out, const sd_model *m, const sd_session_params *p,
+SD_API sd_session_params sd_session_default_params(void);
+SD_API int sd_session_new(sd_session **out, const sd_model *m, const sd_session_params *p,
                    char *err, size_t errlen);
-void sd_session_free(sd_session *s);
+SD_API void sd_session_free(sd_session *s);
 
 // Most entries of sd_batch.hidden_layers, and the entry that names the final
 // RMS-normed state (the output matrix's input) instead of a layer's output.
@@ -152,20 +163,20 @@ typedef struct sd_batch {
 // previous one. Fails, leaving the session untouched, when the session's
 // thread pool is held at that moment by another forward or
 // sd_threadpool_run (sessions sharing a pool must take turns).
-int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errlen);
+SD_API int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errlen);
 // Logits (n_vocab floats) of batch node i of the last forward, or NULL if not requested.
-const float *sd_session_logits(const sd_session *s, int i);
+SD_API const float *sd_session_logits(const sd_session *s, int i);
 // Keeps pending rows rows[0..n_rows) (batch indices forming a root-to-node
 // chain, in order) and appends them to the committed cache; drops the other
 // pending rows. rows == NULL keeps all n rows of the last batch (a chain).
-int sd_session_commit(sd_session *s, const int32_t *rows, int n_rows, char *err, size_t errlen);
+SD_API int sd_session_commit(sd_session *s, const int32_t *rows, int n_rows, char *err, size_t errlen);
 // Drops committed rows so that n_past becomes n (n <= n_past).
-int sd_session_truncate(sd_session *s, int n, char *err, size_t errlen);
-int sd_session_n_past(const sd_session *s);
-int sd_session_n_ctx(const sd_session *s);
-const sd_model *sd_session_model(const sd_session *s);
+SD_API int sd_session_truncate(sd_session *s, int n, char *err, size_t errlen);
+SD_API int sd_session_n_past(const sd_session *s);
+SD_API int sd_session_n_ctx(const sd_session *s);
+SD_API const sd_model *sd_session_model(const sd_session *s);
 // The pool the session runs on (its own or the one it was given).
-sd_threadpool *sd_session_pool(const sd_session *s);
+SD_API sd_threadpool *sd_session_pool(const sd_session *s);
 // A session's committed state -- its KV cache rows [0, n_past) and its
 // layer-skip mask -- as bytes, so that a generation can be suspended, moved to
 // another session of the same model (any n_ctx >= n_past, any thread count)
@@ -174,20 +185,20 @@ sd_threadpool *sd_session_pool(const sd_session *s);
 // kernel family). Pending rows are not part of it. The caller keeps the
 // tokens it committed (the step API's state adds them, specdec_spec.h).
 // Bytes a state of the session takes now (depends on n_past).
-size_t sd_session_state_size(const sd_session *s);
+SD_API size_t sd_session_state_size(const sd_session *s);
 // Writes the state into buf (size bytes, at least sd_session_state_size).
 // Returns the bytes written, or SD_ERR_INPUT (buffer too small) with a message.
-int sd_session_state_save(const sd_session *s, void *buf, size_t size, char *err, size_t errlen);
+SD_API int sd_session_state_save(const sd_session *s, void *buf, size_t size, char *err, size_t errlen);
 // Replaces the session's cache with a saved state (size: its exact bytes).
 // Checked before anything changes: SD_ERR_INPUT for bytes that are not a
 // state, of another version, truncated or corrupt, or saved from another
 // model (dimensions or weights); SD_ERR_NO_ROOM when its rows exceed the
 // session's context. Returns 0.
-int sd_session_state_load(sd_session *s, const void *buf, size_t size, char *err, size_t errlen);
+SD_API int sd_session_state_load(sd_session *s, const void *buf, size_t size, char *err, size_t errlen);
 // The same through a file: SD_ERR_IO when it cannot be opened, read or
 // written, SD_ERR_OOM without memory for the bytes, else as above.
-int sd_session_state_save_file(const sd_session *s, const char *path, char *err, size_t errlen);
-int sd_session_state_load_file(sd_session *s, const char *path, char *err, size_t errlen);
+SD_API int sd_session_state_save_file(const sd_session *s, const char *path, char *err, size_t errlen);
+SD_API int sd_session_state_load_file(sd_session *s, const char *path, char *err, size_t errlen);
 
 // Layer skipping (self-speculative drafting): skip (n_layer bytes, nonzero =
 // skipped) makes every later forward of this session pass the residual stream
@@ -198,9 +209,9 @@ int sd_session_state_load_file(sd_session *s, const char *path, char *err, size_
 // recompute the cache: truncate to 0 (or to a point before which the KV rows
 // were computed with the same mask) when switching models. Fails if every
 // layer would be skipped. Returns the number of skipped layers, <0 on error.
-int sd_session_set_layer_skip(sd_session *s, const uint8_t *skip, char *err, size_t errlen);
+SD_API int sd_session_set_layer_skip(sd_session *s, const uint8_t *skip, char *err, size_t errlen);
 // The current mask (n_layer bytes) or NULL when no layer is skipped.
-const uint8_t *sd_session_layer_skip(const sd_session *s);
+SD_API const uint8_t *sd_session_layer_skip(const sd_session *s);
 
 // ---------------------------------------------------------------- several sessions in one forward
 // A batcher evaluates the batches of several sessions (the slots of a
@@ -219,12 +230,12 @@ typedef struct sd_batcher sd_batcher;
 // together in one sd_batcher_forward, 1..8192. Allocates the activations of
 // n_nodes rows and n_nodes rows of logits (n_vocab floats each). Returns 0,
 // or <0 with a message.
-int sd_batcher_new(sd_batcher **out, const sd_model *m, sd_threadpool *pool, int n_nodes, char *err,
+SD_API int sd_batcher_new(sd_batcher **out, const sd_model *m, sd_threadpool *pool, int n_nodes, char *err,
                    size_t errlen);
 // Frees the batcher (its reference to the pool included). NULL: nothing.
-void sd_batcher_free(sd_batcher *b);
+SD_API void sd_batcher_free(sd_batcher *b);
 // The n_nodes the batcher was made for.
-int sd_batcher_n_nodes(const sd_batcher *b);
+SD_API int sd_batcher_n_nodes(const sd_batcher *b);
 
 // Evaluates bs[i] on session ss[i] for every i < n, in one pass. Afterwards
 // each session is exactly as after sd_session_forward(ss[i], &bs[i]): its
@@ -245,14 +256,14 @@ int sd_batcher_n_nodes(const sd_batcher *b);
 // batcher pass and a forward of one of its sessions, never run at once).
 // One session (n == 1) runs as its own sd_session_forward. Returns 0, or <0
 // with a message (SD_ERR_BUSY when the pool is held).
-int sd_batcher_forward(sd_batcher *b, sd_session *const *ss, const sd_batch *bs, int n, char *err,
+SD_API int sd_batcher_forward(sd_batcher *b, sd_session *const *ss, const sd_batch *bs, int n, char *err,
                        size_t errlen);
 // After a failed sd_batcher_forward: the index i of the batch (bs[i],
 // ss[i]) that failed its checks, so that a caller can drop that one and pass
 // the others again (nothing was written); -1 when the call as a whole failed
 // (SD_ERR_BUSY: the pool held by another forward; a bad count), or after a
 // call that succeeded.
-int sd_batcher_failed_batch(const sd_batcher *b);
+SD_API int sd_batcher_failed_batch(const sd_batcher *b);
 
 // ---------------------------------------------------------------- tokenizer
 // Encodes text into ids. add_bos: prepend BOS when the vocabulary asks for it
@@ -263,20 +274,20 @@ int sd_batcher_failed_batch(const sd_batcher *b);
 // tokens; the programs take a plain (non-chat) prompt that way, and chat
 // prompts go through sd_chat_tokenize. Returns the number of ids (which may
 // exceed max: call again with a larger buffer), or <0 on error.
-int sd_tokenize(const sd_tokenizer *t, const char *text, size_t len, int add_bos,
+SD_API int sd_tokenize(const sd_tokenizer *t, const char *text, size_t len, int add_bos,
                 int parse_special, int32_t *out, int max);
 // Bytes of token id as text (SentencePiece spaces and byte tokens resolved,
 // byte-level BPE mapped back to bytes). Control tokens give "" unless
 // render_special. Returns the byte count (may exceed bufsize: truncated), <0 if
 // id is invalid. Multi-byte UTF-8 characters may be split across tokens.
-int sd_token_to_piece(const sd_tokenizer *t, int32_t id, int render_special, char *buf, int bufsize);
-int sd_tokenizer_n_vocab(const sd_tokenizer *t);
-int32_t sd_token_bos(const sd_tokenizer *t);   // -1 if none
-int32_t sd_token_eos(const sd_tokenizer *t);   // -1 if none
+SD_API int sd_token_to_piece(const sd_tokenizer *t, int32_t id, int render_special, char *buf, int bufsize);
+SD_API int sd_tokenizer_n_vocab(const sd_tokenizer *t);
+SD_API int32_t sd_token_bos(const sd_tokenizer *t);   // -1 if none
+SD_API int32_t sd_token_eos(const sd_tokenizer *t);   // -1 if none
 // 1 if id ends generation (EOS, end-of-turn such as <|im_end|> or <|eot_id|>).
-int sd_token_is_eog(const sd_tokenizer *t, int32_t id);
+SD_API int sd_token_is_eog(const sd_tokenizer *t, int32_t id);
 // The text of token id as stored in the vocabulary (NULL if invalid).
-const char *sd_token_text(const sd_tokenizer *t, int32_t id, size_t *len);
+SD_API const char *sd_token_text(const sd_tokenizer *t, int32_t id, size_t *len);
 // Wraps one user message (and an optional system message, NULL for the
 // template's default) in the model's chat format, recognised from
 // tokenizer.chat_template: ChatML or Llama 3. Writes a NUL-terminated prompt
@@ -285,7 +296,7 @@ const char *sd_token_text(const sd_tokenizer *t, int32_t id, size_t *len);
 // showing; to run the prompt use sd_chat_tokenize (tokenizing this text with
 // parse_special = 1 would read special-token texts inside the messages as
 // the template's markers).
-int sd_chat_format(const sd_tokenizer *t, const char *system, const char *user,
+SD_API int sd_chat_format(const sd_tokenizer *t, const char *system, const char *user,
                    char *out, size_t outsize, char *err, size_t errlen);
 // Formats a whole conversation, messages[0..n) with roles[i] one of
 // "system", "user", "assistant" and contents[i] its text, in the model's chat
@@ -299,7 +310,7 @@ int sd_chat_format(const sd_tokenizer *t, const char *system, const char *user,
 // template, or outsize too small (the message gives the bytes needed).
 // Allocates nothing. As with sd_chat_format, the text is for showing: run
 // the prompt from sd_chat_tokenize_messages.
-int sd_chat_format_messages(const sd_tokenizer *t, const char *const *roles, const char *const *contents, int n,
+SD_API int sd_chat_format_messages(const sd_tokenizer *t, const char *const *roles, const char *const *contents, int n,
                             char *out, size_t outsize, char *err, size_t errlen);
 // The prompts of sd_chat_format and sd_chat_format_messages (same arguments,
 // same turns, same errors) as token ids: BOS as sd_tokenize with add_bos = 1,
@@ -311,9 +322,9 @@ int sd_chat_format_messages(const sd_tokenizer *t, const char *const *roles, con
 // parse_special = 1). Writes the first max ids; returns the number of ids
 // (which may exceed max: call again with a larger buffer; out may be NULL
 // with max 0 to count), or <0 with a message.
-int sd_chat_tokenize(const sd_tokenizer *t, const char *system, const char *user, int32_t *out, int max, char *err,
+SD_API int sd_chat_tokenize(const sd_tokenizer *t, const char *system, const char *user, int32_t *out, int max, char *err,
                      size_t errlen);
-int sd_chat_tokenize_messages(const sd_tokenizer *t, const char *const *roles, const char *const *contents, int n,
+SD_API int sd_chat_tokenize_messages(const sd_tokenizer *t, const char *const *roles, const char *const *contents, int n,
                               int32_t *out, int max, char *err, size_t errlen);
 
 // ---------------------------------------------------------------- sampling
@@ -342,34 +353,34 @@ typedef struct sd_sampler_params {
     float repeat_penalty;  // 1: off. default 1.0
     int repeat_last_n;     // tokens of history the penalty looks at. default 64
     uint64_t seed;         // default 0xC0FFEE
-    int draw;              // enum sd_sampling_draw. default SD_DRAW_RACE (greedy ignores it)
+    enum sd_sampling_draw draw; // default SD_DRAW_RACE (greedy ignores it)
 } sd_sampler_params;
-sd_sampler_params sd_sampler_default_params(void);
-int sd_sampler_new(sd_sampler **out, const sd_sampler_params *p, int n_vocab, char *err, size_t errlen);
-void sd_sampler_free(sd_sampler *s);
+SD_API sd_sampler_params sd_sampler_default_params(void);
+SD_API int sd_sampler_new(sd_sampler **out, const sd_sampler_params *p, int n_vocab, char *err, size_t errlen);
+SD_API void sd_sampler_free(sd_sampler *s);
 // The final distribution the sampler draws from, given logits and the token
 // history (for the repetition penalty): penalty, temperature, top-k, top-p,
 // min-p applied in that order, then normalised. probs has n_vocab entries
 // (zero outside the kept set). Greedy (temp <= 0) gives a one-hot at the
 // argmax (ties: lowest id). Speculative sampling uses this for the target and
 // the draft alike.
-void sd_sampler_probs(sd_sampler *s, const float *logits, const int32_t *hist, int n_hist, float *probs);
+SD_API void sd_sampler_probs(sd_sampler *s, const float *logits, const int32_t *hist, int n_hist, float *probs);
 // Draws a token from probs (n_vocab) using the sampler's sequential RNG
 // (the draw of SD_DRAW_REJECTION, whatever the sampler's draw).
-int32_t sd_sampler_draw(sd_sampler *s, const float *probs);
+SD_API int32_t sd_sampler_draw(sd_sampler *s, const float *probs);
 // Samples the token that follows hist[0..n_hist) (argmax directly when
 // greedy). SD_DRAW_REJECTION: probs then sd_sampler_draw. SD_DRAW_RACE: the
 // race draw for position n_hist (the token's index in the text), so the same
 // logits, position and seed give the same token on every call (hist may be
 // NULL without a repetition penalty; n_hist still names the position).
-int32_t sd_sampler_sample(sd_sampler *s, const float *logits, const int32_t *hist, int n_hist);
+SD_API int32_t sd_sampler_sample(sd_sampler *s, const float *logits, const int32_t *hist, int n_hist);
 // Uniform double in [0, 1) from the sampler's RNG (speculative acceptance tests).
-double sd_sampler_uniform(sd_sampler *s);
+SD_API double sd_sampler_uniform(sd_sampler *s);
 // Restarts the sampler's randomness from seed: the RNG, and the race's texts
 // (a generation, sd_gen_new, takes the next text's noise: after a reseed the
 // first generation draws as the first after sd_sampler_new with that seed).
-void sd_sampler_reseed(sd_sampler *s, uint64_t seed);
-const sd_sampler_params *sd_sampler_get_params(const sd_sampler *s);
+SD_API void sd_sampler_reseed(sd_sampler *s, uint64_t seed);
+SD_API const sd_sampler_params *sd_sampler_get_params(const sd_sampler *s);
 
 // ---------------------------------------------------------------- kernels
 // Fixes the family of compute kernels for the whole process: "auto" (the best
@@ -379,11 +390,11 @@ const sd_sampler_params *sd_sampler_get_params(const sd_sampler *s);
 // build lacks, or once a family is fixed differently (by an earlier call or a
 // model load); asking again for the family already fixed returns 0. Not to
 // be called concurrently with sd_model_load.
-int sd_backend_select(const char *name, char *err, size_t errlen);
+SD_API int sd_backend_select(const char *name, char *err, size_t errlen);
 // Name of the kernel family in use, e.g. "avx512-vnni", "avx2", "scalar";
 // before any selection or model load, what "auto" picks (nothing is fixed by
 // asking).
-const char *sd_backend_name(void);
+SD_API const char *sd_backend_name(void);
 
 // ---------------------------------------------------------------- conversion
 // Converts a llama2.c checkpoint (legacy v0 header of 7 int32, or the v1
@@ -394,13 +405,13 @@ const char *sd_backend_name(void);
 // consecutive pairs, the GGUF llama convention, so weights are copied without
 // permutation. The checkpoint size is checked against its header. Returns 0,
 // or <0 with a message (missing, truncated or unknown files, I/O errors).
-int sd_llama2c_convert(const char *ckpt, const char *tok, const char *out, char *err, size_t errlen);
+SD_API int sd_llama2c_convert(const char *ckpt, const char *tok, const char *out, char *err, size_t errlen);
 
 // ---------------------------------------------------------------- misc
 // Number of online CPU cores.
-int sd_n_cores(void);
+SD_API int sd_n_cores(void);
 // Monotonic wall clock in milliseconds (for programs' timings).
-double sd_time_ms(void);
+SD_API double sd_time_ms(void);
 
 #ifdef __cplusplus
 }

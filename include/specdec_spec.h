@@ -51,19 +51,19 @@ extern "C" {
 // lookup, lookahead, layer skipping, ...). Built by sd_method_make; owned by
 // the caller; one drafter serves one generation at a time.
 typedef struct sd_drafter sd_drafter;
-void sd_drafter_free(sd_drafter *d);
+SD_API void sd_drafter_free(sd_drafter *d);
 // Short name, e.g. "draft-model", "ngram", "merge".
-const char *sd_drafter_name(const sd_drafter *d);
+SD_API const char *sd_drafter_name(const sd_drafter *d);
 // A line of drafter-specific state worth showing a user (e.g. the datastore
 // an n-gram drafter indexed), or "" when there is none.
-const char *sd_drafter_note(const sd_drafter *d);
+SD_API const char *sd_drafter_note(const sd_drafter *d);
 // Forgets everything the drafter learnt (a fresh drafter's behaviour).
-void sd_drafter_reset(sd_drafter *d);
+SD_API void sd_drafter_reset(sd_drafter *d);
 // The hidden-state rows a drafter reads (trained heads): writes its layers
 // (as sd_batch.hidden_layers: a layer index or SD_HIDDEN_NORM) into out (room
 // for SD_MAX_HIDDEN_LAYERS) and returns their count; 0 for drafters that
 // read none (d NULL included).
-int sd_drafter_hidden_layers(const sd_drafter *d, int32_t *out);
+SD_API int sd_drafter_hidden_layers(const sd_drafter *d, int32_t *out);
 
 // ---------------------------------------------------------------- a program's own drafter
 // A program (a remote client, a binding, an experiment) defines its own
@@ -81,10 +81,10 @@ int sd_drafter_hidden_layers(const sd_drafter *d, int32_t *out);
 // index, or -1 when the tree is full (the step's room, max_nodes). Nodes are
 // in the order added; a parent comes before its children.
 typedef struct sd_tree sd_tree;
-int sd_tree_add(sd_tree *t, int parent, int32_t token, float p);
-int sd_tree_size(const sd_tree *t);                 // nodes, root included
-int32_t sd_tree_token(const sd_tree *t, int i);     // -1 when i is not a node
-int sd_tree_parent(const sd_tree *t, int i);        // -1 for the root, -2 when i is not a node
+SD_API int sd_tree_add(sd_tree *t, int parent, int32_t token, float p);
+SD_API int sd_tree_size(const sd_tree *t);                 // nodes, root included
+SD_API int32_t sd_tree_token(const sd_tree *t, int i);     // -1 when i is not a node
+SD_API int sd_tree_parent(const sd_tree *t, int i);        // -1 for the root, -2 when i is not a node
 
 // What propose sees. Every pointer is the library's, valid during the call only.
 typedef struct sd_draft_request {
@@ -125,7 +125,7 @@ typedef struct sd_drafter_callbacks {
 // Wraps cb (copied) as a drafter owned by the caller (sd_drafter_free).
 // Returns 0, SD_ERR_INPUT without propose or with n_hidden_layers out of
 // range, SD_ERR_OOM; a message in err.
-int sd_drafter_from_callbacks(sd_drafter **out, const sd_drafter_callbacks *cb, char *err, size_t errlen);
+SD_API int sd_drafter_from_callbacks(sd_drafter **out, const sd_drafter_callbacks *cb, char *err, size_t errlen);
 
 // ---------------------------------------------------------------- cost curve
 // The target's measured forward time against the number of tree nodes,
@@ -134,13 +134,13 @@ typedef struct sd_cost_curve sd_cost_curve;
 // Measures it on session s, whose cache must be empty (call before the
 // prompt): 2 timed forwards per point (1, 2, 3, 4, 6, 8, 16, 32, ... nodes)
 // up to max_nodes, the minimum kept.
-int sd_cost_curve_new(sd_cost_curve **out, sd_session *s, int max_nodes, char *err, size_t errlen);
-void sd_cost_curve_free(sd_cost_curve *c);
+SD_API int sd_cost_curve_new(sd_cost_curve **out, sd_session *s, int max_nodes, char *err, size_t errlen);
+SD_API void sd_cost_curve_free(sd_cost_curve *c);
 // One line for users: "0.52 ms at 1 node, 1.90 ms at 32 nodes".
-int sd_cost_curve_describe(const sd_cost_curve *c, char *buf, size_t len);
+SD_API int sd_cost_curve_describe(const sd_cost_curve *c, char *buf, size_t len);
 // The estimated ms of a forward of n nodes (rows): interpolated between the
 // measured points, extrapolated along the last two beyond them.
-double sd_cost_curve_ms(const sd_cost_curve *c, int n);
+SD_API double sd_cost_curve_ms(const sd_cost_curve *c, int n);
 
 // ---------------------------------------------------------------- draft heads
 // A draft head is a small trained network that reads the target's hidden
@@ -153,16 +153,18 @@ typedef struct sd_head sd_head;
 // model the head will draft for (NULL: no check); a head made for another
 // target is refused with a message naming what differs (hidden size,
 // vocabulary size, layer count, vocabulary fingerprint).
-int sd_head_load(sd_head **out, const char *path, const sd_model *target, char *err, size_t errlen);
-void sd_head_free(sd_head *h);
+SD_API int sd_head_load(sd_head **out, const char *path, const sd_model *target, char *err, size_t errlen);
+SD_API void sd_head_free(sd_head *h);
 // "eagle3" or "medusa".
-const char *sd_head_type_name(const sd_head *h);
+SD_API const char *sd_head_type_name(const sd_head *h);
+// Its kind: SD_HEAD_EAGLE3 or SD_HEAD_MEDUSA.
+SD_API sd_head_type sd_head_get_type(const sd_head *h);
 // One line for users: type, draft vocabulary, layers read, and the recipe
 // facts the file records. Returns the length (may exceed len: truncated).
-int sd_head_describe(const sd_head *h, char *buf, size_t len);
+SD_API int sd_head_describe(const sd_head *h, char *buf, size_t len);
 // `--head auto`: the first head file (*.gguf, in name order) in dir made for
 // target. Returns 1 and its path, 0 when none matches, <0 on error.
-int sd_head_find(const sd_model *target, const char *dir, char *path, size_t pathlen, char *err, size_t errlen);
+SD_API int sd_head_find(const sd_model *target, const char *dir, char *path, size_t pathlen, char *err, size_t errlen);
 
 // Online adaptation (docs/heads.md, "Online adaptation"): an EAGLE-3
 // drafter made with head_online.on = 1 trains its own copy of the head while
@@ -188,7 +190,7 @@ typedef struct sd_head_online_params {
                           // new parameters drafts from the next step on (reproducible; steps wait for
                           // training). default 0
 } sd_head_online_params;
-sd_head_online_params sd_head_online_default_params(void);
+SD_API sd_head_online_params sd_head_online_default_params(void);
 
 // What online adaptation did so far.
 typedef struct sd_head_online_stats {
@@ -205,23 +207,23 @@ typedef struct sd_head_online_stats {
 // verified positions it checked since it was made (the target's choice after
 // each accepted node) and how many of those choices its vocabulary holds;
 // returns 1. Other drafters: 0, with both counts 0.
-int sd_drafter_vocab_coverage(const sd_drafter *d, int64_t *n_checked, int64_t *n_in);
+SD_API int sd_drafter_vocab_coverage(const sd_drafter *d, int64_t *n_checked, int64_t *n_in);
 // Fills *st for an online drafter and returns 1; returns 0 (and zeroes *st)
 // for any other drafter.
-int sd_drafter_online_stats(const sd_drafter *d, sd_head_online_stats *st);
+SD_API int sd_drafter_online_stats(const sd_drafter *d, sd_head_online_stats *st);
 // An online drafter: ends the current run of positions (its last window
 // is trained when long enough, sd_head_online_params.min_window) and waits
 // until every window collected so far is trained, so that training competes
 // with nothing that follows (a benchmark times another method next). Returns
 // 0, or <0 with a message (deterministic training failed); 0 at once for
 // other drafters.
-int sd_drafter_online_wait(sd_drafter *d, char *err, size_t errlen);
+SD_API int sd_drafter_online_wait(sd_drafter *d, char *err, size_t errlen);
 // Writes the drafter's head as it is now (an online drafter: what it learnt,
 // after sd_drafter_online_wait; otherwise the head it was made with) as a head file with Q8_0 matrices, its note extended by
 // "online.*" lines (windows, positions, last loss). Written to path.tmp and
 // renamed. Returns 0, or <0 with a message (a drafter without an EAGLE-3
 // head, a write error).
-int sd_drafter_save_head(sd_drafter *d, const char *path, char *err, size_t errlen);
+SD_API int sd_drafter_save_head(sd_drafter *d, const char *path, char *err, size_t errlen);
 
 // ---------------------------------------------------------------- methods
 typedef struct sd_threadpool sd_threadpool;  // (specdec.h)
@@ -267,9 +269,9 @@ enum sd_method_kind {
 // A parsed method: what a program needs to know before building it.
 typedef struct sd_method {
     char name[SD_METHOD_NAME_MAX]; // the string as given
-    int kind;                 // enum sd_method_kind (of the whole string)
+    enum sd_method_kind kind; // of the whole string
     int needs_draft_model;    // 1: sd_method_make fails without env.drafts
-    int needs_head;           // SD_METHOD_EAGLE3 / SD_METHOD_MEDUSA: fails without that head in env; 0: none
+    sd_head_type needs_head;  // SD_HEAD_EAGLE3 / SD_HEAD_MEDUSA: fails without that head in env; SD_HEAD_NONE
     int uses_cost_curve;      // 1: sd_method_make needs env.cost (automatic trees)
     int tree_nodes;           // nodes of the largest tree one step proposes with one
                               // draft model, root included (1 for ar)
@@ -314,27 +316,27 @@ typedef struct sd_method_env {
     sd_method_report_fn report;// skip search progress, automatic tree choices; NULL: silent
     void *user;                // for report
 } sd_method_env;
-sd_method_env sd_method_env_default(const sd_model *target);
+SD_API sd_method_env sd_method_env_default(const sd_model *target);
 
 // Parses a method string. Returns 0, or <0 with a message naming the
 // accepted syntax ("method chain:K needs K in 1..64, got 'chain:x'").
-int sd_method_parse(const char *s, sd_method *m, char *err, size_t errlen);
+SD_API int sd_method_parse(const char *s, sd_method *m, char *err, size_t errlen);
 // Parses a comma-separated list of at most max methods, "ar" first (added
 // when missing). Returns the count, or <0 with a message.
-int sd_methods_parse(const char *list, sd_method *ms, int max, char *err, size_t errlen);
+SD_API int sd_methods_parse(const char *list, sd_method *ms, int max, char *err, size_t errlen);
 // Work a method does once rather than per drafter: skip:auto searches its
 // layer set (or reads env.skip_load) and keeps it in m->skip_list, so later
 // sd_method_make calls reuse it; *speedup (may be NULL) gets the search's
 // estimate (0 when nothing was searched). No-op for other methods.
-int sd_method_prepare(sd_method *m, const sd_method_env *env, double *speedup, char *err, size_t errlen);
+SD_API int sd_method_prepare(sd_method *m, const sd_method_env *env, double *speedup, char *err, size_t errlen);
 // Builds the drafter of m (*out = NULL for ar). Returns 0, or <0 with a
 // message (no draft model for a draft-model method, vocabulary mismatch, ...).
-int sd_method_make(const sd_method *m, const sd_method_env *env, sd_drafter **out, char *err, size_t errlen);
+SD_API int sd_method_make(const sd_method *m, const sd_method_env *env, sd_drafter **out, char *err, size_t errlen);
 // Tree nodes a step of m asks for by default with n_drafts draft models
 // (merged trees add up), root included.
-int sd_method_default_nodes(const sd_method *m, int n_drafts);
+SD_API int sd_method_default_nodes(const sd_method *m, int n_drafts);
 // The accepted syntax, one line, for help texts.
-const char *sd_methods_syntax(void);
+SD_API const char *sd_methods_syntax(void);
 
 // What is loaded beside the target, for planning a method.
 typedef struct sd_method_have {
@@ -355,7 +357,7 @@ typedef struct sd_method_plan {
     int auto_nodes;      // automatic trees: the most nodes, root included (the cost curve's range); 0: none
     int uses_drafts;     // 1: some part drafts with the draft models
     int uses_ngram;      // 1: some part drafts by n-gram lookup (what a datastore feeds)
-    int needs_head;      // SD_METHOD_EAGLE3, SD_METHOD_MEDUSA, or 0
+    sd_head_type needs_head; // SD_HEAD_EAGLE3, SD_HEAD_MEDUSA, or SD_HEAD_NONE
     int uses_cost_curve; // 1: building it needs the target's cost curve (sd_method_env.cost)
 } sd_method_plan;
 // Plans m for what h says is loaded. Returns 0, or <0 with a message:
@@ -363,16 +365,16 @@ typedef struct sd_method_plan {
 // 'chain:4' needs a draft model") or the limits are invalid; SD_ERR_NO_ROOM
 // when its draft-model tree does not fit h->max_nodes or h->n_batch (p is
 // then filled, so that a program can word the message with its own flags).
-int sd_method_plan_make(const sd_method *m, const sd_method_have *h, sd_method_plan *p, char *err, size_t errlen);
+SD_API int sd_method_plan_make(const sd_method *m, const sd_method_have *h, sd_method_plan *p, char *err, size_t errlen);
 // The default method for what is loaded: "ngram:3-8/eagle3:auto" with an
 // EAGLE-3 head, "chain:4" with draft models, else "ngram:3-8". The method
 // 'auto' drafts as this default.
-const char *sd_method_default(const sd_method_have *h);
+SD_API const char *sd_method_default(const sd_method_have *h);
 // Parses "W1,W2,..." (sep ',') or "W1-W2-..." (sep '-') into at most max
 // positive integers in [lo, hi], as method arguments are parsed; flag names
 // the option in messages ("--tree: expected comma-separated positive
 // integers, got '4,x'"). Returns the count, or <0 with a message.
-int sd_parse_ints(const char *flag, const char *s, char sep, int *out, int max, int lo, int hi, char *err,
+SD_API int sd_parse_ints(const char *flag, const char *s, char sep, int *out, int max, int lo, int hi, char *err,
                   size_t errlen);
 
 // ---------------------------------------------------------------- generation
@@ -384,7 +386,7 @@ enum sd_finish {
     SD_FINISH_STOPPED = 3,  // stop requested (sd_gen_stop, sd_gen_cut)
 };
 // "none", "length", "eog", "ctx", "stopped".
-const char *sd_finish_name(int finish);
+SD_API const char *sd_finish_name(int finish);
 
 typedef struct sd_gen_params {
     int n_predict;    // most tokens to generate (EOG included); <= 0: until EOG or full context. default 256
@@ -397,7 +399,7 @@ typedef struct sd_gen_params {
                       // successive generations draft independently (a fixed seed reused over many
                       // generations makes their drafts correlated, never their single outputs wrong)
 } sd_gen_params;
-sd_gen_params sd_gen_default_params(void);
+SD_API sd_gen_params sd_gen_default_params(void);
 
 #define SD_SPEC_MAX_DEPTH 64   // depths tracked by the acceptance statistics
 
@@ -411,7 +413,7 @@ typedef struct sd_step {
     int n_aux;              // auxiliary batch nodes beside the tree (lookahead)
     double draft_ms;        // time in the drafter this step (propose and the previous accept)
     double verify_ms;       // target forward + verification + commit
-    int finish;             // SD_FINISH_NONE, or why the generation ended with this step
+    enum sd_finish finish;  // SD_FINISH_NONE, or why the generation ended with this step
 } sd_step;
 
 // Totals over a generation.
@@ -421,7 +423,7 @@ typedef struct sd_gen_stats {
     double prompt_ms;          // wall time of prefill (ms)
     double generate_ms;        // wall time from the end of prefill to the end of the last step (ms)
     double tokens_per_second;  // n_generated / generate_ms * 1000 (0 if nothing was generated)
-    int finish;                // enum sd_finish
+    enum sd_finish finish;
     int n_target_forwards;     // target forwards of steps (the first token needs none)
     int n_draft_nodes;         // draft nodes proposed in total (roots excluded)
     int n_draft_accepted;      // draft tokens accepted in total
@@ -446,14 +448,14 @@ typedef struct sd_gen sd_gen;
 // seed S gives the text of seed S, with or without a drafter.
 // Nothing is owned: s, smp and d
 // must outlive the generation. Allocates everything its steps need.
-int sd_gen_new(sd_gen **out, sd_session *s, sd_sampler *smp, sd_drafter *d, const sd_gen_params *p,
+SD_API int sd_gen_new(sd_gen **out, sd_session *s, sd_sampler *smp, sd_drafter *d, const sd_gen_params *p,
                char *err, size_t errlen);
-void sd_gen_free(sd_gen *g);
+SD_API void sd_gen_free(sd_gen *g);
 // Evaluates n prompt tokens after the session's committed tokens (in chunks
 // of n_batch) and samples nothing yet. Once per generation. Errors: empty
 // prompt, prompt longer than the free context (the message gives both
 // lengths), forward errors.
-int sd_gen_prefill(sd_gen *g, const int32_t *prompt, int n, char *err, size_t errlen);
+SD_API int sd_gen_prefill(sd_gen *g, const int32_t *prompt, int n, char *err, size_t errlen);
 // As sd_gen_prefill for a prompt whose first n_cached tokens the session
 // already holds as its committed rows (n_past == n_cached; a server slot
 // that kept the prefix its previous request shares with this one): only
@@ -464,7 +466,7 @@ int sd_gen_prefill(sd_gen *g, const int32_t *prompt, int n, char *err, size_t er
 // evaluated: the first token is sampled from its logits), n_cached > 0 not
 // equal to the session's n_past, the prompt longer than the context.
 // stats.n_prompt_tokens counts the evaluated tokens only.
-int sd_gen_prefill_cached(sd_gen *g, const int32_t *prompt, int n, int n_cached, char *err, size_t errlen);
+SD_API int sd_gen_prefill_cached(sd_gen *g, const int32_t *prompt, int n, int n_cached, char *err, size_t errlen);
 // The prompt as steps: gives the generation its prompt (the same checks and
 // n_cached as sd_gen_prefill_cached) without evaluating it. The following
 // steps then evaluate it, a chunk each, through the same begin / forward /
@@ -474,46 +476,46 @@ int sd_gen_prefill_cached(sd_gen *g, const int32_t *prompt, int n, int n_cached,
 // them), end commits it and hands the drafter its rows; such a step emits
 // no token. A scheduler so batches prompt chunks with other generations'
 // steps. sd_gen_prefill(_cached) is this and a loop of such steps.
-int sd_gen_set_prompt(sd_gen *g, const int32_t *prompt, int n, int n_cached, char *err, size_t errlen);
+SD_API int sd_gen_set_prompt(sd_gen *g, const int32_t *prompt, int n, int n_cached, char *err, size_t errlen);
 // Prompt tokens the next steps still evaluate (0 once the prompt is in the cache).
-int sd_gen_prompt_left(const sd_gen *g);
+SD_API int sd_gen_prompt_left(const sd_gen *g);
 // One step (see the top of this file). The first step after prefill emits the
 // token sampled from the prompt's logits without a forward. Returns 0 with
 // *st filled (st->finish says whether the generation ended), or <0 with a
 // message. A step on an ended generation returns 0 with no tokens.
-int sd_gen_step(sd_gen *g, sd_step *st, char *err, size_t errlen);
+SD_API int sd_gen_step(sd_gen *g, sd_step *st, char *err, size_t errlen);
 // The phases of sd_gen_step, for a scheduler batching several generations.
 // begin drafts and returns in *b the batch to evaluate on the generation's
 // session (valid until end): a prompt chunk while the prompt is not all
 // evaluated (sd_gen_set_prompt), else the tree; *b->n == 0 means no forward
 // is needed (the first step, or an ended generation). The caller evaluates it
 // (sd_session_forward), then calls end.
-int sd_gen_step_begin(sd_gen *g, sd_batch *b, char *err, size_t errlen);
-int sd_gen_step_end(sd_gen *g, sd_step *st, char *err, size_t errlen);
+SD_API int sd_gen_step_begin(sd_gen *g, sd_batch *b, char *err, size_t errlen);
+SD_API int sd_gen_step_end(sd_gen *g, sd_step *st, char *err, size_t errlen);
 // Caps the tree of the next steps at max_nodes nodes, root included (1: no
 // drafting; 0: no cap beyond sd_gen_params.max_nodes), e.g. a scheduler
 // that shares one forward among several generations. The text does not
 // change: only what the drafter may propose.
-void sd_gen_set_step_limit(sd_gen *g, int max_nodes);
+SD_API void sd_gen_set_step_limit(sd_gen *g, int max_nodes);
 // Asks the generation to stop: the next step emits nothing and ends with
 // SD_FINISH_STOPPED. Safe from a signal handler or another thread.
-void sd_gen_stop(sd_gen *g);
+SD_API void sd_gen_stop(sd_gen *g);
 // Ends the generation after the first n_keep tokens of the last step (e.g. a
 // stop string matched inside it): the rest are removed from the text and the
 // session's cache, finish becomes SD_FINISH_STOPPED (the statistics count
 // only kept tokens).
-int sd_gen_cut(sd_gen *g, int n_keep, char *err, size_t errlen);
+SD_API int sd_gen_cut(sd_gen *g, int n_keep, char *err, size_t errlen);
 // The committed text: prompt (this prefill's) and every emitted token.
-const int32_t *sd_gen_tokens(const sd_gen *g, int *n);
-const sd_gen_stats *sd_gen_get_stats(const sd_gen *g);
-int sd_gen_finished(const sd_gen *g);   // the finish reason, SD_FINISH_NONE while running
+SD_API const int32_t *sd_gen_tokens(const sd_gen *g, int *n);
+SD_API const sd_gen_stats *sd_gen_get_stats(const sd_gen *g);
+SD_API int sd_gen_finished(const sd_gen *g);   // the finish reason, SD_FINISH_NONE while running
 
 // Convenience loops over the step API: prefill, then steps until the end,
 // calling cb once per emitted token in order (a non-zero return stops
 // generation after that token, SD_FINISH_STOPPED, the cache cut there as
 // plain decoding would hold it). d NULL: plain decoding. stats may be NULL.
 typedef int (*sd_token_cb)(int32_t token, void *user);
-int sd_generate(sd_session *s, sd_sampler *smp, sd_drafter *d, const int32_t *prompt, int n_prompt,
+SD_API int sd_generate(sd_session *s, sd_sampler *smp, sd_drafter *d, const int32_t *prompt, int n_prompt,
                 const sd_gen_params *p, sd_token_cb cb, void *user, sd_gen_stats *stats, char *err,
                 size_t errlen);
 

@@ -31,7 +31,7 @@ extern "C" {
 #endif
 
 // Head types (the values of the head files' types).
-enum sd_train_head_type { SD_TRAIN_EAGLE3 = 1, SD_TRAIN_MEDUSA = 2 };
+// The head kind trained: sd_head_type (include/specdec.h), SD_HEAD_EAGLE3 or SD_HEAD_MEDUSA.
 // Types of the saved head's matrices (norm gains and biases are always F32).
 enum sd_train_out_type { SD_TRAIN_OUT_Q8_0 = 0, SD_TRAIN_OUT_F16 = 1, SD_TRAIN_OUT_F32 = 2 };
 
@@ -75,7 +75,7 @@ typedef void (*sd_train_progress_fn)(void *user, const sd_train_progress *p);
 typedef struct sd_train_head_params {
     const char *model_path;     // target GGUF; ignored when model is set
     const sd_model *model;      // a loaded target, or NULL: model_path is loaded
-    int type;                   // enum sd_train_head_type; default SD_TRAIN_EAGLE3
+    sd_head_type type;          // default SD_HEAD_EAGLE3
     const char *const *data_paths;  // (n_data) JSON-lines corpora, read in order (docs/heads.md, "Training")
     int n_data;
     const char *cache_dir;      // feature cache directory; NULL = OUT.cache (out_path + ".cache")
@@ -113,7 +113,7 @@ typedef struct sd_train_head_params {
     sd_train_progress_fn progress;  // NULL: none
     void *user;
 } sd_train_head_params;
-sd_train_head_params sd_train_head_default_params(void);
+SD_API sd_train_head_params sd_train_head_default_params(void);
 
 typedef struct sd_train_head_result {
     int stopped;                // stopped by the flag: 1 while training (a checkpoint holds the run, no head
@@ -139,7 +139,7 @@ typedef struct sd_train_head_result {
 // (FILE:LINE), a cache, checkpoint or head made for another target or with
 // other settings (saying what differs), a write error (a full disk: the
 // previous checkpoint stays), ... res may be NULL.
-int sd_train_head(const sd_train_head_params *p, sd_train_head_result *res, char *err, size_t errlen);
+SD_API int sd_train_head(const sd_train_head_params *p, sd_train_head_result *res, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

@@ -436,7 +436,7 @@ static int gen_plan_method(const gen_opts *o, gen_plan *p) {
     if (prc < 0)
         return cli_error("generate: %s: %s%s", p->flag, err,
                          p->m.needs_draft_model && !o->n_drafts ? " (--draft D.gguf)"
-                         : p->m.needs_head == SD_METHOD_EAGLE3 && !o->head ? " (--head H.gguf or --head auto)"
+                         : p->m.needs_head == SD_HEAD_EAGLE3 && !o->head ? " (--head H.gguf or --head auto)"
                                                                             : "");
     p->spec = p->pl.spec;
     if (o->method && o->head && !p->m.needs_head && p->m.kind != SD_METHOD_AUTO)
@@ -458,7 +458,7 @@ static int gen_validate(gen_opts *o, gen_plan *p) {
         return cli_error("--max-nodes %d is larger than the batch size (-b %d)", o->max_nodes, o->n_batch);
     if (gen_plan_method(o, p)) return 1;
     if (o->save_head && !o->head_online) return cli_error("generate: --save-head needs --head-online");
-    if (o->head_online && (!o->head || !p->spec || (p->m.needs_head != SD_METHOD_EAGLE3 && p->m.kind != SD_METHOD_AUTO)))
+    if (o->head_online && (!o->head || !p->spec || (p->m.needs_head != SD_HEAD_EAGLE3 && p->m.kind != SD_METHOD_AUTO)))
         return cli_error("generate: --head-online needs an EAGLE-3 head drafting (--head H.gguf)");
     const int skip_auto = p->m.kind == SD_METHOD_SKIP && !strcmp(p->m.skip_list, "auto");
     if ((o->save_skip || o->load_skip) && !skip_auto)

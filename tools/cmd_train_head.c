@@ -26,8 +26,8 @@ typedef struct th_opts {
 } th_opts;
 
 static int parse_type(const char *flag, const char *v, void *dst) {
-    if (!strcmp(v, "eagle3")) *(int *)dst = SD_TRAIN_EAGLE3;
-    else if (!strcmp(v, "medusa")) *(int *)dst = SD_TRAIN_MEDUSA;
+    if (!strcmp(v, "eagle3")) *(int *)dst = SD_HEAD_EAGLE3;
+    else if (!strcmp(v, "medusa")) *(int *)dst = SD_HEAD_MEDUSA;
     else return cli_error("%s: expected eagle3 or medusa, got '%s'", flag, v), -1;
     return 0;
 }
@@ -331,7 +331,7 @@ int cmd_train_head(int argc, char **argv) {
     char t[32];
     fmt_time(res.train_seconds, t, sizeof t);
     printf("wrote %s: %s head, draft vocabulary %d (%.1f%% of the target's argmax), %lld steps, %lld tokens, %s",
-           o.out_path, o.type == SD_TRAIN_EAGLE3 ? "eagle3" : "medusa", res.draft_vocab, 100.0 * res.coverage,
+           o.out_path, o.type == SD_HEAD_EAGLE3 ? "eagle3" : "medusa", res.draft_vocab, 100.0 * res.coverage,
            (long long)res.step, (long long)res.tokens, t);
     if (res.eval_tokens) {
         printf("; held back: loss %.3f, agreement", res.eval_loss);

@@ -62,9 +62,9 @@ int sd_method_plan_make(const sd_method *m, const sd_method_have *h, sd_method_p
     }
     if (m->needs_draft_model && h->n_drafts <= 0)
         return sd_err(err, errlen, "method '%s' needs a draft model", m->name);
-    if (m->needs_head == SD_METHOD_EAGLE3 && !h->eagle3_head)
+    if (m->needs_head == SD_HEAD_EAGLE3 && !h->eagle3_head)
         return sd_err(err, errlen, "method '%s' needs an EAGLE-3 head", m->name);
-    if (m->needs_head == SD_METHOD_MEDUSA && !h->medusa_head)
+    if (m->needs_head == SD_HEAD_MEDUSA && !h->medusa_head)
         return sd_err(err, errlen, "method '%s' needs a Medusa head", m->name);
     p->auto_nodes = h->max_nodes > 0 ? SD_MIN(h->max_nodes, SD_METHOD_AUTO_NODES) : SD_METHOD_AUTO_NODES;
     scan_parts(m, h, p->auto_nodes, p);

@@ -629,7 +629,8 @@ int sd_method_parse(const char *s, sd_method *m, char *err, size_t errlen) {
     m->tree_nodes = 1;
     for (int i = 0; i < n; i++) {
         m->needs_draft_model |= parts[i].needs_draft_model;
-        if (parts[i].kind == SD_METHOD_EAGLE3 || parts[i].kind == SD_METHOD_MEDUSA) m->needs_head = parts[i].kind;
+        if (parts[i].kind == SD_METHOD_EAGLE3) m->needs_head = SD_HEAD_EAGLE3;
+        if (parts[i].kind == SD_METHOD_MEDUSA) m->needs_head = SD_HEAD_MEDUSA;
         m->uses_cost_curve |= cfg_uses_auto(&parts[i]);
         m->uses_ngram |= parts[i].kind == SD_METHOD_NGRAM || parts[i].kind == SD_METHOD_AUTO;
         if (first) m->tree_nodes = SD_MAX(m->tree_nodes, parts[i].tree_nodes);   // one part's tree a step

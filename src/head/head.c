@@ -237,6 +237,8 @@ int sd_head_check_target(const sd_head *h, const sd_model *m, char *err, size_t 
 
 const char *sd_head_type_name(const sd_head *h) { return h->hp.type == SD_HEAD_MEDUSA ? "medusa" : "eagle3"; }
 
+sd_head_type sd_head_get_type(const sd_head *h) { return h->hp.type == SD_HEAD_MEDUSA ? SD_HEAD_MEDUSA : SD_HEAD_EAGLE3; }
+
 int sd_head_describe(const sd_head *h, char *buf, size_t len) {
     const sd_head_hp *hp = &h->hp;
     char facts[256] = "";

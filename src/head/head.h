@@ -12,13 +12,13 @@
 #include "specdec.h"
 #include "specdec_spec.h"
 
-enum sd_head_type { SD_HEAD_EAGLE3 = 1, SD_HEAD_MEDUSA = 2 };
+// (enum sd_head_type: include/specdec.h)
 
 #define SD_HEAD_MAX_TENSORS 64
 #define SD_HEAD_MAX_MEDUSA 8
 
 typedef struct sd_head_hp {
-    int type;                // enum sd_head_type
+    sd_head_type type;       // SD_HEAD_EAGLE3 or SD_HEAD_MEDUSA
     // The head's own shape. EAGLE-3: one decoder layer of width n_embd whose
     // Q/K/V read 2*n_embd inputs. Medusa: n_medusa residual blocks of width n_embd.
     int n_embd;              // == the target's n_embd (the heads read its states directly)

@@ -38,6 +38,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "specdec.h"   // sd_backend_select, sd_backend_name are public (SD_API)
 
 // K-quant functions (src/kernels/quant_k.c).
 extern void sd_q4_K_to_float(const void *src, float *dst, int64_t n);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "specdec_spec.h"   // sd_tree_add is public (SD_API)
 #include "runtime/race.h"
 
 int sd_tree_init(sd_tree *t, int cap, int n_vocab, int n_dist_cap) {

@@ -13,7 +13,7 @@
 sd_train_head_params sd_train_head_default_params(void) {
     sd_train_head_params p;
     memset(&p, 0, sizeof p);
-    p.type = SD_TRAIN_EAGLE3;
+    p.type = SD_HEAD_EAGLE3;
     p.out_type = SD_TRAIN_OUT_Q8_0;
     p.draft_vocab = 8192;
     p.ttt_steps = 3;
@@ -79,7 +79,7 @@ static void on_cache(void *user, const sd_cache_progress *cp) {
 static int resolve(loop_run *r, const sd_train_head_params *p, char *err, size_t errlen) {
     r->P = *p;
     sd_train_head_params *P = &r->P;
-    if (P->type != SD_TRAIN_EAGLE3 && P->type != SD_TRAIN_MEDUSA)
+    if (P->type != SD_HEAD_EAGLE3 && P->type != SD_HEAD_MEDUSA)
         return sd_err(err, errlen, "unknown head type %d (eagle3 or medusa)", P->type);
     if (!P->model && !P->model_path) return sd_err(err, errlen, "no target model given");
     if (P->n_data < 1 || !P->data_paths) return sd_err(err, errlen, "no training data given (--data FILE.jsonl)");
@@ -87,7 +87,7 @@ static int resolve(loop_run *r, const sd_train_head_params *p, char *err, size_t
     if (P->out_type < SD_TRAIN_OUT_Q8_0 || P->out_type > SD_TRAIN_OUT_F32)
         return sd_err(err, errlen, "unknown output type %d", P->out_type);
     if (P->draft_vocab < 1) return sd_err(err, errlen, "draft vocabulary of %d tokens", P->draft_vocab);
-    if (P->head_ff < 0 || (P->head_ff > 0 && P->type != SD_TRAIN_EAGLE3))
+    if (P->head_ff < 0 || (P->head_ff > 0 && P->type != SD_HEAD_EAGLE3))
         return sd_err(err, errlen, "a feed-forward width (--ff %d) is for a new EAGLE-3 head", P->head_ff);
     if (P->ttt_steps < 1 || P->ttt_steps > SD_TRAIN_MAX_K)
         return sd_err(err, errlen, "%d training-time-test steps (1..%d)", P->ttt_steps, SD_TRAIN_MAX_K);
@@ -129,7 +129,7 @@ static int plan_head(loop_run *r, sd_head_hp *hp, char *err, size_t errlen) {
         if (hp->type != P->type)
             return sd_err(err, errlen, "the checkpoint %s trains %s head, not %s one", r->ckpt_path,
                           hp->type == SD_HEAD_EAGLE3 ? "an EAGLE-3" : "a Medusa",
-                          P->type == SD_TRAIN_EAGLE3 ? "an EAGLE-3" : "a Medusa");
+                          P->type == SD_HEAD_EAGLE3 ? "an EAGLE-3" : "a Medusa");
         int dv = SD_MIN(P->draft_vocab, r->m->hp.n_vocab);
         if (!P->init_path && hp->type == SD_HEAD_EAGLE3 && P->head_ff > 0 && hp->n_ff != P->head_ff)
             return sd_err(err, errlen, "the checkpoint %s has a feed-forward width of %d; this run asks for %d",
@@ -149,8 +149,8 @@ static int plan_head(loop_run *r, sd_head_hp *hp, char *err, size_t errlen) {
     }
     *hp = sd_head_default_hp(r->m, P->type);
     hp->n_draft_vocab = SD_MIN(P->draft_vocab, r->m->hp.n_vocab);
-    if (P->type == SD_TRAIN_MEDUSA) hp->n_medusa = P->n_medusa;
-    if (P->type == SD_TRAIN_EAGLE3 && P->head_ff > 0) hp->n_ff = P->head_ff;
+    if (P->type == SD_HEAD_MEDUSA) hp->n_medusa = P->n_medusa;
+    if (P->type == SD_HEAD_EAGLE3 && P->head_ff > 0) hp->n_ff = P->head_ff;
     return 0;
 }
 

@@ -466,7 +466,7 @@ static void test_medusa_greedy_lossless(void) {
         g_medusa = NULL;
         sd_method me;
         CHECK(sd_method_parse("medusa:2-2-2-2-2-2-2-2-2", &me, g_err, sizeof g_err) < 0, "9 widths accepted");
-        CHECK(sd_method_parse("medusa:3-2", &me, g_err, sizeof g_err) == 0 && me.needs_head == SD_METHOD_MEDUSA, "%s", g_err);
+        CHECK(sd_method_parse("medusa:3-2", &me, g_err, sizeof g_err) == 0 && me.needs_head == SD_HEAD_MEDUSA, "%s", g_err);
         sd_method_env env = sd_method_env_default(m);
         sd_drafter *d = NULL;
         CHECK(sd_method_make(&me, &env, &d, g_err, sizeof g_err) < 0 && strstr(g_err, "Medusa head"), "%s", g_err);
@@ -515,7 +515,7 @@ static void test_shipped_head(void) {
 static void test_method_errors(void) {
     sd_method me;
     CHECK(sd_method_parse("eagle3:chain:4", &me, g_err, sizeof g_err) == 0 && me.kind == SD_METHOD_EAGLE3 &&
-              me.needs_head == SD_METHOD_EAGLE3 && !me.needs_draft_model && me.tree_nodes == 5,
+              me.needs_head == SD_HEAD_EAGLE3 && !me.needs_draft_model && me.tree_nodes == 5,
           "eagle3:chain:4: %s", g_err);
     CHECK(sd_method_parse("eagle3:auto", &me, g_err, sizeof g_err) == 0 && me.uses_cost_curve, "eagle3:auto");
     CHECK(sd_method_parse("eagle3:wide", &me, g_err, sizeof g_err) < 0 && strstr(g_err, "eagle3:SHAPE"), "%s", g_err);
@@ -523,7 +523,7 @@ static void test_method_errors(void) {
     CHECK(sd_method_parse("eagle3:chain:4+ngram:3-8", &me, g_err, sizeof g_err) < 0 && strstr(g_err, "merged"), "%s",
           g_err);
     CHECK(sd_method_parse("ngram:3-8/eagle3:chain:2", &me, g_err, sizeof g_err) == 0 && me.kind == SD_METHOD_FIRST &&
-              me.needs_head == SD_METHOD_EAGLE3 && me.tree_nodes == 33,
+              me.needs_head == SD_HEAD_EAGLE3 && me.tree_nodes == 33,
           "fallback: %s (kind %d, %d nodes)", g_err, me.kind, me.tree_nodes);
     CHECK(sd_method_parse("eagle3:chain:2/ngram:3-8", &me, g_err, sizeof g_err) < 0 && strstr(g_err, "last"), "%s",
           g_err);

@@ -464,8 +464,8 @@ static void test_method_strings(void) {
             CHECK(g_err[0] && strstr(g_err, "method"), "'%s': unclear message '%s'", cases[i].s, g_err);
             continue;
         }
-        CHECK(m.kind == cases[i].kind && m.tree_nodes == cases[i].nodes, "'%s': kind %d nodes %d, want %d %d",
-              cases[i].s, m.kind, m.tree_nodes, cases[i].kind, cases[i].nodes);
+        CHECK((int)m.kind == cases[i].kind && m.tree_nodes == cases[i].nodes, "'%s': kind %d nodes %d, want %d %d",
+              cases[i].s, (int)m.kind, m.tree_nodes, cases[i].kind, cases[i].nodes);
     }
     sd_method m;
     CHECK(sd_method_parse("chain:4+ngram:3-8", &m, g_err, sizeof g_err) == 0, "%s", g_err);
@@ -480,7 +480,7 @@ static void test_method_strings(void) {
           "automatic tree without a cost curve: '%s'", g_err);
     sd_method ms[8];
     int n = sd_methods_parse("ngram:3-8,chain:2", ms, 8, g_err, sizeof g_err);
-    CHECK(n == 3 && ms[0].kind == SD_METHOD_AR, "list: %d methods, first kind %d", n, n > 0 ? ms[0].kind : -1);
+    CHECK(n == 3 && ms[0].kind == SD_METHOD_AR, "list: %d methods, first kind %d", n, n > 0 ? (int)ms[0].kind : -1);
     CHECK(sd_methods_parse("ngram:3-8,ngram:3-8", ms, 8, g_err, sizeof g_err) < 0 && strstr(g_err, "twice"),
           "duplicate: '%s'", g_err);
 }

@@ -232,7 +232,7 @@ static void test_refusals(void) {
           "other settings: %s", g_err);
     q = p;
     q.resume = 1;
-    q.type = SD_TRAIN_MEDUSA;
+    q.type = SD_HEAD_MEDUSA;
     CHECK(sd_train_head(&q, NULL, g_err, sizeof g_err) < 0 && strstr(g_err, "EAGLE-3"), "other type: %s", g_err);
     q = p;
     CHECK(sd_train_head(&q, NULL, g_err, sizeof g_err) < 0 && strstr(g_err, "exists") && strstr(g_err, "--resume"),
@@ -292,7 +292,7 @@ static void test_head_ff(void) {
     CHECK(sd_train_head(&q, NULL, g_err, sizeof g_err) < 0 && strstr(g_err, "feed-forward width of 40"),
           "another width on resume: %s", g_err);
     q.resume = 0;
-    q.type = SD_TRAIN_MEDUSA;
+    q.type = SD_HEAD_MEDUSA;
     CHECK(sd_train_head(&q, NULL, g_err, sizeof g_err) < 0 && strstr(g_err, "--ff 48"), "--ff for Medusa: %s", g_err);
     sd_model_free(m);
 }
@@ -369,7 +369,7 @@ static void test_medusa_run(void) {
     char cache[512];
     tf_path(cache, sizeof cache, "medusa.cache");
     p.cache_dir = cache;
-    p.type = SD_TRAIN_MEDUSA;
+    p.type = SD_HEAD_MEDUSA;
     p.n_medusa = 2;
     p.out_type = SD_TRAIN_OUT_Q8_0;
     sd_train_head_result r;

@@ -33,8 +33,8 @@ static int prepare_method(sv_server *s, const char *name) {
     if (sd_method_plan_make(m, &s->have, &s->def_plan, err, sizeof err) < 0)
         return cli_error("--method: %s%s", err,
                          m->needs_draft_model ? " (--draft D.gguf)"
-                         : m->needs_head == SD_METHOD_EAGLE3 ? " (--head H.gguf or --head auto)"
-                         : m->needs_head == SD_METHOD_MEDUSA ? " (--head M.gguf)" : "");
+                         : m->needs_head == SD_HEAD_EAGLE3 ? " (--head H.gguf or --head auto)"
+                         : m->needs_head == SD_HEAD_MEDUSA ? " (--head M.gguf)" : "");
     sd_method_env env = sv_method_env(s);
     env.report = on_report;
     if (m->uses_cost_curve) {
@@ -91,7 +91,7 @@ static int load_heads(sv_server *s) {
         if (cli_head_load(s->o->heads[i], s->model, s->o->model, 0, &s->heads[i])) return 1;
         if (!s->heads[i]) continue;
         const char *type = sd_head_type_name(s->heads[i]);
-        const sd_head **slot = !strcmp(type, "medusa") ? &s->head_medusa : &s->head_eagle3;
+        const sd_head **slot = sd_head_get_type(s->heads[i]) == SD_HEAD_MEDUSA ? &s->head_medusa : &s->head_eagle3;
         if (*slot) return cli_error("--head: two %s heads given (one EAGLE-3 and one Medusa head at most)", type);
         *slot = s->heads[i];
         char desc[512];

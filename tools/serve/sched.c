@@ -19,8 +19,8 @@
 // What the server can load for a missing prerequisite of m, for messages.
 static const char *serve_hint(const sd_method *m) {
     return m->needs_draft_model        ? "start the server with --draft D.gguf"
-           : m->needs_head == SD_METHOD_EAGLE3 ? "start the server with --head H.gguf (or --head auto)"
-           : m->needs_head == SD_METHOD_MEDUSA ? "start the server with --head M.gguf"
+           : m->needs_head == SD_HEAD_EAGLE3 ? "start the server with --head H.gguf (or --head auto)"
+           : m->needs_head == SD_HEAD_MEDUSA ? "start the server with --head M.gguf"
                                                 : "";
 }
 
