@@ -774,38 +774,3 @@ int sd_method_default_nodes(const sd_method *m, int n_drafts) {
     }
     return total > (1 << 20) ? 1 << 20 : (int)total;
 }
-
-// ---------------------------------------------------------------- cost curve
-int sd_cost_curve_new(sd_cost_curve **out, sd_session *s, int max_nodes, char *err, size_t errlen) {
-    // dense where the curve bends (a few rows cost about one), sparse beyond,
-    // 2 reps: Qwen2.5-Coder-1.5B measures in ~3 s (it took ~10 with 3 reps
-    // and 12, 24 as well, before a generation could start)
-    static const int all[] = {1, 2, 3, 4, 6, 8, 16, 32, 64, 128};
-    int ns[sizeof all / sizeof all[0]], n = 0;
-    *out = NULL;
-    for (int i = 0; i < (int)(sizeof all / sizeof all[0]) && all[i] <= max_nodes; i++) ns[n++] = all[i];
-    if (n == 0) ns[n++] = 1;
-    sd_cost_curve *c = malloc(sizeof *c);
-    if (!c) return snprintf(err, errlen, "out of memory"), -1;
-    sd_cost_curve_init(c);
-    if (sd_cost_curve_measure(c, s, ns, n, 2, 0.0, err, errlen) < 0) {
-        free(c);
-        return -1;
-    }
-    if (c->n_points < 1) {
-        free(c);
-        return snprintf(err, errlen, "cannot measure the target's forward cost"), -1;
-    }
-    *out = c;
-    return 0;
-}
-
-void sd_cost_curve_free(sd_cost_curve *c) { free(c); }
-
-double sd_cost_curve_ms(const sd_cost_curve *c, int n) { return sd_cost_curve_verify_ms(c, n); }
-
-int sd_cost_curve_describe(const sd_cost_curve *c, char *buf, size_t len) {
-    if (!c || c->n_points < 1) return snprintf(buf, len, "no points");
-    return snprintf(buf, len, "%.2f ms at %d node%s, %.2f ms at %d nodes", c->ms[0], c->n[0], c->n[0] == 1 ? "" : "s",
-                    c->ms[c->n_points - 1], c->n[c->n_points - 1]);
-}

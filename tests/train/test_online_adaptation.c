@@ -299,7 +299,14 @@ static void test_online_thread(void) {
     // (1.15 over the first 4, 2.07 over the second half) when the thread keeps up.
     const double early = mean(t_online, 4), late = mean(t_online + N_GEN / 2, N_GEN / 2);
     printf("  mean tau: %.2f (first 4) -> %.2f (second half)\n", early, late);
-    CHECK(late > early + 0.3, "acceptance did not rise with the training thread: %.2f -> %.2f", early, late);
+    // On a host too busy for the thread to keep up, windows are dropped and the
+    // rise comes later: then only no fall is required (the deterministic test
+    // above checks the rise itself, independent of the host's speed).
+    if (os.n_dropped * 4 <= os.n_windows)
+        CHECK(late > early + 0.3, "acceptance did not rise with the training thread: %.2f -> %.2f", early, late);
+    else
+        CHECK(late >= early - 0.05, "acceptance fell with the training thread (%lld windows dropped): %.2f -> %.2f",
+              (long long)os.n_dropped, early, late);
     // Save waits for the window in training; the file loads.
     sd_head_free(save_and_load(d, "_t"));
     sd_drafter_free(d);
