@@ -1,7 +1,7 @@
-// sched.h - internal to the scheduler (sched.c: slots, steps, the thread;
-// prefill.c: prompts evaluated in chunks between the steps): a slot, the
-// scheduler's sizes, and the functions the two files share. Only the
-// scheduler thread touches slots (serve.h).
+// sched.h - internal to the scheduler (sched.c: the thread and the queue;
+// slots.c: a slot's life; rounds.c: a round's pass; prefill.c: the prompt
+// chunks): a slot, the scheduler's sizes, and the functions the files
+// share. Only the scheduler thread touches slots (serve.h).
 #ifndef SD_SERVE_SCHED_H
 #define SD_SERVE_SCHED_H
 
@@ -71,6 +71,22 @@ void sv_slot_finish(sv_server *s, sv_slot *sl, const char *error, int status);
 // sd_session_forward.
 // step: 1 for generation steps (counted in the pass metrics).
 void sv_forward_many(sv_server *s, int n, char (*errs)[256], int step);
+
+// slots.c
+// Starts a STARTING slot's request: prefix reuse, drafter, sampler, the
+// generation and its prompt (the slot is then PROMPT), or finishes it with
+// an error.
+void sv_slot_start(sv_server *s, sv_slot *sl);
+// Tokens a[0..) and b[0..) share at the start.
+int sv_common_prefix(const int32_t *a, int na, const int32_t *b, int nb);
+// The tokens of step st go to the slot's request (stop strings cut the
+// generation; text is released at UTF-8 boundaries). 0, or -1 with a message.
+int sv_slot_emit(sv_server *s, sv_slot *sl, const sd_step *st, char *err, size_t errlen);
+
+// rounds.c
+// One round: every stepping slot drafts, the planned prompt chunks join, one
+// pass evaluates all, every slot verifies and emits.
+void sv_round_step(sv_server *s);
 
 // prefill.c
 // Plans this round's prompt chunks into pf_len (s->n_slots); returns the
