@@ -479,6 +479,28 @@ SD_API int sd_gen_prefill_cached(sd_gen *g, const int32_t *prompt, int n, int n_
 SD_API int sd_gen_set_prompt(sd_gen *g, const int32_t *prompt, int n, int n_cached, char *err, size_t errlen);
 // Prompt tokens the next steps still evaluate (0 once the prompt is in the cache).
 SD_API int sd_gen_prompt_left(const sd_gen *g);
+// A generation's state between steps -- its text (prompt and tokens so far),
+// how far its prompt got, the token count, the race draw's key, the prompt's
+// last logits while the first token is pending, and its session's state
+// (sd_session_state_*) -- as bytes, so that a generation can be suspended,
+// moved, or resumed after a reconnect. Loaded into a fresh generation
+// (sd_gen_new on a session of the same model whose context fits the text,
+// with the same sampling parameters and n_predict, no prompt given), it
+// continues with exactly the tokens the saved one would have produced:
+// greedy, and sampled with the race draw (the rejection draw continues from
+// the sampler's own state, which is the caller's). The drafter is reset on
+// load and picks the text up as it drafts: its own state (a head's cache,
+// what it learnt) is not part of the state, so its first drafts may be
+// accepted less often; the output is the same.
+SD_API size_t sd_gen_state_size(const sd_gen *g);
+// Returns the bytes written, or SD_ERR_INPUT (no prompt yet, inside a step,
+// buffer too small) with a message.
+SD_API int sd_gen_state_save(const sd_gen *g, void *buf, size_t size, char *err, size_t errlen);
+// 0, or SD_ERR_INPUT (not a state, another version or vocabulary, corrupt,
+// truncated, g not fresh), SD_ERR_NO_ROOM (the text does not fit this
+// generation's context), SD_ERR_OOM; on error g is as before (its session
+// may have been emptied) and another state can be loaded.
+SD_API int sd_gen_state_load(sd_gen *g, const void *buf, size_t size, char *err, size_t errlen);
 // One step (see the top of this file). The first step after prefill emits the
 // token sampled from the prompt's logits without a forward. Returns 0 with
 // *st filled (st->finish says whether the generation ended), or <0 with a

@@ -56,6 +56,7 @@ struct sd_gen {
     int prefilled;      // the whole prompt is evaluated
     int first_pending;  // the first token is still to be sampled from the prompt's logits
     int prompt_row;     // logits row of the last prompt token
+    float *first_logits;// (n_vocab) the prompt's last logits, restored with a state saved before the first token
     int finish;         // enum sd_finish
     atomic_int stop;    // sd_gen_stop was called
 
@@ -115,6 +116,7 @@ void sd_gen_free(sd_gen *g) {
     free(g->hid_out);
     free(g->hid_path);
     free(g->hid_prompt);
+    free(g->first_logits);
     if (g->tree_ok) sd_tree_free(&g->tree);
     free(g);
 }
@@ -426,7 +428,7 @@ static const float *batch_logits(void *st, int i) { return sd_session_logits((co
 
 // The first token, sampled from the prompt's logits (no forward).
 static int step_first(sd_gen *g, sd_step *st, char *err, size_t errlen) {
-    const float *lg = sd_session_logits(g->s, g->prompt_row);
+    const float *lg = g->first_logits ? g->first_logits : sd_session_logits(g->s, g->prompt_row);
     if (!lg) return sd_err(err, errlen, "generation: the prompt's logits are gone (a forward ran in between)");
     g->first_pending = 0;
     g->last_first = 1;
@@ -602,4 +604,113 @@ int sd_generate(sd_session *s, sd_sampler *smp, sd_drafter *d, const int32_t *pr
     if (stats) *stats = *sd_gen_get_stats(g);
     sd_gen_free(g);
     return rc;
+}
+
+// ---------------------------------------------------------------- state
+// Layout (little endian, 8-byte fields): magic "SDGS", version; n_seq,
+// n_prompt, pf_next, finish, first_pending, n_vocab; n_generated, the race
+// key, the session state's bytes; the text (n_seq int32, padded to 8); with
+// first_pending the prompt's last logits (n_vocab floats, padded); then the
+// session's state (sd_session_state_save).
+#define GS_MAGIC 0x53474453u   // "SDGS"
+#define GS_VERSION 1u
+#define GS_HEADER 64u
+
+static size_t gs_pad8(size_t n) { return (n + 7) & ~(size_t)7; }
+
+size_t sd_gen_state_size(const sd_gen *g) {
+    return GS_HEADER + gs_pad8(sizeof(int32_t) * (size_t)g->n_seq) +
+           (g->first_pending ? gs_pad8(sizeof(float) * (size_t)g->nv) : 0) + sd_session_state_size(g->s);
+}
+
+int sd_gen_state_save(const sd_gen *g, void *buf, size_t size, char *err, size_t errlen) {
+    if (!g->prompt_given) return sd_errc(SD_ERR_INPUT, err, errlen, "generation state: no prompt given yet");
+    if (g->in_step) return sd_errc(SD_ERR_INPUT, err, errlen, "generation state: saved inside a step (between begin and end)");
+    const size_t need = sd_gen_state_size(g), sess = sd_session_state_size(g->s);
+    if (!buf || size < need)
+        return sd_errc(SD_ERR_INPUT, err, errlen, "generation state: the buffer holds %zu bytes, the state needs %zu", size,
+                       need);
+    const float *lg = NULL;
+    if (g->first_pending) {
+        lg = g->first_logits ? g->first_logits : sd_session_logits(g->s, g->prompt_row);
+        if (!lg) return sd_errc(SD_ERR_INPUT, err, errlen, "generation state: the prompt's logits are gone");
+    }
+    uint8_t *o = buf;
+    memset(o, 0, GS_HEADER);
+    const uint32_t h[8] = {GS_MAGIC, GS_VERSION, (uint32_t)g->n_seq, (uint32_t)g->n_prompt, (uint32_t)g->pf_next,
+                           (uint32_t)(g->finish + 1), (uint32_t)g->first_pending, (uint32_t)g->nv};
+    const uint64_t q[3] = {(uint64_t)g->st.n_generated, g->rk.key, (uint64_t)sess};
+    memcpy(o, h, sizeof h);
+    memcpy(o + sizeof h, q, sizeof q);
+    o += GS_HEADER;
+    memcpy(o, g->seq, sizeof(int32_t) * (size_t)g->n_seq);
+    o += gs_pad8(sizeof(int32_t) * (size_t)g->n_seq);
+    if (lg) {
+        memcpy(o, lg, sizeof(float) * (size_t)g->nv);
+        o += gs_pad8(sizeof(float) * (size_t)g->nv);
+    }
+    int rc = sd_session_state_save(g->s, o, sess, err, errlen);
+    return rc < 0 ? rc : (int)SD_MIN(need, (size_t)INT32_MAX);
+}
+
+int sd_gen_state_load(sd_gen *g, const void *buf, size_t size, char *err, size_t errlen) {
+    if (g->prompt_given)
+        return sd_errc(SD_ERR_INPUT, err, errlen, "generation state: load it into a fresh generation (sd_gen_new, no prompt)");
+    const uint8_t *in = buf;
+    uint32_t h[8];
+    uint64_t q[3];
+    if (!buf || size < GS_HEADER)
+        return sd_errc(SD_ERR_INPUT, err, errlen, "generation state: %zu bytes is too short for a state", size);
+    memcpy(h, in, sizeof h);
+    memcpy(q, in + sizeof h, sizeof q);
+    if (h[0] != GS_MAGIC) return sd_errc(SD_ERR_INPUT, err, errlen, "generation state: not a generation state (bad magic)");
+    if (h[1] != GS_VERSION)
+        return sd_errc(SD_ERR_INPUT, err, errlen, "generation state: version %u, this build reads version %u", h[1],
+                       GS_VERSION);
+    const int n_seq = (int)h[2], n_prompt = (int)h[3], pf_next = (int)h[4], finish = (int)h[5] - 1, first = (int)h[6];
+    if (h[7] != (uint32_t)g->nv)
+        return sd_errc(SD_ERR_INPUT, err, errlen, "generation state: saved with a vocabulary of %u, this model's is %d",
+                       h[7], g->nv);
+    if (n_prompt < 1 || n_seq < n_prompt || pf_next < 0 || pf_next > n_prompt || finish < SD_FINISH_NONE ||
+        finish > SD_FINISH_STOPPED || first > 1 || (first && pf_next != n_prompt) || (pf_next < n_prompt && n_seq != n_prompt))
+        return sd_errc(SD_ERR_INPUT, err, errlen, "generation state: corrupt header");
+    if (n_seq > g->seq_cap - g->max_nodes - 1)
+        return sd_errc(SD_ERR_NO_ROOM, err, errlen, "generation state: %d tokens of text, but this generation's context "
+                       "is %d", n_seq, g->n_ctx);
+    const size_t text = gs_pad8(sizeof(int32_t) * (size_t)n_seq), lgs = first ? gs_pad8(sizeof(float) * (size_t)g->nv) : 0;
+    if (size != GS_HEADER + text + lgs + q[2])
+        return sd_errc(SD_ERR_INPUT, err, errlen, "generation state: %zu bytes where the header says %zu (truncated or "
+                       "corrupt)", size, (size_t)(GS_HEADER + text + lgs + q[2]));
+    for (int i = 0; i < n_seq; i++) {
+        int32_t t;
+        memcpy(&t, in + GS_HEADER + sizeof t * (size_t)i, sizeof t);
+        if (t < 0 || t >= g->nv) return sd_errc(SD_ERR_INPUT, err, errlen, "generation state: token %d out of range", t);
+    }
+    if (first && !g->first_logits && !(g->first_logits = malloc(sizeof(float) * (size_t)g->nv)))
+        return sd_errc(SD_ERR_OOM, err, errlen, "generation state: out of memory");
+    int rc = sd_session_state_load(g->s, in + GS_HEADER + text + lgs, (size_t)q[2], err, errlen);
+    if (rc < 0) return rc;
+    // the session's rows: the prompt's evaluated part, or the text but its last token (the next root)
+    const int want_rows = pf_next < n_prompt || first ? pf_next : n_seq - 1;
+    if (sd_session_n_past(g->s) != want_rows && finish == SD_FINISH_NONE) {
+        sd_session_truncate(g->s, 0, NULL, 0);
+        return sd_errc(SD_ERR_INPUT, err, errlen, "generation state: the session holds %d rows where the text needs %d",
+                       sd_session_n_past(g->s), want_rows);
+    }
+    memcpy(g->seq, in + GS_HEADER, sizeof(int32_t) * (size_t)n_seq);
+    if (first) memcpy(g->first_logits, in + GS_HEADER + text, sizeof(float) * (size_t)g->nv);
+    g->n_seq = n_seq;
+    g->n_prompt = n_prompt;
+    g->pf_next = pf_next;
+    g->prompt_given = 1;
+    g->prefilled = pf_next == n_prompt;
+    g->first_pending = first;
+    g->finish = finish;
+    g->st.finish = finish;
+    g->st.n_generated = (int)q[0];
+    g->st.n_prompt_tokens = n_prompt;
+    g->rk.key = q[1];
+    g->t_prefill_end = sd_time_ms();
+    if (g->d) sd_drafter_reset(g->d);   // it re-learns the text as it drafts (its state is not part of this)
+    return 0;
 }
