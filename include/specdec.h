@@ -53,6 +53,8 @@ typedef struct sd_threadpool sd_threadpool;
 // ---------------------------------------------------------------- model
 // Loads and validates a GGUF model (architectures: llama, qwen2), including
 // its tokenizer. The file is memory-mapped; weights are used in place.
+// Returns 0, SD_ERR_IO (the file cannot be opened or mapped), SD_ERR_OOM,
+// or SD_ERR_INPUT (not a valid model), with a message.
 SD_API int sd_model_load(sd_model **out, const char *path, char *err, size_t errlen);
 SD_API void sd_model_free(sd_model *m);
 
@@ -105,6 +107,8 @@ typedef struct sd_session_params {
                          // one (and keeps a reference to it); sessions on one pool take turns
 } sd_session_params;
 SD_API sd_session_params sd_session_default_params(void);
+// Returns 0, SD_ERR_OOM (the KV cache and scratch do not fit in memory) or
+// SD_ERR_INPUT (bad parameters), with a message.
 SD_API int sd_session_new(sd_session **out, const sd_model *m, const sd_session_params *p,
                    char *err, size_t errlen);
 SD_API void sd_session_free(sd_session *s);
@@ -163,6 +167,8 @@ typedef struct sd_batch {
 // previous one. Fails, leaving the session untouched, when the session's
 // thread pool is held at that moment by another forward or
 // sd_threadpool_run (sessions sharing a pool must take turns).
+// Returns 0, SD_ERR_NO_ROOM (the batch does not fit the context),
+// SD_ERR_BUSY (the pool is held), or SD_ERR_INPUT (a bad batch), with a message.
 SD_API int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errlen);
 // Logits (n_vocab floats) of batch node i of the last forward, or NULL if not requested.
 SD_API const float *sd_session_logits(const sd_session *s, int i);

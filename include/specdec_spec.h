@@ -504,7 +504,8 @@ SD_API int sd_gen_state_load(sd_gen *g, const void *buf, size_t size, char *err,
 // One step (see the top of this file). The first step after prefill emits the
 // token sampled from the prompt's logits without a forward. Returns 0 with
 // *st filled (st->finish says whether the generation ended), or <0 with a
-// message. A step on an ended generation returns 0 with no tokens.
+// message (a failed forward's sd_status kept: SD_ERR_NO_ROOM, SD_ERR_BUSY,
+// ...). A step on an ended generation returns 0 with no tokens.
 SD_API int sd_gen_step(sd_gen *g, sd_step *st, char *err, size_t errlen);
 // The phases of sd_gen_step, for a scheduler batching several generations.
 // begin drafts and returns in *b the batch to evaluate on the generation's

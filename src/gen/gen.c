@@ -545,11 +545,13 @@ int sd_gen_step(sd_gen *g, sd_step *st, char *err, size_t errlen) {
     }
     if (b.n > 0) {
         char ferr[256];
-        if (sd_session_forward(g->s, &b, ferr, sizeof ferr) < 0) {
+        const int fr = sd_session_forward(g->s, &b, ferr, sizeof ferr);
+        if (fr < 0) {   // its code kept (no room, busy, ...)
             g->in_step = 0;
             g->step_chunk = 0;
             memset(st, 0, sizeof *st);
-            return sd_err(err, errlen, "target forward failed after %d tokens: %s", g->st.n_generated, ferr);
+            sd_err(err, errlen, "target forward failed after %d tokens: %s", g->st.n_generated, ferr);
+            return fr;
         }
     }
     return sd_gen_step_end(g, st, err, errlen);

@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "specdec.h"
 #include "kernels/quant.h"
 
 // Smallest encodings, used to bound counts by the bytes left in the file:
@@ -369,11 +370,11 @@ int sd_gguf_open(sd_gguf **out, const char *path, char *err, size_t errlen) {
     if (!out || !path) return sd_err(err, errlen, "sd_gguf_open: NULL argument");
     *out = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return sd_err(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+    if (fd < 0) return sd_errc(SD_ERR_IO, err, errlen, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
         close(fd);
-        return sd_err(err, errlen, "%s: not a regular file", path);
+        return sd_errc(SD_ERR_IO, err, errlen, "%s: not a regular file", path);
     }
     if ((uint64_t)st.st_size > SIZE_MAX) {
         close(fd);
@@ -386,7 +387,7 @@ int sd_gguf_open(sd_gguf **out, const char *path, char *err, size_t errlen) {
         if (map == MAP_FAILED) {
             int e = errno;
             close(fd);
-            return sd_err(err, errlen, "%s: mmap failed: %s", path, strerror(e));
+            return sd_errc(SD_ERR_IO, err, errlen, "%s: mmap failed: %s", path, strerror(e));
         }
     }
     close(fd);

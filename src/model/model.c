@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 
 #include "common.h"
+#include "specdec.h"
 #include "model/tokenizer.h"
 
 // Reads "<arch>.<suffix>" as an integer. Returns 0 found, 1 absent, <0 error.
@@ -342,7 +343,7 @@ int sd_model_load(sd_model **out, const char *path, char *err, size_t errlen) {
     // chose, else "auto" (never reinstalled under running sessions).
     sd_quant_fix_for_model();
     sd_model *m = calloc(1, sizeof(*m));
-    if (!m) return sd_err(err, errlen, "out of memory");
+    if (!m) return sd_errc(SD_ERR_OOM, err, errlen, "out of memory");
     int r = sd_gguf_open(&m->gguf, path, err, errlen);
     if (r < 0) {
         free(m);

@@ -110,7 +110,8 @@ static int check_all(sd_batcher *b, sd_session *const *ss, const sd_batch *bs, i
         for (int j = 0; j < i; j++)
             if (ss[j] == s) return b->failed = i, sd_err(err, errlen, "batcher: session %d is listed twice (also as %d)", i, j);
         char msg[256];
-        if (sd_fwd_check(s, &bs[i], msg, sizeof msg) < 0) return b->failed = i, sd_err(err, errlen, "batcher: session %d: %s", i, msg);
+        const int cr = sd_fwd_check(s, &bs[i], msg, sizeof msg);
+        if (cr < 0) return b->failed = i, sd_errc(cr, err, errlen, "batcher: session %d: %s", i, msg);
         if (!bs[i].precise != !bs[0].precise)
             return b->failed = i, sd_err(err, errlen,
                           "batcher: batch %d is %s but batch 0 is %s: one pass cannot mix precise (float) and normal "

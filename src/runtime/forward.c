@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "specdec.h"
 #include "runtime/forward.h"
 #include "kernels/vmath.h"
 
@@ -310,7 +311,7 @@ int sd_fwd_check(const sd_session *s, const sd_batch *b, char *err, size_t errle
     if (n < 1 || n > s->n_batch)
         return sd_err(err, errlen, "forward: batch of %d tokens, expected 1..%d (n_batch)", n, s->n_batch);
     if (s->n_past + n > s->n_ctx)
-        return sd_err(err, errlen, "context full: %d cached + %d new tokens exceed n_ctx %d", s->n_past, n,
+        return sd_errc(SD_ERR_NO_ROOM, err, errlen, "context full: %d cached + %d new tokens exceed n_ctx %d", s->n_past, n,
                       s->n_ctx);
     const int nh = b->n_hidden_layers;
     if (nh < 0 || nh > SD_MAX_HIDDEN_LAYERS)
@@ -534,7 +535,8 @@ void sd_fwd_run(const sd_fwd_pass *p) {
 
 // One session's batch: a pass of one segment on the session's own scratch.
 int sd_fwd_session(sd_session *s, const sd_batch *b, char *err, size_t errlen) {
-    if (sd_fwd_check(s, b, err, errlen) < 0) return -1;
+    const int cr = sd_fwd_check(s, b, err, errlen);
+    if (cr < 0) return cr;   // SD_ERR_NO_ROOM or SD_ERR_INPUT
     const int n_out = sd_fwd_record(s, b);
     sd_fwd_embed(s->m, b, s->x);
     const sd_fwd_seg seg = {.s = s, .t0 = 0, .n = b->n, .o0 = 0, .n_out = n_out};
@@ -551,9 +553,9 @@ int sd_fwd_session(sd_session *s, const sd_batch *b, char *err, size_t errlen) {
 // flag, or fails before touching the session.
 int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errlen) {
     if (!sd_pool_try_acquire(s->pool))
-        return sd_err(err, errlen,
-                      "forward: the thread pool is in use by another forward or sd_threadpool_run (sessions sharing "
-                      "a pool must take turns)");
+        return sd_errc(SD_ERR_BUSY, err, errlen,
+                       "forward: the thread pool is in use by another forward or sd_threadpool_run (sessions sharing "
+                       "a pool must take turns)");
     const int r = sd_fwd_session(s, b, err, errlen);
     sd_pool_release(s->pool);
     return r;

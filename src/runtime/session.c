@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "specdec.h"
 
 sd_session_params sd_session_default_params(void) {
     sd_session_params p;
@@ -63,7 +64,7 @@ int sd_session_new(sd_session **out, const sd_model *m, const sd_session_params 
     if (n_batch > n_ctx) n_batch = n_ctx;
 
     sd_session *s = calloc(1, sizeof(*s));
-    if (!s) return sd_err(err, errlen, "out of memory");
+    if (!s) return sd_errc(SD_ERR_OOM, err, errlen, "out of memory");
     s->m = m;
     s->n_ctx = n_ctx;
     s->n_batch = n_batch;
@@ -107,7 +108,7 @@ int sd_session_new(sd_session **out, const sd_model *m, const sd_session_params 
         !s->out_rows || !s->logit_row || !s->hid_row || !s->logits || !s->pool || !s->att_scores || !s->mm.wbuf ||
         !s->mm.abuf) {
         sd_session_free(s);
-        return sd_err(err, errlen, "out of memory allocating a session (n_ctx %d, n_batch %d: %.0f MiB of KV cache)",
+        return sd_errc(SD_ERR_OOM, err, errlen, "out of memory allocating a session (n_ctx %d, n_batch %d: %.0f MiB of KV cache)",
                       n_ctx, n_batch, 2.0 * (double)kv_elems * sizeof(uint16_t) / (1 << 20));
     }
     for (int i = 0; i < hp->n_rot / 2; i++)
@@ -217,7 +218,7 @@ int sd_session_set_layer_skip(sd_session *s, const uint8_t *skip, char *err, siz
     if (n == nl) return sd_err(err, errlen, "layer skip: all %d layers would be skipped", nl);
     if (!s->layer_skip) {
         s->layer_skip = malloc((size_t)nl);
-        if (!s->layer_skip) return sd_err(err, errlen, "out of memory");
+        if (!s->layer_skip) return sd_errc(SD_ERR_OOM, err, errlen, "out of memory");
     }
     for (int l = 0; l < nl; l++) s->layer_skip[l] = skip[l] != 0;
     s->n_skip = n;

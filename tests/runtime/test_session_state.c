@@ -203,6 +203,30 @@ static void test_bad_states_refused(void) {
     sd_model_free(o);
 }
 
+// The kinds of failure the core functions report (sd_status).
+static void test_status_codes(void) {
+    sd_model *m = NULL;
+    CHECK(sd_model_load(&m, tmp_path("missing.gguf"), g_err, sizeof g_err) == SD_ERR_IO && strstr(g_err, "cannot open"),
+          "missing model: '%s'", g_err);
+    m = synth_model("a.gguf", 1);
+    CHECK(m, "%s", g_err);
+    if (!m) return;
+    sd_session *s = new_session(m, 16, 1);
+    CHECK(s, "%s", g_err);
+    int32_t t[12] = {5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+    sd_batch b = {.n = 12, .tokens = t};
+    CHECK(s && sd_session_forward(s, &b, g_err, sizeof g_err) == 0 && sd_session_commit(s, NULL, 12, g_err, sizeof g_err) == 0,
+          "%s", g_err);
+    CHECK(s && sd_session_forward(s, &b, g_err, sizeof g_err) == SD_ERR_NO_ROOM && strstr(g_err, "context full"),
+          "past the context: '%s'", g_err);
+    t[0] = 1 << 20;
+    b.n = 1;
+    CHECK(s && sd_session_forward(s, &b, g_err, sizeof g_err) == SD_ERR_INPUT && strstr(g_err, "out of range"),
+          "bad token: '%s'", g_err);
+    sd_session_free(s);
+    sd_model_free(m);
+}
+
 static void test_version(void) {
     const char *v = sd_version();
     int a, b, c;
@@ -217,6 +241,7 @@ int main(void) {
     T_RUN(test_restore_continues_exactly);
     T_RUN(test_skip_mask_travels);
     T_RUN(test_bad_states_refused);
+    T_RUN(test_status_codes);
     T_RUN(test_version);
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
     if (system(cmd) != 0) return 1;
