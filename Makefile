@@ -17,7 +17,10 @@ SRC      := $(wildcard src/*.c src/*/*.c)
 OBJ      := $(SRC:%.c=build/%.o)
 LIB      := build/libspecdec.a
 LIB_SO   := build/libspecdec.so
-TOOL_OBJ := $(patsubst %.c,build/%.o,$(wildcard tools/*.c))
+# The commands (tools/*.c) but serve's, which comes with the server or, without
+# libmicrohttpd, as its stub (tools/cmd_serve_missing.c).
+SERVE_CMD := tools/cmd_serve.c tools/cmd_serve_missing.c
+TOOL_OBJ := $(patsubst %.c,build/%.o,$(filter-out $(SERVE_CMD),$(wildcard tools/*.c)))
 # build/specdec needs jansson (JSON: the --json outputs, bench's prompt files
 # and results, the server's API), found with pkg-config; without it make stops
 # at need-jansson and says what to install. The server (tools/serve/, `specdec
@@ -36,15 +39,15 @@ build/tools/%.o: CFLAGS += $(JSON_CFLAGS)
 # include the harness (t.h), tests/lib and, for the CLI's own files, tools/
 # from the repository root.
 build/tests/%.o: CFLAGS += -Itests -I.
-build/tools/serve/%.o: CFLAGS += -Itools
+build/tools/%.o: CFLAGS += -Itools
 SERVE_PKGS := libmicrohttpd jansson
 HAVE_SERVE := $(shell pkg-config --exists $(SERVE_PKGS) 2>/dev/null && echo 1)
 ifeq ($(HAVE_SERVE),1)
-SERVE_OBJ  := $(patsubst %.c,build/%.o,$(filter-out tools/serve/serve_missing.c,$(wildcard tools/serve/*.c)))
+SERVE_OBJ  := build/tools/cmd_serve.o $(patsubst %.c,build/%.o,$(wildcard tools/serve/*.c))
 SERVE_LIBS := $(shell pkg-config --libs libmicrohttpd)
 build/tools/serve/%.o: CFLAGS += $(shell pkg-config --cflags libmicrohttpd)
 else
-SERVE_OBJ  := build/tools/serve/serve_missing.o
+SERVE_OBJ  := build/tools/cmd_serve_missing.o
 SERVE_LIBS :=
 ifeq ($(HAVE_JSON),1)
 $(warning libmicrohttpd not found by pkg-config: building specdec without 'serve' (install it: apt-get install libmicrohttpd-dev))
@@ -152,8 +155,8 @@ asan-serve: build/asan/specdec $(TEST_TOOLS)
 build/asan/specdec: $(SRC) $(wildcard tools/*.c tools/*.h tools/serve/*.c tools/serve/*.h src/*.h src/*/*.h include/*.h)
 	@mkdir -p $(dir $@)
 	@test "$(HAVE_SERVE)" = 1 || { echo "asan-serve needs libmicrohttpd and jansson (apt-get install libmicrohttpd-dev libjansson-dev pkg-config)"; exit 1; }
-	$(CC) $(ASAN_FLAGS) $(shell pkg-config --cflags $(SERVE_PKGS)) $(SRC) $(wildcard tools/*.c) \
-		$(filter-out tools/serve/serve_missing.c,$(wildcard tools/serve/*.c)) $(SERVE_LIBS) $(JSON_LIBS) $(LDLIBS) -o $@
+	$(CC) $(ASAN_FLAGS) $(shell pkg-config --cflags $(SERVE_PKGS)) $(SRC) \
+		$(filter-out tools/cmd_serve_missing.c,$(wildcard tools/*.c)) $(wildcard tools/serve/*.c) $(SERVE_LIBS) $(JSON_LIBS) $(LDLIBS) -o $@
 
 # Only the parser and its getters (and the target) are instrumented; what they
 # call from the rest of the library (sd_err, sd_type_get) comes from the library

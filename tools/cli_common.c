@@ -144,3 +144,32 @@ int cli_json_write(FILE *f, json_t *v) {
     if (rc || fputc('\n', f) == EOF || fflush(f) == EOF) return -1;
     return 0;
 }
+
+int cli_tokenize_prompt(const sd_tokenizer *tok, const char *system, const char *text, int chat, int32_t **out,
+                        char *err, size_t errlen, int *chat_failed) {
+    *out = NULL;
+    if (chat_failed) *chat_failed = 0;
+    const size_t len = strlen(text);
+    int max = (int)len + (chat ? (system ? (int)strlen(system) : 0) + 4096 : 16), n = -1;
+    int32_t *ids = NULL;
+    for (int attempt = 0; attempt < 2; attempt++) {   // the second with the count the first one gave
+        int32_t *t = realloc(ids, sizeof(int32_t) * (size_t)max);
+        if (!t) break;
+        ids = t;
+        n = chat ? sd_chat_tokenize(tok, system, text, ids, max, err, errlen) : sd_tokenize(tok, text, len, 1, 0, ids, max);
+        if (chat && n < 0) {
+            if (chat_failed) *chat_failed = 1;
+            free(ids);
+            return -1;
+        }
+        if (n <= max) break;
+        max = n;
+        n = -1;
+    }
+    if (n <= 0) {
+        free(ids);
+        return snprintf(err, errlen, n < 0 ? "cannot tokenize the prompt" : "the prompt is empty (no tokens)"), -1;
+    }
+    *out = ids;
+    return n;
+}

@@ -34,6 +34,16 @@ int cli_sampling_draw(const char *flag, const char *value, void *dst);
     "rejection = a sequential random generator and rejection-based speculative sampling: the most drafts "       \
     "accepted, the same distribution, but the text of a seed depends on the drafts"
 
+// The prompt as token ids in a malloc'd *out: with chat, the model's chat
+// template around text (and system, NULL: the template's own), its markers
+// as special tokens and the messages as text (sd_chat_tokenize); without,
+// text as plain text (no special tokens parsed), BOS as the vocabulary asks.
+// Returns the count (> 0), or -1 with a message in err: the template's
+// error (*chat_failed = 1 when chat_failed is given), or the prompt could
+// not be tokenized or is empty.
+int cli_tokenize_prompt(const sd_tokenizer *tok, const char *system, const char *text, int chat, int32_t **out,
+                        char *err, size_t errlen, int *chat_failed);
+
 // 1 if path names an existing readable regular file; otherwise prints
 // "WHAT 'PATH' not found" (or not readable) and returns 0.
 int cli_file_ok(const char *what, const char *path);

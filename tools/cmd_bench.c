@@ -61,40 +61,6 @@ static int collect(int32_t t, void *user) {
     return 0;
 }
 
-// Tokenizes text (chat-formatted unless raw) into a malloc'd array; <0 on error.
-// Raw text is plain text (no special tokens parsed); chat prompts take the
-// template's markers as special tokens and the text as text (sd_chat_tokenize).
-static int tokenize_prompt(const sd_tokenizer *tok, const char *text, int chat, int32_t **out, char *err,
-                           size_t errlen) {
-    *out = NULL;
-    size_t len = strlen(text);
-    int max = (int)len + (chat ? 4096 : 16), n = -1;
-    int32_t *ids = NULL;
-    for (int attempt = 0; attempt < 2; attempt++) {
-        int32_t *t = realloc(ids, sizeof(int32_t) * (size_t)max);
-        if (!t) break;
-        ids = t;
-        n = chat ? sd_chat_tokenize(tok, NULL, text, ids, max, err, errlen)
-                 : sd_tokenize(tok, text, len, 1, 0, ids, max);
-        if (chat && n < 0) {
-            free(ids);
-            return -1;
-        }
-        if (n <= max) break;
-        max = n;
-        n = -1;
-    }
-    if (n < 0) {
-        free(ids);
-        return snprintf(err, errlen, "cannot tokenize the prompt"), -1;
-    }
-    if (n == 0) {
-        free(ids);
-        return snprintf(err, errlen, "the prompt is empty (no tokens)"), -1;
-    }
-    *out = ids;
-    return n;
-}
 
 // Prints the text of token t (escaped) into buf.
 static void token_str(const sd_tokenizer *tok, int32_t t, char *buf, size_t n) {
@@ -365,7 +331,7 @@ static int bench_load(const bench_opts *o, bench_state *b, int *auto_nodes) {
     sd_model_get_info(b->m, &info);
     int max_prompt = 0, max_tree = 1, max_extra = 0;
     for (int p = 0; p < b->np; p++) {
-        b->n_ids[p] = tokenize_prompt(b->tok, b->prompts[p].text, o->chat, &b->ids[p], err, sizeof err);
+        b->n_ids[p] = cli_tokenize_prompt(b->tok, NULL, b->prompts[p].text, o->chat, &b->ids[p], err, sizeof err, NULL);
         if (b->n_ids[p] < 0)
             return cli_error("prompt %s (%s, line %d): %s%s", b->prompts[p].id, o->prompts_path, b->prompts[p].line,
                              err, o->chat ? " (--no-chat uses the text as is)" : "");

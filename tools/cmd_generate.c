@@ -511,27 +511,10 @@ static void gen_free(gen_state *g) {
 // tokens and the messages are text (sd_chat_tokenize).
 static int gen_tokenize(const gen_opts *o, gen_state *g) {
     char err[512];
-    const sd_tokenizer *tok = sd_model_tokenizer(g->m);
-    const char *text = o->prompt;
-    int max_ids = (int)strlen(text) + (o->chat ? (o->system ? (int)strlen(o->system) : 0) + 4096 : 16);
-    int n_ids = -1;
-    for (int attempt = 0; attempt < 2; attempt++) {
-        int32_t *t = realloc(g->ids, (size_t)max_ids * sizeof(int32_t));
-        if (!t) break;
-        g->ids = t;
-        if (o->chat) {
-            n_ids = sd_chat_tokenize(tok, o->system, o->prompt, g->ids, max_ids, err, sizeof err);
-            if (n_ids < 0) return cli_error("--chat: %s", err);
-        } else {
-            n_ids = sd_tokenize(tok, text, strlen(text), 1, 0, g->ids, max_ids);
-        }
-        if (n_ids <= max_ids) break;
-        max_ids = n_ids;
-        n_ids = -1;
-    }
-    if (n_ids < 0) return cli_error("cannot tokenize the prompt");
-    if (n_ids == 0) return cli_error("generate: the prompt is empty (no tokens)");
-    g->n_ids = n_ids;
+    int chat_failed = 0;
+    g->n_ids = cli_tokenize_prompt(sd_model_tokenizer(g->m), o->system, o->prompt, o->chat, &g->ids, err, sizeof err,
+                                   &chat_failed);
+    if (g->n_ids < 0) return cli_error("%s%s", chat_failed ? "--chat: " : "generate: ", err);
     return 0;
 }
 

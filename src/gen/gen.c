@@ -268,18 +268,11 @@ static int prompt_chunk_end(sd_gen *g, char *err, size_t errlen) {
 
 int sd_gen_prefill_cached(sd_gen *g, const int32_t *prompt, int n, int n_cached, char *err, size_t errlen) {
     if (sd_gen_set_prompt(g, prompt, n, n_cached, err, errlen) < 0) return -1;
-    char ferr[256];
     while (g->pf_next < g->n_prompt) {   // the prompt's steps: chunks through begin, forward, end
-        sd_batch b;
         sd_step st;
-        if (sd_gen_step_begin(g, &b, err, errlen) < 0) return -1;
-        if (b.n > 0 && sd_session_forward(g->s, &b, ferr, sizeof ferr) < 0) {
-            g->in_step = 0;
-            g->step_chunk = 0;
-            return sd_err(err, errlen, "prompt evaluation failed: %s", ferr);
-        }
-        if (sd_gen_step_end(g, &st, err, errlen) < 0) return -1;
-        if (b.n == 0) break;   // stopped
+        const int rc = sd_gen_step(g, &st, err, errlen);
+        if (rc < 0) return rc;
+        if (st.finish != SD_FINISH_NONE) break;   // stopped
     }
     return 0;
 }
@@ -547,10 +540,13 @@ int sd_gen_step(sd_gen *g, sd_step *st, char *err, size_t errlen) {
         char ferr[256];
         const int fr = sd_session_forward(g->s, &b, ferr, sizeof ferr);
         if (fr < 0) {   // its code kept (no room, busy, ...)
+            if (g->step_chunk > 0)
+                sd_err(err, errlen, "prompt evaluation failed: %s", ferr);
+            else
+                sd_err(err, errlen, "target forward failed after %d tokens: %s", g->st.n_generated, ferr);
             g->in_step = 0;
             g->step_chunk = 0;
             memset(st, 0, sizeof *st);
-            sd_err(err, errlen, "target forward failed after %d tokens: %s", g->st.n_generated, ferr);
             return fr;
         }
     }

@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "serve/guard.h"
+#include "specdec.h"   // sd_time_ms: the monotonic clock
 
 typedef struct gconn {
     sv_guard *g;
@@ -34,14 +35,8 @@ struct sv_guard {
     gconn *head;
 };
 
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1000.0 + ts.tv_nsec / 1e6;
-}
-
 static void check(sv_guard *g) {
-    double now = now_ms();
+    double now = sd_time_ms();
     int pressure = g->n_open >= g->pressure_at;
     for (gconn *e = g->head; e; e = e->next) {
         if (!e->reading || e->cut) continue;
@@ -118,7 +113,7 @@ void sv_guard_notify(void *cls, struct MHD_Connection *c, void **socket_context,
         if (e) {
             e->g = g;
             e->fd = ci->connect_fd;
-            e->t0 = now_ms();
+            e->t0 = sd_time_ms();
             e->reading = 1;
             e->next = g->head;
             if (g->head) g->head->prev = e;
@@ -146,7 +141,7 @@ static void set_reading(struct MHD_Connection *c, int reading) {
     if (!e) return;
     pthread_mutex_lock(&e->g->mu);
     e->reading = reading;
-    e->t0 = now_ms();
+    e->t0 = sd_time_ms();
     pthread_mutex_unlock(&e->g->mu);
 }
 

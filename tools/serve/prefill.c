@@ -50,15 +50,6 @@ int sv_prefill_plan(sv_server *s, int *pf_len) {
     return n;
 }
 
-int sv_prefill_begin(sv_server *s, sv_slot *sl, int len, sd_batch *b) {
-    char err[256];
-    sd_gen_set_step_limit(sl->g, len);
-    if (sd_gen_step_begin(sl->g, b, err, sizeof err) < 0) {
-        prefill_fail(s, sl, err);
-        return -1;
-    }
-    return 0;
-}
 
 void sv_prefill_end(sv_server *s, sv_slot *sl, int ok, const char *ferr) {
     char err[320];
@@ -83,6 +74,23 @@ void sv_prefill_end(sv_server *s, sv_slot *sl, int ok, const char *ferr) {
     }
 }
 
+int sv_prefill_join(sv_server *s, sv_slot *sl, int len, int n) {
+    char err[256];
+    sd_batch *b = &s->pass_bs[n];
+    sd_gen_set_step_limit(sl->g, len);
+    if (sd_gen_step_begin(sl->g, b, err, sizeof err) < 0) {
+        prefill_fail(s, sl, err);
+        return n;
+    }
+    if (b->n == 0) {   // nothing to evaluate (stopped): the step ends at once
+        sv_prefill_end(s, sl, 1, "");
+        return n;
+    }
+    s->pass_sl[n] = sl;
+    s->pass_ss[n] = sl->s;
+    return n + 1;
+}
+
 void sv_prefill_round(sv_server *s, int stopping) {
     for (int i = 0; i < s->n_slots; i++) {
         sv_slot *sl = &s->slots[i];
@@ -94,20 +102,9 @@ void sv_prefill_round(sv_server *s, int stopping) {
     }
     if (s->o->fast_prompt || !sv_prefill_plan(s, s->pf_len)) return;
     int n = 0;
-    for (int i = 0; i < s->n_slots; i++) {
-        sv_slot *sl = &s->slots[i];
-        if (!s->pf_len[i] || sv_prefill_begin(s, sl, s->pf_len[i], &s->pass_bs[n]) < 0) continue;
-        if (s->pass_bs[n].n == 0) {   // nothing to evaluate (stopped): the step ends at once
-            sv_prefill_end(s, sl, 1, "");
-            continue;
-        }
-        s->pass_sl[n] = sl;
-        s->pass_ss[n] = sl->s;
-        n++;
-    }
-    double t0 = sd_time_ms();
+    for (int i = 0; i < s->n_slots; i++)
+        if (s->pf_len[i]) n = sv_prefill_join(s, &s->slots[i], s->pf_len[i], n);
     char(*errs)[256] = s->pass_err;   // (allocated once, n_slots entries)
     sv_forward_many(s, n, errs, 0);
     for (int k = 0; k < n; k++) sv_prefill_end(s, s->pass_sl[k], s->pass_ok[k], errs[k]);
-    (void)t0;
 }

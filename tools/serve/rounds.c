@@ -119,15 +119,7 @@ void sv_round_step(sv_server *s) {
         sv_slot *sl = &s->slots[i];
         sl->in_step = 0;
         if (sl->state == SV_SLOT_PROMPT) {   // with --fast-prompt, a planned prompt chunk rides along
-            if (s->o->fast_prompt && s->pf_len[i] && sv_prefill_begin(s, sl, s->pf_len[i], &s->pass_bs[n]) == 0) {
-                if (s->pass_bs[n].n == 0) {   // nothing to evaluate (stopped)
-                    sv_prefill_end(s, sl, 1, "");
-                } else {
-                    s->pass_sl[n] = sl;
-                    s->pass_ss[n] = sl->s;
-                    n++;
-                }
-            }
+            if (s->o->fast_prompt && s->pf_len[i]) n = sv_prefill_join(s, sl, s->pf_len[i], n);
             continue;
         }
         if (sl->state != SV_SLOT_STEPPING) continue;

@@ -93,9 +93,10 @@ void sv_round_step(sv_server *s);
 // number of slots with a chunk.
 int sv_prefill_plan(sv_server *s, int *pf_len);
 // Begins slot sl's prompt step over its next len tokens (its generation's
-// prompt chunk, sd_gen_set_prompt) into *b: 0, or -1 after failing the slot.
-// b->n == 0: nothing to evaluate (stopped); sv_prefill_end at once.
-int sv_prefill_begin(sv_server *s, sv_slot *sl, int len, sd_batch *b);
+// prompt chunk, sd_gen_set_prompt) and puts it in the round's pass arrays at
+// index n; returns the new count (n when the slot failed, or had nothing to
+// evaluate and its step ended at once).
+int sv_prefill_join(sv_server *s, sv_slot *sl, int len, int n);
 // Ends it after the pass (ok: evaluated; else ferr says why): the chunk is
 // committed and the drafter hears its rows (sd_gen_step_end); when the
 // prompt is all in the cache the slot steps (its first token comes with its

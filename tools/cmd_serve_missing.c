@@ -1,4 +1,4 @@
-// serve_missing.c - `specdec serve` in a build without libmicrohttpd (the
+// cmd_serve_missing.c - `specdec serve` in a build without libmicrohttpd (the
 // Makefile links this file instead of tools/serve/*.c).
 #include "cli_common.h"
 
