@@ -104,6 +104,9 @@ make build/specdec >/dev/null
 mkdir -p "$work" heads
 
 # 1. The corpus: prompts answered by SmolLM2 itself, raw text (resumable).
+#    The answers committed in data/corpus/ come first, so that a fresh machine
+#    does not answer them again.
+python3 scripts/corpus-shards.py unpack --out "$corpus"
 python3 scripts/make-train-data.py --model models/SmolLM2-135M-Instruct.Q4_1.gguf --out "$corpus" \
     --max-prompts "$prompts" --parallel 4 --max-tokens 256
 
