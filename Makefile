@@ -14,7 +14,24 @@ MODEL   ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
 PROMPT  ?= Write a short story about a robot who learns to paint.
 
 SRC      := $(wildcard src/*.c src/*/*.c)
-OBJ      := $(SRC:%.c=build/%.o)
+# The CUDA path (docs/gpu.md): `make CUDA=1` compiles src/runtime/cuda/*.cu
+# with nvcc (SASS for sm_90a and sm_80, nothing left to JIT) into the same
+# library and links cudart and cuBLAS dynamically; the default build takes
+# src/runtime/gpu_none.c instead and stays dependency-free. A CUDA build
+# lives in build/ like any other: `make clean` between the two.
+CUDA    ?= 0
+NVCC    ?= $(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_ARCH ?= -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80
+ifeq ($(CUDA),1)
+SRC      := $(filter-out src/runtime/gpu_none.c,$(SRC))
+CU_SRC   := $(wildcard src/runtime/cuda/*.cu)
+CU_OBJ   := $(CU_SRC:%.cu=build/%.o)
+LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+else
+CU_OBJ   :=
+endif
+OBJ      := $(SRC:%.c=build/%.o) $(CU_OBJ)
 LIB      := build/libspecdec.a
 LIB_SO   := build/libspecdec.so
 # The commands (tools/*.c) but serve's, which comes with the server or, without
@@ -72,6 +89,13 @@ all: build/specdec $(LIB_SO) $(TESTS) $(TEST_TOOLS) $(EXAMPLES)
 build/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
+
+# CUDA sources: -Xptxas -v reports each kernel's registers and spills into
+# the .ptxas log beside the object (scripts/check-cuda-build.sh reads it).
+NVCC_FLAGS := -std=c++17 -O3 $(CUDA_ARCH) -Iinclude -Isrc -Xcompiler -fPIC,-fvisibility=hidden -Xptxas -v
+build/%.o: %.cu $(wildcard src/runtime/cuda/*.h src/runtime/gpu.h src/kernels/elem.h)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -c $< -o $@ 2> $(@:.o=.ptxas) || { cat $(@:.o=.ptxas); exit 1; }
 
 $(LIB): $(OBJ)
 	@rm -f $@

@@ -105,7 +105,16 @@ typedef struct sd_session_params {
     int n_threads;   // 0 = number of online cores (ignored with pool)
     sd_threadpool *pool; // NULL: the session starts its own pool of n_threads; otherwise it runs on this
                          // one (and keeps a reference to it); sessions on one pool take turns
+    int gpu;         // 1: the KV cache and every forward on the GPU (a CUDA build: `make CUDA=1`);
+                     // -1: on the CPU; 0: as sd_gpu_enable set it for the process (default: CPU)
 } sd_session_params;
+// The CUDA path. sd_gpu_available: 0 and a line naming the device, or <0
+// and the reason (no CUDA in this build, no device). sd_gpu_enable(1): the
+// sessions created afterwards run on the GPU unless their params say -1
+// (the model's weights go to the device, dequantised to bf16, with its first
+// GPU session); fails when sd_gpu_available does. docs/gpu.md.
+SD_API int sd_gpu_available(char *info, size_t infolen);
+SD_API int sd_gpu_enable(int on, char *err, size_t errlen);
 SD_API sd_session_params sd_session_default_params(void);
 // Returns 0, SD_ERR_OOM (the KV cache and scratch do not fit in memory) or
 // SD_ERR_INPUT (bad parameters), with a message.

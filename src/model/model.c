@@ -367,6 +367,7 @@ int sd_model_load(sd_model **out, const char *path, char *err, size_t errlen) {
 
 void sd_model_free(sd_model *m) {
     if (!m) return;
+    if (m->gpu && m->gpu_free) m->gpu_free(m->gpu);
     if (m->tok) sd_tokenizer_free(m->tok);
     free(m->layers);
     if (m->rp_arena) munmap(m->rp_arena, m->rp_arena_size);

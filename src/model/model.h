@@ -54,6 +54,10 @@ struct sd_model {
     size_t rp_arena_size;      // its bytes
     const sd_tensor **rp_src;  // (n_rp_max) the file's tensor each rp entry was made from
     int n_rp;                  // used entries
+    // The CUDA path's device twin (runtime/gpu.c), made by the model's first
+    // GPU session and freed with the model; NULL in CPU use.
+    void *gpu;
+    void (*gpu_free)(void *gpu);
 };
 
 // The file's tensor behind t: t itself, or for a repacked matrix the mapped

@@ -9,6 +9,7 @@
 
 #include "common.h"
 #include "runtime/forward.h"
+#include "runtime/gpu_session.h"
 
 struct sd_batcher {
     const sd_model *m;
@@ -165,7 +166,10 @@ int sd_batcher_forward(sd_batcher *b, sd_session *const *ss, const sd_batch *bs,
     } else if (r == 0 && n > 1) {
         sd_fwd_pass p;
         layout(b, &p, ss, bs, n);
-        sd_fwd_run(&p);
+        if (ss[0]->gkv)
+            r = sd_gpu_fwd_run(&p, err, errlen);
+        else
+            sd_fwd_run(&p);
     }
     sd_pool_release(b->pool);
     return r;

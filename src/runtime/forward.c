@@ -25,6 +25,7 @@
 #include "common.h"
 #include "specdec.h"
 #include "runtime/forward.h"
+#include "runtime/gpu_session.h"
 #include "kernels/vmath.h"
 
 // ---------------------------------------------------------------- small helpers
@@ -545,6 +546,7 @@ int sd_fwd_session(sd_session *s, const sd_batch *b, char *err, size_t errlen) {
                            .n_out = n_out, .x = s->x, .xn = s->xn, .q = s->q, .k = s->k, .att = s->att,
                            .ff_g = s->ff_g, .ff_u = s->ff_u, .rope_cs = s->rope_cs, .v = s->v,
                            .logits = s->logits};
+    if (s->gkv) return sd_gpu_fwd_run(&p, err, errlen);
     sd_fwd_run(&p);
     return 0;
 }

@@ -1,5 +1,6 @@
 // session.c - session lifetime, KV-cache commit / truncate, core count.
 // The forward pass itself is in forward.c.
+#include "runtime/gpu_session.h"
 #include "runtime/session.h"
 
 #include <math.h>
@@ -114,12 +115,17 @@ int sd_session_new(sd_session **out, const sd_model *m, const sd_session_params 
     for (int i = 0; i < hp->n_rot / 2; i++)
         s->rope_freq[i] = pow((double)hp->rope_base, -2.0 * i / hp->n_rot) / hp->rope_scale;
     for (int i = 0; i < n_batch; i++) s->logit_row[i] = -1;
+    if (sd_gpu_session_init(s, p->gpu, err, errlen) < 0) {
+        sd_session_free(s);
+        return SD_ERR_INPUT;
+    }
     *out = s;
     return 0;
 }
 
 void sd_session_free(sd_session *s) {
     if (!s) return;
+    sd_gpu_session_free(s);
     free(s->kt);
     free(s->v_cache);
     free(s->x);
@@ -182,6 +188,11 @@ int sd_session_commit(sd_session *s, const int32_t *rows, int n_rows, char *err,
     const size_t kvd = (size_t)s->kv_dim;
     int first = 0; // rows before it stay where they are
     while (first < n_rows && rows[first] == first) first++;
+    if (s->gkv) {
+        const int r = sd_gpu_commit(s, rows, first, n_rows, err, errlen);
+        if (r < 0) return r;
+        first = n_rows; // moved on the device
+    }
     for (int l = 0; l < hp->n_layer && first < n_rows; l++) {
         if (s->layer_skip && s->layer_skip[l]) continue;   // no rows were written
         uint16_t *vc = s->v_cache + (size_t)l * s->n_ctx * kvd;

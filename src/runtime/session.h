@@ -70,6 +70,10 @@ struct sd_session {
     uint8_t *layer_skip; // (n_layer) 1: the layer is skipped (residual passes through, no KV written); NULL: none
     int n_skip;          // layers with layer_skip[l] == 1
 
+    // The CUDA path (runtime/gpu.c): this session's KV cache on the device;
+    // NULL: the session computes on the CPU.
+    struct sd_cu_kv *gkv;
+
     sd_pool *pool;      // worker threads, owned or shared (a reference); held (busy flag) during a forward
     sd_mm_ctx mm;       // wbuf and abuf sized for the largest matmul with n_batch tokens
 };

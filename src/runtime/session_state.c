@@ -63,6 +63,7 @@ static size_t kt_at(int hd, int p, int c) {
 }
 
 int sd_session_state_save(const sd_session *s, void *buf, size_t size, char *err, size_t errlen) {
+    if (s->gkv) return sd_errc(SD_ERR_INPUT, err, errlen, "session state: not available for a GPU session yet");
     const size_t need = sd_session_state_size(s);
     if (!buf || size < need)
         return sd_errc(SD_ERR_INPUT, err, errlen, "session state: the buffer holds %zu bytes, the state needs %zu", size, need);
@@ -94,6 +95,7 @@ int sd_session_state_save(const sd_session *s, void *buf, size_t size, char *err
 }
 
 int sd_session_state_load(sd_session *s, const void *buf, size_t size, char *err, size_t errlen) {
+    if (s->gkv) return sd_errc(SD_ERR_INPUT, err, errlen, "session state: not available for a GPU session yet");
     const sd_hparams *hp = &s->m->hp;
     const int nl = hp->n_layer, nkv = hp->n_head_kv, hd = hp->head_dim;
     const uint8_t *in = buf;
