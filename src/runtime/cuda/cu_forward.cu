@@ -122,15 +122,19 @@ extern "C" int sd_cu_forward(sd_cu_model *g, const sd_cu_pass *p, char *err, siz
     }
     hid_plan hp;
     if (plan_hidden(g, p, &hp, err, errlen) < 0) return -1;
-    // rows padded to a bucket when the stack runs as a graph
+    // Rows padded: batch invariance (g->invariant, the default) pads every
+    // pass of up to 64 rows to 64, so that each GEMM has one shape whatever
+    // the pass holds, cuBLAS one algorithm, and a row's results do not depend
+    // on the rows beside it (greedy speculation then equals plain decoding
+    // bit for bit); otherwise a power-of-two bucket when the stack runs as a
+    // graph. Each padded size has its graph.
     int nb = n, b = -1;
-    if (g->graphs_on && !p->layer_skip && n <= 64) {
-        nb = 1;
-        b = 0;
-        while (nb < n) {
-            nb *= 2;
-            b++;
+    if (n <= 64 && (g->invariant || (g->graphs_on && !p->layer_skip))) {
+        nb = g->invariant ? 64 : 1;
+        while (nb < n) nb *= 2;
+        for (b = 0; (1 << b) < nb; b++) {
         }
+        if (!g->graphs_on || p->layer_skip) b = -1;
     }
     memcpy(g->h_x, p->x, sizeof(float) * (size_t)n * E);
     memset(g->h_x + (size_t)n * E, 0, sizeof(float) * (size_t)(nb - n) * E);
@@ -181,10 +185,13 @@ extern "C" int sd_cu_forward(sd_cu_model *g, const sd_cu_pass *p, char *err, siz
             break;
         }
     if (p->n_out > 0) {
+        // the logit rows, padded as the pass (with copies of row 0) when invariant
+        const int no = g->invariant && p->n_out <= 64 ? 64 : p->n_out;
         memcpy(g->h_out, p->out_rows, sizeof(int32_t) * (size_t)p->n_out);
-        CU_TRY(cudaMemcpyAsync(g->out_rows, g->h_out, sizeof(int32_t) * (size_t)p->n_out, cudaMemcpyHostToDevice, g->st));
-        cu_add_norm(g->st, g->x, NULL, g->out_norm, E, g->eps, p->n_out, g->out_rows, g->xn, NULL);
-        if (cu_gemm(g, g->output, g->n_vocab, E, g->xn, p->n_out, g->logits, err, errlen) < 0) return -1;
+        for (int k = p->n_out; k < no; k++) g->h_out[k] = p->out_rows[0];
+        CU_TRY(cudaMemcpyAsync(g->out_rows, g->h_out, sizeof(int32_t) * (size_t)no, cudaMemcpyHostToDevice, g->st));
+        cu_add_norm(g->st, g->x, NULL, g->out_norm, E, g->eps, no, g->out_rows, g->xn, NULL);
+        if (cu_gemm(g, g->output, g->n_vocab, E, g->xn, no, g->logits, err, errlen) < 0) return -1;
         CU_TRY(cudaMemcpyAsync(g->h_logits, g->logits, sizeof(float) * (size_t)p->n_out * g->n_vocab,
                                cudaMemcpyDeviceToHost, g->st));
     }

@@ -62,6 +62,7 @@ struct sd_cu_model {
     size_t bytes;
     cudaStream_t st;
     cublasHandle_t blas;
+    void *blas_ws;           // cuBLAS's workspace, fixed (graph capture must not allocate)
     // scratch, max_rows rows (bucket-padded to a multiple of 64)
     int cap;                 // rows the scratch holds
     float *x, *y, *qkv, *q, *gu, *xf, *logits;
@@ -77,6 +78,7 @@ struct sd_cu_model {
     float *h_hid, *h_logits;
     // graphs of the layer stack per bucket, and the hidden-layer set each was captured with
     int graphs_on;
+    int invariant;           // 1 (default): passes of up to 64 rows padded to 64 (batch invariance)
     cudaGraphExec_t graph[CU_N_BUCKETS];
     unsigned long long graph_key[CU_N_BUCKETS];
 };

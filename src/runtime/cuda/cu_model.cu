@@ -89,6 +89,9 @@ static int model_build(sd_cu_model *g, const sd_cu_model_desc *d, char *err, siz
     g->graphs_on = 1;
     const char *env = getenv("SPECDEC_CUDA_GRAPHS");
     if (env && env[0] == '0') g->graphs_on = 0;
+    g->invariant = 1;
+    env = getenv("SPECDEC_CUDA_INVARIANT");
+    if (env && env[0] == '0') g->invariant = 0;
     if (g->hd > 256 || g->hd % 2) {
         snprintf(err, errlen, "CUDA path: head_dim %d is not supported (even, at most 256)", g->hd);
         return -1;
@@ -97,6 +100,8 @@ static int model_build(sd_cu_model *g, const sd_cu_model_desc *d, char *err, siz
     CUBLAS_TRY(cublasCreate(&g->blas));
     CUBLAS_TRY(cublasSetStream(g->blas, g->st));
     CUBLAS_TRY(cublasSetMathMode(g->blas, CUBLAS_DEFAULT_MATH));
+    CU_TRY(cudaMalloc(&g->blas_ws, 32u << 20));
+    CUBLAS_TRY(cublasSetWorkspace(g->blas, g->blas_ws, 32u << 20));
     void *stage = NULL;
     size_t stage_n = 0;
     int rc = 0;
@@ -182,6 +187,7 @@ extern "C" void sd_cu_model_free(sd_cu_model *g) {
     void *host[] = {g->h_x, g->h_cs, g->h_rows, g->h_out, g->h_hid, g->h_logits};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) cudaFreeHost(host[i]);
     if (g->blas) cublasDestroy(g->blas);
+    cudaFree(g->blas_ws);
     if (g->st) cudaStreamDestroy(g->st);
     free(g);
 }
