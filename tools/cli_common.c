@@ -53,6 +53,18 @@ int cli_float(const char *flag, const char *s, double lo, double hi, float *out)
     return 0;
 }
 
+int cli_gpu_on;
+
+int cli_gpu_setup(void) {
+    if (!cli_gpu_on) return 0;
+    char err[512];
+    if (sd_gpu_enable(1, err, sizeof err) < 0) {
+        cli_error("%s", err);
+        return -1;
+    }
+    return 0;
+}
+
 int cli_sampling_draw(const char *flag, const char *value, void *dst) {
     if (!strcmp(value, "race")) *(int *)dst = SD_DRAW_RACE;
     else if (!strcmp(value, "rejection")) *(int *)dst = SD_DRAW_REJECTION;

@@ -28,6 +28,13 @@ int cli_u64(const char *flag, const char *s, uint64_t *out);
 // --sampling-draw race|rejection into *(int *)dst (enum sd_sampling_draw); a
 // cli_custom_fn. CLI_SAMPLING_DRAW_HELP is its help text.
 int cli_sampling_draw(const char *flag, const char *value, void *dst);
+// --gpu (generate, bench, bench-forward, serve): every session on the CUDA
+// path (docs/gpu.md). cli_gpu_setup, called after parsing, switches it on
+// (sd_gpu_enable) or prints why it cannot be (no CUDA build, no device): -1.
+extern int cli_gpu_on;
+#define CLI_GPU_HELP "run the model on the GPU (a CUDA build: make CUDA=1; weights in bf16 on the device; docs/gpu.md)"
+#define CLI_OPT_GPU {"--gpu", NULL, CLI_FLAG, &cli_gpu_on, .help = CLI_GPU_HELP}
+int cli_gpu_setup(void);
 #define CLI_SAMPLING_DRAW_HELP                                                                                   \
     "how a sampled token is drawn (temp > 0): race = the exponential race over noise hashed from (seed, "        \
     "position, token): a seed gives the same text with any method, tree or load, equal to plain sampling's; "   \

@@ -169,6 +169,7 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
          .help = "chain/tree drafts stop below this top probability"},
         {"--no-chat", NULL, CLI_FLAG, &o->chat, .off = 1,
          .help = "use the prompt text as is (models without a chat template)"},
+        CLI_OPT_GPU,
         {"--precise-prompt", NULL, CLI_FLAG, &o->fast_prompt, .off = 1,
          .help = "prompts with float activations (as generate --precise-prompt; the default is 8-bit activations "
                  "like the generated tokens); prompt time is not part of tokens/s either way"},
@@ -198,6 +199,7 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
         .n_opts = CLI_N(opts),
     };
     int r = cli_parse(&cmd, argc, argv);
+    if (r == CLI_PARSE_OK && cli_gpu_setup() < 0) return CLI_PARSE_ERROR;
     if (r == CLI_PARSE_OK && o->n_threads <= 0) o->n_threads = sd_n_cores();
     return r;
 }

@@ -191,6 +191,7 @@ static int bf_parse(int argc, char **argv, bf_opts *o) {
     const cli_opt opts[] = {
         {"--model", "-m", CLI_FILE, &o->model_path, .meta = "FILE", .what = "model file",
          .required = "a model is required (-m MODEL.gguf)", .help = "GGUF model (required)"},
+        CLI_OPT_GPU,
         {"--threads", "-t", CLI_INT, &o->n_threads, .lo = 1, .hi = 1024, .meta = "N",
          .help = "threads (default: number of cores)"},
         {"--batch", NULL, CLI_CUSTOM, o, .fn = parse_batches, .meta = "LIST", .def = "1,2,4,8,16,32,64",
@@ -229,6 +230,7 @@ static int bf_parse(int argc, char **argv, bf_opts *o) {
         .n_opts = CLI_N(opts),
     };
     int r = cli_parse(&cmd, argc, argv);
+    if (r == CLI_PARSE_OK && cli_gpu_setup() < 0) return CLI_PARSE_ERROR;
     if (r == CLI_PARSE_OK && o->n_threads <= 0) o->n_threads = sd_n_cores();
     return r;
 }

@@ -261,6 +261,7 @@ static int gen_parse(int argc, char **argv, gen_opts *o) {
          .help = "context length in tokens (default: min(model's, 4096))"},
         {"--batch", "-b", CLI_INT, &o->n_batch, .lo = 1, .hi = 1 << 16, .meta = "N", .def = CLI_DEF_VALUE,
          .help = "prompt tokens per forward pass"},
+        CLI_OPT_GPU,
         {"--precise-prompt", NULL, CLI_FLAG, &o->fast_prompt, .off = 1,
          .help = "evaluate the prompt with float activations (several times slower; by default the prompt uses "
                  "8-bit activations like the generated tokens, as llama.cpp does; docs/numerics.md measures the "
@@ -341,7 +342,9 @@ static int gen_parse(int argc, char **argv, gen_opts *o) {
                          .notes = GEN_NOTES,
                          .opts = opts,
                          .n_opts = CLI_N(opts)};
-    return cli_parse(&cmd, argc, argv);
+    const int r = cli_parse(&cmd, argc, argv);
+    if (r == CLI_PARSE_OK && cli_gpu_setup() < 0) return CLI_PARSE_ERROR;
+    return r;
 }
 
 // ---------------------------------------------------------------- validate

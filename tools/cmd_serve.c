@@ -177,6 +177,7 @@ int cmd_serve(int argc, char **argv) {
          .help = "auto: when several slots share a pass, each round keeps only the draft nodes whose measured "
                  "acceptance pays for their rows at the target's cost curve (measured at start-up), so that "
                  "speculation never slows a busy server; off: every slot drafts its method's full shape"},
+        CLI_OPT_GPU,
         {"--precise-prompt", NULL, CLI_FLAG, &o.fast_prompt, .off = 1,
          .help = "evaluate prompts with float activations (as generate --precise-prompt), in chunks of their own; "
                  "by default prompts use 8-bit activations like generated tokens, their chunks batched with the "
@@ -202,6 +203,7 @@ int cmd_serve(int argc, char **argv) {
     };
     int pr = cli_parse(&cmd, argc, argv);
     if (pr != CLI_PARSE_OK) return cli_parse_exit(pr);
+    if (cli_gpu_setup() < 0) return 1;
     if (strcmp(budget, "auto") != 0 && strcmp(budget, "off") != 0)
         return cli_error("--draft-budget: expected auto or off, got '%s'", budget);
     o.draft_budget = !strcmp(budget, "auto");
