@@ -25,6 +25,7 @@ mkdir -p "$OUT_DIR"
 M="$OUT_DIR/models"
 mkdir -p "$M"
 J=$(nproc)
+export M OUT_DIR J
 T0=$(date +%s)
 declare -A STATUS
 step() { # step NAME TIMEOUT_S CMD...: runs CMD, logs, records ok/fail
@@ -32,6 +33,8 @@ step() { # step NAME TIMEOUT_S CMD...: runs CMD, logs, records ok/fail
     shift 2
     local t=$(date +%s)
     echo "== $name ($(($t - T0)) s into the check)" >&2
+    # shell functions run in a child bash (timeout runs programs only; they are exported below)
+    if declare -F "$1" >/dev/null; then set -- bash -c "$1"; fi
     if timeout "$to" "$@" >"$OUT_DIR/$name.log" 2>&1; then STATUS[$name]=ok; else STATUS[$name]="fail rc=$?"; fi
     echo "   ${STATUS[$name]} in $(($(date +%s) - t)) s" >&2
 }
@@ -42,20 +45,22 @@ build() {
         echo "reusing the CUDA build in build/"
     else
         make clean >/dev/null
-        make -j"$J" CUDA=1 build/specdec build/tests/gpu/test_gpu build/tests/tool_synth_model build/tests/tool_random_head
+        make -j"$J" CUDA=1 build/specdec build/tests/gpu/test_gpu build/tests/tool_synth_shape build/tests/tool_random_head
     fi
     nm -D build/specdec 2>/dev/null | grep -q cublas || ldd build/specdec | grep -q cublas
 }
+export -f build
 step build 240 build
 step nvidia_smi 20 nvidia-smi
 
 # 2. models
 models() {
-    build/tests/tool_synth_model "$M/tiny.gguf" llama 64 2 4 2 128 320 F32 &&
-    build/tests/tool_synth_model "$M/q15.gguf" qwen2 1536 28 12 2 8960 151936 Q8_0 &&
-    build/tests/tool_synth_model "$M/draft.gguf" qwen2 256 2 4 2 512 151936 Q8_0 7 &&
+    build/tests/tool_synth_shape "$M/tiny.gguf" llama 64 2 4 2 128 320 F32 &&
+    build/tests/tool_synth_shape "$M/q15.gguf" qwen2 1536 28 12 2 8960 151936 Q8_0 &&
+    build/tests/tool_synth_shape "$M/draft.gguf" qwen2 256 2 4 2 512 151936 Q8_0 7 &&
     build/tests/tool_random_head "$M/q15.gguf" "$M/q15.eagle3.gguf" eagle3
 }
+export -f models
 step models 200 models
 
 # 3. the tests of the CUDA path
@@ -75,6 +80,7 @@ cli_equal() {
     done
     return $fail
 }
+export -f cli_equal
 step cli_equal 150 cli_equal
 
 # 5. compute-sanitizer on the tiny model
@@ -85,6 +91,7 @@ sanitize() {
     "$cs" --tool memcheck --error-exitcode 9 build/specdec generate --gpu -m "$M/tiny.gguf" -p "w5 w6" -n 16 \
         --method chain:3 --draft "$M/tiny.gguf"
 }
+export -f sanitize
 step sanitizer 120 sanitize
 
 # 6. timings (JSON)

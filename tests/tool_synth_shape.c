@@ -1,9 +1,9 @@
-// tool_synth_model.c - a test helper, not a test: writes a synthetic GGUF
+// tool_synth_shape.c - a test helper, not a test: writes a synthetic GGUF
 // model of a chosen shape with random weights (tests/lib/synth.h), for
 // scripts that cannot carry real models: scripts/gpu-check.sh makes a tiny
 // model and one shaped like Qwen2.5-1.5B on the device machine.
 //
-//   build/tests/tool_synth_model OUT.gguf ARCH N_EMBD N_LAYER N_HEAD N_HEAD_KV N_FF N_VOCAB TYPE [SEED]
+//   build/tests/tool_synth_shape OUT.gguf ARCH N_EMBD N_LAYER N_HEAD N_HEAD_KV N_FF N_VOCAB TYPE [SEED]
 //
 // ARCH llama or qwen2; TYPE one of F32 F16 Q8_0 Q4_0 Q4_K ... (the layer
 // matrices; token_embd too). Greedy text is words only (the byte and
@@ -36,17 +36,17 @@ int main(int argc, char **argv) {
         if (tr && tr->name && tr->supported && !strcmp(tr->name, argv[9])) p.wtype = t;
     }
     if (p.wtype < 0) {
-        fprintf(stderr, "tool_synth_model: unknown weight type '%s'\n", argv[9]);
+        fprintf(stderr, "tool_synth_shape: unknown weight type '%s'\n", argv[9]);
         return 1;
     }
     if (argc > 10) p.seed = strtoull(argv[10], NULL, 0);
     if (strcmp(p.arch, "llama") && strcmp(p.arch, "qwen2")) {
-        fprintf(stderr, "tool_synth_model: ARCH must be llama or qwen2, got '%s'\n", p.arch);
+        fprintf(stderr, "tool_synth_shape: ARCH must be llama or qwen2, got '%s'\n", p.arch);
         return 1;
     }
     char err[512];
     if (synth_write(argv[1], &p, err, sizeof err) < 0) {
-        fprintf(stderr, "tool_synth_model: %s\n", err);
+        fprintf(stderr, "tool_synth_shape: %s\n", err);
         return 1;
     }
     return 0;
