@@ -30,6 +30,9 @@ int sd_batcher_new(sd_batcher **out, const sd_model *m, sd_threadpool *pool, int
     if (!m || !pool) return sd_err(err, errlen, "batcher: a model and a thread pool are required");
     if (n_nodes < 1 || n_nodes > 8192)
         return sd_err(err, errlen, "batcher: n_nodes %d out of range (1..8192)", n_nodes);
+    if (m->layer_lo != 0 || m->layer_hi != m->hp.n_layer || !m->has_output)
+        return sd_err(err, errlen, "batcher: the model holds layers [%d, %d) of %d only (a part of a pipeline)",
+                      m->layer_lo, m->layer_hi, m->hp.n_layer);
     const sd_hparams *hp = &m->hp;
     const size_t N = (size_t)n_nodes, kvd = (size_t)hp->n_head_kv * hp->head_dim,
                  qd = (size_t)hp->n_head * hp->head_dim;
@@ -147,7 +150,8 @@ static void layout(sd_batcher *b, sd_fwd_pass *p, sd_session *const *ss, const s
     *p = (sd_fwd_pass){.m = b->m, .mm = &b->mm, .seg = b->seg, .n_seg = n, .n = t0, .precise = bs[0].precise,
                        .any_hid = any_hid, .layer_skip = ss[0]->layer_skip, .out_rows = b->out_rows, .n_out = o0,
                        .x = b->x, .xn = b->xn, .q = b->q, .k = b->k, .att = b->att, .ff_g = b->ff_g,
-                       .ff_u = b->ff_u, .rope_cs = b->rope_cs, .scatter = 1, .v = b->v, .logits = b->logits};
+                       .ff_u = b->ff_u, .rope_cs = b->rope_cs, .scatter = 1, .v = b->v, .logits = b->logits,
+                       .l_lo = 0, .l_hi = b->m->hp.n_layer, .head = 1};
 }
 
 int sd_batcher_forward(sd_batcher *b, sd_session *const *ss, const sd_batch *bs, int n, char *err,
