@@ -53,6 +53,27 @@ ifeq ($(HAVE_JSON),1)
 $(warning libmicrohttpd not found by pkg-config: building specdec without 'serve' (install it: apt-get install libmicrohttpd-dev))
 endif
 endif
+# Pipeline parallelism over MPI (docs/mpi.md): `make MPI=1` builds
+# build/specdec with mpicc and tools/mpi/pp.c + pp_worker.c (Open MPI:
+# apt-get install openmpi-bin libopenmpi-dev); the default build links
+# tools/mpi/pp_none.c, which refuses --pp with a message. The library never
+# sees MPI. build/pp-mode records which one build/specdec was linked with,
+# so switching relinks it.
+MPICC ?= mpicc
+ifeq ($(MPI),1)
+PP_MODE := mpi
+PP_OBJ  := build/tools/mpi/pp.o build/tools/mpi/pp_worker.o
+LINK_CC := $(MPICC)
+build/tools/mpi/pp.o build/tools/mpi/pp_worker.o: CC := $(MPICC)
+else
+PP_MODE := none
+PP_OBJ  := build/tools/mpi/pp_none.o
+LINK_CC := $(CC)
+endif
+build/pp-mode: FORCE
+	@mkdir -p build
+	@echo $(PP_MODE) | cmp -s - $@ || echo $(PP_MODE) > $@
+.PHONY: FORCE
 TLIB_OBJ := $(patsubst %.c,build/%.o,$(wildcard tests/lib/*.c))
 TESTS    := $(patsubst tests/%.c,build/tests/%,$(wildcard tests/*/test_*.c))
 # Helper programs of the test scripts (tests/tool_*.c, e.g. a random draft
@@ -95,8 +116,8 @@ $(TOOL_OBJ) $(SERVE_OBJ) $(JSON_TESTS:%=%.o): | need-jansson
 $(JSON_TESTS:%=%.o): CFLAGS += $(JSON_CFLAGS)
 $(JSON_TESTS): LDLIBS += $(JSON_LIBS)
 
-build/specdec: $(TOOL_OBJ) $(SERVE_OBJ) $(LIB)
-	$(CC) $(CFLAGS) $(TOOL_OBJ) $(SERVE_OBJ) $(LIB) $(SERVE_LIBS) $(JSON_LIBS) $(LDLIBS) -o $@
+build/specdec: $(TOOL_OBJ) $(SERVE_OBJ) $(PP_OBJ) $(LIB) build/pp-mode
+	$(LINK_CC) $(CFLAGS) $(TOOL_OBJ) $(SERVE_OBJ) $(PP_OBJ) $(LIB) $(SERVE_LIBS) $(JSON_LIBS) $(LDLIBS) -o $@
 
 build/examples/%: examples/%.c $(LIB)
 	@mkdir -p $(dir $@)
@@ -173,4 +194,4 @@ build/fuzz_gguf: tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) $(LIB)
 clean:
 	rm -rf build
 
--include $(OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(SERVE_OBJ:.o=.d) $(TLIB_OBJ:.o=.d) $(TESTS:%=%.d) $(TEST_TOOLS:%=%.d)
+-include $(OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(SERVE_OBJ:.o=.d) $(PP_OBJ:.o=.d) $(TLIB_OBJ:.o=.d) $(TESTS:%=%.d) $(TEST_TOOLS:%=%.d)

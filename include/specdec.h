@@ -235,6 +235,7 @@ SD_API int sd_session_commit(sd_session *s, const int32_t *rows, int n_rows, cha
 SD_API int sd_session_truncate(sd_session *s, int n, char *err, size_t errlen);
 SD_API int sd_session_n_past(const sd_session *s);
 SD_API int sd_session_n_ctx(const sd_session *s);
+SD_API int sd_session_n_batch(const sd_session *s);   // most nodes of one forward
 SD_API const sd_model *sd_session_model(const sd_session *s);
 // The pool the session runs on (its own or the one it was given).
 SD_API sd_threadpool *sd_session_pool(const sd_session *s);

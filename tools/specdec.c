@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cli_common.h"
+#include "mpi/pp.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -29,6 +30,10 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+    // --pp R / --layers: a pipeline over MPI ranks (docs/mpi.md); the other
+    // ranks serve their layers and end here
+    const int pp = pp_main(&argc, argv);
+    if (pp >= 0) return pp;
     if (argc < 2) {
         usage(stderr);
         return 1;

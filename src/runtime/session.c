@@ -239,5 +239,6 @@ const uint8_t *sd_session_layer_skip(const sd_session *s) { return s->layer_skip
 
 int sd_session_n_past(const sd_session *s) { return s->n_past; }
 int sd_session_n_ctx(const sd_session *s) { return s->n_ctx; }
+int sd_session_n_batch(const sd_session *s) { return s->n_batch; }
 const sd_model *sd_session_model(const sd_session *s) { return s->m; }
 sd_threadpool *sd_session_pool(const sd_session *s) { return s->pool; }

@@ -1,0 +1,412 @@
+// pp.c - pipeline parallelism over MPI (make MPI=1; docs/mpi.md): the
+// launch (options, the checks every rank agrees on, the split of the
+// layers) and rank 0's side. Rank 0 holds the tokenizer, the embeddings,
+// the first layers, the output layer, the drafter, sampling and
+// verification: the command runs there as in one process, on a session
+// whose hooks (sd_session_set_hooks) send each forward round the ring of
+// ranks (pp_worker.c) and queue each commit and truncation for the next
+// forward. Every rank runs the same kernels on the same rows in the same
+// order as one process would, so the output is the same, bit for bit.
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "mpi/pp.h"
+#include "mpi/pp_wire.h"
+
+static pp_ctx g_c;
+static int g_active;        // rank 0 of a pipeline
+static int g_attached;      // the target's session is hooked, the workers have theirs
+static char g_path[1024];   // the model the ranks loaded
+static int32_t *g_ops;      // queued cache operations (op, n, rows...)
+static int g_n_ops, g_ops_cap;
+static double g_n_fwd, g_other_ms, g_wait_ms, g_self_ms;
+
+// ---------------------------------------------------------------- the launch
+
+typedef struct fact {
+    int32_t ok, n_layer, n_embd, pad;
+    uint64_t fsize, fp;
+    char msg[240];
+} fact;
+
+// FNV-1a of the file's first MiB and last 64 KiB (its header, the first and
+// last tensors) and its size: two model files practically never share it.
+static int file_fingerprint(const char *path, uint64_t *size, uint64_t *fp, char *msg, size_t len) {
+    const int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        snprintf(msg, len, "cannot open the model '%s'", path);
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    *size = (uint64_t)st.st_size;
+    uint64_t h = 0xcbf29ce484222325ull;
+    static unsigned char buf[1 << 20];
+    const off_t offs[2] = {0, st.st_size > (1 << 16) ? st.st_size - (1 << 16) : 0};
+    const size_t lens[2] = {sizeof buf, 1 << 16};
+    for (int k = 0; k < 2; k++) {
+        const ssize_t n = pread(fd, buf, lens[k], offs[k]);
+        for (ssize_t i = 0; i < n; i++) h = (h ^ buf[i]) * 0x100000001b3ull;
+    }
+    close(fd);
+    *fp = h;
+    return 0;
+}
+
+// The model path of the command line (-m, --model, --model=).
+static const char *model_arg(int argc, char **argv) {
+    for (int i = 2; i < argc; i++) {
+        if ((!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) && i + 1 < argc) return argv[i + 1];
+        if (!strncmp(argv[i], "--model=", 8)) return argv[i] + 8;
+    }
+    return NULL;
+}
+
+// This rank's facts: the command, the model file, its layers.
+static void my_facts(int argc, char **argv, int want_ranks, int size, fact *f) {
+    memset(f, 0, sizeof *f);
+    const char *cmd = argc > 1 ? argv[1] : "";
+    if (strcmp(cmd, "generate") && strcmp(cmd, "bench") && strcmp(cmd, "serve")) {
+        snprintf(f->msg, sizeof f->msg, "--pp works with generate, bench and serve, not '%s'", cmd);
+        return;
+    }
+    if (want_ranks != size) {
+        snprintf(f->msg, sizeof f->msg, "the pipeline asks for %d ranks but mpirun started %d (mpirun -np %d ... --pp %d)",
+                 want_ranks, size, want_ranks, want_ranks);
+        return;
+    }
+    const char *path = model_arg(argc, argv);
+    if (!path) {
+        snprintf(f->msg, sizeof f->msg, "no model given (-m FILE)");
+        return;
+    }
+    snprintf(g_path, sizeof g_path, "%s", path);
+    if (file_fingerprint(path, &f->fsize, &f->fp, f->msg, sizeof f->msg) < 0) return;
+    sd_model *m = NULL;
+    char err[512];
+    if (sd_model_load_part(&m, path, 0, 0, 0, err, sizeof err) < 0) {   // the header alone
+        snprintf(f->msg, sizeof f->msg, "%.230s", err);
+        return;
+    }
+    sd_model_info mi;
+    sd_model_get_info(m, &mi);
+    sd_model_free(m);
+    f->n_layer = mi.n_layer;
+    f->n_embd = mi.n_embd;
+    f->ok = 1;
+}
+
+// The layers of each rank: the --layers counts, or an even split (the
+// remainder to the last ranks: rank 0 also embeds, drafts, samples and
+// runs the output layer). 0, or -1 with a message.
+static int split_layers(const char *spec, int R, int n_layer, int *lo, char *msg, size_t len) {
+    if (R > n_layer)
+        return snprintf(msg, len, "%d ranks for a model of %d layers: at most one rank per layer (--pp %d or fewer)", R,
+                        n_layer, n_layer), -1;
+    lo[0] = 0;
+    if (!spec) {
+        const int base = n_layer / R, rem = n_layer % R;
+        for (int k = 0; k < R; k++) lo[k + 1] = lo[k] + base + (k >= R - rem);
+        return 0;
+    }
+    int k = 0;
+    const char *p = spec;
+    while (*p) {
+        char *end;
+        const long v = strtol(p, &end, 10);
+        if (end == p || v < 1 || v > 100000 || (*end && *end != ','))
+            return snprintf(msg, len, "--layers '%s': expected a count of layers per rank, each >= 1, e.g. 10,10,10",
+                            spec), -1;
+        if (k == R) return snprintf(msg, len, "--layers '%s' gives more entries than the %d ranks", spec, R), -1;
+        lo[k + 1] = lo[k] + (int)v;
+        k++;
+        p = *end ? end + 1 : end;
+    }
+    if (k != R) return snprintf(msg, len, "--layers '%s' gives %d entries for %d ranks", spec, k, R), -1;
+    if (lo[R] != n_layer)
+        return snprintf(msg, len, "--layers '%s' covers %d layers, but the model has %d: the counts must sum to %d",
+                        spec, lo[R], n_layer, n_layer), -1;
+    return 0;
+}
+
+// The verdict every rank reaches from the same facts. 0, or -1 with a message.
+static int verdict(const fact *all, int size, const char *spec, int R, int *lo, char *msg, size_t len) {
+    for (int k = 0; k < size; k++)
+        if (!all[k].ok) return snprintf(msg, len, "rank %d: %s", k, all[k].msg), -1;
+    for (int k = 1; k < size; k++)
+        if (all[k].fsize != all[0].fsize || all[k].fp != all[0].fp)
+            return snprintf(msg, len,
+                            "the model files differ between ranks: rank 0's has %llu bytes, rank %d's %llu bytes%s; "
+                            "every rank must load the same file",
+                            (unsigned long long)all[0].fsize, k, (unsigned long long)all[k].fsize,
+                            all[k].fsize == all[0].fsize ? " and other contents" : ""), -1;
+    return split_layers(spec, R, all[0].n_layer, lo, msg, len);
+}
+
+static int parse_int(const char *flag, const char *v, int lo, int hi, int *out) {
+    char *end;
+    const long x = v ? strtol(v, &end, 10) : 0;
+    if (!v || end == v || *end || x < lo || x > hi) {
+        fprintf(stderr, "specdec: %s needs an integer in %d..%d, got '%s'\n", flag, lo, hi, v ? v : "");
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+static void pp_finish(void);
+
+int pp_main(int *argc, char **argv) {
+    int R = 0, any = 0, timeout_s = 120, j = 1;
+    const char *spec = NULL;
+    for (int i = 1; i < *argc; i++) {
+        const char *a = argv[i];
+        const char *v = NULL;
+        if (!strcmp(a, "--pp") || !strcmp(a, "--layers") || !strcmp(a, "--pp-timeout")) {
+            v = i + 1 < *argc ? argv[++i] : NULL;
+        } else if (!strncmp(a, "--pp=", 5) || !strncmp(a, "--layers=", 9) || !strncmp(a, "--pp-timeout=", 13)) {
+            v = strchr(a, '=') + 1;
+        } else if (!strcmp(a, "--pp-stats")) {
+            g_c.stats = 1;
+            continue;
+        } else {
+            argv[j++] = argv[i];
+            continue;
+        }
+        if (!strncmp(a, "--pp-timeout", 12)) {
+            if (parse_int("--pp-timeout", v, 1, 86400, &timeout_s) < 0) return 2;
+        } else if (!strncmp(a, "--pp", 4)) {
+            if (parse_int("--pp", v, 1, PP_MAX_RANKS, &R) < 0) return 2;
+            any = 1;
+        } else {
+            if (!v) return fprintf(stderr, "specdec: --layers needs a value (layers per rank, e.g. 10,10,10)\n"), 2;
+            spec = v;
+            any = 1;
+        }
+    }
+    argv[j] = NULL;
+    *argc = j;
+    const char *ws = getenv("OMPI_COMM_WORLD_SIZE"), *wr = getenv("OMPI_COMM_WORLD_RANK");
+    const int world = ws ? atoi(ws) : 1, wrank = wr ? atoi(wr) : 0;
+    if (!any) {
+        if (world <= 1) return -1;
+        if (wrank == 0)
+            fprintf(stderr, "specdec: launched on %d MPI ranks without --pp: add --pp %d to split the model's layers "
+                            "over them (or run one process)\n", world, world);
+        return 2;
+    }
+    if (!R && spec) {   // --layers alone: one rank per entry
+        R = 1;
+        for (const char *p = spec; *p; p++) R += *p == ',';
+    }
+    int provided = 0;
+    MPI_Init_thread(argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(MPI_COMM_WORLD, &g_c.rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &g_c.size);
+    g_c.timeout_ms = timeout_s * 1e3;
+    fact mine, all[PP_MAX_RANKS];
+    if (g_c.size > PP_MAX_RANKS) {
+        if (g_c.rank == 0) fprintf(stderr, "specdec: %d ranks: at most %d\n", g_c.size, PP_MAX_RANKS);
+        MPI_Finalize();
+        return 2;
+    }
+    my_facts(*argc, argv, R, g_c.size, &mine);
+    MPI_Allgather(&mine, (int)sizeof mine, MPI_BYTE, all, (int)sizeof mine, MPI_BYTE, MPI_COMM_WORLD);
+    char msg[600];
+    if (verdict(all, g_c.size, spec, R, g_c.lo, msg, sizeof msg) < 0) {
+        if (g_c.rank == 0) fprintf(stderr, "specdec: %s\n", msg);
+        MPI_Finalize();
+        return 2;
+    }
+    g_c.n_layer = all[0].n_layer;
+    g_c.n_embd = all[0].n_embd;
+    if (g_c.rank > 0) {
+        const int rc = pp_worker(&g_c, g_path);
+        MPI_Finalize();
+        return rc;
+    }
+    g_active = 1;
+    atexit(pp_finish);
+    return -1;
+}
+
+int pp_active(void) { return g_active; }
+
+// ---------------------------------------------------------------- rank 0
+
+int pp_model_load(sd_model **out, const char *path, char *err, size_t errlen) {
+    if (!g_active || g_c.size == 1) return sd_model_load(out, path, err, errlen);
+    return sd_model_load_part(out, path, 0, g_c.lo[1], 1, err, errlen);
+}
+
+// Queues a cache operation of n_words for the next forward; a queue that
+// would overflow goes round the ring on its own first.
+static void queue_ops(const int32_t *w, int n_words) {
+    if (g_n_ops + n_words > g_ops_cap) {
+        pp_hdr *h = (pp_hdr *)(void *)g_c.sbuf;
+        memset(h, 0, sizeof *h);
+        h->type = PP_OPS;
+        h->n_ops = g_n_ops;
+        pp_view v;
+        pp_layout(g_c.sbuf, g_c.n_embd, &v);
+        memcpy(v.ops, g_ops, sizeof(int32_t) * (size_t)g_n_ops);
+        MPI_Request rq;
+        MPI_Isend(g_c.sbuf, (int)v.bytes, MPI_BYTE, 1, PP_TAG_RING, MPI_COMM_WORLD, &rq);
+        pp_wait(&g_c, &rq, 1, 1, "sending to", g_c.timeout_ms, NULL);
+        g_n_ops = 0;
+    }
+    memcpy(g_ops + g_n_ops, w, sizeof(int32_t) * (size_t)n_words);
+    g_n_ops += n_words;
+}
+
+static void hook_commit(void *arg, const int32_t *rows, int n) {
+    (void)arg;
+    if (!rows) {
+        const int32_t w[2] = {PP_OP_COMMIT_ALL, n};
+        queue_ops(w, 2);
+        return;
+    }
+    int32_t w[2 + 8192];
+    w[0] = PP_OP_COMMIT;
+    w[1] = n;
+    memcpy(w + 2, rows, sizeof(int32_t) * (size_t)n);
+    queue_ops(w, 2 + n);
+}
+
+static void hook_truncate(void *arg, int n) {
+    (void)arg;
+    const int32_t w[2] = {PP_OP_TRUNC, n};
+    queue_ops(w, 2);
+}
+
+// One forward round the ring: rank 0's layers into the message, the other
+// ranks', the answer's hidden rows into the caller's buffer, the output.
+static int hook_forward(void *arg, sd_session *s, const sd_batch *b, char *err, size_t errlen) {
+    (void)arg;
+    pp_ctx *c = &g_c;
+    const int E = c->n_embd, first_remote = c->lo[1];
+    pp_hdr *h = (pp_hdr *)(void *)c->sbuf;
+    memset(h, 0, sizeof *h);
+    h->type = PP_FWD;
+    h->n = b->n;
+    h->flags = (b->parent ? PP_F_PARENT : 0) | (b->pos ? PP_F_POS : 0) | (b->precise ? PP_F_PRECISE : 0);
+    int remote_hid = 0;
+    for (int k = 0; k < b->n_hidden_layers; k++)
+        remote_hid |= b->hidden_layers[k] != SD_HIDDEN_NORM && b->hidden_layers[k] >= first_remote;
+    if (remote_hid && b->n > 0) {
+        h->n_hid = b->n_hidden_layers;
+        memcpy(h->hid_layers, b->hidden_layers, sizeof(int32_t) * (size_t)h->n_hid);
+        h->flags |= b->hidden ? PP_F_HIDDEN : 0;
+        for (int i = 0; i < b->n; i++) h->n_wanted += !b->hidden || b->hidden[i];
+    }
+    h->n_ops = g_n_ops;
+    pp_view v;
+    pp_layout(c->sbuf, E, &v);
+    if (v.bytes > c->cap) return snprintf(err, errlen, "pipeline: a message of %zu bytes exceeds %zu", v.bytes, c->cap), -1;
+    memcpy(v.ops, g_ops, sizeof(int32_t) * (size_t)g_n_ops);
+    for (int i = 0; i < b->n; i++) {
+        if (v.parent) v.parent[i] = b->parent[i];
+        if (v.pos) v.pos[i] = b->pos[i];
+        if (v.hidden) v.hidden[i] = b->hidden[i];
+    }
+    double t0 = MPI_Wtime();
+    const sd_forward_part first = {.layer_lo = 0, .layer_hi = first_remote, .output = 0, .x_out = v.x};
+    int r = sd_session_forward_part(s, b, &first, err, errlen);
+    if (r < 0) return r;   // nothing sent: the queued operations wait for the next forward
+    g_self_ms += (MPI_Wtime() - t0) * 1e3;
+    g_n_ops = 0;
+    MPI_Request rq[2];
+    MPI_Irecv(c->rbuf, (int)c->cap, MPI_BYTE, c->size - 1, PP_TAG_RING, MPI_COMM_WORLD, &rq[0]);
+    MPI_Isend(c->sbuf, (int)v.bytes, MPI_BYTE, 1, PP_TAG_RING, MPI_COMM_WORLD, &rq[1]);
+    pp_wait(c, rq, 2, c->size - 1, "waiting for the answer of", c->timeout_ms, &g_wait_ms);
+    pp_view a;
+    pp_layout(c->rbuf, E, &a);
+    if (a.h->type == PP_ERR) {
+        snprintf(err, errlen, "pipeline: %.400s", c->rbuf + sizeof(pp_hdr));
+        return SD_ERR_INPUT;
+    }
+    if (a.h->type != PP_FWD || a.h->n != b->n) pp_die(c, "an answer of type %d for %d nodes from rank %d", a.h->type, a.h->n, c->size - 1);
+    for (int k = 1; k < c->size; k++) g_other_ms += a.h->rank_ms[k];
+    g_n_fwd++;
+    for (int k = 0; k < a.h->n_hid; k++) {
+        const int l = a.h->hid_layers[k];
+        if (l == SD_HIDDEN_NORM || l < first_remote) continue;
+        for (int w = 0; w < a.h->n_wanted; w++)
+            memcpy(b->hidden_out + ((size_t)w * a.h->n_hid + k) * E, a.hid + ((size_t)w * a.h->n_hid + k) * E,
+                   sizeof(float) * (size_t)E);
+    }
+    sd_batch out = *b;
+    out.tokens = NULL;
+    out.embd = a.x;
+    const sd_forward_part last = {.layer_lo = c->n_layer, .layer_hi = c->n_layer, .output = 1, .x_out = NULL};
+    t0 = MPI_Wtime();
+    r = sd_session_forward_part(s, &out, &last, err, errlen);
+    g_self_ms += (MPI_Wtime() - t0) * 1e3;
+    return r;
+}
+
+int pp_attach(sd_session *s, char *err, size_t errlen) {
+    if (!g_active || g_c.size == 1) return 0;
+    pp_ctx *c = &g_c;
+    c->n_batch = sd_session_n_batch(s);
+    c->cap = pp_msg_cap(c->n_batch, c->n_embd, PP_OPS_WORDS(c->n_batch));
+    c->sbuf = aligned_alloc(64, (c->cap + 63) / 64 * 64);
+    c->rbuf = aligned_alloc(64, (c->cap + 63) / 64 * 64);
+    g_ops_cap = PP_OPS_WORDS(c->n_batch);
+    g_ops = malloc(sizeof(int32_t) * (size_t)g_ops_cap);
+    if (!c->sbuf || !c->rbuf || !g_ops) return snprintf(err, errlen, "pipeline: out of memory"), -1;
+    const int32_t setup[4] = {PP_SETUP, sd_session_n_ctx(s), c->n_batch, sd_threadpool_size(sd_session_pool(s))};
+    for (int k = 1; k < c->size; k++) MPI_Send(setup, 4, MPI_INT32_T, k, PP_TAG_SETUP, MPI_COMM_WORLD);
+    const sd_session_hooks h = {.forward = hook_forward, .commit = hook_commit, .truncate = hook_truncate};
+    sd_session_set_hooks(s, &h);
+    g_attached = 1;
+    return 0;
+}
+
+// At exit: the quit goes round the ring and comes back with every rank's
+// figures, printed as one JSON line with --pp-stats; then MPI ends.
+static void pp_finish(void) {
+    pp_ctx *c = &g_c;
+    if (!g_active) return;
+    g_active = 0;
+    if (!g_attached) {
+        const int32_t quit[4] = {PP_QUIT, 0, 0, 0};
+        for (int k = 1; k < c->size; k++) MPI_Send(quit, 4, MPI_INT32_T, k, PP_TAG_SETUP, MPI_COMM_WORLD);
+        MPI_Finalize();
+        return;
+    }
+    pp_hdr *h = (pp_hdr *)(void *)c->sbuf;
+    memset(h, 0, sizeof *h);
+    h->type = PP_QUIT;
+    pp_rank_stats *st = (pp_rank_stats *)(void *)(c->sbuf + sizeof(pp_hdr));
+    memset(st, 0, sizeof(pp_rank_stats) * PP_MAX_RANKS);
+    MPI_Request rq[2];
+    MPI_Irecv(c->rbuf, (int)c->cap, MPI_BYTE, c->size - 1, PP_TAG_RING, MPI_COMM_WORLD, &rq[0]);
+    MPI_Isend(c->sbuf, (int)(sizeof(pp_hdr) + sizeof(pp_rank_stats) * PP_MAX_RANKS), MPI_BYTE, 1, PP_TAG_RING,
+              MPI_COMM_WORLD, &rq[1]);
+    pp_wait(c, rq, 2, c->size - 1, "waiting for the quit to come back from", c->timeout_ms, NULL);
+    if (c->stats) {
+        st = (pp_rank_stats *)(void *)(c->rbuf + sizeof(pp_hdr));
+        pp_mem(&st[0].rss_mib, &st[0].hwm_mib);
+        st[0].compute_ms = g_self_ms;
+        st[0].wait_ms = g_wait_ms;
+        st[0].n_fwd = g_n_fwd;
+        st[0].lo = 0;
+        st[0].hi = c->lo[1];
+        const double hop = g_n_fwd > 0 ? (g_wait_ms - g_other_ms) / g_n_fwd / c->size : 0;
+        fprintf(stderr, "{\"pp\": {\"ranks\": %d, \"n_layer\": %d, \"forwards\": %.0f, \"hop_overhead_ms\": %.4f, "
+                        "\"per_rank\": [", c->size, c->n_layer, g_n_fwd, hop);
+        for (int k = 0; k < c->size; k++)
+            fprintf(stderr, "%s{\"rank\": %d, \"layers\": [%.0f, %.0f], \"rss_mib\": %.1f, \"hwm_mib\": %.1f, "
+                            "\"compute_ms\": %.1f, \"wait_ms\": %.1f, \"forwards\": %.0f}",
+                    k ? ", " : "", k, st[k].lo, st[k].hi, st[k].rss_mib, st[k].hwm_mib, st[k].compute_ms, st[k].wait_ms,
+                    st[k].n_fwd);
+        fprintf(stderr, "]}}\n");
+    }
+    MPI_Finalize();
+}

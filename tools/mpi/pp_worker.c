@@ -1,0 +1,215 @@
+// pp_worker.c - the ranks after the first of a pipeline (docs/mpi.md), and
+// what every rank uses: the messages' layout, the wait with a deadline, the
+// stop with a message. A worker loads only its layers, makes its session
+// when rank 0 says how large, then serves the ring: each message from the
+// rank before applies rank 0's commits and truncations to its cache, runs
+// its layers on the residual rows (writing the hidden rows of its layers
+// that rank 0's drafter asked for) and goes on to the next rank, in place.
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "mpi/pp_wire.h"
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+void pp_layout(char *buf, int n_embd, pp_view *v) {
+    pp_hdr *h = (pp_hdr *)(void *)buf;
+    char *p = buf + sizeof(pp_hdr);
+    v->h = h;
+    v->ops = (int32_t *)(void *)p;
+    p += sizeof(int32_t) * (size_t)h->n_ops;
+    v->parent = v->pos = v->hidden = NULL;
+    if (h->flags & PP_F_PARENT) v->parent = (int32_t *)(void *)p, p += sizeof(int32_t) * (size_t)h->n;
+    if (h->flags & PP_F_POS) v->pos = (int32_t *)(void *)p, p += sizeof(int32_t) * (size_t)h->n;
+    if (h->flags & PP_F_HIDDEN) v->hidden = (int32_t *)(void *)p, p += sizeof(int32_t) * (size_t)h->n;
+    p = buf + ((size_t)(p - buf) + 63) / 64 * 64;
+    v->x = (float *)(void *)p;
+    p += sizeof(float) * (size_t)h->n * n_embd;
+    v->hid = (float *)(void *)p;
+    p += sizeof(float) * (size_t)h->n_wanted * h->n_hid * n_embd;
+    v->bytes = (size_t)(p - buf);
+}
+
+size_t pp_msg_cap(int n_batch, int n_embd, int ops_words) {
+    return sizeof(pp_hdr) + sizeof(int32_t) * ((size_t)ops_words + 3 * (size_t)n_batch) + 64 +
+           sizeof(float) * (size_t)n_batch * n_embd * (1 + SD_MAX_HIDDEN_LAYERS) +
+           sizeof(pp_rank_stats) * PP_MAX_RANKS + 1024;
+}
+
+void pp_die(pp_ctx *c, const char *fmt, ...) {
+    char msg[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "specdec: rank %d: %s; stopping every rank\n", c->rank, msg);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 3);
+    exit(3);
+}
+
+int pp_wait(pp_ctx *c, MPI_Request *rq, int n, int peer, const char *what, double timeout_ms, double *waited) {
+    const double t0 = now_ms();
+    long spins = 0, sleep_ns = 2000;
+    for (;;) {
+        int done = 0;
+        const int rc = MPI_Testall(n, rq, &done, MPI_STATUSES_IGNORE);
+        if (rc != MPI_SUCCESS) {
+            char es[MPI_MAX_ERROR_STRING];
+            int len = 0;
+            MPI_Error_string(rc, es, &len);
+            pp_die(c, "%s rank %d failed (%s)", what, peer, es);
+        }
+        if (done) break;
+        if (++spins > 64) {
+            const struct timespec ts = {0, sleep_ns};
+            nanosleep(&ts, NULL);
+            if (sleep_ns < 100000) sleep_ns += sleep_ns / 2;
+        }
+        if (timeout_ms > 0 && (spins & 63) == 0 && now_ms() - t0 > timeout_ms)
+            pp_die(c, "%s rank %d: no answer within %.0f s (a rank is stuck, killed or unreachable)", what, peer,
+                   timeout_ms / 1e3);
+    }
+    if (waited) *waited += now_ms() - t0;
+    return 0;
+}
+
+void pp_mem(double *rss_mib, double *hwm_mib) {
+    *rss_mib = *hwm_mib = 0;
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return;
+    char line[256];
+    while (fgets(line, sizeof line, f)) {
+        long kb = 0;
+        if (sscanf(line, "VmRSS: %ld", &kb) == 1) *rss_mib = kb / 1024.0;
+        if (sscanf(line, "VmHWM: %ld", &kb) == 1) *hwm_mib = kb / 1024.0;
+    }
+    fclose(f);
+}
+
+// Applies rank 0's commits and truncations, in order.
+static void apply_ops(pp_ctx *c, sd_session *s, const int32_t *ops, int n_ops) {
+    char err[256];
+    for (int i = 0; i < n_ops;) {
+        const int op = ops[i], n = ops[i + 1];
+        int r = 0;
+        if (op == PP_OP_COMMIT) r = sd_session_commit(s, ops + i + 2, n, err, sizeof err), i += 2 + n;
+        else if (op == PP_OP_COMMIT_ALL) r = sd_session_commit(s, NULL, n, err, sizeof err), i += 2;
+        else if (op == PP_OP_TRUNC) r = sd_session_truncate(s, n, err, sizeof err), i += 2;
+        else pp_die(c, "unknown cache operation %d from rank 0", op);
+        if (r < 0) pp_die(c, "its cache cannot follow rank 0's: %s", err);
+    }
+}
+
+// One forward message, in place: the layers of this rank on the residual
+// rows, the wanted hidden rows of its layers written into the message.
+static int run_forward(pp_ctx *c, sd_session *s, pp_view *v, char *err, size_t errlen) {
+    const pp_hdr *h = v->h;
+    uint8_t *hidden = NULL;
+    if (v->hidden) {
+        hidden = malloc((size_t)h->n);
+        if (!hidden) return snprintf(err, errlen, "out of memory"), -1;
+        for (int i = 0; i < h->n; i++) hidden[i] = (uint8_t)(v->hidden[i] != 0);
+    }
+    const sd_batch b = {.n = h->n, .embd = v->x, .parent = v->parent, .pos = v->pos, .precise = !!(h->flags & PP_F_PRECISE),
+                        .hidden_layers = h->hid_layers, .n_hidden_layers = h->n_hid, .hidden = hidden,
+                        .hidden_out = v->hid};
+    const sd_forward_part part = {.layer_lo = c->lo[c->rank], .layer_hi = c->lo[c->rank + 1], .output = 0,
+                                  .x_out = v->x};
+    const int r = sd_session_forward_part(s, &b, &part, err, errlen);
+    free(hidden);
+    return r;
+}
+
+// Serves the ring until the quit. Double-buffered: the message just sent
+// may still be in flight while the next one is received into the other
+// buffer.
+static int serve_ring(pp_ctx *c, sd_session *s) {
+    const int prev = c->rank - 1, next = (c->rank + 1) % c->size;
+    MPI_Request sreq = MPI_REQUEST_NULL;
+    char err[512];
+    for (;;) {
+        MPI_Request rq[2] = {MPI_REQUEST_NULL, sreq};
+        MPI_Irecv(c->rbuf, (int)c->cap, MPI_BYTE, prev, PP_TAG_RING, MPI_COMM_WORLD, &rq[0]);
+        pp_wait(c, rq, 2, prev, "waiting for", 0, &c->mine.wait_ms);
+        sreq = MPI_REQUEST_NULL;
+        char *msg = c->rbuf;
+        c->rbuf = c->sbuf;   // the next receive goes into the other buffer
+        c->sbuf = msg;
+        pp_view v;
+        pp_layout(msg, c->n_embd, &v);
+        size_t bytes = v.bytes;
+        const int type = v.h->type;
+        if (type == PP_QUIT) {
+            pp_mem(&c->mine.rss_mib, &c->mine.hwm_mib);
+            c->mine.lo = c->lo[c->rank];
+            c->mine.hi = c->lo[c->rank + 1];
+            pp_rank_stats *st = (pp_rank_stats *)(void *)(msg + sizeof(pp_hdr));
+            st[c->rank] = c->mine;
+            bytes = sizeof(pp_hdr) + sizeof(pp_rank_stats) * PP_MAX_RANKS;
+            MPI_Send(msg, (int)bytes, MPI_BYTE, next, PP_TAG_RING, MPI_COMM_WORLD);
+            return 0;
+        }
+        if (type == PP_ERR) {
+            bytes = sizeof(pp_hdr) + 512;
+        } else if (type == PP_OPS || type == PP_FWD) {
+            apply_ops(c, s, v.ops, v.h->n_ops);
+            if (type == PP_OPS && next == 0) continue;   // nothing goes back for cache operations alone
+            if (type == PP_FWD) {
+                const double t0 = MPI_Wtime();
+                if (run_forward(c, s, &v, err, sizeof err) < 0) {
+                    v.h->type = PP_ERR;
+                    snprintf(msg + sizeof(pp_hdr), 512, "rank %d: %.480s", c->rank, err);
+                    bytes = sizeof(pp_hdr) + 512;
+                } else {
+                    const double ms = (MPI_Wtime() - t0) * 1e3;
+                    v.h->rank_ms[c->rank] = (float)ms;
+                    c->mine.compute_ms += ms;
+                    c->mine.n_fwd++;
+                }
+            }
+        } else {
+            pp_die(c, "unknown message type %d from rank %d", type, prev);
+        }
+        MPI_Isend(msg, (int)bytes, MPI_BYTE, next, PP_TAG_RING, MPI_COMM_WORLD, &sreq);
+    }
+}
+
+int pp_worker(pp_ctx *c, const char *path) {
+    char err[512];
+    sd_model *m = NULL;
+    if (sd_model_load_part(&m, path, c->lo[c->rank], c->lo[c->rank + 1], 0, err, sizeof err) < 0)
+        pp_die(c, "cannot load its layers [%d, %d) of '%s': %s", c->lo[c->rank], c->lo[c->rank + 1], path, err);
+    int32_t setup[4] = {0};
+    MPI_Request rq = MPI_REQUEST_NULL;
+    MPI_Irecv(setup, 4, MPI_INT32_T, 0, PP_TAG_SETUP, MPI_COMM_WORLD, &rq);
+    pp_wait(c, &rq, 1, 0, "waiting for", 0, NULL);
+    if (setup[0] != PP_SETUP) {   // rank 0 stopped before it made its session (a bad option, ...)
+        sd_model_free(m);
+        return 0;
+    }
+    sd_session_params sp = sd_session_default_params();
+    sp.n_ctx = setup[1];
+    sp.n_batch = setup[2];
+    sp.n_threads = setup[3];
+    sd_session *s = NULL;
+    if (sd_session_new(&s, m, &sp, err, sizeof err) < 0) pp_die(c, "cannot make its session: %s", err);
+    c->n_batch = sd_session_n_batch(s);
+    c->cap = pp_msg_cap(c->n_batch, c->n_embd, PP_OPS_WORDS(c->n_batch));
+    c->sbuf = aligned_alloc(64, (c->cap + 63) / 64 * 64);
+    c->rbuf = aligned_alloc(64, (c->cap + 63) / 64 * 64);
+    if (!c->sbuf || !c->rbuf) pp_die(c, "out of memory for its message buffers (%zu bytes)", 2 * c->cap);
+    const int rc = serve_ring(c, s);
+    sd_session_free(s);
+    sd_model_free(m);
+    free(c->sbuf);
+    free(c->rbuf);
+    return rc;
+}
