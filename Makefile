@@ -86,7 +86,7 @@ TEST_SCRIPTS := $(wildcard tests/*/test_*.py)
 # Examples see only include/ (the public API), never src/.
 EXAMPLES := $(patsubst examples/%.c,build/examples/%,$(wildcard examples/*.c))
 
-.PHONY: all run run-only test test-only setup fuzz clean models asan-serve need-jansson docs
+.PHONY: all run run-only test test-only test-mpi setup fuzz clean models asan-serve need-jansson docs
 .SECONDARY:
 all: build/specdec $(LIB_SO) $(TESTS) $(TEST_TOOLS) $(EXAMPLES)
 
@@ -158,6 +158,14 @@ test:
 test-only: build/specdec $(LIB_SO) $(TESTS) $(TEST_TOOLS) $(EXAMPLES)
 	@bash scripts/fetch-models.sh || echo "warning: could not fetch the default model; tests that need it will be skipped"
 	@bash scripts/run-tests.sh $(TESTS) $(TEST_SCRIPTS)
+
+# The pipeline-parallel target over MPI (docs/mpi.md): build/specdec relinked
+# with MPI=1, then tests/mpi under mpirun --oversubscribe (as root, Open MPI
+# needs the two OMPI_ALLOW_RUN_AS_ROOT variables). A later plain `make`
+# relinks it without MPI.
+test-mpi:
+	@$(MAKE) --no-print-directory MPI=1 build/specdec build/tests/tool_synth_model build/tests/tool_random_head
+	@OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 bash scripts/run-tests.sh $(wildcard tests/mpi/test_*.py)
 
 # docs/cli.md is generated from the --help of every command
 # (tests/cli/test_cli_doc.py fails when it is out of date).

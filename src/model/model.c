@@ -267,8 +267,10 @@ static void repack_one(sd_model *m, const sd_tensor **field, uint8_t **cursor) {
     if (sd_type_get(rt)->repack(t->data, buf, t->ne[0], t->ne[1]) != 0) return;
     const size_t nb = matrix_bytes(t);
     // The file's copy is not read again (token_embd, looked up by row, is never
-    // repacked itself): give its pages back to the page cache.
-    if (t != m->tok_embd) {
+    // repacked itself): give its pages back to the page cache. A model part
+    // (sd_model_load_part) gives back token_embd's too, once its tied output
+    // is repacked: its lookups fault in the few rows they read.
+    if (t != m->tok_embd || m->layer_hi - m->layer_lo < m->hp.n_layer) {
         uintptr_t a = ((uintptr_t)t->data + 4095) & ~(uintptr_t)4095, e = ((uintptr_t)t->data + nb) & ~(uintptr_t)4095;
         if (e > a) (void)madvise((void *)a, e - a, MADV_DONTNEED);
     }
