@@ -24,6 +24,7 @@ static char g_path[1024];   // the model the ranks loaded
 static int32_t *g_ops;      // queued cache operations (op, n, rows...)
 static int g_n_ops, g_ops_cap;
 static double g_n_fwd, g_other_ms, g_wait_ms, g_self_ms;
+static double g_ping_ms[2];   // --pp-stats: median time of a message of 1 and 16 rows round the ring (ms)
 
 // ---------------------------------------------------------------- the launch
 
@@ -365,6 +366,37 @@ static int hook_forward(void *arg, sd_session *s, const sd_batch *b, char *err, 
     return r;
 }
 
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+// The ring's transport alone: messages of a forward of 1 and 16 rows sent
+// round it 41 times each (no rank computes), their median time.
+static void ring_pings(pp_ctx *c) {
+    const int sizes[2] = {1, 16};
+    for (int s = 0; s < 2; s++) {
+        double t[41];
+        for (int k = 0; k < 41; k++) {
+            pp_hdr *h = (pp_hdr *)(void *)c->sbuf;
+            memset(h, 0, sizeof *h);
+            h->type = PP_PING;
+            h->n = sizes[s] < c->n_batch ? sizes[s] : c->n_batch;
+            pp_view v;
+            pp_layout(c->sbuf, c->n_embd, &v);
+            memset(v.x, 0, sizeof(float) * (size_t)h->n * c->n_embd);
+            const double t0 = MPI_Wtime();
+            MPI_Request rq[2];
+            MPI_Irecv(c->rbuf, (int)c->cap, MPI_BYTE, c->size - 1, PP_TAG_RING, MPI_COMM_WORLD, &rq[0]);
+            MPI_Isend(c->sbuf, (int)v.bytes, MPI_BYTE, 1, PP_TAG_RING, MPI_COMM_WORLD, &rq[1]);
+            pp_wait(c, rq, 2, c->size - 1, "waiting for the ping from", c->timeout_ms, NULL);
+            t[k] = (MPI_Wtime() - t0) * 1e3;
+        }
+        qsort(t, 41, sizeof t[0], cmp_double);
+        g_ping_ms[s] = t[20];
+    }
+}
+
 int pp_attach(sd_session *s, char *err, size_t errlen) {
     if (!g_active || g_c.size == 1) return 0;
     pp_ctx *c = &g_c;
@@ -377,6 +409,7 @@ int pp_attach(sd_session *s, char *err, size_t errlen) {
     if (!c->sbuf || !c->rbuf || !g_ops) return snprintf(err, errlen, "pipeline: out of memory"), -1;
     const int32_t setup[4] = {PP_SETUP, sd_session_n_ctx(s), c->n_batch, sd_threadpool_size(sd_session_pool(s))};
     for (int k = 1; k < c->size; k++) MPI_Send(setup, 4, MPI_INT32_T, k, PP_TAG_SETUP, MPI_COMM_WORLD);
+    if (c->stats) ring_pings(c);
     const sd_session_hooks h = {.forward = hook_forward, .commit = hook_commit, .truncate = hook_truncate};
     sd_session_set_hooks(s, &h);
     g_attached = 1;
@@ -415,7 +448,8 @@ static void pp_finish(void) {
         st[0].hi = c->lo[1];
         const double hop = g_n_fwd > 0 ? (g_wait_ms - g_other_ms) / g_n_fwd / c->size : 0;
         fprintf(stderr, "{\"pp\": {\"ranks\": %d, \"n_layer\": %d, \"forwards\": %.0f, \"hop_overhead_ms\": %.4f, "
-                        "\"per_rank\": [", c->size, c->n_layer, g_n_fwd, hop);
+                        "\"ring_hop_ms_1_row\": %.4f, \"ring_hop_ms_16_rows\": %.4f, \"per_rank\": [",
+                c->size, c->n_layer, g_n_fwd, hop, g_ping_ms[0] / c->size, g_ping_ms[1] / c->size);
         for (int k = 0; k < c->size; k++)
             fprintf(stderr, "%s{\"rank\": %d, \"layers\": [%.0f, %.0f], \"rss_mib\": %.1f, \"hwm_mib\": %.1f, "
                             "\"compute_ms\": %.1f, \"wait_ms\": %.1f, \"forwards\": %.0f}",

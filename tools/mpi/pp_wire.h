@@ -18,7 +18,9 @@
 #define PP_TAG_SETUP 11   // rank 0 -> each rank: the session's size, or quit before one exists
 #define PP_TAG_RING 12    // rank k -> k + 1 (and R-1 -> 0)
 
-enum pp_type { PP_FWD = 1, PP_OPS = 2, PP_QUIT = 3, PP_ERR = 4, PP_SETUP = 5 };
+enum pp_type { PP_FWD = 1, PP_OPS = 2, PP_QUIT = 3, PP_ERR = 4, PP_SETUP = 5, PP_PING = 6 };
+// PP_PING: a forward's message that every rank passes on without computing (--pp-stats
+// times the ring's transport alone with it)
 enum pp_op { PP_OP_COMMIT = 1, PP_OP_COMMIT_ALL = 2, PP_OP_TRUNC = 3 };
 enum pp_flag { PP_F_PARENT = 1, PP_F_POS = 2, PP_F_HIDDEN = 4, PP_F_PRECISE = 8 };
 

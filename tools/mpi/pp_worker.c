@@ -159,6 +159,8 @@ static int serve_ring(pp_ctx *c, sd_session *s) {
         }
         if (type == PP_ERR) {
             bytes = sizeof(pp_hdr) + 512;
+        } else if (type == PP_PING) {
+            // passed on as it is
         } else if (type == PP_OPS || type == PP_FWD) {
             apply_ops(c, s, v.ops, v.h->n_ops);
             if (type == PP_OPS && next == 0) continue;   // nothing goes back for cache operations alone
