@@ -19,9 +19,9 @@
 
 static pp_ctx g_c;
 static int g_active;        // rank 0 of a pipeline
-static int g_attached;      // the target's session is hooked, the workers have theirs
+static int g_attached;      // sessions attached (hooked; the workers have theirs)
 static char g_path[1024];   // the model the ranks loaded
-static int32_t *g_ops;      // queued cache operations (op, n, rows...)
+static int32_t *g_ops;      // queued cache operations (op, session, n, rows...)
 static int g_n_ops, g_ops_cap;
 static double g_n_fwd, g_other_ms, g_wait_ms, g_self_ms;
 static double g_ping_ms[2];   // --pp-stats: median time of a message of 1 and 16 rows round the ring (ms)
@@ -260,6 +260,21 @@ int pp_model_load(sd_model **out, const char *path, char *err, size_t errlen) {
     return sd_model_load_part(out, path, 0, g_c.lo[1], 1, err, errlen);
 }
 
+static size_t g_rcap;   // bytes of g_c.rbuf (pp_recv grows it)
+
+// Sends the message in sbuf (bytes) to rank 1; with `answer`, receives the
+// last rank's into rbuf (what: for the message naming the wait). The send
+// is complete on return.
+static void ring_trip(pp_ctx *c, size_t bytes, int answer, const char *what, double *waited) {
+    MPI_Request sreq;
+    MPI_Isend(c->sbuf, (int)bytes, MPI_BYTE, 1, PP_TAG_RING, MPI_COMM_WORLD, &sreq);
+    if (answer) {
+        pp_recv(c, c->size - 1, &c->rbuf, &g_rcap, &sreq, c->timeout_ms, waited);
+    } else {
+        pp_wait(c, &sreq, 1, 1, what, c->timeout_ms, waited);
+    }
+}
+
 // Queues a cache operation of n_words for the next forward; a queue that
 // would overflow goes round the ring on its own first.
 static void queue_ops(const int32_t *w, int n_words) {
@@ -271,9 +286,7 @@ static void queue_ops(const int32_t *w, int n_words) {
         pp_view v;
         pp_layout(g_c.sbuf, g_c.n_embd, &v);
         memcpy(v.ops, g_ops, sizeof(int32_t) * (size_t)g_n_ops);
-        MPI_Request rq;
-        MPI_Isend(g_c.sbuf, (int)v.bytes, MPI_BYTE, 1, PP_TAG_RING, MPI_COMM_WORLD, &rq);
-        pp_wait(&g_c, &rq, 1, 1, "sending to", g_c.timeout_ms, NULL);
+        ring_trip(&g_c, v.bytes, 0, "sending to", NULL);
         g_n_ops = 0;
     }
     memcpy(g_ops + g_n_ops, w, sizeof(int32_t) * (size_t)n_words);
@@ -281,34 +294,34 @@ static void queue_ops(const int32_t *w, int n_words) {
 }
 
 static void hook_commit(void *arg, const int32_t *rows, int n) {
-    (void)arg;
+    const int sid = (int)(intptr_t)arg;
     if (!rows) {
-        const int32_t w[2] = {PP_OP_COMMIT_ALL, n};
-        queue_ops(w, 2);
+        const int32_t w[3] = {PP_OP_COMMIT_ALL, sid, n};
+        queue_ops(w, 3);
         return;
     }
-    int32_t w[2 + 8192];
+    int32_t w[3 + 8192];
     w[0] = PP_OP_COMMIT;
-    w[1] = n;
-    memcpy(w + 2, rows, sizeof(int32_t) * (size_t)n);
-    queue_ops(w, 2 + n);
+    w[1] = sid;
+    w[2] = n;
+    memcpy(w + 3, rows, sizeof(int32_t) * (size_t)n);
+    queue_ops(w, 3 + n);
 }
 
 static void hook_truncate(void *arg, int n) {
-    (void)arg;
-    const int32_t w[2] = {PP_OP_TRUNC, n};
-    queue_ops(w, 2);
+    const int32_t w[3] = {PP_OP_TRUNC, (int)(intptr_t)arg, n};
+    queue_ops(w, 3);
 }
 
 // One forward round the ring: rank 0's layers into the message, the other
 // ranks', the answer's hidden rows into the caller's buffer, the output.
 static int hook_forward(void *arg, sd_session *s, const sd_batch *b, char *err, size_t errlen) {
-    (void)arg;
     pp_ctx *c = &g_c;
     const int E = c->n_embd, first_remote = c->lo[1];
     pp_hdr *h = (pp_hdr *)(void *)c->sbuf;
     memset(h, 0, sizeof *h);
     h->type = PP_FWD;
+    h->sid = (int)(intptr_t)arg;
     h->n = b->n;
     h->flags = (b->parent ? PP_F_PARENT : 0) | (b->pos ? PP_F_POS : 0) | (b->precise ? PP_F_PRECISE : 0);
     int remote_hid = 0;
@@ -336,17 +349,15 @@ static int hook_forward(void *arg, sd_session *s, const sd_batch *b, char *err, 
     if (r < 0) return r;   // nothing sent: the queued operations wait for the next forward
     g_self_ms += (MPI_Wtime() - t0) * 1e3;
     g_n_ops = 0;
-    MPI_Request rq[2];
-    MPI_Irecv(c->rbuf, (int)c->cap, MPI_BYTE, c->size - 1, PP_TAG_RING, MPI_COMM_WORLD, &rq[0]);
-    MPI_Isend(c->sbuf, (int)v.bytes, MPI_BYTE, 1, PP_TAG_RING, MPI_COMM_WORLD, &rq[1]);
-    pp_wait(c, rq, 2, c->size - 1, "waiting for the answer of", c->timeout_ms, &g_wait_ms);
+    ring_trip(c, v.bytes, 1, NULL, &g_wait_ms);
     pp_view a;
     pp_layout(c->rbuf, E, &a);
     if (a.h->type == PP_ERR) {
         snprintf(err, errlen, "pipeline: %.400s", c->rbuf + sizeof(pp_hdr));
         return SD_ERR_INPUT;
     }
-    if (a.h->type != PP_FWD || a.h->n != b->n) pp_die(c, "an answer of type %d for %d nodes from rank %d", a.h->type, a.h->n, c->size - 1);
+    if (a.h->type != PP_FWD || a.h->n != b->n)
+        pp_die(c, "an answer of type %d for %d nodes from rank %d", a.h->type, a.h->n, c->size - 1);
     for (int k = 1; k < c->size; k++) g_other_ms += a.h->rank_ms[k];
     g_n_fwd++;
     for (int k = 0; k < a.h->n_hid; k++) {
@@ -386,10 +397,7 @@ static void ring_pings(pp_ctx *c) {
             pp_layout(c->sbuf, c->n_embd, &v);
             memset(v.x, 0, sizeof(float) * (size_t)h->n * c->n_embd);
             const double t0 = MPI_Wtime();
-            MPI_Request rq[2];
-            MPI_Irecv(c->rbuf, (int)c->cap, MPI_BYTE, c->size - 1, PP_TAG_RING, MPI_COMM_WORLD, &rq[0]);
-            MPI_Isend(c->sbuf, (int)v.bytes, MPI_BYTE, 1, PP_TAG_RING, MPI_COMM_WORLD, &rq[1]);
-            pp_wait(c, rq, 2, c->size - 1, "waiting for the ping from", c->timeout_ms, NULL);
+            ring_trip(c, v.bytes, 1, NULL, NULL);
             t[k] = (MPI_Wtime() - t0) * 1e3;
         }
         qsort(t, 41, sizeof t[0], cmp_double);
@@ -397,22 +405,42 @@ static void ring_pings(pp_ctx *c) {
     }
 }
 
+// Message buffers for sessions of n_batch nodes (grown, never shrunk: no
+// message is in flight between calls).
+static int ensure_buffers(pp_ctx *c, int n_batch) {
+    const size_t cap = pp_msg_cap(n_batch, c->n_embd, PP_OPS_WORDS(n_batch));
+    if (cap > c->cap) {
+        free(c->sbuf);
+        c->sbuf = aligned_alloc(64, (cap + 63) / 64 * 64);
+        c->cap = cap;
+        c->n_batch = n_batch;
+    }
+    if (!g_ops) {
+        g_ops_cap = PP_OPS_WORDS(8192);
+        g_ops = malloc(sizeof(int32_t) * (size_t)g_ops_cap);
+    }
+    return c->sbuf && g_ops ? 0 : -1;
+}
+
 int pp_attach(sd_session *s, char *err, size_t errlen) {
     if (!g_active || g_c.size == 1) return 0;
     pp_ctx *c = &g_c;
-    c->n_batch = sd_session_n_batch(s);
-    c->cap = pp_msg_cap(c->n_batch, c->n_embd, PP_OPS_WORDS(c->n_batch));
-    c->sbuf = aligned_alloc(64, (c->cap + 63) / 64 * 64);
-    c->rbuf = aligned_alloc(64, (c->cap + 63) / 64 * 64);
-    g_ops_cap = PP_OPS_WORDS(c->n_batch);
-    g_ops = malloc(sizeof(int32_t) * (size_t)g_ops_cap);
-    if (!c->sbuf || !c->rbuf || !g_ops) return snprintf(err, errlen, "pipeline: out of memory"), -1;
-    const int32_t setup[4] = {PP_SETUP, sd_session_n_ctx(s), c->n_batch, sd_threadpool_size(sd_session_pool(s))};
-    for (int k = 1; k < c->size; k++) MPI_Send(setup, 4, MPI_INT32_T, k, PP_TAG_SETUP, MPI_COMM_WORLD);
-    if (c->stats) ring_pings(c);
-    const sd_session_hooks h = {.forward = hook_forward, .commit = hook_commit, .truncate = hook_truncate};
-    sd_session_set_hooks(s, &h);
-    g_attached = 1;
+    if (g_attached == PP_MAX_SESSIONS)
+        return snprintf(err, errlen, "pipeline: at most %d sessions", PP_MAX_SESSIONS), -1;
+    if (ensure_buffers(c, sd_session_n_batch(s)) < 0) return snprintf(err, errlen, "pipeline: out of memory"), -1;
+    const int sid = g_attached++;
+    pp_hdr *h = (pp_hdr *)(void *)c->sbuf;
+    memset(h, 0, sizeof *h);
+    h->type = PP_SETUP;
+    h->sid = sid;
+    h->n_ctx = sd_session_n_ctx(s);
+    h->n_batch = sd_session_n_batch(s);
+    h->n_threads = sd_threadpool_size(sd_session_pool(s));
+    ring_trip(c, sizeof *h, 0, "sending to", NULL);
+    if (c->stats && sid == 0) ring_pings(c);
+    const sd_session_hooks hk = {.forward = hook_forward, .commit = hook_commit, .truncate = hook_truncate,
+                                 .arg = (void *)(intptr_t)sid};
+    sd_session_set_hooks(s, &hk);
     return 0;
 }
 
@@ -422,24 +450,16 @@ static void pp_finish(void) {
     pp_ctx *c = &g_c;
     if (!g_active) return;
     g_active = 0;
-    if (!g_attached) {
-        const int32_t quit[4] = {PP_QUIT, 0, 0, 0};
-        for (int k = 1; k < c->size; k++) MPI_Send(quit, 4, MPI_INT32_T, k, PP_TAG_SETUP, MPI_COMM_WORLD);
-        MPI_Finalize();
-        return;
+    if (c->size > 1) {
+        if (ensure_buffers(c, 1) < 0) pp_die(c, "out of memory");
+        pp_hdr *h = (pp_hdr *)(void *)c->sbuf;
+        memset(h, 0, sizeof *h);
+        h->type = PP_QUIT;
+        memset(c->sbuf + sizeof(pp_hdr), 0, sizeof(pp_rank_stats) * PP_MAX_RANKS);
+        ring_trip(c, sizeof(pp_hdr) + sizeof(pp_rank_stats) * PP_MAX_RANKS, 1, NULL, NULL);
     }
-    pp_hdr *h = (pp_hdr *)(void *)c->sbuf;
-    memset(h, 0, sizeof *h);
-    h->type = PP_QUIT;
-    pp_rank_stats *st = (pp_rank_stats *)(void *)(c->sbuf + sizeof(pp_hdr));
-    memset(st, 0, sizeof(pp_rank_stats) * PP_MAX_RANKS);
-    MPI_Request rq[2];
-    MPI_Irecv(c->rbuf, (int)c->cap, MPI_BYTE, c->size - 1, PP_TAG_RING, MPI_COMM_WORLD, &rq[0]);
-    MPI_Isend(c->sbuf, (int)(sizeof(pp_hdr) + sizeof(pp_rank_stats) * PP_MAX_RANKS), MPI_BYTE, 1, PP_TAG_RING,
-              MPI_COMM_WORLD, &rq[1]);
-    pp_wait(c, rq, 2, c->size - 1, "waiting for the quit to come back from", c->timeout_ms, NULL);
-    if (c->stats) {
-        st = (pp_rank_stats *)(void *)(c->rbuf + sizeof(pp_hdr));
+    if (c->stats && g_attached) {
+        pp_rank_stats *st = (pp_rank_stats *)(void *)(c->rbuf + sizeof(pp_hdr));
         pp_mem(&st[0].rss_mib, &st[0].hwm_mib);
         st[0].compute_ms = g_self_ms;
         st[0].wait_ms = g_wait_ms;

@@ -15,16 +15,17 @@
 #include "specdec.h"
 
 #define PP_MAX_RANKS 16
-#define PP_TAG_SETUP 11   // rank 0 -> each rank: the session's size, or quit before one exists
-#define PP_TAG_RING 12    // rank k -> k + 1 (and R-1 -> 0)
+#define PP_MAX_SESSIONS 256   // sessions of rank 0 attached to the pipeline (a server's slots)
+#define PP_TAG_RING 12        // rank k -> k + 1 (and R-1 -> 0)
 
+// PP_SETUP: a new session (rank 0 attached one), made alike on every rank.
 enum pp_type { PP_FWD = 1, PP_OPS = 2, PP_QUIT = 3, PP_ERR = 4, PP_SETUP = 5, PP_PING = 6 };
 // PP_PING: a forward's message that every rank passes on without computing (--pp-stats
 // times the ring's transport alone with it)
 enum pp_op { PP_OP_COMMIT = 1, PP_OP_COMMIT_ALL = 2, PP_OP_TRUNC = 3 };
 enum pp_flag { PP_F_PARENT = 1, PP_F_POS = 2, PP_F_HIDDEN = 4, PP_F_PRECISE = 8 };
 
-// A message: this header, then n_ops op words, the batch's parent, pos and
+// A message: this header, then n_ops op words (op, session, n, rows...), the batch's parent, pos and
 // hidden mask (n int32 each, when flagged), n rows of n_embd floats (the
 // residual stream), n_wanted x n_hid rows of n_embd floats (hidden rows of
 // the layers past rank 0's, filled by the ranks that hold them). A PP_QUIT
@@ -32,7 +33,8 @@ enum pp_flag { PP_F_PARENT = 1, PP_F_POS = 2, PP_F_HIDDEN = 4, PP_F_PRECISE = 8 
 typedef struct pp_hdr {
     int32_t type, n, flags, n_hid;
     int32_t hid_layers[SD_MAX_HIDDEN_LAYERS];
-    int32_t n_wanted, n_ops, seq, pad;
+    int32_t n_wanted, n_ops, seq, sid;   // sid: the session (pp_attach's order)
+    int32_t n_ctx, n_batch, n_threads, pad; // PP_SETUP: the session's size
     float rank_ms[PP_MAX_RANKS];  // this forward's compute time on each rank (ms)
 } pp_hdr;
 
@@ -68,6 +70,10 @@ void pp_layout(char *buf, int n_embd, pp_view *v);
 // Bytes a forward message of n_batch nodes may take (ops_words of ops).
 size_t pp_msg_cap(int n_batch, int n_embd, int ops_words);
 #define PP_OPS_WORDS(n_batch) (4 * (n_batch) + 256)
+// Receives the next message from rank `from` into *buf (grown to its
+// size; *cap its bytes), polling like pp_wait with sreq (a send still in
+// flight, or MPI_REQUEST_NULL) completed too. Returns the bytes received.
+size_t pp_recv(pp_ctx *c, int from, char **buf, size_t *cap, MPI_Request *sreq, double timeout_ms, double *waited);
 // Waits for the n requests, polling (a short spin, then sleeps of up to
 // 100 us: ranks that share cores do not steal them from the one computing),
 // at most timeout_ms (<= 0: forever). Time waited is added to *waited. 0,

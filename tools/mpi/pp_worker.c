@@ -1,10 +1,12 @@
 // pp_worker.c - the ranks after the first of a pipeline (docs/mpi.md), and
-// what every rank uses: the messages' layout, the wait with a deadline, the
-// stop with a message. A worker loads only its layers, makes its session
-// when rank 0 says how large, then serves the ring: each message from the
-// rank before applies rank 0's commits and truncations to its cache, runs
-// its layers on the residual rows (writing the hidden rows of its layers
-// that rank 0's drafter asked for) and goes on to the next rank, in place.
+// what every rank uses: the messages' layout, the waits with a deadline, the
+// stop with a message. A worker loads only its layers, makes a session for
+// each one rank 0 attaches (a generation's, a server's slots) when rank 0
+// says how large, all on one thread pool, then serves the ring: each
+// message from the rank before applies rank 0's commits and truncations to
+// its caches, runs its layers on the residual rows (writing the hidden rows
+// of its layers that rank 0's drafter asked for) and goes on to the next
+// rank, in place.
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,6 +57,44 @@ void pp_die(pp_ctx *c, const char *fmt, ...) {
     exit(3);
 }
 
+size_t pp_recv(pp_ctx *c, int from, char **buf, size_t *cap, MPI_Request *sreq, double timeout_ms, double *waited) {
+    const double t0 = now_ms();
+    long spins = 0, sleep_ns = 2000;
+    MPI_Status st;
+    for (;;) {
+        int got = 0, sent = 1;
+        int rc = MPI_Iprobe(from, PP_TAG_RING, MPI_COMM_WORLD, &got, &st);
+        if (rc == MPI_SUCCESS && *sreq != MPI_REQUEST_NULL) rc = MPI_Test(sreq, &sent, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) {
+            char es[MPI_MAX_ERROR_STRING];
+            int len = 0;
+            MPI_Error_string(rc, es, &len);
+            pp_die(c, "the link with rank %d failed (%s)", from, es);
+        }
+        if (got && sent) break;
+        if (++spins > 64) {
+            const struct timespec ts = {0, sleep_ns};
+            nanosleep(&ts, NULL);
+            if (sleep_ns < 100000) sleep_ns += sleep_ns / 2;
+        }
+        if (timeout_ms > 0 && (spins & 63) == 0 && now_ms() - t0 > timeout_ms)
+            pp_die(c, "waiting for rank %d: no answer within %.0f s (a rank is stuck, killed or unreachable)", from,
+                   timeout_ms / 1e3);
+    }
+    int n = 0;
+    MPI_Get_count(&st, MPI_BYTE, &n);
+    if ((size_t)n > *cap) {
+        free(*buf);
+        *cap = ((size_t)n + 4095) / 4096 * 4096;
+        *buf = aligned_alloc(64, *cap);
+        if (!*buf) pp_die(c, "out of memory for a message of %d bytes", n);
+    }
+    if (MPI_Recv(*buf, n, MPI_BYTE, from, PP_TAG_RING, MPI_COMM_WORLD, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+        pp_die(c, "receiving from rank %d failed", from);
+    if (waited) *waited += now_ms() - t0;
+    return (size_t)n;
+}
+
 int pp_wait(pp_ctx *c, MPI_Request *rq, int n, int peer, const char *what, double timeout_ms, double *waited) {
     const double t0 = now_ms();
     long spins = 0, sleep_ns = 2000;
@@ -94,18 +134,45 @@ void pp_mem(double *rss_mib, double *hwm_mib) {
     fclose(f);
 }
 
+// The worker's sessions, by rank 0's session id, on one pool.
+typedef struct worker {
+    sd_model *m;
+    sd_threadpool *pool;
+    sd_session *sess[PP_MAX_SESSIONS];
+} worker;
+
+static sd_session *session_of(pp_ctx *c, worker *w, int sid) {
+    if (sid < 0 || sid >= PP_MAX_SESSIONS || !w->sess[sid]) pp_die(c, "a message for an unknown session %d", sid);
+    return w->sess[sid];
+}
+
 // Applies rank 0's commits and truncations, in order.
-static void apply_ops(pp_ctx *c, sd_session *s, const int32_t *ops, int n_ops) {
+static void apply_ops(pp_ctx *c, worker *w, const int32_t *ops, int n_ops) {
     char err[256];
     for (int i = 0; i < n_ops;) {
-        const int op = ops[i], n = ops[i + 1];
+        const int op = ops[i], n = ops[i + 2];
+        sd_session *s = session_of(c, w, ops[i + 1]);
         int r = 0;
-        if (op == PP_OP_COMMIT) r = sd_session_commit(s, ops + i + 2, n, err, sizeof err), i += 2 + n;
-        else if (op == PP_OP_COMMIT_ALL) r = sd_session_commit(s, NULL, n, err, sizeof err), i += 2;
-        else if (op == PP_OP_TRUNC) r = sd_session_truncate(s, n, err, sizeof err), i += 2;
+        if (op == PP_OP_COMMIT) r = sd_session_commit(s, ops + i + 3, n, err, sizeof err), i += 3 + n;
+        else if (op == PP_OP_COMMIT_ALL) r = sd_session_commit(s, NULL, n, err, sizeof err), i += 3;
+        else if (op == PP_OP_TRUNC) r = sd_session_truncate(s, n, err, sizeof err), i += 3;
         else pp_die(c, "unknown cache operation %d from rank 0", op);
         if (r < 0) pp_die(c, "its cache cannot follow rank 0's: %s", err);
     }
+}
+
+// A new session alike rank 0's (PP_SETUP).
+static void new_session(pp_ctx *c, worker *w, const pp_hdr *h) {
+    char err[512];
+    if (h->sid < 0 || h->sid >= PP_MAX_SESSIONS || w->sess[h->sid]) pp_die(c, "a bad new session %d", h->sid);
+    if (!w->pool && sd_threadpool_new(&w->pool, h->n_threads, err, sizeof err) < 0)
+        pp_die(c, "cannot start its threads: %s", err);
+    sd_session_params sp = sd_session_default_params();
+    sp.n_ctx = h->n_ctx;
+    sp.n_batch = h->n_batch;
+    sp.pool = w->pool;
+    if (sd_session_new(&w->sess[h->sid], w->m, &sp, err, sizeof err) < 0)
+        pp_die(c, "cannot make its session %d: %s", h->sid, err);
 }
 
 // One forward message, in place: the layers of this rank on the residual
@@ -131,18 +198,17 @@ static int run_forward(pp_ctx *c, sd_session *s, pp_view *v, char *err, size_t e
 // Serves the ring until the quit. Double-buffered: the message just sent
 // may still be in flight while the next one is received into the other
 // buffer.
-static int serve_ring(pp_ctx *c, sd_session *s) {
+static int serve_ring(pp_ctx *c, worker *w) {
     const int prev = c->rank - 1, next = (c->rank + 1) % c->size;
     MPI_Request sreq = MPI_REQUEST_NULL;
+    size_t rcap = c->cap, scap = c->cap;
     char err[512];
     for (;;) {
-        MPI_Request rq[2] = {MPI_REQUEST_NULL, sreq};
-        MPI_Irecv(c->rbuf, (int)c->cap, MPI_BYTE, prev, PP_TAG_RING, MPI_COMM_WORLD, &rq[0]);
-        pp_wait(c, rq, 2, prev, "waiting for", 0, &c->mine.wait_ms);
-        sreq = MPI_REQUEST_NULL;
-        char *msg = c->rbuf;
-        c->rbuf = c->sbuf;   // the next receive goes into the other buffer
-        c->sbuf = msg;
+        pp_recv(c, prev, &c->rbuf, &rcap, &sreq, 0, &c->mine.wait_ms);
+        char *msg = c->rbuf;   // the next receive goes into the other buffer
+        const size_t mcap = rcap;
+        c->rbuf = c->sbuf, rcap = scap;
+        c->sbuf = msg, scap = mcap;
         pp_view v;
         pp_layout(msg, c->n_embd, &v);
         size_t bytes = v.bytes;
@@ -161,12 +227,16 @@ static int serve_ring(pp_ctx *c, sd_session *s) {
             bytes = sizeof(pp_hdr) + 512;
         } else if (type == PP_PING) {
             // passed on as it is
+        } else if (type == PP_SETUP) {
+            new_session(c, w, v.h);
+            if (next == 0) continue;
+            bytes = sizeof(pp_hdr);
         } else if (type == PP_OPS || type == PP_FWD) {
-            apply_ops(c, s, v.ops, v.h->n_ops);
+            apply_ops(c, w, v.ops, v.h->n_ops);
             if (type == PP_OPS && next == 0) continue;   // nothing goes back for cache operations alone
             if (type == PP_FWD) {
                 const double t0 = MPI_Wtime();
-                if (run_forward(c, s, &v, err, sizeof err) < 0) {
+                if (run_forward(c, session_of(c, w, v.h->sid), &v, err, sizeof err) < 0) {
                     v.h->type = PP_ERR;
                     snprintf(msg + sizeof(pp_hdr), 512, "rank %d: %.480s", c->rank, err);
                     bytes = sizeof(pp_hdr) + 512;
@@ -186,31 +256,18 @@ static int serve_ring(pp_ctx *c, sd_session *s) {
 
 int pp_worker(pp_ctx *c, const char *path) {
     char err[512];
-    sd_model *m = NULL;
-    if (sd_model_load_part(&m, path, c->lo[c->rank], c->lo[c->rank + 1], 0, err, sizeof err) < 0)
+    worker w;
+    memset(&w, 0, sizeof w);
+    if (sd_model_load_part(&w.m, path, c->lo[c->rank], c->lo[c->rank + 1], 0, err, sizeof err) < 0)
         pp_die(c, "cannot load its layers [%d, %d) of '%s': %s", c->lo[c->rank], c->lo[c->rank + 1], path, err);
-    int32_t setup[4] = {0};
-    MPI_Request rq = MPI_REQUEST_NULL;
-    MPI_Irecv(setup, 4, MPI_INT32_T, 0, PP_TAG_SETUP, MPI_COMM_WORLD, &rq);
-    pp_wait(c, &rq, 1, 0, "waiting for", 0, NULL);
-    if (setup[0] != PP_SETUP) {   // rank 0 stopped before it made its session (a bad option, ...)
-        sd_model_free(m);
-        return 0;
-    }
-    sd_session_params sp = sd_session_default_params();
-    sp.n_ctx = setup[1];
-    sp.n_batch = setup[2];
-    sp.n_threads = setup[3];
-    sd_session *s = NULL;
-    if (sd_session_new(&s, m, &sp, err, sizeof err) < 0) pp_die(c, "cannot make its session: %s", err);
-    c->n_batch = sd_session_n_batch(s);
-    c->cap = pp_msg_cap(c->n_batch, c->n_embd, PP_OPS_WORDS(c->n_batch));
-    c->sbuf = aligned_alloc(64, (c->cap + 63) / 64 * 64);
-    c->rbuf = aligned_alloc(64, (c->cap + 63) / 64 * 64);
-    if (!c->sbuf || !c->rbuf) pp_die(c, "out of memory for its message buffers (%zu bytes)", 2 * c->cap);
-    const int rc = serve_ring(c, s);
-    sd_session_free(s);
-    sd_model_free(m);
+    c->cap = 1 << 16;
+    c->sbuf = aligned_alloc(64, c->cap);
+    c->rbuf = aligned_alloc(64, c->cap);
+    if (!c->sbuf || !c->rbuf) pp_die(c, "out of memory for its message buffers");
+    const int rc = serve_ring(c, &w);
+    for (int i = 0; i < PP_MAX_SESSIONS; i++) sd_session_free(w.sess[i]);
+    sd_threadpool_free(w.pool);
+    sd_model_free(w.m);
     free(c->sbuf);
     free(c->rbuf);
     return rc;
