@@ -9,6 +9,8 @@
   whose extract layers lie on every rank), on a synthetic model and on
   SmolLM2;
 - bench --pp: every method's text equal to plain decoding's (equal_to_ar);
+- serve --pp 2 with 2 slots: two concurrent requests' greedy answers (with
+  and without speculation) equal to generate's; SIGTERM stops every rank;
 - bad launches refused on every rank with one message and a non-zero exit:
   fewer ranks than --pp asks, --layers not covering the layers, more ranks
   than layers, different model files on different ranks;
@@ -36,8 +38,8 @@ BIN = os.path.abspath(os.environ.get("SPECDEC_BIN", os.path.join(ROOT, "build", 
 SYNTH = os.path.join(ROOT, "build", "tests", "tool_synth_model")
 RHEAD = os.path.join(ROOT, "build", "tests", "tool_random_head")
 SMOL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
-CASES = ["mpi_greedy_synth", "mpi_greedy_smollm", "mpi_bench_equal", "mpi_bad_launches", "mpi_killed_rank",
-         "mpi_rank_memory"]
+CASES = ["mpi_greedy_synth", "mpi_greedy_smollm", "mpi_bench_equal", "mpi_serve_equals_generate", "mpi_bad_launches",
+         "mpi_killed_rank", "mpi_rank_memory"]
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
 
 
@@ -122,6 +124,71 @@ def case_bench_equal(tmp):
     report("mpi_bench_equal", ok, f"a method's text differs from ar's under --pp 3:\n{text[:600]}")
 
 
+def case_serve_equals_generate():
+    if not os.path.exists(SMOL):
+        print(f"SKIP mpi_serve_equals_generate: {SMOL} not present (scripts/fetch-models.sh)")
+        return
+    import http.client
+    import re
+    import threading
+    cmd = ["mpirun", "--oversubscribe", "-np", "2", BIN, "serve", "-m", SMOL, "--port", "0", "--parallel", "2", "-t", "1",
+           "--pp", "2"]
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
+    log, port, ready = [], [None], threading.Event()
+
+    def drain():
+        for line in p.stderr:
+            log.append(line.rstrip("\n"))
+            m = re.search(r"listening on http://[^:]+:(\d+)", line)
+            if m:
+                port[0] = int(m.group(1))
+                ready.set()
+        ready.set()
+
+    threading.Thread(target=drain, daemon=True).start()
+    ready.wait(120)
+    bad = []
+    try:
+        if not port[0]:
+            report("mpi_serve_equals_generate", False, "the server did not start: " + " | ".join(log[-5:]))
+            return
+        qs = [("Name three colours.", "ngram:3-8", ["--draft-ngram", "3,8"]), ("What is the capital of France?", "off", [])]
+        got = [None] * len(qs)
+
+        def ask(i):
+            q, spec, _ = qs[i]
+            c = http.client.HTTPConnection("127.0.0.1", port[0], timeout=240)
+            body = {"messages": [{"role": "user", "content": q}], "temperature": 0, "max_tokens": 24,
+                    "speculation": spec}
+            c.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+            r = c.getresponse()
+            data = json.loads(r.read())
+            got[i] = data["choices"][0]["message"]["content"] if r.status == 200 else data
+        ts = [threading.Thread(target=ask, args=(i,)) for i in range(len(qs))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(300)
+        for i, (q, spec, args) in enumerate(qs):
+            want = single(["generate", "-m", SMOL, "--chat", "-p", q, "--temp", "0", "-n", "24", "-t", "1", *args]).stdout
+            want = want[:-1] if want.endswith("\n") else want
+            if got[i] != want:
+                bad.append(f"{spec}: server {got[i]!r} vs generate {want!r}")
+    finally:
+        p.send_signal(signal.SIGTERM)
+        try:
+            rc = p.wait(60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            rc = None
+    # mpirun passes SIGTERM on: rank 0's server stops (the workers ignore
+    # it and end with rank 0's quit); mpirun itself exits 1 for the signal
+    if rc is None or not any("specdec serve: stopped" in l for l in log):
+        bad.append(f"SIGTERM: exit status {rc}; log: {' | '.join(log[-6:])}")
+    report("mpi_serve_equals_generate", not bad, "\n".join(bad))
+
+
 def one_message(r, want):
     """The launch was refused: non-zero exit, one specdec line naming want."""
     lines = [l for l in r.stderr.splitlines() if l.startswith("specdec:")]
@@ -204,10 +271,22 @@ def case_killed_rank(tmp):
         except subprocess.TimeoutExpired:
             report("mpi_killed_rank", False, "mpirun still runs 60 s after rank 1 was killed")
             return
-        dt = time.monotonic() - t0
         err = err.decode(errors="replace")
-        left = [r for r, pid in pids.items() if os.path.exists(f"/proc/{pid}") and
-                open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"]
+
+        def alive():
+            out = []
+            for r, pid in pids.items():
+                try:
+                    if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+                        out.append(r)
+                except OSError:
+                    pass
+            return out
+        left = alive()
+        while left and time.monotonic() - t0 < 30:
+            time.sleep(0.1)
+            left = alive()
+        dt = time.monotonic() - t0
         ok = dt < 20 and p.returncode != 0 and "rank 1" in err and not left
         print(f"  info: every process stopped {dt:.2f} s after rank 1 was killed (rc {p.returncode}); message: "
               f"{[l for l in err.splitlines() if 'rank 1' in l][:1]}")
@@ -258,6 +337,7 @@ def main():
         case_greedy_synth(tmp)
         case_greedy_smollm()
         case_bench_equal(tmp)
+        case_serve_equals_generate()
         case_bad_launches(tmp)
         case_killed_rank(tmp)
         case_rank_memory()

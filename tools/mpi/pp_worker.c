@@ -7,11 +7,13 @@
 // its caches, runs its layers on the residual rows (writing the hidden rows
 // of its layers that rank 0's drafter asked for) and goes on to the next
 // rank, in place.
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "mpi/pp_wire.h"
 
@@ -57,6 +59,16 @@ void pp_die(pp_ctx *c, const char *fmt, ...) {
     exit(3);
 }
 
+// A worker's SIGINT / SIGTERM: when it came (0: none).
+static volatile sig_atomic_t g_term;
+static double g_term_ms;
+#define PP_TERM_GRACE_MS 3000.0
+
+static void on_term(int sig) {
+    (void)sig;
+    g_term = 1;
+}
+
 size_t pp_recv(pp_ctx *c, int from, char **buf, size_t *cap, MPI_Request *sreq, double timeout_ms, double *waited) {
     const double t0 = now_ms();
     long spins = 0, sleep_ns = 2000;
@@ -80,6 +92,14 @@ size_t pp_recv(pp_ctx *c, int from, char **buf, size_t *cap, MPI_Request *sreq, 
         if (timeout_ms > 0 && (spins & 63) == 0 && now_ms() - t0 > timeout_ms)
             pp_die(c, "waiting for rank %d: no answer within %.0f s (a rank is stuck, killed or unreachable)", from,
                    timeout_ms / 1e3);
+        if (g_term && c->rank > 0) {
+            if (g_term_ms == 0) g_term_ms = now_ms();
+            if (now_ms() - g_term_ms > PP_TERM_GRACE_MS) {
+                fprintf(stderr, "specdec: rank %d: stopped by a signal, no quit from rank 0 within %.0f s\n", c->rank,
+                        PP_TERM_GRACE_MS / 1e3);
+                _exit(4);
+            }
+        }
     }
     int n = 0;
     MPI_Get_count(&st, MPI_BYTE, &n);
@@ -256,6 +276,12 @@ static int serve_ring(pp_ctx *c, worker *w) {
 
 int pp_worker(pp_ctx *c, const char *path) {
     char err[512];
+    // Ctrl-C and SIGTERM (mpirun passes them to every rank) stop rank 0's
+    // command, whose quit then ends the workers; a worker that hears no quit
+    // within PP_TERM_GRACE_MS of the signal (mpirun stopping the job after a
+    // rank died) exits on its own
+    signal(SIGINT, on_term);
+    signal(SIGTERM, on_term);
     worker w;
     memset(&w, 0, sizeof w);
     if (sd_model_load_part(&w.m, path, c->lo[c->rank], c->lo[c->rank + 1], 0, err, sizeof err) < 0)

@@ -180,7 +180,11 @@ typedef struct sv_server {
 
     sv_slot *slots;            // (n_slots)
     int n_slots;
-    sd_batcher *batcher;       // one pass over the batches of several slots (scheduler thread only)
+    sd_batcher *batcher;       // one pass over the batches of several slots (scheduler thread only);
+                               // NULL for a model part (a pipeline's rank 0, docs/mpi.md): slot by slot
+    // Called on every slot's session once it is made, before any forward
+    // (a pipeline attaches it, tools/mpi/pp.h), or NULL. 0, or <0 with a message.
+    int (*on_session)(sd_session *s, char *err, size_t errlen);
     int batcher_nodes;         // its n_nodes
     sv_slot **pass_sl;         // (n_slots) scratch of a round's pass: slots,
     sd_session **pass_ss;      //   their sessions,
