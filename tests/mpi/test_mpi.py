@@ -10,7 +10,8 @@
   SmolLM2;
 - bench --pp: every method's text equal to plain decoding's (equal_to_ar);
 - serve --pp 2 with 2 slots: two concurrent requests' greedy answers (with
-  and without speculation) equal to generate's; SIGTERM stops every rank;
+  and without speculation) equal to generate's, each rank's forward time in
+  /metrics; SIGTERM stops every rank;
 - bad launches refused on every rank with one message and a non-zero exit:
   fewer ranks than --pp asks, --layers not covering the layers, more ranks
   than layers, different model files on different ranks;
@@ -174,6 +175,13 @@ def case_serve_equals_generate():
             want = want[:-1] if want.endswith("\n") else want
             if got[i] != want:
                 bad.append(f"{spec}: server {got[i]!r} vs generate {want!r}")
+        c = http.client.HTTPConnection("127.0.0.1", port[0], timeout=60)
+        c.request("GET", "/metrics")
+        text = c.getresponse().read().decode()
+        m = re.search(r'specdec_pp_rank_forward_seconds_total\{rank="1",layers="11-29"\} ([0-9.]+)', text)
+        if not m or float(m.group(1)) <= 0 or "specdec_pp_network_seconds_total" not in text:
+            bad.append("/metrics lacks rank 1's forward time or the network time: " +
+                       " | ".join(l for l in text.splitlines() if "_pp_" in l))
     finally:
         p.send_signal(signal.SIGTERM)
         try:

@@ -24,6 +24,7 @@ static char g_path[1024];   // the model the ranks loaded
 static int32_t *g_ops;      // queued cache operations (op, session, n, rows...)
 static int g_n_ops, g_ops_cap;
 static double g_n_fwd, g_other_ms, g_wait_ms, g_self_ms;
+static double g_rank_ms[PP_MAX_RANKS];   // each rank's forward time so far (ms; rank 0's = g_self_ms)
 static double g_ping_ms[2];   // --pp-stats: median time of a message of 1 and 16 rows round the ring (ms)
 
 // ---------------------------------------------------------------- the launch
@@ -358,7 +359,7 @@ static int hook_forward(void *arg, sd_session *s, const sd_batch *b, char *err, 
     }
     if (a.h->type != PP_FWD || a.h->n != b->n)
         pp_die(c, "an answer of type %d for %d nodes from rank %d", a.h->type, a.h->n, c->size - 1);
-    for (int k = 1; k < c->size; k++) g_other_ms += a.h->rank_ms[k];
+    for (int k = 1; k < c->size; k++) g_other_ms += a.h->rank_ms[k], g_rank_ms[k] += a.h->rank_ms[k];
     g_n_fwd++;
     for (int k = 0; k < a.h->n_hid; k++) {
         const int l = a.h->hid_layers[k];
@@ -375,6 +376,28 @@ static int hook_forward(void *arg, sd_session *s, const sd_batch *b, char *err, 
     r = sd_session_forward_part(s, &out, &last, err, errlen);
     g_self_ms += (MPI_Wtime() - t0) * 1e3;
     return r;
+}
+
+void pp_metrics_text(char *buf, size_t n) {
+    if (!n) return;
+    buf[0] = 0;
+    if (!g_active || g_c.size == 1) return;
+    size_t o = 0;
+#define PUT(...) (o += (size_t)snprintf(buf + o, o < n ? n - o : 0, __VA_ARGS__))
+    PUT("# HELP specdec_pp_rank_forward_seconds_total Forward time of each pipeline rank (its layers; rank 0's with "
+        "the output layer).\n# TYPE specdec_pp_rank_forward_seconds_total counter\n");
+    for (int k = 0; k < g_c.size; k++)
+        PUT("specdec_pp_rank_forward_seconds_total{rank=\"%d\",layers=\"%d-%d\"} %.4f\n", k, g_c.lo[k],
+            g_c.lo[k + 1] - 1, (k ? g_rank_ms[k] : g_self_ms) / 1e3);
+    PUT("# HELP specdec_pp_wait_seconds_total Rank 0's time waiting for the ring's answers.\n"
+        "# TYPE specdec_pp_wait_seconds_total counter\nspecdec_pp_wait_seconds_total %.4f\n"
+        "# HELP specdec_pp_network_seconds_total Rank 0's waiting that is not the other ranks' compute (messages, "
+        "the network).\n# TYPE specdec_pp_network_seconds_total counter\nspecdec_pp_network_seconds_total %.4f\n"
+        "# HELP specdec_pp_forwards_total Forwards round the ring.\n# TYPE specdec_pp_forwards_total counter\n"
+        "specdec_pp_forwards_total %.0f\n",
+        g_wait_ms / 1e3, (g_wait_ms - g_other_ms) / 1e3, g_n_fwd);
+#undef PUT
+    if (o >= n) buf[n - 1] = 0;
 }
 
 static int cmp_double(const void *a, const void *b) {

@@ -27,5 +27,10 @@ int pp_model_load(sd_model **out, const char *path, char *err, size_t errlen);
 // other ranks make their sessions alike, and the session's forward, commit
 // and truncate reach every rank. 0, or <0 with a message.
 int pp_attach(sd_session *s, char *err, size_t errlen);
+// Prometheus lines of the pipeline's figures so far into buf (n bytes, NUL
+// ended; nothing without a pipeline): each rank's forward time, rank 0's
+// time waiting for the ring and the part of it that is not the other ranks'
+// compute (messages, the network). Safe from another thread (reads only).
+void pp_metrics_text(char *buf, size_t n);
 
 #endif

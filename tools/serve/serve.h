@@ -185,6 +185,8 @@ typedef struct sv_server {
     // Called on every slot's session once it is made, before any forward
     // (a pipeline attaches it, tools/mpi/pp.h), or NULL. 0, or <0 with a message.
     int (*on_session)(sd_session *s, char *err, size_t errlen);
+    // Appends more Prometheus lines to /metrics (a pipeline's per-rank time), or NULL.
+    void (*metrics_extra)(char *buf, size_t n);
     int batcher_nodes;         // its n_nodes
     sv_slot **pass_sl;         // (n_slots) scratch of a round's pass: slots,
     sd_session **pass_ss;      //   their sessions,
