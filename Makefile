@@ -70,10 +70,11 @@ PP_MODE := none
 PP_OBJ  := build/tools/mpi/pp_none.o
 LINK_CC := $(CC)
 endif
-build/pp-mode: FORCE
-	@mkdir -p build
-	@echo $(PP_MODE) | cmp -s - $@ || echo $(PP_MODE) > $@
-.PHONY: FORCE
+# (checked when the Makefile is read: a recipe that touched it would come
+# too late for make's view of build/specdec)
+ifneq ($(shell cat build/pp-mode 2>/dev/null),$(PP_MODE))
+$(shell mkdir -p build && echo $(PP_MODE) > build/pp-mode && rm -f build/specdec)
+endif
 TLIB_OBJ := $(patsubst %.c,build/%.o,$(wildcard tests/lib/*.c))
 TESTS    := $(patsubst tests/%.c,build/tests/%,$(wildcard tests/*/test_*.c))
 # Helper programs of the test scripts (tests/tool_*.c, e.g. a random draft
@@ -116,7 +117,7 @@ $(TOOL_OBJ) $(SERVE_OBJ) $(JSON_TESTS:%=%.o): | need-jansson
 $(JSON_TESTS:%=%.o): CFLAGS += $(JSON_CFLAGS)
 $(JSON_TESTS): LDLIBS += $(JSON_LIBS)
 
-build/specdec: $(TOOL_OBJ) $(SERVE_OBJ) $(PP_OBJ) $(LIB) build/pp-mode
+build/specdec: $(TOOL_OBJ) $(SERVE_OBJ) $(PP_OBJ) $(LIB)
 	$(LINK_CC) $(CFLAGS) $(TOOL_OBJ) $(SERVE_OBJ) $(PP_OBJ) $(LIB) $(SERVE_LIBS) $(JSON_LIBS) $(LDLIBS) -o $@
 
 build/examples/%: examples/%.c $(LIB)
