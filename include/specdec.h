@@ -326,6 +326,16 @@ SD_API int sd_batcher_forward(sd_batcher *b, sd_session *const *ss, const sd_bat
 // (SD_ERR_BUSY: the pool held by another forward; a bad count), or after a
 // call that succeeded.
 SD_API int sd_batcher_failed_batch(const sd_batcher *b);
+// The batches of several sessions of a model part through layers
+// [part->layer_lo, part->layer_hi) in one pass, as sd_session_forward_part
+// does for one (pipeline parallelism, docs/mpi.md): each batch's input its
+// tokens (layer 0) or its embd rows, part->x_out the residual rows of all
+// nodes, the batches' nodes in order (sum of n rows of n_embd), the output
+// stage with part->output. Each session's rows get the bits of its own
+// sd_session_forward_part. Returns as sd_batcher_forward (and
+// sd_batcher_failed_batch names a refused batch).
+SD_API int sd_batcher_forward_part(sd_batcher *b, sd_session *const *ss, const sd_batch *bs, int n,
+                                   const sd_forward_part *part, char *err, size_t errlen);
 
 // ---------------------------------------------------------------- tokenizer
 // Encodes text into ids. add_bos: prepend BOS when the vocabulary asks for it

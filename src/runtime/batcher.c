@@ -30,9 +30,6 @@ int sd_batcher_new(sd_batcher **out, const sd_model *m, sd_threadpool *pool, int
     if (!m || !pool) return sd_err(err, errlen, "batcher: a model and a thread pool are required");
     if (n_nodes < 1 || n_nodes > 8192)
         return sd_err(err, errlen, "batcher: n_nodes %d out of range (1..8192)", n_nodes);
-    if (m->layer_lo != 0 || m->layer_hi != m->hp.n_layer || !m->has_output)
-        return sd_err(err, errlen, "batcher: the model holds layers [%d, %d) of %d only (a part of a pipeline)",
-                      m->layer_lo, m->layer_hi, m->hp.n_layer);
     const sd_hparams *hp = &m->hp;
     const size_t N = (size_t)n_nodes, kvd = (size_t)hp->n_head_kv * hp->head_dim,
                  qd = (size_t)hp->n_head * hp->head_dim;
@@ -156,20 +153,50 @@ static void layout(sd_batcher *b, sd_fwd_pass *p, sd_session *const *ss, const s
 
 int sd_batcher_forward(sd_batcher *b, sd_session *const *ss, const sd_batch *bs, int n, char *err,
                        size_t errlen) {
+    return sd_batcher_forward_part(b, ss, bs, n, NULL, err, errlen);
+}
+
+int sd_batcher_forward_part(sd_batcher *b, sd_session *const *ss, const sd_batch *bs, int n,
+                            const sd_forward_part *part, char *err, size_t errlen) {
     b->failed = -1;
+    const sd_model *m = b->m;
+    const sd_forward_part whole = {.layer_lo = 0, .layer_hi = m->hp.n_layer, .output = 1, .x_out = NULL};
+    if (!part) {
+        if (m->layer_lo != 0 || m->layer_hi != m->hp.n_layer || !m->has_output)
+            return sd_errc(SD_ERR_INPUT, err, errlen,
+                           "batcher: the model holds layers [%d, %d) of %d only (a part of a pipeline: "
+                           "sd_batcher_forward_part)", m->layer_lo, m->layer_hi, m->hp.n_layer);
+        part = &whole;
+    }
     if (!sd_pool_try_acquire(b->pool))
         return sd_errc(SD_ERR_BUSY, err, errlen,
                       "batcher: the thread pool is in use by another forward or sd_threadpool_run (sessions sharing "
                       "a pool must take turns)");
     int r = check_all(b, ss, bs, n, err, errlen);
+    for (int i = 0; r == 0 && i < n; i++) {
+        char msg[256];
+        const int pr = sd_fwd_part_check(ss[i], &bs[i], part, msg, sizeof msg);
+        if (pr < 0) b->failed = i, r = sd_errc(pr, err, errlen, "batcher: session %d: %s", i, msg);
+    }
     if (r == 0 && n == 1) {
         // One session: its own forward, on its own scratch (no copies).
-        r = sd_fwd_session(ss[0], &bs[0], err, errlen);
+        r = sd_fwd_part(ss[0], &bs[0], part == &whole ? NULL : part, err, errlen);
         if (r < 0) b->failed = 0;
     } else if (r == 0 && n > 1) {
         sd_fwd_pass p;
         layout(b, &p, ss, bs, n);
+        p.l_lo = part->layer_lo;
+        p.l_hi = part->layer_hi;
+        p.head = part->output;
+        p.x_out = part->x_out;
+        if (!part->output) {
+            p.n_out = 0;
+            for (int i = 0; i < n; i++) b->seg[i].n_out = 0;
+        }
         sd_fwd_run(&p);
+        if (!part->output)
+            for (int i = 0; i < n; i++)
+                for (int k = 0; k < bs[i].n; k++) ss[i]->logit_row[k] = -1;
     }
     sd_pool_release(b->pool);
     return r;

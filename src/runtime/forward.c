@@ -554,7 +554,7 @@ void sd_fwd_run(const sd_fwd_pass *p) {
 }
 
 // Checks a part of the layers against the session's model and the batch.
-static int part_check(const sd_session *s, const sd_batch *b, const sd_forward_part *pt, char *err, size_t errlen) {
+int sd_fwd_part_check(const sd_session *s, const sd_batch *b, const sd_forward_part *pt, char *err, size_t errlen) {
     const sd_model *m = s->m;
     const int nl = m->hp.n_layer;
     if (pt->layer_lo < 0 || pt->layer_hi < pt->layer_lo || pt->layer_hi > nl)
@@ -592,7 +592,7 @@ int sd_fwd_part(sd_session *s, const sd_batch *b, const sd_forward_part *part, c
                            s->m->layer_lo, s->m->layer_hi, s->m->has_output ? " and the output" : "");
         part = &whole;
     }
-    const int pr = part_check(s, b, part, err, errlen);
+    const int pr = sd_fwd_part_check(s, b, part, err, errlen);
     if (pr < 0) return pr;
     const int n_out = sd_fwd_record(s, b);
     sd_fwd_embed(s->m, b, s->x);

@@ -68,6 +68,9 @@ void sd_fwd_run(const sd_fwd_pass *p);
 // sd_session_forward without the pool's busy flag (the caller holds it): a
 // pass of one segment on s's own scratch. 0, or <0 with a message (s untouched).
 int sd_fwd_session(sd_session *s, const sd_batch *b, char *err, size_t errlen);
+// Checks a part of the layers against s's model and the batch (layers held,
+// output held, embd rows for a part after layer 0): 0, or <0 with a message.
+int sd_fwd_part_check(const sd_session *s, const sd_batch *b, const sd_forward_part *part, char *err, size_t errlen);
 // The same for a part of the layers (sd_session_forward_part); part NULL: the whole model.
 int sd_fwd_part(sd_session *s, const sd_batch *b, const sd_forward_part *part, char *err, size_t errlen);
 

@@ -5,8 +5,10 @@
 // commits of tree paths and truncations; a session hooked
 // (sd_session_set_hooks) to run the parts generates exactly the whole
 // model's greedy text, plainly and with a draft tree; a part refuses the
-// layers it does not hold, a whole forward, state saving and a batcher, with
-// a message; a part's held bytes are its share. Synthetic models (F32 and
+// layers it does not hold, a whole forward and state saving, with
+// a message; a part's held bytes are its share; several sessions' batches
+// through parts (sd_batcher_forward_part) equal a batcher pass over the
+// whole model. Synthetic models (F32 and
 // Q4_1, llama and qwen2); the default model when present.
 #include <stdint.h>
 #include <stdio.h>
@@ -302,6 +304,122 @@ done:
     remove(dpath);
 }
 
+// Several sessions' batches through parts with sd_batcher_forward_part (a
+// pipeline's server): every logit and hidden row equals a batcher pass over
+// the whole model's twin sessions, through rounds of trees and commits.
+static void test_batcher_parts_equal_whole(void) {
+    synth_params sp = synth_default_params();
+    sp.n_layer = 5;
+    sp.wtype = SD_TYPE_Q4_1;
+    char path[256];
+    snprintf(path, sizeof path, "/tmp/specdec_test_fpart_%d_bat.gguf", (int)getpid());
+    CHECK(synth_write(path, &sp, g_err, sizeof g_err) == 0, "%s", g_err);
+    enum { NS = 3, CUT = 2 };
+    const int E = sp.n_embd, V = sp.n_vocab, L = sp.n_layer;
+    sd_model *mw = NULL, *ma = NULL, *mb = NULL;
+    sd_threadpool *pw = NULL, *pa = NULL, *pb = NULL;
+    sd_batcher *bw = NULL, *ba = NULL, *bb = NULL;
+    sd_session *w[NS] = {0}, *a[NS] = {0}, *b[NS] = {0};
+    int ok = sd_model_load(&mw, path, g_err, sizeof g_err) == 0 &&
+             sd_model_load_part(&ma, path, 0, CUT, 1, g_err, sizeof g_err) == 0 &&
+             sd_model_load_part(&mb, path, CUT, L, 0, g_err, sizeof g_err) == 0 &&
+             sd_threadpool_new(&pw, 2, g_err, sizeof g_err) == 0 && sd_threadpool_new(&pa, 2, g_err, sizeof g_err) == 0 &&
+             sd_threadpool_new(&pb, 2, g_err, sizeof g_err) == 0 &&
+             sd_batcher_new(&bw, mw, pw, 64, g_err, sizeof g_err) == 0 &&
+             sd_batcher_new(&ba, ma, pa, 64, g_err, sizeof g_err) == 0 &&
+             sd_batcher_new(&bb, mb, pb, 64, g_err, sizeof g_err) == 0;
+    for (int i = 0; ok && i < NS; i++) {
+        sd_session_params ps = sd_session_default_params();
+        ps.n_ctx = 256;
+        ps.n_batch = 32;
+        ps.pool = pw;
+        ok = sd_session_new(&w[i], mw, &ps, g_err, sizeof g_err) == 0;
+        ps.pool = pa;
+        ok = ok && sd_session_new(&a[i], ma, &ps, g_err, sizeof g_err) == 0;
+        ps.pool = pb;
+        ok = ok && sd_session_new(&b[i], mb, &ps, g_err, sizeof g_err) == 0;
+    }
+    CHECK(ok, "%s", g_err);
+    float *x = malloc(sizeof(float) * NS * MAXN * E), *x2 = malloc(sizeof(float) * NS * MAXN * E);
+    float *hw = malloc(sizeof(float) * NS * MAXN * NHID * E), *hp = malloc(sizeof(float) * NS * MAXN * NHID * E);
+    const int32_t hl[NHID] = {1, CUT + 1, SD_HIDDEN_NORM};
+    int bad = 0;
+    for (int round = 0; ok && round < 8 && !bad; round++) {
+        int32_t tok[NS][MAXN], par[NS][MAXN];
+        sd_batch bs[NS], bsa[NS], bsb[NS], bso[NS];
+        int off[NS + 1] = {0};
+        for (int i = 0; i < NS; i++) {
+            const int n = round == 0 ? 5 + i : 1 + (int)rnd(MAXN);
+            for (int k = 0; k < n; k++) {
+                tok[i][k] = (int32_t)rnd((uint32_t)V);
+                par[i][k] = round == 0 || k == 0 ? k - 1 : (int32_t)rnd((uint32_t)k + 1) - 1;
+            }
+            bs[i] = (sd_batch){.n = n, .tokens = tok[i], .parent = par[i]};
+            if (i == 1) {
+                bs[i].hidden_layers = hl;
+                bs[i].n_hidden_layers = NHID;
+            }
+            off[i + 1] = off[i] + n;
+        }
+        for (int i = 0; i < NS; i++) bsa[i] = bs[i];
+        bs[1].hidden_out = hw;
+        bsa[1].hidden_out = hp;
+        char e[256];
+        CHECK(sd_batcher_forward(bw, w, bs, NS, e, sizeof e) == 0, "whole: %s", e);
+        const sd_forward_part p0 = {.layer_lo = 0, .layer_hi = CUT, .x_out = x};
+        CHECK(sd_batcher_forward_part(ba, a, bsa, NS, &p0, e, sizeof e) == 0, "part 0: %s", e);
+        for (int i = 0; i < NS; i++) {
+            bsb[i] = bsa[i];
+            bsb[i].tokens = NULL;
+            bsb[i].embd = x + (size_t)off[i] * E;
+        }
+        const sd_forward_part p1 = {.layer_lo = CUT, .layer_hi = L, .x_out = x2};
+        CHECK(sd_batcher_forward_part(bb, b, bsb, NS, &p1, e, sizeof e) == 0, "part 1: %s", e);
+        for (int i = 0; i < NS; i++) {
+            bso[i] = bsb[i];
+            bso[i].embd = x2 + (size_t)off[i] * E;
+        }
+        const sd_forward_part po = {.layer_lo = L, .layer_hi = L, .output = 1};
+        CHECK(sd_batcher_forward_part(ba, a, bso, NS, &po, e, sizeof e) == 0, "output: %s", e);
+        for (int i = 0; i < NS && !bad; i++)
+            for (int k = 0; k < bs[i].n && !bad; k++) {
+                const float *lw = sd_session_logits(w[i], k), *lp = sd_session_logits(a[i], k);
+                if (!lw || !lp || memcmp(lw, lp, sizeof(float) * (size_t)V)) {
+                    CHECK(0, "round %d: session %d node %d: logits differ", round, i, k);
+                    bad = 1;
+                }
+            }
+        if (!bad && memcmp(hw, hp, sizeof(float) * (size_t)bs[1].n * NHID * E)) {
+            CHECK(0, "round %d: hidden rows differ", round);
+            bad = 1;
+        }
+        for (int i = 0; i < NS; i++) {   // commit a path on all three
+            int32_t path[MAXN], chain[MAXN];
+            int nc = 0, np = 0;
+            for (int v = round == 0 ? bs[i].n - 1 : (int)rnd((uint32_t)bs[i].n); v >= 0; v = par[i][v]) chain[nc++] = v;
+            for (int k = nc - 1; k >= 0; k--) path[np++] = chain[k];
+            CHECK(sd_session_commit(w[i], path, np, e, sizeof e) == 0 && sd_session_commit(a[i], path, np, e, sizeof e) == 0 &&
+                      sd_session_commit(b[i], path, np, e, sizeof e) == 0, "commit: %s", e);
+        }
+    }
+    // a whole pass on a part is refused; a part batch with tokens past layer 0 names the session
+    if (ok) {
+        int32_t t1 = 5;
+        sd_batch one[1] = {{.n = 1, .tokens = &t1}};
+        CHECK(sd_batcher_forward(ba, a, one, 1, g_err, sizeof g_err) < 0 && strstr(g_err, "sd_batcher_forward_part"),
+              "a whole pass on a part: '%s'", g_err);
+        const sd_forward_part p1 = {.layer_lo = CUT, .layer_hi = L, .x_out = x2};
+        CHECK(sd_batcher_forward_part(bb, b, one, 1, &p1, g_err, sizeof g_err) < 0 &&
+                  sd_batcher_failed_batch(bb) == 0 && strstr(g_err, "embd"), "tokens past layer 0: '%s'", g_err);
+    }
+    free(x), free(x2), free(hw), free(hp);
+    for (int i = 0; i < NS; i++) sd_session_free(w[i]), sd_session_free(a[i]), sd_session_free(b[i]);
+    sd_batcher_free(bw), sd_batcher_free(ba), sd_batcher_free(bb);
+    sd_threadpool_free(pw), sd_threadpool_free(pa), sd_threadpool_free(pb);
+    sd_model_free(mw), sd_model_free(ma), sd_model_free(mb);
+    remove(path);
+}
+
 // What a part refuses, with a message.
 static void test_part_refusals(void) {
     synth_params sp = synth_default_params();
@@ -347,8 +465,6 @@ static void test_part_refusals(void) {
     char buf[64];
     CHECK(sd_session_state_save(s, buf, sizeof buf, g_err, sizeof g_err) < 0 && strstr(g_err, "layers"),
           "state of a part: '%s'", g_err);
-    sd_batcher *bt = NULL;
-    CHECK(sd_batcher_new(&bt, m, sd_session_pool(s), 8, g_err, sizeof g_err) < 0, "a batcher over a part");
     sd_session_free(s);
 done:
     sd_model_free(m);
@@ -378,6 +494,7 @@ static void test_parts_equal_whole_smollm(void) {
 int main(void) {
     T_RUN(test_parts_equal_whole_synth);
     T_RUN(test_pipeline_generates_whole_text);
+    T_RUN(test_batcher_parts_equal_whole);
     T_RUN(test_part_refusals);
     T_RUN(test_parts_equal_whole_smollm);
     T_EXIT();
