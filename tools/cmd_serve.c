@@ -220,7 +220,7 @@ int cmd_serve(int argc, char **argv) {
     memset(&s, 0, sizeof s);
     s.o = &o;
     s.on_session = pp_attach;   // a pipeline's rank 0 (--pp, docs/mpi.md): each slot reaches every rank
-    if (pp_active()) s.metrics_extra = pp_metrics_text;
+    if (pp_active()) s.metrics_extra = pp_metrics_text, s.forward_many = pp_forward_many;
     pthread_mutex_init(&s.mu, NULL);
     pthread_cond_init(&s.cv, NULL);
     sv_http *h = NULL;

@@ -10,7 +10,8 @@
   SmolLM2;
 - bench --pp: every method's text equal to plain decoding's (equal_to_ar);
 - serve --pp 2 with 2 slots: two concurrent requests' greedy answers (with
-  and without speculation) equal to generate's, each rank's forward time in
+  and without speculation) equal to generate's, both slots in one pass round
+  the ring (the server's batching kept), each rank's forward time in
   /metrics; SIGTERM stops every rank;
 - bad launches refused on every rank with one message and a non-zero exit:
   fewer ranks than --pp asks, --layers not covering the layers, more ranks
@@ -182,6 +183,16 @@ def case_serve_equals_generate():
         if not m or float(m.group(1)) <= 0 or "specdec_pp_network_seconds_total" not in text:
             bad.append("/metrics lacks rank 1's forward time or the network time: " +
                        " | ".join(l for l in text.splitlines() if "_pp_" in l))
+
+        def metric(name):
+            mm = re.search(r"^" + name + r" ([0-9.]+)$", text, re.M)
+            return float(mm.group(1)) if mm else -1
+        # the two slots went round the ring together in some passes (one
+        # sd_batcher_forward_part per rank), none fell back to slot by slot
+        if not metric("specdec_batch_slots_total") > metric("specdec_batch_forwards_total") > 0 or \
+                metric("specdec_batch_fallbacks_total") != 0:
+            bad.append("no pass of both slots, or fallbacks: " +
+                       " | ".join(l for l in text.splitlines() if l.startswith("specdec_batch_")))
     finally:
         p.send_signal(signal.SIGTERM)
         try:

@@ -24,6 +24,9 @@ static char g_path[1024];   // the model the ranks loaded
 static int32_t *g_ops;      // queued cache operations (op, session, n, rows...)
 static int g_n_ops, g_ops_cap;
 static double g_n_fwd, g_other_ms, g_wait_ms, g_self_ms;
+static const sd_session *g_sess[PP_MAX_SESSIONS]; // the attached sessions, by id
+static float *g_xs;          // (g_x_cap floats) a group's residual rows out of rank 0's layers
+static size_t g_x_cap;
 static double g_rank_ms[PP_MAX_RANKS];   // each rank's forward time so far (ms; rank 0's = g_self_ms)
 static double g_ping_ms[2];   // --pp-stats: median time of a message of 1 and 16 rows round the ring (ms)
 
@@ -400,6 +403,123 @@ void pp_metrics_text(char *buf, size_t n) {
     if (o >= n) buf[n - 1] = 0;
 }
 
+static int sid_of(const sd_session *s) {
+    for (int i = 0; i < g_attached; i++)
+        if (g_sess[i] == s) return i;
+    return -1;
+}
+
+// The remote hidden layers a batch asks for: its n_hid entries travel when
+// one of them lies past rank 0's layers.
+static int remote_hidden(const sd_batch *b, int first_remote) {
+    for (int k = 0; k < b->n_hidden_layers; k++)
+        if (b->hidden_layers[k] != SD_HIDDEN_NORM && b->hidden_layers[k] >= first_remote) return 1;
+    return 0;
+}
+
+int pp_forward_many(sd_batcher *b, sd_session *const *ss, const sd_batch *bs, int n, char *err, size_t errlen) {
+    pp_ctx *c = &g_c;
+    const int E = c->n_embd, first_remote = c->lo[1], L = c->n_layer;
+    if (n < 1 || n > PP_MAX_GROUP) return snprintf(err, errlen, "pipeline: a pass of %d sessions (1..%d)", n, PP_MAX_GROUP), -1;
+    // the message's size, then its headers and batch structure
+    size_t need = (sizeof(pp_hdr) + sizeof(int32_t) * (size_t)g_n_ops + 63) / 64 * 64, total = 0;
+    for (int i = 0; i < n; i++) {
+        const int nh = remote_hidden(&bs[i], first_remote) ? bs[i].n_hidden_layers : 0;
+        need += sizeof(pp_hdr) + sizeof(int32_t) * 3 * (size_t)bs[i].n + 128 +
+                sizeof(float) * (size_t)bs[i].n * E * (1 + (size_t)nh);
+        total += (size_t)bs[i].n;
+    }
+    if (need > c->cap) {
+        free(c->sbuf);
+        c->cap = need;
+        c->sbuf = aligned_alloc(64, (need + 63) / 64 * 64);
+    }
+    if (total * E > g_x_cap) {
+        free(g_xs);
+        g_x_cap = total * E;
+        g_xs = malloc(sizeof(float) * g_x_cap);
+    }
+    if (!c->sbuf || !g_xs) return snprintf(err, errlen, "pipeline: out of memory"), -1;
+    pp_hdr *h = (pp_hdr *)(void *)c->sbuf;
+    memset(h, 0, sizeof *h);
+    h->type = PP_GROUP;
+    h->n = n;
+    h->seq = sd_batcher_n_nodes(b);
+    h->n_ops = g_n_ops;
+    memcpy(c->sbuf + sizeof(pp_hdr), g_ops, sizeof(int32_t) * (size_t)g_n_ops);
+    pp_view vs[PP_MAX_GROUP];
+    char *sub = pp_group_first(c->sbuf);
+    for (int i = 0; i < n; i++) {
+        const sd_batch *bi = &bs[i];
+        pp_hdr *sh = (pp_hdr *)(void *)sub;
+        memset(sh, 0, sizeof *sh);
+        sh->type = PP_FWD;
+        sh->sid = sid_of(ss[i]);
+        if (sh->sid < 0) return snprintf(err, errlen, "pipeline: session %d of the pass is not attached", i), -1;
+        sh->n = bi->n;
+        sh->flags = (bi->parent ? PP_F_PARENT : 0) | (bi->pos ? PP_F_POS : 0) | (bi->precise ? PP_F_PRECISE : 0);
+        if (remote_hidden(bi, first_remote)) {
+            sh->n_hid = bi->n_hidden_layers;
+            memcpy(sh->hid_layers, bi->hidden_layers, sizeof(int32_t) * (size_t)sh->n_hid);
+            sh->flags |= bi->hidden ? PP_F_HIDDEN : 0;
+            for (int k = 0; k < bi->n; k++) sh->n_wanted += !bi->hidden || bi->hidden[k];
+        }
+        pp_layout(sub, E, &vs[i]);
+        for (int k = 0; k < bi->n; k++) {
+            if (vs[i].parent) vs[i].parent[k] = bi->parent[k];
+            if (vs[i].pos) vs[i].pos[k] = bi->pos[k];
+            if (vs[i].hidden) vs[i].hidden[k] = bi->hidden[k];
+        }
+        sub = pp_group_next(sub, &vs[i]);
+    }
+    const size_t bytes = (size_t)(sub - c->sbuf);
+    // rank 0's layers over every batch in one pass (a refused batch: nothing sent)
+    double t0 = MPI_Wtime();
+    const sd_forward_part first = {.layer_lo = 0, .layer_hi = first_remote, .output = 0, .x_out = g_xs};
+    int r = sd_batcher_forward_part(b, ss, bs, n, &first, err, errlen);
+    if (r < 0) return r;
+    g_self_ms += (MPI_Wtime() - t0) * 1e3;
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        memcpy(vs[i].x, g_xs + off * E, sizeof(float) * (size_t)bs[i].n * E);
+        off += (size_t)bs[i].n;
+    }
+    g_n_ops = 0;
+    ring_trip(c, bytes, 1, NULL, &g_wait_ms);
+    const pp_hdr *a = (const pp_hdr *)(const void *)c->rbuf;
+    if (a->type == PP_ERR) {
+        snprintf(err, errlen, "pipeline: %.400s", c->rbuf + sizeof(pp_hdr));
+        return SD_ERR_INPUT;
+    }
+    if (a->type != PP_GROUP || a->n != n) pp_die(c, "an answer of type %d for %d sessions from rank %d", a->type, a->n, c->size - 1);
+    for (int k = 1; k < c->size; k++) g_other_ms += a->rank_ms[k], g_rank_ms[k] += a->rank_ms[k];
+    g_n_fwd++;
+    sd_batch *ob = malloc(sizeof(sd_batch) * (size_t)n);
+    if (!ob) return snprintf(err, errlen, "pipeline: out of memory"), -1;
+    sub = pp_group_first(c->rbuf);
+    for (int i = 0; i < n; i++) {
+        pp_view v;
+        pp_layout(sub, E, &v);
+        for (int k = 0; k < v.h->n_hid; k++) {
+            const int l = v.h->hid_layers[k];
+            if (l == SD_HIDDEN_NORM || l < first_remote) continue;
+            for (int w = 0; w < v.h->n_wanted; w++)
+                memcpy(bs[i].hidden_out + ((size_t)w * v.h->n_hid + k) * E, v.hid + ((size_t)w * v.h->n_hid + k) * E,
+                       sizeof(float) * (size_t)E);
+        }
+        ob[i] = bs[i];
+        ob[i].tokens = NULL;
+        ob[i].embd = v.x;
+        sub = pp_group_next(sub, &v);
+    }
+    const sd_forward_part last = {.layer_lo = L, .layer_hi = L, .output = 1, .x_out = NULL};
+    t0 = MPI_Wtime();
+    r = sd_batcher_forward_part(b, ss, ob, n, &last, err, errlen);
+    g_self_ms += (MPI_Wtime() - t0) * 1e3;
+    free(ob);
+    return r;
+}
+
 static int cmp_double(const void *a, const void *b) {
     const double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
@@ -452,6 +572,7 @@ int pp_attach(sd_session *s, char *err, size_t errlen) {
         return snprintf(err, errlen, "pipeline: at most %d sessions", PP_MAX_SESSIONS), -1;
     if (ensure_buffers(c, sd_session_n_batch(s)) < 0) return snprintf(err, errlen, "pipeline: out of memory"), -1;
     const int sid = g_attached++;
+    g_sess[sid] = s;
     pp_hdr *h = (pp_hdr *)(void *)c->sbuf;
     memset(h, 0, sizeof *h);
     h->type = PP_SETUP;

@@ -27,6 +27,10 @@ int pp_model_load(sd_model **out, const char *path, char *err, size_t errlen);
 // other ranks make their sessions alike, and the session's forward, commit
 // and truncate reach every rank. 0, or <0 with a message.
 int pp_attach(sd_session *s, char *err, size_t errlen);
+// The batches of several attached sessions in one pass round the ring (a
+// server's round): sd_batcher_forward's contract, on batcher b of rank 0's
+// part (sd_batcher_failed_batch names a batch rank 0 refused).
+int pp_forward_many(sd_batcher *b, sd_session *const *ss, const sd_batch *bs, int n, char *err, size_t errlen);
 // Prometheus lines of the pipeline's figures so far into buf (n bytes, NUL
 // ended; nothing without a pipeline): each rank's forward time, rank 0's
 // time waiting for the ring and the part of it that is not the other ranks'

@@ -39,6 +39,10 @@ int pp_model_load(sd_model **out, const char *path, char *err, size_t errlen) {
     return sd_model_load(out, path, err, errlen);
 }
 
+int pp_forward_many(sd_batcher *b, sd_session *const *ss, const sd_batch *bs, int n, char *err, size_t errlen) {
+    return sd_batcher_forward(b, ss, bs, n, err, errlen);
+}
+
 void pp_metrics_text(char *buf, size_t n) {
     if (n) buf[0] = 0;
 }

@@ -19,7 +19,12 @@
 #define PP_TAG_RING 12        // rank k -> k + 1 (and R-1 -> 0)
 
 // PP_SETUP: a new session (rank 0 attached one), made alike on every rank.
-enum pp_type { PP_FWD = 1, PP_OPS = 2, PP_QUIT = 3, PP_ERR = 4, PP_SETUP = 5, PP_PING = 6 };
+// PP_GROUP: the batches of several sessions in one pass (a server's round,
+// sd_batcher_forward_part): the header (n = the sessions, seq = the
+// batcher's nodes), the ops, then one PP_FWD message per session, each at a
+// multiple of 64 bytes (pp_group_first, pp_group_next).
+enum pp_type { PP_FWD = 1, PP_OPS = 2, PP_QUIT = 3, PP_ERR = 4, PP_SETUP = 5, PP_PING = 6, PP_GROUP = 7 };
+#define PP_MAX_GROUP 256
 // PP_PING: a forward's message that every rank passes on without computing (--pp-stats
 // times the ring's transport alone with it)
 enum pp_op { PP_OP_COMMIT = 1, PP_OP_COMMIT_ALL = 2, PP_OP_TRUNC = 3 };
@@ -67,6 +72,9 @@ typedef struct pp_view {
     size_t bytes;
 } pp_view;
 void pp_layout(char *buf, int n_embd, pp_view *v);
+// A group's first session message, and the one after sub (whose view is v).
+char *pp_group_first(char *buf);
+char *pp_group_next(char *sub, const pp_view *v);
 // Bytes a forward message of n_batch nodes may take (ops_words of ops).
 size_t pp_msg_cap(int n_batch, int n_embd, int ops_words);
 #define PP_OPS_WORDS(n_batch) (4 * (n_batch) + 256)

@@ -41,6 +41,13 @@ void pp_layout(char *buf, int n_embd, pp_view *v) {
     v->bytes = (size_t)(p - buf);
 }
 
+char *pp_group_first(char *buf) {
+    const pp_hdr *h = (const pp_hdr *)(const void *)buf;
+    return buf + (sizeof(pp_hdr) + sizeof(int32_t) * (size_t)h->n_ops + 63) / 64 * 64;
+}
+
+char *pp_group_next(char *sub, const pp_view *v) { return sub + (v->bytes + 63) / 64 * 64; }
+
 size_t pp_msg_cap(int n_batch, int n_embd, int ops_words) {
     return sizeof(pp_hdr) + sizeof(int32_t) * ((size_t)ops_words + 3 * (size_t)n_batch) + 64 +
            sizeof(float) * (size_t)n_batch * n_embd * (1 + SD_MAX_HIDDEN_LAYERS) +
@@ -159,12 +166,66 @@ typedef struct worker {
     sd_model *m;
     sd_threadpool *pool;
     sd_session *sess[PP_MAX_SESSIONS];
+    sd_batcher *bat;         // groups' passes (made at the first, on pool)
+    float *xs;               // (x_cap floats) a group's residual rows out
+    size_t x_cap;
+    uint8_t *mask;           // (PP_MAX_GROUP * 8192) the groups' hidden masks
+    sd_session *gs[PP_MAX_GROUP];
+    sd_batch gb[PP_MAX_GROUP];
 } worker;
 
 static sd_session *session_of(pp_ctx *c, worker *w, int sid) {
     if (sid < 0 || sid >= PP_MAX_SESSIONS || !w->sess[sid]) pp_die(c, "a message for an unknown session %d", sid);
     return w->sess[sid];
 }
+
+// A group: this rank's layers over every session's batch in one batcher
+// pass, the residual rows back into each session's message. 0, or <0 with
+// a message.
+static int run_group(pp_ctx *c, worker *w, char *msg, char *err, size_t errlen) {
+    pp_hdr *h = (pp_hdr *)(void *)msg;
+    const int n = h->n, E = c->n_embd;
+    if (n < 1 || n > PP_MAX_GROUP) return snprintf(err, errlen, "a group of %d sessions", n), -1;
+    pp_view vs[PP_MAX_GROUP];
+    char *sub = pp_group_first(msg);
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        pp_layout(sub, E, &vs[i]);
+        const pp_hdr *sh = vs[i].h;
+        w->gs[i] = session_of(c, w, sh->sid);
+        uint8_t *mask = NULL;
+        if (vs[i].hidden) {
+            mask = w->mask + (size_t)i * 8192;
+            for (int k = 0; k < sh->n && k < 8192; k++) mask[k] = (uint8_t)(vs[i].hidden[k] != 0);
+        }
+        w->gb[i] = (sd_batch){.n = sh->n, .embd = vs[i].x, .parent = vs[i].parent, .pos = vs[i].pos,
+                              .precise = !!(sh->flags & PP_F_PRECISE), .hidden_layers = sh->hid_layers,
+                              .n_hidden_layers = sh->n_hid, .hidden = mask, .hidden_out = vs[i].hid};
+        total += (size_t)sh->n;
+        sub = pp_group_next(sub, &vs[i]);
+    }
+    if (!w->bat || sd_batcher_n_nodes(w->bat) < h->seq) {
+        sd_batcher_free(w->bat);
+        w->bat = NULL;
+        if (sd_batcher_new(&w->bat, w->m, w->pool, h->seq, err, errlen) < 0) return -1;
+    }
+    if (total * E > w->x_cap) {
+        free(w->xs);
+        w->x_cap = total * E;
+        w->xs = malloc(sizeof(float) * w->x_cap);
+        if (!w->xs) return snprintf(err, errlen, "out of memory"), -1;
+    }
+    const sd_forward_part part = {.layer_lo = c->lo[c->rank], .layer_hi = c->lo[c->rank + 1], .output = 0,
+                                  .x_out = w->xs};
+    if (sd_batcher_forward_part(w->bat, w->gs, w->gb, n, &part, err, errlen) < 0) return -1;
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        memcpy(vs[i].x, w->xs + off * E, sizeof(float) * (size_t)vs[i].h->n * E);
+        off += (size_t)vs[i].h->n;
+    }
+    return 0;
+}
+
 
 // Applies rank 0's commits and truncations, in order.
 static void apply_ops(pp_ctx *c, worker *w, const int32_t *ops, int n_ops) {
@@ -224,7 +285,7 @@ static int serve_ring(pp_ctx *c, worker *w) {
     size_t rcap = c->cap, scap = c->cap;
     char err[512];
     for (;;) {
-        pp_recv(c, prev, &c->rbuf, &rcap, &sreq, 0, &c->mine.wait_ms);
+        const size_t got = pp_recv(c, prev, &c->rbuf, &rcap, &sreq, 0, &c->mine.wait_ms);
         char *msg = c->rbuf;   // the next receive goes into the other buffer
         const size_t mcap = rcap;
         c->rbuf = c->sbuf, rcap = scap;
@@ -251,6 +312,20 @@ static int serve_ring(pp_ctx *c, worker *w) {
             new_session(c, w, v.h);
             if (next == 0) continue;
             bytes = sizeof(pp_hdr);
+        } else if (type == PP_GROUP) {
+            apply_ops(c, w, v.ops, v.h->n_ops);
+            const double t0 = MPI_Wtime();
+            bytes = got;
+            if (run_group(c, w, msg, err, sizeof err) < 0) {
+                v.h->type = PP_ERR;
+                snprintf(msg + sizeof(pp_hdr), 512, "rank %d: %.480s", c->rank, err);
+                bytes = sizeof(pp_hdr) + 512;
+            } else {
+                const double ms = (MPI_Wtime() - t0) * 1e3;
+                v.h->rank_ms[c->rank] = (float)ms;
+                c->mine.compute_ms += ms;
+                c->mine.n_fwd++;
+            }
         } else if (type == PP_OPS || type == PP_FWD) {
             apply_ops(c, w, v.ops, v.h->n_ops);
             if (type == PP_OPS && next == 0) continue;   // nothing goes back for cache operations alone
@@ -290,7 +365,12 @@ int pp_worker(pp_ctx *c, const char *path) {
     c->sbuf = aligned_alloc(64, c->cap);
     c->rbuf = aligned_alloc(64, c->cap);
     if (!c->sbuf || !c->rbuf) pp_die(c, "out of memory for its message buffers");
+    w.mask = malloc((size_t)PP_MAX_GROUP * 8192);
+    if (!w.mask) pp_die(c, "out of memory");
     const int rc = serve_ring(c, &w);
+    sd_batcher_free(w.bat);
+    free(w.xs);
+    free(w.mask);
     for (int i = 0; i < PP_MAX_SESSIONS; i++) sd_session_free(w.sess[i]);
     sd_threadpool_free(w.pool);
     sd_model_free(w.m);

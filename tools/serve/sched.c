@@ -193,11 +193,7 @@ int sv_sched_start(sv_server *s, char *err, size_t errlen) {
     s->pass_err = calloc((size_t)s->n_slots, sizeof *s->pass_err);
     s->pf_len = calloc((size_t)s->n_slots, sizeof *s->pf_len);
     if (!s->pass_sl || !s->pass_ss || !s->pass_bs || !s->pass_ok || !s->pass_err || !s->pf_len) return snprintf(err, errlen, "out of memory"), -1;
-    sd_model_info mi;   // a model part (a pipeline's first layers) has no batcher: its slots go one by one
-    sd_model_get_info(s->model, &mi);
-    const int whole = mi.layer_lo == 0 && mi.layer_hi == mi.n_layer && mi.has_output;
-    if (s->n_slots > 1 && whole && sd_batcher_new(&s->batcher, s->model, s->pool, s->batcher_nodes, err, errlen) < 0)
-        return -1;
+    if (s->n_slots > 1 && sd_batcher_new(&s->batcher, s->model, s->pool, s->batcher_nodes, err, errlen) < 0) return -1;
     if (o->draft_budget && s->n_slots > 1 && budget_start(s, err, errlen) < 0) return -1;
     if (pthread_create(&s->thread, NULL, sched_main, s) != 0)
         return snprintf(err, errlen, "cannot start the scheduler thread"), -1;
