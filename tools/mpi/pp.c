@@ -243,6 +243,7 @@ int pp_main(int *argc, char **argv) {
         MPI_Finalize();
         return 2;
     }
+    pp_fast_wakeups();
     g_c.n_layer = all[0].n_layer;
     g_c.n_embd = all[0].n_embd;
     if (g_c.rank > 0) {

@@ -88,6 +88,9 @@ size_t pp_recv(pp_ctx *c, int from, char **buf, size_t *cap, MPI_Request *sreq, 
 // or stops every rank with a message naming the peer (an MPI error, or the
 // deadline passed).
 int pp_wait(pp_ctx *c, MPI_Request *rq, int n, int peer, const char *what, double timeout_ms, double *waited);
+// Shortens this thread's timer slack to 1 us (Linux), so that the waits'
+// short sleeps end when they should.
+void pp_fast_wakeups(void);
 // Stops every process of the job with one message from this rank.
 void pp_die(pp_ctx *c, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
 // This process's resident and peak resident memory (MiB), from /proc.
