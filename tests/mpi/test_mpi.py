@@ -18,6 +18,8 @@
   than layers, different model files on different ranks;
 - a rank killed (SIGKILL) mid-generation stops every process within 20 s
   with a message naming the rank, and nothing hangs;
+- a rank stuck (SIGSTOP) mid-generation: rank 0 stops every process once
+  --pp-timeout (3 s here) passes without an answer, with one message;
 - each rank's peak resident memory against one process's (--pp-stats).
 
 Needs build/specdec built with `make MPI=1` (make test-mpi) and mpirun;
@@ -41,7 +43,7 @@ SYNTH = os.path.join(ROOT, "build", "tests", "tool_synth_model")
 RHEAD = os.path.join(ROOT, "build", "tests", "tool_random_head")
 SMOL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 CASES = ["mpi_greedy_synth", "mpi_greedy_smollm", "mpi_bench_equal", "mpi_serve_equals_generate", "mpi_bad_launches",
-         "mpi_killed_rank", "mpi_rank_memory"]
+         "mpi_killed_rank", "mpi_stuck_rank", "mpi_rank_memory"]
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
 
 
@@ -263,6 +265,66 @@ def rank_pids(mpirun_pid):
     return out
 
 
+def start_long(tmp, extra=()):
+    """mpirun -np 3 generate of a long text, stdout under way; (process, {rank: pid}) or (process, None)."""
+    model = SMOL if os.path.exists(SMOL) else os.path.join(tmp, "s6.gguf")
+    chat = ["--chat"] if model == SMOL else []
+    cmd = ["mpirun", "--oversubscribe", "-np", "3", BIN, "generate", "-m", model, *chat, "-p",
+           "Write a very long story about a dragon.", "-n", "0", "-c", "2048", "-t", "1", "--pp", "3", *extra]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, cwd=ROOT)
+    first = p.stdout.read(8)
+    pids = {}
+    for _ in range(50):
+        pids = rank_pids(p.pid)
+        if len(pids) == 3:
+            break
+        time.sleep(0.1)
+    return p, (pids if first and len(pids) == 3 else None)
+
+
+def case_stuck_rank(tmp):
+    p, pids = start_long(tmp, ("--pp-timeout", "3"))
+    try:
+        if not pids:
+            report("mpi_stuck_rank", False, "the ranks were not found or nothing was generated")
+            return
+        t0 = time.monotonic()
+        os.kill(pids[1], signal.SIGSTOP)
+        try:
+            _, err = p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            report("mpi_stuck_rank", False, "mpirun still runs 60 s after rank 1 was stopped")
+            return
+        dt = time.monotonic() - t0
+        err = err.decode(errors="replace")
+        lines = [l for l in err.splitlines() if l.startswith("specdec:")]
+        def alive():
+            out = []
+            for pid in pids.values():
+                try:
+                    if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] not in "ZX":
+                        out.append(pid)
+                except OSError:
+                    pass
+            return out
+        while alive() and time.monotonic() - t0 < 30:
+            time.sleep(0.1)
+        gone = not alive()
+        dt = time.monotonic() - t0
+        print(f"  info: every process stopped {dt:.2f} s after rank 1 was stopped; message: {lines[:1]}")
+        report("mpi_stuck_rank", dt < 20 and gone and len(lines) == 1 and "no answer from ranks 1..2 within 3 s" in lines[0],
+               f"after {dt:.1f} s, all gone {gone}, stderr: {err.strip()[-500:]}")
+    finally:
+        for pid in (pids or {}).values():
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except OSError:
+                pass
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
 def case_killed_rank(tmp):
     model = SMOL if os.path.exists(SMOL) else os.path.join(tmp, "s6.gguf")
     # a long generation (SmolLM2: a story of hundreds of tokens; the
@@ -359,6 +421,7 @@ def main():
         case_serve_equals_generate()
         case_bad_launches(tmp)
         case_killed_rank(tmp)
+        case_stuck_rank(tmp)
         case_rank_memory()
     return exit_status()
 

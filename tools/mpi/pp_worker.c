@@ -104,9 +104,13 @@ size_t pp_recv(pp_ctx *c, int from, char **buf, size_t *cap, MPI_Request *sreq, 
             nanosleep(&ts, NULL);
             if (sleep_ns < 100000) sleep_ns += sleep_ns / 2;
         }
-        if (timeout_ms > 0 && (spins & 63) == 0 && now_ms() - t0 > timeout_ms)
+        if (timeout_ms > 0 && (spins & 63) == 0 && now_ms() - t0 > timeout_ms) {
+            if (c->rank == 0 && from == c->size - 1)
+                pp_die(c, "no answer from ranks 1..%d within %.0f s (--pp-timeout): one of them is stuck, killed or "
+                          "unreachable", c->size - 1, timeout_ms / 1e3);
             pp_die(c, "waiting for rank %d: no answer within %.0f s (a rank is stuck, killed or unreachable)", from,
                    timeout_ms / 1e3);
+        }
         if (g_term && c->rank > 0) {
             if (g_term_ms == 0) g_term_ms = now_ms();
             if (now_ms() - g_term_ms > PP_TERM_GRACE_MS) {
