@@ -20,7 +20,8 @@
   with a message naming the rank, and nothing hangs;
 - a rank stuck (SIGSTOP) mid-generation: rank 0 stops every process once
   --pp-timeout (3 s here) passes without an answer, with one message;
-- each rank's peak resident memory against one process's (--pp-stats).
+- each rank's weights at most 1/R of the model's plus 10%, and its peak
+  resident memory against one process's (--pp-stats).
 
 Needs build/specdec built with `make MPI=1` (make test-mpi) and mpirun;
 skipped with the reason otherwise. Prints PASS/FAIL/SKIP lines.
@@ -396,6 +397,14 @@ def case_rank_memory():
             continue
         st = json.loads(line[0])["pp"]
         hwm = [x["hwm_mib"] for x in st["per_rank"]]
+        # the weights each rank holds: at most 1/R of the model's plus 10%
+        wlim = st["weights_mib"] / R + 0.10 * st["weights_mib"]
+        for x in st["per_rank"]:
+            if not 0 < x["weights_mib"] <= wlim:
+                bad.append(f"R={R}: rank {x['rank']} holds {x['weights_mib']} MiB of weights, over {wlim:.1f} "
+                           f"({st['weights_mib']} / {R} + 10%)")
+        print(f"  info: weights {st['weights_mib']} MiB; R={R}: held " +
+              ", ".join(f"rank {x['rank']} {x['weights_mib']} MiB" for x in st["per_rank"]))
         print(f"  info: peak RSS one process {one:.1f} MiB; R={R}: " +
               ", ".join(f"rank {x['rank']} layers {x['layers']} {x['hwm_mib']:.1f} MiB" for x in st["per_rank"]))
         # each rank well under one process (MPI's own libraries and buffers

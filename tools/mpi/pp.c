@@ -24,6 +24,7 @@ static char g_path[1024];   // the model the ranks loaded
 static int32_t *g_ops;      // queued cache operations (op, session, n, rows...)
 static int g_n_ops, g_ops_cap;
 static double g_n_fwd, g_other_ms, g_wait_ms, g_self_ms;
+static double g_held_mib, g_total_mib; // rank 0's weights held, and the whole model's (MiB)
 static const sd_session *g_sess[PP_MAX_SESSIONS]; // the attached sessions, by id
 static float *g_xs;          // (g_x_cap floats) a group's residual rows out of rank 0's layers
 static size_t g_x_cap;
@@ -262,7 +263,14 @@ int pp_active(void) { return g_active; }
 
 int pp_model_load(sd_model **out, const char *path, char *err, size_t errlen) {
     if (!g_active || g_c.size == 1) return sd_model_load(out, path, err, errlen);
-    return sd_model_load_part(out, path, 0, g_c.lo[1], 1, err, errlen);
+    const int r = sd_model_load_part(out, path, 0, g_c.lo[1], 1, err, errlen);
+    if (r == 0) {
+        sd_model_info mi;
+        sd_model_get_info(*out, &mi);
+        g_held_mib = mi.n_bytes_held / 1048576.0;
+        g_total_mib = mi.n_bytes / 1048576.0;
+    }
+    return r;
 }
 
 static size_t g_rcap;   // bytes of g_c.rbuf (pp_recv grows it)
@@ -611,15 +619,17 @@ static void pp_finish(void) {
         st[0].n_fwd = g_n_fwd;
         st[0].lo = 0;
         st[0].hi = c->lo[1];
+        st[0].held_mib = g_held_mib;
         const double hop = g_n_fwd > 0 ? (g_wait_ms - g_other_ms) / g_n_fwd / c->size : 0;
         fprintf(stderr, "{\"pp\": {\"ranks\": %d, \"n_layer\": %d, \"forwards\": %.0f, \"hop_overhead_ms\": %.4f, "
-                        "\"ring_hop_ms_1_row\": %.4f, \"ring_hop_ms_16_rows\": %.4f, \"per_rank\": [",
-                c->size, c->n_layer, g_n_fwd, hop, g_ping_ms[0] / c->size, g_ping_ms[1] / c->size);
+                        "\"ring_hop_ms_1_row\": %.4f, \"ring_hop_ms_16_rows\": %.4f, \"weights_mib\": %.1f, "
+                        "\"per_rank\": [",
+                c->size, c->n_layer, g_n_fwd, hop, g_ping_ms[0] / c->size, g_ping_ms[1] / c->size, g_total_mib);
         for (int k = 0; k < c->size; k++)
-            fprintf(stderr, "%s{\"rank\": %d, \"layers\": [%.0f, %.0f], \"rss_mib\": %.1f, \"hwm_mib\": %.1f, "
-                            "\"compute_ms\": %.1f, \"wait_ms\": %.1f, \"forwards\": %.0f}",
-                    k ? ", " : "", k, st[k].lo, st[k].hi, st[k].rss_mib, st[k].hwm_mib, st[k].compute_ms, st[k].wait_ms,
-                    st[k].n_fwd);
+            fprintf(stderr, "%s{\"rank\": %d, \"layers\": [%.0f, %.0f], \"weights_mib\": %.1f, \"rss_mib\": %.1f, "
+                            "\"hwm_mib\": %.1f, \"compute_ms\": %.1f, \"wait_ms\": %.1f, \"forwards\": %.0f}",
+                    k ? ", " : "", k, st[k].lo, st[k].hi, st[k].held_mib, st[k].rss_mib, st[k].hwm_mib, st[k].compute_ms,
+                    st[k].wait_ms, st[k].n_fwd);
         fprintf(stderr, "]}}\n");
     }
     MPI_Finalize();

@@ -48,6 +48,7 @@ typedef struct pp_rank_stats {
     double compute_ms, wait_ms;   // forward time and time waiting for messages, summed (ms)
     double n_fwd;                 // forwards run
     double lo, hi;                // its layers
+    double held_mib;              // weights it holds (sd_model_info.n_bytes_held, MiB)
 } pp_rank_stats;
 
 typedef struct pp_ctx {

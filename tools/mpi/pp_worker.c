@@ -310,6 +310,9 @@ static int serve_ring(pp_ctx *c, worker *w) {
             pp_mem(&c->mine.rss_mib, &c->mine.hwm_mib);
             c->mine.lo = c->lo[c->rank];
             c->mine.hi = c->lo[c->rank + 1];
+            sd_model_info mi;
+            sd_model_get_info(w->m, &mi);
+            c->mine.held_mib = mi.n_bytes_held / 1048576.0;
             pp_rank_stats *st = (pp_rank_stats *)(void *)(msg + sizeof(pp_hdr));
             st[c->rank] = c->mine;
             bytes = sizeof(pp_hdr) + sizeof(pp_rank_stats) * PP_MAX_RANKS;
