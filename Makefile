@@ -182,11 +182,12 @@ ASAN_FLAGS := -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -march
 asan-serve: build/asan/specdec $(TEST_TOOLS)
 	@SPECDEC_BIN=build/asan/specdec UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 		bash scripts/run-tests.sh tests/serve/test_serve.py tests/serve/test_serve_budget.py tests/serve/test_page.py tests/serve/test_datastore.py
-build/asan/specdec: $(SRC) $(wildcard tools/*.c tools/*.h tools/serve/*.c tools/serve/*.h src/*.h src/*/*.h include/*.h)
+build/asan/specdec: $(SRC) $(wildcard tools/*.c tools/*.h tools/serve/*.c tools/serve/*.h tools/mpi/*.h src/*.h src/*/*.h include/*.h) tools/mpi/pp_none.c
 	@mkdir -p $(dir $@)
 	@test "$(HAVE_SERVE)" = 1 || { echo "asan-serve needs libmicrohttpd and jansson (apt-get install libmicrohttpd-dev libjansson-dev pkg-config)"; exit 1; }
 	$(CC) $(ASAN_FLAGS) $(shell pkg-config --cflags $(SERVE_PKGS)) $(SRC) \
-		$(filter-out tools/cmd_serve_missing.c,$(wildcard tools/*.c)) $(wildcard tools/serve/*.c) $(SERVE_LIBS) $(JSON_LIBS) $(LDLIBS) -o $@
+		$(filter-out tools/cmd_serve_missing.c,$(wildcard tools/*.c)) $(wildcard tools/serve/*.c) tools/mpi/pp_none.c \
+		$(SERVE_LIBS) $(JSON_LIBS) $(LDLIBS) -o $@
 
 # Only the parser and its getters (and the target) are instrumented; what they
 # call from the rest of the library (sd_err, sd_type_get) comes from the library
