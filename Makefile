@@ -70,6 +70,28 @@ ifeq ($(HAVE_JSON),1)
 $(warning libmicrohttpd not found by pkg-config: building specdec without 'serve' (install it: apt-get install libmicrohttpd-dev))
 endif
 endif
+# Pipeline parallelism over MPI (docs/mpi.md): `make MPI=1` builds
+# build/specdec with mpicc and tools/mpi/pp.c + pp_worker.c (Open MPI:
+# apt-get install openmpi-bin libopenmpi-dev); the default build links
+# tools/mpi/pp_none.c, which refuses --pp with a message. The library never
+# sees MPI. build/pp-mode records which one build/specdec was linked with,
+# so switching relinks it.
+MPICC ?= mpicc
+ifeq ($(MPI),1)
+PP_MODE := mpi
+PP_OBJ  := build/tools/mpi/pp.o build/tools/mpi/pp_worker.o
+LINK_CC := $(MPICC)
+build/tools/mpi/pp.o build/tools/mpi/pp_worker.o: CC := $(MPICC)
+else
+PP_MODE := none
+PP_OBJ  := build/tools/mpi/pp_none.o
+LINK_CC := $(CC)
+endif
+# (checked when the Makefile is read: a recipe that touched it would come
+# too late for make's view of build/specdec)
+ifneq ($(shell cat build/pp-mode 2>/dev/null),$(PP_MODE))
+$(shell mkdir -p build && echo $(PP_MODE) > build/pp-mode && rm -f build/specdec)
+endif
 TLIB_OBJ := $(patsubst %.c,build/%.o,$(wildcard tests/lib/*.c))
 TESTS    := $(patsubst tests/%.c,build/tests/%,$(wildcard tests/*/test_*.c))
 # Helper programs of the test scripts (tests/tool_*.c, e.g. a random draft
@@ -82,7 +104,7 @@ TEST_SCRIPTS := $(wildcard tests/*/test_*.py)
 # Examples see only include/ (the public API), never src/.
 EXAMPLES := $(patsubst examples/%.c,build/examples/%,$(wildcard examples/*.c))
 
-.PHONY: all run run-only test test-only setup fuzz clean models asan-serve need-jansson docs
+.PHONY: all run run-only test test-only test-mpi setup fuzz clean models asan-serve need-jansson docs
 .SECONDARY:
 all: build/specdec $(LIB_SO) $(TESTS) $(TEST_TOOLS) $(EXAMPLES)
 
@@ -119,8 +141,8 @@ $(TOOL_OBJ) $(SERVE_OBJ) $(JSON_TESTS:%=%.o): | need-jansson
 $(JSON_TESTS:%=%.o): CFLAGS += $(JSON_CFLAGS)
 $(JSON_TESTS): LDLIBS += $(JSON_LIBS)
 
-build/specdec: $(TOOL_OBJ) $(SERVE_OBJ) $(LIB)
-	$(CC) $(CFLAGS) $(TOOL_OBJ) $(SERVE_OBJ) $(LIB) $(SERVE_LIBS) $(JSON_LIBS) $(LDLIBS) -o $@
+build/specdec: $(TOOL_OBJ) $(SERVE_OBJ) $(PP_OBJ) $(LIB)
+	$(LINK_CC) $(CFLAGS) $(TOOL_OBJ) $(SERVE_OBJ) $(PP_OBJ) $(LIB) $(SERVE_LIBS) $(JSON_LIBS) $(LDLIBS) -o $@
 
 build/examples/%: examples/%.c $(LIB)
 	@mkdir -p $(dir $@)
@@ -162,6 +184,14 @@ test-only: build/specdec $(LIB_SO) $(TESTS) $(TEST_TOOLS) $(EXAMPLES)
 	@bash scripts/fetch-models.sh || echo "warning: could not fetch the default model; tests that need it will be skipped"
 	@bash scripts/run-tests.sh $(TESTS) $(TEST_SCRIPTS)
 
+# The pipeline-parallel target over MPI (docs/mpi.md): build/specdec relinked
+# with MPI=1, then tests/mpi under mpirun --oversubscribe (as root, Open MPI
+# needs the two OMPI_ALLOW_RUN_AS_ROOT variables). A later plain `make`
+# relinks it without MPI.
+test-mpi:
+	@$(MAKE) --no-print-directory MPI=1 build/specdec build/tests/tool_synth_model build/tests/tool_random_head
+	@OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 bash scripts/run-tests.sh $(wildcard tests/mpi/test_*.py)
+
 # docs/cli.md is generated from the --help of every command
 # (tests/cli/test_cli_doc.py fails when it is out of date).
 docs: docs/cli.md
@@ -176,11 +206,12 @@ ASAN_FLAGS := -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -march
 asan-serve: build/asan/specdec $(TEST_TOOLS)
 	@SPECDEC_BIN=build/asan/specdec UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 		bash scripts/run-tests.sh tests/serve/test_serve.py tests/serve/test_serve_budget.py tests/serve/test_page.py tests/serve/test_datastore.py
-build/asan/specdec: $(SRC) $(wildcard tools/*.c tools/*.h tools/serve/*.c tools/serve/*.h src/*.h src/*/*.h include/*.h)
+build/asan/specdec: $(SRC) $(wildcard tools/*.c tools/*.h tools/serve/*.c tools/serve/*.h tools/mpi/*.h src/*.h src/*/*.h include/*.h) tools/mpi/pp_none.c
 	@mkdir -p $(dir $@)
 	@test "$(HAVE_SERVE)" = 1 || { echo "asan-serve needs libmicrohttpd and jansson (apt-get install libmicrohttpd-dev libjansson-dev pkg-config)"; exit 1; }
 	$(CC) $(ASAN_FLAGS) $(shell pkg-config --cflags $(SERVE_PKGS)) $(SRC) \
-		$(filter-out tools/cmd_serve_missing.c,$(wildcard tools/*.c)) $(wildcard tools/serve/*.c) $(SERVE_LIBS) $(JSON_LIBS) $(LDLIBS) -o $@
+		$(filter-out tools/cmd_serve_missing.c,$(wildcard tools/*.c)) $(wildcard tools/serve/*.c) tools/mpi/pp_none.c \
+		$(SERVE_LIBS) $(JSON_LIBS) $(LDLIBS) -o $@
 
 # Only the parser and its getters (and the target) are instrumented; what they
 # call from the rest of the library (sd_err, sd_type_get) comes from the library
@@ -197,4 +228,4 @@ build/fuzz_gguf: tests/fuzz/fuzz_gguf.c $(FUZZ_SRC) $(LIB)
 clean:
 	rm -rf build
 
--include $(OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(SERVE_OBJ:.o=.d) $(TLIB_OBJ:.o=.d) $(TESTS:%=%.d) $(TEST_TOOLS:%=%.d)
+-include $(OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(SERVE_OBJ:.o=.d) $(PP_OBJ:.o=.d) $(TLIB_OBJ:.o=.d) $(TESTS:%=%.d) $(TEST_TOOLS:%=%.d)

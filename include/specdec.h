@@ -56,6 +56,17 @@ typedef struct sd_threadpool sd_threadpool;
 // Returns 0, SD_ERR_IO (the file cannot be opened or mapped), SD_ERR_OOM,
 // or SD_ERR_INPUT (not a valid model), with a message.
 SD_API int sd_model_load(sd_model **out, const char *path, char *err, size_t errlen);
+// A part of a model, for pipeline parallelism (one model's layers split
+// over processes, docs/mpi.md): the file is validated as a whole, but only
+// the weights of layers [layer_lo, layer_hi) and, with output != 0, the
+// final norm and the output matrix are read (repacked, mapped in); the other
+// pages of the file are never touched, so the process's memory is about its
+// share. layer_lo = 0, layer_hi = -1, output = 1 is the whole model
+// (sd_model_load). Sessions of a part cache only its layers and run only its
+// layers (sd_session_forward_part). Returns as sd_model_load, and
+// SD_ERR_INPUT for a range outside [0, n_layer].
+SD_API int sd_model_load_part(sd_model **out, const char *path, int layer_lo, int layer_hi, int output, char *err,
+                              size_t errlen);
 SD_API void sd_model_free(sd_model *m);
 
 typedef struct sd_model_info {
@@ -64,6 +75,9 @@ typedef struct sd_model_info {
     int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff;
     int n_ctx_train;    // context length the model was trained with
     size_t n_bytes;     // bytes of tensor data
+    int layer_lo, layer_hi; // the layers held (sd_model_load_part): [lo, hi); the whole model: 0, n_layer
+    int has_output;     // 1: the final norm and output matrix are held
+    size_t n_bytes_held; // bytes of tensor data of the held layers and output
 } sd_model_info;
 SD_API void sd_model_get_info(const sd_model *m, sd_model_info *info);
 SD_API const sd_tokenizer *sd_model_tokenizer(const sd_model *m);
@@ -179,6 +193,47 @@ typedef struct sd_batch {
 // Returns 0, SD_ERR_NO_ROOM (the batch does not fit the context),
 // SD_ERR_BUSY (the pool is held), or SD_ERR_INPUT (a bad batch), with a message.
 SD_API int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errlen);
+
+// Pipeline parallelism (docs/mpi.md): one forward split by layers over the
+// sessions of several processes, each on a model part (sd_model_load_part).
+// sd_session_forward_part runs layers [layer_lo, layer_hi) of batch b --
+// which must lie in the part the model holds, unless empty -- writing their
+// KV rows as pending rows, as sd_session_forward does for every layer. Its
+// input is the batch's token embeddings when layer_lo is 0, else the batch's
+// embd rows: the residual stream entering layer_lo (what the part before
+// wrote to x_out). With x_out, every node's residual stream after layer
+// layer_hi - 1 is written there (n, n_embd); with output (layer_hi ==
+// n_layer, a part loaded with its output) the final norm and the output
+// matrix run after, giving logits (sd_session_logits) and SD_HIDDEN_NORM
+// rows. The wanted hidden rows (sd_batch.hidden_layers) of the layers in
+// the range are written, the others left as they are; so the parts run in
+// order give every logit and hidden row the bits of one whole forward. A
+// part with layer_lo == layer_hi runs no layer (the output stage alone).
+// Returns as sd_session_forward, SD_ERR_INPUT for a range or output the
+// model does not hold.
+typedef struct sd_forward_part {
+    int layer_lo, layer_hi; // the layers to run, [lo, hi)
+    int output;             // 1: the output stage after them (needs layer_hi == n_layer)
+    float *x_out;           // (n, n_embd) the residual rows after layer_hi - 1, or NULL
+} sd_forward_part;
+SD_API int sd_session_forward_part(sd_session *s, const sd_batch *b, const sd_forward_part *part, char *err,
+                                   size_t errlen);
+// A program's hooks on a session (the pipeline's first process): with
+// forward set, sd_session_forward calls it instead of evaluating the batch
+// (it runs the parts, locally and elsewhere, and leaves the session as a
+// whole forward would); commit and truncate are called after a successful
+// sd_session_commit / sd_session_truncate of the session (rows NULL: all
+// n_rows pending rows of a chain), so that the other parts' caches follow.
+// Everything the step API and the drafters do goes through these. h NULL
+// removes them; the struct is copied.
+typedef struct sd_session_hooks {
+    int (*forward)(void *arg, sd_session *s, const sd_batch *b, char *err, size_t errlen);
+    void (*commit)(void *arg, const int32_t *rows, int n_rows);
+    void (*truncate)(void *arg, int n_past);
+    void *arg;
+} sd_session_hooks;
+SD_API void sd_session_set_hooks(sd_session *s, const sd_session_hooks *h);
+
 // Logits (n_vocab floats) of batch node i of the last forward, or NULL if not requested.
 SD_API const float *sd_session_logits(const sd_session *s, int i);
 // Keeps pending rows rows[0..n_rows) (batch indices forming a root-to-node
@@ -189,6 +244,7 @@ SD_API int sd_session_commit(sd_session *s, const int32_t *rows, int n_rows, cha
 SD_API int sd_session_truncate(sd_session *s, int n, char *err, size_t errlen);
 SD_API int sd_session_n_past(const sd_session *s);
 SD_API int sd_session_n_ctx(const sd_session *s);
+SD_API int sd_session_n_batch(const sd_session *s);   // most nodes of one forward
 SD_API const sd_model *sd_session_model(const sd_session *s);
 // The pool the session runs on (its own or the one it was given).
 SD_API sd_threadpool *sd_session_pool(const sd_session *s);
@@ -279,6 +335,16 @@ SD_API int sd_batcher_forward(sd_batcher *b, sd_session *const *ss, const sd_bat
 // (SD_ERR_BUSY: the pool held by another forward; a bad count), or after a
 // call that succeeded.
 SD_API int sd_batcher_failed_batch(const sd_batcher *b);
+// The batches of several sessions of a model part through layers
+// [part->layer_lo, part->layer_hi) in one pass, as sd_session_forward_part
+// does for one (pipeline parallelism, docs/mpi.md): each batch's input its
+// tokens (layer 0) or its embd rows, part->x_out the residual rows of all
+// nodes, the batches' nodes in order (sum of n rows of n_embd), the output
+// stage with part->output. Each session's rows get the bits of its own
+// sd_session_forward_part. Returns as sd_batcher_forward (and
+// sd_batcher_failed_batch names a refused batch).
+SD_API int sd_batcher_forward_part(sd_batcher *b, sd_session *const *ss, const sd_batch *bs, int n,
+                                   const sd_forward_part *part, char *err, size_t errlen);
 
 // ---------------------------------------------------------------- tokenizer
 // Encodes text into ids. add_bos: prepend BOS when the vocabulary asks for it

@@ -6,7 +6,8 @@
 #                            model download)
 #   scripts/setup.sh test    the above, plus what the tests use: Chromium (the
 #                            page test), python3-doc (the training-data test)
-#                            and the `openai` Python client (the server tests)
+#                            and the `openai` Python client (the server tests),
+#                            Open MPI (make test-mpi: openmpi-bin, libopenmpi-dev)
 #
 # `make run`, `make test` and .ci/run all call it. It installs nothing when
 # everything is present (and then prints nothing). It runs apt-get as root, or
@@ -40,6 +41,9 @@ if [ "$mode" = test ]; then
   have chromium || need+=(chromium)
   # tests/train/test_train_data.py reads Python's HTML documentation
   [ -d /usr/share/doc/python3-doc/html ] || need+=(python3-doc)
+  # make test-mpi (tests/mpi): Open MPI's mpicc and mpirun (docs/mpi.md)
+  have mpicc || need+=(libopenmpi-dev)
+  have mpirun || need+=(openmpi-bin)
 fi
 
 if [ ${#need[@]} -gt 0 ]; then

@@ -10,6 +10,7 @@
 #include "cli_common.h"
 #include "cli_head.h"
 #include "cli_opts.h"
+#include "mpi/pp.h"
 #include "specdec.h"
 #include "specdec_spec.h"
 
@@ -326,7 +327,7 @@ static int bench_alloc(const bench_opts *o, bench_state *b) {
 // the longest prompt and the largest tree) and the sampler. 0, or 1 after a message.
 static int bench_load(const bench_opts *o, bench_state *b, int *auto_nodes) {
     char err[1024];
-    if (sd_model_load(&b->m, o->model_path, err, sizeof err) < 0)
+    if (pp_model_load(&b->m, o->model_path, err, sizeof err) < 0)
         return cli_error("cannot load model '%s': %s", o->model_path, err);
     b->tok = sd_model_tokenizer(b->m);
     sd_model_info info;
@@ -367,6 +368,7 @@ static int bench_load(const bench_opts *o, bench_state *b, int *auto_nodes) {
     ssp.n_batch = BENCH_BATCH;
     ssp.n_threads = o->n_threads;
     if (sd_session_new(&b->s, b->m, &ssp, err, sizeof err) < 0) return cli_error("cannot create a session: %s", err);
+    if (pp_attach(b->s, err, sizeof err) < 0) return cli_error("%s", err);
     sd_sampler_params sp = sd_sampler_default_params();
     sp.temp = o->temp;
     sp.draw = o->draw;

@@ -7,6 +7,7 @@
 #include "utf8.h"
 #include "cli_head.h"
 #include "cli_opts.h"
+#include "mpi/pp.h"
 #include "specdec.h"
 #include "specdec_spec.h"
 
@@ -584,7 +585,7 @@ static int gen_build_drafter(const gen_opts *o, gen_plan *p, gen_state *g) {
 // and the drafter. 0, or 1 after a message.
 static int gen_build(const gen_opts *o, gen_plan *p, gen_state *g) {
     char err[512];
-    if (sd_model_load(&g->m, o->model_path, err, sizeof err) < 0)
+    if (pp_model_load(&g->m, o->model_path, err, sizeof err) < 0)
         return cli_error("cannot load model '%s': %s", o->model_path, err);
     sd_model_get_info(g->m, &g->info);
     if (gen_tokenize(o, g)) return 1;
@@ -593,6 +594,7 @@ static int gen_build(const gen_opts *o, gen_plan *p, gen_state *g) {
     ssp.n_batch = o->n_batch;
     ssp.n_threads = o->n_threads;
     if (sd_session_new(&g->s, g->m, &ssp, err, sizeof err) < 0) return cli_error("cannot create a session: %s", err);
+    if (pp_attach(g->s, err, sizeof err) < 0) return cli_error("%s", err);
     if (g->n_ids > sd_session_n_ctx(g->s))
         return cli_error("prompt has %d tokens but the context is %d (-c)", g->n_ids, sd_session_n_ctx(g->s));
     if (sd_sampler_new(&g->smp, &o->sp, g->info.n_vocab, err, sizeof err) < 0) return cli_error("%s", err);

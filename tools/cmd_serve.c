@@ -12,6 +12,7 @@
 #include "cli_common.h"
 #include "cli_head.h"
 #include "cli_opts.h"
+#include "mpi/pp.h"
 #include "serve/sched.h"
 #include "serve/serve.h"
 
@@ -42,7 +43,7 @@ static int prepare_method(sv_server *s, const char *name) {
         sd_session_params sp = sd_session_default_params();
         sp.n_ctx = 256;
         sp.pool = s->pool;
-        if (sd_session_new(&tmp, s->model, &sp, err, sizeof err) < 0 ||
+        if (sd_session_new(&tmp, s->model, &sp, err, sizeof err) < 0 || pp_attach(tmp, err, sizeof err) < 0 ||
             sd_cost_curve_new(&s->cost, tmp, SD_METHOD_AUTO_NODES, err, sizeof err) < 0) {
             sd_session_free(tmp);
             return cli_error("--method %s: %s", name, err);
@@ -72,7 +73,7 @@ static int index_datastore(const sv_server *s) {
 
 static int load_models(sv_server *s) {
     char err[512];
-    if (sd_model_load(&s->model, s->o->model, err, sizeof err) < 0)
+    if (pp_model_load(&s->model, s->o->model, err, sizeof err) < 0)
         return cli_error("cannot load model '%s': %s", s->o->model, err);
     s->tok = sd_model_tokenizer(s->model);
     const char *base = strrchr(s->o->model, '/');
@@ -220,6 +221,8 @@ int cmd_serve(int argc, char **argv) {
     sv_server s;
     memset(&s, 0, sizeof s);
     s.o = &o;
+    s.on_session = pp_attach;   // a pipeline's rank 0 (--pp, docs/mpi.md): each slot reaches every rank
+    if (pp_active()) s.metrics_extra = pp_metrics_text, s.forward_many = pp_forward_many;
     pthread_mutex_init(&s.mu, NULL);
     pthread_cond_init(&s.cv, NULL);
     sv_http *h = NULL;

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cli_common.h"
+#include "mpi/pp.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -24,11 +25,17 @@ static void usage(FILE *f) {
             "  --version        print the version\n"
             "\n"
             "'specdec <command> --help' describes the options of a command.\n"
+            "mpirun -np R specdec generate|bench|serve ... --pp R splits the model's layers over R\n"
+            "processes (a build with `make MPI=1`; --layers N,N,.., --pp-stats: docs/mpi.md).\n"
             "example: specdec generate -m models/SmolLM2-135M-Instruct.Q4_1.gguf --chat -p \"Hello\"\n",
             SPECDEC_VERSION);
 }
 
 int main(int argc, char **argv) {
+    // --pp R / --layers: a pipeline over MPI ranks (docs/mpi.md); the other
+    // ranks serve their layers and end here
+    const int pp = pp_main(&argc, argv);
+    if (pp >= 0) return pp;
     if (argc < 2) {
         usage(stderr);
         return 1;

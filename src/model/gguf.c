@@ -367,6 +367,10 @@ int sd_gguf_open_mem(sd_gguf **out, const void *buf, size_t size, char *err, siz
 }
 
 int sd_gguf_open(sd_gguf **out, const char *path, char *err, size_t errlen) {
+    return sd_gguf_open_map(out, path, 1, err, errlen);
+}
+
+int sd_gguf_open_map(sd_gguf **out, const char *path, int populate, char *err, size_t errlen) {
     if (!out || !path) return sd_err(err, errlen, "sd_gguf_open: NULL argument");
     *out = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -383,7 +387,10 @@ int sd_gguf_open(sd_gguf **out, const char *path, char *err, size_t errlen) {
     size_t size = (size_t)st.st_size;
     void *map = NULL;
     if (size > 0) {
-        map = mmap(NULL, size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0); // every weight is read at load (repacking) or per token: fault the file in at once
+        // every weight is read at load (repacking) or per token: fault the file
+        // in at once -- unless the caller reads only part of it (a model
+        // loaded for a range of layers, whose other pages stay on disk)
+        map = mmap(NULL, size, PROT_READ, MAP_PRIVATE | (populate ? MAP_POPULATE : 0), fd, 0);
         if (map == MAP_FAILED) {
             int e = errno;
             close(fd);

@@ -53,6 +53,9 @@ typedef struct sd_gguf {
 // Opens and validates a GGUF file (mmap). On error returns <0 and a message
 // naming the key or tensor at fault.
 int sd_gguf_open(sd_gguf **out, const char *path, char *err, size_t errlen);
+// The same, populate = 0: the mapping is not faulted in at once (only the
+// pages read later become resident: a model loaded for a range of layers).
+int sd_gguf_open_map(sd_gguf **out, const char *path, int populate, char *err, size_t errlen);
 // Same over a caller-owned buffer that must outlive the sd_gguf (fuzzing, tests).
 int sd_gguf_open_mem(sd_gguf **out, const void *buf, size_t size, char *err, size_t errlen);
 void sd_gguf_close(sd_gguf *g);

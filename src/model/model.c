@@ -267,8 +267,10 @@ static void repack_one(sd_model *m, const sd_tensor **field, uint8_t **cursor) {
     if (sd_type_get(rt)->repack(t->data, buf, t->ne[0], t->ne[1]) != 0) return;
     const size_t nb = matrix_bytes(t);
     // The file's copy is not read again (token_embd, looked up by row, is never
-    // repacked itself): give its pages back to the page cache.
-    if (t != m->tok_embd) {
+    // repacked itself): give its pages back to the page cache. A model part
+    // (sd_model_load_part) gives back token_embd's too, once its tied output
+    // is repacked: its lookups fault in the few rows they read.
+    if (t != m->tok_embd || m->layer_hi - m->layer_lo < m->hp.n_layer) {
         uintptr_t a = ((uintptr_t)t->data + 4095) & ~(uintptr_t)4095, e = ((uintptr_t)t->data + nb) & ~(uintptr_t)4095;
         if (e > a) (void)madvise((void *)a, e - a, MADV_DONTNEED);
     }
@@ -302,12 +304,12 @@ static int repack_weights(sd_model *m, char *err, size_t errlen) {
         return sd_err(err, errlen, "out of memory");
     }
     int nf = 0;
-    for (int l = 0; l < m->hp.n_layer; l++) {
+    for (int l = m->layer_lo; l < m->layer_hi; l++) {
         sd_layer *L = &m->layers[l];
         const sd_tensor **f[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
         for (int i = 0; i < 7; i++) fields[nf++] = f[i];
     }
-    fields[nf++] = &m->output;
+    if (m->has_output) fields[nf++] = &m->output;
     size_t total = 0;
     for (int i = 0; i < nf; i++) total += repack_bytes(*fields[i]);
     if (total == 0) {
@@ -337,21 +339,57 @@ static int repack_weights(sd_model *m, char *err, size_t errlen) {
     return 0;
 }
 
+// Tensor bytes of the held layers and output (n_bytes_held).
+static size_t held_bytes(const sd_model *m) {
+    size_t n = 0;
+    for (int l = m->layer_lo; l < m->layer_hi; l++) {
+        const sd_layer *L = &m->layers[l];
+        const sd_tensor *ts[12] = {L->attn_norm, L->wq, L->wk, L->wv, L->wo, L->bq,
+                                   L->bk, L->bv, L->ffn_norm, L->w_gate, L->w_up, L->w_down};
+        for (int i = 0; i < 12; i++)
+            if (ts[i]) n += sd_model_file_tensor(m, ts[i])->nbytes;
+    }
+    if (m->has_output) n += m->out_norm->nbytes + sd_model_file_tensor(m, m->output)->nbytes;
+    return n;
+}
+
 int sd_model_load(sd_model **out, const char *path, char *err, size_t errlen) {
+    return sd_model_load_part(out, path, 0, -1, 1, err, errlen);
+}
+
+int sd_model_load_part(sd_model **out, const char *path, int layer_lo, int layer_hi, int output, char *err,
+                       size_t errlen) {
+    if (!out) return sd_err(err, errlen, "sd_model_load: out is NULL");
     *out = NULL;
+    const int whole = layer_lo == 0 && layer_hi < 0 && output;
+    if (!whole && (layer_lo < 0 || layer_hi < layer_lo))
+        return sd_err(err, errlen, "%s: bad layer range [%d, %d)", path ? path : "(null)", layer_lo, layer_hi);
     // The kernel family is fixed once per process: the one sd_backend_select
     // chose, else "auto" (never reinstalled under running sessions).
     sd_quant_fix_for_model();
     sd_model *m = calloc(1, sizeof(*m));
     if (!m) return sd_errc(SD_ERR_OOM, err, errlen, "out of memory");
-    int r = sd_gguf_open(&m->gguf, path, err, errlen);
+    int r = sd_gguf_open_map(&m->gguf, path, whole, err, errlen);
     if (r < 0) {
         free(m);
         return r;
     }
     char sub[400];
-    if ((r = load_hparams(m, sub, sizeof sub)) < 0 || (r = load_tensors(m, sub, sizeof sub)) < 0 ||
-        (r = repack_weights(m, sub, sizeof sub)) < 0) {
+    if ((r = load_hparams(m, sub, sizeof sub)) < 0 || (r = load_tensors(m, sub, sizeof sub)) < 0) {
+        sd_err(err, errlen, "%s: %s", path, sub);
+        sd_model_free(m);
+        return r;
+    }
+    m->layer_lo = whole ? 0 : layer_lo;
+    m->layer_hi = whole ? m->hp.n_layer : layer_hi;
+    m->has_output = output != 0;
+    if (m->layer_hi > m->hp.n_layer) {
+        sd_err(err, errlen, "%s: layer range [%d, %d) exceeds the model's %d layers", path, m->layer_lo, m->layer_hi,
+               m->hp.n_layer);
+        sd_model_free(m);
+        return SD_ERR_INPUT;
+    }
+    if ((r = repack_weights(m, sub, sizeof sub)) < 0) {
         sd_err(err, errlen, "%s: %s", path, sub);
         sd_model_free(m);
         return r;
@@ -361,6 +399,7 @@ int sd_model_load(sd_model **out, const char *path, char *err, size_t errlen) {
         sd_model_free(m);
         return r;
     }
+    m->n_bytes_held = held_bytes(m);
     *out = m;
     return 0;
 }
@@ -390,6 +429,10 @@ void sd_model_get_info(const sd_model *m, sd_model_info *info) {
     info->n_ff = m->hp.n_ff;
     info->n_ctx_train = m->hp.n_ctx_train;
     info->n_bytes = m->n_bytes;
+    info->layer_lo = m->layer_lo;
+    info->layer_hi = m->layer_hi;
+    info->has_output = m->has_output;
+    info->n_bytes_held = m->n_bytes_held;
 }
 
 const sd_tokenizer *sd_model_tokenizer(const sd_model *m) { return m->tok; }

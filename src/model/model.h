@@ -45,6 +45,14 @@ struct sd_model {
     sd_layer *layers;          // (n_layer)
     sd_tokenizer *tok;
     size_t n_bytes;            // tensor bytes
+    // A part of the model (pipeline parallelism, sd_model_load_part): only
+    // the weights of layers [layer_lo, layer_hi) (and, with has_output, the
+    // final norm and output matrix) are repacked or read; the other tensors
+    // are validated but their pages are never touched. The whole model: 0,
+    // n_layer, 1.
+    int layer_lo, layer_hi;
+    int has_output;
+    size_t n_bytes_held;       // tensor bytes of the held layers and output
     // Matrices rewritten at load into a kernel's layout (sd_quant_repack_type):
     // the layer / output pointers above then point into rp, whose data lie
     // in one arena, in the order the forward reads them (the file's copy

@@ -64,7 +64,7 @@ static inline size_t kt_off(int hd, int p) { return (size_t)(p / SD_KT_W) * hd *
 // The blocks of KV head g of layer l.
 static uint16_t *kt_head(sd_session *s, int l, int g) {
     const sd_hparams *hp = &s->m->hp;
-    return s->kt + ((size_t)l * hp->n_head_kv + g) * hp->head_dim * (size_t)s->kt_nblk * SD_KT_W;
+    return s->kt + ((size_t)(l - s->l0) * hp->n_head_kv + g) * hp->head_dim * (size_t)s->kt_nblk * SD_KT_W;
 }
 
 // sc[qi][v * VW ..) = scale * q[qi] . key, for the nv key vectors starting at
@@ -223,7 +223,7 @@ static void att_block(const att_job *job, const sd_fwd_seg *sg, int g, int u0, i
     const int hd = hp->head_dim, grp = hp->n_head / hp->n_head_kv, n_past = s->n_past;
     const size_t kvd = (size_t)s->kv_dim, ld = (size_t)s->kt_nblk * SD_KT_W, qd = (size_t)s->q_dim;
     const uint16_t *kt = kt_head(s, job->layer, g);
-    const uint16_t *vb = s->v_cache + (size_t)job->layer * s->n_ctx * kvd + (size_t)g * hd;
+    const uint16_t *vb = s->v_cache + (size_t)(job->layer - s->l0) * s->n_ctx * kvd + (size_t)g * hd;
     float *scratch = s->att_scores + (size_t)ith * SD_ATT_QB * ld;
     const float *qrows = job->p->q + (size_t)sg->t0 * qd;
     float *orows = job->p->att + (size_t)sg->t0 * qd;

@@ -148,28 +148,59 @@ static void layout(sd_batcher *b, sd_fwd_pass *p, sd_session *const *ss, const s
     *p = (sd_fwd_pass){.m = b->m, .mm = &b->mm, .seg = b->seg, .n_seg = n, .n = t0, .precise = bs[0].precise,
                        .any_hid = any_hid, .layer_skip = ss[0]->layer_skip, .out_rows = b->out_rows, .n_out = o0,
                        .x = b->x, .xn = b->xn, .q = b->q, .k = b->k, .att = b->att, .ff_g = b->ff_g,
-                       .ff_u = b->ff_u, .rope_cs = b->rope_cs, .scatter = 1, .v = b->v, .logits = b->logits};
+                       .ff_u = b->ff_u, .rope_cs = b->rope_cs, .scatter = 1, .v = b->v, .logits = b->logits,
+                       .l_lo = 0, .l_hi = b->m->hp.n_layer, .head = 1};
 }
 
 int sd_batcher_forward(sd_batcher *b, sd_session *const *ss, const sd_batch *bs, int n, char *err,
                        size_t errlen) {
+    return sd_batcher_forward_part(b, ss, bs, n, NULL, err, errlen);
+}
+
+int sd_batcher_forward_part(sd_batcher *b, sd_session *const *ss, const sd_batch *bs, int n,
+                            const sd_forward_part *part, char *err, size_t errlen) {
     b->failed = -1;
+    const sd_model *m = b->m;
+    const sd_forward_part whole = {.layer_lo = 0, .layer_hi = m->hp.n_layer, .output = 1, .x_out = NULL};
+    if (!part) {
+        if (m->layer_lo != 0 || m->layer_hi != m->hp.n_layer || !m->has_output)
+            return sd_errc(SD_ERR_INPUT, err, errlen,
+                           "batcher: the model holds layers [%d, %d) of %d only (a part of a pipeline: "
+                           "sd_batcher_forward_part)", m->layer_lo, m->layer_hi, m->hp.n_layer);
+        part = &whole;
+    }
     if (!sd_pool_try_acquire(b->pool))
         return sd_errc(SD_ERR_BUSY, err, errlen,
                       "batcher: the thread pool is in use by another forward or sd_threadpool_run (sessions sharing "
                       "a pool must take turns)");
     int r = check_all(b, ss, bs, n, err, errlen);
+    for (int i = 0; r == 0 && i < n; i++) {
+        char msg[256];
+        const int pr = sd_fwd_part_check(ss[i], &bs[i], part, msg, sizeof msg);
+        if (pr < 0) b->failed = i, r = sd_errc(pr, err, errlen, "batcher: session %d: %s", i, msg);
+    }
     if (r == 0 && n == 1) {
         // One session: its own forward, on its own scratch (no copies).
-        r = sd_fwd_session(ss[0], &bs[0], err, errlen);
+        r = sd_fwd_part(ss[0], &bs[0], part == &whole ? NULL : part, err, errlen);
         if (r < 0) b->failed = 0;
     } else if (r == 0 && n > 1) {
         sd_fwd_pass p;
         layout(b, &p, ss, bs, n);
+        p.l_lo = part->layer_lo;
+        p.l_hi = part->layer_hi;
+        p.head = part->output;
+        p.x_out = part->x_out;
+        if (!part->output) {
+            p.n_out = 0;
+            for (int i = 0; i < n; i++) b->seg[i].n_out = 0;
+        }
         if (ss[0]->gkv)
-            r = sd_gpu_fwd_run(&p, err, errlen);
+            r = sd_gpu_fwd_run(&p, err, errlen); // whole models only (sd_gpu_session_init)
         else
             sd_fwd_run(&p);
+        if (!part->output)
+            for (int i = 0; i < n; i++)
+                for (int k = 0; k < bs[i].n; k++) ss[i]->logit_row[k] = -1;
     }
     sd_pool_release(b->pool);
     return r;

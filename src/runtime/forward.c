@@ -197,7 +197,7 @@ static void kv_store_cols(const sd_fwd_pass *p, int l, int c0, int c1, int store
         const size_t kvd = (size_t)s->kv_dim;
         if (store_k) sd_kt_store_dims(s, l, p->k + (size_t)sg->t0 * kvd, sg->n, c0, c1);
         if (store_v) {
-            uint16_t *vc = s->v_cache + ((size_t)l * s->n_ctx + s->n_past) * kvd;
+            uint16_t *vc = s->v_cache + ((size_t)(l - s->l0) * s->n_ctx + s->n_past) * kvd;
             for (int i = 0; i < sg->n; i++)
                 sd_f16_row(vc + i * kvd + c0, p->v + (size_t)(sg->t0 + i) * kvd + c0, c1 - c0);
         }
@@ -491,8 +491,26 @@ static void output_rows(const sd_fwd_pass *p, int add, int hid_lo) {
     matmul_multi_t(p, 1, &m->output, p->xn, p->n_out, &y, &h);
 }
 
+// A part of a pipeline that ends before the last layer: every row's
+// residual stream after layer l_hi - 1 (with the pending add, the same
+// float add the next layer's pre hook would do) into x_out, and the wanted
+// hidden rows of layers [hid_lo, l_hi).
+static void part_rows(const sd_fwd_pass *p, int add, int hid_lo) {
+    const int E = p->m->hp.n_embd;
+    for (int j = 0; j < p->n_seg; j++) {
+        const sd_fwd_seg *sg = &p->seg[j];
+        const sd_session *s = sg->s;
+        for (int i = 0; i < sg->n; i++) {
+            float *x = p->x + (size_t)(sg->t0 + i) * E;
+            if (add)
+                for (int e = 0; e < E; e++) x[e] += p->xn[(size_t)(sg->t0 + i) * E + e];
+            if (s->n_hid > 0 && s->hid_row[i] >= 0) hidden_put(s, i, x, hid_lo, p->l_hi);
+            memcpy(p->x_out + (size_t)(sg->t0 + i) * E, x, (size_t)E * sizeof(float));
+        }
+    }
+}
+
 void sd_fwd_run(const sd_fwd_pass *p) {
-    const sd_hparams *hp = &p->m->hp;
     p->mm->act_f32 = p->precise != 0; // matmul_t & co. then use the file's weight layouts
     // The residual stream x: each sublayer's output lands in xn, and the next
     // matmul's pre hook (pre_norm) adds it to x and normalizes x into xn, row
@@ -508,8 +526,8 @@ void sd_fwd_run(const sd_fwd_pass *p) {
     // [hid_lo, l) when non-skipped layer l starts (skipped layers pass it
     // on), so the pre hook of l's Q, K, V run copies them out; the last ones
     // in output_rows.
-    int hid_lo = 0;
-    for (int l = 0; l < hp->n_layer; l++) {
+    int hid_lo = p->l_lo;
+    for (int l = p->l_lo; l < p->l_hi; l++) {
         // A skipped layer (sd_session_set_layer_skip) is the identity on the
         // residual stream and writes no KV rows.
         if (p->layer_skip && p->layer_skip[l]) continue;
@@ -521,10 +539,12 @@ void sd_fwd_run(const sd_fwd_pass *p) {
         attention_half(p, &job, l, &o_act);
         // after the down matrix: the next layer's Q, K, V, or the output matrix
         int l1 = l + 1;
-        while (l1 < hp->n_layer && p->layer_skip && p->layer_skip[l1]) l1++;
-        ffn_half(p, &job, l, &d_act, l1 < hp->n_layer ? p->m->layers[l1].wq : p->n_out > 0 ? p->m->output : NULL);
+        while (l1 < p->l_hi && p->layer_skip && p->layer_skip[l1]) l1++;
+        ffn_half(p, &job, l, &d_act,
+                 l1 < p->l_hi ? p->m->layers[l1].wq : p->head && p->n_out > 0 ? p->m->output : NULL);
     }
-    output_rows(p, job.add, hid_lo);
+    if (p->x_out) part_rows(p, job.add, hid_lo);
+    if (p->head) output_rows(p, job.add && !p->x_out, hid_lo);
     p->mm->act_f32 = 0;
     for (int j = 0; j < p->n_seg; j++) {
         sd_session *s = p->seg[j].s;
@@ -534,26 +554,79 @@ void sd_fwd_run(const sd_fwd_pass *p) {
     }
 }
 
+// Checks a part of the layers against the session's model and the batch.
+int sd_fwd_part_check(const sd_session *s, const sd_batch *b, const sd_forward_part *pt, char *err, size_t errlen) {
+    const sd_model *m = s->m;
+    const int nl = m->hp.n_layer;
+    if (pt->layer_lo < 0 || pt->layer_hi < pt->layer_lo || pt->layer_hi > nl)
+        return sd_errc(SD_ERR_INPUT, err, errlen, "forward part: bad layer range [%d, %d) (the model has %d layers)",
+                       pt->layer_lo, pt->layer_hi, nl);
+    if (pt->layer_lo < pt->layer_hi && (pt->layer_lo < m->layer_lo || pt->layer_hi > m->layer_hi))
+        return sd_errc(SD_ERR_INPUT, err, errlen,
+                       "forward part: layers [%d, %d) asked, but the model holds layers [%d, %d) only", pt->layer_lo,
+                       pt->layer_hi, m->layer_lo, m->layer_hi);
+    if (pt->output && (pt->layer_hi != nl || !m->has_output))
+        return sd_errc(SD_ERR_INPUT, err, errlen, "forward part: the output stage needs %s",
+                       pt->layer_hi != nl ? "the part to end at the last layer" : "a model loaded with its output");
+    if (pt->layer_lo > 0 && !b->embd)
+        return sd_errc(SD_ERR_INPUT, err, errlen,
+                       "forward part: a part that starts at layer %d takes the residual rows as the batch's embd",
+                       pt->layer_lo);
+    return 0;
+}
+
 // One session's batch: a pass of one segment on the session's own scratch.
 int sd_fwd_session(sd_session *s, const sd_batch *b, char *err, size_t errlen) {
+    return sd_fwd_part(s, b, NULL, err, errlen);
+}
+
+int sd_fwd_part(sd_session *s, const sd_batch *b, const sd_forward_part *part, char *err, size_t errlen) {
     const int cr = sd_fwd_check(s, b, err, errlen);
     if (cr < 0) return cr;   // SD_ERR_NO_ROOM or SD_ERR_INPUT
+    const int nl = s->m->hp.n_layer;
+    const sd_forward_part whole = {.layer_lo = 0, .layer_hi = nl, .output = 1, .x_out = NULL};
+    if (!part) {
+        if (s->m->layer_lo != 0 || s->m->layer_hi != nl || !s->m->has_output)
+            return sd_errc(SD_ERR_INPUT, err, errlen,
+                           "forward: the model holds layers [%d, %d)%s only (a part of a pipeline: "
+                           "sd_session_forward_part)",
+                           s->m->layer_lo, s->m->layer_hi, s->m->has_output ? " and the output" : "");
+        part = &whole;
+    }
+    const int pr = sd_fwd_part_check(s, b, part, err, errlen);
+    if (pr < 0) return pr;
     const int n_out = sd_fwd_record(s, b);
     sd_fwd_embed(s->m, b, s->x);
     const sd_fwd_seg seg = {.s = s, .t0 = 0, .n = b->n, .o0 = 0, .n_out = n_out};
     const sd_fwd_pass p = {.m = s->m, .mm = &s->mm, .seg = &seg, .n_seg = 1, .n = b->n, .precise = b->precise,
                            .any_hid = s->n_hid > 0, .layer_skip = s->layer_skip, .out_rows = s->out_rows,
-                           .n_out = n_out, .x = s->x, .xn = s->xn, .q = s->q, .k = s->k, .att = s->att,
-                           .ff_g = s->ff_g, .ff_u = s->ff_u, .rope_cs = s->rope_cs, .v = s->v,
-                           .logits = s->logits};
-    if (s->gkv) return sd_gpu_fwd_run(&p, err, errlen);
+                           .n_out = part->output ? n_out : 0, .x = s->x, .xn = s->xn, .q = s->q, .k = s->k,
+                           .att = s->att, .ff_g = s->ff_g, .ff_u = s->ff_u, .rope_cs = s->rope_cs, .v = s->v,
+                           .logits = s->logits, .l_lo = part->layer_lo, .l_hi = part->layer_hi,
+                           .head = part->output, .x_out = part->x_out};
+    if (s->gkv) return sd_gpu_fwd_run(&p, err, errlen); // whole models only (sd_gpu_session_init)
     sd_fwd_run(&p);
+    if (!part->output)
+        for (int i = 0; i < b->n; i++) s->logit_row[i] = -1; // no logits from this part
     return 0;
 }
 
 // The take-turns rule of a shared pool: the forward holds the pool's busy
 // flag, or fails before touching the session.
+int sd_session_forward_part(sd_session *s, const sd_batch *b, const sd_forward_part *part, char *err,
+                            size_t errlen) {
+    if (!part) return sd_errc(SD_ERR_INPUT, err, errlen, "forward part: no part given");
+    if (!sd_pool_try_acquire(s->pool))
+        return sd_errc(SD_ERR_BUSY, err, errlen,
+                       "forward: the thread pool is in use by another forward or sd_threadpool_run (sessions sharing "
+                       "a pool must take turns)");
+    const int r = sd_fwd_part(s, b, part, err, errlen);
+    sd_pool_release(s->pool);
+    return r;
+}
+
 int sd_session_forward(sd_session *s, const sd_batch *b, char *err, size_t errlen) {
+    if (s->hooks.forward) return s->hooks.forward(s->hooks.arg, s, b, err, errlen);
     if (!sd_pool_try_acquire(s->pool))
         return sd_errc(SD_ERR_BUSY, err, errlen,
                        "forward: the thread pool is in use by another forward or sd_threadpool_run (sessions sharing "

@@ -30,6 +30,9 @@ typedef struct sd_fwd_pass {
     int n_seg;
     int n;                    // rows: sum of seg[j].n
     int precise;              // 1: float activations (sd_batch.precise) for every matmul of the pass
+    int l_lo, l_hi;           // the layers the pass runs, [l_lo, l_hi) (a whole forward: 0, n_layer)
+    int head;                 // 1: the output stage after them (final norm, logits, SD_HIDDEN_NORM rows)
+    float *x_out;             // (n, n_embd) or NULL: every row's residual stream after layer l_hi - 1
     int any_hid;              // 1: some session asked for hidden rows
     const uint8_t *layer_skip; // (n_layer) 1: layer skipped, common to every session; NULL: none
     const int32_t *out_rows;  // (n_out) rows whose logits are wanted, increasing
@@ -65,6 +68,11 @@ void sd_fwd_run(const sd_fwd_pass *p);
 // sd_session_forward without the pool's busy flag (the caller holds it): a
 // pass of one segment on s's own scratch. 0, or <0 with a message (s untouched).
 int sd_fwd_session(sd_session *s, const sd_batch *b, char *err, size_t errlen);
+// Checks a part of the layers against s's model and the batch (layers held,
+// output held, embd rows for a part after layer 0): 0, or <0 with a message.
+int sd_fwd_part_check(const sd_session *s, const sd_batch *b, const sd_forward_part *part, char *err, size_t errlen);
+// The same for a part of the layers (sd_session_forward_part); part NULL: the whole model.
+int sd_fwd_part(sd_session *s, const sd_batch *b, const sd_forward_part *part, char *err, size_t errlen);
 
 // Attention of a pass (attention.c): layer `layer` for every segment, each
 // node against its own session's committed cache and its ancestors (their K

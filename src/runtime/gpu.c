@@ -80,6 +80,10 @@ static int twin_get(sd_session *s, sd_cu_model **out, char *err, size_t errlen) 
 int sd_gpu_session_init(sd_session *s, int want, char *err, size_t errlen) {
     s->gkv = NULL;
     if (want < 0 || (want == 0 && !g_default)) return 0;
+    const sd_model *m = s->m;
+    if (m->layer_lo != 0 || m->layer_hi != m->hp.n_layer || !m->has_output)
+        return sd_err(err, errlen, "--gpu: a part of a model (layers [%d, %d) of a pipeline) cannot run on the GPU yet",
+                      m->layer_lo, m->layer_hi);
     sd_cu_model *g = NULL;
     if (twin_get(s, &g, err, errlen) < 0) return -1;
     return sd_cu_kv_new(g, s->n_ctx, &s->gkv, err, errlen);

@@ -71,12 +71,14 @@ int sd_session_new(sd_session **out, const sd_model *m, const sd_session_params 
     s->n_batch = n_batch;
     s->kv_dim = hp->n_head_kv * hp->head_dim;
     s->q_dim = hp->n_head * hp->head_dim;
+    s->l0 = m->layer_lo;
+    s->n_lay = m->layer_hi - m->layer_lo;
     const size_t B = (size_t)n_batch;
-    const size_t kv_elems = (size_t)hp->n_layer * (size_t)n_ctx * (size_t)s->kv_dim;
+    const size_t kv_elems = (size_t)s->n_lay * (size_t)n_ctx * (size_t)s->kv_dim;
     s->kt_nblk = (n_ctx + SD_KT_W - 1) / SD_KT_W;
     // zeroed: the slots past the written ones are read (and ignored) by the
     // score vectors, so they should hold numbers
-    s->kt = sd_line_alloc((size_t)hp->n_layer * (size_t)s->kv_dim * (size_t)s->kt_nblk * SD_KT_W * sizeof(uint16_t), 1);
+    s->kt = sd_line_alloc((size_t)s->n_lay * (size_t)s->kv_dim * (size_t)s->kt_nblk * SD_KT_W * sizeof(uint16_t), 1);
     s->v_cache = sd_line_alloc(kv_elems * sizeof(uint16_t), 0);
     s->x = sd_line_alloc(B * hp->n_embd * sizeof(float), 0);
     s->xn = sd_line_alloc(B * SD_MAX(hp->n_embd, s->q_dim) * sizeof(float), 0);
@@ -169,6 +171,7 @@ int sd_session_commit(sd_session *s, const int32_t *rows, int n_rows, char *err,
                               i, s->parent[i]);
         s->n_past += np;
         s->n_pending = 0;
+        if (s->hooks.commit) s->hooks.commit(s->hooks.arg, NULL, np);
         return 0;
     }
     if (n_rows < 0 || n_rows > np)
@@ -184,7 +187,6 @@ int sd_session_commit(sd_session *s, const int32_t *rows, int n_rows, char *err,
     }
     // rows[k] >= k and strictly increasing, so copying in increasing k never
     // overwrites a source row still to be read.
-    const sd_hparams *hp = &s->m->hp;
     const size_t kvd = (size_t)s->kv_dim;
     int first = 0; // rows before it stay where they are
     while (first < n_rows && rows[first] == first) first++;
@@ -193,9 +195,9 @@ int sd_session_commit(sd_session *s, const int32_t *rows, int n_rows, char *err,
         if (r < 0) return r;
         first = n_rows; // moved on the device
     }
-    for (int l = 0; l < hp->n_layer && first < n_rows; l++) {
+    for (int l = s->l0; l < s->l0 + s->n_lay && first < n_rows; l++) {
         if (s->layer_skip && s->layer_skip[l]) continue;   // no rows were written
-        uint16_t *vc = s->v_cache + (size_t)l * s->n_ctx * kvd;
+        uint16_t *vc = s->v_cache + (size_t)(l - s->l0) * s->n_ctx * kvd;
         for (int k = first; k < n_rows; k++) {
             sd_kt_move(s, l, s->n_past + k, s->n_past + rows[k]);
             size_t dst = (size_t)(s->n_past + k) * kvd, src = (size_t)(s->n_past + rows[k]) * kvd;
@@ -204,7 +206,13 @@ int sd_session_commit(sd_session *s, const int32_t *rows, int n_rows, char *err,
     }
     s->n_past += n_rows;
     s->n_pending = 0;
+    if (s->hooks.commit) s->hooks.commit(s->hooks.arg, rows, n_rows);
     return 0;
+}
+
+void sd_session_set_hooks(sd_session *s, const sd_session_hooks *h) {
+    if (h) s->hooks = *h;
+    else memset(&s->hooks, 0, sizeof s->hooks);
 }
 
 int sd_session_truncate(sd_session *s, int n, char *err, size_t errlen) {
@@ -212,6 +220,7 @@ int sd_session_truncate(sd_session *s, int n, char *err, size_t errlen) {
         return sd_err(err, errlen, "truncate to %d rows, but the cache holds %d", n, s->n_past);
     s->n_past = n;
     s->n_pending = 0;
+    if (s->hooks.truncate) s->hooks.truncate(s->hooks.arg, n);
     return 0;
 }
 
@@ -241,5 +250,6 @@ const uint8_t *sd_session_layer_skip(const sd_session *s) { return s->layer_skip
 
 int sd_session_n_past(const sd_session *s) { return s->n_past; }
 int sd_session_n_ctx(const sd_session *s) { return s->n_ctx; }
+int sd_session_n_batch(const sd_session *s) { return s->n_batch; }
 const sd_model *sd_session_model(const sd_session *s) { return s->m; }
 sd_threadpool *sd_session_pool(const sd_session *s) { return s->pool; }

@@ -29,15 +29,17 @@ struct sd_session {
     int n_pending;      // rows of the last forward, at slots [n_past, n_past + n_pending); 0 after commit/truncate
     int kv_dim;         // n_head_kv * head_dim
     int q_dim;          // n_head * head_dim
+    int l0, n_lay;      // the layers cached, [l0, l0 + n_lay): the model's held range (sd_model_load_part);
+                        // layer l's rows are at index l - l0 of kt and v_cache
 
     // KV cache, fp16 (IEEE half, rounded to nearest even: half the bytes
     // that every attention reads), RoPE already applied to K. K is kept transposed in
     // blocks of SD_KT_W positions (attention.c): dimension c of positions
     // 16 b .. 16 b + 15 of KV head g is kt[l][g][b][c][0..16), contiguous.
     // V is by positions.
-    uint16_t *kt;       // (n_layer, n_head_kv, kt_nblk, head_dim, SD_KT_W)
+    uint16_t *kt;       // (n_lay, n_head_kv, kt_nblk, head_dim, SD_KT_W)
     int kt_nblk;        // blocks per layer and KV head: n_ctx / SD_KT_W rounded up
-    uint16_t *v_cache;  // (n_layer, n_ctx, kv_dim)
+    uint16_t *v_cache;  // (n_lay, n_ctx, kv_dim)
 
     // Per-forward scratch.
     float *x;           // (n_batch, n_embd) residual stream
@@ -74,6 +76,7 @@ struct sd_session {
     // NULL: the session computes on the CPU.
     struct sd_cu_kv *gkv;
 
+    sd_session_hooks hooks; // a program's forward / commit / truncate hooks (sd_session_set_hooks); zero: none
     sd_pool *pool;      // worker threads, owned or shared (a reference); held (busy flag) during a forward
     sd_mm_ctx mm;       // wbuf and abuf sized for the largest matmul with n_batch tokens
 };

@@ -62,8 +62,16 @@ static size_t kt_at(int hd, int p, int c) {
     return (size_t)(p / SD_KT_W) * hd * SD_KT_W + (size_t)c * SD_KT_W + p % SD_KT_W;
 }
 
+// A session of a model part (a pipeline's layers) has no whole state.
+static int whole_model(const sd_session *s, char *err, size_t errlen) {
+    if (s->n_lay == s->m->hp.n_layer) return 0;
+    return sd_errc(SD_ERR_INPUT, err, errlen, "session state: the session caches layers [%d, %d) of %d only", s->l0,
+                   s->l0 + s->n_lay, s->m->hp.n_layer);
+}
+
 int sd_session_state_save(const sd_session *s, void *buf, size_t size, char *err, size_t errlen) {
     if (s->gkv) return sd_errc(SD_ERR_INPUT, err, errlen, "session state: not available for a GPU session yet");
+    if (whole_model(s, err, errlen) < 0) return SD_ERR_INPUT;
     const size_t need = sd_session_state_size(s);
     if (!buf || size < need)
         return sd_errc(SD_ERR_INPUT, err, errlen, "session state: the buffer holds %zu bytes, the state needs %zu", size, need);
@@ -96,6 +104,7 @@ int sd_session_state_save(const sd_session *s, void *buf, size_t size, char *err
 
 int sd_session_state_load(sd_session *s, const void *buf, size_t size, char *err, size_t errlen) {
     if (s->gkv) return sd_errc(SD_ERR_INPUT, err, errlen, "session state: not available for a GPU session yet");
+    if (whole_model(s, err, errlen) < 0) return SD_ERR_INPUT;
     const sd_hparams *hp = &s->m->hp;
     const int nl = hp->n_layer, nkv = hp->n_head_kv, hd = hp->head_dim;
     const uint8_t *in = buf;

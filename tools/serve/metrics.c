@@ -122,5 +122,9 @@ char *sv_metrics_text(sv_server *s) {
              m.pass_ms / 1000.0,
              m.prefill_ms / 1000.0, m.round_ms / 1000.0, m.prefill_chunks,
              SV_TTFT_RING, q[0], q[1], q[2], m.ttft_sum_ms / 1000.0, m.ttft_count);
+    if (s->metrics_extra) {   // a pipeline's per-rank time (docs/mpi.md)
+        const size_t used = strlen(buf);
+        s->metrics_extra(buf + used, 8192 - used);
+    }
     return buf;
 }

@@ -29,7 +29,9 @@ void sv_forward_many(sv_server *s, int n, char (*errs)[256], int step) {
         int j = i, total = 0;
         while (j < n && (j == i || total + s->pass_bs[j].n <= s->batcher_nodes)) total += s->pass_bs[j++].n;
         if (j - i > 1 && s->batcher) {
-            int rc = sd_batcher_forward(s->batcher, s->pass_ss + i, s->pass_bs + i, j - i, errs[i], sizeof errs[i]);
+            int rc = s->forward_many
+                         ? s->forward_many(s->batcher, s->pass_ss + i, s->pass_bs + i, j - i, errs[i], sizeof errs[i])
+                         : sd_batcher_forward(s->batcher, s->pass_ss + i, s->pass_bs + i, j - i, errs[i], sizeof errs[i]);
             const int f = rc < 0 ? sd_batcher_failed_batch(s->batcher) : -1;
             if (f >= 0) {   // that batch alone is bad (nothing was written): it fails, the others go again
                 char msg[256];

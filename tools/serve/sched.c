@@ -172,6 +172,7 @@ int sv_sched_start(sv_server *s, char *err, size_t errlen) {
         sp.n_batch = SV_N_BATCH;
         sp.pool = s->pool;
         if (sd_session_new(&sl->s, s->model, &sp, err, errlen) < 0) return -1;
+        if (s->on_session && s->on_session(sl->s, err, errlen) < 0) return -1;
         s->n_ctx = sd_session_n_ctx(sl->s);
         sl->cache = malloc(sizeof(int32_t) * (size_t)s->n_ctx);
         sl->ends = malloc(sizeof(size_t) * (SV_N_BATCH + 2));

@@ -181,6 +181,14 @@ typedef struct sv_server {
     sv_slot *slots;            // (n_slots)
     int n_slots;
     sd_batcher *batcher;       // one pass over the batches of several slots (scheduler thread only)
+    // Called on every slot's session once it is made, before any forward
+    // (a pipeline attaches it, tools/mpi/pp.h), or NULL. 0, or <0 with a message.
+    int (*on_session)(sd_session *s, char *err, size_t errlen);
+    // Replaces sd_batcher_forward for a pass of several slots (a pipeline's
+    // rank 0 sends it round the ranks, tools/mpi/pp.h), or NULL.
+    int (*forward_many)(sd_batcher *b, sd_session *const *ss, const sd_batch *bs, int n, char *err, size_t errlen);
+    // Appends more Prometheus lines to /metrics (a pipeline's per-rank time), or NULL.
+    void (*metrics_extra)(char *buf, size_t n);
     int batcher_nodes;         // its n_nodes
     sv_slot **pass_sl;         // (n_slots) scratch of a round's pass: slots,
     sd_session **pass_ss;      //   their sessions,

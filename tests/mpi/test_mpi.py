@@ -1,0 +1,439 @@
+#!/usr/bin/env python3
+"""test_mpi.py - the pipeline-parallel target over MPI (docs/mpi.md), run with
+`mpirun --oversubscribe -np R build/specdec ... --pp R` on this machine:
+
+- greedy text bit-identical to one process for R = 2 and 3 and a --layers
+  split, with plain decoding, a draft tree (tree:2-2-1, the target itself as
+  its draft model, so paths of several nodes are committed) and an EAGLE-3
+  head (a random one on the synthetic model, the shipped one on SmolLM2,
+  whose extract layers lie on every rank), on a synthetic model and on
+  SmolLM2;
+- bench --pp: every method's text equal to plain decoding's (equal_to_ar);
+- serve --pp 2 with 2 slots: two concurrent requests' greedy answers (with
+  and without speculation) equal to generate's, both slots in one pass round
+  the ring (the server's batching kept), each rank's forward time in
+  /metrics; SIGTERM stops every rank;
+- bad launches refused on every rank with one message and a non-zero exit:
+  fewer ranks than --pp asks, --layers not covering the layers, more ranks
+  than layers, different model files on different ranks;
+- a rank killed (SIGKILL) mid-generation stops every process within 20 s
+  with a message naming the rank, and nothing hangs;
+- a rank stuck (SIGSTOP) mid-generation: rank 0 stops every process once
+  --pp-timeout (3 s here) passes without an answer, with one message;
+- each rank's weights at most 1/R of the model's plus 10%, and its peak
+  resident memory against one process's (--pp-stats).
+
+Needs build/specdec built with `make MPI=1` (make test-mpi) and mpirun;
+skipped with the reason otherwise. Prints PASS/FAIL/SKIP lines.
+"""
+import json
+import os
+import resource  # noqa: F401  (os.wait4's rusage)
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
+from report import exit_status, report  # noqa: E402
+
+BIN = os.path.abspath(os.environ.get("SPECDEC_BIN", os.path.join(ROOT, "build", "specdec")))
+SYNTH = os.path.join(ROOT, "build", "tests", "tool_synth_model")
+RHEAD = os.path.join(ROOT, "build", "tests", "tool_random_head")
+SMOL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+CASES = ["mpi_greedy_synth", "mpi_greedy_smollm", "mpi_bench_equal", "mpi_serve_equals_generate", "mpi_bad_launches",
+         "mpi_killed_rank", "mpi_stuck_rank", "mpi_rank_memory"]
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
+
+
+def mpirun(n, args, timeout=240, extra=()):
+    cmd = ["mpirun", "--oversubscribe", "-np", str(n), *extra, BIN, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV, cwd=ROOT)
+
+
+def single(args, timeout=240):
+    return subprocess.run([BIN, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def why_skip():
+    if not os.path.exists(BIN):
+        return f"{BIN} not built"
+    if subprocess.run(["which", "mpirun"], capture_output=True).returncode != 0:
+        return "mpirun not found (apt-get install openmpi-bin libopenmpi-dev)"
+    r = single(["generate", "--pp", "1", "-m", "/nonexistent"])
+    if "built without MPI" in r.stderr:
+        return "build/specdec was built without MPI (make MPI=1, or make test-mpi)"
+    if not os.path.exists(SYNTH) or not os.path.exists(RHEAD):
+        return "build/tests/tool_synth_model or tool_random_head not built (make test-mpi)"
+    return None
+
+
+def compare(name, model, prompt, methods, splits, n, extra=()):
+    """Greedy text of every method on one process, then under each split; a
+    list of failures."""
+    bad = []
+    base = ["generate", "-m", model, "-p", prompt, "-n", str(n), "--temp", "0", "-t", "1", "-c", "512", *extra]
+    for label, margs in methods:
+        ref = single(base + margs)
+        if ref.returncode != 0 or not ref.stdout.strip():
+            bad.append(f"{name}/{label}: one process failed: {ref.stderr.strip()[-300:]}")
+            continue
+        for ranks, split in splits:
+            r = mpirun(ranks, base + margs + split)
+            if r.returncode != 0:
+                bad.append(f"{name}/{label} {' '.join(split)}: rc {r.returncode}: {r.stderr.strip()[-300:]}")
+            elif r.stdout != ref.stdout:
+                bad.append(f"{name}/{label} {' '.join(split)}: the text differs from one process's:\n"
+                           f"  one:  {ref.stdout[:160]!r}\n  pipe: {r.stdout[:160]!r}")
+    return bad
+
+
+def case_greedy_synth(tmp):
+    model, head = os.path.join(tmp, "s6.gguf"), os.path.join(tmp, "h6.gguf")
+    subprocess.run([SYNTH, model, "6"], check=True)
+    subprocess.run([RHEAD, model, head, "eagle3"], check=True)
+    methods = [("ar", []), ("tree", ["--draft", model, "--method", "tree:2-2-1"]),
+               ("eagle3", ["--head", head, "--method", "eagle3:auto"])]
+    splits = [(2, ["--pp", "2"]), (3, ["--pp", "3"]), (3, ["--layers", "1,2,3"])]
+    bad = compare("synth", model, "w1 w2 w3 w4", methods, splits, 40)
+    report("mpi_greedy_synth", not bad, "\n".join(bad))
+
+
+def case_greedy_smollm():
+    if not os.path.exists(SMOL):
+        print(f"SKIP mpi_greedy_smollm: {SMOL} not present (scripts/fetch-models.sh)")
+        return
+    methods = [("ar", []), ("tree", ["--draft", SMOL, "--method", "tree:2-2-1"]), ("eagle3", ["--head", "auto",
+                                                                                               "--method", "eagle3:auto"])]
+    splits = [(2, ["--pp", "2"]), (3, ["--pp", "3"])]
+    bad = compare("smollm", SMOL, "Name three colours.", methods, splits, 24, extra=("--chat",))
+    report("mpi_greedy_smollm", not bad, "\n".join(bad))
+
+
+def case_bench_equal(tmp):
+    model = os.path.join(tmp, "s6.gguf")
+    prompts = os.path.join(tmp, "p.jsonl")
+    with open(prompts, "w") as f:
+        for i in range(2):
+            f.write(json.dumps({"question_id": i, "category": "t", "turns": [f"w{i + 3} w{i + 7} w9"]}) + "\n")
+    out = os.path.join(tmp, "bench.json")
+    r = mpirun(3, ["bench", "-m", model, "--prompts", prompts, "--no-chat", "-n", "24", "-t", "1",
+                   "--methods", "ar,tree:2-2-1", "--draft", model, "--out", out, "--pp", "3"])
+    if r.returncode != 0:
+        report("mpi_bench_equal", False, f"rc {r.returncode}: {r.stderr.strip()[-400:]}")
+        return
+    text = open(out).read()
+    ok = '"equal_to_ar": false' not in text and '"equal_to_ar": true' in text
+    report("mpi_bench_equal", ok, f"a method's text differs from ar's under --pp 3:\n{text[:600]}")
+
+
+def case_serve_equals_generate():
+    if not os.path.exists(SMOL):
+        print(f"SKIP mpi_serve_equals_generate: {SMOL} not present (scripts/fetch-models.sh)")
+        return
+    import http.client
+    import re
+    import threading
+    cmd = ["mpirun", "--oversubscribe", "-np", "2", BIN, "serve", "-m", SMOL, "--port", "0", "--parallel", "2", "-t", "1",
+           "--pp", "2"]
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
+    log, port, ready = [], [None], threading.Event()
+
+    def drain():
+        for line in p.stderr:
+            log.append(line.rstrip("\n"))
+            m = re.search(r"listening on http://[^:]+:(\d+)", line)
+            if m:
+                port[0] = int(m.group(1))
+                ready.set()
+        ready.set()
+
+    threading.Thread(target=drain, daemon=True).start()
+    ready.wait(120)
+    bad = []
+    try:
+        if not port[0]:
+            report("mpi_serve_equals_generate", False, "the server did not start: " + " | ".join(log[-5:]))
+            return
+        qs = [("Name three colours.", "ngram:3-8", ["--draft-ngram", "3,8"]), ("What is the capital of France?", "off", [])]
+        got = [None] * len(qs)
+
+        def ask(i):
+            q, spec, _ = qs[i]
+            c = http.client.HTTPConnection("127.0.0.1", port[0], timeout=240)
+            body = {"messages": [{"role": "user", "content": q}], "temperature": 0, "max_tokens": 24,
+                    "speculation": spec}
+            c.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+            r = c.getresponse()
+            data = json.loads(r.read())
+            got[i] = data["choices"][0]["message"]["content"] if r.status == 200 else data
+        ts = [threading.Thread(target=ask, args=(i,)) for i in range(len(qs))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(300)
+        for i, (q, spec, args) in enumerate(qs):
+            want = single(["generate", "-m", SMOL, "--chat", "-p", q, "--temp", "0", "-n", "24", "-t", "1", *args]).stdout
+            want = want[:-1] if want.endswith("\n") else want
+            if got[i] != want:
+                bad.append(f"{spec}: server {got[i]!r} vs generate {want!r}")
+        c = http.client.HTTPConnection("127.0.0.1", port[0], timeout=60)
+        c.request("GET", "/metrics")
+        text = c.getresponse().read().decode()
+        m = re.search(r'specdec_pp_rank_forward_seconds_total\{rank="1",layers="11-29"\} ([0-9.]+)', text)
+        if not m or float(m.group(1)) <= 0 or "specdec_pp_network_seconds_total" not in text:
+            bad.append("/metrics lacks rank 1's forward time or the network time: " +
+                       " | ".join(l for l in text.splitlines() if "_pp_" in l))
+
+        def metric(name):
+            mm = re.search(r"^" + name + r" ([0-9.]+)$", text, re.M)
+            return float(mm.group(1)) if mm else -1
+        # the two slots went round the ring together in some passes (one
+        # sd_batcher_forward_part per rank), none fell back to slot by slot
+        if not metric("specdec_batch_slots_total") > metric("specdec_batch_forwards_total") > 0 or \
+                metric("specdec_batch_fallbacks_total") != 0:
+            bad.append("no pass of both slots, or fallbacks: " +
+                       " | ".join(l for l in text.splitlines() if l.startswith("specdec_batch_")))
+    finally:
+        p.send_signal(signal.SIGTERM)
+        try:
+            rc = p.wait(60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            rc = None
+    # mpirun passes SIGTERM on: rank 0's server stops (the workers ignore
+    # it and end with rank 0's quit); mpirun itself exits 1 for the signal
+    if rc is None or not any("specdec serve: stopped" in l for l in log):
+        bad.append(f"SIGTERM: exit status {rc}; log: {' | '.join(log[-6:])}")
+    report("mpi_serve_equals_generate", not bad, "\n".join(bad))
+
+
+def one_message(r, want):
+    """The launch was refused: non-zero exit, one specdec line naming want."""
+    lines = [l for l in r.stderr.splitlines() if l.startswith("specdec:")]
+    if r.returncode == 0:
+        return "exit status 0"
+    if len(lines) != 1:
+        return f"{len(lines)} specdec lines, expected 1: {r.stderr.strip()[-400:]}"
+    if want not in lines[0]:
+        return f"the message lacks '{want}': {lines[0]}"
+    return None
+
+
+def case_bad_launches(tmp):
+    model, other = os.path.join(tmp, "s6.gguf"), os.path.join(tmp, "s6b.gguf")
+    subprocess.run([SYNTH, other, "6", "llama", "77"], check=True)
+    gen = ["generate", "-p", "w1", "-n", "4", "-t", "1"]
+    bad = []
+    checks = [
+        ("ranks", mpirun(2, gen + ["-m", model, "--pp", "3"], timeout=60), "asks for 3 ranks but mpirun started 2"),
+        ("coverage", mpirun(3, gen + ["-m", model, "--layers", "1,2,2"], timeout=60), "covers 5 layers, but the model has 6"),
+        ("too many", mpirun(8, gen + ["-m", model, "--pp", "8"], timeout=90), "8 ranks for a model of 6 layers"),
+        ("no --pp", mpirun(2, gen + ["-m", model], timeout=60), "without --pp"),
+    ]
+    # different files on different ranks: MPMD launch, one file per rank
+    cmd = ["mpirun", "--oversubscribe", "-np", "1", BIN, *gen, "-m", model, "--pp", "2", ":",
+           "-np", "1", BIN, *gen, "-m", other, "--pp", "2"]
+    checks.append(("files", subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=ENV, cwd=ROOT),
+                   "the model files differ between ranks"))
+    for label, r, want in checks:
+        w = one_message(r, want)
+        if w:
+            bad.append(f"{label}: {w}")
+    report("mpi_bad_launches", not bad, "\n".join(bad))
+
+
+def rank_pids(mpirun_pid):
+    """{rank: pid} of mpirun's children."""
+    out = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid != mpirun_pid:
+                continue
+            with open(f"/proc/{d}/environ", "rb") as f:
+                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+            if b"OMPI_COMM_WORLD_RANK" in env:
+                out[int(env[b"OMPI_COMM_WORLD_RANK"])] = int(d)
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def start_long(tmp, extra=()):
+    """mpirun -np 3 generate of a long text, stdout under way; (process, {rank: pid}) or (process, None)."""
+    model = SMOL if os.path.exists(SMOL) else os.path.join(tmp, "s6.gguf")
+    chat = ["--chat"] if model == SMOL else []
+    cmd = ["mpirun", "--oversubscribe", "-np", "3", BIN, "generate", "-m", model, *chat, "-p",
+           "Write a very long story about a dragon.", "-n", "0", "-c", "2048", "-t", "1", "--pp", "3", *extra]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, cwd=ROOT)
+    first = p.stdout.read(8)
+    pids = {}
+    for _ in range(50):
+        pids = rank_pids(p.pid)
+        if len(pids) == 3:
+            break
+        time.sleep(0.1)
+    return p, (pids if first and len(pids) == 3 else None)
+
+
+def case_stuck_rank(tmp):
+    p, pids = start_long(tmp, ("--pp-timeout", "3"))
+    try:
+        if not pids:
+            report("mpi_stuck_rank", False, "the ranks were not found or nothing was generated")
+            return
+        t0 = time.monotonic()
+        os.kill(pids[1], signal.SIGSTOP)
+        try:
+            _, err = p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            report("mpi_stuck_rank", False, "mpirun still runs 60 s after rank 1 was stopped")
+            return
+        dt = time.monotonic() - t0
+        err = err.decode(errors="replace")
+        lines = [l for l in err.splitlines() if l.startswith("specdec:")]
+        def alive():
+            out = []
+            for pid in pids.values():
+                try:
+                    if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] not in "ZX":
+                        out.append(pid)
+                except OSError:
+                    pass
+            return out
+        while alive() and time.monotonic() - t0 < 30:
+            time.sleep(0.1)
+        gone = not alive()
+        dt = time.monotonic() - t0
+        print(f"  info: every process stopped {dt:.2f} s after rank 1 was stopped; message: {lines[:1]}")
+        report("mpi_stuck_rank", dt < 20 and gone and len(lines) == 1 and "no answer from ranks 1..2 within 3 s" in lines[0],
+               f"after {dt:.1f} s, all gone {gone}, stderr: {err.strip()[-500:]}")
+    finally:
+        for pid in (pids or {}).values():
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except OSError:
+                pass
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def case_killed_rank(tmp):
+    model = SMOL if os.path.exists(SMOL) else os.path.join(tmp, "s6.gguf")
+    # a long generation (SmolLM2: a story of hundreds of tokens; the
+    # synthetic model never ends, -n 0 runs to the full context)
+    chat = ["--chat"] if model == SMOL else []
+    cmd = ["mpirun", "--oversubscribe", "-np", "3", BIN, "generate", "-m", model, *chat, "-p",
+           "Write a very long story about a dragon.", "-n", "0", "-c", "2048", "-t", "1", "--pp", "3"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, cwd=ROOT)
+    try:
+        os.set_blocking(p.stdout.fileno(), True)
+        first = p.stdout.read(8)   # generation under way: the ring is busy
+        pids = {}
+        for _ in range(50):
+            pids = rank_pids(p.pid)
+            if len(pids) == 3:
+                break
+            time.sleep(0.1)
+        if 1 not in pids or not first:
+            report("mpi_killed_rank", False, f"no rank 1 found among mpirun's children ({pids}) or no output")
+            return
+        t0 = time.monotonic()
+        os.kill(pids[1], signal.SIGKILL)
+        try:
+            _, err = p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            report("mpi_killed_rank", False, "mpirun still runs 60 s after rank 1 was killed")
+            return
+        err = err.decode(errors="replace")
+
+        def alive():
+            out = []
+            for r, pid in pids.items():
+                try:
+                    if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+                        out.append(r)
+                except OSError:
+                    pass
+            return out
+        left = alive()
+        while left and time.monotonic() - t0 < 30:
+            time.sleep(0.1)
+            left = alive()
+        dt = time.monotonic() - t0
+        ok = dt < 20 and p.returncode != 0 and "rank 1" in err and not left
+        print(f"  info: every process stopped {dt:.2f} s after rank 1 was killed (rc {p.returncode}); message: "
+              f"{[l for l in err.splitlines() if 'rank 1' in l][:1]}")
+        report("mpi_killed_rank", ok, f"stopped after {dt:.1f} s, rc {p.returncode}, ranks left {left}, "
+                                      f"stderr: {err.strip()[-500:]}")
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def case_rank_memory():
+    if not os.path.exists(SMOL):
+        print(f"SKIP mpi_rank_memory: {SMOL} not present (scripts/fetch-models.sh)")
+        return
+    args = ["generate", "-m", SMOL, "-p", "Once upon a time", "-n", "16", "--temp", "0", "-t", "1", "-c", "1024"]
+    p = subprocess.Popen([BIN, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+    _, _, ru = os.wait4(p.pid, 0)
+    one = ru.ru_maxrss / 1024.0
+    bad = []
+    for R in (2, 3):
+        r = mpirun(R, args + ["--pp", str(R), "--pp-stats"])
+        line = [l for l in r.stderr.splitlines() if l.startswith('{"pp"')]
+        if r.returncode != 0 or not line:
+            bad.append(f"R={R}: rc {r.returncode}, no stats: {r.stderr.strip()[-300:]}")
+            continue
+        st = json.loads(line[0])["pp"]
+        hwm = [x["hwm_mib"] for x in st["per_rank"]]
+        # the weights each rank holds: at most 1/R of the model's plus 10%
+        wlim = st["weights_mib"] / R + 0.10 * st["weights_mib"]
+        for x in st["per_rank"]:
+            if not 0 < x["weights_mib"] <= wlim:
+                bad.append(f"R={R}: rank {x['rank']} holds {x['weights_mib']} MiB of weights, over {wlim:.1f} "
+                           f"({st['weights_mib']} / {R} + 10%)")
+        print(f"  info: weights {st['weights_mib']} MiB; R={R}: held " +
+              ", ".join(f"rank {x['rank']} {x['weights_mib']} MiB" for x in st["per_rank"]))
+        print(f"  info: peak RSS one process {one:.1f} MiB; R={R}: " +
+              ", ".join(f"rank {x['rank']} layers {x['layers']} {x['hwm_mib']:.1f} MiB" for x in st["per_rank"]))
+        # each rank well under one process (MPI's own libraries and buffers
+        # add about 25 MiB to every process, a fixed cost the goal's 1/R of
+        # the weights does not count: docs/mpi.md)
+        limit = one / R + 0.10 * one + 30
+        for k, h in enumerate(hwm):
+            if h > limit:
+                bad.append(f"R={R}: rank {k} peaks at {h:.1f} MiB, over {limit:.1f} (one process {one:.1f} / {R} + 10% + 30 MiB)")
+    report("mpi_rank_memory", not bad, "\n".join(bad))
+
+
+def main():
+    why = why_skip()
+    if why:
+        for c in CASES:
+            print(f"SKIP {c}: {why}")
+        return 0
+    with tempfile.TemporaryDirectory(prefix="specdec_mpi_") as tmp:
+        case_greedy_synth(tmp)
+        case_greedy_smollm()
+        case_bench_equal(tmp)
+        case_serve_equals_generate()
+        case_bad_launches(tmp)
+        case_killed_rank(tmp)
+        case_stuck_rank(tmp)
+        case_rank_memory()
+    return exit_status()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,636 @@
+// pp.c - pipeline parallelism over MPI (make MPI=1; docs/mpi.md): the
+// launch (options, the checks every rank agrees on, the split of the
+// layers) and rank 0's side. Rank 0 holds the tokenizer, the embeddings,
+// the first layers, the output layer, the drafter, sampling and
+// verification: the command runs there as in one process, on a session
+// whose hooks (sd_session_set_hooks) send each forward round the ring of
+// ranks (pp_worker.c) and queue each commit and truncation for the next
+// forward. Every rank runs the same kernels on the same rows in the same
+// order as one process would, so the output is the same, bit for bit.
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "mpi/pp.h"
+#include "mpi/pp_wire.h"
+
+static pp_ctx g_c;
+static int g_active;        // rank 0 of a pipeline
+static int g_attached;      // sessions attached (hooked; the workers have theirs)
+static char g_path[1024];   // the model the ranks loaded
+static int32_t *g_ops;      // queued cache operations (op, session, n, rows...)
+static int g_n_ops, g_ops_cap;
+static double g_n_fwd, g_other_ms, g_wait_ms, g_self_ms;
+static double g_held_mib, g_total_mib; // rank 0's weights held, and the whole model's (MiB)
+static const sd_session *g_sess[PP_MAX_SESSIONS]; // the attached sessions, by id
+static float *g_xs;          // (g_x_cap floats) a group's residual rows out of rank 0's layers
+static size_t g_x_cap;
+static double g_rank_ms[PP_MAX_RANKS];   // each rank's forward time so far (ms; rank 0's = g_self_ms)
+static double g_ping_ms[2];   // --pp-stats: median time of a message of 1 and 16 rows round the ring (ms)
+
+// ---------------------------------------------------------------- the launch
+
+typedef struct fact {
+    int32_t ok, n_layer, n_embd, pad;
+    uint64_t fsize, fp;
+    double w_layer, w_output;   // weights of one layer and of the output matrix (their compute)
+    char msg[240];
+} fact;
+
+// FNV-1a of the file's first MiB and last 64 KiB (its header, the first and
+// last tensors) and its size: two model files practically never share it.
+static int file_fingerprint(const char *path, uint64_t *size, uint64_t *fp, char *msg, size_t len) {
+    const int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        snprintf(msg, len, "cannot open the model '%s'", path);
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    *size = (uint64_t)st.st_size;
+    uint64_t h = 0xcbf29ce484222325ull;
+    static unsigned char buf[1 << 20];
+    const off_t offs[2] = {0, st.st_size > (1 << 16) ? st.st_size - (1 << 16) : 0};
+    const size_t lens[2] = {sizeof buf, 1 << 16};
+    for (int k = 0; k < 2; k++) {
+        const ssize_t n = pread(fd, buf, lens[k], offs[k]);
+        for (ssize_t i = 0; i < n; i++) h = (h ^ buf[i]) * 0x100000001b3ull;
+    }
+    close(fd);
+    *fp = h;
+    return 0;
+}
+
+// The model path of the command line (-m, --model, --model=).
+static const char *model_arg(int argc, char **argv) {
+    for (int i = 2; i < argc; i++) {
+        if ((!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) && i + 1 < argc) return argv[i + 1];
+        if (!strncmp(argv[i], "--model=", 8)) return argv[i] + 8;
+    }
+    return NULL;
+}
+
+// This rank's facts: the command, the model file, its layers.
+static void my_facts(int argc, char **argv, int want_ranks, int size, fact *f) {
+    memset(f, 0, sizeof *f);
+    const char *cmd = argc > 1 ? argv[1] : "";
+    if (strcmp(cmd, "generate") && strcmp(cmd, "bench") && strcmp(cmd, "serve")) {
+        snprintf(f->msg, sizeof f->msg, "--pp works with generate, bench and serve, not '%s'", cmd);
+        return;
+    }
+    if (want_ranks != size) {
+        snprintf(f->msg, sizeof f->msg, "the pipeline asks for %d ranks but mpirun started %d (mpirun -np %d ... --pp %d)",
+                 want_ranks, size, want_ranks, want_ranks);
+        return;
+    }
+    const char *path = model_arg(argc, argv);
+    if (!path) {
+        snprintf(f->msg, sizeof f->msg, "no model given (-m FILE)");
+        return;
+    }
+    snprintf(g_path, sizeof g_path, "%s", path);
+    if (file_fingerprint(path, &f->fsize, &f->fp, f->msg, sizeof f->msg) < 0) return;
+    sd_model *m = NULL;
+    char err[512];
+    if (sd_model_load_part(&m, path, 0, 0, 0, err, sizeof err) < 0) {   // the header alone
+        snprintf(f->msg, sizeof f->msg, "%.230s", err);
+        return;
+    }
+    sd_model_info mi;
+    sd_model_get_info(m, &mi);
+    sd_model_free(m);
+    f->n_layer = mi.n_layer;
+    f->n_embd = mi.n_embd;
+    const double E = mi.n_embd, Q = (double)mi.n_head * mi.head_dim, KV = (double)mi.n_head_kv * mi.head_dim;
+    f->w_layer = 2 * E * Q + 2 * E * KV + 3 * E * mi.n_ff;
+    f->w_output = E * mi.n_vocab;
+    f->ok = 1;
+}
+
+// The layers of each rank: the --layers counts, or a split that balances
+// the weights each rank reads per forward: rank 0 also runs the output
+// matrix (w_output, as many weights as w_output / w_layer layers: 8 of
+// SmolLM2's 30, about 1 of a 70B model's 80), so it takes that many fewer
+// layers, and the others share the rest evenly (the remainder to the last
+// ones). 0, or -1 with a message.
+static int split_layers(const char *spec, int R, int n_layer, double w_layer, double w_output, int *lo, char *msg,
+                        size_t len) {
+    if (R > n_layer)
+        return snprintf(msg, len, "%d ranks for a model of %d layers: at most one rank per layer (--pp %d or fewer)", R,
+                        n_layer, n_layer), -1;
+    lo[0] = 0;
+    if (!spec) {
+        int first = n_layer;
+        if (R > 1) {
+            const double share = (n_layer * w_layer + w_output) / R;
+            first = (int)((share - w_output) / w_layer + 0.5);
+            first = first < 1 ? 1 : first > n_layer - (R - 1) ? n_layer - (R - 1) : first;
+        }
+        lo[1] = first;
+        const int rest = n_layer - first, base = R > 1 ? rest / (R - 1) : 0, rem = R > 1 ? rest % (R - 1) : 0;
+        for (int k = 1; k < R; k++) lo[k + 1] = lo[k] + base + (k >= R - rem);
+        return 0;
+    }
+    int k = 0;
+    const char *p = spec;
+    while (*p) {
+        char *end;
+        const long v = strtol(p, &end, 10);
+        if (end == p || v < 1 || v > 100000 || (*end && *end != ','))
+            return snprintf(msg, len, "--layers '%s': expected a count of layers per rank, each >= 1, e.g. 10,10,10",
+                            spec), -1;
+        if (k == R) return snprintf(msg, len, "--layers '%s' gives more entries than the %d ranks", spec, R), -1;
+        lo[k + 1] = lo[k] + (int)v;
+        k++;
+        p = *end ? end + 1 : end;
+    }
+    if (k != R) return snprintf(msg, len, "--layers '%s' gives %d entries for %d ranks", spec, k, R), -1;
+    if (lo[R] != n_layer)
+        return snprintf(msg, len, "--layers '%s' covers %d layers, but the model has %d: the counts must sum to %d",
+                        spec, lo[R], n_layer, n_layer), -1;
+    return 0;
+}
+
+// The verdict every rank reaches from the same facts. 0, or -1 with a message.
+static int verdict(const fact *all, int size, const char *spec, int R, int *lo, char *msg, size_t len) {
+    for (int k = 0; k < size; k++)
+        if (!all[k].ok) return snprintf(msg, len, "rank %d: %s", k, all[k].msg), -1;
+    for (int k = 1; k < size; k++)
+        if (all[k].fsize != all[0].fsize || all[k].fp != all[0].fp)
+            return snprintf(msg, len,
+                            "the model files differ between ranks: rank 0's has %llu bytes, rank %d's %llu bytes%s; "
+                            "every rank must load the same file",
+                            (unsigned long long)all[0].fsize, k, (unsigned long long)all[k].fsize,
+                            all[k].fsize == all[0].fsize ? " and other contents" : ""), -1;
+    return split_layers(spec, R, all[0].n_layer, all[0].w_layer, all[0].w_output, lo, msg, len);
+}
+
+static int parse_int(const char *flag, const char *v, int lo, int hi, int *out) {
+    char *end;
+    const long x = v ? strtol(v, &end, 10) : 0;
+    if (!v || end == v || *end || x < lo || x > hi) {
+        fprintf(stderr, "specdec: %s needs an integer in %d..%d, got '%s'\n", flag, lo, hi, v ? v : "");
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+static void pp_finish(void);
+
+int pp_main(int *argc, char **argv) {
+    int R = 0, any = 0, timeout_s = 120, j = 1;
+    const char *spec = NULL;
+    for (int i = 1; i < *argc; i++) {
+        const char *a = argv[i];
+        const char *v = NULL;
+        if (!strcmp(a, "--pp") || !strcmp(a, "--layers") || !strcmp(a, "--pp-timeout")) {
+            v = i + 1 < *argc ? argv[++i] : NULL;
+        } else if (!strncmp(a, "--pp=", 5) || !strncmp(a, "--layers=", 9) || !strncmp(a, "--pp-timeout=", 13)) {
+            v = strchr(a, '=') + 1;
+        } else if (!strcmp(a, "--pp-stats")) {
+            g_c.stats = 1;
+            continue;
+        } else {
+            argv[j++] = argv[i];
+            continue;
+        }
+        if (!strncmp(a, "--pp-timeout", 12)) {
+            if (parse_int("--pp-timeout", v, 1, 86400, &timeout_s) < 0) return 2;
+        } else if (!strncmp(a, "--pp", 4)) {
+            if (parse_int("--pp", v, 1, PP_MAX_RANKS, &R) < 0) return 2;
+            any = 1;
+        } else {
+            if (!v) return fprintf(stderr, "specdec: --layers needs a value (layers per rank, e.g. 10,10,10)\n"), 2;
+            spec = v;
+            any = 1;
+        }
+    }
+    argv[j] = NULL;
+    *argc = j;
+    const char *ws = getenv("OMPI_COMM_WORLD_SIZE"), *wr = getenv("OMPI_COMM_WORLD_RANK");
+    const int world = ws ? atoi(ws) : 1, wrank = wr ? atoi(wr) : 0;
+    if (!any) {
+        if (world <= 1) return -1;
+        if (wrank == 0)
+            fprintf(stderr, "specdec: launched on %d MPI ranks without --pp: add --pp %d to split the model's layers "
+                            "over them (or run one process)\n", world, world);
+        return 2;
+    }
+    if (!R && spec) {   // --layers alone: one rank per entry
+        R = 1;
+        for (const char *p = spec; *p; p++) R += *p == ',';
+    }
+    int provided = 0;
+    MPI_Init_thread(argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(MPI_COMM_WORLD, &g_c.rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &g_c.size);
+    g_c.timeout_ms = timeout_s * 1e3;
+    fact mine, all[PP_MAX_RANKS];
+    if (g_c.size > PP_MAX_RANKS) {
+        if (g_c.rank == 0) fprintf(stderr, "specdec: %d ranks: at most %d\n", g_c.size, PP_MAX_RANKS);
+        MPI_Finalize();
+        return 2;
+    }
+    my_facts(*argc, argv, R, g_c.size, &mine);
+    MPI_Allgather(&mine, (int)sizeof mine, MPI_BYTE, all, (int)sizeof mine, MPI_BYTE, MPI_COMM_WORLD);
+    char msg[600];
+    if (verdict(all, g_c.size, spec, R, g_c.lo, msg, sizeof msg) < 0) {
+        if (g_c.rank == 0) fprintf(stderr, "specdec: %s\n", msg);
+        MPI_Finalize();
+        return 2;
+    }
+    pp_fast_wakeups();
+    g_c.n_layer = all[0].n_layer;
+    g_c.n_embd = all[0].n_embd;
+    if (g_c.rank > 0) {
+        const int rc = pp_worker(&g_c, g_path);
+        MPI_Finalize();
+        return rc;
+    }
+    g_active = 1;
+    atexit(pp_finish);
+    return -1;
+}
+
+int pp_active(void) { return g_active; }
+
+// ---------------------------------------------------------------- rank 0
+
+int pp_model_load(sd_model **out, const char *path, char *err, size_t errlen) {
+    if (!g_active || g_c.size == 1) return sd_model_load(out, path, err, errlen);
+    const int r = sd_model_load_part(out, path, 0, g_c.lo[1], 1, err, errlen);
+    if (r == 0) {
+        sd_model_info mi;
+        sd_model_get_info(*out, &mi);
+        g_held_mib = mi.n_bytes_held / 1048576.0;
+        g_total_mib = mi.n_bytes / 1048576.0;
+    }
+    return r;
+}
+
+static size_t g_rcap;   // bytes of g_c.rbuf (pp_recv grows it)
+
+// Sends the message in sbuf (bytes) to rank 1; with `answer`, receives the
+// last rank's into rbuf (what: for the message naming the wait). The send
+// is complete on return.
+static void ring_trip(pp_ctx *c, size_t bytes, int answer, const char *what, double *waited) {
+    MPI_Request sreq;
+    MPI_Isend(c->sbuf, (int)bytes, MPI_BYTE, 1, PP_TAG_RING, MPI_COMM_WORLD, &sreq);
+    if (answer) {
+        pp_recv(c, c->size - 1, &c->rbuf, &g_rcap, &sreq, c->timeout_ms, waited);
+    } else {
+        pp_wait(c, &sreq, 1, 1, what, c->timeout_ms, waited);
+    }
+}
+
+// Queues a cache operation of n_words for the next forward; a queue that
+// would overflow goes round the ring on its own first.
+static void queue_ops(const int32_t *w, int n_words) {
+    if (g_n_ops + n_words > g_ops_cap) {
+        pp_hdr *h = (pp_hdr *)(void *)g_c.sbuf;
+        memset(h, 0, sizeof *h);
+        h->type = PP_OPS;
+        h->n_ops = g_n_ops;
+        pp_view v;
+        pp_layout(g_c.sbuf, g_c.n_embd, &v);
+        memcpy(v.ops, g_ops, sizeof(int32_t) * (size_t)g_n_ops);
+        ring_trip(&g_c, v.bytes, 0, "sending to", NULL);
+        g_n_ops = 0;
+    }
+    memcpy(g_ops + g_n_ops, w, sizeof(int32_t) * (size_t)n_words);
+    g_n_ops += n_words;
+}
+
+static void hook_commit(void *arg, const int32_t *rows, int n) {
+    const int sid = (int)(intptr_t)arg;
+    if (!rows) {
+        const int32_t w[3] = {PP_OP_COMMIT_ALL, sid, n};
+        queue_ops(w, 3);
+        return;
+    }
+    int32_t w[3 + 8192];
+    w[0] = PP_OP_COMMIT;
+    w[1] = sid;
+    w[2] = n;
+    memcpy(w + 3, rows, sizeof(int32_t) * (size_t)n);
+    queue_ops(w, 3 + n);
+}
+
+static void hook_truncate(void *arg, int n) {
+    const int32_t w[3] = {PP_OP_TRUNC, (int)(intptr_t)arg, n};
+    queue_ops(w, 3);
+}
+
+// One forward round the ring: rank 0's layers into the message, the other
+// ranks', the answer's hidden rows into the caller's buffer, the output.
+static int hook_forward(void *arg, sd_session *s, const sd_batch *b, char *err, size_t errlen) {
+    pp_ctx *c = &g_c;
+    const int E = c->n_embd, first_remote = c->lo[1];
+    pp_hdr *h = (pp_hdr *)(void *)c->sbuf;
+    memset(h, 0, sizeof *h);
+    h->type = PP_FWD;
+    h->sid = (int)(intptr_t)arg;
+    h->n = b->n;
+    h->flags = (b->parent ? PP_F_PARENT : 0) | (b->pos ? PP_F_POS : 0) | (b->precise ? PP_F_PRECISE : 0);
+    int remote_hid = 0;
+    for (int k = 0; k < b->n_hidden_layers; k++)
+        remote_hid |= b->hidden_layers[k] != SD_HIDDEN_NORM && b->hidden_layers[k] >= first_remote;
+    if (remote_hid && b->n > 0) {
+        h->n_hid = b->n_hidden_layers;
+        memcpy(h->hid_layers, b->hidden_layers, sizeof(int32_t) * (size_t)h->n_hid);
+        h->flags |= b->hidden ? PP_F_HIDDEN : 0;
+        for (int i = 0; i < b->n; i++) h->n_wanted += !b->hidden || b->hidden[i];
+    }
+    h->n_ops = g_n_ops;
+    pp_view v;
+    pp_layout(c->sbuf, E, &v);
+    if (v.bytes > c->cap) return snprintf(err, errlen, "pipeline: a message of %zu bytes exceeds %zu", v.bytes, c->cap), -1;
+    memcpy(v.ops, g_ops, sizeof(int32_t) * (size_t)g_n_ops);
+    for (int i = 0; i < b->n; i++) {
+        if (v.parent) v.parent[i] = b->parent[i];
+        if (v.pos) v.pos[i] = b->pos[i];
+        if (v.hidden) v.hidden[i] = b->hidden[i];
+    }
+    double t0 = MPI_Wtime();
+    const sd_forward_part first = {.layer_lo = 0, .layer_hi = first_remote, .output = 0, .x_out = v.x};
+    int r = sd_session_forward_part(s, b, &first, err, errlen);
+    if (r < 0) return r;   // nothing sent: the queued operations wait for the next forward
+    g_self_ms += (MPI_Wtime() - t0) * 1e3;
+    g_n_ops = 0;
+    ring_trip(c, v.bytes, 1, NULL, &g_wait_ms);
+    pp_view a;
+    pp_layout(c->rbuf, E, &a);
+    if (a.h->type == PP_ERR) {
+        snprintf(err, errlen, "pipeline: %.400s", c->rbuf + sizeof(pp_hdr));
+        return SD_ERR_INPUT;
+    }
+    if (a.h->type != PP_FWD || a.h->n != b->n)
+        pp_die(c, "an answer of type %d for %d nodes from rank %d", a.h->type, a.h->n, c->size - 1);
+    for (int k = 1; k < c->size; k++) g_other_ms += a.h->rank_ms[k], g_rank_ms[k] += a.h->rank_ms[k];
+    g_n_fwd++;
+    for (int k = 0; k < a.h->n_hid; k++) {
+        const int l = a.h->hid_layers[k];
+        if (l == SD_HIDDEN_NORM || l < first_remote) continue;
+        for (int w = 0; w < a.h->n_wanted; w++)
+            memcpy(b->hidden_out + ((size_t)w * a.h->n_hid + k) * E, a.hid + ((size_t)w * a.h->n_hid + k) * E,
+                   sizeof(float) * (size_t)E);
+    }
+    sd_batch out = *b;
+    out.tokens = NULL;
+    out.embd = a.x;
+    const sd_forward_part last = {.layer_lo = c->n_layer, .layer_hi = c->n_layer, .output = 1, .x_out = NULL};
+    t0 = MPI_Wtime();
+    r = sd_session_forward_part(s, &out, &last, err, errlen);
+    g_self_ms += (MPI_Wtime() - t0) * 1e3;
+    return r;
+}
+
+void pp_metrics_text(char *buf, size_t n) {
+    if (!n) return;
+    buf[0] = 0;
+    if (!g_active || g_c.size == 1) return;
+    size_t o = 0;
+#define PUT(...) (o += (size_t)snprintf(buf + o, o < n ? n - o : 0, __VA_ARGS__))
+    PUT("# HELP specdec_pp_rank_forward_seconds_total Forward time of each pipeline rank (its layers; rank 0's with "
+        "the output layer).\n# TYPE specdec_pp_rank_forward_seconds_total counter\n");
+    for (int k = 0; k < g_c.size; k++)
+        PUT("specdec_pp_rank_forward_seconds_total{rank=\"%d\",layers=\"%d-%d\"} %.4f\n", k, g_c.lo[k],
+            g_c.lo[k + 1] - 1, (k ? g_rank_ms[k] : g_self_ms) / 1e3);
+    PUT("# HELP specdec_pp_wait_seconds_total Rank 0's time waiting for the ring's answers.\n"
+        "# TYPE specdec_pp_wait_seconds_total counter\nspecdec_pp_wait_seconds_total %.4f\n"
+        "# HELP specdec_pp_network_seconds_total Rank 0's waiting that is not the other ranks' compute (messages, "
+        "the network).\n# TYPE specdec_pp_network_seconds_total counter\nspecdec_pp_network_seconds_total %.4f\n"
+        "# HELP specdec_pp_forwards_total Forwards round the ring.\n# TYPE specdec_pp_forwards_total counter\n"
+        "specdec_pp_forwards_total %.0f\n",
+        g_wait_ms / 1e3, (g_wait_ms - g_other_ms) / 1e3, g_n_fwd);
+#undef PUT
+    if (o >= n) buf[n - 1] = 0;
+}
+
+static int sid_of(const sd_session *s) {
+    for (int i = 0; i < g_attached; i++)
+        if (g_sess[i] == s) return i;
+    return -1;
+}
+
+// The remote hidden layers a batch asks for: its n_hid entries travel when
+// one of them lies past rank 0's layers.
+static int remote_hidden(const sd_batch *b, int first_remote) {
+    for (int k = 0; k < b->n_hidden_layers; k++)
+        if (b->hidden_layers[k] != SD_HIDDEN_NORM && b->hidden_layers[k] >= first_remote) return 1;
+    return 0;
+}
+
+int pp_forward_many(sd_batcher *b, sd_session *const *ss, const sd_batch *bs, int n, char *err, size_t errlen) {
+    pp_ctx *c = &g_c;
+    const int E = c->n_embd, first_remote = c->lo[1], L = c->n_layer;
+    if (n < 1 || n > PP_MAX_GROUP) return snprintf(err, errlen, "pipeline: a pass of %d sessions (1..%d)", n, PP_MAX_GROUP), -1;
+    // the message's size, then its headers and batch structure
+    size_t need = (sizeof(pp_hdr) + sizeof(int32_t) * (size_t)g_n_ops + 63) / 64 * 64, total = 0;
+    for (int i = 0; i < n; i++) {
+        const int nh = remote_hidden(&bs[i], first_remote) ? bs[i].n_hidden_layers : 0;
+        need += sizeof(pp_hdr) + sizeof(int32_t) * 3 * (size_t)bs[i].n + 128 +
+                sizeof(float) * (size_t)bs[i].n * E * (1 + (size_t)nh);
+        total += (size_t)bs[i].n;
+    }
+    if (need > c->cap) {
+        free(c->sbuf);
+        c->cap = need;
+        c->sbuf = aligned_alloc(64, (need + 63) / 64 * 64);
+    }
+    if (total * E > g_x_cap) {
+        free(g_xs);
+        g_x_cap = total * E;
+        g_xs = malloc(sizeof(float) * g_x_cap);
+    }
+    if (!c->sbuf || !g_xs) return snprintf(err, errlen, "pipeline: out of memory"), -1;
+    pp_hdr *h = (pp_hdr *)(void *)c->sbuf;
+    memset(h, 0, sizeof *h);
+    h->type = PP_GROUP;
+    h->n = n;
+    h->seq = sd_batcher_n_nodes(b);
+    h->n_ops = g_n_ops;
+    memcpy(c->sbuf + sizeof(pp_hdr), g_ops, sizeof(int32_t) * (size_t)g_n_ops);
+    pp_view vs[PP_MAX_GROUP];
+    char *sub = pp_group_first(c->sbuf);
+    for (int i = 0; i < n; i++) {
+        const sd_batch *bi = &bs[i];
+        pp_hdr *sh = (pp_hdr *)(void *)sub;
+        memset(sh, 0, sizeof *sh);
+        sh->type = PP_FWD;
+        sh->sid = sid_of(ss[i]);
+        if (sh->sid < 0) return snprintf(err, errlen, "pipeline: session %d of the pass is not attached", i), -1;
+        sh->n = bi->n;
+        sh->flags = (bi->parent ? PP_F_PARENT : 0) | (bi->pos ? PP_F_POS : 0) | (bi->precise ? PP_F_PRECISE : 0);
+        if (remote_hidden(bi, first_remote)) {
+            sh->n_hid = bi->n_hidden_layers;
+            memcpy(sh->hid_layers, bi->hidden_layers, sizeof(int32_t) * (size_t)sh->n_hid);
+            sh->flags |= bi->hidden ? PP_F_HIDDEN : 0;
+            for (int k = 0; k < bi->n; k++) sh->n_wanted += !bi->hidden || bi->hidden[k];
+        }
+        pp_layout(sub, E, &vs[i]);
+        for (int k = 0; k < bi->n; k++) {
+            if (vs[i].parent) vs[i].parent[k] = bi->parent[k];
+            if (vs[i].pos) vs[i].pos[k] = bi->pos[k];
+            if (vs[i].hidden) vs[i].hidden[k] = bi->hidden[k];
+        }
+        sub = pp_group_next(sub, &vs[i]);
+    }
+    const size_t bytes = (size_t)(sub - c->sbuf);
+    // rank 0's layers over every batch in one pass (a refused batch: nothing sent)
+    double t0 = MPI_Wtime();
+    const sd_forward_part first = {.layer_lo = 0, .layer_hi = first_remote, .output = 0, .x_out = g_xs};
+    int r = sd_batcher_forward_part(b, ss, bs, n, &first, err, errlen);
+    if (r < 0) return r;
+    g_self_ms += (MPI_Wtime() - t0) * 1e3;
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        memcpy(vs[i].x, g_xs + off * E, sizeof(float) * (size_t)bs[i].n * E);
+        off += (size_t)bs[i].n;
+    }
+    g_n_ops = 0;
+    ring_trip(c, bytes, 1, NULL, &g_wait_ms);
+    const pp_hdr *a = (const pp_hdr *)(const void *)c->rbuf;
+    if (a->type == PP_ERR) {
+        snprintf(err, errlen, "pipeline: %.400s", c->rbuf + sizeof(pp_hdr));
+        return SD_ERR_INPUT;
+    }
+    if (a->type != PP_GROUP || a->n != n) pp_die(c, "an answer of type %d for %d sessions from rank %d", a->type, a->n, c->size - 1);
+    for (int k = 1; k < c->size; k++) g_other_ms += a->rank_ms[k], g_rank_ms[k] += a->rank_ms[k];
+    g_n_fwd++;
+    sd_batch *ob = malloc(sizeof(sd_batch) * (size_t)n);
+    if (!ob) return snprintf(err, errlen, "pipeline: out of memory"), -1;
+    sub = pp_group_first(c->rbuf);
+    for (int i = 0; i < n; i++) {
+        pp_view v;
+        pp_layout(sub, E, &v);
+        for (int k = 0; k < v.h->n_hid; k++) {
+            const int l = v.h->hid_layers[k];
+            if (l == SD_HIDDEN_NORM || l < first_remote) continue;
+            for (int w = 0; w < v.h->n_wanted; w++)
+                memcpy(bs[i].hidden_out + ((size_t)w * v.h->n_hid + k) * E, v.hid + ((size_t)w * v.h->n_hid + k) * E,
+                       sizeof(float) * (size_t)E);
+        }
+        ob[i] = bs[i];
+        ob[i].tokens = NULL;
+        ob[i].embd = v.x;
+        sub = pp_group_next(sub, &v);
+    }
+    const sd_forward_part last = {.layer_lo = L, .layer_hi = L, .output = 1, .x_out = NULL};
+    t0 = MPI_Wtime();
+    r = sd_batcher_forward_part(b, ss, ob, n, &last, err, errlen);
+    g_self_ms += (MPI_Wtime() - t0) * 1e3;
+    free(ob);
+    return r;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+// The ring's transport alone: messages of a forward of 1 and 16 rows sent
+// round it 41 times each (no rank computes), their median time.
+static void ring_pings(pp_ctx *c) {
+    const int sizes[2] = {1, 16};
+    for (int s = 0; s < 2; s++) {
+        double t[41];
+        for (int k = 0; k < 41; k++) {
+            pp_hdr *h = (pp_hdr *)(void *)c->sbuf;
+            memset(h, 0, sizeof *h);
+            h->type = PP_PING;
+            h->n = sizes[s] < c->n_batch ? sizes[s] : c->n_batch;
+            pp_view v;
+            pp_layout(c->sbuf, c->n_embd, &v);
+            memset(v.x, 0, sizeof(float) * (size_t)h->n * c->n_embd);
+            const double t0 = MPI_Wtime();
+            ring_trip(c, v.bytes, 1, NULL, NULL);
+            t[k] = (MPI_Wtime() - t0) * 1e3;
+        }
+        qsort(t, 41, sizeof t[0], cmp_double);
+        g_ping_ms[s] = t[20];
+    }
+}
+
+// Message buffers for sessions of n_batch nodes (grown, never shrunk: no
+// message is in flight between calls).
+static int ensure_buffers(pp_ctx *c, int n_batch) {
+    const size_t cap = pp_msg_cap(n_batch, c->n_embd, PP_OPS_WORDS(n_batch));
+    if (cap > c->cap) {
+        free(c->sbuf);
+        c->sbuf = aligned_alloc(64, (cap + 63) / 64 * 64);
+        c->cap = cap;
+        c->n_batch = n_batch;
+    }
+    if (!g_ops) {
+        g_ops_cap = PP_OPS_WORDS(8192);
+        g_ops = malloc(sizeof(int32_t) * (size_t)g_ops_cap);
+    }
+    return c->sbuf && g_ops ? 0 : -1;
+}
+
+int pp_attach(sd_session *s, char *err, size_t errlen) {
+    if (!g_active || g_c.size == 1) return 0;
+    pp_ctx *c = &g_c;
+    if (g_attached == PP_MAX_SESSIONS)
+        return snprintf(err, errlen, "pipeline: at most %d sessions", PP_MAX_SESSIONS), -1;
+    if (ensure_buffers(c, sd_session_n_batch(s)) < 0) return snprintf(err, errlen, "pipeline: out of memory"), -1;
+    const int sid = g_attached++;
+    g_sess[sid] = s;
+    pp_hdr *h = (pp_hdr *)(void *)c->sbuf;
+    memset(h, 0, sizeof *h);
+    h->type = PP_SETUP;
+    h->sid = sid;
+    h->n_ctx = sd_session_n_ctx(s);
+    h->n_batch = sd_session_n_batch(s);
+    h->n_threads = sd_threadpool_size(sd_session_pool(s));
+    ring_trip(c, sizeof *h, 0, "sending to", NULL);
+    if (c->stats && sid == 0) ring_pings(c);
+    const sd_session_hooks hk = {.forward = hook_forward, .commit = hook_commit, .truncate = hook_truncate,
+                                 .arg = (void *)(intptr_t)sid};
+    sd_session_set_hooks(s, &hk);
+    return 0;
+}
+
+// At exit: the quit goes round the ring and comes back with every rank's
+// figures, printed as one JSON line with --pp-stats; then MPI ends.
+static void pp_finish(void) {
+    pp_ctx *c = &g_c;
+    if (!g_active) return;
+    g_active = 0;
+    if (c->size > 1) {
+        if (ensure_buffers(c, 1) < 0) pp_die(c, "out of memory");
+        pp_hdr *h = (pp_hdr *)(void *)c->sbuf;
+        memset(h, 0, sizeof *h);
+        h->type = PP_QUIT;
+        memset(c->sbuf + sizeof(pp_hdr), 0, sizeof(pp_rank_stats) * PP_MAX_RANKS);
+        ring_trip(c, sizeof(pp_hdr) + sizeof(pp_rank_stats) * PP_MAX_RANKS, 1, NULL, NULL);
+    }
+    if (c->stats && g_attached) {
+        pp_rank_stats *st = (pp_rank_stats *)(void *)(c->rbuf + sizeof(pp_hdr));
+        pp_mem(&st[0].rss_mib, &st[0].hwm_mib);
+        st[0].compute_ms = g_self_ms;
+        st[0].wait_ms = g_wait_ms;
+        st[0].n_fwd = g_n_fwd;
+        st[0].lo = 0;
+        st[0].hi = c->lo[1];
+        st[0].held_mib = g_held_mib;
+        const double hop = g_n_fwd > 0 ? (g_wait_ms - g_other_ms) / g_n_fwd / c->size : 0;
+        fprintf(stderr, "{\"pp\": {\"ranks\": %d, \"n_layer\": %d, \"forwards\": %.0f, \"hop_overhead_ms\": %.4f, "
+                        "\"ring_hop_ms_1_row\": %.4f, \"ring_hop_ms_16_rows\": %.4f, \"weights_mib\": %.1f, "
+                        "\"per_rank\": [",
+                c->size, c->n_layer, g_n_fwd, hop, g_ping_ms[0] / c->size, g_ping_ms[1] / c->size, g_total_mib);
+        for (int k = 0; k < c->size; k++)
+            fprintf(stderr, "%s{\"rank\": %d, \"layers\": [%.0f, %.0f], \"weights_mib\": %.1f, \"rss_mib\": %.1f, "
+                            "\"hwm_mib\": %.1f, \"compute_ms\": %.1f, \"wait_ms\": %.1f, \"forwards\": %.0f}",
+                    k ? ", " : "", k, st[k].lo, st[k].hi, st[k].held_mib, st[k].rss_mib, st[k].hwm_mib, st[k].compute_ms,
+                    st[k].wait_ms, st[k].n_fwd);
+        fprintf(stderr, "]}}\n");
+    }
+    MPI_Finalize();
+}

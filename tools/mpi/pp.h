@@ -1,0 +1,40 @@
+// pp.h - pipeline parallelism for the commands (docs/mpi.md): `mpirun -np R
+// specdec generate|bench ... --pp R` splits the target's layers over R
+// processes. tools/mpi/pp.c implements it over MPI (make MPI=1);
+// tools/mpi/pp_none.c is the default build's, where --pp is refused with a
+// message saying how to build it. The library knows nothing of MPI: it gives
+// model parts (sd_model_load_part), part forwards (sd_session_forward_part)
+// and session hooks; these functions are the glue.
+#ifndef SD_TOOLS_PP_H
+#define SD_TOOLS_PP_H
+
+#include <stddef.h>
+
+#include "specdec.h"
+
+// First thing in main: strips the pipeline's options (--pp R, --layers
+// N,N,..., --pp-timeout S, --pp-stats) from argv. Returns -1 when the process
+// should go on with the command (on rank 0, or without --pp), else the exit
+// code the process must return now (a worker rank's end, or a refused launch,
+// whose one message rank 0 has printed).
+int pp_main(int *argc, char **argv);
+// 1 when this process is rank 0 of a pipeline.
+int pp_active(void);
+// Loads the command's target: its part (the first layers, the embeddings and
+// the output) on rank 0 of a pipeline, else the whole model (sd_model_load).
+int pp_model_load(sd_model **out, const char *path, char *err, size_t errlen);
+// Attaches the target's session to the pipeline (no-op without one): the
+// other ranks make their sessions alike, and the session's forward, commit
+// and truncate reach every rank. 0, or <0 with a message.
+int pp_attach(sd_session *s, char *err, size_t errlen);
+// The batches of several attached sessions in one pass round the ring (a
+// server's round): sd_batcher_forward's contract, on batcher b of rank 0's
+// part (sd_batcher_failed_batch names a batch rank 0 refused).
+int pp_forward_many(sd_batcher *b, sd_session *const *ss, const sd_batch *bs, int n, char *err, size_t errlen);
+// Prometheus lines of the pipeline's figures so far into buf (n bytes, NUL
+// ended; nothing without a pipeline): each rank's forward time, rank 0's
+// time waiting for the ring and the part of it that is not the other ranks'
+// compute (messages, the network). Safe from another thread (reads only).
+void pp_metrics_text(char *buf, size_t n);
+
+#endif

@@ -1,0 +1,103 @@
+// pp_wire.h - what the ranks of a pipeline (pp.c: launch and rank 0,
+// pp_worker.c: the other ranks) share: the context, the messages and the
+// wait with a deadline. Messages go round a ring, rank 0 -> 1 -> ... -> R-1
+// -> 0, so that every rank sees them in rank 0's order (MPI keeps the order
+// of messages between two ranks): a forward carries the commits and
+// truncations rank 0 made since the last one ahead of its batch, and the
+// activations; the last rank's answer carries the final residual rows back.
+#ifndef SD_TOOLS_PP_WIRE_H
+#define SD_TOOLS_PP_WIRE_H
+
+#include <mpi.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "specdec.h"
+
+#define PP_MAX_RANKS 16
+#define PP_MAX_SESSIONS 256   // sessions of rank 0 attached to the pipeline (a server's slots)
+#define PP_TAG_RING 12        // rank k -> k + 1 (and R-1 -> 0)
+
+// PP_SETUP: a new session (rank 0 attached one), made alike on every rank.
+// PP_GROUP: the batches of several sessions in one pass (a server's round,
+// sd_batcher_forward_part): the header (n = the sessions, seq = the
+// batcher's nodes), the ops, then one PP_FWD message per session, each at a
+// multiple of 64 bytes (pp_group_first, pp_group_next).
+enum pp_type { PP_FWD = 1, PP_OPS = 2, PP_QUIT = 3, PP_ERR = 4, PP_SETUP = 5, PP_PING = 6, PP_GROUP = 7 };
+#define PP_MAX_GROUP 256
+// PP_PING: a forward's message that every rank passes on without computing (--pp-stats
+// times the ring's transport alone with it)
+enum pp_op { PP_OP_COMMIT = 1, PP_OP_COMMIT_ALL = 2, PP_OP_TRUNC = 3 };
+enum pp_flag { PP_F_PARENT = 1, PP_F_POS = 2, PP_F_HIDDEN = 4, PP_F_PRECISE = 8 };
+
+// A message: this header, then n_ops op words (op, session, n, rows...), the batch's parent, pos and
+// hidden mask (n int32 each, when flagged), n rows of n_embd floats (the
+// residual stream), n_wanted x n_hid rows of n_embd floats (hidden rows of
+// the layers past rank 0's, filled by the ranks that hold them). A PP_QUIT
+// carries a pp_rank_stats per rank instead; a PP_ERR a message.
+typedef struct pp_hdr {
+    int32_t type, n, flags, n_hid;
+    int32_t hid_layers[SD_MAX_HIDDEN_LAYERS];
+    int32_t n_wanted, n_ops, seq, sid;   // sid: the session (pp_attach's order)
+    int32_t n_ctx, n_batch, n_threads, pad; // PP_SETUP: the session's size
+    float rank_ms[PP_MAX_RANKS];  // this forward's compute time on each rank (ms)
+} pp_hdr;
+
+typedef struct pp_rank_stats {
+    double hwm_mib, rss_mib;      // peak and current resident memory (MiB)
+    double compute_ms, wait_ms;   // forward time and time waiting for messages, summed (ms)
+    double n_fwd;                 // forwards run
+    double lo, hi;                // its layers
+    double held_mib;              // weights it holds (sd_model_info.n_bytes_held, MiB)
+} pp_rank_stats;
+
+typedef struct pp_ctx {
+    int rank, size;
+    int lo[PP_MAX_RANKS + 1];     // rank k holds layers [lo[k], lo[k + 1])
+    int n_layer, n_embd;
+    double timeout_ms;            // rank 0: longest wait for an answer
+    int stats;                    // --pp-stats: rank 0 prints every rank's figures at the end
+    char *sbuf, *rbuf;            // send and receive buffers (cap bytes)
+    size_t cap;
+    int n_batch;
+    pp_rank_stats mine;           // this rank's figures
+} pp_ctx;
+
+// Where the parts of a message in buf lie, from its header (n, flags,
+// n_ops, n_wanted, n_hid must be set); bytes: its size.
+typedef struct pp_view {
+    pp_hdr *h;
+    int32_t *ops, *parent, *pos, *hidden; // (n_ops), (n), (n), (n); NULL when not flagged
+    float *x;                             // (n, n_embd)
+    float *hid;                           // (n_wanted, n_hid, n_embd)
+    size_t bytes;
+} pp_view;
+void pp_layout(char *buf, int n_embd, pp_view *v);
+// A group's first session message, and the one after sub (whose view is v).
+char *pp_group_first(char *buf);
+char *pp_group_next(char *sub, const pp_view *v);
+// Bytes a forward message of n_batch nodes may take (ops_words of ops).
+size_t pp_msg_cap(int n_batch, int n_embd, int ops_words);
+#define PP_OPS_WORDS(n_batch) (4 * (n_batch) + 256)
+// Receives the next message from rank `from` into *buf (grown to its
+// size; *cap its bytes), polling like pp_wait with sreq (a send still in
+// flight, or MPI_REQUEST_NULL) completed too. Returns the bytes received.
+size_t pp_recv(pp_ctx *c, int from, char **buf, size_t *cap, MPI_Request *sreq, double timeout_ms, double *waited);
+// Waits for the n requests, polling (a short spin, then sleeps of up to
+// 100 us: ranks that share cores do not steal them from the one computing),
+// at most timeout_ms (<= 0: forever). Time waited is added to *waited. 0,
+// or stops every rank with a message naming the peer (an MPI error, or the
+// deadline passed).
+int pp_wait(pp_ctx *c, MPI_Request *rq, int n, int peer, const char *what, double timeout_ms, double *waited);
+// Shortens this thread's timer slack to 1 us (Linux), so that the waits'
+// short sleeps end when they should.
+void pp_fast_wakeups(void);
+// Stops every process of the job with one message from this rank.
+void pp_die(pp_ctx *c, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
+// This process's resident and peak resident memory (MiB), from /proc.
+void pp_mem(double *rss_mib, double *hwm_mib);
+// The worker's life on ranks > 0: wait for the setup, load its part, serve
+// the ring until the quit. Returns the process's exit code.
+int pp_worker(pp_ctx *c, const char *model_path);
+
+#endif

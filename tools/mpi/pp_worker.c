@@ -1,0 +1,395 @@
+// pp_worker.c - the ranks after the first of a pipeline (docs/mpi.md), and
+// what every rank uses: the messages' layout, the waits with a deadline, the
+// stop with a message. A worker loads only its layers, makes a session for
+// each one rank 0 attaches (a generation's, a server's slots) when rank 0
+// says how large, all on one thread pool, then serves the ring: each
+// message from the rank before applies rank 0's commits and truncations to
+// its caches, runs its layers on the residual rows (writing the hidden rows
+// of its layers that rank 0's drafter asked for) and goes on to the next
+// rank, in place.
+#include <signal.h>
+#include <sys/prctl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "mpi/pp_wire.h"
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+void pp_layout(char *buf, int n_embd, pp_view *v) {
+    pp_hdr *h = (pp_hdr *)(void *)buf;
+    char *p = buf + sizeof(pp_hdr);
+    v->h = h;
+    v->ops = (int32_t *)(void *)p;
+    p += sizeof(int32_t) * (size_t)h->n_ops;
+    v->parent = v->pos = v->hidden = NULL;
+    if (h->flags & PP_F_PARENT) v->parent = (int32_t *)(void *)p, p += sizeof(int32_t) * (size_t)h->n;
+    if (h->flags & PP_F_POS) v->pos = (int32_t *)(void *)p, p += sizeof(int32_t) * (size_t)h->n;
+    if (h->flags & PP_F_HIDDEN) v->hidden = (int32_t *)(void *)p, p += sizeof(int32_t) * (size_t)h->n;
+    p = buf + ((size_t)(p - buf) + 63) / 64 * 64;
+    v->x = (float *)(void *)p;
+    p += sizeof(float) * (size_t)h->n * n_embd;
+    v->hid = (float *)(void *)p;
+    p += sizeof(float) * (size_t)h->n_wanted * h->n_hid * n_embd;
+    v->bytes = (size_t)(p - buf);
+}
+
+char *pp_group_first(char *buf) {
+    const pp_hdr *h = (const pp_hdr *)(const void *)buf;
+    return buf + (sizeof(pp_hdr) + sizeof(int32_t) * (size_t)h->n_ops + 63) / 64 * 64;
+}
+
+char *pp_group_next(char *sub, const pp_view *v) { return sub + (v->bytes + 63) / 64 * 64; }
+
+size_t pp_msg_cap(int n_batch, int n_embd, int ops_words) {
+    return sizeof(pp_hdr) + sizeof(int32_t) * ((size_t)ops_words + 3 * (size_t)n_batch) + 64 +
+           sizeof(float) * (size_t)n_batch * n_embd * (1 + SD_MAX_HIDDEN_LAYERS) +
+           sizeof(pp_rank_stats) * PP_MAX_RANKS + 1024;
+}
+
+void pp_fast_wakeups(void) {
+    // the waits sleep for a few microseconds at a time: with the default
+    // 50 us timer slack every sleep lasts 50 us or more, and each hop of a
+    // forward would pay one
+    (void)prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+}
+
+void pp_die(pp_ctx *c, const char *fmt, ...) {
+    char msg[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "specdec: rank %d: %s; stopping every rank\n", c->rank, msg);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 3);
+    exit(3);
+}
+
+// A worker's SIGINT / SIGTERM: when it came (0: none).
+static volatile sig_atomic_t g_term;
+static double g_term_ms;
+#define PP_TERM_GRACE_MS 3000.0
+
+static void on_term(int sig) {
+    (void)sig;
+    g_term = 1;
+}
+
+size_t pp_recv(pp_ctx *c, int from, char **buf, size_t *cap, MPI_Request *sreq, double timeout_ms, double *waited) {
+    const double t0 = now_ms();
+    long spins = 0, sleep_ns = 2000;
+    MPI_Status st;
+    for (;;) {
+        int got = 0, sent = 1;
+        int rc = MPI_Iprobe(from, PP_TAG_RING, MPI_COMM_WORLD, &got, &st);
+        if (rc == MPI_SUCCESS && *sreq != MPI_REQUEST_NULL) rc = MPI_Test(sreq, &sent, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) {
+            char es[MPI_MAX_ERROR_STRING];
+            int len = 0;
+            MPI_Error_string(rc, es, &len);
+            pp_die(c, "the link with rank %d failed (%s)", from, es);
+        }
+        if (got && sent) break;
+        if (++spins > 64) {
+            const struct timespec ts = {0, sleep_ns};
+            nanosleep(&ts, NULL);
+            if (sleep_ns < 100000) sleep_ns += sleep_ns / 2;
+        }
+        if (timeout_ms > 0 && (spins & 63) == 0 && now_ms() - t0 > timeout_ms) {
+            if (c->rank == 0 && from == c->size - 1)
+                pp_die(c, "no answer from ranks 1..%d within %.0f s (--pp-timeout): one of them is stuck, killed or "
+                          "unreachable", c->size - 1, timeout_ms / 1e3);
+            pp_die(c, "waiting for rank %d: no answer within %.0f s (a rank is stuck, killed or unreachable)", from,
+                   timeout_ms / 1e3);
+        }
+        if (g_term && c->rank > 0) {
+            if (g_term_ms == 0) g_term_ms = now_ms();
+            if (now_ms() - g_term_ms > PP_TERM_GRACE_MS) {
+                fprintf(stderr, "specdec: rank %d: stopped by a signal, no quit from rank 0 within %.0f s\n", c->rank,
+                        PP_TERM_GRACE_MS / 1e3);
+                _exit(4);
+            }
+        }
+    }
+    int n = 0;
+    MPI_Get_count(&st, MPI_BYTE, &n);
+    if ((size_t)n > *cap) {
+        free(*buf);
+        *cap = ((size_t)n + 4095) / 4096 * 4096;
+        *buf = aligned_alloc(64, *cap);
+        if (!*buf) pp_die(c, "out of memory for a message of %d bytes", n);
+    }
+    if (MPI_Recv(*buf, n, MPI_BYTE, from, PP_TAG_RING, MPI_COMM_WORLD, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+        pp_die(c, "receiving from rank %d failed", from);
+    if (waited) *waited += now_ms() - t0;
+    return (size_t)n;
+}
+
+int pp_wait(pp_ctx *c, MPI_Request *rq, int n, int peer, const char *what, double timeout_ms, double *waited) {
+    const double t0 = now_ms();
+    long spins = 0, sleep_ns = 2000;
+    for (;;) {
+        int done = 0;
+        const int rc = MPI_Testall(n, rq, &done, MPI_STATUSES_IGNORE);
+        if (rc != MPI_SUCCESS) {
+            char es[MPI_MAX_ERROR_STRING];
+            int len = 0;
+            MPI_Error_string(rc, es, &len);
+            pp_die(c, "%s rank %d failed (%s)", what, peer, es);
+        }
+        if (done) break;
+        if (++spins > 64) {
+            const struct timespec ts = {0, sleep_ns};
+            nanosleep(&ts, NULL);
+            if (sleep_ns < 100000) sleep_ns += sleep_ns / 2;
+        }
+        if (timeout_ms > 0 && (spins & 63) == 0 && now_ms() - t0 > timeout_ms)
+            pp_die(c, "%s rank %d: no answer within %.0f s (a rank is stuck, killed or unreachable)", what, peer,
+                   timeout_ms / 1e3);
+    }
+    if (waited) *waited += now_ms() - t0;
+    return 0;
+}
+
+void pp_mem(double *rss_mib, double *hwm_mib) {
+    *rss_mib = *hwm_mib = 0;
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return;
+    char line[256];
+    while (fgets(line, sizeof line, f)) {
+        long kb = 0;
+        if (sscanf(line, "VmRSS: %ld", &kb) == 1) *rss_mib = kb / 1024.0;
+        if (sscanf(line, "VmHWM: %ld", &kb) == 1) *hwm_mib = kb / 1024.0;
+    }
+    fclose(f);
+}
+
+// The worker's sessions, by rank 0's session id, on one pool.
+typedef struct worker {
+    sd_model *m;
+    sd_threadpool *pool;
+    sd_session *sess[PP_MAX_SESSIONS];
+    sd_batcher *bat;         // groups' passes (made at the first, on pool)
+    float *xs;               // (x_cap floats) a group's residual rows out
+    size_t x_cap;
+    uint8_t *mask;           // (PP_MAX_GROUP * 8192) the groups' hidden masks
+    sd_session *gs[PP_MAX_GROUP];
+    sd_batch gb[PP_MAX_GROUP];
+} worker;
+
+static sd_session *session_of(pp_ctx *c, worker *w, int sid) {
+    if (sid < 0 || sid >= PP_MAX_SESSIONS || !w->sess[sid]) pp_die(c, "a message for an unknown session %d", sid);
+    return w->sess[sid];
+}
+
+// A group: this rank's layers over every session's batch in one batcher
+// pass, the residual rows back into each session's message. 0, or <0 with
+// a message.
+static int run_group(pp_ctx *c, worker *w, char *msg, char *err, size_t errlen) {
+    pp_hdr *h = (pp_hdr *)(void *)msg;
+    const int n = h->n, E = c->n_embd;
+    if (n < 1 || n > PP_MAX_GROUP) return snprintf(err, errlen, "a group of %d sessions", n), -1;
+    pp_view vs[PP_MAX_GROUP];
+    char *sub = pp_group_first(msg);
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        pp_layout(sub, E, &vs[i]);
+        const pp_hdr *sh = vs[i].h;
+        w->gs[i] = session_of(c, w, sh->sid);
+        uint8_t *mask = NULL;
+        if (vs[i].hidden) {
+            mask = w->mask + (size_t)i * 8192;
+            for (int k = 0; k < sh->n && k < 8192; k++) mask[k] = (uint8_t)(vs[i].hidden[k] != 0);
+        }
+        w->gb[i] = (sd_batch){.n = sh->n, .embd = vs[i].x, .parent = vs[i].parent, .pos = vs[i].pos,
+                              .precise = !!(sh->flags & PP_F_PRECISE), .hidden_layers = sh->hid_layers,
+                              .n_hidden_layers = sh->n_hid, .hidden = mask, .hidden_out = vs[i].hid};
+        total += (size_t)sh->n;
+        sub = pp_group_next(sub, &vs[i]);
+    }
+    if (!w->bat || sd_batcher_n_nodes(w->bat) < h->seq) {
+        sd_batcher_free(w->bat);
+        w->bat = NULL;
+        if (sd_batcher_new(&w->bat, w->m, w->pool, h->seq, err, errlen) < 0) return -1;
+    }
+    if (total * E > w->x_cap) {
+        free(w->xs);
+        w->x_cap = total * E;
+        w->xs = malloc(sizeof(float) * w->x_cap);
+        if (!w->xs) return snprintf(err, errlen, "out of memory"), -1;
+    }
+    const sd_forward_part part = {.layer_lo = c->lo[c->rank], .layer_hi = c->lo[c->rank + 1], .output = 0,
+                                  .x_out = w->xs};
+    if (sd_batcher_forward_part(w->bat, w->gs, w->gb, n, &part, err, errlen) < 0) return -1;
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        memcpy(vs[i].x, w->xs + off * E, sizeof(float) * (size_t)vs[i].h->n * E);
+        off += (size_t)vs[i].h->n;
+    }
+    return 0;
+}
+
+
+// Applies rank 0's commits and truncations, in order.
+static void apply_ops(pp_ctx *c, worker *w, const int32_t *ops, int n_ops) {
+    char err[256];
+    for (int i = 0; i < n_ops;) {
+        const int op = ops[i], n = ops[i + 2];
+        sd_session *s = session_of(c, w, ops[i + 1]);
+        int r = 0;
+        if (op == PP_OP_COMMIT) r = sd_session_commit(s, ops + i + 3, n, err, sizeof err), i += 3 + n;
+        else if (op == PP_OP_COMMIT_ALL) r = sd_session_commit(s, NULL, n, err, sizeof err), i += 3;
+        else if (op == PP_OP_TRUNC) r = sd_session_truncate(s, n, err, sizeof err), i += 3;
+        else pp_die(c, "unknown cache operation %d from rank 0", op);
+        if (r < 0) pp_die(c, "its cache cannot follow rank 0's: %s", err);
+    }
+}
+
+// A new session alike rank 0's (PP_SETUP).
+static void new_session(pp_ctx *c, worker *w, const pp_hdr *h) {
+    char err[512];
+    if (h->sid < 0 || h->sid >= PP_MAX_SESSIONS || w->sess[h->sid]) pp_die(c, "a bad new session %d", h->sid);
+    if (!w->pool && sd_threadpool_new(&w->pool, h->n_threads, err, sizeof err) < 0)
+        pp_die(c, "cannot start its threads: %s", err);
+    sd_session_params sp = sd_session_default_params();
+    sp.n_ctx = h->n_ctx;
+    sp.n_batch = h->n_batch;
+    sp.pool = w->pool;
+    if (sd_session_new(&w->sess[h->sid], w->m, &sp, err, sizeof err) < 0)
+        pp_die(c, "cannot make its session %d: %s", h->sid, err);
+}
+
+// One forward message, in place: the layers of this rank on the residual
+// rows, the wanted hidden rows of its layers written into the message.
+static int run_forward(pp_ctx *c, sd_session *s, pp_view *v, char *err, size_t errlen) {
+    const pp_hdr *h = v->h;
+    uint8_t *hidden = NULL;
+    if (v->hidden) {
+        hidden = malloc((size_t)h->n);
+        if (!hidden) return snprintf(err, errlen, "out of memory"), -1;
+        for (int i = 0; i < h->n; i++) hidden[i] = (uint8_t)(v->hidden[i] != 0);
+    }
+    const sd_batch b = {.n = h->n, .embd = v->x, .parent = v->parent, .pos = v->pos, .precise = !!(h->flags & PP_F_PRECISE),
+                        .hidden_layers = h->hid_layers, .n_hidden_layers = h->n_hid, .hidden = hidden,
+                        .hidden_out = v->hid};
+    const sd_forward_part part = {.layer_lo = c->lo[c->rank], .layer_hi = c->lo[c->rank + 1], .output = 0,
+                                  .x_out = v->x};
+    const int r = sd_session_forward_part(s, &b, &part, err, errlen);
+    free(hidden);
+    return r;
+}
+
+// Serves the ring until the quit. Double-buffered: the message just sent
+// may still be in flight while the next one is received into the other
+// buffer.
+static int serve_ring(pp_ctx *c, worker *w) {
+    const int prev = c->rank - 1, next = (c->rank + 1) % c->size;
+    MPI_Request sreq = MPI_REQUEST_NULL;
+    size_t rcap = c->cap, scap = c->cap;
+    char err[512];
+    for (;;) {
+        const size_t got = pp_recv(c, prev, &c->rbuf, &rcap, &sreq, 0, &c->mine.wait_ms);
+        char *msg = c->rbuf;   // the next receive goes into the other buffer
+        const size_t mcap = rcap;
+        c->rbuf = c->sbuf, rcap = scap;
+        c->sbuf = msg, scap = mcap;
+        pp_view v;
+        pp_layout(msg, c->n_embd, &v);
+        size_t bytes = v.bytes;
+        const int type = v.h->type;
+        if (type == PP_QUIT) {
+            pp_mem(&c->mine.rss_mib, &c->mine.hwm_mib);
+            c->mine.lo = c->lo[c->rank];
+            c->mine.hi = c->lo[c->rank + 1];
+            sd_model_info mi;
+            sd_model_get_info(w->m, &mi);
+            c->mine.held_mib = mi.n_bytes_held / 1048576.0;
+            pp_rank_stats *st = (pp_rank_stats *)(void *)(msg + sizeof(pp_hdr));
+            st[c->rank] = c->mine;
+            bytes = sizeof(pp_hdr) + sizeof(pp_rank_stats) * PP_MAX_RANKS;
+            MPI_Send(msg, (int)bytes, MPI_BYTE, next, PP_TAG_RING, MPI_COMM_WORLD);
+            return 0;
+        }
+        if (type == PP_ERR) {
+            bytes = sizeof(pp_hdr) + 512;
+        } else if (type == PP_PING) {
+            // passed on as it is
+        } else if (type == PP_SETUP) {
+            new_session(c, w, v.h);
+            if (next == 0) continue;
+            bytes = sizeof(pp_hdr);
+        } else if (type == PP_GROUP) {
+            apply_ops(c, w, v.ops, v.h->n_ops);
+            const double t0 = MPI_Wtime();
+            bytes = got;
+            if (run_group(c, w, msg, err, sizeof err) < 0) {
+                v.h->type = PP_ERR;
+                snprintf(msg + sizeof(pp_hdr), 512, "rank %d: %.480s", c->rank, err);
+                bytes = sizeof(pp_hdr) + 512;
+            } else {
+                const double ms = (MPI_Wtime() - t0) * 1e3;
+                v.h->rank_ms[c->rank] = (float)ms;
+                c->mine.compute_ms += ms;
+                c->mine.n_fwd++;
+            }
+        } else if (type == PP_OPS || type == PP_FWD) {
+            apply_ops(c, w, v.ops, v.h->n_ops);
+            if (type == PP_OPS && next == 0) continue;   // nothing goes back for cache operations alone
+            if (type == PP_FWD) {
+                const double t0 = MPI_Wtime();
+                if (run_forward(c, session_of(c, w, v.h->sid), &v, err, sizeof err) < 0) {
+                    v.h->type = PP_ERR;
+                    snprintf(msg + sizeof(pp_hdr), 512, "rank %d: %.480s", c->rank, err);
+                    bytes = sizeof(pp_hdr) + 512;
+                } else {
+                    const double ms = (MPI_Wtime() - t0) * 1e3;
+                    v.h->rank_ms[c->rank] = (float)ms;
+                    c->mine.compute_ms += ms;
+                    c->mine.n_fwd++;
+                }
+            }
+        } else {
+            pp_die(c, "unknown message type %d from rank %d", type, prev);
+        }
+        MPI_Isend(msg, (int)bytes, MPI_BYTE, next, PP_TAG_RING, MPI_COMM_WORLD, &sreq);
+    }
+}
+
+int pp_worker(pp_ctx *c, const char *path) {
+    char err[512];
+    // Ctrl-C and SIGTERM (mpirun passes them to every rank) stop rank 0's
+    // command, whose quit then ends the workers; a worker that hears no quit
+    // within PP_TERM_GRACE_MS of the signal (mpirun stopping the job after a
+    // rank died) exits on its own
+    signal(SIGINT, on_term);
+    signal(SIGTERM, on_term);
+    worker w;
+    memset(&w, 0, sizeof w);
+    if (sd_model_load_part(&w.m, path, c->lo[c->rank], c->lo[c->rank + 1], 0, err, sizeof err) < 0)
+        pp_die(c, "cannot load its layers [%d, %d) of '%s': %s", c->lo[c->rank], c->lo[c->rank + 1], path, err);
+    c->cap = 1 << 16;
+    c->sbuf = aligned_alloc(64, c->cap);
+    c->rbuf = aligned_alloc(64, c->cap);
+    if (!c->sbuf || !c->rbuf) pp_die(c, "out of memory for its message buffers");
+    w.mask = malloc((size_t)PP_MAX_GROUP * 8192);
+    if (!w.mask) pp_die(c, "out of memory");
+    const int rc = serve_ring(c, &w);
+    sd_batcher_free(w.bat);
+    free(w.xs);
+    free(w.mask);
+    for (int i = 0; i < PP_MAX_SESSIONS; i++) sd_session_free(w.sess[i]);
+    sd_threadpool_free(w.pool);
+    sd_model_free(w.m);
+    free(c->sbuf);
+    free(c->rbuf);
+    return rc;
+}
