@@ -341,7 +341,8 @@ static int bench_load(const bench_opts *o, bench_state *b, int *auto_nodes) {
     for (int i = 0; i < o->n_heads; i++) {
         if (cli_head_load(o->head_paths[i], b->m, o->model_path, 0, &b->heads[i])) return 1;
         if (!b->heads[i]) continue;
-        int *has = sd_head_get_type(b->heads[i]) == SD_HEAD_MEDUSA ? &have.medusa_head : &have.eagle3_head;
+        const sd_head_type ty = sd_head_get_type(b->heads[i]);
+        int *has = ty == SD_HEAD_MEDUSA ? &have.medusa_head : ty == SD_HEAD_MOA ? &have.moa_head : &have.eagle3_head;
         if (*has) return cli_error("--head: two %s heads given", sd_head_type_name(b->heads[i]));
         *has = 1;
         char desc[512];
@@ -411,8 +412,9 @@ static int bench_env(const bench_opts *o, bench_state *b, int auto_nodes) {
     }
     for (int i = 0; i < o->n_heads; i++)   // (loaded and checked by bench_load)
         if (b->heads[i])
-            *(sd_head_get_type(b->heads[i]) == SD_HEAD_MEDUSA ? &b->env.head_medusa : &b->env.head_eagle3) =
-                b->heads[i];
+            *(sd_head_get_type(b->heads[i]) == SD_HEAD_MEDUSA ? &b->env.head_medusa
+              : sd_head_get_type(b->heads[i]) == SD_HEAD_MOA  ? &b->env.head_moa
+                                                              : &b->env.head_eagle3) = b->heads[i];
     for (int k = 0; k < b->nm; k++) {
         sd_method *me = &b->methods[k];
         double est = 0;

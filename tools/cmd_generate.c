@@ -427,7 +427,7 @@ static int gen_plan_method(const gen_opts *o, gen_plan *p) {
     // what the method needs and takes (the library's plan; --head FILE is taken for an EAGLE-3 head here and
     // checked when loaded)
     sd_method_have have = {.n_drafts = o->n_drafts, .eagle3_head = o->head != NULL, .n_batch = o->n_batch,
-                           .max_nodes = o->max_nodes};
+                           .max_nodes = o->max_nodes, .moa_head = o->head != NULL};
     const int prc = sd_method_plan_make(&p->m, &have, &p->pl, err, sizeof err);
     if (prc == SD_ERR_NO_ROOM)
         return cli_error("%s: the tree has %d nodes (root included), more than %s %d", p->shape_flag,
@@ -436,7 +436,8 @@ static int gen_plan_method(const gen_opts *o, gen_plan *p) {
     if (prc < 0)
         return cli_error("generate: %s: %s%s", p->flag, err,
                          p->m.needs_draft_model && !o->n_drafts ? " (--draft D.gguf)"
-                         : p->m.needs_head == SD_HEAD_EAGLE3 && !o->head ? " (--head H.gguf or --head auto)"
+                         : (p->m.needs_head == SD_HEAD_EAGLE3 || p->m.needs_head == SD_HEAD_MOA) && !o->head
+                             ? " (--head H.gguf or --head auto)"
                                                                             : "");
     p->spec = p->pl.spec;
     if (o->method && o->head && !p->m.needs_head && p->m.kind != SD_METHOD_AUTO)
@@ -555,7 +556,8 @@ static int gen_build_drafter(const gen_opts *o, gen_plan *p, gen_state *g) {
     env.auto_nodes = p->pl.auto_nodes;
     env.report = on_report;
     env.user = (void *)&o->verbose;
-    env.head_eagle3 = g->head;
+    if (g->head && sd_head_get_type(g->head) == SD_HEAD_MOA) env.head_moa = g->head;
+    else env.head_eagle3 = g->head;
     env.head_online.on = o->head_online;
     env.head_bits = o->head_bits;
     env.head_online.lr = o->online_lr;

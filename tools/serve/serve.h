@@ -154,6 +154,7 @@ typedef struct sv_server {
     sd_head *heads[2];         // (o->n_heads) loaded --head files; NULL where `auto` found none
     const sd_head *head_eagle3;// the EAGLE-3 head among them (eagle3:* and auto methods), or NULL
     const sd_head *head_medusa;// the Medusa head among them (medusa:* methods), or NULL
+    const sd_head *head_moa;   // the MoA drafter among them (moa:* methods), or NULL
     const sd_tokenizer *tok;
     char model_id[256];        // the name clients give as "model" (file name of the GGUF)
     sd_threadpool *pool;
