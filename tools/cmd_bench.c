@@ -83,7 +83,7 @@ typedef struct bench_opts {
     const char *model_path, *prompts_path, *methods_arg, *out_path;
     const char *draft_paths[SD_METHOD_MAX_DRAFTS];  // (n_drafts)
     int n_drafts;
-    const char *head_paths[2];  // (n_heads) --head files: an EAGLE-3 head and/or a Medusa head
+    const char *head_paths[3];  // (n_heads) --head files: an EAGLE-3 head, a Medusa head, an MoA drafter
     int n_heads;
     int n_predict;      // most tokens per prompt
     int limit;          // only the first limit prompts; 0 = all
@@ -130,10 +130,10 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
          .help = "target model (required)"},
         {"--draft", NULL, CLI_LIST, o->draft_paths, .max = SD_METHOD_MAX_DRAFTS, .count = &o->n_drafts, .meta = "FILE",
          .what = "draft models", .help = "draft model; repeat for several (their trees are merged)"},
-        {"--head", NULL, CLI_LIST, o->head_paths, .max = 2, .count = &o->n_heads, .meta = "FILE|auto",
+        {"--head", NULL, CLI_LIST, o->head_paths, .max = 3, .count = &o->n_heads, .meta = "FILE|auto",
          .what = "heads",
-         .help = "a trained draft head for the eagle3:SHAPE (and medusa) methods; 'auto': the head in heads/ made "
-                 "for the model. Give it twice for an EAGLE-3 and a Medusa head"},
+         .help = "a trained draft head for the eagle3:SHAPE (and medusa, moa) methods; 'auto': the head in heads/ "
+                 "made for the model. Give it up to three times: an EAGLE-3 head, a Medusa head, an MoA drafter"},
         {"--head-bits", NULL, CLI_INT, &o->head_bits, .lo = 4, .hi = 8, .meta = "N", .def = CLI_DEF_VALUE,
          .help = "bits per weight of the head's matrices in memory: 8 (Q8_0), 5 (Q5_0) or 4 (Q4_1); fewer bits make "
                  "each drafted token cheaper (the head is read from memory after every target step) at a small "
@@ -227,7 +227,7 @@ typedef struct bench_state {
     sd_session *s;
     sd_sampler *smp;
     sd_model *drafts[SD_METHOD_MAX_DRAFTS];
-    sd_head *heads[2];                       // --head files, loaded
+    sd_head *heads[3];                       // --head files, loaded
     char notes[BENCH_MAX_METHODS][256];      // (nm) each method's drafter note after its last run
     sd_drafter *drafters[BENCH_MAX_METHODS];  // (nm) the current run's, NULL between runs (unless kept)
     int keep[BENCH_MAX_METHODS];             // (nm) 1: the drafter adapts online and is kept over all prompts

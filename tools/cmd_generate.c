@@ -287,7 +287,8 @@ static int gen_parse(int argc, char **argv, gen_opts *o) {
          .help = "draft with a trained EAGLE-3 head (specdec train-head); 'auto': the head in heads/ made for this "
                  "model, if any. The tree flags (--draft-max, --tree, --tree-dynamic) shape its drafts; default "
                  "ngram:3-8/eagle3:auto: prompt lookup where the text repeats, else the head's automatic tree "
-                 "(sized by the measured costs of head and target)"},
+                 "(sized by the measured costs of head and target). An MoA drafter file (docs/moa.md) drafts with "
+                 "--method moa:SHAPE"},
         {"--head-bits", NULL, CLI_INT, &o->head_bits, .lo = 4, .hi = 8, .meta = "N", .def = CLI_DEF_VALUE,
          .help = "bits per weight of the head's matrices in memory: 8 (Q8_0), 5 (Q5_0) or 4 (Q4_1); fewer bits make "
                  "each drafted token cheaper (the head is read from memory after every target step) at a small "

@@ -138,10 +138,11 @@ int cmd_serve(int argc, char **argv) {
                  "with an EAGLE-3 --head)"},
         {"--draft", NULL, CLI_LIST, o.drafts, .max = SD_METHOD_MAX_DRAFTS, .count = &o.n_drafts, .meta = "D.gguf",
          .what = "draft models", .help = "draft model (same vocabulary); repeat for several"},
-        {"--head", NULL, CLI_LIST, o.heads, .max = 2, .count = &o.n_heads, .meta = "FILE|auto", .what = "heads",
+        {"--head", NULL, CLI_LIST, o.heads, .max = 3, .count = &o.n_heads, .meta = "FILE|auto", .what = "heads",
          .help = "a trained draft head (specdec train-head) for the eagle3:SHAPE and auto methods, or a Medusa head "
                  "for medusa:W1-W2-...; 'auto': the head in heads/ made for the model (none found: a note, and "
-                 "the usual default). Give it twice for an EAGLE-3 and a Medusa head"},
+                 "the usual default), or an MoA drafter for moa:SHAPE (docs/moa.md). Give it up to three times: an "
+                 "EAGLE-3 head, a Medusa head, an MoA drafter"},
         {"--head-bits", NULL, CLI_INT, &o.head_bits, .lo = 4, .hi = 8, .meta = "N", .def = CLI_DEF_VALUE,
          .help = "bits per weight of the head's matrices in memory: 8 (Q8_0), 5 (Q5_0) or 4 (Q4_1); fewer bits make "
                  "each drafted token cheaper (the head is read from memory after every target step) at a small "
