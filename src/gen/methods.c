@@ -399,17 +399,23 @@ static int make_lookahead(const method_cfg *m, const sd_method_env *env, sd_draf
 static int cfg_parse(const char *s, method_cfg *m, char *err, size_t errlen);
 
 // ---- eagle3:SHAPE (the draft-model shapes, drafted by the EAGLE-3 head)
-static int parse_eagle3(const char *args, method_cfg *m, char *err, size_t errlen) {
+// SHAPE of a head's method (eagle3:, moa:): the draft-model shapes.
+static int parse_head_shape(const char *args, const char *head, int kind, method_cfg *m, char *err, size_t errlen) {
     const char *shape = !strcmp(args, "auto") ? "tree:auto" : args;
     int rc = -1;
     if (!strncmp(shape, "chain:", 6)) rc = parse_chain(shape + 6, m, err, errlen);
     else if (!strncmp(shape, "tree:", 5)) rc = parse_tree(shape + 5, m, err, errlen);
     else if (!strncmp(shape, "dyn:", 4)) rc = parse_dyn_max(shape + 4, m, DYN_TREE_MAX_EAGLE3, err, errlen);
-    else snprintf(err, errlen, "method eagle3:SHAPE needs SHAPE chain:K, tree:W1-W2-..., dyn:B-D-M or auto, got 'eagle3:%s'", args);
+    else snprintf(err, errlen, "method %s:SHAPE needs SHAPE chain:K, tree:W1-W2-..., dyn:B-D-M or auto, got '%s:%s'",
+                  head, head, args);
     if (rc < 0) return -1;
-    m->kind = SD_METHOD_EAGLE3;
+    m->kind = kind;
     m->needs_draft_model = 0;
     return 0;
+}
+
+static int parse_eagle3(const char *args, method_cfg *m, char *err, size_t errlen) {
+    return parse_head_shape(args, "eagle3", SD_METHOD_EAGLE3, m, err, errlen);
 }
 
 // The type of a head's matrices in memory (sd_method_env.head_bits), or -1.
@@ -437,16 +443,7 @@ static int make_eagle3(const method_cfg *m, const sd_method_env *env, sd_drafter
 
 // ---- moa:SHAPE (the draft-model shapes, drafted by the MoA drafter, docs/moa.md)
 static int parse_moa(const char *args, method_cfg *m, char *err, size_t errlen) {
-    const char *shape = !strcmp(args, "auto") ? "tree:auto" : args;
-    int rc = -1;
-    if (!strncmp(shape, "chain:", 6)) rc = parse_chain(shape + 6, m, err, errlen);
-    else if (!strncmp(shape, "tree:", 5)) rc = parse_tree(shape + 5, m, err, errlen);
-    else if (!strncmp(shape, "dyn:", 4)) rc = parse_dyn_max(shape + 4, m, DYN_TREE_MAX_EAGLE3, err, errlen);
-    else snprintf(err, errlen, "method moa:SHAPE needs SHAPE chain:K, tree:W1-W2-..., dyn:B-D-M or auto, got 'moa:%s'", args);
-    if (rc < 0) return -1;
-    m->kind = SD_METHOD_MOA;
-    m->needs_draft_model = 0;
-    return 0;
+    return parse_head_shape(args, "moa", SD_METHOD_MOA, m, err, errlen);
 }
 
 static int make_moa(const method_cfg *m, const sd_method_env *env, sd_drafter **out, char *err, size_t errlen) {
