@@ -287,8 +287,8 @@ static int gen_parse(int argc, char **argv, gen_opts *o) {
          .help = "draft with a trained EAGLE-3 head (specdec train-head); 'auto': the head in heads/ made for this "
                  "model, if any. The tree flags (--draft-max, --tree, --tree-dynamic) shape its drafts; default "
                  "ngram:3-8/eagle3:auto: prompt lookup where the text repeats, else the head's automatic tree "
-                 "(sized by the measured costs of head and target). An MoA drafter file (docs/moa.md) drafts with "
-                 "--method moa:SHAPE"},
+                 "(sized by the measured costs of head and target). With an MoA drafter file (docs/moa.md) the "
+                 "same flags draft with it (ngram:3-8/moa:auto, moa:chain:K, ...)"},
         {"--head-bits", NULL, CLI_INT, &o->head_bits, .lo = 4, .hi = 8, .meta = "N", .def = CLI_DEF_VALUE,
          .help = "bits per weight of the head's matrices in memory: 8 (Q8_0), 5 (Q5_0) or 4 (Q4_1); fewer bits make "
                  "each drafted token cheaper (the head is read from memory after every target step) at a small "
@@ -405,6 +405,19 @@ static int gen_method_of_flags(const gen_opts *o, gen_plan *p, char *s, size_t n
         if (*c == ',') *c = '-';
     p->flag = solo ? solo : o->head ? "--head" : o->n_drafts ? "--draft" : "--draft-ngram";
     p->shape_flag = o->tree_auto ? "--tree auto" : o->tree ? "--tree" : o->dyn ? "--tree-dynamic" : "--draft-max";
+    return 0;
+}
+
+// The shorthand flags with an MoA drafter loaded: their method with moa: in
+// place of eagle3: (the file's type is known only once it is loaded). 0, or 1.
+static int gen_plan_moa(const gen_opts *o, gen_plan *p) {
+    char s[SD_METHOD_NAME_MAX], err[1024], *e;
+    snprintf(s, sizeof s, "%s", p->m.name);
+    while ((e = strstr(s, "eagle3")) != NULL) memmove(e + 3, e + 6, strlen(e + 6) + 1), memcpy(e, "moa", 3);
+    sd_method_have have = {.n_drafts = o->n_drafts, .n_batch = o->n_batch, .max_nodes = o->max_nodes, .moa_head = 1};
+    if (sd_method_parse(s, &p->m, err, sizeof err) < 0 || sd_method_plan_make(&p->m, &have, &p->pl, err, sizeof err) < 0)
+        return cli_error("%s: %s", p->flag, err);
+    snprintf(p->label, sizeof p->label, "%s", p->m.name);
     return 0;
 }
 
@@ -606,6 +619,7 @@ static int gen_build(const gen_opts *o, gen_plan *p, gen_state *g) {
             sd_head_describe(g->head, desc, sizeof desc);
             if (o->verbose && strcmp(o->head, "auto")) fprintf(stderr, "specdec: %s\n", desc);
         }
+        if (g->head && sd_head_get_type(g->head) == SD_HEAD_MOA && !o->method && gen_plan_moa(o, p)) return 1;
     }
     if (p->spec && gen_build_drafter(o, p, g)) return 1;
     g->out.tok = sd_model_tokenizer(g->m);
