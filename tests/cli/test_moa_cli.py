@@ -4,8 +4,9 @@ the default model (SmolLM2-135M) with drafter files from
 build/tests/tool_random_head:
 
 - moa_generate_lossless: `specdec generate --temp 0` with moa:chain:3,
-  moa:dyn:2-3-8, moa:auto and ngram:3-8/moa:auto (a random TLI-1 drafter)
-  prints plain decoding's text;
+  moa:dyn:2-3-8, moa:auto, ngram:3-8/moa:auto and no --method (the default
+  with an MoA file, ngram:3-8/moa:auto) (a random TLI-1 drafter) prints
+  plain decoding's text;
 - moa_exact_accepted: a drafter that is the target itself (SA and CA pass the
   embedding through, TLI runs every layer: `moa-exact`) has most of its
   drafts accepted (its cache reading, RoPE and TLI path on a real model);
@@ -41,7 +42,7 @@ def run(args, timeout=600):
 def generate(method, head=None):
     args = ["generate", "-m", MODEL, "--chat", "-p", PROMPT, "-n", "40", "--temp", "0", "-t", "2", "-v"]
     if method != "ar":
-        args += ["--method", method, "--head", head]
+        args += (["--method", method] if method else []) + ["--head", head]
     return run(args)
 
 
@@ -61,9 +62,9 @@ def main():
                 sys.exit(exit_status())
         ar = generate("ar")
         bad = [] if ar.returncode == 0 else [f"ar: {ar.stderr[-300:]}"]
-        for m in ("moa:chain:3", "moa:dyn:2-3-8", "moa:auto", "ngram:3-8/moa:auto"):
-            o = generate(m, rnd)
-            if o.returncode != 0 or o.stdout != ar.stdout:
+        for m in ("moa:chain:3", "moa:dyn:2-3-8", "moa:auto", "ngram:3-8/moa:auto", ""):
+            o = generate(m, rnd)   # "": no --method, the default of --head (ngram:3-8/moa:auto)
+            if o.returncode != 0 or o.stdout != ar.stdout or (not m and "ngram:3-8/moa:auto" not in o.stderr):
                 bad.append(f"{m}: exit {o.returncode}, {o.stdout!r} vs {ar.stdout!r} {o.stderr[-300:]}")
         report("moa_generate_lossless", not bad, "; ".join(bad))
 
