@@ -38,7 +38,7 @@ typedef enum sd_status {
 } sd_status;
 
 // The kinds of trained draft heads (one enum for files, methods and training).
-typedef enum sd_head_type { SD_HEAD_NONE = 0, SD_HEAD_EAGLE3 = 1, SD_HEAD_MEDUSA = 2 } sd_head_type;
+typedef enum sd_head_type { SD_HEAD_NONE = 0, SD_HEAD_EAGLE3 = 1, SD_HEAD_MEDUSA = 2, SD_HEAD_MOA = 3 } sd_head_type;
 
 // The library's version, "MAJOR.MINOR.PATCH" (also SPECDEC_VERSION).
 #define SPECDEC_VERSION "0.2.0"

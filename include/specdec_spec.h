@@ -240,6 +240,8 @@ typedef struct sd_threadpool sd_threadpool;  // (specdec.h)
 //                       tree:W1-W2-..., dyn:B-D-M or auto (a tree sized from the cost curve)
 //   medusa:W1-W2-...    the Medusa head (env.head_medusa): Wk of head k's top tokens at depth k+1,
 //                       the product grown best joint probability first (at most 64 nodes)
+//   moa:SHAPE           the Mixture of Attentions drafter (env.head_moa, --head; docs/moa.md):
+//                       SHAPE as eagle3's
 //   auto                eagle3:auto with an EAGLE-3 head, tree:auto with draft models,
 //                       else ngram:3-8:auto
 //   A+B[+...]           the trees of several methods merged by token path (SpecInfer),
@@ -264,6 +266,7 @@ enum sd_method_kind {
     SD_METHOD_EAGLE3 = 7,     // eagle3:SHAPE
     SD_METHOD_MEDUSA = 8,     // medusa:...
     SD_METHOD_FIRST = 9,      // A/B: A's tree, or B's when A drafts nothing
+    SD_METHOD_MOA = 10,       // moa:SHAPE
 };
 
 // A parsed method: what a program needs to know before building it.
@@ -271,7 +274,7 @@ typedef struct sd_method {
     char name[SD_METHOD_NAME_MAX]; // the string as given
     enum sd_method_kind kind; // of the whole string
     int needs_draft_model;    // 1: sd_method_make fails without env.drafts
-    sd_head_type needs_head;  // SD_HEAD_EAGLE3 / SD_HEAD_MEDUSA: fails without that head in env; SD_HEAD_NONE
+    sd_head_type needs_head;  // SD_HEAD_EAGLE3 / _MEDUSA / _MOA: fails without that head in env; SD_HEAD_NONE
     int uses_cost_curve;      // 1: sd_method_make needs env.cost (automatic trees)
     int tree_nodes;           // nodes of the largest tree one step proposes with one
                               // draft model, root included (1 for ar)
@@ -315,6 +318,7 @@ typedef struct sd_method_env {
     int auto_nodes;            // automatic trees: most nodes, root included; 0 = SD_METHOD_AUTO_NODES
     sd_method_report_fn report;// skip search progress, automatic tree choices; NULL: silent
     void *user;                // for report
+    const sd_head *head_moa;   // moa methods (and auto without an EAGLE-3 head): a loaded MoA drafter, or NULL
 } sd_method_env;
 SD_API sd_method_env sd_method_env_default(const sd_model *target);
 
@@ -345,6 +349,7 @@ typedef struct sd_method_have {
     int medusa_head;   // 1: a Medusa head is loaded
     int n_batch;       // most rows of one forward (the session's n_batch); 0 = 512
     int max_nodes;     // the caller's limit on tree nodes per forward, root included; 0 = the method's own size
+    int moa_head;      // 1: an MoA drafter is loaded
 } sd_method_have;
 // What a method needs and takes, worked out once by the library so that no
 // program re-derives it from the method string.
@@ -357,7 +362,7 @@ typedef struct sd_method_plan {
     int auto_nodes;      // automatic trees: the most nodes, root included (the cost curve's range); 0: none
     int uses_drafts;     // 1: some part drafts with the draft models
     int uses_ngram;      // 1: some part drafts by n-gram lookup (what a datastore feeds)
-    sd_head_type needs_head; // SD_HEAD_EAGLE3, SD_HEAD_MEDUSA, or SD_HEAD_NONE
+    sd_head_type needs_head; // SD_HEAD_EAGLE3, SD_HEAD_MEDUSA, SD_HEAD_MOA, or SD_HEAD_NONE
     int uses_cost_curve; // 1: building it needs the target's cost curve (sd_method_env.cost)
 } sd_method_plan;
 // Plans m for what h says is loaded. Returns 0, or <0 with a message:

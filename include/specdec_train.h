@@ -31,7 +31,7 @@ extern "C" {
 #endif
 
 // Head types (the values of the head files' types).
-// The head kind trained: sd_head_type (include/specdec.h), SD_HEAD_EAGLE3 or SD_HEAD_MEDUSA.
+// The head kind trained: sd_head_type (include/specdec.h), SD_HEAD_EAGLE3, SD_HEAD_MEDUSA or SD_HEAD_MOA.
 // Types of the saved head's matrices (norm gains and biases are always F32).
 enum sd_train_out_type { SD_TRAIN_OUT_Q8_0 = 0, SD_TRAIN_OUT_F16 = 1, SD_TRAIN_OUT_F32 = 2 };
 
@@ -112,6 +112,8 @@ typedef struct sd_train_head_params {
     volatile sig_atomic_t *stop;  // set (to nonzero, e.g. by a SIGINT handler): write a checkpoint and return 1
     sd_train_progress_fn progress;  // NULL: none
     void *user;
+    int moa_tli;                // MoA: target layers run after CA (TLI = N, 0..n_layer-1); default 0 (docs/moa.md)
+    int moa_no_lsa;             // MoA: 1 = no LSA layer (the layers' mean K,V row projected); default 0
 } sd_train_head_params;
 SD_API sd_train_head_params sd_train_head_default_params(void);
 

@@ -5,7 +5,11 @@
 // greedy output must still equal plain decoding, which is what those tests
 // assert.
 //
-//   build/tests/tool_random_head MODEL.gguf OUT.gguf [eagle3|medusa] [SEED]
+//   build/tests/tool_random_head MODEL.gguf OUT.gguf [eagle3|medusa|moa[-tliN][-nolsa]|moa-exact] [SEED]
+//
+// moa-exact: an MoA drafter whose SA and CA matrices are zero and whose TLI
+// runs every target layer: it drafts what the target would (a check of the
+// drafter's plumbing on a real model, docs/moa.md).
 //
 // Exit status 0 and nothing on stdout when the head was written; 1 and one
 // line on stderr otherwise. The file is F16 (the loader dequantizes it).
@@ -15,18 +19,20 @@
 #include <string.h>
 
 #include "head/head.h"
+#include "head/moa.h"
 #include "kernels/quant.h"
 #include "specdec.h"
 
 int main(int argc, char **argv) {
     if (argc < 3 || argc > 5) {
-        fprintf(stderr, "usage: %s MODEL.gguf OUT.gguf [eagle3|medusa] [SEED]\n", argv[0]);
+        fprintf(stderr, "usage: %s MODEL.gguf OUT.gguf [eagle3|medusa|moa[-tliN][-nolsa]|moa-exact] [SEED]\n", argv[0]);
         return 1;
     }
     const char *type_s = argc > 3 ? argv[3] : "eagle3";
-    int type = !strcmp(type_s, "eagle3") ? SD_HEAD_EAGLE3 : !strcmp(type_s, "medusa") ? SD_HEAD_MEDUSA : 0;
+    int type = !strcmp(type_s, "eagle3") ? SD_HEAD_EAGLE3 : !strcmp(type_s, "medusa") ? SD_HEAD_MEDUSA
+               : !strncmp(type_s, "moa", 3) ? SD_HEAD_MOA : 0;
     if (!type) {
-        fprintf(stderr, "tool_random_head: type must be eagle3 or medusa, got '%s'\n", type_s);
+        fprintf(stderr, "tool_random_head: type must be eagle3, medusa or moa, got '%s'\n", type_s);
         return 1;
     }
     char *end = NULL;
@@ -42,10 +48,19 @@ int main(int argc, char **argv) {
         return 1;
     }
     sd_head_hp hp = sd_head_default_hp(m, type);   // bound to m: the loader accepts it for m only
+    const int exact = !strcmp(type_s, "moa-exact");
+    if (type == SD_HEAD_MOA) {
+        const char *t = strstr(type_s, "-tli");
+        if (t) hp.moa_tli = atoi(t + 4);
+        hp.moa_no_lsa = strstr(type_s, "-nolsa") != NULL;
+        if (exact) hp.moa_tli = hp.target_n_layer;
+    }
     sd_head *h = NULL;
     int rc = sd_head_new(&h, &hp, err, sizeof err);
     if (rc == 0) {
         sd_head_init(h, seed);
+        for (int i = 0; exact && i < 2 * SD_MOA_PER_LAYER; i++)   // SA and CA pass the embedding through
+            if (!h->t[i].is_norm) memset(sd_head_w(h, i), 0, sizeof(float) * (size_t)(h->t[i].ne0 * h->t[i].ne1));
         snprintf(h->note, sizeof h->note, "recipe=random (tests/tool_random_head.c)\nseed=%llu\n",
                  (unsigned long long)seed);
         rc = sd_head_save(h, argv[2], SD_TYPE_F16, err, sizeof err);

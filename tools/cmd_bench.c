@@ -84,7 +84,7 @@ typedef struct bench_opts {
     const char *model_path, *prompts_path, *methods_arg, *out_path;
     const char *draft_paths[SD_METHOD_MAX_DRAFTS];  // (n_drafts)
     int n_drafts;
-    const char *head_paths[2];  // (n_heads) --head files: an EAGLE-3 head and/or a Medusa head
+    const char *head_paths[3];  // (n_heads) --head files: an EAGLE-3 head, a Medusa head, an MoA drafter
     int n_heads;
     int n_predict;      // most tokens per prompt
     int limit;          // only the first limit prompts; 0 = all
@@ -131,10 +131,10 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
          .help = "target model (required)"},
         {"--draft", NULL, CLI_LIST, o->draft_paths, .max = SD_METHOD_MAX_DRAFTS, .count = &o->n_drafts, .meta = "FILE",
          .what = "draft models", .help = "draft model; repeat for several (their trees are merged)"},
-        {"--head", NULL, CLI_LIST, o->head_paths, .max = 2, .count = &o->n_heads, .meta = "FILE|auto",
+        {"--head", NULL, CLI_LIST, o->head_paths, .max = 3, .count = &o->n_heads, .meta = "FILE|auto",
          .what = "heads",
-         .help = "a trained draft head for the eagle3:SHAPE (and medusa) methods; 'auto': the head in heads/ made "
-                 "for the model. Give it twice for an EAGLE-3 and a Medusa head"},
+         .help = "a trained draft head for the eagle3:SHAPE (and medusa, moa) methods; 'auto': the head in heads/ "
+                 "made for the model. Give it up to three times: an EAGLE-3 head, a Medusa head, an MoA drafter"},
         {"--head-bits", NULL, CLI_INT, &o->head_bits, .lo = 4, .hi = 8, .meta = "N", .def = CLI_DEF_VALUE,
          .help = "bits per weight of the head's matrices in memory: 8 (Q8_0), 5 (Q5_0) or 4 (Q4_1); fewer bits make "
                  "each drafted token cheaper (the head is read from memory after every target step) at a small "
@@ -230,7 +230,7 @@ typedef struct bench_state {
     sd_session *s;
     sd_sampler *smp;
     sd_model *drafts[SD_METHOD_MAX_DRAFTS];
-    sd_head *heads[2];                       // --head files, loaded
+    sd_head *heads[3];                       // --head files, loaded
     char notes[BENCH_MAX_METHODS][256];      // (nm) each method's drafter note after its last run
     sd_drafter *drafters[BENCH_MAX_METHODS];  // (nm) the current run's, NULL between runs (unless kept)
     int keep[BENCH_MAX_METHODS];             // (nm) 1: the drafter adapts online and is kept over all prompts
@@ -344,7 +344,8 @@ static int bench_load(const bench_opts *o, bench_state *b, int *auto_nodes) {
     for (int i = 0; i < o->n_heads; i++) {
         if (cli_head_load(o->head_paths[i], b->m, o->model_path, 0, &b->heads[i])) return 1;
         if (!b->heads[i]) continue;
-        int *has = sd_head_get_type(b->heads[i]) == SD_HEAD_MEDUSA ? &have.medusa_head : &have.eagle3_head;
+        const sd_head_type ty = sd_head_get_type(b->heads[i]);
+        int *has = ty == SD_HEAD_MEDUSA ? &have.medusa_head : ty == SD_HEAD_MOA ? &have.moa_head : &have.eagle3_head;
         if (*has) return cli_error("--head: two %s heads given", sd_head_type_name(b->heads[i]));
         *has = 1;
         char desc[512];
@@ -415,8 +416,9 @@ static int bench_env(const bench_opts *o, bench_state *b, int auto_nodes) {
     }
     for (int i = 0; i < o->n_heads; i++)   // (loaded and checked by bench_load)
         if (b->heads[i])
-            *(sd_head_get_type(b->heads[i]) == SD_HEAD_MEDUSA ? &b->env.head_medusa : &b->env.head_eagle3) =
-                b->heads[i];
+            *(sd_head_get_type(b->heads[i]) == SD_HEAD_MEDUSA ? &b->env.head_medusa
+              : sd_head_get_type(b->heads[i]) == SD_HEAD_MOA  ? &b->env.head_moa
+                                                              : &b->env.head_eagle3) = b->heads[i];
     for (int k = 0; k < b->nm; k++) {
         sd_method *me = &b->methods[k];
         double est = 0;

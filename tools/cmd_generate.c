@@ -289,7 +289,8 @@ static int gen_parse(int argc, char **argv, gen_opts *o) {
          .help = "draft with a trained EAGLE-3 head (specdec train-head); 'auto': the head in heads/ made for this "
                  "model, if any. The tree flags (--draft-max, --tree, --tree-dynamic) shape its drafts; default "
                  "ngram:3-8/eagle3:auto: prompt lookup where the text repeats, else the head's automatic tree "
-                 "(sized by the measured costs of head and target)"},
+                 "(sized by the measured costs of head and target). With an MoA drafter file (docs/moa.md) the "
+                 "same flags draft with it (ngram:3-8/moa:auto, moa:chain:K, ...)"},
         {"--head-bits", NULL, CLI_INT, &o->head_bits, .lo = 4, .hi = 8, .meta = "N", .def = CLI_DEF_VALUE,
          .help = "bits per weight of the head's matrices in memory: 8 (Q8_0), 5 (Q5_0) or 4 (Q4_1); fewer bits make "
                  "each drafted token cheaper (the head is read from memory after every target step) at a small "
@@ -411,6 +412,19 @@ static int gen_method_of_flags(const gen_opts *o, gen_plan *p, char *s, size_t n
     return 0;
 }
 
+// The shorthand flags with an MoA drafter loaded: their method with moa: in
+// place of eagle3: (the file's type is known only once it is loaded). 0, or 1.
+static int gen_plan_moa(const gen_opts *o, gen_plan *p) {
+    char s[SD_METHOD_NAME_MAX], err[1024], *e;
+    snprintf(s, sizeof s, "%s", p->m.name);
+    while ((e = strstr(s, "eagle3")) != NULL) memmove(e + 3, e + 6, strlen(e + 6) + 1), memcpy(e, "moa", 3);
+    sd_method_have have = {.n_drafts = o->n_drafts, .n_batch = o->n_batch, .max_nodes = o->max_nodes, .moa_head = 1};
+    if (sd_method_parse(s, &p->m, err, sizeof err) < 0 || sd_method_plan_make(&p->m, &have, &p->pl, err, sizeof err) < 0)
+        return cli_error("%s: %s", p->flag, err);
+    snprintf(p->label, sizeof p->label, "%s", p->m.name);
+    return 0;
+}
+
 // --method or the shorthand flags -> p->m. 0, or 1 after a message.
 static int gen_plan_method(const gen_opts *o, gen_plan *p) {
     char s[SD_METHOD_NAME_MAX] = "", err[1024];
@@ -431,7 +445,7 @@ static int gen_plan_method(const gen_opts *o, gen_plan *p) {
     // what the method needs and takes (the library's plan; --head FILE is taken for an EAGLE-3 head here and
     // checked when loaded)
     sd_method_have have = {.n_drafts = o->n_drafts, .eagle3_head = o->head != NULL, .n_batch = o->n_batch,
-                           .max_nodes = o->max_nodes};
+                           .max_nodes = o->max_nodes, .moa_head = o->head != NULL};
     const int prc = sd_method_plan_make(&p->m, &have, &p->pl, err, sizeof err);
     if (prc == SD_ERR_NO_ROOM)
         return cli_error("%s: the tree has %d nodes (root included), more than %s %d", p->shape_flag,
@@ -440,7 +454,8 @@ static int gen_plan_method(const gen_opts *o, gen_plan *p) {
     if (prc < 0)
         return cli_error("generate: %s: %s%s", p->flag, err,
                          p->m.needs_draft_model && !o->n_drafts ? " (--draft D.gguf)"
-                         : p->m.needs_head == SD_HEAD_EAGLE3 && !o->head ? " (--head H.gguf or --head auto)"
+                         : (p->m.needs_head == SD_HEAD_EAGLE3 || p->m.needs_head == SD_HEAD_MOA) && !o->head
+                             ? " (--head H.gguf or --head auto)"
                                                                             : "");
     p->spec = p->pl.spec;
     if (o->method && o->head && !p->m.needs_head && p->m.kind != SD_METHOD_AUTO)
@@ -559,7 +574,8 @@ static int gen_build_drafter(const gen_opts *o, gen_plan *p, gen_state *g) {
     env.auto_nodes = p->pl.auto_nodes;
     env.report = on_report;
     env.user = (void *)&o->verbose;
-    env.head_eagle3 = g->head;
+    if (g->head && sd_head_get_type(g->head) == SD_HEAD_MOA) env.head_moa = g->head;
+    else env.head_eagle3 = g->head;
     env.head_online.on = o->head_online;
     env.head_bits = o->head_bits;
     env.head_online.lr = o->online_lr;
@@ -608,6 +624,7 @@ static int gen_build(const gen_opts *o, gen_plan *p, gen_state *g) {
             sd_head_describe(g->head, desc, sizeof desc);
             if (o->verbose && strcmp(o->head, "auto")) fprintf(stderr, "specdec: %s\n", desc);
         }
+        if (g->head && sd_head_get_type(g->head) == SD_HEAD_MOA && !o->method && gen_plan_moa(o, p)) return 1;
     }
     if (p->spec && gen_build_drafter(o, p, g)) return 1;
     g->out.tok = sd_model_tokenizer(g->m);

@@ -30,12 +30,14 @@ static int prepare_method(sv_server *s, const char *name) {
     if (sd_method_parse(name, &s->def_method, err, sizeof err) < 0) return cli_error("--method: %s", err);
     sd_method *m = &s->def_method;
     s->have = (sd_method_have){.n_drafts = s->o->n_drafts, .eagle3_head = s->head_eagle3 != NULL,
-                               .medusa_head = s->head_medusa != NULL, .n_batch = SV_N_BATCH};
+                               .medusa_head = s->head_medusa != NULL, .n_batch = SV_N_BATCH,
+                               .moa_head = s->head_moa != NULL};
     if (sd_method_plan_make(m, &s->have, &s->def_plan, err, sizeof err) < 0)
         return cli_error("--method: %s%s", err,
                          m->needs_draft_model ? " (--draft D.gguf)"
                          : m->needs_head == SD_HEAD_EAGLE3 ? " (--head H.gguf or --head auto)"
-                         : m->needs_head == SD_HEAD_MEDUSA ? " (--head M.gguf)" : "");
+                         : m->needs_head == SD_HEAD_MEDUSA ? " (--head M.gguf)"
+                         : m->needs_head == SD_HEAD_MOA ? " (--head MOA.gguf)" : "");
     sd_method_env env = sv_method_env(s);
     env.report = on_report;
     if (m->uses_cost_curve) {
@@ -92,8 +94,10 @@ static int load_heads(sv_server *s) {
         if (cli_head_load(s->o->heads[i], s->model, s->o->model, 0, &s->heads[i])) return 1;
         if (!s->heads[i]) continue;
         const char *type = sd_head_type_name(s->heads[i]);
-        const sd_head **slot = sd_head_get_type(s->heads[i]) == SD_HEAD_MEDUSA ? &s->head_medusa : &s->head_eagle3;
-        if (*slot) return cli_error("--head: two %s heads given (one EAGLE-3 and one Medusa head at most)", type);
+        const sd_head_type ty = sd_head_get_type(s->heads[i]);
+        const sd_head **slot = ty == SD_HEAD_MEDUSA ? &s->head_medusa : ty == SD_HEAD_MOA ? &s->head_moa : &s->head_eagle3;
+        if (*slot)
+            return cli_error("--head: two %s heads given (one EAGLE-3, one Medusa and one MoA head at most)", type);
         *slot = s->heads[i];
         char desc[512];
         sd_head_describe(s->heads[i], desc, sizeof desc);
@@ -106,7 +110,8 @@ static int load_heads(sv_server *s) {
 // loaded (sd_method_default: lookup, else the head's tree, with an EAGLE-3
 // head; a draft model's chain; else prompt lookup).
 static const char *default_method(const sv_server *s) {
-    const sd_method_have have = {.n_drafts = s->o->n_drafts, .eagle3_head = s->head_eagle3 != NULL};
+    const sd_method_have have = {.n_drafts = s->o->n_drafts, .eagle3_head = s->head_eagle3 != NULL,
+                                 .moa_head = s->head_moa != NULL};
     return sd_method_default(&have);
 }
 
@@ -134,10 +139,11 @@ int cmd_serve(int argc, char **argv) {
                  "with an EAGLE-3 --head)"},
         {"--draft", NULL, CLI_LIST, o.drafts, .max = SD_METHOD_MAX_DRAFTS, .count = &o.n_drafts, .meta = "D.gguf",
          .what = "draft models", .help = "draft model (same vocabulary); repeat for several"},
-        {"--head", NULL, CLI_LIST, o.heads, .max = 2, .count = &o.n_heads, .meta = "FILE|auto", .what = "heads",
+        {"--head", NULL, CLI_LIST, o.heads, .max = 3, .count = &o.n_heads, .meta = "FILE|auto", .what = "heads",
          .help = "a trained draft head (specdec train-head) for the eagle3:SHAPE and auto methods, or a Medusa head "
                  "for medusa:W1-W2-...; 'auto': the head in heads/ made for the model (none found: a note, and "
-                 "the usual default). Give it twice for an EAGLE-3 and a Medusa head"},
+                 "the usual default), or an MoA drafter for moa:SHAPE (docs/moa.md). Give it up to three times: an "
+                 "EAGLE-3 head, a Medusa head, an MoA drafter"},
         {"--head-bits", NULL, CLI_INT, &o.head_bits, .lo = 4, .hi = 8, .meta = "N", .def = CLI_DEF_VALUE,
          .help = "bits per weight of the head's matrices in memory: 8 (Q8_0), 5 (Q5_0) or 4 (Q4_1); fewer bits make "
                  "each drafted token cheaper (the head is read from memory after every target step) at a small "

@@ -23,12 +23,14 @@ typedef struct th_opts {
     uint64_t tokens, seed;
     float epochs, lr, weight_decay, clip, ckpt_minutes, heldout;
     int resume, cache_only;
+    int tli, no_lsa;
 } th_opts;
 
 static int parse_type(const char *flag, const char *v, void *dst) {
     if (!strcmp(v, "eagle3")) *(int *)dst = SD_HEAD_EAGLE3;
     else if (!strcmp(v, "medusa")) *(int *)dst = SD_HEAD_MEDUSA;
-    else return cli_error("%s: expected eagle3 or medusa, got '%s'", flag, v), -1;
+    else if (!strcmp(v, "moa")) *(int *)dst = SD_HEAD_MOA;
+    else return cli_error("%s: expected eagle3, medusa or moa, got '%s'", flag, v), -1;
     return 0;
 }
 
@@ -60,9 +62,10 @@ static int th_parse(int argc, char **argv, th_opts *o) {
     const cli_opt opts[] = {
         {"--model", "-m", CLI_FILE, &o->model_path, .meta = "FILE", .what = "model file",
          .required = "a target model is required (-m TARGET.gguf)", .help = "target model (required)"},
-        {"--type", NULL, CLI_CUSTOM, &o->type, .fn = parse_type, .meta = "eagle3|medusa", .def = "eagle3",
-         .help = "the head: EAGLE-3 (one decoder layer on three of the target's layers) or Medusa (residual "
-                 "heads on its last state); docs/heads.md"},
+        {"--type", NULL, CLI_CUSTOM, &o->type, .fn = parse_type, .meta = "eagle3|medusa|moa", .def = "eagle3",
+         .help = "the head: EAGLE-3 (one decoder layer on three of the target's layers), Medusa (residual "
+                 "heads on its last state; docs/heads.md) or the Mixture of Attentions drafter (reads the "
+                 "target's KV cache; docs/moa.md)"},
         {"--data", NULL, CLI_CUSTOM, o, .fn = parse_data, .meta = "FILE",
          .help = "training corpus, JSON lines: {\"messages\": [{\"role\", \"content\"}, ...]} (formatted with the "
                  "model's chat template) or {\"text\": \"...\"} (as is); other keys are ignored. Repeat for "
@@ -83,6 +86,11 @@ static int th_parse(int argc, char **argv, th_opts *o) {
                  "the head cheaper to run, train and ship"},
         {"--ttt", NULL, CLI_INT, &o->ttt, .lo = 1, .hi = SD_TRAIN_MAX_K, .meta = "K", .def = CLI_DEF_VALUE,
          .help = "EAGLE-3 training-time-test steps (the head continues from its own outputs K-1 times)"},
+        {"--tli", NULL, CLI_INT, &o->tli, .lo = 0, .hi = 4096, .meta = "N",
+         .help = "MoA: run the target's last N layers after the drafter's cross-attention (target layer "
+                 "inference; default 0)"},
+        {"--no-lsa", NULL, CLI_FLAG, &o->no_lsa,
+         .help = "MoA: no layer self-attention (the mean of the layers' K,V rows is projected directly)"},
         {"--medusa-heads", NULL, CLI_INT, &o->n_medusa, .lo = 1, .hi = SD_TRAIN_MAX_K, .meta = "N",
          .def = CLI_DEF_VALUE, .help = "Medusa heads (head k drafts the token k+2 ahead)"},
         {"--init", NULL, CLI_FILE, &o->init_path, .meta = "FILE", .what = "head file",
@@ -270,6 +278,8 @@ int cmd_train_head(int argc, char **argv) {
     sd_train_head_params p = sd_train_head_default_params();
     p.model_path = o.model_path;
     p.type = o.type;
+    p.moa_tli = o.tli;
+    p.moa_no_lsa = o.no_lsa;
     p.data_paths = o.data;
     p.n_data = o.n_data;
     p.cache_dir = o.cache_dir;
@@ -331,7 +341,7 @@ int cmd_train_head(int argc, char **argv) {
     char t[32];
     fmt_time(res.train_seconds, t, sizeof t);
     printf("wrote %s: %s head, draft vocabulary %d (%.1f%% of the target's argmax), %lld steps, %lld tokens, %s",
-           o.out_path, o.type == SD_HEAD_EAGLE3 ? "eagle3" : "medusa", res.draft_vocab, 100.0 * res.coverage,
+           o.out_path, o.type == SD_HEAD_EAGLE3 ? "eagle3" : o.type == SD_HEAD_MOA ? "moa" : "medusa", res.draft_vocab, 100.0 * res.coverage,
            (long long)res.step, (long long)res.tokens, t);
     if (res.eval_tokens) {
         printf("; held back: loss %.3f, agreement", res.eval_loss);

@@ -27,6 +27,10 @@ typedef struct sd_draft_ctx {
     // passes it to the tree builders (sd_tree_grow.race), so that its first
     // child is its own draw under the target's noise.
     const sd_tree_race *race;
+    // The target's session (its committed rows are the text but the root:
+    // tokens[0 .. n_tokens - 1)), for drafters that read its KV cache (the
+    // MoA drafter, docs/moa.md; read only), or NULL when the caller has none.
+    const sd_session *target;
 } sd_draft_ctx;
 
 // Auxiliary batch nodes of one step: extra nodes the drafter wants evaluated

@@ -311,7 +311,7 @@ static int draft_tree(sd_gen *g, int n_past, char *err, size_t errlen) {
     if (!d || g->step_max <= 1) return 0;
     g->rk.pos0 = g->n_seq;   // the root's children stand at the text's next position
     sd_draft_ctx dc = {g->seq, g->n_seq, g->step_max, !g->greedy, sd_sampler_get_params(g->smp), &d->rng,
-                       g->race ? &g->rk : NULL};
+                       g->race ? &g->rk : NULL, g->s};
     if (d->vt->propose(d, &dc, &g->tree, ferr, sizeof ferr) < 0)
         return sd_err(err, errlen, "drafter '%s' failed: %s", d->vt->name, ferr);
     if (g->tree.n > g->step_max || g->tree.n < 1 || g->tree.token[0] != g->seq[g->n_seq - 1])

@@ -14,6 +14,7 @@ const char *sd_method_default(const sd_method_have *h) {
     // prompts, docs/performance.md); with draft models: their chain; else
     // prompt lookup. A Medusa head needs its widths (medusa:W1-W2-...).
     if (h && h->eagle3_head) return "ngram:3-8/eagle3:auto";
+    if (h && h->moa_head) return "ngram:3-8/moa:auto";
     if (h && h->n_drafts > 0) return "chain:4";
     return "ngram:3-8";
 }
@@ -29,8 +30,9 @@ static void scan_parts(const sd_method *m, const sd_method_have *h, int auto_nod
     for (char *part = strtok_r(s, "+/", &save); part; part = strtok_r(NULL, "+/", &save)) {
         sd_method pm;
         if (sd_method_parse(part, &pm, err, sizeof err) < 0) continue;   // (the whole string parsed)
-        const int auto_model = pm.kind == SD_METHOD_AUTO && (h->eagle3_head || h->n_drafts > 0);
-        const int model = pm.kind == SD_METHOD_MODEL || pm.kind == SD_METHOD_EAGLE3 || auto_model;
+        const int auto_model = pm.kind == SD_METHOD_AUTO && (h->eagle3_head || h->moa_head || h->n_drafts > 0);
+        const int model = pm.kind == SD_METHOD_MODEL || pm.kind == SD_METHOD_EAGLE3 || pm.kind == SD_METHOD_MOA ||
+                          auto_model;
         const int nodes = pm.uses_cost_curve ? SD_MIN(pm.tree_nodes, auto_nodes) : pm.tree_nodes;
         int merged = sd_method_default_nodes(&pm, h->n_drafts);   // one tree per draft model
         if (pm.uses_cost_curve && !model) merged = SD_MIN(merged, auto_nodes);
@@ -66,6 +68,8 @@ int sd_method_plan_make(const sd_method *m, const sd_method_have *h, sd_method_p
         return sd_err(err, errlen, "method '%s' needs an EAGLE-3 head", m->name);
     if (m->needs_head == SD_HEAD_MEDUSA && !h->medusa_head)
         return sd_err(err, errlen, "method '%s' needs a Medusa head", m->name);
+    if (m->needs_head == SD_HEAD_MOA && !h->moa_head)
+        return sd_err(err, errlen, "method '%s' needs an MoA drafter", m->name);
     p->auto_nodes = h->max_nodes > 0 ? SD_MIN(h->max_nodes, SD_METHOD_AUTO_NODES) : SD_METHOD_AUTO_NODES;
     scan_parts(m, h, p->auto_nodes, p);
     if (!m->uses_cost_curve) p->auto_nodes = 0;

@@ -11,6 +11,7 @@
 #include "common.h"
 #include "kernels/quant.h"
 #include "draft/draft_eagle3.h"
+#include "draft/draft_moa.h"
 #include "draft/draft_lookahead.h"
 #include "draft/draft_medusa.h"
 #include "draft/draft_merge.h"
@@ -398,17 +399,23 @@ static int make_lookahead(const method_cfg *m, const sd_method_env *env, sd_draf
 static int cfg_parse(const char *s, method_cfg *m, char *err, size_t errlen);
 
 // ---- eagle3:SHAPE (the draft-model shapes, drafted by the EAGLE-3 head)
-static int parse_eagle3(const char *args, method_cfg *m, char *err, size_t errlen) {
+// SHAPE of a head's method (eagle3:, moa:): the draft-model shapes.
+static int parse_head_shape(const char *args, const char *head, int kind, method_cfg *m, char *err, size_t errlen) {
     const char *shape = !strcmp(args, "auto") ? "tree:auto" : args;
     int rc = -1;
     if (!strncmp(shape, "chain:", 6)) rc = parse_chain(shape + 6, m, err, errlen);
     else if (!strncmp(shape, "tree:", 5)) rc = parse_tree(shape + 5, m, err, errlen);
     else if (!strncmp(shape, "dyn:", 4)) rc = parse_dyn_max(shape + 4, m, DYN_TREE_MAX_EAGLE3, err, errlen);
-    else snprintf(err, errlen, "method eagle3:SHAPE needs SHAPE chain:K, tree:W1-W2-..., dyn:B-D-M or auto, got 'eagle3:%s'", args);
+    else snprintf(err, errlen, "method %s:SHAPE needs SHAPE chain:K, tree:W1-W2-..., dyn:B-D-M or auto, got '%s:%s'",
+                  head, head, args);
     if (rc < 0) return -1;
-    m->kind = SD_METHOD_EAGLE3;
+    m->kind = kind;
     m->needs_draft_model = 0;
     return 0;
+}
+
+static int parse_eagle3(const char *args, method_cfg *m, char *err, size_t errlen) {
+    return parse_head_shape(args, "eagle3", SD_METHOD_EAGLE3, m, err, errlen);
 }
 
 // The type of a head's matrices in memory (sd_method_env.head_bits), or -1.
@@ -432,6 +439,22 @@ static int make_eagle3(const method_cfg *m, const sd_method_env *env, sd_drafter
     const int wt = head_wtype(env, err, errlen);
     if (wt < 0) return -1;
     return sd_draft_eagle3_new(out, env->head_eagle3, env->target, &dp, wt, &env->head_online, &sd_learner_hook, err, errlen);
+}
+
+// ---- moa:SHAPE (the draft-model shapes, drafted by the MoA drafter, docs/moa.md)
+static int parse_moa(const char *args, method_cfg *m, char *err, size_t errlen) {
+    return parse_head_shape(args, "moa", SD_METHOD_MOA, m, err, errlen);
+}
+
+static int make_moa(const method_cfg *m, const sd_method_env *env, sd_drafter **out, char *err, size_t errlen) {
+    if (!env->head_moa) {
+        snprintf(err, errlen, "method '%s' needs an MoA drafter (--head MOA.gguf)", m->name);
+        return -1;
+    }
+    sd_draft_model_params dp;
+    if (shape_params(m, env, &dp, err, errlen) < 0) return -1;
+    // Q8_0 at least: the MoA runner has no 5- or 4-bit matrices (docs/moa.md)
+    return sd_draft_moa_new(out, env->head_moa, env->target, &dp, SD_TYPE_Q8_0, err, errlen);
 }
 
 // ---- medusa:W1-W2-... (children per node at depth k from Medusa head k)
@@ -478,9 +501,10 @@ static int parse_auto(const char *args, method_cfg *m, char *err, size_t errlen)
 }
 
 static int make_auto(const method_cfg *m, const sd_method_env *env, sd_drafter **out, char *err, size_t errlen) {
-    if (env->head_eagle3) {   // with a head, the default method (sd_method_default): lookup, else the head
+    if (env->head_eagle3 || env->head_moa) {   // with a head, the default method (sd_method_default): lookup, else the head
         sd_method dm;
-        const sd_method_have have = {.n_drafts = env->n_drafts, .eagle3_head = 1};
+        const sd_method_have have = {.n_drafts = env->n_drafts, .eagle3_head = env->head_eagle3 != NULL,
+                                     .moa_head = env->head_moa != NULL};
         if (sd_method_parse(sd_method_default(&have), &dm, err, errlen) < 0) return -1;
         return sd_method_make(&dm, env, out, err, errlen);
     }
@@ -503,6 +527,7 @@ static const method_def g_methods[] = {
     {"skip", "skip:auto|skip:L1-L2-...", parse_skip, make_skip},
     {"lookahead", "lookahead:W-N-G", parse_lookahead, make_lookahead},
     {"eagle3", "eagle3:chain:K|tree:W1-W2-...|dyn:B-D-M|auto", parse_eagle3, make_eagle3},
+    {"moa", "moa:chain:K|tree:W1-W2-...|dyn:B-D-M|auto", parse_moa, make_moa},
     {"medusa", "medusa:W1-W2-...", parse_medusa, make_medusa},
     {"auto", "auto", parse_auto, make_auto},
 };
@@ -551,7 +576,8 @@ static int cfg_parse(const char *s, method_cfg *m, char *err, size_t errlen) {
 
 static int cfg_uses_auto(const method_cfg *m) {
     return m->kind == SD_METHOD_AUTO || (m->kind == SD_METHOD_NGRAM && m->tree_auto) ||
-           ((m->kind == SD_METHOD_MODEL || m->kind == SD_METHOD_EAGLE3) && m->dp.shape == SD_DRAFT_AUTO);
+           ((m->kind == SD_METHOD_MODEL || m->kind == SD_METHOD_EAGLE3 || m->kind == SD_METHOD_MOA) &&
+            m->dp.shape == SD_DRAFT_AUTO);
 }
 
 // The separator of m->name's parts: '+' (merged trees), '/' (the first
@@ -590,9 +616,10 @@ static int method_parts(const sd_method *m, method_cfg *parts, char *err, size_t
         p++;
     }
     int heads = 0;
-    for (int i = 0; n > 1 && i < n; i++) heads += parts[i].kind == SD_METHOD_EAGLE3 || parts[i].kind == SD_METHOD_MEDUSA;
+    for (int i = 0; n > 1 && i < n; i++)
+        heads += parts[i].kind == SD_METHOD_EAGLE3 || parts[i].kind == SD_METHOD_MEDUSA || parts[i].kind == SD_METHOD_MOA;
     for (int i = 0; n > 1 && i < n; i++) {
-        const int k = parts[i].kind, head = k == SD_METHOD_EAGLE3 || k == SD_METHOD_MEDUSA;
+        const int k = parts[i].kind, head = k == SD_METHOD_EAGLE3 || k == SD_METHOD_MEDUSA || k == SD_METHOD_MOA;
         // ar and auto choose for themselves; lookahead's window rides beside one tree; a head reads
         // hidden rows that a union of trees does not pass on, and a fallback passes on to one head only
         if (k == SD_METHOD_AR || k == SD_METHOD_AUTO || k == SD_METHOD_LOOKAHEAD || (head && sep == '+')) {
@@ -601,7 +628,7 @@ static int method_parts(const sd_method *m, method_cfg *parts, char *err, size_t
             return -1;
         }
         if (heads > 1) {
-            snprintf(err, errlen, "method '%s': at most one head (eagle3 or medusa) in a fallback", m->name);
+            snprintf(err, errlen, "method '%s': at most one head (eagle3, medusa or moa) in a fallback", m->name);
             return -1;
         }
         if (head && i < n - 1) {
@@ -631,6 +658,7 @@ int sd_method_parse(const char *s, sd_method *m, char *err, size_t errlen) {
         m->needs_draft_model |= parts[i].needs_draft_model;
         if (parts[i].kind == SD_METHOD_EAGLE3) m->needs_head = SD_HEAD_EAGLE3;
         if (parts[i].kind == SD_METHOD_MEDUSA) m->needs_head = SD_HEAD_MEDUSA;
+        if (parts[i].kind == SD_METHOD_MOA) m->needs_head = SD_HEAD_MOA;
         m->uses_cost_curve |= cfg_uses_auto(&parts[i]);
         m->uses_ngram |= parts[i].kind == SD_METHOD_NGRAM || parts[i].kind == SD_METHOD_AUTO;
         if (first) m->tree_nodes = SD_MAX(m->tree_nodes, parts[i].tree_nodes);   // one part's tree a step

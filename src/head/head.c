@@ -2,6 +2,8 @@
 // the draft vocabulary and the target fingerprint (files: head/head_io.c).
 #include "head/head.h"
 
+#include "head/moa.h"
+
 #include <math.h>
 
 #include "common.h"
@@ -27,6 +29,7 @@ sd_head_hp sd_head_default_hp(const sd_model *m, int type) {
     for (int i = 0; i < 3; i++) hp.extract[i] = SD_MAX(0, SD_MIN(L - 1, ex[i]));
     hp.norm_before_residual = 0;
     sd_head_bind_target(&hp, m);
+    if (type == SD_HEAD_MOA) sd_moa_default_hp(&hp, m);
     return hp;
 }
 
@@ -41,7 +44,7 @@ static void add_t(sd_head *h, const char *name, int64_t ne0, int64_t ne1, int is
 }
 
 static int check_hp(const sd_head_hp *hp, char *err, size_t errlen) {
-    if (hp->type != SD_HEAD_EAGLE3 && hp->type != SD_HEAD_MEDUSA)
+    if (hp->type != SD_HEAD_EAGLE3 && hp->type != SD_HEAD_MEDUSA && hp->type != SD_HEAD_MOA)
         return sd_err(err, errlen, "head: unknown type %d", hp->type);
     if (hp->n_embd < 1 || hp->n_embd > 65536) return sd_err(err, errlen, "head: width %d out of range", hp->n_embd);
     if (hp->n_draft_vocab < 1 || hp->n_draft_vocab > hp->target_n_vocab)
@@ -56,6 +59,8 @@ static int check_hp(const sd_head_hp *hp, char *err, size_t errlen) {
             if (hp->extract[i] < 0 || hp->extract[i] >= hp->target_n_layer)
                 return sd_err(err, errlen, "head: extract layer %d is outside the target's %d layers", hp->extract[i],
                               hp->target_n_layer);
+    } else if (hp->type == SD_HEAD_MOA) {
+        if (sd_moa_check_hp(hp, err, errlen) < 0) return -1;
     } else if (hp->n_medusa < 1 || hp->n_medusa > SD_HEAD_MAX_MEDUSA) {
         return sd_err(err, errlen, "head: %d Medusa heads (1..%d)", hp->n_medusa, SD_HEAD_MAX_MEDUSA);
     }
@@ -77,8 +82,14 @@ int sd_head_new(sd_head **out, const sd_head_hp *hp, char *err, size_t errlen) {
     sd_head *h = calloc(1, sizeof *h);
     if (!h) return sd_err(err, errlen, "head: out of memory");
     h->hp = *hp;
-    if (hp->type == SD_HEAD_EAGLE3) {   // fields of the other type are zero
+    if (hp->type == SD_HEAD_EAGLE3) {   // fields of the other types are zero
         h->hp.n_medusa = 0;
+    } else if (hp->type == SD_HEAD_MOA) {
+        h->hp.n_medusa = 0;
+        h->hp.norm_before_residual = 0;
+        memset(h->hp.extract, 0, sizeof h->hp.extract);
+        if (h->hp.moa_no_lsa)
+            h->hp.moa_lsa_n_head = h->hp.moa_lsa_n_head_kv = h->hp.moa_lsa_head_dim = h->hp.moa_lsa_n_ff = 0;
     } else {
         h->hp.n_head = h->hp.n_head_kv = h->hp.head_dim = h->hp.n_ff = 0;
         h->hp.rope_base = 0.0f;
@@ -88,7 +99,9 @@ int sd_head_new(sd_head **out, const sd_head_hp *hp, char *err, size_t errlen) {
     hp = &h->hp;
     size_t off = 0;
     const int64_t d = hp->n_embd, V = hp->n_draft_vocab;
-    if (hp->type == SD_HEAD_EAGLE3) {
+    if (hp->type == SD_HEAD_MOA) {
+        sd_moa_build_table(h, &off);
+    } else if (hp->type == SD_HEAD_EAGLE3) {
         const int64_t qd = (int64_t)hp->n_head * hp->head_dim, kd = (int64_t)hp->n_head_kv * hp->head_dim;
         add_t(h, "fc.weight", 3 * d, d, 0, &off);
         add_t(h, "blk.0.attn_norm.weight", d, 1, 1, &off);
@@ -216,7 +229,7 @@ void sd_head_bind_target(sd_head_hp *hp, const sd_model *m) {
 
 int sd_head_check_target(const sd_head *h, const sd_model *m, char *err, size_t errlen) {
     const sd_head_hp *hp = &h->hp;
-    const char *what = hp->type == SD_HEAD_MEDUSA ? "Medusa head" : "EAGLE-3 head";
+    const char *what = hp->type == SD_HEAD_MEDUSA ? "Medusa head" : hp->type == SD_HEAD_MOA ? "MoA drafter" : "EAGLE-3 head";
     if (hp->target_n_embd != m->hp.n_embd || hp->n_embd != m->hp.n_embd)
         return sd_err(err, errlen, "%s made for a target of hidden size %d; this model has %d", what,
                       hp->target_n_embd, m->hp.n_embd);
@@ -232,12 +245,17 @@ int sd_head_check_target(const sd_head *h, const sd_model *m, char *err, size_t 
                       "%s made for another vocabulary (fingerprint %016llx; this model's is %016llx): same sizes, "
                       "different tokens",
                       what, (unsigned long long)hp->target_vocab_hash, (unsigned long long)vh);
+    if (hp->type == SD_HEAD_MOA) return sd_moa_check_target(h, m, err, errlen);
     return 0;
 }
 
-const char *sd_head_type_name(const sd_head *h) { return h->hp.type == SD_HEAD_MEDUSA ? "medusa" : "eagle3"; }
+const char *sd_head_type_name(const sd_head *h) {
+    return h->hp.type == SD_HEAD_MEDUSA ? "medusa" : h->hp.type == SD_HEAD_MOA ? "moa" : "eagle3";
+}
 
-sd_head_type sd_head_get_type(const sd_head *h) { return h->hp.type == SD_HEAD_MEDUSA ? SD_HEAD_MEDUSA : SD_HEAD_EAGLE3; }
+sd_head_type sd_head_get_type(const sd_head *h) {
+    return h->hp.type == SD_HEAD_MEDUSA || h->hp.type == SD_HEAD_MOA ? h->hp.type : SD_HEAD_EAGLE3;
+}
 
 int sd_head_describe(const sd_head *h, char *buf, size_t len) {
     const sd_head_hp *hp = &h->hp;
@@ -251,6 +269,9 @@ int sd_head_describe(const sd_head *h, char *buf, size_t len) {
             o += (size_t)snprintf(facts + o, sizeof facts - o, " %.*s", (int)L, p);
         p += L + (p[L] == '\n');
     }
+    if (hp->type == SD_HEAD_MOA)
+        return snprintf(buf, len, "moa drafter: TLI %d, %s, draft vocabulary %d of %d tokens%s", hp->moa_tli,
+                        hp->moa_no_lsa ? "no LSA" : "LSA", hp->n_draft_vocab, hp->target_n_vocab, facts);
     if (hp->type == SD_HEAD_MEDUSA)
         return snprintf(buf, len, "medusa head: %d heads, draft vocabulary %d of %d tokens%s", hp->n_medusa,
                         hp->n_draft_vocab, hp->target_n_vocab, facts);

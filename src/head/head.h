@@ -18,7 +18,7 @@
 #define SD_HEAD_MAX_MEDUSA 8
 
 typedef struct sd_head_hp {
-    sd_head_type type;       // SD_HEAD_EAGLE3 or SD_HEAD_MEDUSA
+    sd_head_type type;       // SD_HEAD_EAGLE3, SD_HEAD_MEDUSA or SD_HEAD_MOA
     // The head's own shape. EAGLE-3: one decoder layer of width n_embd whose
     // Q/K/V read 2*n_embd inputs. Medusa: n_medusa residual blocks of width n_embd.
     int n_embd;              // == the target's n_embd (the heads read its states directly)
@@ -29,6 +29,14 @@ typedef struct sd_head_hp {
     float rope_base;         // RoPE of the EAGLE-3 layer: pairs (2i, 2i+1), theta = base^(-2i/head_dim)
     int extract[3];          // EAGLE-3: target layers whose output rows (sd_batch.hidden_layers) are fused
     int norm_before_residual; // EAGLE-3: 1: the attention residual is the normed fused state, 0: the raw one
+    // MoA (docs/moa.md): SA and CA are decoder layers of the shape above
+    // (n_head, n_head_kv, head_dim, n_ff, rope_base); LSA runs over the
+    // target's layers with its own shape; no draft output matrix (the
+    // target's final norm and the draft-vocabulary rows of its output matrix).
+    int moa_tli;             // N: target layers run after CA (0: CA predicts the last layer's output)
+    int moa_no_lsa;          // 1: no LSA decoder layer (the layers' mean K,V row is projected directly)
+    int moa_kv_width;        // Ekv = 2 * target n_head_kv * target head_dim: one layer's K,V row
+    int moa_lsa_n_head, moa_lsa_n_head_kv, moa_lsa_head_dim, moa_lsa_n_ff; // LSA layer (lsa_n_head * lsa_head_dim == Ekv)
     // What the head was made for (checked against a target at load).
     int target_n_vocab, target_n_embd, target_n_layer;
     uint64_t target_vocab_hash; // sd_head_vocab_hash of the target's tokenizer

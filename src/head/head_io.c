@@ -9,6 +9,7 @@
 
 #include "common.h"
 #include "head/head.h"
+#include "head/moa.h"
 #include "kernels/quant.h"
 #include "model/gguf.h"
 #include "model/model.h"
@@ -16,7 +17,7 @@
 #define GGUF_TYPE_I32 26
 #define GGUF_TYPE_I64 27
 
-static const char *arch_of(int type) { return type == SD_HEAD_MEDUSA ? "medusa" : "eagle3"; }
+static const char *arch_of(int type) { return type == SD_HEAD_MEDUSA ? "medusa" : type == SD_HEAD_MOA ? "moa" : "eagle3"; }
 
 static void w_key_u32(sd_gguf_writer *w, const char *arch, const char *key, uint32_t v) {
     char k[96];
@@ -48,7 +49,9 @@ int sd_head_save(const sd_head *h, const char *path, int wtype, char *err, size_
     sd_gguf_writer *w = sd_gguf_writer_new();
     if (!w) return sd_err(err, errlen, "head: out of memory");
     sd_gguf_w_str(w, "general.architecture", arch);
-    sd_gguf_w_str(w, "general.name", hp->type == SD_HEAD_MEDUSA ? "specdec Medusa head" : "specdec EAGLE-3 head");
+    sd_gguf_w_str(w, "general.name", hp->type == SD_HEAD_MEDUSA ? "specdec Medusa head"
+                                     : hp->type == SD_HEAD_MOA  ? "specdec MoA drafter"
+                                                                : "specdec EAGLE-3 head");
     w_key_u32(w, arch, "embedding_length", (uint32_t)hp->n_embd);
     char k[96];
     snprintf(k, sizeof k, "%s.attention.layer_norm_rms_epsilon", arch);
@@ -66,6 +69,8 @@ int sd_head_save(const sd_head *h, const char *path, int wtype, char *err, size_
         sd_gguf_w_arr_i32(w, "eagle3.extract_layers", hp->extract, 3);
         sd_gguf_w_u32(w, "eagle3.target_hidden_size", (uint32_t)hp->target_n_embd);
         sd_gguf_w_bool(w, "eagle3.norm_before_residual", hp->norm_before_residual);
+    } else if (hp->type == SD_HEAD_MOA) {
+        sd_moa_write_hp(w, hp);
     } else {
         w_key_u32(w, arch, "head_count", (uint32_t)hp->n_medusa);
     }
@@ -224,8 +229,9 @@ static int read_hp(const sd_gguf *g, const sd_model *m, sd_head_hp *hp, char *er
         return sd_err(err, errlen, "head file: general.architecture is missing");
     if (sd_str_eq(a, "eagle3")) hp->type = SD_HEAD_EAGLE3;
     else if (sd_str_eq(a, "medusa")) hp->type = SD_HEAD_MEDUSA;
+    else if (sd_str_eq(a, "moa")) hp->type = SD_HEAD_MOA;
     else
-        return sd_err(err, errlen, "not a draft head: architecture '%.*s' (a head is 'eagle3' or 'medusa')",
+        return sd_err(err, errlen, "not a draft head: architecture '%.*s' (a head is 'eagle3', 'medusa' or 'moa')",
                       (int)SD_MIN(a.len, 32), a.ptr);
     const char *arch = arch_of(hp->type);
     sd_str ty;
@@ -242,6 +248,9 @@ static int read_hp(const sd_gguf *g, const sd_model *m, sd_head_hp *hp, char *er
     if (get_float(g, k, 1e-5f, 0.0, 1.0, &hp->rms_eps, err, errlen) < 0) return -1;
     if (hp->type == SD_HEAD_EAGLE3) {
         if (read_eagle3_hp(g, hp, err, errlen) < 0) return -1;
+    } else if (hp->type == SD_HEAD_MOA) {
+        if (sd_moa_read_hp(g, hp, err, errlen) < 0) return -1;
+        hp->target_n_embd = hp->n_embd;
     } else {
         if (get_int(g, "medusa.head_count", 1, 1, SD_HEAD_MAX_MEDUSA, &hp->n_medusa, err, errlen) < 0) return -1;
         hp->target_n_embd = hp->n_embd;
@@ -306,8 +315,10 @@ static int check_no_extra_tensors(const sd_gguf *g, const sd_head *h, char *err,
             return sd_err(err, errlen, "head file: tensor '%.*s' is not part of a Medusa head of medusa.head_count = %d "
                           "heads", (int)SD_MIN(nm.len, 64), nm.ptr, h->hp.n_medusa);
         if (!known)
-            return sd_err(err, errlen, "head file: tensor '%.*s' is not part of an EAGLE-3 head",
-                          (int)SD_MIN(nm.len, 64), nm.ptr);
+            return sd_err(err, errlen, "head file: tensor '%.*s' is not part of %s",
+                          (int)SD_MIN(nm.len, 64), nm.ptr,
+                          h->hp.type == SD_HEAD_MOA ? (h->hp.moa_no_lsa ? "an MoA drafter without LSA" : "an MoA drafter")
+                                                    : "an EAGLE-3 head");
     }
     return 0;
 }

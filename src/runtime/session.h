@@ -89,6 +89,13 @@ void sd_kt_store(sd_session *s, int layer, const float *k, int n);
 void sd_kt_store_dims(sd_session *s, int layer, const float *k, int n, int d0, int d1);
 void sd_kt_move(sd_session *s, int layer, int dst, int src);
 
+// kv_read.c: the committed K and V rows of positions pos .. pos+n-1 of
+// layer (pos + n <= n_past), converted to float: k and v (n, kv_dim) each,
+// K with RoPE applied as cached. For drafters that read the target's cache
+// (the MoA drafter's LSA, docs/moa.md). Returns 0, or <0 when the rows are
+// not committed or the layer is out of range.
+int sd_session_kv_rows(const sd_session *s, int layer, int pos, int n, float *k, float *v);
+
 // session.c: the largest sd_matmul_wsize over the model's matrices for n_tok
 // tokens (the size of a forward's wbuf and abuf), and cache-line aligned
 // memory (zeroed if zero; free with free), the per-forward buffers' allocator.

@@ -73,6 +73,11 @@ int sd_ckpt_save(const char *path, const sd_head *h, const sd_adamw *o, const sd
     k.target_n_embd = hp->target_n_embd;
     k.target_n_layer = hp->target_n_layer;
     k.target_vocab_hash = hp->target_vocab_hash;
+    if (hp->type == SD_HEAD_MOA) {   // (fields an MoA head does not use carry its own; docs/moa.md)
+        k.extract[0] = hp->moa_tli, k.extract[1] = hp->moa_no_lsa, k.extract[2] = hp->moa_lsa_n_head;
+        k.norm_before_residual = hp->moa_lsa_n_head_kv;
+        k.n_medusa = hp->moa_lsa_n_ff;
+    }
     k.n_w = h->n_w;
     k.adam_t = o->t;
     k.recipe = *r;
@@ -141,6 +146,15 @@ int sd_ckpt_load(const char *path, const sd_model *m, sd_head **hout, sd_adamw *
     hp.target_n_embd = k.target_n_embd;
     hp.target_n_layer = k.target_n_layer;
     hp.target_vocab_hash = k.target_vocab_hash;
+    if (hp.type == SD_HEAD_MOA) {   // the MoA fields, where sd_ckpt_save put them
+        hp.moa_tli = k.extract[0], hp.moa_no_lsa = k.extract[1], hp.moa_lsa_n_head = k.extract[2];
+        hp.moa_lsa_n_head_kv = k.norm_before_residual;
+        hp.moa_lsa_n_ff = k.n_medusa;
+        hp.moa_kv_width = 2 * m->hp.n_head_kv * m->hp.head_dim;
+        hp.moa_lsa_head_dim = hp.moa_lsa_n_head > 0 ? hp.moa_kv_width / hp.moa_lsa_n_head : 0;
+        memset(hp.extract, 0, sizeof hp.extract);
+        hp.norm_before_residual = hp.n_medusa = 0;
+    }
     char e2[512];
     if (sd_head_new(&h, &hp, e2, sizeof e2) < 0) {
         fclose(f);

@@ -79,16 +79,18 @@ static void on_cache(void *user, const sd_cache_progress *cp) {
 static int resolve(loop_run *r, const sd_train_head_params *p, char *err, size_t errlen) {
     r->P = *p;
     sd_train_head_params *P = &r->P;
-    if (P->type != SD_HEAD_EAGLE3 && P->type != SD_HEAD_MEDUSA)
-        return sd_err(err, errlen, "unknown head type %d (eagle3 or medusa)", P->type);
+    if (P->type != SD_HEAD_EAGLE3 && P->type != SD_HEAD_MEDUSA && P->type != SD_HEAD_MOA)
+        return sd_err(err, errlen, "unknown head type %d (eagle3, medusa or moa)", P->type);
+    if (P->type != SD_HEAD_MOA && (P->moa_tli || P->moa_no_lsa))
+        return sd_err(err, errlen, "--tli and --no-lsa are for an MoA drafter (--type moa)");
     if (!P->model && !P->model_path) return sd_err(err, errlen, "no target model given");
     if (P->n_data < 1 || !P->data_paths) return sd_err(err, errlen, "no training data given (--data FILE.jsonl)");
     if (!P->out_path && !P->cache_only) return sd_err(err, errlen, "no output head file given (--out HEAD.gguf)");
     if (P->out_type < SD_TRAIN_OUT_Q8_0 || P->out_type > SD_TRAIN_OUT_F32)
         return sd_err(err, errlen, "unknown output type %d", P->out_type);
     if (P->draft_vocab < 1) return sd_err(err, errlen, "draft vocabulary of %d tokens", P->draft_vocab);
-    if (P->head_ff < 0 || (P->head_ff > 0 && P->type != SD_HEAD_EAGLE3))
-        return sd_err(err, errlen, "a feed-forward width (--ff %d) is for a new EAGLE-3 head", P->head_ff);
+    if (P->head_ff < 0 || (P->head_ff > 0 && P->type == SD_HEAD_MEDUSA))
+        return sd_err(err, errlen, "a feed-forward width (--ff %d) is for a new EAGLE-3 head or MoA drafter", P->head_ff);
     if (P->ttt_steps < 1 || P->ttt_steps > SD_TRAIN_MAX_K)
         return sd_err(err, errlen, "%d training-time-test steps (1..%d)", P->ttt_steps, SD_TRAIN_MAX_K);
     if (P->n_medusa < 1 || P->n_medusa > SD_HEAD_MAX_MEDUSA)
@@ -128,8 +130,12 @@ static int plan_head(loop_run *r, sd_head_hp *hp, char *err, size_t errlen) {
         *hp = r->h->hp;
         if (hp->type != P->type)
             return sd_err(err, errlen, "the checkpoint %s trains %s head, not %s one", r->ckpt_path,
-                          hp->type == SD_HEAD_EAGLE3 ? "an EAGLE-3" : "a Medusa",
-                          P->type == SD_HEAD_EAGLE3 ? "an EAGLE-3" : "a Medusa");
+                          hp->type == SD_HEAD_EAGLE3 ? "an EAGLE-3" : hp->type == SD_HEAD_MOA ? "an MoA" : "a Medusa",
+                          P->type == SD_HEAD_EAGLE3 ? "an EAGLE-3" : P->type == SD_HEAD_MOA ? "an MoA" : "a Medusa");
+        if (hp->type == SD_HEAD_MOA && (hp->moa_tli != P->moa_tli || hp->moa_no_lsa != P->moa_no_lsa))
+            return sd_err(err, errlen, "the checkpoint %s trains an MoA drafter with TLI %d%s; this run asks for TLI %d%s",
+                          r->ckpt_path, hp->moa_tli, hp->moa_no_lsa ? " without LSA" : "", P->moa_tli,
+                          P->moa_no_lsa ? " without LSA" : "");
         int dv = SD_MIN(P->draft_vocab, r->m->hp.n_vocab);
         if (!P->init_path && hp->type == SD_HEAD_EAGLE3 && P->head_ff > 0 && hp->n_ff != P->head_ff)
             return sd_err(err, errlen, "the checkpoint %s has a feed-forward width of %d; this run asks for %d",
@@ -151,12 +157,17 @@ static int plan_head(loop_run *r, sd_head_hp *hp, char *err, size_t errlen) {
     hp->n_draft_vocab = SD_MIN(P->draft_vocab, r->m->hp.n_vocab);
     if (P->type == SD_HEAD_MEDUSA) hp->n_medusa = P->n_medusa;
     if (P->type == SD_HEAD_EAGLE3 && P->head_ff > 0) hp->n_ff = P->head_ff;
+    if (P->type == SD_HEAD_MOA) {
+        hp->moa_tli = P->moa_tli;
+        hp->moa_no_lsa = P->moa_no_lsa;
+        if (P->head_ff > 0) hp->n_ff = P->head_ff;
+    }
     return 0;
 }
 
 static int open_cache(loop_run *r, const sd_head_hp *hp, char *err, size_t errlen) {
     sd_cache_params cp = sd_cache_default_params();
-    cp.type = hp->type;
+    cp.type = hp->type == SD_HEAD_MOA ? SD_HEAD_MEDUSA : hp->type;   // MoA reads the Medusa cache (loop_moa.c)
     memcpy(cp.extract, hp->extract, sizeof cp.extract);
     cp.topk = r->P.topk;
     cp.n_ctx = r->P.n_ctx;
@@ -283,12 +294,13 @@ static int plan_training(loop_run *r, char *err, size_t errlen) {
     r->b_p = malloc(sizeof(float) * (size_t)T * (size_t)k);
     r->b_feat = malloc(sizeof(float) * (size_t)T * (size_t)nf);
     if (!r->grad || !r->b_tok || !r->b_ids || !r->b_p || !r->b_feat) return sd_err(err, errlen, "out of memory");
+    if (r->h->hp.type == SD_HEAD_MOA && loop_moa_init(r, err, errlen) < 0) return -1;
     return sd_trainer_new(&r->tr, r->h, r->m, T, P->ttt_steps, r->pool, err, errlen);
 }
 
 // ---------------------------------------------------------------- steps, evaluation, checkpoints
-static int n_agree(const loop_run *r) {
-    return r->h->hp.type == SD_HEAD_EAGLE3 ? r->P.ttt_steps : r->h->hp.n_medusa;
+static int n_agree(const loop_run *r) {   // MoA: agreement by draft depth 0..3
+    return r->h->hp.type == SD_HEAD_EAGLE3 ? r->P.ttt_steps : r->h->hp.type == SD_HEAD_MOA ? 4 : r->h->hp.n_medusa;
 }
 
 static int evaluate(loop_run *r, char *err, size_t errlen) {
@@ -459,6 +471,7 @@ static void run_free(loop_run *r) {
     free(r->b_p);
     free(r->b_feat);
     free(r->note_buf);
+    loop_moa_free(r);
     free(r);
 }
 

@@ -4,6 +4,7 @@
 #include "common.h"
 #include "kernels/quant.h"
 #include "model/model.h"
+#include "head/moa.h"
 #include "train/loop_impl.h"
 
 static uint64_t mix64(uint64_t x) {   // splitmix64's finaliser: spreads a hash over all bits
@@ -159,6 +160,7 @@ int loop_read(loop_run *r, const loop_chunk *c, sd_train_seq *seq, char *err, si
         return -1;
     *seq = (sd_train_seq){.T = c->T, .tokens = r->b_tok, .feats = r->b_feat, .top_ids = r->b_ids, .top_p = r->b_p,
                           .topk = sd_cache_topk(r->cache)};
+    if (r->h && r->h->hp.type == SD_HEAD_MOA) return loop_moa_feats(r, seq, err, errlen);
     return 0;
 }
 
@@ -212,6 +214,17 @@ void loop_init_from_target(sd_head *h, const sd_model *m) {
         target_rows(m, h, sd_head_w(h, SD_E3_OUT));
         const sd_tensor *nt = m->out_norm;
         sd_type_get(nt->type)->to_float(nt->data, sd_head_w(h, SD_E3_OUT_NORM), m->hp.n_embd);
+    } else if (h->hp.type == SD_HEAD_MOA) {
+        // the layers' two residual writes (Wo, Wdown) start small: each layer starts near the identity, so
+        // the drafted row starts as its token's embedding (docs/moa.md)
+        const int base[3] = {SD_MOA_SA, SD_MOA_CA, SD_MOA_LSA}, nb = h->hp.moa_no_lsa ? 2 : 3;
+        for (int b = 0; b < nb; b++) {
+            const int small[2] = {base[b] + SD_MOA_O, base[b] + SD_MOA_DOWN};
+            for (int i = 0; i < 2; i++) {
+                float *w = sd_head_w(h, small[i]);
+                for (int64_t j = 0; j < h->t[small[i]].ne0 * h->t[small[i]].ne1; j++) w[j] *= 0.1f;
+            }
+        }
     } else {
         for (int k = 0; k < h->hp.n_medusa; k++) {   // W_k = 0, b_k = 0: each head starts as the target's read-out
             memset(sd_head_w(h, SD_MD_FC(k)), 0, sizeof(float) * (size_t)(h->hp.n_embd * h->hp.n_embd));

@@ -46,6 +46,12 @@ typedef struct loop_run {
     double seconds0;          // training time of earlier calls (resumed)
     sd_train_progress prog;   // the last figures reported
     char *note_buf;           // (1024) scratch for notes
+    // MoA heads (loop_moa.c): the target session that recomputes a sequence's K,V rows, and their buffers
+    sd_session *moa_s;
+    float *moa_feat;          // (seq_len, sd_moa_n_feat) the trainer's features
+    float *moa_hid;           // (seq_len, 2, n_embd) hidden rows of the forward
+    float *moa_k, *moa_v;     // (seq_len, kv_dim) one layer's cache rows
+    uint8_t *moa_nolog;       // (seq_len) zeros: the forward computes no logits
 } loop_run;
 
 // loop_data.c: the splits, the vocabulary, the cache's sequences.
@@ -64,6 +70,12 @@ int loop_read(loop_run *r, const loop_chunk *c, sd_train_seq *seq, char *err, si
 const loop_chunk *loop_next_chunk(loop_run *r);
 // Starts epoch st.epoch from the RNG state st.rng_epoch: redraws the order.
 void loop_shuffle(loop_run *r);
+// loop_moa.c: an MoA run's target session and buffers; a sequence's MoA
+// features (the K,V rows of every layer and the target states, recomputed by
+// a forward over its tokens) into seq->feats. 0 or <0.
+int loop_moa_init(loop_run *r, char *err, size_t errlen);
+void loop_moa_free(loop_run *r);
+int loop_moa_feats(loop_run *r, sd_train_seq *seq, char *err, size_t errlen);
 // Copies the target's output rows (the draft vocabulary's) and output norm
 // into a new head, as docs/heads.md's initialisation says.
 void loop_init_from_target(sd_head *h, const sd_model *m);

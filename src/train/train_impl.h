@@ -79,6 +79,7 @@ struct sd_trainer {
     int32_t *iarena;         // every int buffer
     e3_ws e3;
     md_ws md;
+    struct sd_moa_tr *moa;   // MoA heads: their workspace (train/moa_train.h), else NULL
 };
 
 // Carves n floats (64-byte multiples) off *p.

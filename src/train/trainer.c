@@ -7,6 +7,7 @@
 
 #include "common.h"
 #include "model/model.h"
+#include "train/moa_train.h"
 #include "train/train_impl.h"
 
 int sd_trainer_new(sd_trainer **out, const sd_head *h, const sd_model *target, int T_max, int K, sd_pool *pool,
@@ -23,6 +24,8 @@ int sd_trainer_new(sd_trainer **out, const sd_head *h, const sd_model *target, i
                           target->hp.n_embd, target->hp.n_vocab, hp->n_embd, hp->target_n_vocab);
     } else if (hp->type == SD_HEAD_MEDUSA) {
         K = hp->n_medusa;
+    } else if (hp->type == SD_HEAD_MOA) {
+        K = SD_HEAD_MAX_MEDUSA;   // agreement by draft depth 0..7
     } else {
         return sd_err(err, errlen, "trainer: unknown head type %d", hp->type);
     }
@@ -35,8 +38,12 @@ int sd_trainer_new(sd_trainer **out, const sd_head *h, const sd_model *target, i
     size_t nf = 0, ni = 0;
     if (hp->type == SD_HEAD_EAGLE3)
         sd_e3_sizes(h, T_max, K, &nf, &ni);
-    else
+    else if (hp->type == SD_HEAD_MEDUSA)
         sd_md_sizes(h, T_max, &nf, &ni);
+    else if (sd_moa_tr_new(&tr->moa, h, target, T_max, err, errlen) < 0) {
+        sd_trainer_free(tr);
+        return -1;
+    }
     const size_t nt = (size_t)T_max * SD_TRAIN_MAX_TOPK;
     // (C11: the size a multiple of the alignment)
     tr->arena = aligned_alloc(64, ((nf + nt) * sizeof(float) + 63) / 64 * 64 + 64);
@@ -52,7 +59,7 @@ int sd_trainer_new(sd_trainer **out, const sd_head *h, const sd_model *target, i
     tr->tid = tr->iarena + ni;
     if (hp->type == SD_HEAD_EAGLE3)
         sd_e3_carve(tr, tr->arena, tr->iarena);
-    else
+    else if (hp->type == SD_HEAD_MEDUSA)
         sd_md_carve(tr, tr->arena, tr->iarena);
     *out = tr;
     return 0;
@@ -61,6 +68,7 @@ int sd_trainer_new(sd_trainer **out, const sd_head *h, const sd_model *target, i
 void sd_trainer_free(sd_trainer *tr) {
     if (!tr) return;
     sd_tr_ctx_free(&tr->ctx);
+    sd_moa_tr_free(tr->moa);
     free(tr->arena);
     free(tr->iarena);
     free(tr->scored);
@@ -111,8 +119,11 @@ double sd_trainer_loss(sd_trainer *tr, const sd_train_seq *seq, float *grad, sd_
     if (st) memset(st, 0, sizeof *st);
     if (prepare(tr, seq, err, errlen) < 0) return -1;
     sd_pool_acquire(tr->ctx.pool);   // a shared pool: take our turn (house rule 8)
-    double loss = tr->h->hp.type == SD_HEAD_EAGLE3 ? sd_e3_loss(tr, seq, grad, st, err, errlen)
-                                                   : sd_md_loss(tr, seq, grad, st);
+    const int ty = tr->h->hp.type;
+    double loss = ty == SD_HEAD_EAGLE3 ? sd_e3_loss(tr, seq, grad, st, err, errlen)
+                  : ty == SD_HEAD_MOA  ? sd_moa_tr_loss(tr->moa, &tr->ctx, seq, tr->tid, tr->tp, tr->scored, grad, st,
+                                                        tr->fault)
+                                       : sd_md_loss(tr, seq, grad, st);
     sd_pool_release(tr->ctx.pool);
     if (st && loss >= 0) st->loss = loss;
     return loss;

@@ -52,7 +52,7 @@ static void fake_set(fake_logits *f, int i, int32_t argmax) {
 // with the last level's argmaxes next[0..W) as the target's logits.
 static int unit_step(sd_drafter *d, sd_tree *tree, sd_aux_nodes *aux, const int32_t *next, int W, int L) {
     int32_t ctx_tok[4] = {1, 2, 3, 4};
-    sd_draft_ctx ctx = {ctx_tok, 4, 16, 0, NULL, &d->rng, NULL};
+    sd_draft_ctx ctx = {ctx_tok, 4, 16, 0, NULL, &d->rng, NULL, NULL};
     aux->n = 0;
     if (d->vt->aux(d, &ctx, tree, aux, g_err, sizeof g_err) < 0) return -1;
     static fake_logits f;
@@ -120,7 +120,7 @@ static void test_window_layout_and_update(void) {
     // The verification branch: candidates for the root merged by prefix.
     sd_tree_reset(&tree, 9);
     int32_t ctx_tok[2] = {0, 9};
-    sd_draft_ctx ctx = {ctx_tok, 2, 8, 0, NULL, NULL, NULL};
+    sd_draft_ctx ctx = {ctx_tok, 2, 8, 0, NULL, NULL, NULL, NULL};
     CHECK(d->vt->propose(d, &ctx, &tree, g_err, sizeof g_err) == 0 && tree.n == 4, "trie of one 4-gram: %d nodes",
           tree.n);
     CHECK(tree.token[1] == 13 && tree.parent[2] == 1 && tree.token[3] == 3, "candidate path");
@@ -172,7 +172,7 @@ static void test_pool_eviction(void) {
     }
     sd_tree_reset(&tree, 4);
     int32_t ctx_tok[1] = {4};
-    sd_draft_ctx ctx = {ctx_tok, 1, 8, 0, NULL, NULL, NULL};
+    sd_draft_ctx ctx = {ctx_tok, 1, 8, 0, NULL, NULL, NULL, NULL};
     CHECK(d->vt->propose(d, &ctx, &tree, g_err, sizeof g_err) == 0, "%s", g_err);
     CHECK(tree.n == 4 && tree.token[1] == 5 && tree.token[2] == 6 && tree.token[3] == 7 && tree.parent[3] == 1,
           "G=2 newest grams share the prefix 5: %d nodes", tree.n);

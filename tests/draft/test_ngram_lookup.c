@@ -67,7 +67,7 @@ static void write_corpus(const char *path, uint64_t seed, int n_words) {
 // ------------------------------------------------------------ n-gram index
 static sd_tree g_tree;
 static int propose(sd_drafter *d, const int32_t *text, int n, int max_nodes) {
-    sd_draft_ctx ctx = {text, n, max_nodes, 0, NULL, NULL, NULL};
+    sd_draft_ctx ctx = {text, n, max_nodes, 0, NULL, NULL, NULL, NULL};
     sd_tree_reset(&g_tree, text[n - 1]);
     return d->vt->propose(d, &ctx, &g_tree, g_err, sizeof g_err);
 }
@@ -219,7 +219,7 @@ static void test_ngram_incremental(void) {
     while (n < 3000) {
         CHECK(propose(d, text, n, 12) == 0, "%s", g_err);
         fresh->vt->reset(fresh);
-        sd_draft_ctx ctx = {text, n, 12, 0, NULL, NULL, NULL};
+        sd_draft_ctx ctx = {text, n, 12, 0, NULL, NULL, NULL, NULL};
         sd_tree_reset(&t2, text[n - 1]);
         fresh->vt->propose(fresh, &ctx, &t2, g_err, sizeof g_err);
         if (t2.n != g_tree.n || memcmp(t2.token, g_tree.token, sizeof(int32_t) * (size_t)t2.n) ||

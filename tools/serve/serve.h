@@ -39,7 +39,7 @@ typedef struct sv_opts {
     const char *method;       // default speculation method string ("ngram:3-8"; "ar" = none)
     const char *drafts[SD_METHOD_MAX_DRAFTS]; // (n_drafts) draft model paths
     int n_drafts;
-    const char *heads[2];     // (n_heads) --head FILE|auto: an EAGLE-3 head and/or a Medusa head
+    const char *heads[3];     // (n_heads) --head FILE|auto: an EAGLE-3 head, a Medusa head, an MoA drafter
     int n_heads;
     const char *host;         // address to bind ("127.0.0.1")
     int port;                 // TCP port (8080; 0 = any free port, printed at start)
@@ -151,9 +151,10 @@ typedef struct sv_server {
     const sv_opts *o;
     sd_model *model;
     sd_model *drafts[SD_METHOD_MAX_DRAFTS];
-    sd_head *heads[2];         // (o->n_heads) loaded --head files; NULL where `auto` found none
+    sd_head *heads[3];         // (o->n_heads) loaded --head files; NULL where `auto` found none
     const sd_head *head_eagle3;// the EAGLE-3 head among them (eagle3:* and auto methods), or NULL
     const sd_head *head_medusa;// the Medusa head among them (medusa:* methods), or NULL
+    const sd_head *head_moa;   // the MoA drafter among them (moa:* methods), or NULL
     const sd_tokenizer *tok;
     char model_id[256];        // the name clients give as "model" (file name of the GGUF)
     sd_threadpool *pool;

@@ -17,6 +17,7 @@ static const char *serve_hint(const sd_method *m) {
     return m->needs_draft_model        ? "start the server with --draft D.gguf"
            : m->needs_head == SD_HEAD_EAGLE3 ? "start the server with --head H.gguf (or --head auto)"
            : m->needs_head == SD_HEAD_MEDUSA ? "start the server with --head M.gguf"
+           : m->needs_head == SD_HEAD_MOA    ? "start the server with --head MOA.gguf"
                                                 : "";
 }
 
@@ -47,6 +48,7 @@ sd_method_env sv_method_env(const sv_server *s) {
     sd_method_env env = sd_method_env_default(s->model);
     env.head_eagle3 = s->head_eagle3;
     env.head_medusa = s->head_medusa;
+    env.head_moa = s->head_moa;
     env.drafts = (const sd_model *const *)s->drafts;
     env.n_drafts = s->o->n_drafts;
     env.n_ctx = s->n_ctx;

@@ -1,0 +1,353 @@
+// draft_moa.c - the Mixture of Attentions drafter (docs/moa.md).
+//
+// State follows the text by position: the runner holds CA keys and values
+// (and the TLI layers' K,V rows) of verified positions 0 .. n_cached-1,
+// made from the target session's cache rows of those positions. At propose
+// time the positions the target committed since (the root excluded: it is
+// not in the target's cache yet) are read and run through LSA; then every
+// tree node, the root first, is a drafted row (SA over its chain from the
+// root, CA over the verified positions, the TLI layers), dropped after the
+// step. Nothing of a step's drafts is kept: the next propose reads the
+// accepted tokens' rows from the target's cache, as the target made them.
+#include "draft/draft_moa.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "draft/draft_auto.h"
+#include "head/moa.h"
+#include "model/model.h"
+#include "runtime/session.h"
+
+#define MOA_TREE_MAX 512
+
+typedef struct moad {
+    sd_draft_model_params p;
+    const sd_model *target;
+    const sd_head *head;
+    sd_moa_run *r;
+    int E, V, nv, n_ctx, L, ekv;
+    int32_t *txt;        // (n_ctx) the text whose positions the runner holds (the first n_cached)
+    int root_pos;
+    int32_t *slot;       // (MOA_TREE_MAX) pending slot of each evaluated node
+    float *lg;           // (SD_MOA_ROWS, V) draft logits
+    float *full;         // (nv)
+    float *kv;           // (SD_MOA_ROWS, L, ekv) K,V rows of verified positions
+    float *kb, *vb;      // (SD_MOA_ROWS, ekv / 2) one layer's rows
+    int32_t *hist;       // (n_ctx + MOA_TREE_MAX)
+    sd_sampler *smp;
+    sd_sampler_params smp_p;
+    const sd_draft_ctx *ctx;
+    float p_min;
+    sd_tree work;
+    sd_draft_auto *au;
+    int followed;
+    int64_t cov_n, cov_in, n_no_session;
+    char note[300];
+    int test_fault;
+} moad;
+
+static double moa_uniform(void *st) { return sd_rng_uniform((sd_rng *)st); }
+
+static void dist_row(moad *s, const float *lg, const int32_t *hist, int n_hist, float *row) {
+    if (s->ctx->stochastic && s->smp) {
+        for (int v = 0; v < s->nv; v++) s->full[v] = -INFINITY;
+        for (int i = 0; i < s->V; i++) s->full[s->head->d2t[i]] = lg[i];
+        sd_sampler_probs(s->smp, s->full, hist, n_hist, row);
+        return;
+    }
+    sd_head_draft_probs(s->head, lg, row, s->nv);
+}
+
+static int node_hist(moad *s, const sd_tree *t, int node) {
+    int n = s->ctx->n_tokens + t->depth[node];
+    memcpy(s->hist, s->ctx->tokens, sizeof(int32_t) * (size_t)s->ctx->n_tokens);
+    for (int k = n - 1, i = node; k >= s->ctx->n_tokens; k--, i = t->parent[i]) s->hist[k] = t->token[i];
+    return n;
+}
+
+static int moa_dist(void *ud, const sd_tree *t, const int32_t *nodes, int n_nodes, float *const *rows, char *err,
+                    size_t errlen) {
+    moad *s = ud;
+    if (t->n > MOA_TREE_MAX) return sd_err(err, errlen, "moa: tree of %d nodes is too large", t->n);
+    for (int j0 = 0; j0 < n_nodes; j0 += SD_MOA_ROWS) {
+        const int c = SD_MIN(SD_MOA_ROWS, n_nodes - j0);
+        int32_t tok[SD_MOA_ROWS], pos[SD_MOA_ROWS], par[SD_MOA_ROWS];
+        for (int j = 0; j < c; j++) {
+            const int node = nodes[j0 + j];
+            tok[j] = t->token[node];
+            pos[j] = s->root_pos + t->depth[node];
+            par[j] = node == 0 ? -1 : s->slot[t->parent[node]];
+        }
+        if (sd_moa_run_n_pending(s->r) + c > MOA_TREE_MAX) {
+            for (int j = 0; j < c; j++) memset(rows[j0 + j], 0, sizeof(float) * (size_t)t->n_vocab);
+            continue;   // no room: these nodes get no children
+        }
+        const int slot0 = sd_moa_run_n_pending(s->r);
+        if (sd_moa_run_eval(s->r, tok, pos, par, c, s->lg, NULL, err, errlen) < 0) return -1;
+        for (int j = 0; j < c; j++) {
+            const int node = nodes[j0 + j];
+            s->slot[node] = slot0 + j;
+            const int nh = s->ctx->stochastic ? node_hist(s, t, node) : 0;
+            dist_row(s, s->lg + (size_t)j * s->V, s->hist, nh, rows[j0 + j]);
+            if (t->n_vocab > s->nv) memset(rows[j0 + j] + s->nv, 0, sizeof(float) * (size_t)(t->n_vocab - s->nv));
+        }
+    }
+    return 0;
+}
+
+// Runs LSA over the verified positions the runner lacks: n_cached .. n_ver-1,
+// read from the target's cache. Returns 1 when the runner holds them all,
+// 0 when it cannot (no session, or one that holds other rows), <0 on error.
+static int catch_up(moad *s, const sd_session *ts, int n_ver, char *err, size_t errlen) {
+    if (!ts || sd_session_n_past(ts) != n_ver) {
+        s->n_no_session++;
+        return 0;
+    }
+    const int L = s->L, ekv = s->ekv, half = ekv / 2;
+    while (sd_moa_run_n_cached(s->r) < n_ver) {
+        const int p0 = sd_moa_run_n_cached(s->r), c = SD_MIN(SD_MOA_ROWS, n_ver - p0);
+        for (int l = 0; l < L; l++) {
+            if (sd_session_kv_rows(ts, l, p0, c, s->kb, s->vb) < 0)
+                return sd_err(err, errlen, "moa: the target's cache rows %d..%d of layer %d are not readable", p0,
+                              p0 + c - 1, l);
+            for (int i = 0; i < c; i++) {
+                float *row = s->kv + ((size_t)i * L + l) * ekv;
+                memcpy(row, s->kb + (size_t)i * half, sizeof(float) * (size_t)half);
+                memcpy(row + half, s->vb + (size_t)i * half, sizeof(float) * (size_t)half);
+            }
+        }
+        if (sd_moa_run_context(s->r, s->kv, c, err, errlen) < 0) return -1;
+    }
+    return 1;
+}
+
+static int moa_grow(moad *s, const sd_draft_ctx *ctx, sd_tree *tree, const sd_tree_shape *shape, char *err,
+                    size_t errlen) {
+    int max_nodes = ctx->max_nodes > 0 ? SD_MIN(ctx->max_nodes, tree->cap) : tree->cap;
+    max_nodes = SD_MIN(max_nodes, MOA_TREE_MAX);
+    if (max_nodes <= 1) return 0;
+    sd_tree_grow g = {moa_dist, s, ctx->stochastic, s->p_min, max_nodes, moa_uniform, ctx->rng, s->head->d2t, s->V,
+                      ctx->stochastic ? ctx->race : NULL};
+    switch (s->p.shape) {
+    case SD_DRAFT_CHAIN: return sd_tree_grow_chain(tree, s->p.k, &g, err, errlen);
+    case SD_DRAFT_WIDTHS: return sd_tree_grow_widths(tree, s->p.widths, s->p.n_widths, &g, err, errlen);
+    case SD_DRAFT_DYNAMIC:
+        return sd_tree_grow_dynamic(tree, &s->work, s->p.dyn_b, s->p.dyn_d, SD_MIN(s->p.dyn_m, max_nodes), &g, err,
+                                    errlen);
+    case SD_DRAFT_AUTO:
+        if (!shape || shape->n <= 1) return 0;
+        if (shape->n > max_nodes) return sd_tree_grow_chain(tree, SD_MIN(shape->depth, max_nodes - 1), &g, err, errlen);
+        return sd_tree_grow_shape(tree, shape, &g, err, errlen);
+    default: return sd_err(err, errlen, "moa: unknown tree shape %d", s->p.shape);
+    }
+}
+
+static int moa_propose(sd_drafter *dr, const sd_draft_ctx *ctx, sd_tree *tree, char *err, size_t errlen) {
+    moad *s = dr->impl;
+    if (tree->n != 1) return sd_err(err, errlen, "moa: the tree must hold only the root");
+    const int n = ctx->n_tokens;
+    if (n < 1 || ctx->tokens[n - 1] != tree->token[0])
+        return sd_err(err, errlen, "moa: the tree root is not the last committed token");
+    s->ctx = ctx;
+    if (ctx->stochastic) {
+        if (!ctx->sp || !ctx->rng) return sd_err(err, errlen, "moa: stochastic drafting needs sampler params and rng");
+        if (!s->smp || memcmp(&s->smp_p, ctx->sp, sizeof s->smp_p) != 0) {
+            sd_sampler_free(s->smp);
+            s->smp = NULL;
+            if (sd_sampler_new(&s->smp, ctx->sp, s->nv, err, errlen) < 0) return -1;
+            s->smp_p = *ctx->sp;
+        }
+    }
+    sd_moa_run_drop_pending(s->r);
+    // Follow the text: keep the verified positions that agree with it.
+    int L = 0;
+    const int lim = SD_MIN(sd_moa_run_n_cached(s->r), n - 1);
+    while (L < lim && s->txt[L] == ctx->tokens[L]) L++;
+    sd_moa_run_truncate(s->r, L);
+    if (n > s->n_ctx) return 0;   // beyond the drafter's context: nothing drafted
+    memcpy(s->txt, ctx->tokens, sizeof(int32_t) * (size_t)n);
+    s->root_pos = n - 1;
+    int rc = catch_up(s, ctx->target, n - 1, err, errlen);
+    s->followed = ctx->max_nodes == 1;
+    if (rc <= 0 || s->followed) return rc < 0 ? -1 : 0;
+    const sd_tree_shape *shape = s->au ? sd_draft_auto_begin(s->au) : NULL;
+    rc = moa_grow(s, ctx, tree, shape, err, errlen);
+    if (s->au) sd_draft_auto_end(s->au);
+    if (s->test_fault && rc >= 0) {   // flatten every recorded distribution after the draws: a wrong q
+        for (int r = 0; r < tree->n_dist; r++) {
+            float *row = tree->dist + (size_t)r * tree->n_vocab;
+            double sum = 0.0;
+            for (int v = 0; v < tree->n_vocab; v++) sum += row[v] = sqrtf(row[v]);
+            for (int v = 0; v < tree->n_vocab; v++) row[v] = (float)(row[v] / sum);
+        }
+    }
+    return rc < 0 ? -1 : 0;
+}
+
+static int moa_accept(sd_drafter *dr, const sd_step_record *rec, char *err, size_t errlen) {
+    moad *s = dr->impl;
+    char ferr[256];
+    const int own = !s->followed;
+    if (own && s->au && sd_draft_auto_accept(s->au, rec, ferr, sizeof ferr) < 0)
+        return sd_err(err, errlen, "moa: %s", ferr);
+    const sd_tree *tree = rec->tree;
+    if (own && s->p.adapt) {
+        int depth = 0;
+        for (int i = 1; i < tree->n; i++) depth = SD_MAX(depth, tree->depth[i]);
+        s->p_min = sd_draft_adapt_p_min(s->p_min, depth, rec->n_path - 1, &s->p);
+    }
+    sd_moa_run_drop_pending(s->r);
+    for (int k = 0; k < rec->n_path; k++) {
+        const int32_t t = k + 1 < rec->n_path ? tree->token[rec->path[k + 1]] : rec->bonus;
+        if (t < 0 || t >= s->nv) continue;
+        s->cov_n++;
+        s->cov_in += s->head->t2d[t] >= 0;
+    }
+    return 0;
+}
+
+static void moa_reset(sd_drafter *dr) {
+    moad *s = dr->impl;
+    sd_moa_run_truncate(s->r, 0);
+    s->root_pos = -1;
+    s->followed = 0;
+    s->p_min = s->p.p_min;
+    sd_draft_auto_reset(s->au);
+}
+
+static const char *moa_note(const sd_drafter *dr) {
+    moad *s = dr->impl;
+    int n = s->cov_n == 0 ? snprintf(s->note, sizeof s->note, "moa drafter: draft vocabulary %d tokens", s->V)
+                          : snprintf(s->note, sizeof s->note,
+                                     "moa drafter: draft vocabulary %d tokens holds the target's choice %.1f%% of %lld "
+                                     "times",
+                                     s->V, 100.0 * (double)s->cov_in / (double)s->cov_n, (long long)s->cov_n);
+    if (s->n_no_session > 0 && n > 0 && (size_t)n < sizeof s->note)
+        snprintf(s->note + n, sizeof s->note - (size_t)n, "; %lld steps without the target's cache (no draft)",
+                 (long long)s->n_no_session);
+    return s->note;
+}
+
+static int moa_vocab_coverage(const sd_drafter *dr, int64_t *n_checked, int64_t *n_in) {
+    const moad *s = dr->impl;
+    *n_checked = s->cov_n;
+    *n_in = s->cov_in;
+    return 1;
+}
+
+static int moa_save_head(sd_drafter *dr, const char *path, char *err, size_t errlen) {
+    moad *s = dr->impl;
+    return sd_head_save(s->head, path, SD_TYPE_Q8_0, err, errlen);
+}
+
+static void moa_free(sd_drafter *dr) {
+    if (!dr) return;
+    moad *s = dr->impl;
+    if (s) {
+        sd_moa_run_free(s->r);
+        sd_draft_auto_free(s->au);
+        sd_sampler_free(s->smp);
+        sd_tree_free(&s->work);
+        void *bufs[] = {s->txt, s->slot, s->lg, s->full, s->kv, s->kb, s->vb, s->hist};
+        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
+        free(s);
+    }
+    free(dr);
+}
+
+static const sd_drafter_vt moa_vt = {.name = "moa",
+                                     .propose = moa_propose,
+                                     .accept = moa_accept,
+                                     .reset = moa_reset,
+                                     .free = moa_free,
+                                     .note = moa_note,
+                                     .save_head = moa_save_head,
+                                     .vocab_coverage = moa_vocab_coverage};
+
+// The drafter's own cost for an automatic tree to start from: a root row
+// on an empty context, then 4 rows, best of 3 (ms).
+static void moa_time(moad *s, double *per_depth, double *per_node) {
+    enum { NR = 4 };
+    int32_t tok[NR] = {0}, pos[NR] = {0}, par[NR] = {-1, 0, 0, 0};
+    double best[2] = {1e30, 1e30};
+    char e2[256];
+    for (int rep = 0; rep < 3; rep++)
+        for (int k = 0; k < 2; k++) {
+            const int n = k ? NR : 1;
+            const double t0 = sd_time_ms();
+            const int rc = sd_moa_run_eval(s->r, tok, pos, par, n, s->lg, NULL, e2, sizeof e2);
+            const double t = sd_time_ms() - t0;
+            sd_moa_run_drop_pending(s->r);
+            if (rc < 0) return;
+            if (t < best[k]) best[k] = t;
+        }
+    *per_depth = best[0];
+    *per_node = best[1] > best[0] ? (best[1] - best[0]) / (NR - 1) : 0.0;
+}
+
+int sd_draft_moa_new(sd_drafter **out, const sd_head *h, const sd_model *target, const sd_draft_model_params *p,
+                     int wtype, char *err, size_t errlen) {
+    *out = NULL;
+    if (!h || h->hp.type != SD_HEAD_MOA) return sd_err(err, errlen, "moa: an MoA drafter file is required");
+    if (sd_head_check_target(h, target, err, errlen) < 0) return -1;
+    sd_draft_model_params dp = p ? *p : sd_draft_model_default_params();
+    if (dp.shape == SD_DRAFT_CHAIN && (dp.k < 1 || dp.k > 64))
+        return sd_err(err, errlen, "moa: chain length %d out of range 1..64", dp.k);
+    if (dp.shape == SD_DRAFT_DYNAMIC && (dp.dyn_b < 1 || dp.dyn_b > 16 || dp.dyn_d < 1 || dp.dyn_d > 16 ||
+                                         dp.dyn_m < 2 || 1 + dp.dyn_b * dp.dyn_b * dp.dyn_d > MOA_TREE_MAX))
+        return sd_err(err, errlen, "moa: dynamic tree B=%d D=%d M=%d out of range", dp.dyn_b, dp.dyn_d, dp.dyn_m);
+    moad *s = calloc(1, sizeof *s);
+    sd_drafter *dr = s ? sd_drafter_alloc(&moa_vt, s) : NULL;
+    if (!dr) {
+        free(s);
+        return sd_err(err, errlen, "moa: out of memory");
+    }
+    s->p = dp;
+    s->target = target;
+    s->head = h;
+    s->E = h->hp.n_embd;
+    s->V = h->hp.n_draft_vocab;
+    s->nv = target->hp.n_vocab;
+    s->L = target->hp.n_layer;
+    s->ekv = h->hp.moa_kv_width;
+    s->n_ctx = dp.n_ctx > 0 ? dp.n_ctx : SD_MIN(target->hp.n_ctx_train > 0 ? target->hp.n_ctx_train : 4096, 4096);
+    s->p_min = dp.p_min;
+    s->root_pos = -1;
+    if (sd_moa_run_new(&s->r, h, target, s->n_ctx, MOA_TREE_MAX, wtype, (sd_pool *)dp.pool, err, errlen) < 0) {
+        moa_free(dr);
+        return -1;
+    }
+    const size_t R = SD_MOA_ROWS;
+    s->txt = malloc(sizeof(int32_t) * (size_t)s->n_ctx);
+    s->slot = malloc(sizeof(int32_t) * MOA_TREE_MAX);
+    s->lg = malloc(sizeof(float) * R * (size_t)s->V);
+    s->full = malloc(sizeof(float) * (size_t)s->nv);
+    s->kv = malloc(sizeof(float) * R * (size_t)s->L * (size_t)s->ekv);
+    s->kb = malloc(sizeof(float) * R * (size_t)(s->ekv / 2));
+    s->vb = malloc(sizeof(float) * R * (size_t)(s->ekv / 2));
+    s->hist = malloc(sizeof(int32_t) * ((size_t)s->n_ctx + MOA_TREE_MAX));
+    int bad = !s->txt || !s->slot || !s->lg || !s->full || !s->kv || !s->kb || !s->vb || !s->hist;
+    if (!bad && dp.shape == SD_DRAFT_DYNAMIC)
+        bad = sd_tree_init(&s->work, 1 + dp.dyn_b * dp.dyn_b * dp.dyn_d, s->nv, 1 + dp.dyn_b * (dp.dyn_d - 1)) < 0;
+    if (bad) {
+        moa_free(dr);
+        return sd_err(err, errlen, "moa: out of memory");
+    }
+    if (dp.shape == SD_DRAFT_AUTO) {
+        sd_draft_auto_params ap = dp.tree_auto;
+        ap.on = 1;
+        if (ap.draft_ms_per_depth <= 0 && ap.draft_ms_per_node <= 0)
+            moa_time(s, &ap.draft_ms_per_depth, &ap.draft_ms_per_node);
+        if (sd_draft_auto_new(&s->au, &ap, err, errlen) < 0) {
+            moa_free(dr);
+            return -1;
+        }
+    }
+    *out = dr;
+    return 0;
+}
+
+void sd_draft_moa_test_fault(sd_drafter *d, int on) { ((moad *)d->impl)->test_fault = on; }

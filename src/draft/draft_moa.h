@@ -1,0 +1,26 @@
+// draft_moa.h - the Mixture of Attentions drafter (seed 000, docs/moa.md): an
+// MoA head (head/moa.h) that reads the target's KV cache of the verified
+// text and drafts chains, widths trees, EAGLE-2 dynamic trees or
+// automatically sized ones, as the EAGLE-3 drafter does.
+#ifndef SD_DRAFT_MOA_H
+#define SD_DRAFT_MOA_H
+
+#include "draft/draft_model.h"
+#include "head/head.h"
+
+// Creates the drafter for MoA head h (shared, not owned; it must outlive the
+// drafter) and target. p: the tree shape and its settings as for a draft
+// model (n_ctx: the drafter's context, 0 = min(n_ctx_train, 4096); pool:
+// the target's, the two take turns). wtype: SD_TYPE_Q8_0 (default) or
+// SD_TYPE_F32. The drafter reads the target session's committed K,V rows
+// (sd_draft_ctx.target) at each propose; where the generation gives no
+// session, it drafts nothing.
+int sd_draft_moa_new(sd_drafter **out, const sd_head *h, const sd_model *target, const sd_draft_model_params *p,
+                     int wtype, char *err, size_t errlen);
+
+// Tests only: on = 1 makes the drafter misreport its distributions (each
+// recorded row flattened after the draws), a wrong algorithm the
+// distribution test must catch.
+void sd_draft_moa_test_fault(sd_drafter *d, int on);
+
+#endif

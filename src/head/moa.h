@@ -1,0 +1,114 @@
+// moa.h - internal: the Mixture of Attentions drafter (seed 000, docs/moa.md)
+// as an sd_head of type SD_HEAD_MOA: its tensor table, hyper-parameters,
+// GGUF keys (moa_io.c), the target weights it borrows (moa.c), and the
+// inference runner (moa_run.c).
+//
+// The math, per drafted row at position p with token x (E = target width,
+// L = target layers, Ekv = one layer's K,V row):
+//   LSA (once per verified position j): R_j (L, Ekv) = the target's K,V rows
+//     of j in every layer; Z = Layer_lsa(R_j) (a pre-norm decoder layer over
+//     the L rows, no mask, RoPE by layer index); c_j = P mean_l(Z) + b (E).
+//     no-LSA: c_j = P mean_l(R_j) + b.
+//   SA: s = Layer_sa over the token embeddings after the last verified
+//     position (the tree root, then its drafted descendants), causal.
+//   CA: u = s + Wo attn(q = rope(Wq n(s), p); k_j = rope(Wk n(c_j), j),
+//     v_j = Wv n(c_j) for every verified j), then u += FFN(u) (pre-norm;
+//     n is one RMSNorm gain for queries and keys alike).
+//   TLI = N: u runs through the target's last N layers (their K,V of the
+//     verified positions are the target's own cache rows), then the
+//     target's final norm and the draft-vocabulary rows of its output
+//     matrix give the draft logits. N = 0: the norm and output directly.
+#ifndef SD_MOA_H
+#define SD_MOA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "head/head.h"
+#include "kernels/threadpool.h"
+#include "model/gguf.h"
+#include "model/model.h"
+
+// A decoder layer's tensors, at block base + one of these.
+enum { SD_MOA_ATTN_NORM = 0, SD_MOA_Q, SD_MOA_K, SD_MOA_V, SD_MOA_O, SD_MOA_FFN_NORM, SD_MOA_GATE, SD_MOA_UP,
+       SD_MOA_DOWN, SD_MOA_PER_LAYER };
+// Blocks of sd_head.t for an MoA head (the LSA layer absent with no-LSA).
+enum {
+    SD_MOA_SA = 0,                       // sa.*: width E, Q/K/V read E
+    SD_MOA_CA = SD_MOA_PER_LAYER,        // ca.*: width E; K/V read the LSA outputs c_j
+    SD_MOA_PROJ = 2 * SD_MOA_PER_LAYER,  // lsa.proj.weight (E, Ekv)
+    SD_MOA_PROJ_B,                       // lsa.proj.bias (E)
+    SD_MOA_LSA,                          // lsa.*: width Ekv (9 tensors)
+    SD_MOA_N_TENSORS = SD_MOA_LSA + SD_MOA_PER_LAYER
+};
+
+// Default MoA hyper-parameters for target m (hp already has the common
+// fields of sd_head_default_hp): SA/CA copy the target's attention shape and
+// n_ff; LSA heads of 64 (or the target's head size when 64 does not divide
+// Ekv), as many KV heads, n_ff = 2 Ekv; TLI 0, LSA on.
+void sd_moa_default_hp(sd_head_hp *hp, const sd_model *m);
+// 0 if hp's MoA fields are consistent, else <0 naming the field.
+int sd_moa_check_hp(const sd_head_hp *hp, char *err, size_t errlen);
+// Appends the MoA tensors to h's table (h->n_t == 0 on entry); *off counts floats.
+void sd_moa_build_table(sd_head *h, size_t *off);
+// 0 if h (MoA) fits target m beyond sd_head_check_target's common checks
+// (K,V row width, TLI within the layers), else <0 with the reason.
+int sd_moa_check_target(const sd_head *h, const sd_model *m, char *err, size_t errlen);
+
+// moa_io.c: the `moa` GGUF keys (docs/moa.md). write: every MoA key of hp.
+// read: fills hp's MoA fields and SA/CA shape from g, each key checked.
+void sd_moa_write_hp(sd_gguf_writer *w, const sd_head_hp *hp);
+int sd_moa_read_hp(const sd_gguf *g, sd_head_hp *hp, char *err, size_t errlen);
+
+// A float copy of target matrix t (n_out rows of n_in), rows `rows` (NULL:
+// all, n_rows ignored) into dst (n_rows or ne1 rows of ne0 floats). Returns
+// 0 or <0 (a type without a reference conversion).
+int sd_moa_dequant(const sd_model *m, const sd_tensor *t, const int32_t *rows, int n_rows, float *dst, char *err,
+                   size_t errlen);
+
+// RoPE angle table of the target (as its session computes it): freq (n_rot/2)
+// theta_i = base^(-2i/n_rot) / scale, in double.
+void sd_moa_target_freq(const sd_model *m, double *freq);
+// Rotates n_heads heads of hd dims of one row at position pos: the first
+// n_rot dims, NORM pairs (2i, 2i+1) or NEOX pairs (i, i + n_rot/2).
+void sd_moa_rope(float *row, int n_heads, int hd, int n_rot, int neox, const double *freq, int pos);
+
+// ---------------------------------------------------------------- runner
+
+typedef struct sd_moa_run sd_moa_run;
+
+// A runner for MoA head h (must outlive it) and target m: n_ctx verified
+// positions of context (CA keys and values, the TLI layers' K,V rows), at
+// most max_pending drafted rows between resets, at most 64 rows a call.
+// wtype: SD_TYPE_Q8_0 (speed) or SD_TYPE_F32 (exact float, tests) for the
+// matrices (the MoA's own and the target's borrowed ones: the TLI layers,
+// the draft-vocabulary output rows). pool may be NULL.
+int sd_moa_run_new(sd_moa_run **out, const sd_head *h, const sd_model *m, int n_ctx, int max_pending, int wtype,
+                   sd_pool *pool, char *err, size_t errlen);
+void sd_moa_run_free(sd_moa_run *r);
+// Rows per call.
+#define SD_MOA_ROWS 64
+// Appends n <= SD_MOA_ROWS verified positions (the next n_cached ..): kv
+// (n, L, Ekv) each position's K,V rows of every target layer (K with the
+// target's RoPE, as cached), tli (n, N, Ekv) those of the last N layers
+// (NULL when N = 0; the same rows as kv's last N). Runs LSA and stores
+// the CA keys and values. Returns 0 or <0 (full).
+int sd_moa_run_context(sd_moa_run *r, const float *kv, int n, char *err, size_t errlen);
+int sd_moa_run_n_cached(const sd_moa_run *r);
+int sd_moa_run_n_ctx(const sd_moa_run *r);
+// Keeps the first n verified positions; drops the pending rows.
+void sd_moa_run_truncate(sd_moa_run *r, int n);
+// LSA alone: c (n, E) from kv (n, L, Ekv), n <= SD_MOA_ROWS (tests, training checks).
+void sd_moa_run_lsa(sd_moa_run *r, const float *kv, int n, float *c);
+// Evaluates n <= SD_MOA_ROWS drafted rows: tok[i] at position pos[i], parent
+// [i] -1 (the first row after the verified text: the tree root) or the
+// pending slot of an earlier row (its SA and TLI attention see that row's
+// chain). Rows become pending slots n_pending.. in order. Writes the draft
+// logits (n, n_draft_vocab) and, when h_out is given, each row's CA output
+// (n, E). Returns 0 or <0.
+int sd_moa_run_eval(sd_moa_run *r, const int32_t *tok, const int32_t *pos, const int32_t *parent, int n,
+                    float *logits, float *h_out, char *err, size_t errlen);
+int sd_moa_run_n_pending(const sd_moa_run *r);
+void sd_moa_run_drop_pending(sd_moa_run *r);
+
+#endif

@@ -1,0 +1,36 @@
+// moa_train.h - internal to src/train/: the loss of an MoA drafter on one
+// sequence and its gradient (docs/moa.md, "Training"); the trainer
+// (trainer.c) dispatches here for SD_HEAD_MOA heads.
+#ifndef SD_MOA_TRAIN_H
+#define SD_MOA_TRAIN_H
+
+#include "train/ops.h"
+#include "train/train.h"
+
+typedef struct sd_moa_tr sd_moa_tr;
+
+// Floats per position of an MoA training sequence's feats (sd_train_seq):
+// [K,V rows of every target layer (L, Ekv) | the target's state entering
+// layer L-N (E; zeros when N = 0) | its final normed state (E)].
+int sd_moa_n_feat(const sd_head *h);
+
+// The MoA workspace for sequences of up to T_max positions: activations,
+// masks, and the frozen target weights it reads (the last N layers, the
+// final norm, the draft vocabulary's output rows, dequantised once). h and
+// target are borrowed. Returns 0 or <0 (out of memory; a TLI target whose
+// RoPE the training ops do not have: NEOX pairs, partial rotation, scaling).
+int sd_moa_tr_new(sd_moa_tr **out, const sd_head *h, const sd_model *target, int T_max, char *err, size_t errlen);
+void sd_moa_tr_free(sd_moa_tr *w);
+
+// The loss of seq (its target restricted to the draft vocabulary: tid, tp
+// (T, nt), scored (T)); with grad, the gradient is ADDED into grad (n_w).
+// st: agreement by draft depth (row i's depth: i minus its block start).
+// fault: SD_TR_FAULT_* (tests). Returns the loss or <0.
+double sd_moa_tr_loss(sd_moa_tr *w, const sd_tr_ctx *cx, const sd_train_seq *seq, const int32_t *tid,
+                      const float *tp, const uint8_t *scored, float *grad, sd_train_stats *st, int fault);
+
+// The block length k of a sequence (6..15, a hash of its tokens): verified
+// points at 0, k, 2k, ...; row i's SA sees [k floor(i/k), i], CA the rows before.
+int sd_moa_block(const int32_t *tokens, int T);
+
+#endif

@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""test_moa_cli.py - the MoA drafter (docs/moa.md) through the programs, on
+the default model (SmolLM2-135M) with drafter files from
+build/tests/tool_random_head:
+
+- moa_generate_lossless: `specdec generate --temp 0` with moa:chain:3,
+  moa:dyn:2-3-8, moa:auto, ngram:3-8/moa:auto and no --method (the default
+  with an MoA file, ngram:3-8/moa:auto) (a random TLI-1 drafter) prints
+  plain decoding's text;
+- moa_exact_accepted: a drafter that is the target itself (SA and CA pass the
+  embedding through, TLI runs every layer: `moa-exact`) has most of its
+  drafts accepted (its cache reading, RoPE and TLI path on a real model);
+- moa_serve: `specdec serve --head MOA.gguf` takes a request with
+  "speculation": "moa:chain:3" and answers plain decoding's text (the
+  request with speculation "off");
+- moa_refusals: clear errors for --tli without --type moa, a TLI beyond the
+  target's layers, and moa methods without an MoA drafter.
+
+Prints PASS/FAIL/SKIP lines. Skipped without the model or the tool.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
+from report import exit_status, report  # noqa: E402
+BIN = os.path.abspath(os.environ.get("SPECDEC_BIN", os.path.join(ROOT, "build", "specdec")))
+TOOL = os.path.join(ROOT, "build", "tests", "tool_random_head")
+MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+CASES = ["moa_generate_lossless", "moa_exact_accepted", "moa_serve", "moa_refusals"]
+PROMPT = "Name three colours of the rainbow."
+
+
+def run(args, timeout=600):
+    return subprocess.run([BIN] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout)
+
+
+def generate(method, head=None):
+    args = ["generate", "-m", MODEL, "--chat", "-p", PROMPT, "-n", "40", "--temp", "0", "-t", "2", "-v"]
+    if method != "ar":
+        args += (["--method", method] if method else []) + ["--head", head]
+    return run(args)
+
+
+def main():
+    if not os.path.exists(MODEL) or not os.access(BIN, os.X_OK) or not os.access(TOOL, os.X_OK):
+        for c in CASES:
+            print(f"SKIP {c}: needs {MODEL}, {BIN} and {TOOL} (make; scripts/fetch-models.sh)")
+        sys.exit(0)
+    with tempfile.TemporaryDirectory(prefix="specdec-moa-") as d:
+        rnd, exact = os.path.join(d, "moa.gguf"), os.path.join(d, "exact.gguf")
+        for path, kind in ((rnd, "moa-tli1"), (exact, "moa-exact")):
+            out = subprocess.run([TOOL, MODEL, path, kind, "3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, timeout=300)
+            if out.returncode != 0:
+                for c in CASES:
+                    report(c, False, f"tool_random_head {kind}: {out.stderr.strip()}")
+                sys.exit(exit_status())
+        ar = generate("ar")
+        bad = [] if ar.returncode == 0 else [f"ar: {ar.stderr[-300:]}"]
+        for m in ("moa:chain:3", "moa:dyn:2-3-8", "moa:auto", "ngram:3-8/moa:auto", ""):
+            o = generate(m, rnd)   # "": no --method, the default of --head (ngram:3-8/moa:auto)
+            if o.returncode != 0 or o.stdout != ar.stdout or (not m and "ngram:3-8/moa:auto" not in o.stderr):
+                bad.append(f"{m}: exit {o.returncode}, {o.stdout!r} vs {ar.stdout!r} {o.stderr[-300:]}")
+        report("moa_generate_lossless", not bad, "; ".join(bad))
+
+        o = generate("moa:chain:4", exact)
+        m = re.search(r"mean accepted ([0-9.]+) tokens/forward", o.stderr)
+        tau = float(m.group(1)) if m else 0.0
+        print(f"  info: the exact drafter on SmolLM2, moa:chain:4: tau {tau:.2f}")
+        report("moa_exact_accepted", o.returncode == 0 and o.stdout == ar.stdout and tau > 2.0,
+               f"exit {o.returncode}, tau {tau}: {o.stderr[-400:]}")
+
+        try:
+            from serve_proc import ServeProcess
+            s = ServeProcess(BIN, MODEL, "--head", rnd, "--method", "moa:chain:3", "-t", "2")
+            texts, info = [], []
+            for spec in ("moa:chain:3", "off"):
+                body = json.dumps({"prompt": PROMPT, "max_tokens": 24, "temperature": 0, "speculation": spec})
+                st, _, data = s.raw("POST", "/v1/completions", body)
+                j = json.loads(data) if st == 200 else {}
+                texts.append(j.get("choices", [{}])[0].get("text"))
+                info.append((st, json.dumps(j)))
+            rc = s.stop()
+            report("moa_serve", texts[0] is not None and texts[0] == texts[1] and "moa:chain:3" in info[0][1],
+                   f"{[i[1][-300:] for i in info]}, texts {texts}, exit {rc}")
+        except Exception as e:  # noqa: BLE001
+            report("moa_serve", False, repr(e))
+
+        errs = []
+        data = os.path.join(d, "data.jsonl")
+        with open(data, "w") as f:
+            f.write('{"text": "one two three"}\n')
+        o = run(["train-head", "-m", MODEL, "--type", "eagle3", "--tli", "1", "--data", data, "-o",
+                 os.path.join(d, "x.gguf")])
+        if o.returncode == 0 or "--type moa" not in o.stderr:
+            errs.append(f"--tli with eagle3: {o.returncode} {o.stderr[-200:]}")
+        o = run(["generate", "-m", MODEL, "-p", "hi", "-n", "4", "--method", "moa:chain:3"])
+        if o.returncode == 0 or "MoA" not in o.stderr:
+            errs.append(f"moa without a drafter: {o.returncode} {o.stderr[-200:]}")
+        o = run(["generate", "-m", MODEL, "-p", "hi", "-n", "4", "--method", "moa:chain:3", "--head",
+                 os.path.join(ROOT, "heads", "SmolLM2-135M-Instruct.eagle3.gguf")])
+        if o.returncode == 0 or "MoA" not in o.stderr:
+            errs.append(f"moa with an EAGLE-3 head: {o.returncode} {o.stderr[-200:]}")
+        print("  info: " + o.stderr.strip().splitlines()[-1] if o.stderr.strip() else "  info: (no message)")
+        report("moa_refusals", not errs, "; ".join(errs))
+    sys.exit(exit_status())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,265 @@
+// test_moa_drafter.c - the Mixture of Attentions drafter (docs/moa.md) end to
+// end on synthetic targets: greedy output is plain decoding's for random
+// drafters (TLI 0 and 1, with and without LSA; chains, trees, dynamic
+// trees); a drafter whose SA and CA are zero and whose TLI runs every target
+// layer is the target itself, so its drafts are (nearly) all accepted --
+// which checks the reading of the target's cache, RoPE and biases of the TLI
+// path (llama and qwen2 targets); sampled output keeps the target's
+// distribution, and a deliberately wrong variant is rejected; files
+// round-trip, are found by --head auto, and are refused for another target.
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "draft/draft_moa.h"
+#include "head/head.h"
+#include "head/moa.h"
+#include "kernels/quant.h"
+#include "lib/spec_check.h"
+#include "lib/synth.h"
+#include "model/model.h"
+#include "specdec.h"
+#include "specdec_spec.h"
+#include "t.h"
+
+#define NV 320
+
+static char g_err[512];
+static sd_model *g_m, *g_q;   // llama and qwen2 synthetic targets
+
+static sd_model *synth(const char *arch, int n_layer, const char *tag) {
+    synth_params p = synth_default_params();
+    p.arch = arch;
+    p.n_layer = n_layer;
+    p.n_vocab = NV;
+    return sc_synth_model(&p, "moa", tag, g_err, sizeof g_err);
+}
+
+static int setup(void) {
+    if (!g_m) g_m = synth("llama", 2, "l");
+    if (!g_q) g_q = synth("qwen2", 2, "q");
+    return g_m && g_q;
+}
+
+// A drafter file for m: random (seed), or with zero SA and CA matrices
+// (the residual carries the token embedding through) when zero_sa_ca.
+static sd_head *new_moa(const sd_model *m, int tli, int no_lsa, int zero_sa_ca, uint64_t seed) {
+    sd_head_hp hp = sd_head_default_hp(m, SD_HEAD_MOA);
+    hp.n_draft_vocab = NV;
+    hp.moa_tli = tli;
+    hp.moa_no_lsa = no_lsa;
+    sd_head *h = NULL;
+    if (sd_head_new(&h, &hp, g_err, sizeof g_err) < 0) return NULL;
+    sd_head_init(h, seed);
+    if (zero_sa_ca)
+        for (int i = 0; i < 2 * SD_MOA_PER_LAYER; i++)
+            if (!h->t[i].is_norm) memset(sd_head_w(h, i), 0, sizeof(float) * (size_t)(h->t[i].ne0 * h->t[i].ne1));
+    return h;
+}
+
+static sd_drafter *new_drafter(const sd_head *h, const sd_model *m, const char *shape, int k) {
+    sd_draft_model_params dp = sd_draft_model_default_params();
+    if (!strcmp(shape, "chain")) dp.shape = SD_DRAFT_CHAIN, dp.k = k;
+    else if (!strcmp(shape, "dyn")) dp.shape = SD_DRAFT_DYNAMIC, dp.dyn_b = 3, dp.dyn_d = 4, dp.dyn_m = 12;
+    else dp.shape = SD_DRAFT_WIDTHS, dp.n_widths = 3, dp.widths[0] = 3, dp.widths[1] = 2, dp.widths[2] = 1;
+    dp.n_ctx = 128;
+    sd_drafter *d = NULL;
+    if (sd_draft_moa_new(&d, h, m, &dp, SD_TYPE_F32, g_err, sizeof g_err) < 0) return NULL;
+    return d;
+}
+
+// Greedy output of m with d against plain decoding; returns tau (or -1).
+static double greedy_check(const sd_model *m, sd_drafter *d, const char *what) {
+    sd_session *s = sc_new_session(m, 128, 2, g_err, sizeof g_err);
+    sd_sampler *smp = sc_new_sampler(NV, 0.0f, 1.0f, g_err, sizeof g_err);
+    static const int32_t prompt[8] = {5, 99, 14, 200, 31, 77, 150, 9};
+    static sc_tokens a, b;
+    sd_gen_stats st;
+    double tau = -1;
+    if (!s || !smp || !d) goto out;
+    CHECK(sc_run_plain(s, smp, prompt, 8, 64, &a, &st, g_err, sizeof g_err) == 0, "%s", g_err);
+    // twice: the second run starts from a reset drafter
+    for (int rep = 0; rep < 2; rep++) {
+        CHECK(sc_run_spec(s, smp, d, prompt, 8, 64, 16, &b, &st, g_err, sizeof g_err) == 0, "%s: %s", what, g_err);
+        CHECK(sc_same_tokens(&a, &b), "%s: output differs from plain greedy decoding", what);
+    }
+    tau = st.mean_accepted;
+    printf("  %-28s greedy: tau %.2f, %d of %d drafts accepted\n", what, tau, st.n_draft_accepted, st.n_draft_nodes);
+out:
+    sd_sampler_free(smp);
+    sd_session_free(s);
+    return tau;
+}
+
+static void test_moa_greedy_lossless(void) {
+    if (!setup()) SKIP("setup failed: %.200s", g_err);
+    static const struct { int tli, no_lsa; } cfg[3] = {{0, 0}, {1, 0}, {1, 1}};
+    const char *shapes[3] = {"chain", "widths", "dyn"};
+    for (int c = 0; c < 3; c++) {
+        sd_head *h = new_moa(g_m, cfg[c].tli, cfg[c].no_lsa, 0, 7 + (uint64_t)c);
+        CHECK(h != NULL, "%s", g_err);
+        for (int k = 0; h && k < 3; k++) {
+            char what[64];
+            snprintf(what, sizeof what, "TLI %d%s %s", cfg[c].tli, cfg[c].no_lsa ? " no-LSA" : "", shapes[k]);
+            sd_drafter *d = new_drafter(h, g_m, shapes[k], 4);
+            CHECK(d != NULL, "%s: %s", what, g_err);
+            CHECK(greedy_check(g_m, d, what) >= 1.0, "%s: no run", what);
+            sd_drafter_free(d);
+        }
+        sd_head_free(h);
+    }
+}
+
+// SA = CA = identity, TLI = every layer: the drafter computes the target's
+// own next-token choice (up to the fp16 cache), so greedy chains are accepted.
+static void test_moa_exact_drafter_is_accepted(void) {
+    if (!setup()) SKIP("setup failed: %.200s", g_err);
+    const sd_model *ms[2] = {g_m, g_q};
+    const char *names[2] = {"llama", "qwen2 (biases, NEOX RoPE)"};
+    for (int i = 0; i < 2; i++) {
+        sd_head *h = new_moa(ms[i], ms[i]->hp.n_layer, 0, 1, 3);
+        CHECK(h != NULL, "%s", g_err);
+        sd_drafter *d = h ? new_drafter(h, ms[i], "chain", 4) : NULL;
+        char what[64];
+        snprintf(what, sizeof what, "exact drafter, %s", names[i]);
+        double tau = greedy_check(ms[i], d, what);
+        CHECK(tau > 4.0, "%s: the target's own layers as the drafter should be accepted: tau %.2f", names[i], tau);
+        sd_drafter_free(d);
+        sd_head_free(h);
+    }
+}
+
+// The chi-square of test_head_lossless.c on the MoA drafter.
+static const int32_t k_prompt[6] = {12, 250, 7, 88, 140, 33};
+static double chi2_of(sd_drafter *d, int n_run, double *tau) {
+    sd_session *s = sc_new_session(g_m, 64, 2, g_err, sizeof g_err), *ref = sc_new_session(g_m, 64, 2, g_err, sizeof g_err);
+    sd_sampler *smp = sc_topk4_sampler(NV, g_err, sizeof g_err);
+    if (smp) {
+        sd_sampler_params sp = *sd_sampler_get_params(smp);
+        sp.draw = SD_DRAW_REJECTION;
+        sd_sampler_free(smp);
+        smp = NULL;
+        sd_sampler_new(&smp, &sp, NV, g_err, sizeof g_err);
+    }
+    double chi = -1;
+    if (!s || !ref || !smp || !d) goto out;
+    static sc_seq3 e;
+    sc_fwd_probs fp = {ref, smp, g_err, sizeof g_err};
+    if (sc_seq3_enumerate(&e, sc_fwd_probs_fn, &fp, k_prompt, 6, NV) < 0 || e.n_seq != 64) goto out;
+    static double cnt[64];
+    memset(cnt, 0, sizeof cnt);
+    int n_other = 0;
+    double fwd = 0;
+    sd_sampler_reseed(smp, 77);
+    static sc_tokens o;
+    for (int r = 0; r < n_run; r++) {
+        sd_gen_stats st;
+        if (sc_run_spec(s, smp, d, k_prompt, 6, 3, 16, &o, &st, g_err, sizeof g_err) < 0 || o.n != 3) goto out;
+        fwd += st.mean_accepted;
+        sc_seq3_tally(&e, o.tok, cnt, &n_other);
+    }
+    chi = n_other ? 1e9 : sc_seq3_chi2(&e, cnt, n_run);
+    *tau = fwd / n_run;
+out:
+    sd_sampler_free(smp);
+    sd_session_free(s);
+    sd_session_free(ref);
+    return chi;
+}
+
+static void test_moa_sampled_distribution(void) {
+    if (!setup()) SKIP("setup failed: %.200s", g_err);
+    sd_head *hx = new_moa(g_m, g_m->hp.n_layer, 0, 1, 3), *hr = new_moa(g_m, 1, 0, 0, 11);
+    CHECK(hx && hr, "%s", g_err);
+    if (!hx || !hr) goto out;
+    const char *shapes[2] = {"chain", "widths"};
+    for (int i = 0; i < 2; i++) {
+        sd_drafter *d = new_drafter(hx, g_m, shapes[i], 3);
+        double tau = 0, chi = chi2_of(d, 2000, &tau);
+        printf("  exact drafter %-6s sampled: chi2 = %.1f (df 63, limit 125), %.2f tokens per forward\n", shapes[i],
+               chi, tau);
+        CHECK(chi >= 0 && chi < 125.0, "%s: sampled output is not distributed as the target (chi2 %.1f): %s",
+              shapes[i], chi, g_err);
+        CHECK(tau > 1.3, "%s: the test needs accepted drafts to mean something (tau %.2f)", shapes[i], tau);
+        sd_drafter_free(d);
+    }
+    sd_drafter *d = new_drafter(hr, g_m, "chain", 3);
+    double tau = 0, chi = chi2_of(d, 2000, &tau);
+    printf("  random TLI 1 chain sampled: chi2 = %.1f (df 63, limit 125), %.2f tokens per forward\n", chi, tau);
+    CHECK(chi >= 0 && chi < 125.0, "random drafter: sampled output is not distributed as the target (chi2 %.1f): %s",
+          chi, g_err);
+    sd_drafter_free(d);
+    // The wrong variant: the same drafts, their distributions misreported.
+    d = new_drafter(hx, g_m, "chain", 3);
+    if (d) sd_draft_moa_test_fault(d, 1);
+    chi = chi2_of(d, 2000, &tau);
+    printf("  exact drafter chain, misreported q: chi2 = %.1f (must exceed 125)\n", chi);
+    CHECK(chi > 125.0, "the distribution test did not catch misreported draft distributions (chi2 %.1f)", chi);
+    sd_drafter_free(d);
+out:
+    sd_head_free(hx);
+    sd_head_free(hr);
+}
+
+// Save, load back (same parameters), find with --head auto, refuse another target.
+static void test_moa_file(void) {
+    if (!setup()) SKIP("setup failed: %.200s", g_err);
+    char dir[256], path[300];
+    snprintf(dir, sizeof dir, "/tmp/specdec_test_moa_%d", (int)getpid());
+    snprintf(path, sizeof path, "%s/moa.gguf", dir);
+    CHECK(mkdir(dir, 0700) == 0, "cannot make %s", dir);
+    for (int no_lsa = 0; no_lsa < 2; no_lsa++) {
+        sd_head *h = new_moa(g_m, 1, no_lsa, 0, 5), *b = NULL;
+        CHECK(h && sd_head_save(h, path, SD_TYPE_F32, g_err, sizeof g_err) == 0, "%s", g_err);
+        CHECK(sd_head_load(&b, path, g_m, g_err, sizeof g_err) == 0, "%s", g_err);
+        if (h && b) {
+            CHECK(b->hp.type == SD_HEAD_MOA && b->hp.moa_tli == 1 && b->hp.moa_no_lsa == no_lsa &&
+                      b->hp.moa_kv_width == h->hp.moa_kv_width && b->hp.moa_lsa_n_head == h->hp.moa_lsa_n_head &&
+                      b->n_t == h->n_t && b->n_w == h->n_w,
+                  "the loaded drafter's shape differs");
+            CHECK(b->n_w == h->n_w && !memcmp(b->w, h->w, sizeof(float) * h->n_w), "the loaded parameters differ");
+            CHECK(!strcmp(sd_head_type_name(b), "moa") && sd_head_get_type(b) == SD_HEAD_MOA, "type %s",
+                  sd_head_type_name(b));
+        }
+        char found[512];
+        CHECK(sd_head_find(g_m, dir, found, sizeof found, g_err, sizeof g_err) == 1 && !strcmp(found, path),
+              "--head auto did not find the MoA drafter");
+        // another target: three layers (its K,V rows have another count), or qwen2's vocabulary fingerprint
+        sd_model *m3 = synth("llama", 3, "l3");
+        sd_head *c = NULL;
+        CHECK(m3 && sd_head_load(&c, path, m3, g_err, sizeof g_err) < 0 && strstr(g_err, "MoA drafter") &&
+                  strstr(g_err, "layers"),
+              "a drafter for 2 layers loaded for a 3-layer target: %s", g_err);
+        printf("  refused for another target: %s\n", g_err);
+        sd_head_free(c);
+        sd_model_free(m3);
+        sd_head_free(h);
+        sd_head_free(b);
+    }
+    // a no-LSA file with an LSA tensor table of the other kind: the keys say one thing, the tensors another
+    sd_head *h = new_moa(g_m, 0, 0, 0, 5), *b = NULL;
+    if (h) {
+        h->hp.moa_no_lsa = 1;   // keys say no LSA; the table still holds the LSA layer's tensors
+        CHECK(sd_head_save(h, path, SD_TYPE_F32, g_err, sizeof g_err) == 0, "%s", g_err);
+        CHECK(sd_head_load(&b, path, g_m, g_err, sizeof g_err) < 0 && strstr(g_err, "not part of an MoA drafter"),
+              "a file whose tensors do not match its keys loaded: %s", g_err);
+        printf("  refused: %s\n", g_err);
+        sd_head_free(b);
+        sd_head_free(h);
+    }
+    unlink(path);
+    rmdir(dir);
+}
+
+int main(void) {
+    T_RUN(test_moa_file);
+    T_RUN(test_moa_greedy_lossless);
+    T_RUN(test_moa_exact_drafter_is_accepted);
+    T_RUN(test_moa_sampled_distribution);
+    sd_model_free(g_m);
+    sd_model_free(g_q);
+    T_EXIT();
+}

@@ -1,0 +1,229 @@
+// test_moa_gradients.c - the MoA drafter's gradient (src/train/moa_train.c):
+// the gradient sd_trainer_loss adds for an MoA head against central finite
+// differences of the loss, for random entries of EVERY tensor (LSA, its
+// projection, SA, CA), with TLI 0, TLI 1 (the backward passes through a
+// frozen target layer) and without LSA; a deliberately wrong backward (every
+// layer's attention residual gradient dropped) that the same check rejects;
+// the gradient is added (not stored) and has the same bits for 1 and 2
+// threads; the loss falls when the drafter learns a planted pattern.
+//
+// Tiny shapes on a synthetic target (d = 16, 2 layers, 2 heads of 8, one KV
+// head: K,V rows of 16 floats a layer), T = 24 (two or more blocks: k is
+// 6..15), V' = 24. Features (the K,V rows and target states) are random.
+// Error bars as test_gradients.c: an entry passes when |fd - grad| <= 1e-3
+// max|grad of its tensor| + 1e-2 |grad| (eps 1e-2).
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "head/head.h"
+#include "head/moa.h"
+#include "lib/synth.h"
+#include "model/model.h"
+#include "specdec.h"
+#include "t.h"
+#include "train/moa_train.h"
+#include "train/train.h"
+#include "train/train_impl.h"
+
+#define T_SEQ 24
+#define NT 4
+
+static char g_err[512];
+static sd_rng g_rng;
+static sd_model *g_m;
+
+static float urand(void) { return (float)(2.0 * sd_rng_uniform(&g_rng) - 1.0); }
+
+static sd_model *synth_target(void) {
+    synth_params p = synth_default_params();
+    p.n_embd = 16;
+    p.n_head = 2;
+    p.n_head_kv = 1;
+    p.n_ff = 32;
+    char path[128];
+    snprintf(path, sizeof path, "/tmp/specdec_test_moa_grad_%d.gguf", (int)getpid());
+    sd_model *m = NULL;
+    if (synth_write(path, &p, g_err, sizeof g_err) == 0) sd_model_load(&m, path, g_err, sizeof g_err);
+    remove(path);
+    return m;
+}
+
+static sd_head *make_head(int tli, int no_lsa) {
+    sd_head_hp hp = sd_head_default_hp(g_m, SD_HEAD_MOA);
+    hp.n_ff = 32;
+    hp.n_draft_vocab = 24;
+    hp.moa_tli = tli;
+    hp.moa_no_lsa = no_lsa;
+    hp.moa_lsa_n_ff = 24;
+    sd_head *h = NULL;
+    if (sd_head_new(&h, &hp, g_err, sizeof g_err) < 0) return NULL;
+    for (int i = 0; i < h->n_t; i++) {
+        float *w = sd_head_w(h, i);
+        const size_t n = (size_t)(h->t[i].ne0 * h->t[i].ne1);
+        const float a = h->t[i].is_norm ? 0.3f : 1.0f / sqrtf((float)h->t[i].ne0);
+        // LSA's path to the loss is long (mean over layers, projection, CA's keys): a larger projection and
+        // larger CA keys and values keep its gradients well above the finite differences' float noise
+        const float big = i == SD_MOA_PROJ || i == SD_MOA_CA + SD_MOA_K || i == SD_MOA_CA + SD_MOA_V ? 4.0f : 1.0f;
+        for (size_t j = 0; j < n; j++) w[j] = h->t[i].is_norm ? 1.0f + a * urand() : big * a * urand();
+    }
+    int32_t ids[24];
+    for (int i = 0; i < 24; i++) ids[i] = (7 * i + 3) % 320;
+    if (sd_head_set_vocab(h, ids, 24, g_err, sizeof g_err) < 0) {
+        sd_head_free(h);
+        return NULL;
+    }
+    return h;
+}
+
+typedef struct seq_buf {
+    int32_t tok[T_SEQ], ids[T_SEQ * NT];
+    float *feats, p[T_SEQ * NT];
+    sd_train_seq seq;
+} seq_buf;
+
+static int make_seq(seq_buf *b, const sd_head *h) {
+    const int nf = sd_moa_n_feat(h);
+    b->feats = malloc(sizeof(float) * T_SEQ * (size_t)nf);
+    if (!b->feats) return -1;
+    for (int t = 0; t < T_SEQ; t++) {
+        b->tok[t] = h->d2t[sd_rng_next(&g_rng) % 24];
+        for (int i = 0; i < nf; i++) b->feats[t * nf + i] = 1.5f * urand();
+        double s = 0;
+        for (int i = 0; i < NT; i++) {
+            const uint64_t r = sd_rng_next(&g_rng);
+            b->ids[t * NT + i] = r % 5 == 0 ? (int32_t)(r % 320) : h->d2t[r % 24];
+            b->p[t * NT + i] = (float)(0.1 + sd_rng_uniform(&g_rng));
+            s += b->p[t * NT + i];
+        }
+        for (int i = 0; i < NT; i++) b->p[t * NT + i] = (float)(b->p[t * NT + i] / s);
+    }
+    b->seq = (sd_train_seq){.T = T_SEQ, .tokens = b->tok, .feats = b->feats, .top_ids = b->ids, .top_p = b->p,
+                            .topk = NT};
+    return 0;
+}
+
+// Worst |fd - grad| / bar over n_pick random entries of every tensor.
+static double fd_head(sd_trainer *tr, sd_head *h, const sd_train_seq *seq, const float *grad, int n_pick,
+                      int verbose, const char **worst_t) {
+    double worst = 0;
+    for (int ti = 0; ti < h->n_t; ti++) {
+        float *w = sd_head_w(h, ti);
+        const float *g = grad + h->t[ti].off;
+        const int n = (int)(h->t[ti].ne0 * h->t[ti].ne1);
+        double gmax = 0, tw = 0;
+        for (int i = 0; i < n; i++) gmax = fmax(gmax, fabs(g[i]));
+        for (int t = 0; t < n_pick; t++) {
+            const int i = (int)(sd_rng_next(&g_rng) % (uint64_t)n);
+            const float p0 = w[i];
+            w[i] = p0 + 1e-2f;
+            const double hp = (double)w[i] - p0, lp = sd_trainer_loss(tr, seq, NULL, NULL, g_err, sizeof g_err);
+            w[i] = p0 - 1e-2f;
+            const double hm = p0 - (double)w[i], lm = sd_trainer_loss(tr, seq, NULL, NULL, g_err, sizeof g_err);
+            w[i] = p0;
+            const double fd = (lp - lm) / (hp + hm);
+            const double r = fabs(fd - g[i]) / (1e-3 * gmax + 1e-2 * fabs(g[i]) + 1e-30);
+            if (!(r <= tw)) tw = r;
+        }
+        if (verbose) printf("  info: %-26s max|grad| %.3g  worst |fd - grad| / bar %.3g\n", h->t[ti].name, gmax, tw);
+        if (!(tw <= worst)) {
+            worst = tw;
+            *worst_t = h->t[ti].name;
+        }
+    }
+    return worst;
+}
+
+static double check(int tli, int no_lsa, int fault, int verbose) {
+    sd_head *h = make_head(tli, no_lsa);
+    sd_trainer *tr = NULL;
+    seq_buf sb = {0};
+    float *grad = NULL;
+    double w = NAN;
+    if (!h || sd_trainer_new(&tr, h, g_m, T_SEQ, 1, NULL, g_err, sizeof g_err) < 0 || make_seq(&sb, h) < 0 ||
+        !(grad = calloc(h->n_w, sizeof(float)))) {
+        CHECK(0, "setup: %s", g_err);
+        goto out;
+    }
+    sd_trainer_set_fault(tr, fault);
+    sd_train_stats st;
+    const double loss = sd_trainer_loss(tr, &sb.seq, grad, &st, g_err, sizeof g_err);
+    CHECK(loss > 0 && isfinite(loss), "loss %g: %s", loss, g_err);
+    CHECK(st.n[0] > 0 && st.n[1] > 0, "rows at depths 0 and 1 are scored (%lld, %lld)", (long long)st.n[0],
+          (long long)st.n[1]);
+    const char *wt = "?";
+    w = fd_head(tr, h, &sb.seq, grad, 6, verbose, &wt);
+    printf("  TLI %d%s%s: loss %.4f, worst ratio %.3g (%s)\n", tli, no_lsa ? " no-LSA" : "",
+           fault ? " (residual gradient dropped)" : "", loss, w, wt);
+out:
+    free(grad);
+    free(sb.feats);
+    sd_trainer_free(tr);
+    sd_head_free(h);
+    return w;
+}
+
+static void test_moa_grad(void) {
+    if (!g_m) SKIP("no target: %s", g_err);
+    static const int cfg[3][2] = {{0, 0}, {1, 0}, {0, 1}};
+    for (int c = 0; c < 3; c++) {
+        const double w = check(cfg[c][0], cfg[c][1], 0, c == 1);
+        CHECK(w <= 1.0, "TLI %d no-LSA %d: the gradient disagrees with finite differences (worst ratio %.3g)",
+              cfg[c][0], cfg[c][1], w);
+    }
+}
+
+static void test_moa_grad_catches_fault(void) {
+    if (!g_m) SKIP("no target: %s", g_err);
+    const double w = check(1, 0, SD_TR_FAULT_NO_RESID, 0);
+    CHECK(w > 10.0, "a backward without the residual gradient passed the check (worst ratio %.3g)", w);
+}
+
+// Added, not stored; same bits with 1 and 2 threads.
+static void test_moa_grad_contract(void) {
+    if (!g_m) SKIP("no target: %s", g_err);
+    sd_head *h = make_head(1, 0);
+    seq_buf sb = {0};
+    sd_pool *pool = NULL;
+    sd_trainer *t1 = NULL, *t2 = NULL;
+    float *g1 = NULL, *g2 = NULL;
+    if (!h || make_seq(&sb, h) < 0 || !(pool = sd_pool_new(2)) ||
+        sd_trainer_new(&t1, h, g_m, T_SEQ, 1, NULL, g_err, sizeof g_err) < 0 ||
+        sd_trainer_new(&t2, h, g_m, T_SEQ, 1, pool, g_err, sizeof g_err) < 0) {
+        CHECK(0, "setup: %s", g_err);
+        goto out;
+    }
+    g1 = calloc(h->n_w, sizeof(float));
+    g2 = calloc(h->n_w, sizeof(float));
+    const double l1 = sd_trainer_loss(t1, &sb.seq, g1, NULL, g_err, sizeof g_err);
+    const double l2 = sd_trainer_loss(t2, &sb.seq, g2, NULL, g_err, sizeof g_err);
+    CHECK(l1 == l2 && !memcmp(g1, g2, sizeof(float) * h->n_w), "1 and 2 threads differ (loss %.9g vs %.9g)", l1, l2);
+    sd_trainer_loss(t1, &sb.seq, g1, NULL, g_err, sizeof g_err);
+    int twice = 1;
+    for (size_t i = 0; i < h->n_w; i++) twice &= fabsf(g1[i] - 2 * g2[i]) <= 1e-5f * (1 + fabsf(g2[i]));
+    CHECK(twice, "a second call did not add the same gradient again");
+    const double l0 = sd_trainer_loss(t1, &sb.seq, NULL, NULL, g_err, sizeof g_err);
+    CHECK(l0 == l1, "the loss without the gradient differs (%.9g vs %.9g)", l0, l1);
+out:
+    free(g1);
+    free(g2);
+    sd_trainer_free(t1);
+    sd_trainer_free(t2);
+    sd_pool_free(pool);
+    free(sb.feats);
+    sd_head_free(h);
+}
+
+int main(void) {
+    sd_rng_seed(&g_rng, 5);
+    g_m = synth_target();
+    T_RUN(test_moa_grad);
+    T_RUN(test_moa_grad_catches_fault);
+    T_RUN(test_moa_grad_contract);
+    sd_model_free(g_m);
+    T_EXIT();
+}
