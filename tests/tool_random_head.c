@@ -48,7 +48,7 @@ int main(int argc, char **argv) {
         sd_head_init(h, seed);
         snprintf(h->note, sizeof h->note, "recipe=random (tests/tool_random_head.c)\nseed=%llu\n",
                  (unsigned long long)seed);
-        rc = sd_head_save(h, argv[2], SD_TYPE_F16, err, sizeof err);
+        rc = sd_head_save_for(h, m, argv[2], SD_TYPE_F16, err, sizeof err);
     }
     if (rc < 0) fprintf(stderr, "tool_random_head: %s\n", err);
     sd_head_free(h);
