@@ -169,9 +169,9 @@ SD_API int sd_head_describe(const sd_head *h, char *buf, size_t len);
 // draft-eagle3`) loads as a draft model. Reads every layout sd_head_load
 // reads; the matrices keep their type (Q8_0, F16 or F32; another becomes
 // Q8_0). target: the model the head was made for (another is refused, as
-// sd_head_load refuses it). Returns 1 when the file was in an older layout,
-// 0 when it already was in the current one (rewritten all the same), <0 on
-// error with a message.
+// sd_head_load refuses it). Returns 1 when the file was in an older layout
+// or had no tokenizer, 0 when it already was in the current one (rewritten
+// all the same), <0 on error with a message.
 SD_API int sd_head_convert(const char *in_path, const char *out_path, const sd_model *target, char *err,
                            size_t errlen);
 // `--head auto`: the first head file (*.gguf, in name order) in dir made for

@@ -49,6 +49,7 @@ int cmd_head_convert(int argc, char **argv) {
     sd_model_free(m);
     if (rc < 0) return cli_error("head-convert: %s", err);
     fprintf(stderr, "specdec: wrote %s (%s)\n", pos[1],
-            rc == 1 ? "converted from the older specdec layout" : "already in the current layout; rewritten");
+            rc == 1 ? "converted to llama.cpp's eagle3 layout with the tokenizer"
+                    : "already in the current layout; rewritten");
     return 0;
 }

@@ -62,7 +62,7 @@ static void test_head_convert(void) {
 
     snprintf(args, sizeof args, "head-convert -m %s %s %s", model, v1, out);
     rc = run(args);
-    CHECK(rc == 0 && strstr(g_out, "converted from the older specdec layout"), "convert: exit %d: %s", rc, g_out);
+    CHECK(rc == 0 && strstr(g_out, "converted to llama.cpp's eagle3 layout"), "convert: exit %d: %s", rc, g_out);
     sd_gguf *g = NULL;
     CHECK(sd_gguf_open(&g, out, g_err, sizeof g_err) == 0, "%s", g_err);
     if (g) {
