@@ -162,6 +162,18 @@ SD_API sd_head_type sd_head_get_type(const sd_head *h);
 // One line for users: type, draft vocabulary, layers read, and the recipe
 // facts the file records. Returns the length (may exceed len: truncated).
 SD_API int sd_head_describe(const sd_head *h, char *buf, size_t len);
+// Rewrites the head file in_path in the current layout (docs/heads.md,
+// "Files") at out_path (written to out_path.tmp, then renamed: out_path may
+// be in_path): an EAGLE-3 head in llama.cpp's `eagle3` layout with target's
+// tokenizer, which llama.cpp (`llama-speculative-simple --spec-type
+// draft-eagle3`) loads as a draft model. Reads every layout sd_head_load
+// reads; the matrices keep their type (Q8_0, F16 or F32; another becomes
+// Q8_0). target: the model the head was made for (another is refused, as
+// sd_head_load refuses it). Returns 1 when the file was in an older layout
+// or had no tokenizer, 0 when it already was in the current one (rewritten
+// all the same), <0 on error with a message.
+SD_API int sd_head_convert(const char *in_path, const char *out_path, const sd_model *target, char *err,
+                           size_t errlen);
 // `--head auto`: the first head file (*.gguf, in name order) in dir made for
 // target. Returns 1 and its path, 0 when none matches, <0 on error.
 SD_API int sd_head_find(const sd_model *target, const char *dir, char *path, size_t pathlen, char *err, size_t errlen);

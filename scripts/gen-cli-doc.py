@@ -23,7 +23,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # In the order of `specdec --help`.
-COMMANDS = ["generate", "bench", "bench-forward", "serve", "bench-batch", "train-head", "convert-llama2c"]
+COMMANDS = ["generate", "bench", "bench-forward", "serve", "bench-batch", "train-head", "head-convert", "convert-llama2c"]
 
 HEADER = """\
 # Command-line reference

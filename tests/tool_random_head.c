@@ -63,7 +63,7 @@ int main(int argc, char **argv) {
             if (!h->t[i].is_norm) memset(sd_head_w(h, i), 0, sizeof(float) * (size_t)(h->t[i].ne0 * h->t[i].ne1));
         snprintf(h->note, sizeof h->note, "recipe=random (tests/tool_random_head.c)\nseed=%llu\n",
                  (unsigned long long)seed);
-        rc = sd_head_save(h, argv[2], SD_TYPE_F16, err, sizeof err);
+        rc = sd_head_save_for(h, m, argv[2], SD_TYPE_F16, err, sizeof err);
     }
     if (rc < 0) fprintf(stderr, "tool_random_head: %s\n", err);
     sd_head_free(h);

@@ -84,5 +84,6 @@ int cmd_bench(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_bench_batch(int argc, char **argv);
 int cmd_train_head(int argc, char **argv);
+int cmd_head_convert(int argc, char **argv);
 
 #endif

@@ -18,6 +18,7 @@ static void usage(FILE *f) {
             "  serve            an OpenAI-compatible HTTP server with speculative decoding\n"
             "  bench-batch      time one forward over K sessions' trees against K separate forwards\n"
             "  train-head       train an EAGLE-3 or Medusa draft head for a model on this CPU\n"
+            "  head-convert     rewrite a draft head file in the current layout (llama.cpp's eagle3)\n"
             "  convert-llama2c  convert a llama2.c checkpoint + tokenizer.bin to GGUF\n"
             "\n"
             "options:\n"
@@ -56,7 +57,9 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "serve")) return cmd_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench-batch")) return cmd_bench_batch(argc - 1, argv + 1);
     if (!strcmp(cmd, "train-head")) return cmd_train_head(argc - 1, argv + 1);
-    cli_error("unknown command '%s' (commands: generate, bench, bench-forward, bench-batch, serve, train-head, convert-llama2c; "
+    if (!strcmp(cmd, "head-convert")) return cmd_head_convert(argc - 1, argv + 1);
+    cli_error("unknown command '%s' (commands: generate, bench, bench-forward, bench-batch, serve, train-head, head-convert, "
+              "convert-llama2c; "
               "see specdec --help)",
               cmd);
     return 1;

@@ -347,7 +347,7 @@ static int e3_vocab_coverage(const sd_drafter *dr, int64_t *n_checked, int64_t *
 static int e3_save_head(sd_drafter *dr, const char *path, char *err, size_t errlen) {
     e3d *s = dr->impl;
     if (s->lr) return s->hook->save(s->lr, path, err, errlen);
-    return sd_head_save(s->head, path, SD_TYPE_Q8_0, err, errlen);
+    return sd_head_save_for(s->head, s->target, path, SD_TYPE_Q8_0, err, errlen);
 }
 
 static int e3_online_wait(sd_drafter *dr, char *err, size_t errlen) {

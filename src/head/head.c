@@ -105,7 +105,7 @@ int sd_head_new(sd_head **out, const sd_head_hp *hp, char *err, size_t errlen) {
         const int64_t qd = (int64_t)hp->n_head * hp->head_dim, kd = (int64_t)hp->n_head_kv * hp->head_dim;
         add_t(h, "fc.weight", 3 * d, d, 0, &off);
         add_t(h, "blk.0.attn_norm.weight", d, 1, 1, &off);
-        add_t(h, "blk.0.hidden_norm.weight", d, 1, 1, &off);
+        add_t(h, "blk.0.attn_norm_2.weight", d, 1, 1, &off);   // llama.cpp's name (files before 2026-11-28: blk.0.hidden_norm.weight)
         add_t(h, "blk.0.attn_q.weight", 2 * d, qd, 0, &off);
         add_t(h, "blk.0.attn_k.weight", 2 * d, kd, 0, &off);
         add_t(h, "blk.0.attn_v.weight", 2 * d, kd, 0, &off);

@@ -55,7 +55,7 @@ typedef struct sd_head_tensor {
 enum {
     SD_E3_FC = 0,            // fc.weight (n_embd, 3*n_embd): fused state g = fc [h_l0; h_l1; h_l2]
     SD_E3_ATTN_NORM,         // blk.0.attn_norm.weight (n_embd): gain of the token embedding's norm
-    SD_E3_HIDDEN_NORM,       // blk.0.hidden_norm.weight (n_embd): gain of the fused state's norm
+    SD_E3_HIDDEN_NORM,       // blk.0.attn_norm_2.weight (n_embd): gain of the fused state's norm (hidden_norm in old files)
     SD_E3_WQ,                // blk.0.attn_q.weight (n_head*head_dim, 2*n_embd)
     SD_E3_WK,                // blk.0.attn_k.weight (n_head_kv*head_dim, 2*n_embd)
     SD_E3_WV,                // blk.0.attn_v.weight (n_head_kv*head_dim, 2*n_embd)
@@ -123,12 +123,28 @@ void sd_head_bind_target(sd_head_hp *hp, const sd_model *m);
 // (hidden size, vocabulary size, layer count, vocabulary fingerprint).
 int sd_head_check_target(const sd_head *h, const sd_model *m, char *err, size_t errlen);
 
+// File layouts of an EAGLE-3 head (docs/heads.md, "Files"). LLAMA:
+// llama.cpp's `eagle3` (eagle3.target_layers numbering layer inputs, d2t the
+// target ids, blk.0.attn_norm_2), written since 2026-11-28. V1: specdec's
+// first layout (eagle3.extract_layers numbering block outputs, d2t as
+// offsets, blk.0.hidden_norm), still read; written only for tests.
+enum { SD_HEAD_LAYOUT_LLAMA = 0, SD_HEAD_LAYOUT_V1 = 1 };
+
 // Writes the head as GGUF (docs/heads.md: EAGLE-3 in llama.cpp's `eagle3`
 // layout, Medusa in specdec's `medusa` layout); matrices as wtype
 // (SD_TYPE_F32, SD_TYPE_F16 or SD_TYPE_Q8_0), norm gains and biases F32.
 // Written to path.tmp then renamed: an error (full disk) leaves an existing
-// file at path intact.
+// file at path intact. Without a target the file has no tokenizer: specdec
+// loads it, llama.cpp does not (sd_head_save_for).
 int sd_head_save(const sd_head *h, const char *path, int wtype, char *err, size_t errlen);
+// The same with target's tokenizer keys (`tokenizer.*`, copied) in an EAGLE-3
+// file, which llama.cpp needs to load it as a draft model. target: the model
+// the head was made for (refused otherwise) or NULL (as sd_head_save).
+int sd_head_save_for(const sd_head *h, const sd_model *target, const char *path, int wtype, char *err,
+                     size_t errlen);
+// The same in a chosen layout (SD_HEAD_LAYOUT_*; V1 writes no tokenizer).
+int sd_head_save_ex(const sd_head *h, const sd_model *target, int layout, const char *path, int wtype, char *err,
+                    size_t errlen);
 // Loads and validates a head file (every key and tensor shape; values
 // dequantized to floats). m: the target it must match (NULL: no check).
 int sd_head_load(sd_head **out, const char *path, const sd_model *m, char *err, size_t errlen);

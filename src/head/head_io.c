@@ -1,6 +1,8 @@
 // head_io.c - draft head files: GGUF in llama.cpp's `eagle3` layout or
 // specdec's `medusa` layout (docs/heads.md), written atomically and read
-// back with every key and shape checked.
+// back with every key and shape checked. EAGLE-3 files written before
+// 2026-11-28 (specdec's first layout: `eagle3.extract_layers` numbering the
+// block outputs, d2t as offsets, `blk.0.hidden_norm`) still load.
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -16,6 +18,7 @@
 
 #define GGUF_TYPE_I32 26
 #define GGUF_TYPE_I64 27
+#define E3_V1_HIDDEN_NORM "blk.0.hidden_norm.weight"   // SD_E3_HIDDEN_NORM in specdec's first layout
 
 static const char *arch_of(int type) { return type == SD_HEAD_MEDUSA ? "medusa" : type == SD_HEAD_MOA ? "moa" : "eagle3"; }
 
@@ -41,7 +44,35 @@ static void *convert_rows(const sd_head *h, int i, int wtype, size_t *nbytes) {
     return buf;
 }
 
+// The tokenizer keys of target (every `tokenizer.*` key, copied as they
+// are): llama.cpp builds the head's vocabulary from them and refuses a
+// draft model without one.
+static void w_tokenizer(sd_gguf_writer *w, const sd_model *target) {
+    const sd_gguf *g = target->gguf;
+    for (uint64_t i = 0; i < g->n_kv; i++) {
+        sd_str k = g->kv[i].key;
+        if (k.len > 10 && !memcmp(k.ptr, "tokenizer.", 10)) sd_gguf_w_copy(w, &g->kv[i]);
+    }
+}
+
 int sd_head_save(const sd_head *h, const char *path, int wtype, char *err, size_t errlen) {
+    return sd_head_save_ex(h, NULL, SD_HEAD_LAYOUT_LLAMA, path, wtype, err, errlen);
+}
+
+int sd_head_save_for(const sd_head *h, const sd_model *target, const char *path, int wtype, char *err, size_t errlen) {
+    return sd_head_save_ex(h, target, SD_HEAD_LAYOUT_LLAMA, path, wtype, err, errlen);
+}
+
+int sd_head_save_ex(const sd_head *h, const sd_model *target, int layout, const char *path, int wtype, char *err,
+                    size_t errlen) {
+    if (layout != SD_HEAD_LAYOUT_LLAMA && layout != SD_HEAD_LAYOUT_V1)
+        return sd_err(err, errlen, "head: unknown file layout %d", layout);
+    if (target) {
+        char e2[320];
+        if (sd_head_check_target(h, target, e2, sizeof e2) < 0)
+            return sd_err(err, errlen, "head: cannot write the tokenizer of a model the head was not made for: %s", e2);
+    }
+    const int v1 = layout == SD_HEAD_LAYOUT_V1;
     if (wtype != SD_TYPE_F32 && wtype != SD_TYPE_F16 && wtype != SD_TYPE_Q8_0)
         return sd_err(err, errlen, "head: cannot save matrices as type %d (f32, f16 or q8_0)", wtype);
     const sd_head_hp *hp = &h->hp;
@@ -66,7 +97,12 @@ int sd_head_save(const sd_head *h, const char *path, int wtype, char *err, size_
         w_key_u32(w, arch, "context_length", 4096);
         w_key_u32(w, arch, "vocab_size", (uint32_t)hp->target_n_vocab);
         sd_gguf_w_f32(w, "eagle3.rope.freq_base", hp->rope_base);
-        sd_gguf_w_arr_i32(w, "eagle3.extract_layers", hp->extract, 3);
+        if (v1) {
+            sd_gguf_w_arr_i32(w, "eagle3.extract_layers", hp->extract, 3);
+        } else {   // llama.cpp numbers a layer's input: the output of block l is the input of layer l + 1
+            int32_t tl[3] = {hp->extract[0] + 1, hp->extract[1] + 1, hp->extract[2] + 1};
+            sd_gguf_w_arr_i32(w, "eagle3.target_layers", tl, 3);
+        }
         sd_gguf_w_u32(w, "eagle3.target_hidden_size", (uint32_t)hp->target_n_embd);
         sd_gguf_w_bool(w, "eagle3.norm_before_residual", hp->norm_before_residual);
     } else if (hp->type == SD_HEAD_MOA) {
@@ -82,6 +118,7 @@ int sd_head_save(const sd_head *h, const char *path, int wtype, char *err, size_
     snprintf(hx, sizeof hx, "%016" PRIx64, hp->target_vocab_hash);
     sd_gguf_w_str(w, "specdec.target.vocab_hash", hx);
     sd_gguf_w_str(w, "specdec.head.note", h->note);
+    if (target && !v1 && hp->type == SD_HEAD_EAGLE3) w_tokenizer(w, target);
     for (int i = 0; i < h->n_t; i++) {
         const sd_head_tensor *t = &h->t[i];
         int ty = t->ne1 == 1 ? SD_TYPE_F32 : wtype;
@@ -93,7 +130,8 @@ int sd_head_save(const sd_head *h, const char *path, int wtype, char *err, size_
             return sd_err(err, errlen, "head: out of memory");
         }
         int64_t ne[2] = {t->ne0, t->ne1};
-        sd_gguf_w_tensor(w, t->name, ty, t->ne1 == 1 ? 1 : 2, ne, buf, nb);
+        const char *name = v1 && hp->type == SD_HEAD_EAGLE3 && i == SD_E3_HIDDEN_NORM ? E3_V1_HIDDEN_NORM : t->name;
+        sd_gguf_w_tensor(w, name, ty, t->ne1 == 1 ? 1 : 2, ne, buf, nb);
         free(buf);
     }
     int64_t V = hp->n_draft_vocab;
@@ -102,7 +140,10 @@ int sd_head_save(const sd_head *h, const char *path, int wtype, char *err, size_
         sd_gguf_writer_free(w);
         return sd_err(err, errlen, "head: out of memory");
     }
-    for (int64_t i = 0; i < V; i++) off[i] = (int64_t)h->d2t[i] - i;   // EAGLE: target = draft + d2t[draft]
+    // llama.cpp: d2t[draft] is the target id; specdec's first layout (and
+    // Medusa files) kept EAGLE's offsets, target = draft + d2t[draft].
+    const int absolute = !v1 && hp->type == SD_HEAD_EAGLE3;
+    for (int64_t i = 0; i < V; i++) off[i] = (int64_t)h->d2t[i] - (absolute ? 0 : i);
     sd_gguf_w_tensor(w, "d2t", GGUF_TYPE_I64, 1, &V, off, sizeof(int64_t) * (size_t)V);
     free(off);
     char tmp[4096];
@@ -185,7 +226,25 @@ static int check_same(const sd_gguf *g, const char *key, int want, const char *w
     return 0;
 }
 
-static int read_eagle3_hp(const sd_gguf *g, sd_head_hp *hp, char *err, size_t errlen) {
+// An array of 3 integers in 0..4096 (1: read, 0: absent, <0: malformed).
+static int get_layers(const sd_gguf *g, const char *key, int out[3], char *err, size_t errlen) {
+    const sd_gguf_kv *kv = sd_gguf_find_key(g, key);
+    if (!kv) return 0;
+    if (kv->type != SD_GGUF_ARRAY || kv->n != 3 || kv->arr_type == SD_GGUF_STRING || kv->arr_type == SD_GGUF_F32 ||
+        kv->arr_type == SD_GGUF_F64 || kv->arr_type == SD_GGUF_ARRAY || kv->arr_type == SD_GGUF_BOOL)
+        return sd_err(err, errlen, "head file: %s must be an array of 3 integers", key);
+    for (int i = 0; i < 3; i++) {
+        int64_t x = sd_gguf_arr_i64(kv, (uint64_t)i);
+        if (x < 0 || x > 4096)
+            return sd_err(err, errlen, "head file: %s[%d] = %lld is out of range", key, i, (long long)x);
+        out[i] = (int)x;
+    }
+    return 1;
+}
+
+// *llama: 1 when the file is in llama.cpp's layout (eagle3.target_layers,
+// d2t holding target ids), 0 in specdec's first one.
+static int read_eagle3_hp(const sd_gguf *g, sd_head_hp *hp, int *llama, char *err, size_t errlen) {
     int nb = 0, v = 0, rc;
     if (get_int(g, "eagle3.block_count", 1, 1, 1, &nb, err, errlen) < 0) return -1;
     if (get_int(g, "eagle3.feed_forward_length", 1, 1, 1 << 20, &hp->n_ff, err, errlen) < 0) return -1;
@@ -204,17 +263,29 @@ static int read_eagle3_hp(const sd_gguf *g, sd_head_hp *hp, char *err, size_t er
     if (check_same(g, "eagle3.attention.value_length", hp->head_dim, "the key length", err, errlen) < 0) return -1;
     if (get_int(g, "eagle3.context_length", 0, 1, 1 << 24, &v, err, errlen) < 0) return -1;
     if (get_float(g, "eagle3.rope.freq_base", 10000.0f, 1.0, 1e12, &hp->rope_base, err, errlen) < 0) return -1;
-    const sd_gguf_kv *kv = sd_gguf_find_key(g, "eagle3.extract_layers");
-    if (!kv) return sd_err(err, errlen, "head file: key 'eagle3.extract_layers' is missing");
-    if (kv->type != SD_GGUF_ARRAY || kv->n != 3 || kv->arr_type == SD_GGUF_STRING || kv->arr_type == SD_GGUF_F32 ||
-        kv->arr_type == SD_GGUF_F64 || kv->arr_type == SD_GGUF_ARRAY || kv->arr_type == SD_GGUF_BOOL)
-        return sd_err(err, errlen, "head file: eagle3.extract_layers must be an array of 3 integers");
+    // The three layers: llama.cpp's eagle3.target_layers (layer inputs), or
+    // eagle3.extract_layers (block outputs) in files written before 2026-11-28.
+    int tl[3], el[3];
+    int has_tl = get_layers(g, "eagle3.target_layers", tl, err, errlen);
+    if (has_tl < 0) return -1;
+    int has_el = get_layers(g, "eagle3.extract_layers", el, err, errlen);
+    if (has_el < 0) return -1;
+    if (!has_tl && !has_el)
+        return sd_err(err, errlen, "head file: key 'eagle3.target_layers' is missing (older specdec files: "
+                      "'eagle3.extract_layers')");
     for (int i = 0; i < 3; i++) {
-        int64_t x = sd_gguf_arr_i64(kv, (uint64_t)i);
-        if (x < 0 || x > 4096)
-            return sd_err(err, errlen, "head file: eagle3.extract_layers[%d] = %lld is out of range", i, (long long)x);
-        hp->extract[i] = (int)x;
+        if (has_tl && tl[i] < 1)
+            return sd_err(err, errlen, "head file: eagle3.target_layers[%d] = %d: the input of layer 0 (the token "
+                          "embeddings) is not a state specdec gives a head", i, tl[i]);
+        if (has_tl && has_el && el[i] != tl[i] - 1)
+            return sd_err(err, errlen, "head file: eagle3.extract_layers[%d] = %d (a block output) disagrees with "
+                          "eagle3.target_layers[%d] = %d (a layer input, expected %d)", i, el[i], i, tl[i], el[i] + 1);
+        hp->extract[i] = has_tl ? tl[i] - 1 : el[i];
     }
+    *llama = has_tl;
+    int nbf = 0;
+    if (get_bool01(g, "eagle3.norm_before_fc", &nbf, err, errlen) < 0) return -1;
+    if (nbf) return sd_err(err, errlen, "head file: eagle3.norm_before_fc = true is not supported by specdec");
     if (get_int(g, "eagle3.target_hidden_size", 1, 1, 65536, &hp->target_n_embd, err, errlen) < 0) return -1;
     if (hp->target_n_embd != hp->n_embd)
         return sd_err(err, errlen, "head file: eagle3.target_hidden_size = %d differs from eagle3.embedding_length = "
@@ -222,8 +293,9 @@ static int read_eagle3_hp(const sd_gguf *g, sd_head_hp *hp, char *err, size_t er
     return get_bool01(g, "eagle3.norm_before_residual", &hp->norm_before_residual, err, errlen);
 }
 
-static int read_hp(const sd_gguf *g, const sd_model *m, sd_head_hp *hp, char *err, size_t errlen) {
+static int read_hp(const sd_gguf *g, const sd_model *m, sd_head_hp *hp, int *llama, char *err, size_t errlen) {
     memset(hp, 0, sizeof *hp);
+    *llama = 0;
     sd_str a;
     if (sd_gguf_get_str(g, "general.architecture", &a, err, errlen) != 0)
         return sd_err(err, errlen, "head file: general.architecture is missing");
@@ -247,7 +319,7 @@ static int read_hp(const sd_gguf *g, const sd_model *m, sd_head_hp *hp, char *er
     snprintf(k, sizeof k, "%s.attention.layer_norm_rms_epsilon", arch);
     if (get_float(g, k, 1e-5f, 0.0, 1.0, &hp->rms_eps, err, errlen) < 0) return -1;
     if (hp->type == SD_HEAD_EAGLE3) {
-        if (read_eagle3_hp(g, hp, err, errlen) < 0) return -1;
+        if (read_eagle3_hp(g, hp, llama, err, errlen) < 0) return -1;
     } else if (hp->type == SD_HEAD_MOA) {
         if (sd_moa_read_hp(g, hp, err, errlen) < 0) return -1;
         hp->target_n_embd = hp->n_embd;
@@ -287,8 +359,9 @@ static int read_hp(const sd_gguf *g, const sd_model *m, sd_head_hp *hp, char *er
     if (hp->type == SD_HEAD_EAGLE3)
         for (int i = 0; i < 3; i++)
             if (hp->extract[i] >= hp->target_n_layer)
-                return sd_err(err, errlen, "head file: eagle3.extract_layers[%d] = %d is outside the target's %d layers",
-                              i, hp->extract[i], hp->target_n_layer);
+                return sd_err(err, errlen, "head file: %s[%d] = %d is outside the target's %d layers",
+                              *llama ? "eagle3.target_layers" : "eagle3.extract_layers", i,
+                              hp->extract[i] + *llama, hp->target_n_layer);
     const sd_tensor *d2t = sd_gguf_find_tensor(g, "d2t");
     if (d2t) {
         if (d2t->n_dims != 1 || (d2t->type != GGUF_TYPE_I64 && d2t->type != GGUF_TYPE_I32))
@@ -307,9 +380,13 @@ static int read_hp(const sd_gguf *g, const sd_model *m, sd_head_hp *hp, char *er
 // tensors of another layout (a Medusa head's in an EAGLE-3 file, a fifth
 // Medusa head beyond head_count) is refused.
 static int check_no_extra_tensors(const sd_gguf *g, const sd_head *h, char *err, size_t errlen) {
+    const int e3 = h->hp.type == SD_HEAD_EAGLE3;
+    if (e3 && sd_gguf_find_tensor(g, E3_V1_HIDDEN_NORM) && sd_gguf_find_tensor(g, h->t[SD_E3_HIDDEN_NORM].name))
+        return sd_err(err, errlen, "head file: both '%s' and its older name '%s' are present",
+                      h->t[SD_E3_HIDDEN_NORM].name, E3_V1_HIDDEN_NORM);
     for (uint64_t i = 0; i < g->n_tensors; i++) {
         sd_str nm = g->tensors[i].name;
-        int known = sd_str_eq(nm, "d2t");
+        int known = sd_str_eq(nm, "d2t") || (e3 && sd_str_eq(nm, E3_V1_HIDDEN_NORM));
         for (int j = 0; j < h->n_t && !known; j++) known = sd_str_eq(nm, h->t[j].name);
         if (!known && h->hp.type == SD_HEAD_MEDUSA)
             return sd_err(err, errlen, "head file: tensor '%.*s' is not part of a Medusa head of medusa.head_count = %d "
@@ -326,6 +403,7 @@ static int check_no_extra_tensors(const sd_gguf *g, const sd_head *h, char *err,
 static int read_tensor(const sd_gguf *g, sd_head *h, int i, char *err, size_t errlen) {
     const sd_head_tensor *t = &h->t[i];
     const sd_tensor *ft = sd_gguf_find_tensor(g, t->name);
+    if (!ft && h->hp.type == SD_HEAD_EAGLE3 && i == SD_E3_HIDDEN_NORM) ft = sd_gguf_find_tensor(g, E3_V1_HIDDEN_NORM);
     if (!ft) return sd_err(err, errlen, "head file: tensor '%s' is missing", t->name);
     if (ft->ne[0] != t->ne0 || ft->ne[1] != t->ne1 || ft->ne[2] != 1 || ft->ne[3] != 1)
         return sd_err(err, errlen, "head file: tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]", t->name,
@@ -354,7 +432,8 @@ int sd_head_load(sd_head **out, const char *path, const sd_model *m, char *err, 
     sd_head_hp hp;
     sd_head *h = NULL;
     char e2[320];
-    if (read_hp(g, m, &hp, e2, sizeof e2) < 0 || sd_head_new(&h, &hp, e2, sizeof e2) < 0) goto fail;
+    int llama = 0;
+    if (read_hp(g, m, &hp, &llama, e2, sizeof e2) < 0 || sd_head_new(&h, &hp, e2, sizeof e2) < 0) goto fail;
     if (check_no_extra_tensors(g, h, e2, sizeof e2) < 0) goto fail;
     for (int i = 0; i < h->n_t; i++)
         if (read_tensor(g, h, i, e2, sizeof e2) < 0) goto fail;
@@ -369,7 +448,7 @@ int sd_head_load(sd_head **out, const char *path, const sd_model *m, char *err, 
         for (int i = 0; i < hp.n_draft_vocab; i++) {
             int64_t o = d2t->type == GGUF_TYPE_I64 ? (int64_t)sd_ld64((const uint8_t *)d2t->data + 8 * (size_t)i)
                                                    : (int32_t)sd_ld32((const uint8_t *)d2t->data + 4 * (size_t)i);
-            int64_t id = i + o;
+            int64_t id = llama ? o : i + o;   // llama.cpp: target ids; else EAGLE's offsets
             if (id < 0 || id >= hp.target_n_vocab || (i && id <= ids[i - 1])) ok = 0;
             ids[i] = ok ? (int32_t)id : 0;
             if (!ok) break;

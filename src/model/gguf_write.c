@@ -180,6 +180,50 @@ void sd_gguf_w_arr_i32(sd_gguf_writer *w, const char *key, const int32_t *v, uin
     w_bytes(w, v, (size_t)n * 4);
 }
 
+void sd_gguf_w_copy(sd_gguf_writer *w, const sd_gguf_kv *kv) {
+    if (!w) return;
+    if (!kv) {
+        w_bad(w, "copy of a NULL key");
+        return;
+    }
+    char key[512];
+    if (kv->key.len >= sizeof key) {
+        w_bad(w, "copy: key of %llu bytes is too long", (unsigned long long)kv->key.len);
+        return;
+    }
+    memcpy(key, kv->key.ptr, (size_t)kv->key.len);
+    key[kv->key.len] = 0;
+    if (kv->type == SD_GGUF_STRING) {
+        if (!w_key(w, key, SD_GGUF_STRING)) w_strn(w, kv->strs[0].ptr, kv->strs[0].len);
+        return;
+    }
+    if (kv->type != SD_GGUF_ARRAY) {
+        size_t sz = vtype_size((uint32_t)kv->type);
+        if (!sz) {
+            w_bad(w, "copy of key '%s': unknown type %d", key, kv->type);
+            return;
+        }
+        if (!w_key(w, key, (uint32_t)kv->type)) w_bytes(w, kv->data, sz);
+        return;
+    }
+    if (kv->arr_type == SD_GGUF_STRING) {
+        if (w_arr_head(w, key, SD_GGUF_STRING, kv->strs, kv->n)) return;
+        for (uint64_t i = 0; i < kv->n && !w->oom; i++) w_strn(w, kv->strs[i].ptr, kv->strs[i].len);
+        return;
+    }
+    size_t sz = vtype_size((uint32_t)kv->arr_type);
+    if (!sz) {
+        w_bad(w, "copy of key '%s': arrays of type %d are not copied", key, kv->arr_type);
+        return;
+    }
+    if (kv->n > SIZE_MAX / sz) {
+        w->oom = 1;
+        return;
+    }
+    if (w_arr_head(w, key, (uint32_t)kv->arr_type, kv->data, kv->n)) return;
+    w_bytes(w, kv->data, (size_t)kv->n * sz);
+}
+
 void sd_gguf_w_tensor(sd_gguf_writer *w, const char *name, int type, int n_dims, const int64_t *ne, const void *data,
                       size_t nbytes) {
     if (!w) return;

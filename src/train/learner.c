@@ -35,6 +35,7 @@ typedef struct l_win {
 struct sd_learner {
     sd_head_online_params p;
     const sd_head *src;      // the head given (never written)
+    const sd_model *target;  // the model it drafts for (its tokenizer goes into a saved head)
     int d, nv, T;
     sd_head *th;             // the parameters being trained (the training thread's)
     sd_trainer *tr;
@@ -293,7 +294,7 @@ int sd_learner_save(sd_learner *l, const char *path, char *err, size_t errlen) {
                  "online.agree=%.3f\n",
                  (long long)st.n_windows, (long long)st.n_positions, (double)l->p.lr, l->T, st.last_loss, st.agree);
     memcpy(l->th->note, note, sizeof note);
-    int rc = sd_head_save(l->th, path, SD_TYPE_Q8_0, err, errlen);
+    int rc = sd_head_save_for(l->th, l->target, path, SD_TYPE_Q8_0, err, errlen);
     pthread_mutex_unlock(&l->mu);
     return rc;
 }
@@ -368,6 +369,7 @@ int sd_learner_new(sd_learner **out, const sd_head *h, const sd_model *target, i
     if (!l) return sd_err(err, errlen, "online: out of memory");
     l->p = *p;
     l->src = h;
+    l->target = target;
     l->d = h->hp.n_embd;
     l->nv = target->hp.n_vocab;
     l->T = p->window;

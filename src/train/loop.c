@@ -426,7 +426,7 @@ static int finish(loop_run *r, char *err, size_t errlen) {
     if (save_ckpt(r, e2, sizeof e2) < 0) note(r, "%s", e2);   // the head below is what matters now
     write_note(r);
     static const int wtype[] = {SD_TYPE_Q8_0, SD_TYPE_F16, SD_TYPE_F32};
-    if (sd_head_save(r->h, r->P.out_path, wtype[r->P.out_type], err, errlen) < 0) return -1;
+    if (sd_head_save_for(r->h, r->m, r->P.out_path, wtype[r->P.out_type], err, errlen) < 0) return -1;
     note(r, "wrote %s (%lld steps, %lld tokens, %.0f s of training)", r->P.out_path, (long long)r->st.step,
          (long long)r->st.tokens, r->st.seconds);
     return 0;

@@ -1,7 +1,8 @@
 // test_head_file_checks.c - draft head files (src/head/): an EAGLE-3 and a Medusa
 // head saved and loaded back give the same parameters (F32 exactly, F16 and
 // Q8_0 within their rounding) and draft vocabulary; the file carries
-// llama.cpp's eagle3 keys and tensors; truncated or corrupted files, files
+// llama.cpp's eagle3 keys and tensors (test_head_llama_layout.c has the rest
+// of that layout and the older one); truncated or corrupted files, files
 // that are not heads, heads made for another target, and heads with corrupt
 // metadata (NaN RoPE base, zero lengths, a vocabulary size or hidden size
 // that disagrees, a boolean of 7, the other head type, another layout's
@@ -132,10 +133,13 @@ static void test_eagle3_layout(void) {
         sd_str a;
         CHECK(sd_gguf_get_str(g, "general.architecture", &a, g_err, sizeof g_err) == 0 && sd_str_eq(a, "eagle3"),
               "architecture");
-        const sd_gguf_kv *kv = sd_gguf_find_key(g, "eagle3.extract_layers");
-        CHECK(kv && kv->n == 3 && sd_gguf_arr_i64(kv, 0) == 2 && sd_gguf_arr_i64(kv, 1) == 4 &&
-                  sd_gguf_arr_i64(kv, 2) == 5,
+        const sd_gguf_kv *kv = sd_gguf_find_key(g, "eagle3.target_layers");
+        CHECK(h->hp.extract[0] == 2 && h->hp.extract[1] == 4 && h->hp.extract[2] == 5,
               "extract layers default to {2, L/2, L-3}");
+        CHECK(kv && kv->n == 3 && sd_gguf_arr_i64(kv, 0) == 3 && sd_gguf_arr_i64(kv, 1) == 5 &&
+                  sd_gguf_arr_i64(kv, 2) == 6,
+              "llama.cpp numbers the inputs of layers: the outputs of blocks 2, 4, 5 are target_layers 3, 5, 6");
+        CHECK(!sd_gguf_find_key(g, "eagle3.extract_layers"), "the older key is not written");
         uint32_t v = 0;
         CHECK(sd_gguf_get_u32(g, "eagle3.target_hidden_size", &v, g_err, sizeof g_err) == 0 && v == 64, "hidden size");
         const sd_tensor *q = sd_gguf_find_tensor(g, "blk.0.attn_q.weight");
@@ -147,7 +151,7 @@ static void test_eagle3_layout(void) {
         if (d2t) {
             int64_t o5;
             memcpy(&o5, (const char *)d2t->data + 5 * 8, 8);
-            CHECK(o5 + 5 == h->d2t[5], "d2t holds offsets: %lld", (long long)o5);
+            CHECK(o5 == h->d2t[5], "d2t holds target ids (llama.cpp): %lld", (long long)o5);
         }
         CHECK(!sd_gguf_find_tensor(g, "token_embd.weight"), "token_embd is borrowed from the target");
     }
@@ -184,14 +188,14 @@ static void test_bad_files(void) {
     CHECK(strstr(g_err, "trunc.gguf") != NULL, "message names the file: %s", g_err);
     printf("  truncated: %s\n", g_err);
     // the key of the extract layers renamed: missing key
-    char *k = memmem(buf, (size_t)n, "eagle3.extract_layers", 21);
+    char *k = memmem(buf, (size_t)n, "eagle3.target_layers", 20);
     CHECK(k != NULL, "key present");
     if (k) {
         k[0] = 'X';
         f = fopen(p2, "wb");
         fwrite(buf, 1, (size_t)n, f);
         fclose(f);
-        CHECK(sd_head_load(&b, p2, m, g_err, sizeof g_err) < 0 && strstr(g_err, "extract_layers"),
+        CHECK(sd_head_load(&b, p2, m, g_err, sizeof g_err) < 0 && strstr(g_err, "target_layers"),
               "missing key: %s", g_err);
         printf("  missing key: %s\n", g_err);
         k[0] = 'e';
@@ -410,7 +414,8 @@ static void test_save_full_disk(void) {
 
 // The shipped heads (heads/*.gguf): each a well-formed GGUF file of an
 // EAGLE-3 or Medusa head with a recipe note that loads, all together within the
-// 64 MiB the repository allows for them.
+// 64 MiB the repository allows for them; EAGLE-3 heads in llama.cpp's layout
+// with their target's tokenizer (so that llama.cpp loads them).
 static void test_shipped_heads(void) {
     DIR *dir = opendir("heads");
     if (!dir) SKIP("no heads/ directory here (run from the repository root)");
@@ -428,8 +433,15 @@ static void test_shipped_heads(void) {
         sd_gguf *g = NULL;
         CHECK(sd_gguf_open(&g, path, g_err, sizeof g_err) == 0, "%s: %s", path, g_err);
         if (g) {
-            const int arch_ok = sd_gguf_find_key(g, "eagle3.extract_layers") || sd_gguf_find_key(g, "medusa.head_count");
-            CHECK(arch_ok, "%s: neither an EAGLE-3 nor a Medusa head", path);
+            const int e3 = sd_gguf_find_key(g, "eagle3.target_layers") != NULL;
+            const int arch_ok = e3 || sd_gguf_find_key(g, "medusa.head_count");
+            CHECK(arch_ok, "%s: neither an EAGLE-3 head in llama.cpp's layout nor a Medusa head", path);
+            if (e3) {
+                CHECK(sd_gguf_find_key(g, "tokenizer.ggml.tokens") && sd_gguf_find_key(g, "tokenizer.ggml.model"),
+                      "%s: no tokenizer (llama.cpp needs it; specdec head-convert adds it)", path);
+                CHECK(sd_gguf_find_tensor(g, "blk.0.attn_norm_2.weight") && !sd_gguf_find_key(g, "eagle3.extract_layers"),
+                      "%s: not in llama.cpp's layout (specdec head-convert)", path);
+            }
             CHECK(sd_gguf_find_key(g, "specdec.head.note"), "%s: no recipe note", path);
         }
         sd_gguf_close(g);
