@@ -168,7 +168,7 @@ out:
 }
 
 static void test_moa_grad(void) {
-    if (!g_m) SKIP("no target: %s", g_err);
+    if (!g_m) SKIP("no target: %.200s", g_err);
     static const int cfg[3][2] = {{0, 0}, {1, 0}, {0, 1}};
     for (int c = 0; c < 3; c++) {
         const double w = check(cfg[c][0], cfg[c][1], 0, c == 1);
@@ -178,14 +178,14 @@ static void test_moa_grad(void) {
 }
 
 static void test_moa_grad_catches_fault(void) {
-    if (!g_m) SKIP("no target: %s", g_err);
+    if (!g_m) SKIP("no target: %.200s", g_err);
     const double w = check(1, 0, SD_TR_FAULT_NO_RESID, 0);
     CHECK(w > 10.0, "a backward without the residual gradient passed the check (worst ratio %.3g)", w);
 }
 
 // Added, not stored; same bits with 1 and 2 threads.
 static void test_moa_grad_contract(void) {
-    if (!g_m) SKIP("no target: %s", g_err);
+    if (!g_m) SKIP("no target: %.200s", g_err);
     sd_head *h = make_head(1, 0);
     seq_buf sb = {0};
     sd_pool *pool = NULL;
