@@ -7,7 +7,7 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "specdec %s - LLM inference on the CPU (GGUF, llama-family models)\n"
+            "specdec %s - LLM inference with speculative decoding (GGUF, llama-family models; CPU, CUDA with make CUDA=1)\n"
             "\n"
             "usage: specdec <command> [options]\n"
             "\n"
@@ -17,7 +17,7 @@ static void usage(FILE *f) {
             "  bench-forward    time forward passes of 1..64 tokens, decode speed and memory bandwidth\n"
             "  serve            an OpenAI-compatible HTTP server with speculative decoding\n"
             "  bench-batch      time one forward over K sessions' trees against K separate forwards\n"
-            "  train-head       train an EAGLE-3 or Medusa draft head for a model on this CPU\n"
+            "  train-head       train an EAGLE-3, Medusa or MoA draft head for a model on this CPU\n"
             "  head-convert     rewrite a draft head file in the current layout (llama.cpp's eagle3)\n"
             "  convert-llama2c  convert a llama2.c checkpoint + tokenizer.bin to GGUF\n"
             "\n"
