@@ -7,7 +7,7 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "specdec %s - LLM inference with speculative decoding (GGUF, llama-family models; CPU, CUDA with make CUDA=1)\n"
+            "specdec %s - speculative decoding of GGUF models (CPU; GPU: make CUDA=1)\n"
             "\n"
             "usage: specdec <command> [options]\n"
             "\n"
