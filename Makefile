@@ -20,7 +20,8 @@ LIB_SO   := build/libspecdec.so
 # The commands (tools/*.c) but serve's, which comes with the server or, without
 # libmicrohttpd, as its stub (tools/cmd_serve_missing.c).
 SERVE_CMD := tools/cmd_serve.c tools/cmd_serve_missing.c
-TOOL_OBJ := $(patsubst %.c,build/%.o,$(filter-out $(SERVE_CMD),$(wildcard tools/*.c)))
+CLIENT_CMD := tools/cmd_client.c tools/cmd_client_missing.c
+TOOL_OBJ := $(patsubst %.c,build/%.o,$(filter-out $(SERVE_CMD) $(CLIENT_CMD),$(wildcard tools/*.c)))
 # build/specdec needs jansson (JSON: the --json outputs, bench's prompt files
 # and results, the server's API), found with pkg-config; without it make stops
 # at need-jansson and says what to install. The server (tools/serve/, `specdec
@@ -52,6 +53,17 @@ SERVE_LIBS :=
 ifeq ($(HAVE_JSON),1)
 $(warning libmicrohttpd not found by pkg-config: building specdec without 'serve' (install it: apt-get install libmicrohttpd-dev))
 endif
+endif
+# The split client (tools/client/, `specdec client`, docs/split.md) needs
+# libcurl; without it the command says how to install it.
+HAVE_CLIENT := $(shell pkg-config --exists libcurl 2>/dev/null && echo 1)
+ifeq ($(HAVE_CLIENT),1)
+CLIENT_OBJ  := build/tools/cmd_client.o $(patsubst %.c,build/%.o,$(wildcard tools/client/*.c))
+CLIENT_LIBS := $(shell pkg-config --libs libcurl)
+build/tools/client/%.o: CFLAGS += $(shell pkg-config --cflags libcurl)
+else
+CLIENT_OBJ  := build/tools/cmd_client_missing.o
+CLIENT_LIBS :=
 endif
 TLIB_OBJ := $(patsubst %.c,build/%.o,$(wildcard tests/lib/*.c))
 TESTS    := $(patsubst tests/%.c,build/tests/%,$(wildcard tests/*/test_*.c))
@@ -91,12 +103,12 @@ $(LIB_SO): $(OBJ) build/specdec.map
 # Stops the build of anything that needs jansson when pkg-config cannot find it.
 need-jansson:
 	@test "$(HAVE_JSON)" = 1 || { echo "specdec needs jansson (JSON) and pkg-config cannot find it; install them: $(JSON_INSTALL)" >&2; exit 1; }
-$(TOOL_OBJ) $(SERVE_OBJ) $(JSON_TESTS:%=%.o): | need-jansson
+$(TOOL_OBJ) $(SERVE_OBJ) $(CLIENT_OBJ) $(JSON_TESTS:%=%.o): | need-jansson
 $(JSON_TESTS:%=%.o): CFLAGS += $(JSON_CFLAGS)
 $(JSON_TESTS): LDLIBS += $(JSON_LIBS)
 
-build/specdec: $(TOOL_OBJ) $(SERVE_OBJ) $(LIB)
-	$(CC) $(CFLAGS) $(TOOL_OBJ) $(SERVE_OBJ) $(LIB) $(SERVE_LIBS) $(JSON_LIBS) $(LDLIBS) -o $@
+build/specdec: $(TOOL_OBJ) $(SERVE_OBJ) $(CLIENT_OBJ) $(LIB)
+	$(CC) $(CFLAGS) $(TOOL_OBJ) $(SERVE_OBJ) $(CLIENT_OBJ) $(LIB) $(SERVE_LIBS) $(CLIENT_LIBS) $(JSON_LIBS) $(LDLIBS) -o $@
 
 build/examples/%: examples/%.c $(LIB)
 	@mkdir -p $(dir $@)

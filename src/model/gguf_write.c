@@ -290,3 +290,33 @@ int sd_gguf_writer_write(sd_gguf_writer *w, const char *path, char *err, size_t 
     }
     return 0;
 }
+
+// A key-value pair of another file, copied as it is (any type).
+void sd_gguf_w_kv_copy(sd_gguf_writer *w, const char *key, const sd_gguf_kv *kv) {
+    static const int esz[] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
+    if (kv->type == SD_GGUF_STRING) {
+        if (!w_key(w, key, SD_GGUF_STRING)) w_strn(w, kv->strs[0].ptr, kv->strs[0].len);
+        return;
+    }
+    if (kv->type == SD_GGUF_ARRAY) {
+        if (w_key(w, key, SD_GGUF_ARRAY)) return;
+        w_le32(w, (uint32_t)kv->arr_type);
+        w_le64(w, kv->n);
+        if (kv->arr_type == SD_GGUF_STRING)
+            for (uint64_t i = 0; i < kv->n && !w->oom; i++) w_strn(w, kv->strs[i].ptr, kv->strs[i].len);
+        else if (kv->arr_type >= 0 && kv->arr_type <= SD_GGUF_F64 && esz[kv->arr_type])
+            w_bytes(w, kv->data, (size_t)kv->n * (size_t)esz[kv->arr_type]);
+        else w_bad(w, "key '%s': arrays of arrays are not copied", key);
+        return;
+    }
+    if (kv->type < 0 || kv->type > SD_GGUF_F64 || !esz[kv->type]) {
+        w_bad(w, "key '%s': type %d", key, kv->type);
+        return;
+    }
+    if (!w_key(w, key, (uint32_t)kv->type)) w_bytes(w, kv->data, (size_t)esz[kv->type]);
+}
+
+void sd_gguf_w_arr_u8(sd_gguf_writer *w, const char *key, const void *v, uint64_t n) {
+    if (w_arr_head(w, key, SD_GGUF_U8, v, n)) return;
+    w_bytes(w, v, (size_t)n);
+}
