@@ -248,7 +248,7 @@ int cmd_client(int argc, char **argv) {
         for (int i = 0; i < nt; i++) json_array_append_new(ta, json_integer(toks[i]));
         json_t *o = json_pack(
             "{s:b, s:o, s:o, s:i, s:i, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:o, s:I, s:I, s:I, s:I, s:o, s:o,"
-            " s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}",
+            " s:o, s:o, s:o, s:o, s:o, s:o, s:o}",
             "done", 1, "text", cli_json_str(txt ? txt : "", tl), "tokens", ta, "n_prompt_tokens", st.n_prompt,
             "n_generated", nt, "finish_reason", st.finish, "unverified_emitted", (int)st.unverified_emitted,
             "confirmed", (int)st.confirmed, "replaced", (int)st.replaced, "never_verified", (int)st.never_verified,

@@ -182,9 +182,9 @@ static int reconcile(cl_client *c, const int32_t *V, int m, int base) {
     int from = c->n_text;
     const int lim = SD_MIN(c->n_ctx, c->n_prompt + c->o.n_predict);
     for (int k = j; k < m && c->n_text < lim; k++) c->text[c->n_text++] = V[k];
-    if (c->n_text >= c->n_prompt + c->o.n_predict) c->finished = 1;
     if (c->nv < base + m) c->nv = base + m;
     if (c->nv > c->n_text) c->nv = c->n_text;
+    if (c->nv >= c->n_prompt + c->o.n_predict) c->finished = 1;   // the verified text is complete
     emit_from(c, from, 1);
     return replaced;
 }

@@ -109,7 +109,7 @@ int cl_net_post(cl_net *n, const char *path, const void *body, size_t len, const
     curl_easy_getinfo(c, CURLINFO_SIZE_DOWNLOAD_T, &down);
     curl_easy_getinfo(c, CURLINFO_HEADER_SIZE, &hs);
     curl_easy_getinfo(c, CURLINFO_REQUEST_SIZE, &rq);
-    n->sent += (int64_t)rq;
+    n->sent += (int64_t)rq + (int64_t)len;   // the request size counts its head only
     n->recv += (int64_t)down + (int64_t)hs;
     n->body_sent += (int64_t)len;
     n->body_recv += (int64_t)n->len;
