@@ -14,6 +14,7 @@ kernel has no netem qdisc, so the proxy does the work:
   a cut                 --cut-after N: after N bytes from the server, every
                         connection is cut and new ones refused for --down-ms
                         (forever with -1)
+  a record            --record FILE: every byte the client sends, appended
   commands on stdin     "down" (cut everything, refuse), "up", "cut-after N",
                         "quit"; each answered "ok ..." on stdout
 
@@ -48,6 +49,7 @@ class Link:
         self.from_server = 0
         self.conns = set()
         self.bytes = [0, 0]
+        self.record = open(a.record, "ab") if a.record else None
 
     def is_down(self):
         if self.down and self.down_until and time.monotonic() >= self.down_until:
@@ -116,6 +118,9 @@ async def pump(link, reader, writer, direction, peer):
             due = max(free_at[0] + link.delay(), last_due)  # in order, as TCP delivers
             last_due = due
             link.bytes[direction] += len(data)
+            if direction == 0 and link.record:
+                link.record.write(data)
+                link.record.flush()
             if direction == 1 and link.cut_after is not None and link.cut_after >= 0:
                 link.from_server += len(data)
                 if link.from_server >= link.cut_after:
@@ -196,6 +201,7 @@ async def main():
     p.add_argument("--cut-after", type=int)
     p.add_argument("--down-ms", type=int, default=-1)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--record")
     a = p.parse_args()
     for k, v in PROFILES[a.profile].items():
         if getattr(a, k) is None:

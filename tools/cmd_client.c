@@ -98,7 +98,8 @@ static double pct(double *v, long n, double q) {
 int cmd_client(int argc, char **argv) {
     const char *model_path = NULL, *head_spec = NULL, *prompt = NULL, *system = NULL, *method = "eagle3:dyn:4-5-16";
     int chat = 0, json = 0, events = 0, verbose = 0, n_threads = 1, no_states = 0;
-    cl_opts co = {.timeout_ms = 3000, .n_predict = 256, .max_nodes = 16, .offline_depth = 4, .retry_ms = 250,
+    const char *temp_given = NULL, *private_text = NULL;
+    cl_opts co = {.sp = sd_sampler_default_params(), .timeout_ms = 3000, .n_predict = 256, .max_nodes = 16, .offline_depth = 4, .retry_ms = 250,
                   .final_wait_ms = 3000, .states = 1};
     const cli_opt opts[] = {
         {"--model", "-m", CLI_FILE, &model_path, .meta = "FILE", .what = "model file",
@@ -112,10 +113,21 @@ int cmd_client(int argc, char **argv) {
         {"--api-key", NULL, CLI_STRING, &co.api_key, .meta = "KEY", .help = "the server's --api-key"},
         {"--prompt", "-p", CLI_STRING, &prompt, .meta = "TEXT", .required = "a prompt is required (-p TEXT)",
          .help = "the prompt"},
+        {"--private", NULL, CLI_STRING, &private_text, .meta = "TEXT",
+         .help = "text only the client's drafter reads, never sent to the server (before the prompt): the answer "
+                 "is the target's answer to the prompt alone; the private text only steers the drafts (speed), "
+                 "never the text (docs/split.md)"},
         {"--chat", NULL, CLI_FLAG, &chat, .help = "wrap the prompt in the model's chat template"},
         {"--system", NULL, CLI_STRING, &system, .meta = "TEXT", .help = "--chat: the system message"},
         {"--n-predict", "-n", CLI_INT, &co.n_predict, 1, 4000, .meta = "N", .def = CLI_DEF_VALUE,
          .help = "tokens to generate"},
+        {"--temp", NULL, CLI_FLOAT, &co.sp.temp, 0, 100, .meta = "T", .given = &temp_given,
+         .help = "sampling temperature (default 0: greedy); the server samples from the target's distribution "
+                 "(the race draw: the text `generate --temp T --seed S` gives)"},
+        {"--top-k", NULL, CLI_INT, &co.sp.top_k, 0, 1 << 20, .meta = "K", .def = CLI_DEF_VALUE, .help = "top-k"},
+        {"--top-p", NULL, CLI_FLOAT, &co.sp.top_p, 0, 1, .meta = "P", .def = CLI_DEF_VALUE, .help = "top-p"},
+        {"--min-p", NULL, CLI_FLOAT, &co.sp.min_p, 0, 1, .meta = "P", .def = CLI_DEF_VALUE, .help = "min-p"},
+        {"--seed", NULL, CLI_U64, &co.sp.seed, .meta = "S", .def = CLI_DEF_VALUE, .help = "sampling seed"},
         {"--method", NULL, CLI_STRING, &method, .meta = "eagle3:SHAPE", .def = "eagle3:dyn:4-5-16",
          .help = "the drafter's trees (eagle3:chain:K, eagle3:tree:W1-W2-..., eagle3:dyn:B-D-M)"},
         {"--nodes", NULL, CLI_INT, &co.max_nodes, 2, 64, .meta = "N", .def = CLI_DEF_VALUE,
@@ -154,6 +166,7 @@ int cmd_client(int argc, char **argv) {
     int pr = cli_parse(&cmd, argc, argv);
     if (pr != CLI_PARSE_OK) return cli_parse_exit(pr);
     co.states = !no_states;
+    if (!temp_given) co.sp.temp = 0.0f;   // greedy unless --temp
     co.verbose = verbose;
     if (events) json = 0;
     char err[512];
@@ -208,13 +221,28 @@ int cmd_client(int argc, char **argv) {
         cli_error("client: %s", err);
         goto out;
     }
+    int n_priv = 0;
+    if (private_text) {   // the private part first: the drafter reads it, the server never gets it
+        int32_t *pv = NULL;
+        n_priv = cli_tokenize_prompt(sd_model_tokenizer(m), NULL, private_text, 0, &pv, err, sizeof err, NULL);
+        int32_t *all = n_priv > 0 ? realloc(pv, sizeof(int32_t) * (size_t)(n_priv + n)) : NULL;
+        if (!all) {
+            free(pv);
+            cli_error("client: --private: %s", n_priv < 0 ? err : "out of memory");
+            goto out;
+        }
+        memcpy(all + n_priv, ids, sizeof(int32_t) * (size_t)n);
+        free(ids);
+        ids = all;
+        n += n_priv;
+    }
     if (cl_client_new(&c, &co, m, d, err, sizeof err) < 0) {
         cli_error("client: %s", err);
         goto out;
     }
     out_state os = {.tok = sd_model_tokenizer(m), .events = events, .json = json, .tty = isatty(1)};
     const cl_sink sink = {&os, on_emit, on_retract, on_note};
-    if (cl_client_run(c, ids, n, &sink, &st, err, sizeof err) < 0) {
+    if (cl_client_run(c, ids, n, n_priv, &sink, &st, err, sizeof err) < 0) {
         if (!json && !events) fputc('\n', stdout);
         cli_error("client: %s", err);
         goto out;

@@ -43,7 +43,7 @@ PROXY = os.path.join(ROOT, "scripts", "faultproxy.py")
 PROMPT = "Write a short story about a robot who learns to paint."
 PROMPT2 = "Explain how a bicycle works."
 
-CASES = ["greedy_equals_generate", "client_report", "client_file", "round_retry_same_bytes", "round_out_of_order_409",
+CASES = ["greedy_equals_generate", "client_report", "sampling_equals_generate", "private_never_sent", "client_file", "round_retry_same_bytes", "round_out_of_order_409",
          "round_replay_409", "wrong_id_404", "malformed_tree_400", "oversized_413", "bad_root_409",
          "reconnect_continues", "others_served", "expiry", "cut_at_50_resumes", "server_never_returns",
          "profile_4g_greedy", "profile_5g_greedy", "server_restarted"]
@@ -190,6 +190,28 @@ def main():
             o.get("bytes_received_per_token", 0) > 0 and o.get("round_ms_mean", 0) > 0 and "server calls/token" in err \
             and o.get("unverified_emitted") == 0 and o.get("never_verified") == 0
         report("client_report", ok, f"{o} {err[-300:]}")
+        if want("sampling_equals_generate"):
+            r = subprocess.run([BIN, "generate", "-m", MODEL, "--chat", "-p", PROMPT2, "-n", "40", "--temp", "0.8",
+                                "--seed", "11", "--json"], capture_output=True, text=True, timeout=600)
+            sref = json.loads(r.stdout)["text"]
+            rc, lines, err = client(url, PROMPT2, 40, "--temp", "0.8", "--seed", "11")
+            o = lines[-1] if lines else {}
+            report("sampling_equals_generate", rc == 0 and o.get("text") == sref, f"rc {rc}: {o.get('text')!r} != "
+                   f"{sref!r} {err[-300:]}")
+        if want("private_never_sent"):
+            secret = "The launch code is zebra-quartz-4711."
+            st, tk = srv.raw("POST", "/tokenize", json.dumps({"content": secret}))[0::2]
+            ids = json.loads(tk)["tokens"]
+            with tempfile.TemporaryDirectory() as d:
+                rec = os.path.join(d, "sent.bin")
+                px = Proxy(srv.port, "--record", rec)
+                rc, lines, err = client(f"http://127.0.0.1:{px.port}", PROMPT, N, "--private", secret)
+                px.stop()
+                sent = open(rec, "rb").read()
+            o = lines[-1] if lines else {}
+            needle = ",".join(str(i) for i in ids[1:5]).encode()
+            report("private_never_sent", rc == 0 and o.get("text") == ref and len(sent) > 0 and needle not in sent
+                   and b"zebra" not in sent, f"rc {rc} {needle!r} in sent: {needle in sent} {err[-300:]}")
         if want("client_file"):
             with tempfile.TemporaryDirectory() as d:
                 cf = os.path.join(d, "client.gguf")

@@ -37,6 +37,7 @@ struct cl_client {
     int n_vocab, d_embd, n_ctx;
     int32_t *text;
     int n_text, nv, n_prompt;
+    int n_priv;          // text[0 .. n_priv): the private prefix, never sent (the server's positions start after it)
     float *st;           // (n_ctx, d) the target's fused states known per position
     uint8_t *st_ok;      // (n_ctx)
     char id[64];
@@ -53,6 +54,7 @@ struct cl_client {
     cl_stats *s;
     float *rowbuf;       // (MAX_NODES, d)
     double t0;
+    double stuck_since;  // offline with nothing to draft since (ms), 0: not stuck
 };
 
 static double now_ms(void) {
@@ -194,8 +196,8 @@ static int reconcile(cl_client *c, const int32_t *V, int m, int base) {
 static int parse_finish(int f) { return f; }
 
 static void set_finish(cl_client *c, int f) {
-    static const char *names[] = {"none", "length", "eog", "ctx", "stopped"};
-    if (f >= 1 && f <= 4) {
+    static const char *names[] = {"none", "length", "eog", "ctx", "stopped", "ended"};
+    if (f >= 1 && f <= 5) {
         snprintf(c->s->finish, sizeof c->s->finish, "%s", names[f]);
         c->finished = 1;
     }
@@ -214,11 +216,14 @@ static int b64val(int ch) {
 // against text[nv - 1] when there is one). 1: opened; 0: no reply (offline);
 // -1: refused (err).
 static int do_open(cl_client *c, char *err, size_t errlen) {
-    const int base = c->nv > 0 ? c->nv - 1 : c->n_text;   // the prompt of the open
+    const int base = c->nv > 0 ? c->nv - 1 : c->n_text;   // the prompt of the open: text[n_priv .. base)
     json_t *ids = json_array();
-    for (int i = 0; i < base; i++) json_array_append_new(ids, json_integer(c->text[i]));
+    for (int i = c->n_priv; i < base; i++) json_array_append_new(ids, json_integer(c->text[i]));
     int left = c->o.n_predict - (base - c->n_prompt);
-    json_t *o = json_pack("{s:o, s:i, s:b}", "prompt", ids, "n_predict", left > 0 ? left : 1, "states", c->o.states);
+    const sd_sampler_params *sp = &c->o.sp;
+    json_t *o = json_pack("{s:o, s:i, s:b, s:f, s:i, s:f, s:f, s:I}", "prompt", ids, "n_predict", left > 0 ? left : 1,
+                          "states", c->o.states, "temperature", (double)sp->temp, "top_k", sp->top_k, "top_p",
+                          (double)sp->top_p, "min_p", (double)sp->min_p, "seed", (json_int_t)sp->seed);
     char *body = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     if (!body) return snprintf(err, errlen, "out of memory"), -1;
@@ -262,7 +267,8 @@ static int do_open(cl_client *c, char *err, size_t errlen) {
         const size_t rb = 4 + (size_t)c->d_embd;
         if (raw && o2 >= rb * (size_t)n_states) {
             float *tmp = malloc(sizeof(float) * (size_t)c->d_embd);
-            for (int i = 0; tmp && i < n_states && i < base; i++) take_rows(c, raw + rb * (size_t)i, 1, i, tmp);
+            for (int i = 0; tmp && i < n_states && c->n_priv + i < base; i++)
+                take_rows(c, raw + rb * (size_t)i, 1, c->n_priv + i, tmp);
             free(tmp);
         }
         free(raw);
@@ -330,6 +336,7 @@ static int send_pending(cl_client *c, char *err, size_t errlen) {
     int32_t V[MAX_NODES + 1];
     memcpy(V, b + 20, 4 * (size_t)na);
     V[na] = bonus;
+    const int nV = na + (bonus >= 0);   // no bonus: the server's generation had ended
     const int base = c->nv;   // the tree's root is text[nv - 1]
     // the path in the tree, for the drafter (when the text was not drafted offline meanwhile)
     int32_t path[MAX_NODES];
@@ -349,7 +356,11 @@ static int send_pending(cl_client *c, char *err, size_t errlen) {
     const uint8_t *rows = b + 20 + 4 * (size_t)na;
     take_rows(c, rows, nr, base - 1, c->rowbuf);
     const int was_online = c->n_text == c->nv;
-    reconcile(c, V, na + 1, base);
+    reconcile(c, V, nV, base);
+    if (bonus < 0) {
+        set_finish(c, fin ? fin : 5);
+        return 1;
+    }
     if (was_online && nr == na + 1 &&
         sd_drafter_tell(c->d, c->tree, path, np, bonus, c->rowbuf, err, errlen) < 0)
         return -1;
@@ -429,6 +440,8 @@ static int resync(cl_client *c, char *err, size_t errlen) {
     return 1;
 }
 
+static void sleep_ms(int ms) { nanosleep(&(struct timespec){.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L}, NULL); }
+
 // One offline step: the drafter's best chain, emitted unverified. 0, or -1.
 static int offline_step(cl_client *c, char *err, size_t errlen) {
     const int room = SD_MIN(gen_left(c), c->n_ctx - c->n_text);
@@ -448,7 +461,17 @@ static int offline_step(cl_client *c, char *err, size_t errlen) {
         if (best < 0) break;
         path[np++] = node = best;
     }
-    if (np < 2) return snprintf(err, errlen, "offline: the drafter proposes nothing here"), -1;
+    if (np < 2) {   // nothing to draft from (no states: --no-states): wait for the server
+        if (c->stuck_since <= 0) c->stuck_since = now_ms();
+        if (now_ms() - c->stuck_since > c->o.final_wait_ms) {
+            c->finished = 1;
+            snprintf(c->s->finish, sizeof c->s->finish, "offline");
+            note(c, "offline: the drafter proposes nothing from here; stopping (the server is still unreachable)");
+        }
+        sleep_ms(c->o.retry_ms);
+        return 0;
+    }
+    c->stuck_since = 0;
     const int from = c->n_text;
     for (int k = 1; k < np; k++) c->text[c->n_text++] = sd_tree_token(c->tree, path[k]);
     c->s->unverified_emitted += np - 1;
@@ -468,10 +491,9 @@ static int offline_step(cl_client *c, char *err, size_t errlen) {
     return 0;
 }
 
-static void sleep_ms(int ms) { nanosleep(&(struct timespec){.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L}, NULL); }
 
-int cl_client_run(cl_client *c, const int32_t *prompt, int n_prompt, const cl_sink *sink, cl_stats *st, char *err,
-                  size_t errlen) {
+int cl_client_run(cl_client *c, const int32_t *prompt, int n_prompt, int n_private, const cl_sink *sink, cl_stats *st,
+                  char *err, size_t errlen) {
     memset(st, 0, sizeof *st);
     snprintf(st->finish, sizeof st->finish, "length");
     c->s = st;
@@ -482,6 +504,7 @@ int cl_client_run(cl_client *c, const int32_t *prompt, int n_prompt, const cl_si
                         c->o.n_predict, c->n_ctx), -1;
     memcpy(c->text, prompt, sizeof(int32_t) * (size_t)n_prompt);
     c->n_text = c->n_prompt = n_prompt;
+    c->n_priv = n_private >= 0 && n_private < n_prompt ? n_private : 0;
     c->nv = 0;
     st->n_prompt = n_prompt;
     sd_drafter_reset(c->d);

@@ -22,6 +22,7 @@ typedef struct cl_opts {
     int final_wait_ms;       // at the end, how long to wait for the server to verify unverified tokens
     int states;              // 1: ask for the target's fused states (0: the drafter reads none)
     int verbose;
+    sd_sampler_params sp;    // the target's sampling (temp 0: greedy), sent with the open
 } cl_opts;
 
 // How the text comes out, in order. The text is the concatenation of every
@@ -62,10 +63,12 @@ typedef struct cl_client cl_client;
 // vocabulary; d: an EAGLE-3 drafter made remote (sd_drafter_remote).
 int cl_client_new(cl_client **out, const cl_opts *o, const sd_model *model, sd_drafter *d, char *err, size_t errlen);
 void cl_client_free(cl_client *c);
-// Generates after prompt; tokens through sink. 0, or -1 with a message (the
+// Generates after prompt; tokens through sink. prompt[0 .. n_private) is
+// private: the drafter reads it, the server never receives it (its
+// generation starts at prompt[n_private]). 0, or -1 with a message (the
 // server refused the prompt, or could not be reached to open it).
-int cl_client_run(cl_client *c, const int32_t *prompt, int n_prompt, const cl_sink *sink, cl_stats *st, char *err,
-                  size_t errlen);
+int cl_client_run(cl_client *c, const int32_t *prompt, int n_prompt, int n_private, const cl_sink *sink, cl_stats *st,
+                  char *err, size_t errlen);
 // The final text's tokens (prompt excluded).
 const int32_t *cl_client_tokens(const cl_client *c, int *n);
 

@@ -216,7 +216,10 @@ static void put_u16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
 // The round's reply: magic, seq, finish, quant, n_acc, bonus, n_rows, d,
 // accepted tokens, rows (docs/split.md).
 static void answer_round(sv_server *s, sv_split *e, const sd_step *st) {
-    const int d = s->split->d, na = st->n_accepted;
+    // a step cut short (n_predict, a stop) may end inside its accepted drafts: its last token then stands
+    // for the bonus; an ended generation's step has none (bonus -1)
+    const int d = s->split->d, na = SD_MAX(0, SD_MIN(st->n_accepted, st->n_tokens - 1));
+    if (e->n_rows > na + 1) e->n_rows = na + 1;
     const size_t rb = 4 + (size_t)d;
     const size_t len = 20 + 4 * (size_t)na + rb * (size_t)e->n_rows;
     uint8_t *b = malloc(len);
@@ -321,10 +324,10 @@ void sv_split_end(sv_server *s, int n) {
 
 // Used by split_http.c: makes e's generation for prompt (under no lock; e is
 // the caller's, state SPL_OPENING not yet published). 0 or -1 with err.
-int sv_split_make(sv_server *s, sv_split *e, const int32_t *prompt, int n_prompt, int n_predict, char *err,
-                  size_t errlen);
-int sv_split_make(sv_server *s, sv_split *e, const int32_t *prompt, int n_prompt, int n_predict, char *err,
-                  size_t errlen) {
+int sv_split_make(sv_server *s, sv_split *e, const int32_t *prompt, int n_prompt, int n_predict,
+                  const sd_sampler_params *sp, char *err, size_t errlen);
+int sv_split_make(sv_server *s, sv_split *e, const int32_t *prompt, int n_prompt, int n_predict,
+                  const sd_sampler_params *sp, char *err, size_t errlen) {
     if (!e->ss) {
         sd_session_params sp = sd_session_default_params();
         sp.n_ctx = s->n_ctx;
@@ -336,9 +339,7 @@ int sv_split_make(sv_server *s, sv_split *e, const int32_t *prompt, int n_prompt
     sd_session_truncate(e->ss, 0, NULL, 0);
     sd_model_info info;
     sd_model_get_info(s->model, &info);
-    sd_sampler_params smp = sd_sampler_default_params();
-    smp.temp = 0.0f;
-    if (sd_sampler_new(&e->smp, &smp, info.n_vocab, err, errlen) < 0) return -1;
+    if (sd_sampler_new(&e->smp, sp, info.n_vocab, err, errlen) < 0) return -1;
     cb_user *u = malloc(sizeof *u);
     if (!u) return snprintf(err, errlen, "out of memory"), -1;
     u->s = s, u->e = e;

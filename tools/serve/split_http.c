@@ -9,8 +9,8 @@
 #include "serve/api.h"
 #include "serve/split.h"
 
-int sv_split_make(sv_server *s, sv_split *e, const int32_t *prompt, int n_prompt, int n_predict, char *err,
-                  size_t errlen);
+int sv_split_make(sv_server *s, sv_split *e, const int32_t *prompt, int n_prompt, int n_predict,
+                  const sd_sampler_params *sp, char *err, size_t errlen);
 
 static int error_out(int status, const char *code, const char *msg, char **out, size_t *out_len, const char **ctype) {
     *out = sv_error_json(status, code, msg);
@@ -94,6 +94,24 @@ static int do_open(sv_server *s, const char *body, size_t len, char **out, size_
         ids[i] = (int32_t)x;
     }
     int want_states = !ws || json_is_true(ws);
+    // sampling: the target's distribution (the race draw: the text plain sampling gives for the seed)
+    sd_sampler_params sp = sd_sampler_default_params();
+    sp.temp = 0.0f;
+    const json_t *v;
+    int bad = 0;
+    if ((v = json_object_get(o, "temperature"))) bad |= !json_is_number(v), sp.temp = (float)json_number_value(v);
+    if ((v = json_object_get(o, "top_k"))) bad |= !json_is_integer(v), sp.top_k = (int)json_integer_value(v);
+    if ((v = json_object_get(o, "top_p"))) bad |= !json_is_number(v), sp.top_p = (float)json_number_value(v);
+    if ((v = json_object_get(o, "min_p"))) bad |= !json_is_number(v), sp.min_p = (float)json_number_value(v);
+    if ((v = json_object_get(o, "seed"))) bad |= !json_is_integer(v), sp.seed = (uint64_t)json_integer_value(v);
+    if (bad || sp.temp < 0 || sp.temp > 100 || sp.top_p < 0 || sp.top_p > 1 || sp.min_p < 0 || sp.min_p > 1) {
+        free(ids);
+        json_decref(o);
+        return error_out(400, "invalid_sampling",
+                         "temperature (0..100), top_k (integer), top_p and min_p (0..1) and seed (integer) are numbers",
+                         out, out_len, ctype);
+    }
+    sp.draw = s->o->draw;
     json_decref(o);
     sv_splits *t = s->split;
     pthread_mutex_lock(&s->mu);
@@ -122,7 +140,7 @@ static int do_open(sv_server *s, const char *body, size_t len, char **out, size_
     pthread_mutex_unlock(&s->mu);
     char err[256];
     e->want_states = want_states && t->n_extract > 0;
-    int rc = sv_split_make(s, e, ids, n, n_predict, err, sizeof err);
+    int rc = sv_split_make(s, e, ids, n, n_predict, &sp, err, sizeof err);
     free(ids);
     pthread_mutex_lock(&s->mu);
     e->waiters--;
