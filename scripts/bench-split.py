@@ -62,7 +62,7 @@ def openai_stream(port, prompt, n):
     body = json.dumps({"messages": [{"role": "user", "content": prompt}], "max_tokens": n, "temperature": 0,
                        "stream": True, "stream_options": {"include_usage": True}})
     t0 = time.time()
-    s = socket.create_connection(("127.0.0.1", port), timeout=600)
+    s = socket.create_connection(("127.0.0.1", port), timeout=120)
     req = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n{body}").encode()
     s.sendall(req)
@@ -109,6 +109,8 @@ def cut_run(proxy, prompt, n, at):
     cmd = [BIN, "client", "-m", MODEL, "--head", HEAD, "--server", f"http://127.0.0.1:{proxy.port}", "--chat", "-p",
            prompt, "-n", str(n), "--events", "--final-wait", "0"]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    timer = threading.Timer(600, p.kill)
+    timer.start()
     count, cut, last = 0, False, {}
     for line in p.stdout:
         if not line.startswith("{"):
@@ -123,6 +125,7 @@ def cut_run(proxy, prompt, n, at):
             proxy.cmd("down")
         last = e
     p.wait()
+    timer.cancel()
     proxy.cmd("up")
     return last
 
@@ -148,7 +151,7 @@ def main():
             prompts.append(o["turns"][0])
     step = max(1, len(prompts) // a.n_prompts)
     prompts = prompts[::step][:a.n_prompts]
-    srv = ServeProcess(BIN, MODEL, "--head", HEAD, "--split", "2", "-np", "1")
+    srv = ServeProcess(BIN, MODEL, "--head", HEAD, "--split", "8", "-np", "1")
     gen = {}
     for pr in prompts:   # the target's own greedy text (generate), for the checks
         r = subprocess.run([BIN, "generate", "-m", MODEL, "--chat", "-p", pr, "-n", str(a.n), "--temp", "0", "--json"],

@@ -19,6 +19,7 @@
 #define SV_SPLIT_MAGIC_REP 0x31414453u   // "SDA1": a round reply
 #define SV_SPLIT_MAX_NODES 64            // most tree nodes per round, root included
 #define SV_SPLIT_DEFAULT_IDLE 600        // seconds a generation waits for its next round
+#define SV_SPLIT_EVICT_S 10              // a full table gives an open the generation idle longest, if this idle
 
 enum sv_split_state { SPL_FREE = 0, SPL_OPENING, SPL_READY, SPL_ROUND, SPL_FAILED };
 

@@ -128,6 +128,14 @@ static int do_open(sv_server *s, const char *body, size_t len, char **out, size_
         if (c->state == SPL_READY && c->waiters == 0 && now - c->last_used > t->idle_s * 1000.0) c->state = SPL_FREE;
         if (c->state == SPL_FREE) e = c;
     }
+    if (!e) {   // full: the one idle longest, when idle SV_SPLIT_EVICT_S or more, makes room (its client opens it again)
+        for (int i = 0; i < t->n; i++) {
+            sv_split *c = &t->e[i];
+            if (c->state == SPL_READY && c->waiters == 0 && now - c->last_used >= SV_SPLIT_EVICT_S * 1000.0 &&
+                (!e || c->last_used < e->last_used))
+                e = c;
+        }
+    }
     if (!e) {
         pthread_mutex_unlock(&s->mu);
         free(ids);
