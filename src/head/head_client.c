@@ -53,7 +53,7 @@ int sd_client_file_write(const char *target_path, const char *head_path, const c
         rc = sd_errc(SD_ERR_INPUT, err, errlen, "'%s' is already a client file: give the target model", target_path);
         goto out;
     }
-    if (read_all(head_path, &hb, &hn, err, errlen) < 0) goto out;
+    if ((rc = read_all(head_path, &hb, &hn, err, errlen)) < 0) goto out;
     if (sd_head_load_mem(&h, hb, hn, head_path, m, e2, sizeof e2) < 0) {   // made for this target?
         rc = sd_errc(SD_ERR_INPUT, err, errlen, "%s", e2);
         goto out;
