@@ -164,11 +164,13 @@ ASAN_FLAGS := -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -march
 asan-serve: build/asan/specdec $(TEST_TOOLS)
 	@SPECDEC_BIN=build/asan/specdec UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 		bash scripts/run-tests.sh tests/serve/test_serve.py tests/serve/test_serve_budget.py tests/serve/test_page.py tests/serve/test_datastore.py
-build/asan/specdec: $(SRC) $(wildcard tools/*.c tools/*.h tools/serve/*.c tools/serve/*.h src/*.h src/*/*.h include/*.h)
+ASAN_CLIENT := $(if $(filter 1,$(HAVE_CLIENT)),tools/cmd_client.c $(wildcard tools/client/*.c),tools/cmd_client_missing.c)
+build/asan/specdec: $(SRC) $(wildcard tools/*.c tools/*.h tools/serve/*.c tools/serve/*.h tools/client/*.c tools/client/*.h src/*.h src/*/*.h include/*.h)
 	@mkdir -p $(dir $@)
 	@test "$(HAVE_SERVE)" = 1 || { echo "asan-serve needs libmicrohttpd and jansson (apt-get install libmicrohttpd-dev libjansson-dev pkg-config)"; exit 1; }
 	$(CC) $(ASAN_FLAGS) $(shell pkg-config --cflags $(SERVE_PKGS)) $(SRC) \
-		$(filter-out tools/cmd_serve_missing.c,$(wildcard tools/*.c)) $(wildcard tools/serve/*.c) $(SERVE_LIBS) $(JSON_LIBS) $(LDLIBS) -o $@
+		$(filter-out tools/cmd_serve_missing.c $(CLIENT_CMD),$(wildcard tools/*.c)) $(ASAN_CLIENT) $(wildcard tools/serve/*.c) \
+		$(SERVE_LIBS) $(CLIENT_LIBS) $(JSON_LIBS) $(LDLIBS) -o $@
 
 # Only the parser and its getters (and the target) are instrumented; what they
 # call from the rest of the library (sd_err, sd_type_get) comes from the library
