@@ -106,8 +106,9 @@ def split_client(port, prompt, n, *extra):
     return lines[-1] if lines else {"error": r.stderr[-300:]}
 
 
-def cut_run(proxy, prompt, n, at):
-    """The client through proxy, the link down for good after `at` tokens: its final tokens."""
+def cut_run(server_port, profile, prompt, n, at):
+    """The client through a proxy of its own, the link down for good after `at` tokens: its final event."""
+    proxy = Proxy(server_port, "--profile", profile, "--seed", "5")
     cmd = [BIN, "client", "-m", MODEL, "--head", HEAD, "--server", f"http://127.0.0.1:{proxy.port}", "--chat", "-p",
            prompt, "-n", str(n), "--events", "--final-wait", "0"]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -128,7 +129,8 @@ def cut_run(proxy, prompt, n, at):
         last = e
     p.wait()
     timer.cancel()
-    proxy.cmd("up")
+    proxy.stop()
+    last["cut_happened"] = cut
     return last
 
 
@@ -179,7 +181,7 @@ def main():
                       "round_ms_mean": rb.get("round_ms_mean"),
                       "equals_target": rb.get("text") == gen[pr]["text"], "openai_equals_target": text == gen[pr]["text"]}
                 ref = gen[pr]["text"]
-                last = cut_run(px, pr, a.n, a.cut_at)
+                last = cut_run(srv.port, prof, pr, a.n, a.cut_at)
                 ct = last.get("text", "")
                 # the text after the cut: characters agreeing with the target's before the first difference
                 done = rb.get("tokens") or []
@@ -194,7 +196,8 @@ def main():
                         break
                     same_prefix += 1
                 equal = sum(1 for i in after if cut_toks[i] == ref_toks[i])
-                rc = {"profile": prof, "mode": "cut", "cut_at": verified, "offline_tokens": len(after),
+                rc = {"profile": prof, "mode": "cut", "cut_happened": last.get("cut_happened"),
+                      "never_verified": last.get("never_verified"), "cut_at": verified, "offline_tokens": len(after),
                       "kept_before_first_difference": same_prefix,
                       "share_positions_equal": equal / max(1, len(after)), "text_prefix_equal": ct[:20] == ref[:20]}
                 del done
