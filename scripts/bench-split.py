@@ -188,7 +188,7 @@ def main():
                 cut_toks = last.get("tokens", [])
                 ref_toks = rb.get("tokens", [])
                 k = min(len(cut_toks), len(ref_toks))
-                verified = k - last.get("never_verified", 0)
+                verified = len(cut_toks) - last.get("never_verified", 0)
                 after = list(range(verified, k))
                 same_prefix = 0
                 for i in after:
