@@ -37,7 +37,8 @@ LIB_SO   := build/libspecdec.so
 # The commands (tools/*.c) but serve's, which comes with the server or, without
 # libmicrohttpd, as its stub (tools/cmd_serve_missing.c).
 SERVE_CMD := tools/cmd_serve.c tools/cmd_serve_missing.c
-TOOL_OBJ := $(patsubst %.c,build/%.o,$(filter-out $(SERVE_CMD),$(wildcard tools/*.c)))
+CLIENT_CMD := tools/cmd_client.c tools/cmd_client_missing.c
+TOOL_OBJ := $(patsubst %.c,build/%.o,$(filter-out $(SERVE_CMD) $(CLIENT_CMD),$(wildcard tools/*.c)))
 # build/specdec needs jansson (JSON: the --json outputs, bench's prompt files
 # and results, the server's API), found with pkg-config; without it make stops
 # at need-jansson and says what to install. The server (tools/serve/, `specdec
@@ -69,6 +70,17 @@ SERVE_LIBS :=
 ifeq ($(HAVE_JSON),1)
 $(warning libmicrohttpd not found by pkg-config: building specdec without 'serve' (install it: apt-get install libmicrohttpd-dev))
 endif
+endif
+# The split client (tools/client/, `specdec client`, docs/split.md) needs
+# libcurl; without it the command says how to install it.
+HAVE_CLIENT := $(shell pkg-config --exists libcurl 2>/dev/null && echo 1)
+ifeq ($(HAVE_CLIENT),1)
+CLIENT_OBJ  := build/tools/cmd_client.o $(patsubst %.c,build/%.o,$(wildcard tools/client/*.c))
+CLIENT_LIBS := $(shell pkg-config --libs libcurl)
+build/tools/client/%.o: CFLAGS += $(shell pkg-config --cflags libcurl)
+else
+CLIENT_OBJ  := build/tools/cmd_client_missing.o
+CLIENT_LIBS :=
 endif
 # Pipeline parallelism over MPI (docs/mpi.md): `make MPI=1` builds
 # build/specdec with mpicc and tools/mpi/pp.c + pp_worker.c (Open MPI:
@@ -137,12 +149,12 @@ $(LIB_SO): $(OBJ) build/specdec.map
 # Stops the build of anything that needs jansson when pkg-config cannot find it.
 need-jansson:
 	@test "$(HAVE_JSON)" = 1 || { echo "specdec needs jansson (JSON) and pkg-config cannot find it; install them: $(JSON_INSTALL)" >&2; exit 1; }
-$(TOOL_OBJ) $(SERVE_OBJ) $(JSON_TESTS:%=%.o): | need-jansson
+$(TOOL_OBJ) $(SERVE_OBJ) $(CLIENT_OBJ) $(JSON_TESTS:%=%.o): | need-jansson
 $(JSON_TESTS:%=%.o): CFLAGS += $(JSON_CFLAGS)
 $(JSON_TESTS): LDLIBS += $(JSON_LIBS)
 
-build/specdec: $(TOOL_OBJ) $(SERVE_OBJ) $(PP_OBJ) $(LIB)
-	$(LINK_CC) $(CFLAGS) $(TOOL_OBJ) $(SERVE_OBJ) $(PP_OBJ) $(LIB) $(SERVE_LIBS) $(JSON_LIBS) $(LDLIBS) -o $@
+build/specdec: $(TOOL_OBJ) $(SERVE_OBJ) $(CLIENT_OBJ) $(PP_OBJ) $(LIB)
+	$(LINK_CC) $(CFLAGS) $(TOOL_OBJ) $(SERVE_OBJ) $(CLIENT_OBJ) $(PP_OBJ) $(LIB) $(SERVE_LIBS) $(CLIENT_LIBS) $(JSON_LIBS) $(LDLIBS) -o $@
 
 build/examples/%: examples/%.c $(LIB)
 	@mkdir -p $(dir $@)
@@ -206,12 +218,13 @@ ASAN_FLAGS := -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -march
 asan-serve: build/asan/specdec $(TEST_TOOLS)
 	@SPECDEC_BIN=build/asan/specdec UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 		bash scripts/run-tests.sh tests/serve/test_serve.py tests/serve/test_serve_budget.py tests/serve/test_page.py tests/serve/test_datastore.py
-build/asan/specdec: $(SRC) $(wildcard tools/*.c tools/*.h tools/serve/*.c tools/serve/*.h tools/mpi/*.h src/*.h src/*/*.h include/*.h) tools/mpi/pp_none.c
+ASAN_CLIENT := $(if $(filter 1,$(HAVE_CLIENT)),tools/cmd_client.c $(wildcard tools/client/*.c),tools/cmd_client_missing.c)
+build/asan/specdec: $(SRC) $(wildcard tools/*.c tools/*.h tools/serve/*.c tools/serve/*.h tools/client/*.c tools/client/*.h tools/mpi/*.h src/*.h src/*/*.h include/*.h) tools/mpi/pp_none.c
 	@mkdir -p $(dir $@)
 	@test "$(HAVE_SERVE)" = 1 || { echo "asan-serve needs libmicrohttpd and jansson (apt-get install libmicrohttpd-dev libjansson-dev pkg-config)"; exit 1; }
 	$(CC) $(ASAN_FLAGS) $(shell pkg-config --cflags $(SERVE_PKGS)) $(SRC) \
-		$(filter-out tools/cmd_serve_missing.c,$(wildcard tools/*.c)) $(wildcard tools/serve/*.c) tools/mpi/pp_none.c \
-		$(SERVE_LIBS) $(JSON_LIBS) $(LDLIBS) -o $@
+		$(filter-out tools/cmd_serve_missing.c $(CLIENT_CMD),$(wildcard tools/*.c)) $(ASAN_CLIENT) $(wildcard tools/serve/*.c) tools/mpi/pp_none.c \
+		$(SERVE_LIBS) $(CLIENT_LIBS) $(JSON_LIBS) $(LDLIBS) -o $@
 
 # Only the parser and its getters (and the target) are instrumented; what they
 # call from the rest of the library (sd_err, sd_type_get) comes from the library

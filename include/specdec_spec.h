@@ -127,6 +127,59 @@ typedef struct sd_drafter_callbacks {
 // range, SD_ERR_OOM; a message in err.
 SD_API int sd_drafter_from_callbacks(sd_drafter **out, const sd_drafter_callbacks *cb, char *err, size_t errlen);
 
+// ---------------------------------------------------------------- a drafter driven by hand
+// A program whose target runs elsewhere (specdec client: a server verifies
+// its trees, docs/split.md) drives a drafter itself: sd_drafter_draft fills a
+// tree for the text so far, the program has it verified, and
+// sd_drafter_tell hands the drafter the accepted path, the bonus token and
+// the target's states of the path's positions. Greedy drafting only.
+// A tree of at most cap nodes over n_vocab tokens (the model's vocabulary),
+// owned by the caller. SD_ERR_INPUT on bad sizes, SD_ERR_OOM.
+SD_API int sd_tree_new(sd_tree **out, int cap, int n_vocab, char *err, size_t errlen);
+SD_API void sd_tree_destroy(sd_tree *t);
+// Empties t and sets its root token.
+SD_API void sd_tree_clear(sd_tree *t, int32_t root);
+// The drafter's probability of node i's token (0 for the root or no node).
+SD_API float sd_tree_p(const sd_tree *t, int i);
+// Makes an EAGLE-3 drafter (sd_method_make, eagle3:SHAPE, no online
+// adaptation) a remote one: the states handed to sd_drafter_tell and
+// sd_drafter_tell_prompt are fused rows (n, n_embd) as sd_head_fuse makes
+// them, one per position, and sd_drafter_tell without states feeds the head
+// its own outputs as the path's states (drafting on without the target).
+// SD_ERR_INPUT for other drafters.
+SD_API int sd_drafter_remote(sd_drafter *d, char *err, size_t errlen);
+// Fills tree (emptied, its root tokens[n_tokens - 1]) with the drafter's
+// proposal for the text tokens[0 .. n_tokens) in at most max_nodes nodes,
+// root included.
+SD_API int sd_drafter_draft(sd_drafter *d, const int32_t *tokens, int n_tokens, int max_nodes, sd_tree *tree,
+                            char *err, size_t errlen);
+// The outcome of the last sd_drafter_draft: path[0 .. n_path) the accepted
+// nodes of tree (path[0] == 0, the root; each node a child of the one before;
+// the program may hand a tree of its own with the same root), bonus the
+// target's token after them, states (n_path, n_embd) the fused states of the
+// path's positions (a remote drafter) or NULL (none known: a remote drafter
+// uses its own predictions).
+SD_API int sd_drafter_tell(sd_drafter *d, const sd_tree *tree, const int32_t *path, int n_path, int32_t bonus,
+                           const float *states, char *err, size_t errlen);
+// States of prompt positions pos0 .. pos0 + n of tokens (the text so far up
+// to pos0 + n), as sd_drafter_tell's.
+SD_API int sd_drafter_tell_prompt(sd_drafter *d, const int32_t *tokens, int pos0, int n, const float *states,
+                                  char *err, size_t errlen);
+// The fused states an EAGLE-3 head reads, out (n, n_embd) = fc . rows, from
+// the target's hidden rows (n, 3, n_embd) of the head's layers
+// (sd_drafter_hidden_layers), in float. SD_ERR_INPUT for other heads.
+typedef struct sd_head sd_head;
+SD_API int sd_head_fuse(const sd_head *h, const float *rows, int n, float *out, char *err, size_t errlen);
+// A split client's file (specdec split-client): the target's keys
+// (tokenizer, chat template, shape) with no layer, its token embeddings and
+// output norm, and the EAGLE-3 head at head_path (checked against the
+// target). sd_model_load reads it as a model with no layers: its tokenizer
+// and embeddings serve a drafter; a session on it computes nothing useful.
+SD_API int sd_client_file_write(const char *target_path, const char *head_path, const char *out_path, char *err,
+                                size_t errlen);
+// The head a client file holds (*out NULL and 0 when path holds none).
+SD_API int sd_client_file_head(const char *path, const sd_model *m, sd_head **out, char *err, size_t errlen);
+
 // ---------------------------------------------------------------- cost curve
 // The target's measured forward time against the number of tree nodes,
 // which automatic ("auto", "tree:auto") trees are sized by.

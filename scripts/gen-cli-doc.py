@@ -23,7 +23,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # In the order of `specdec --help`.
-COMMANDS = ["generate", "bench", "bench-forward", "serve", "bench-batch", "train-head", "head-convert", "convert-llama2c"]
+COMMANDS = ["generate", "bench", "bench-forward", "serve", "client", "split-client", "bench-batch", "train-head", "head-convert",
+            "convert-llama2c"]
 
 HEADER = """\
 # Command-line reference
@@ -35,7 +36,8 @@ help text in `tools/`, regenerate it with `make docs` (the test
 
 What the commands are for and how they fit together: [README](../README.md);
 speculative methods and the method strings: [speculation.md](speculation.md);
-the server's API: [serve.md](serve.md); draft heads: [heads.md](heads.md).
+the server's API: [serve.md](serve.md); draft heads: [heads.md](heads.md); the client-server
+split (client, split-client, serve --split): [split.md](split.md).
 
 Commands: {toc}.
 """

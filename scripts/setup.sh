@@ -2,8 +2,8 @@
 # setup.sh - install what specdec needs on a Debian machine, and say what.
 #
 #   scripts/setup.sh build   what `make run` needs: compiler, make, pkg-config,
-#                            jansson, libmicrohttpd, python3 with pip (the
-#                            model download)
+#                            jansson, libmicrohttpd, libcurl (the split
+#                            client), python3 with pip (the model download)
 #   scripts/setup.sh test    the above, plus what the tests use: Chromium (the
 #                            page test), python3-doc (the training-data test)
 #                            and the `openai` Python client (the server tests),
@@ -36,6 +36,8 @@ have pkg-config || need+=(pkg-config)
 pc() { if have pkg-config; then pkg-config --exists "$1" 2>/dev/null; else [ -e "$2" ]; fi; }
 pc jansson /usr/include/jansson.h || need+=(libjansson-dev)
 pc libmicrohttpd /usr/include/microhttpd.h || need+=(libmicrohttpd-dev)
+# the split client (specdec client, docs/split.md)
+pc libcurl /usr/include/x86_64-linux-gnu/curl/curl.h || need+=(libcurl4-openssl-dev)
 if [ "$mode" = test ]; then
   # tests/serve/test_page.py drives the chat page in headless Chromium
   have chromium || need+=(chromium)

@@ -84,6 +84,10 @@ int cmd_bench(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_bench_batch(int argc, char **argv);
 int cmd_train_head(int argc, char **argv);
+// specdec client (tools/client/, docs/split.md); without libcurl at build time
+// it only says how to install it. split-client writes its file.
+int cmd_client(int argc, char **argv);
+int cmd_split_client(int argc, char **argv);
 int cmd_head_convert(int argc, char **argv);
 
 #endif

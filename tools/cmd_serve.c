@@ -15,6 +15,7 @@
 #include "mpi/pp.h"
 #include "serve/sched.h"
 #include "serve/serve.h"
+#include "serve/split.h"
 
 // ---------------------------------------------------------------- start-up
 
@@ -119,6 +120,7 @@ static void server_free(sv_server *s, sv_http *h) {
     sv_http_quiesce(h);
     sv_sched_stop(s);   // ends the streams in flight, fails the queue
     sv_http_stop(h);    // waits for the connection threads
+    sv_split_free(s);   // the verification API's generations (after every connection thread)
     sd_cost_curve_free(s->cost);
     sd_threadpool_free(s->pool);
     for (int i = 0; i < s->o->n_drafts; i++) sd_model_free(s->drafts[i]);
@@ -128,7 +130,7 @@ static void server_free(sv_server *s, sv_http *h) {
 
 int cmd_serve(int argc, char **argv) {
     sv_opts o = {.fast_prompt = 1, .host = "127.0.0.1", .port = 8080, .n_slots = 4, .n_ctx = 2048, .n_queue = 16,
-                 .max_tokens = 1024, .max_conn = 64, .timeout_s = 60, .online_lr = sd_head_online_default_params().lr,
+                 .max_tokens = 1024, .max_conn = 64, .timeout_s = 60, .split_max = 8, .split_idle = 600, .online_lr = sd_head_online_default_params().lr,
                  .head_bits = 5};
     const char *budget = "auto";
     const cli_opt opts[] = {
@@ -191,6 +193,13 @@ int cmd_serve(int argc, char **argv) {
                  "other slots' steps"},
         {"--fast-prompt", NULL, CLI_FLAG, &o.fast_prompt,
          .help = "prompts with 8-bit activations (the default; kept for scripts that pass it)"},
+        {"--split", NULL, CLI_INT, &o.split_max, 0, 1024, .meta = "N", .def = CLI_DEF_VALUE,
+         .help = "the verification API (POST /v1/split/open, /v1/split/round, /v1/split/close) for N "
+                 "generations at once: a client (specdec client) drafts with the EAGLE-3 head, the server keeps "
+                 "the target's state and verifies its trees batched with the other users; 0: off "
+                 "(docs/split.md). The client's drafter gets the target's states fused by --head"},
+        {"--split-idle", NULL, CLI_INT, &o.split_idle, 1, 1 << 20, .meta = "S", .def = CLI_DEF_VALUE,
+         .help = "a split generation idle this many seconds expires (its client re-opens it)"},
         {"--help", "-h", CLI_HELP, .help = "show this help"},
     };
     static char notes[1024];

@@ -16,6 +16,8 @@ static void usage(FILE *f) {
             "  bench            compare decoding methods (ar, speculative) on a Spec-Bench prompt set\n"
             "  bench-forward    time forward passes of 1..64 tokens, decode speed and memory bandwidth\n"
             "  serve            an OpenAI-compatible HTTP server with speculative decoding\n"
+            "  client           draft here, verify on a specdec server (serve --split); drafts on offline\n"
+            "  split-client     write the file the client drafts with (embeddings and EAGLE-3 head)\n"
             "  bench-batch      time one forward over K sessions' trees against K separate forwards\n"
             "  train-head       train an EAGLE-3, Medusa or MoA draft head for a model on this CPU\n"
             "  head-convert     rewrite a draft head file in the current layout (llama.cpp's eagle3)\n"
@@ -55,6 +57,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "bench-forward")) return cmd_bench_forward(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "serve")) return cmd_serve(argc - 1, argv + 1);
+    if (!strcmp(cmd, "client")) return cmd_client(argc - 1, argv + 1);
+    if (!strcmp(cmd, "split-client")) return cmd_split_client(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench-batch")) return cmd_bench_batch(argc - 1, argv + 1);
     if (!strcmp(cmd, "train-head")) return cmd_train_head(argc - 1, argv + 1);
     if (!strcmp(cmd, "head-convert")) return cmd_head_convert(argc - 1, argv + 1);

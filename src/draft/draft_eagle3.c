@@ -61,6 +61,9 @@ typedef struct e3d {
     const sd_e3_online_hook *hook;
     char note[400];
     int test_fault;      // tests only: misreport the draft distributions (sd_draft_eagle3_test_fault)
+    int fused;           // 1: hidden rows handed in are fused states (n, d), not (n, 3, d) target rows
+                         // (a remote client: the server fuses); accept without rows feeds the head's
+                         // own predicted states (sd_draft_eagle3_set_fused)
 } e3d;
 
 static double e3_uniform(void *st) { return sd_rng_uniform((sd_rng *)st); }
@@ -72,7 +75,8 @@ static void put_states(e3d *s, const float *hidden, int pos0, int n) {
         int lo = pos0 + i;
         if (lo >= s->n_ctx) return;
         c = SD_MIN(c, s->n_ctx - lo);
-        sd_e3_fuse(s->e, hidden + (size_t)i * 3 * s->d, c, s->g + (size_t)lo * s->d);
+        if (s->fused) memcpy(s->g + (size_t)lo * s->d, hidden + (size_t)i * s->d, sizeof(float) * (size_t)c * s->d);
+        else sd_e3_fuse(s->e, hidden + (size_t)i * 3 * s->d, c, s->g + (size_t)lo * s->d);
         memset(s->gv + lo, 1, (size_t)c);
     }
 }
@@ -265,6 +269,21 @@ static int learn(e3d *s, const sd_step_record *rec, char *err, size_t errlen) {
     return 0;
 }
 
+// No target rows (a remote client drafting offline): the path's states are
+// the head's own outputs, its prediction of the target's fused states (the
+// root's row output, then each path node's as the tree evaluated it).
+static void self_states(e3d *s, const sd_step_record *rec) {
+    for (int k = 0; k < rec->n_path; k++) {
+        const int p = s->root_pos + k, node = rec->path[k];
+        if (p >= s->n_ctx) return;
+        if (k > 0 && (node >= E3_TREE_MAX || node >= rec->tree->n)) return;
+        const float *h = k == 0 ? s->last_h : s->node_h + (size_t)node * s->d;
+        if (k == 0 && s->last_row != s->root_pos) return;   // no root row: no prediction
+        memcpy(s->g + (size_t)p * s->d, h, sizeof(float) * (size_t)s->d);
+        s->gv[p] = 1;
+    }
+}
+
 static int e3_accept(sd_drafter *dr, const sd_step_record *rec, char *err, size_t errlen) {
     e3d *s = dr->impl;
     char ferr[256];
@@ -292,6 +311,7 @@ static int e3_accept(sd_drafter *dr, const sd_step_record *rec, char *err, size_
         return s->lr ? s->hook->brk(s->lr, err, errlen) : 0;
     for (int k = 1; k < rec->n_path && s->n_txt < s->n_ctx; k++) s->txt[s->n_txt++] = tree->token[rec->path[k]];
     if (rec->hidden) put_states(s, rec->hidden, s->root_pos, rec->n_path);
+    else if (s->fused && !s->followed) self_states(s, rec);
     if (s->lr) return learn(s, rec, err, errlen);
     return 0;
 }
@@ -509,3 +529,11 @@ int sd_draft_eagle3_new(sd_drafter **out, const sd_head *h, const sd_model *targ
 }
 
 void sd_draft_eagle3_test_fault(sd_drafter *d, int on) { ((e3d *)d->impl)->test_fault = on; }
+
+int sd_draft_eagle3_set_fused(sd_drafter *d, int on) {
+    if (!d || d->vt != &e3_vt) return -1;
+    e3d *s = d->impl;
+    if (on && s->lr) return -1;   // online learning reads the target's raw rows
+    s->fused = on != 0;
+    return 0;
+}

@@ -46,5 +46,11 @@ int sd_draft_eagle3_new(sd_drafter **out, const sd_head *h, const sd_model *targ
 // that the sampled output is no longer the target's: a wrong algorithm the
 // distribution test must catch.
 void sd_draft_eagle3_test_fault(sd_drafter *d, int on);
+// A remote client's drafter (on 1): hidden rows handed to prompt/accept are
+// fused states (n, n_embd), one per position, as the server computed them
+// (sd_head_fuse); an accept without rows takes the head's own outputs as the
+// path's states (drafting on alone). -1 when d is not an EAGLE-3 drafter or
+// adapts online.
+int sd_draft_eagle3_set_fused(sd_drafter *d, int on);
 
 #endif

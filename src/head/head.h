@@ -148,5 +148,8 @@ int sd_head_save_ex(const sd_head *h, const sd_model *target, int layout, const 
 // Loads and validates a head file (every key and tensor shape; values
 // dequantized to floats). m: the target it must match (NULL: no check).
 int sd_head_load(sd_head **out, const char *path, const sd_model *m, char *err, size_t errlen);
+// The same from a head file's bytes in memory (buf must outlive the call only); name: for messages.
+int sd_head_load_mem(sd_head **out, const void *buf, size_t size, const char *name, const sd_model *m, char *err,
+                     size_t errlen);
 
 #endif

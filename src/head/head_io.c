@@ -424,11 +424,9 @@ static int read_tensor(const sd_gguf *g, sd_head *h, int i, char *err, size_t er
     return 0;
 }
 
-int sd_head_load(sd_head **out, const char *path, const sd_model *m, char *err, size_t errlen) {
-    *out = NULL;
+// Loads a head from the opened file g (closed here); path names it in messages.
+static int load_gguf(sd_head **out, sd_gguf *g, const char *path, const sd_model *m, char *err, size_t errlen) {
     char gerr[256];
-    sd_gguf *g = NULL;
-    if (sd_gguf_open(&g, path, gerr, sizeof gerr) < 0) return sd_err(err, errlen, "%s", gerr);   // names the file
     sd_head_hp hp;
     sd_head *h = NULL;
     char e2[320];
@@ -477,4 +475,21 @@ fail:
     sd_head_free(h);
     sd_gguf_close(g);
     return sd_err(err, errlen, "%s: %s", path, e2);
+}
+
+int sd_head_load(sd_head **out, const char *path, const sd_model *m, char *err, size_t errlen) {
+    *out = NULL;
+    char gerr[256];
+    sd_gguf *g = NULL;
+    if (sd_gguf_open(&g, path, gerr, sizeof gerr) < 0) return sd_err(err, errlen, "%s", gerr);   // names the file
+    return load_gguf(out, g, path, m, err, errlen);
+}
+
+int sd_head_load_mem(sd_head **out, const void *buf, size_t size, const char *name, const sd_model *m, char *err,
+                     size_t errlen) {
+    *out = NULL;
+    char gerr[256];
+    sd_gguf *g = NULL;
+    if (sd_gguf_open_mem(&g, buf, size, gerr, sizeof gerr) < 0) return sd_err(err, errlen, "%s: %s", name, gerr);
+    return load_gguf(out, g, name, m, err, errlen);
 }

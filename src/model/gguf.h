@@ -91,6 +91,10 @@ void sd_gguf_w_arr_str(sd_gguf_writer *w, const char *key, const char *const *v,
 void sd_gguf_w_arr_strn(sd_gguf_writer *w, const char *key, const char *const *v, const uint64_t *lens, uint64_t n);
 void sd_gguf_w_arr_f32(sd_gguf_writer *w, const char *key, const float *v, uint64_t n);
 void sd_gguf_w_arr_i32(sd_gguf_writer *w, const char *key, const int32_t *v, uint64_t n);
+// A key-value pair of another file, copied as it is (any type but nested arrays), under key.
+void sd_gguf_w_kv_copy(sd_gguf_writer *w, const char *key, const sd_gguf_kv *kv);
+// An array of n bytes (U8 elements).
+void sd_gguf_w_arr_u8(sd_gguf_writer *w, const char *key, const void *v, uint64_t n);
 // Copies a key of a reader (any scalar, a string, an array of scalars or of
 // strings; a nested array is refused) under the same name and type.
 void sd_gguf_w_copy(sd_gguf_writer *w, const sd_gguf_kv *kv);

@@ -193,6 +193,15 @@ void sd_gguf_w_copy(sd_gguf_writer *w, const sd_gguf_kv *kv) {
     }
     memcpy(key, kv->key.ptr, (size_t)kv->key.len);
     key[kv->key.len] = 0;
+    sd_gguf_w_kv_copy(w, key, kv);
+}
+
+void sd_gguf_w_kv_copy(sd_gguf_writer *w, const char *key, const sd_gguf_kv *kv) {
+    if (!w) return;
+    if (!kv) {
+        w_bad(w, "copy of a NULL key");
+        return;
+    }
     if (kv->type == SD_GGUF_STRING) {
         if (!w_key(w, key, SD_GGUF_STRING)) w_strn(w, kv->strs[0].ptr, kv->strs[0].len);
         return;
@@ -333,4 +342,9 @@ int sd_gguf_writer_write(sd_gguf_writer *w, const char *path, char *err, size_t 
         return sd_err(err, errlen, "%s: write failed: %s", path, strerror(e));
     }
     return 0;
+}
+
+void sd_gguf_w_arr_u8(sd_gguf_writer *w, const char *key, const void *v, uint64_t n) {
+    if (w_arr_head(w, key, SD_GGUF_U8, v, n)) return;
+    w_bytes(w, v, (size_t)n);
 }

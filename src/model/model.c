@@ -136,7 +136,10 @@ static int load_hparams(sd_model *m, char *err, size_t errlen) {
     }
 
     const int64_t big = 1 << 20;
-    if ((r = req_int(g, arch, "block_count", 4096, &hp->n_layer, err, errlen))) return r;
+    // A split client's file (specdec split-client, docs/split.md) holds the
+    // embeddings and no layer: it drafts, it never runs a forward.
+    if (sd_gguf_find_key(g, "specdec.client.n_layer")) hp->n_layer = 0;
+    else if ((r = req_int(g, arch, "block_count", 4096, &hp->n_layer, err, errlen))) return r;
     if ((r = req_int(g, arch, "embedding_length", big, &hp->n_embd, err, errlen))) return r;
     if ((r = req_int(g, arch, "feed_forward_length", big, &hp->n_ff, err, errlen))) return r;
     if ((r = req_int(g, arch, "attention.head_count", 4096, &hp->n_head, err, errlen))) return r;

@@ -18,6 +18,7 @@
 
 #include "serve/api.h"
 #include "serve/guard.h"
+#include "serve/split.h"
 
 // The request head: MHD keeps it in a per-connection pool of SV_HEAD_POOL
 // bytes (its default, 32 KiB, raised) and answers a head that overflows it
@@ -39,7 +40,8 @@ struct sv_http {
     int quiesced;
 };
 
-enum { R_NONE, R_HEALTH, R_MODELS, R_METRICS, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE, R_PAGE };
+enum { R_NONE, R_HEALTH, R_MODELS, R_METRICS, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE, R_PAGE,
+       R_SPLIT_OPEN, R_SPLIT_ROUND, R_SPLIT_CLOSE };
 
 // Per request on a connection (MHD's *con_cls).
 typedef struct conn {
@@ -297,6 +299,25 @@ static enum MHD_Result serve_tokens(sv_server *s, struct MHD_Connection *c, conn
     return reply_json(c, out);
 }
 
+// The verification API (split_http.c): binary or JSON bodies of any length.
+static enum MHD_Result serve_split(sv_server *s, struct MHD_Connection *c, conn *k, int which) {
+    const char *id = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "id");
+    char *out = NULL;
+    size_t n = 0;
+    const char *type = "application/json";
+    int status = sv_split_request(s, which, id, k->body ? k->body : "", k->len, &out, &n, &type);
+    if (!out) return reply_error(c, 500, NULL, "out of memory");
+    struct MHD_Response *resp = MHD_create_response_from_buffer(n, out, MHD_RESPMEM_MUST_FREE);
+    if (!resp) {
+        free(out);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, resp);
+    MHD_destroy_response(resp);
+    return ret;
+}
+
 static enum MHD_Result serve_health(sv_server *s, struct MHD_Connection *c) {
     sv_metrics m;
     sv_metrics_get(s, &m);
@@ -315,6 +336,8 @@ static int route_of(const char *url, int *post) {
         {"/chat/completions", R_CHAT, 1}, {"/v1/completions", R_COMPLETIONS, 1},
         {"/completions", R_COMPLETIONS, 1}, {"/tokenize", R_TOKENIZE, 1},
         {"/detokenize", R_DETOKENIZE, 1}, {"/", R_PAGE, 0},
+        {"/v1/split/open", R_SPLIT_OPEN, 1}, {"/v1/split/round", R_SPLIT_ROUND, 1},
+        {"/v1/split/close", R_SPLIT_CLOSE, 1},
     };
     for (size_t i = 0; i < sizeof routes / sizeof *routes; i++)
         if (!strcmp(url, routes[i].path)) {
@@ -451,6 +474,9 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     case R_CHAT: return serve_generation(s, c, k, SV_CHAT);
     case R_COMPLETIONS: return serve_generation(s, c, k, SV_COMPLETION);
     case R_TOKENIZE: return serve_tokens(s, c, k, 0);
+    case R_SPLIT_OPEN: return serve_split(s, c, k, 0);
+    case R_SPLIT_ROUND: return serve_split(s, c, k, 1);
+    case R_SPLIT_CLOSE: return serve_split(s, c, k, 2);
     default: return serve_tokens(s, c, k, 1);
     }
 }

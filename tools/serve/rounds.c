@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "serve/sched.h"
+#include "serve/split.h"
 
 // ---------------------------------------------------------------- passes
 
@@ -137,11 +138,13 @@ void sv_round_step(sv_server *s) {
             n++;
         }
     }
+    n = sv_split_join(s, n);   // the split generations' trees and prompt chunks (split.c)
     if (n > 0) {   // 2. the target: one pass over every slot's batch
         char(*errs)[256] = s->pass_err;
         sv_forward_many(s, n, errs, 1);
         for (int k = 0; k < n; k++) {
             sv_slot *sl = s->pass_sl[k];
+            if (sl->split) continue;   // sv_split_end
             if (sl->state == SV_SLOT_PROMPT) {   // a folded prompt chunk
                 sv_prefill_end(s, sl, s->pass_ok[k], errs[k]);
             } else if (!s->pass_ok[k]) {
@@ -150,6 +153,7 @@ void sv_round_step(sv_server *s) {
             }
         }
     }
+    sv_split_end(s, n);
     long emitted = 0;
     for (int i = 0; i < s->n_slots; i++) {   // 3. verify, commit, emit (end)
         sv_slot *sl = &s->slots[i];

@@ -14,6 +14,7 @@
 
 #include "utf8.h"
 #include "serve/sched.h"
+#include "serve/split.h"
 
 // ---------------------------------------------------------------- the thread
 
@@ -102,11 +103,13 @@ static void *sched_main(void *arg) {
     sv_server *s = arg;
     for (;;) {
         pthread_mutex_lock(&s->mu);
-        while (!s->stopping && s->q_len == 0 && n_active(s) == 0) pthread_cond_wait(&s->cv, &s->mu);
+        while (!s->stopping && s->q_len == 0 && n_active(s) == 0 && !sv_split_has_work(s)) pthread_cond_wait(&s->cv, &s->mu);
         int stopping = s->stopping;
         if (stopping) drain_queue(s);
         else assign(s);
+        int split_work = sv_split_has_work(s);
         pthread_mutex_unlock(&s->mu);
+        if (stopping && split_work) sv_split_fail_all(s, "the server is shutting down");
         for (int i = 0; i < s->n_slots; i++) {
             sv_slot *sl = &s->slots[i];
             if (stopping && sl->state == SV_SLOT_STARTING) {
@@ -117,7 +120,7 @@ static void *sched_main(void *arg) {
             if (stopping && sl->state == SV_SLOT_STEPPING) sd_gen_stop(sl->g);   // streams end cleanly with what they have
         }
         sv_prefill_round(s, stopping);
-        if (n_active(s) > 0) sv_round_step(s);
+        if (n_active(s) > 0 || (split_work && !stopping)) sv_round_step(s);
         if (stopping && n_active(s) == 0) break;
     }
     return NULL;
@@ -179,6 +182,8 @@ int sv_sched_start(sv_server *s, char *err, size_t errlen) {
         if (!sl->cache || !sl->ends) return snprintf(err, errlen, "out of memory"), -1;
     }
     s->m.n_slots = s->n_slots;
+    if (sv_split_init(s, o->split_max, o->split_idle, err, errlen) < 0) return -1;
+    const int n_split = s->split ? s->split->n : 0;
     // One batcher for the scheduler's passes: room for every slot's tree and
     // auxiliary nodes of the default method (a request asking for a larger
     // tree, or a round beyond that, is split into several passes).
@@ -186,14 +191,14 @@ int sv_sched_start(sv_server *s, char *err, size_t errlen) {
     if (s->def_plan.spec) per_slot = SD_MIN(s->def_plan.step_rows, SV_N_BATCH);
     per_slot = SD_MAX(per_slot, SV_PREFILL_CHUNK / 4);
     s->batcher_nodes = SD_MIN(SD_MAX(s->n_slots * per_slot, SV_PREFILL_CHUNK), SV_PASS_MAX_NODES);
-    s->pass_sl = calloc((size_t)s->n_slots, sizeof *s->pass_sl);
-    s->pass_ss = calloc((size_t)s->n_slots, sizeof *s->pass_ss);
-    s->pass_bs = calloc((size_t)s->n_slots, sizeof *s->pass_bs);
-    s->pass_ok = calloc((size_t)s->n_slots, sizeof *s->pass_ok);
-    s->pass_err = calloc((size_t)s->n_slots, sizeof *s->pass_err);
+    s->pass_sl = calloc((size_t)(s->n_slots + n_split), sizeof *s->pass_sl);
+    s->pass_ss = calloc((size_t)(s->n_slots + n_split), sizeof *s->pass_ss);
+    s->pass_bs = calloc((size_t)(s->n_slots + n_split), sizeof *s->pass_bs);
+    s->pass_ok = calloc((size_t)(s->n_slots + n_split), sizeof *s->pass_ok);
+    s->pass_err = calloc((size_t)(s->n_slots + n_split), sizeof *s->pass_err);
     s->pf_len = calloc((size_t)s->n_slots, sizeof *s->pf_len);
     if (!s->pass_sl || !s->pass_ss || !s->pass_bs || !s->pass_ok || !s->pass_err || !s->pf_len) return snprintf(err, errlen, "out of memory"), -1;
-    if (s->n_slots > 1 && sd_batcher_new(&s->batcher, s->model, s->pool, s->batcher_nodes, err, errlen) < 0) return -1;
+    if (s->n_slots + n_split > 1 && sd_batcher_new(&s->batcher, s->model, s->pool, s->batcher_nodes, err, errlen) < 0) return -1;
     if (o->draft_budget && s->n_slots > 1 && budget_start(s, err, errlen) < 0) return -1;
     if (pthread_create(&s->thread, NULL, sched_main, s) != 0)
         return snprintf(err, errlen, "cannot start the scheduler thread"), -1;

@@ -40,6 +40,7 @@ struct sv_slot {
     int in_step;             // 1: begin succeeded this round
     sv_accept acc;           // measured acceptance of the slot's drafter (the draft budget)
     int max_nodes;           // nodes per step of the request's method (1: no drafter)
+    struct sv_split *split;  // a split generation's pass entry (split.h), NULL for slots
 };
 
 // The server's own pool size for prompt chunks and tree nodes.

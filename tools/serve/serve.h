@@ -59,6 +59,8 @@ typedef struct sv_opts {
     float online_lr;          // --online-lr
     const char *datastore;    // --datastore: a text corpus the n-gram drafters also search, or NULL
     int draw;                 // --sampling-draw: every request's sd_sampler_params.draw
+    int split_max;            // --split: split generations at once (verification API, split.h); 0: off
+    int split_idle;           // --split-idle: seconds a split generation waits for its next round
 } sv_opts;
 
 // ---------------------------------------------------------------- requests
@@ -199,6 +201,7 @@ typedef struct sv_server {
     int *pf_len;               // (n_slots) prompt tokens each slot evaluates this round
     pthread_t thread;
     int thread_started;
+    struct sv_splits *split;   // the verification API's generations (split.h), or NULL
 } sv_server;
 
 // sched.c: slots and the scheduler thread. The caller initialises s->mu

@@ -1,0 +1,94 @@
+// draft_remote.c - a drafter driven by hand (include/specdec_spec.h): a
+// program whose target runs elsewhere (specdec client: a server verifies)
+// asks the drafter for a tree, has it verified, and tells the drafter what
+// was accepted with the target's states of those positions, fused by the
+// server (sd_head_fuse) or, offline, none (the head's own predictions).
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "draft/draft_eagle3.h"
+#include "draft/drafter.h"
+#include "head/head.h"
+
+int sd_tree_new(sd_tree **out, int cap, int n_vocab, char *err, size_t errlen) {
+    *out = NULL;
+    if (cap < 1 || cap > 4096 || n_vocab < 1)
+        return sd_errc(SD_ERR_INPUT, err, errlen, "tree: %d nodes (1..4096) over %d tokens", cap, n_vocab);
+    sd_tree *t = calloc(1, sizeof *t);
+    if (!t || sd_tree_init(t, cap, n_vocab, cap) < 0) {
+        if (t) sd_tree_free(t);
+        free(t);
+        return sd_errc(SD_ERR_OOM, err, errlen, "tree: out of memory");
+    }
+    sd_tree_reset(t, 0);
+    *out = t;
+    return 0;
+}
+
+void sd_tree_destroy(sd_tree *t) {
+    if (!t) return;
+    sd_tree_free(t);
+    free(t);
+}
+
+void sd_tree_clear(sd_tree *t, int32_t root) { sd_tree_reset(t, root); }
+
+float sd_tree_p(const sd_tree *t, int i) { return t && i >= 0 && i < t->n ? t->p[i] : 0.0f; }
+
+int sd_drafter_remote(sd_drafter *d, char *err, size_t errlen) {
+    if (sd_draft_eagle3_set_fused(d, 1) < 0)
+        return sd_errc(SD_ERR_INPUT, err, errlen,
+                       "drafter '%s': only an EAGLE-3 drafter without online adaptation drafts remotely",
+                       sd_drafter_name(d));
+    return 0;
+}
+
+int sd_drafter_draft(sd_drafter *d, const int32_t *tokens, int n_tokens, int max_nodes, sd_tree *tree, char *err,
+                     size_t errlen) {
+    if (!d || !tokens || n_tokens < 1 || !tree || max_nodes < 1)
+        return sd_errc(SD_ERR_INPUT, err, errlen, "drafter: draft needs a drafter, a text and a tree");
+    sd_tree_reset(tree, tokens[n_tokens - 1]);
+    const sd_draft_ctx ctx = {.tokens = tokens, .n_tokens = n_tokens, .max_nodes = SD_MIN(max_nodes, tree->cap),
+                              .stochastic = 0, .rng = &d->rng};
+    return d->vt->propose(d, &ctx, tree, err, errlen) < 0 ? -1 : 0;
+}
+
+int sd_drafter_tell(sd_drafter *d, const sd_tree *tree, const int32_t *path, int n_path, int32_t bonus,
+                    const float *states, char *err, size_t errlen) {
+    if (!d || !tree || !path || n_path < 1 || n_path > tree->n || path[0] != 0)
+        return sd_errc(SD_ERR_INPUT, err, errlen, "drafter: a path starts at the root (node 0) of the tree");
+    for (int k = 1; k < n_path; k++)
+        if (path[k] < 1 || path[k] >= tree->n || tree->parent[path[k]] != path[k - 1])
+            return sd_errc(SD_ERR_INPUT, err, errlen, "drafter: path node %d is not a child of the one before", k);
+    sd_step_record rec = {.tree = tree, .path = path, .n_path = n_path, .bonus = bonus, .draft_ms = -1,
+                          .verify_ms = -1, .hidden = states};
+    static const sd_aux_nodes none = {0};
+    rec.aux = &none;
+    return d->vt->accept(d, &rec, err, errlen) < 0 ? -1 : 0;
+}
+
+int sd_drafter_tell_prompt(sd_drafter *d, const int32_t *tokens, int pos0, int n, const float *states, char *err,
+                           size_t errlen) {
+    if (!d || !tokens || pos0 < 0 || n < 0 || (n > 0 && !states))
+        return sd_errc(SD_ERR_INPUT, err, errlen, "drafter: prompt states need tokens and rows");
+    if (!d->vt->prompt || n == 0) return 0;
+    return d->vt->prompt(d, tokens, pos0, n, states, err, errlen) < 0 ? -1 : 0;
+}
+
+int sd_head_fuse(const sd_head *h, const float *rows, int n, float *out, char *err, size_t errlen) {
+    if (!h || h->hp.type != SD_HEAD_EAGLE3)
+        return sd_errc(SD_ERR_INPUT, err, errlen, "sd_head_fuse: an EAGLE-3 head is required");
+    const int d = h->hp.n_embd;
+    const float *fc = sd_head_w(h, SD_E3_FC);   // (d rows of 3d)
+    for (int i = 0; i < n; i++) {
+        const float *x = rows + (size_t)i * 3 * d;
+        for (int o = 0; o < d; o++) {
+            const float *w = fc + (size_t)o * 3 * d;
+            float s = 0.0f;
+            for (int j = 0; j < 3 * d; j++) s += w[j] * x[j];
+            out[(size_t)i * d + o] = s;
+        }
+    }
+    return 0;
+}

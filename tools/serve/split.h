@@ -1,0 +1,88 @@
+// split.h - the verification API of specdec serve (docs/split.md): a client
+// drafts with the EAGLE-3 head, the server keeps the generation's target
+// state and verifies the client's trees, batched with the other users.
+//
+// A split generation lives in a table (at most --split N of them), outside
+// the slots: its own session, sampler, generation and a callbacks drafter
+// whose tree is the client's. Connection threads (split_http.c) parse a
+// request, hand the work to the scheduler under s->mu and wait; the
+// scheduler (rounds.c) steps every split generation that has work in the
+// round's one pass (sv_split_join, sv_split_end). Rounds carry a sequence
+// number: the reply of the last round is kept, so a retry gets the same
+// bytes and nothing is committed twice.
+#ifndef SD_SERVE_SPLIT_H
+#define SD_SERVE_SPLIT_H
+
+#include "serve/sched.h"
+
+#define SV_SPLIT_MAGIC_REQ 0x31524453u   // "SDR1": a round request
+#define SV_SPLIT_MAGIC_REP 0x31414453u   // "SDA1": a round reply
+#define SV_SPLIT_MAX_NODES 64            // most tree nodes per round, root included
+#define SV_SPLIT_DEFAULT_IDLE 600        // seconds a generation waits for its next round
+#define SV_SPLIT_EVICT_S 10              // a full table gives an open the generation idle longest, if this idle
+
+enum sv_split_state { SPL_FREE = 0, SPL_OPENING, SPL_READY, SPL_ROUND, SPL_FAILED };
+
+typedef struct sv_split {
+    int state;             // enum sv_split_state (under s->mu)
+    char id[40];           // "g" + hex
+    sv_slot sl;            // the pass arrays' entry (sl.split points back here)
+    sd_session *ss;        // kept between generations
+    sd_sampler *smp;
+    sd_gen *g;
+    sd_drafter *d;         // callbacks: proposes the client's tree
+    int n_predict;
+    double last_used;      // sd_time_ms() of the last request
+    int waiters;           // connection threads waiting on it
+    int in_step;           // scheduler: a step begun this round
+    // the round in work / the last one done
+    uint32_t seq_done;     // sequence number of the last round answered (0: none yet)
+    uint32_t seq_work;
+    int32_t tree_tok[SV_SPLIT_MAX_NODES];
+    int16_t tree_par[SV_SPLIT_MAX_NODES];
+    int tree_n;
+    int want_states;
+    // fused states of the prompt (open) or the last step's path, int8 rows with a scale each
+    uint8_t *rows;         // (n_rows, 4 + d)
+    int n_rows, cap_rows;
+    float *fbuf;           // (SV_SPLIT_MAX_NODES or a prompt chunk, d) fused scratch
+    int fbuf_rows;
+    int first_token;       // open: the target's first token
+    uint8_t *reply;        // (reply_len) the last reply (round: binary; open: JSON)
+    size_t reply_len;
+    int reply_status;      // its HTTP status
+    char error[256];
+    long n_rounds, n_tokens;
+} sv_split;
+
+typedef struct sv_splits {
+    sv_split *e;           // (n)
+    int n;
+    int idle_s;            // a generation idle this long is gone
+    int extract[3];        // the head's layers (fused by sd_head_fuse)
+    int n_extract;         // 0: no EAGLE-3 head: rounds send no states
+    int d;                 // n_embd
+    pthread_cond_t cv;     // broadcast when some split generation's work is done
+    long next;             // id counter
+} sv_splits;
+
+// At start (before the scheduler): the table. n 0: no split API (404).
+int sv_split_init(sv_server *s, int n, int idle_s, char *err, size_t errlen);
+void sv_split_free(sv_server *s);
+// Scheduler: 1 when some split generation has work (under s->mu).
+int sv_split_has_work(const sv_server *s);
+// Scheduler round: begins the step of every split generation with work and
+// appends its batch to the pass arrays at n; returns the new count.
+int sv_split_join(sv_server *s, int n);
+// After the pass over n entries: ends those steps and answers.
+void sv_split_end(sv_server *s, int n);
+// Scheduler, at shutdown: every waiting split request fails.
+void sv_split_fail_all(sv_server *s, const char *why);
+
+// split_http.c: one request of the API. which: 0 open, 1 round, 2 close;
+// id the ?id= argument (or NULL). *out (malloc'd, *out_len bytes, type
+// *ctype) is the reply body; returns the HTTP status.
+int sv_split_request(sv_server *s, int which, const char *id, const char *body, size_t len, char **out,
+                     size_t *out_len, const char **ctype);
+
+#endif
