@@ -84,11 +84,18 @@ static unsigned long long plan_key(const hid_plan *hp) {
 static int run_graph(sd_cu_model *g, int b, int nb, const hid_plan *hp, char *err, size_t errlen) {
     const unsigned long long key = plan_key(hp);
     if (!g->graph[b] || g->graph_key[b] != key) {
+        // The first pass of a bucket and plan runs directly: it loads every
+        // kernel and lets cuBLAS settle (lazy module loading must not happen
+        // inside a capture); the next one is captured.
+        if (g->warm_key[b] != key) {
+            g->warm_key[b] = key;
+            return run_layers(g, nb, NULL, hp, err, errlen);
+        }
         if (g->graph[b]) cudaGraphExecDestroy(g->graph[b]);
         g->graph[b] = NULL;
         g->graph_key[b] = 0;
         cudaGraph_t gr = NULL;
-        CU_TRY(cudaStreamBeginCapture(g->st, cudaStreamCaptureModeThreadLocal));
+        CU_TRY(cudaStreamBeginCapture(g->st, cudaStreamCaptureModeRelaxed));
         int rc = run_layers(g, nb, NULL, hp, err, errlen);
         cudaError_t e = cudaStreamEndCapture(g->st, &gr);
         if (rc < 0 || e != cudaSuccess || !gr) {

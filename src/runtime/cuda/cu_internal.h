@@ -81,6 +81,7 @@ struct sd_cu_model {
     int invariant;           // 1 (default): passes of up to 64 rows padded to 64 (batch invariance)
     cudaGraphExec_t graph[CU_N_BUCKETS];
     unsigned long long graph_key[CU_N_BUCKETS];
+    unsigned long long warm_key[CU_N_BUCKETS]; // the plan each bucket last ran directly with
 };
 
 struct sd_cu_kv {
