@@ -131,18 +131,7 @@ static int moa_grow(moad *s, const sd_draft_ctx *ctx, sd_tree *tree, const sd_tr
     if (max_nodes <= 1) return 0;
     sd_tree_grow g = {moa_dist, s, ctx->stochastic, s->p_min, max_nodes, moa_uniform, ctx->rng, s->head->d2t, s->V,
                       ctx->stochastic ? ctx->race : NULL};
-    switch (s->p.shape) {
-    case SD_DRAFT_CHAIN: return sd_tree_grow_chain(tree, s->p.k, &g, err, errlen);
-    case SD_DRAFT_WIDTHS: return sd_tree_grow_widths(tree, s->p.widths, s->p.n_widths, &g, err, errlen);
-    case SD_DRAFT_DYNAMIC:
-        return sd_tree_grow_dynamic(tree, &s->work, s->p.dyn_b, s->p.dyn_d, SD_MIN(s->p.dyn_m, max_nodes), &g, err,
-                                    errlen);
-    case SD_DRAFT_AUTO:
-        if (!shape || shape->n <= 1) return 0;
-        if (shape->n > max_nodes) return sd_tree_grow_chain(tree, SD_MIN(shape->depth, max_nodes - 1), &g, err, errlen);
-        return sd_tree_grow_shape(tree, shape, &g, err, errlen);
-    default: return sd_err(err, errlen, "moa: unknown tree shape %d", s->p.shape);
-    }
+    return sd_draft_grow(tree, &s->p, &s->work, shape, &g, "moa", err, errlen);
 }
 
 static int moa_propose(sd_drafter *dr, const sd_draft_ctx *ctx, sd_tree *tree, char *err, size_t errlen) {

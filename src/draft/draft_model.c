@@ -279,18 +279,23 @@ static int dm_propose_shape(dm *d, const sd_draft_ctx *ctx, sd_tree *tree, const
     if (max_nodes <= 1) return 0;
     sd_tree_grow g = {dm_dist, d, ctx->stochastic, d->p_min, max_nodes, dm_uniform, ctx->rng, NULL, 0,
                       ctx->stochastic ? ctx->race : NULL};
-    switch (d->p.shape) {
-    case SD_DRAFT_CHAIN: return sd_tree_grow_chain(tree, d->p.k, &g, err, errlen);
-    case SD_DRAFT_WIDTHS: return sd_tree_grow_widths(tree, d->p.widths, d->p.n_widths, &g, err, errlen);
+    return sd_draft_grow(tree, &d->p, &d->work, shape, &g, "draft model", err, errlen);
+}
+
+int sd_draft_grow(sd_tree *tree, const sd_draft_model_params *p, sd_tree *work, const sd_tree_shape *shape,
+                  const sd_tree_grow *g, const char *who, char *err, size_t errlen) {
+    const int max_nodes = g->max_nodes;
+    switch (p->shape) {
+    case SD_DRAFT_CHAIN: return sd_tree_grow_chain(tree, p->k, g, err, errlen);
+    case SD_DRAFT_WIDTHS: return sd_tree_grow_widths(tree, p->widths, p->n_widths, g, err, errlen);
     case SD_DRAFT_DYNAMIC:
-        return sd_tree_grow_dynamic(tree, &d->work, d->p.dyn_b, d->p.dyn_d, SD_MIN(d->p.dyn_m, max_nodes), &g, err,
-                                    errlen);
+        return sd_tree_grow_dynamic(tree, work, p->dyn_b, p->dyn_d, SD_MIN(p->dyn_m, max_nodes), g, err, errlen);
     case SD_DRAFT_AUTO:
         if (!shape || shape->n <= 1) return 0;
         if (shape->n > max_nodes)   // the verifier allows less this step: a chain of the shape's depth
-            return sd_tree_grow_chain(tree, SD_MIN(shape->depth, max_nodes - 1), &g, err, errlen);
-        return sd_tree_grow_shape(tree, shape, &g, err, errlen);
-    default: return sd_err(err, errlen, "draft model: unknown tree shape %d", d->p.shape);
+            return sd_tree_grow_chain(tree, SD_MIN(shape->depth, max_nodes - 1), g, err, errlen);
+        return sd_tree_grow_shape(tree, shape, g, err, errlen);
+    default: return sd_err(err, errlen, "%s: unknown tree shape %d", who, p->shape);
     }
 }
 

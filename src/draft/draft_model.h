@@ -82,4 +82,12 @@ int sd_draft_vocab_check(const sd_model *draft, const sd_model *target, char *er
 int sd_draft_model_new(sd_drafter **out, const sd_model *draft, const sd_model *target,
                        const sd_draft_model_params *p, char *err, size_t errlen);
 
+// Grows tree from its root by p's shape (chain of p->k, widths, EAGLE-2
+// dynamic with work as scratch, or the automatic tree's shape) with g's
+// distributions, within max_nodes (already in g); who names the drafter in
+// the message of an unknown shape. Shared by the drafters that take
+// sd_draft_model_params (draft models, EAGLE-3 and MoA heads).
+int sd_draft_grow(sd_tree *tree, const sd_draft_model_params *p, sd_tree *work, const sd_tree_shape *shape,
+                  const sd_tree_grow *g, const char *who, char *err, size_t errlen);
+
 #endif
