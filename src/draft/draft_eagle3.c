@@ -209,12 +209,7 @@ static int e3_propose(sd_drafter *dr, const sd_draft_ctx *ctx, sd_tree *tree, ch
     s->ctx = ctx;
     if (ctx->stochastic) {
         if (!ctx->sp || !ctx->rng) return sd_err(err, errlen, "eagle3: stochastic drafting needs sampler params and rng");
-        if (!s->smp || memcmp(&s->smp_p, ctx->sp, sizeof s->smp_p) != 0) {
-            sd_sampler_free(s->smp);
-            s->smp = NULL;
-            if (sd_sampler_new(&s->smp, ctx->sp, s->nv, err, errlen) < 0) return -1;
-            s->smp_p = *ctx->sp;
-        }
+        if (sd_draft_sampler_sync(&s->smp, &s->smp_p, ctx->sp, s->nv, err, errlen) < 0) return -1;
     }
     if (s->lr) s->hook->swap(s->lr, s->e);   // newer parameters, when ready (never waits)
     // Follow the text: keep what agrees with it.

@@ -117,12 +117,7 @@ static int md_propose(sd_drafter *dr, const sd_draft_ctx *ctx, sd_tree *tree, ch
     if (!ok) return 0;
     if (ctx->stochastic) {
         if (!ctx->sp || !ctx->rng) return sd_err(err, errlen, "medusa: stochastic drafting needs sampler params and rng");
-        if (!s->smp || memcmp(&s->smp_p, ctx->sp, sizeof s->smp_p) != 0) {
-            sd_sampler_free(s->smp);
-            s->smp = NULL;
-            if (sd_sampler_new(&s->smp, ctx->sp, s->nv, err, errlen) < 0) return -1;
-            s->smp_p = *ctx->sp;
-        }
+        if (sd_draft_sampler_sync(&s->smp, &s->smp_p, ctx->sp, s->nv, err, errlen) < 0) return -1;
     }
     md_heads(s);
     int max_nodes = ctx->max_nodes > 0 ? SD_MIN(ctx->max_nodes, tree->cap) : tree->cap;

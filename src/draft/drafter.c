@@ -3,6 +3,7 @@
 #include "draft/drafter.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 sd_drafter *sd_drafter_alloc(const sd_drafter_vt *vt, void *impl) {
     sd_drafter *d = calloc(1, sizeof *d);
@@ -66,3 +67,13 @@ int sd_drafter_hidden_layers(const sd_drafter *d, int32_t *out) {
     return d->n_hidden_layers;
 }
 
+
+int sd_draft_sampler_sync(sd_sampler **smp, sd_sampler_params *have, const sd_sampler_params *want, int n_vocab,
+                          char *err, size_t errlen) {
+    if (*smp && memcmp(have, want, sizeof *have) == 0) return 0;
+    sd_sampler_free(*smp);
+    *smp = NULL;
+    if (sd_sampler_new(smp, want, n_vocab, err, errlen) < 0) return -1;
+    *have = *want;
+    return 0;
+}

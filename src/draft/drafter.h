@@ -122,4 +122,10 @@ sd_drafter *sd_drafter_alloc(const sd_drafter_vt *vt, void *impl);
 int sd_drafter_accept_path(sd_drafter *d, const sd_tree *tree, const int32_t *path, int n_path, int32_t bonus,
                            char *err, size_t errlen);
 
+// A drafter's copy of the target's sampler transform (stochastic drafting):
+// made again from want when there is none or want differs from have (the
+// parameters it was made with). 0, or <0 with a message.
+int sd_draft_sampler_sync(sd_sampler **smp, sd_sampler_params *have, const sd_sampler_params *want, int n_vocab,
+                          char *err, size_t errlen);
+
 #endif
