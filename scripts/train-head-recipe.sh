@@ -3,7 +3,7 @@
 # the training corpus, the mix the head was trained on, and the train-head
 # command, each step resumable (rerun the script after an interruption).
 #
-#   bash scripts/train-head-recipe.sh smollm2|smollm2-v1|qwen|qwen-sd [WORK_DIR]
+#   bash scripts/train-head-recipe.sh smollm2|smollm2-v1|smollm2-v3|qwen|qwen-sd [WORK_DIR]
 #
 # smollm2 (SmolLM2-135M-Instruct, the shipped head) has two stages:
 # smollm2-v1 (session 11's head: the corpus's first 543 conversations
@@ -66,6 +66,18 @@ smollm2)
     [ -f "$v1" ] || CORPUS="$corpus" bash "$0" smollm2-v1
     init=(--init "$v1")
     ;;
+smollm2-v3)
+    # the shipped head fine-tuned again (session 21) on answers it never saw:
+    # conversations 4488 on of the 5.05 M-token corpus (data/corpus/smollm2),
+    # every one of the generated tasks and chitchat, every 8th of pydoc and
+    # pystdlib (11,160 conversations)
+    model=models/SmolLM2-135M-Instruct.Q4_1.gguf
+    work="${2:-data/smollm2-v3}"
+    out="$work/SmolLM2-135M-Instruct.eagle3-v3.gguf"
+    mixes=("mix.jsonl 4488 1000000 none:1:0:0 tasks:1,chitchat:1,pydoc:8,pystdlib:8")
+    prompts="${PROMPTS:-29957}" tokens="${TOKENS:-1500000}" lr="${LR:-5e-4}" ff="${FF:-0}" batch=8
+    init=(--init "${INIT:-heads/SmolLM2-135M-Instruct.eagle3.gguf}")
+    ;;
 qwen)
     # the shipped Qwen head (session 13's head)
     model=models/Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf
@@ -90,7 +102,7 @@ qwen-sd)
     init=(--init "${INIT:-heads/Qwen2.5-Coder-1.5B-Instruct.eagle3.gguf}")
     ;;
 *)
-    echo "usage: $0 smollm2|smollm2-v1|qwen|qwen-sd [WORK_DIR]" >&2
+    echo "usage: $0 smollm2|smollm2-v1|smollm2-v3|qwen|qwen-sd [WORK_DIR]" >&2
     exit 1
     ;;
 esac
@@ -123,16 +135,21 @@ fi
 #    raw records of text.jsonl by RULE: "all:EVERY:OFFSET:MAX" (record i of
 #    the file when i % EVERY == OFFSET, at most MAX, 0 = no limit) or
 #    "SOURCE:EVERY:OFFSET:MAX,..." (counted within each source). Written
-#    once; a rerun keeps them (the feature cache checks every record).
+#    once; a rerun keeps them (the feature cache checks every record). An
+#    optional fifth field "SOURCE:EVERY,..." keeps, of the conversations in
+#    [FROM, TO), every EVERY-th of each source (counted within the source;
+#    sources not named are left out).
 data=()
 for spec in "${mixes[@]}"; do
-    read -r name from to rule <<<"$spec"
+    read -r name from to rule crule <<<"$spec"
     mix="$work/$name"
     data+=(--data "$mix")
     [ -f "$mix" ] && continue
-    python3 - "$corpus" "$mix" "$from" "$to" "$rule" "$answers" <<'EOF'
+    python3 - "$corpus" "$mix" "$from" "$to" "$rule" "$answers" "${crule:-}" <<'EOF'
 import json, os, sys
 src, out, c0, c1, rule, chats = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
+crule = {s: int(e) for s, e in (p.split(":") for p in sys.argv[7].split(","))} if sys.argv[7] else None
+cseen = {}
 rules = {}
 for part in rule.split(","):
     s, every, off, most = part.split(":")
@@ -141,6 +158,12 @@ with open(out + ".tmp", "w") as f:
     n = 0
     for i, line in enumerate(open(f"{chats}/chat.jsonl")):
         if c0 <= i < c1:
+            if crule is not None:
+                s = json.loads(line)["source"]
+                j = cseen.get(s, 0)
+                cseen[s] = j + 1
+                if s not in crule or j % crule[s]:
+                    continue
             f.write(line)
             n += 1
     seen, taken = {}, {}

@@ -209,7 +209,7 @@ class Sources:
             chit = [t for t, k, _ in cc[0] if k == "first-turn"] if cc else []
             paras = [t.split("\n\n", 1)[1] for t, k, _ in pd[0] if k == "paragraph" and "\n\n" in t] if pd else []
             res = (tasks_prompts(chit, paras, a.seed), [])
-            say(f"  tasks: {len(res[0])} generated instructions (writing, math, translation, rewriting, role play, "
+            say(f"  tasks: {len(res[0])} generated instructions (writing, math, translation, rewriting, role play, coding, reasoning, summary, passage-qa, "
                 f"extraction; {len(chit)} chitchat turns and {len(paras)} documentation paragraphs to draw on)")
         elif name == "extra":
             res = ([(t, k, a.extra_prompts) for t, k in extra_prompts(a.extra_prompts)], []) \

@@ -1,6 +1,7 @@
 """The "tasks" source of stage a: instructions of the kinds people give a chat
 model that the other sources lack (writing, role play, arithmetic and word
-problems, translation, extraction, rewriting), so that a head trained on the
+problems, translation, extraction, rewriting; coding, reasoning, summaries
+and questions about a passage in tasks_more.py), so that a head trained on the
 answers has seen such text. Everything here is generated: templates and word
 lists written for this project, numbers from a seeded generator, and sentences
 and passages taken from the other sources (chitchat-dataset's first turns, the
@@ -8,6 +9,8 @@ Python documentation's paragraphs), whose licences the manifest records.
 Nothing comes from Spec-Bench (stage a's exclusion still checks every prompt).
 """
 import random
+
+from .tasks_more import more_tasks
 
 TOPICS = [
     "a lighthouse keeper's last night on duty", "learning to cook at forty", "a city without cars",
@@ -123,4 +126,7 @@ def tasks_prompts(chitchat, paragraphs, seed):
     rng.shuffle(ps)
     for i, p in enumerate(ps[:1500]):
         out.append((PASSAGE_TASKS[i % len(PASSAGE_TASKS)] + p, "extraction", "python3-doc"))
-    return out
+    # coding, reasoning, summaries and questions about a passage (2026-11-28):
+    # drawn after the kinds above, so that their prompts stay as they were; on
+    # the paragraphs extraction left (all of them in a small sampled run)
+    return out + more_tasks(rng, chitchat, ps[1500:] if len(ps) >= 1600 else ps)

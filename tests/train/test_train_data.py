@@ -239,15 +239,17 @@ def cases(tmp, src, dev):
     else:
         print("SKIP source_pydoc: python3-doc is not installed (apt-get install python3-doc; the test runs "
               "no apt)")
-    # the generated instructions: writing and arithmetic always; translation,
-    # rewriting and role play draw on chitchat, extraction on the documentation
+    # the generated instructions: writing, arithmetic, coding and reasoning
+    # always; translation, rewriting and role play draw on chitchat,
+    # extraction, summaries and passage questions on the documentation
     kinds = {}
     for ln in lines(os.path.join(out, "prompts.jsonl")):
         r = json.loads(ln)
         if r["source"] == "tasks":
             kinds.setdefault(r["meta"]["kind"], []).append(r["prompt"])
-    want = {"writing", "math"} | ({"translation", "rewriting", "roleplay"} if "chitchat" in lic else set()) \
-        | ({"extraction"} if "pydoc" in lic else set())
+    want = {"writing", "math", "coding", "reasoning"} \
+        | ({"translation", "rewriting", "roleplay"} if "chitchat" in lic else set()) \
+        | ({"extraction", "summary", "passage-qa"} if "pydoc" in lic else set())
     math_ok = all(re.search(r"\d", t) for t in kinds.get("math", []))
     report("source_tasks", want <= set(kinds) and math_ok,
            f"kinds {sorted(kinds)} (want {sorted(want)}), math prompts with numbers: {math_ok}")
