@@ -131,6 +131,10 @@ def parse_args(argv):
     ap.add_argument("--model", default=DEFAULT_MODEL, help="target model (default models/SmolLM2-135M-Instruct.Q4_1.gguf)")
     ap.add_argument("--bin", default=DEFAULT_BIN, help="specdec binary (default build/specdec)")
     ap.add_argument("--max-prompts", type=int, default=3000, help="prompts to answer (the first N of prompts.jsonl; default 3000)")
+    ap.add_argument("--sources", default="", help="stage b: answer only prompts of these sources (comma-separated: "
+                    "chitchat, pydoc, pystdlib, tasks, tasks2, extra); --max-prompts then counts within them. "
+                    "tasks2 (coding, reasoning, summaries, questions about a passage; added 2026-11-28) comes "
+                    "after every other prompt in the list: --sources tasks2 answers it alone")
     ap.add_argument("--sampled-share", type=float, default=0.3,
                     help="share of prompts answered at temperature 0.7 with a seed per prompt (default 0.3)")
     ap.add_argument("--max-tokens", type=int, default=256, help="answer length limit (default 256)")

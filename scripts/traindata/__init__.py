@@ -10,6 +10,8 @@ summary); this package does the work:
   stdlib_funcs.py  the Python standard library's functions: prompts, text
   tasks.py         generated instructions (writing, arithmetic, translation,
                    rewriting, role play, extraction) drawing on the above
+  tasks_more.py    the source tasks2: coding, reasoning, summaries, questions
+                   about a passage (added later: last in prompts.jsonl)
   raw.py           stage c: text.jsonl for teacher forcing
   answers.py       stage b: `specdec serve` and the openai client, chat.jsonl
 

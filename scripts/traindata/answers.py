@@ -76,11 +76,16 @@ def stage_answers(args, m, stop):
     fpath = os.path.join(args.out, "failed.jsonl")
     if not os.path.exists(ppath):
         raise SystemExit(f"make-train-data: {ppath} missing: run stage a (prompts) first")
-    prompts = read_jsonl(ppath, repair=False)[:args.max_prompts]
+    prompts = read_jsonl(ppath, repair=False)
+    if args.sources:
+        want = set(args.sources.split(","))
+        prompts = [p for p in prompts if p.get("source") in want]
+    prompts = prompts[:args.max_prompts]
     done = {r.get("meta", {}).get("prompt_id") for r in read_jsonl(cpath)}
     failed = {r.get("prompt_id") for r in read_jsonl(fpath)} if not args.retry_failed else set()
     todo = [p for p in prompts if p["id"] not in done and p["id"] not in failed]
-    say(f"stage b (answers): {len(prompts)} prompts wanted (--max-prompts {args.max_prompts}), "
+    say(f"stage b (answers): {len(prompts)} prompts wanted (--max-prompts {args.max_prompts}"
+        + (f" of the sources {args.sources}" if args.sources else "") + "), "
         f"{len(prompts) - len(todo)} answered or failed before, {len(todo)} to answer")
     if not todo:
         return None

@@ -208,9 +208,15 @@ class Sources:
             pd = self.get("pydoc")
             chit = [t for t, k, _ in cc[0] if k == "first-turn"] if cc else []
             paras = [t.split("\n\n", 1)[1] for t, k, _ in pd[0] if k == "paragraph" and "\n\n" in t] if pd else []
-            res = (tasks_prompts(chit, paras, a.seed), [])
-            say(f"  tasks: {len(res[0])} generated instructions (writing, math, translation, rewriting, role play, coding, reasoning, summary, passage-qa, "
-                f"extraction; {len(chit)} chitchat turns and {len(paras)} documentation paragraphs to draw on)")
+            old, more = tasks_prompts(chit, paras, a.seed)
+            res = (old, [])
+            self.cache["tasks2"] = (more, [])
+            say(f"  tasks: {len(old)} generated instructions (writing, math, translation, rewriting, role play, "
+                f"extraction; {len(chit)} chitchat turns and {len(paras)} documentation paragraphs to draw on); "
+                f"tasks2: {len(more)} more (coding, reasoning, summary, passage-qa)")
+        elif name == "tasks2":
+            self.get("tasks")
+            return self.cache.get("tasks2")
         elif name == "extra":
             res = ([(t, k, a.extra_prompts) for t, k in extra_prompts(a.extra_prompts)], []) \
                 if a.extra_prompts else None
@@ -280,14 +286,23 @@ def stage_prompts(args, m, srcs, excl):
         return
     say("stage a (prompts): reading the sources")
     groups = {}
-    for name in ("extra", "chitchat", "pydoc", "pystdlib", "tasks"):
+    for name in ("extra", "chitchat", "pydoc", "pystdlib", "tasks", "tasks2"):
         r = srcs.get(name)
         if r and r[0]:
             groups[name] = [{"id": f"{name}-{h12(name, norm(t))}", "source": name, "prompt": t.strip(),
                              "meta": {"kind": k, "from": f}} for t, k, f in r[0]]
     stats, seen = {}, set()
+    late = groups.pop("tasks2", [])
     kept = interleave({k: filter_items(v, excl, seen, stats, args.max_prompt_chars) for k, v in groups.items()},
                       args.seed)
+    # the sources added later (tasks2, 2026-11-28) come after the rest, shuffled,
+    # so that the list's earlier prompts keep their places (the answers in
+    # data/corpus/ and the recipes' --max-prompts prefixes refer to them);
+    # stage b's --sources answers them without the prompts before them
+    if late:
+        late = filter_items(late, excl, seen, stats, args.max_prompt_chars)
+        random.Random(f"{args.seed}:tasks2").shuffle(late)
+        kept += late
     write_jsonl_atomic(path, kept)
     examples = stats.pop("_dropped_examples", [])
     dropped = sum(s["spec_bench"] for s in stats.values())

@@ -1,7 +1,7 @@
 """The "tasks" source of stage a: instructions of the kinds people give a chat
 model that the other sources lack (writing, role play, arithmetic and word
-problems, translation, extraction, rewriting; coding, reasoning, summaries
-and questions about a passage in tasks_more.py), so that a head trained on the
+problems, translation, extraction, rewriting; and, as the source "tasks2",
+coding, reasoning, summaries and questions about a passage: tasks_more.py), so that a head trained on the
 answers has seen such text. Everything here is generated: templates and word
 lists written for this project, numbers from a seeded generator, and sentences
 and passages taken from the other sources (chitchat-dataset's first turns, the
@@ -101,8 +101,9 @@ def math_prompt(rng):
 
 
 def tasks_prompts(chitchat, paragraphs, seed):
-    """[(prompt, kind, origin)]: chitchat = [text] (first turns), paragraphs =
-    [text] (documentation paragraphs); both may be empty."""
+    """([(prompt, kind, origin)] of tasks, the same of tasks2): chitchat =
+    [text] (first turns), paragraphs = [text] (documentation paragraphs);
+    both may be empty."""
     rng = random.Random(f"{seed}:tasks")
     out = []
     for t in TOPICS:
@@ -126,7 +127,8 @@ def tasks_prompts(chitchat, paragraphs, seed):
     rng.shuffle(ps)
     for i, p in enumerate(ps[:1500]):
         out.append((PASSAGE_TASKS[i % len(PASSAGE_TASKS)] + p, "extraction", "python3-doc"))
-    # coding, reasoning, summaries and questions about a passage (2026-11-28):
-    # drawn after the kinds above, so that their prompts stay as they were; on
-    # the paragraphs extraction left (all of them in a small sampled run)
-    return out + more_tasks(rng, chitchat, ps[1500:] if len(ps) >= 1600 else ps)
+    # coding, reasoning, summaries and questions about a passage (2026-11-28),
+    # the source "tasks2": drawn after the kinds above, so that their prompts
+    # stay as they were; on the paragraphs extraction left (all of them in a
+    # small sampled run)
+    return out, more_tasks(rng, chitchat, ps[1500:] if len(ps) >= 1600 else ps)

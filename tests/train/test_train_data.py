@@ -88,7 +88,7 @@ def check_records(out):
             if not isinstance(r.get("id"), str) or r["id"] in ids:
                 return f"{where}: missing or repeated id"
             ids.add(r["id"])
-            if r.get("source") not in ("extra", "chitchat", "pydoc", "pystdlib", "tasks"):
+            if r.get("source") not in ("extra", "chitchat", "pydoc", "pystdlib", "tasks", "tasks2"):
                 return f"{where}: source {r.get('source')!r}"
             if kind == "chat":
                 m = r.get("messages")
@@ -242,11 +242,16 @@ def cases(tmp, src, dev):
     # the generated instructions: writing, arithmetic, coding and reasoning
     # always; translation, rewriting and role play draw on chitchat,
     # extraction, summaries and passage questions on the documentation
-    kinds = {}
+    kinds, order = {}, []
     for ln in lines(os.path.join(out, "prompts.jsonl")):
         r = json.loads(ln)
-        if r["source"] == "tasks":
+        order.append(r["source"])
+        if r["source"] in ("tasks", "tasks2"):
             kinds.setdefault(r["meta"]["kind"], []).append(r["prompt"])
+    # tasks2 (added later) comes after every other prompt: the earlier ones keep their places
+    first2 = order.index("tasks2") if "tasks2" in order else -1
+    report("tasks2_last", first2 > 0 and all(s == "tasks2" for s in order[first2:]),
+           f"tasks2 from prompt {first2} of {len(order)}; after it: {sorted(set(order[first2:]))}")
     want = {"writing", "math", "coding", "reasoning"} \
         | ({"translation", "rewriting", "roleplay"} if "chitchat" in lic else set()) \
         | ({"extraction", "summary", "passage-qa"} if "pydoc" in lic else set())
