@@ -68,14 +68,14 @@ smollm2)
     ;;
 smollm2-v3)
     # the shipped head fine-tuned again (session 21) on answers it never saw:
-    # conversations 4488 on of the 5.05 M-token corpus (data/corpus/smollm2),
+    # conversations 4488-16127 of the 5.05 M-token corpus (data/corpus/smollm2),
     # every one of the generated tasks and chitchat, every 8th of pydoc and
-    # pystdlib (11,160 conversations)
+    # pystdlib (6,550 conversations, 1.42 M tokens)
     model=models/SmolLM2-135M-Instruct.Q4_1.gguf
     work="${2:-data/smollm2-v3}"
     out="$work/SmolLM2-135M-Instruct.eagle3-v3.gguf"
-    mixes=("mix.jsonl 4488 1000000 none:1:0:0 tasks:1,chitchat:1,pydoc:8,pystdlib:8")
-    prompts="${PROMPTS:-29957}" tokens="${TOKENS:-1100000}" lr="${LR:-5e-4}" ff="${FF:-0}" batch=8
+    mixes=("mix.jsonl 4488 16128 none:1:0:0 tasks:1,chitchat:1,pydoc:8,pystdlib:8")
+    prompts="${PROMPTS:-29957}" tokens="${TOKENS:-600000}" lr="${LR:-5e-4}" ff="${FF:-0}" batch=8
     init=(--init "${INIT:-heads/SmolLM2-135M-Instruct.eagle3.gguf}")
     ;;
 qwen)
