@@ -75,7 +75,7 @@ smollm2-v3)
     work="${2:-data/smollm2-v3}"
     out="$work/SmolLM2-135M-Instruct.eagle3-v3.gguf"
     mixes=("mix.jsonl 4488 16128 none:1:0:0 tasks:1,chitchat:1,pydoc:8,pystdlib:8")
-    prompts="${PROMPTS:-29957}" tokens="${TOKENS:-600000}" lr="${LR:-5e-4}" ff="${FF:-0}" batch=8
+    prompts="${PROMPTS:-16128}" tokens="${TOKENS:-600000}" lr="${LR:-5e-4}" ff="${FF:-0}" batch=8
     init=(--init "${INIT:-heads/SmolLM2-135M-Instruct.eagle3.gguf}")
     ;;
 qwen)
