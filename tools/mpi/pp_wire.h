@@ -41,6 +41,8 @@ typedef struct pp_hdr {
     int32_t n_wanted, n_ops, seq, sid;   // sid: the session (pp_attach's order)
     int32_t n_ctx, n_batch, n_threads, pad; // PP_SETUP: the session's size
     float rank_ms[PP_MAX_RANKS];  // this forward's compute time on each rank (ms)
+    double rank_t0[PP_MAX_RANKS]; // when each rank began computing it (ms, that rank's pp_now_ms clock)
+    double rank_wait[PP_MAX_RANKS]; // each rank's time waiting for messages so far (ms; idle time included)
 } pp_hdr;
 
 typedef struct pp_rank_stats {
@@ -61,6 +63,12 @@ typedef struct pp_ctx {
     size_t cap;
     int n_batch;
     pp_rank_stats mine;           // this rank's figures
+    int pid[PP_MAX_RANKS];        // each rank's process id
+    char local[PP_MAX_RANKS];     // 1: rank k runs on this rank's host (its pid can be watched)
+    double clock_off[PP_MAX_RANKS]; // rank 0: rank k's pp_now_ms minus rank 0's (ms, measured at launch)
+    double t_alive;               // rank 0: when the local ranks were last seen alive (pp_now_ms)
+    void (*on_fault)(void *arg, const char *msg); // rank 0: called once before a fault stops every rank, or NULL
+    void *fault_arg;
 } pp_ctx;
 
 // Where the parts of a message in buf lie, from its header (n, flags,
@@ -92,7 +100,15 @@ int pp_wait(pp_ctx *c, MPI_Request *rq, int n, int peer, const char *what, doubl
 // Shortens this thread's timer slack to 1 us (Linux), so that the waits'
 // short sleeps end when they should.
 void pp_fast_wakeups(void);
-// Stops every process of the job with one message from this rank.
+// CLOCK_MONOTONIC in ms.
+double pp_now_ms(void);
+// Rank 0, inside its waits: every 50 ms, whether each rank on its own host
+// is still alive (its /proc entry); one that died stops every rank with a
+// message naming it (through the fault callback first).
+void pp_check_alive(pp_ctx *c);
+// Stops every process of the job with one message from this rank (rank 0:
+// the fault callback first, once, so that a server answers its requests in
+// flight; it must return within a few seconds).
 void pp_die(pp_ctx *c, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
 // This process's resident and peak resident memory (MiB), from /proc.
 void pp_mem(double *rss_mib, double *hwm_mib);

@@ -226,6 +226,8 @@ void sv_sched_stop(sv_server *s) {
         free(sl->text);
         free(sl->kind);
     }
+    sv_pipe_free(s->pipe, s->n_groups);
+    s->pipe = NULL;
     sd_batcher_free(s->batcher);
     s->batcher = NULL;
     free(s->pass_sl);
