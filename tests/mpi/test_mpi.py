@@ -13,6 +13,13 @@
   and without speculation) equal to generate's, both slots in one pass round
   the ring (the server's batching kept), each rank's forward time in
   /metrics; SIGTERM stops every rank;
+- serve --pp 3 with micro-batches in flight (3 groups of slots): concurrent
+  clients, streamed and not, plain / n-gram / EAGLE-3, a long prompt in
+  several chunks, and again with --precise-prompt: every answer equal to
+  generate's, the passes in flight together (/metrics);
+- serve under `mpirun --enable-recovery` with a worker rank killed while
+  one answer streams and another is computed: an SSE error event and an
+  HTTP 503 naming the rank, every process gone within 20 s;
 - bad launches refused on every rank with one message and a non-zero exit:
   fewer ranks than --pp asks, --layers not covering the layers, more ranks
   than layers, different model files on different ranks;
@@ -24,7 +31,8 @@
   resident memory against one process's (--pp-stats).
 
 Needs build/specdec built with `make MPI=1` (make test-mpi) and mpirun;
-skipped with the reason otherwise. Prints PASS/FAIL/SKIP lines.
+skipped with the reason otherwise. Prints PASS/FAIL/SKIP lines. Case names
+as arguments run only those.
 """
 import json
 import os
@@ -187,56 +195,62 @@ def chat(port, q, spec, n, stream=False, timeout=300):
 
 
 def case_serve_groups():
-    """serve --pp 3 with its default of 3 groups in flight: 6 concurrent
-    clients (streamed and not, with and without speculation), every answer
-    equal to generate's; the passes were in flight together."""
+    """serve --pp 3 with its default of 3 groups in flight: concurrent
+    clients (streamed and not; plain, n-gram and EAGLE-3 speculation; a long
+    prompt evaluated in several chunks), every answer equal to generate's;
+    the passes were in flight together. Then with --precise-prompt, whose
+    prompt passes go round the ring while groups are in flight."""
     if not os.path.exists(SMOL):
         print(f"SKIP mpi_serve_groups: {SMOL} not present (scripts/fetch-models.sh)")
         return
     import http.client
     import re
     import threading
-    qs = ["Name three colours.", "What is the capital of France?", "Write a haiku about rain.", "Count from 1 to 10.",
-          "What is 2+2?", "Name a fruit."]
-    p, log, port = start_server(3, ["--parallel", "6"])
+    long_q = "Summarise this. " + " ".join(["Please answer carefully and explain your reasoning step by step."] * 25)
+    spec_args = {"off": [], "ngram:3-8": ["--draft-ngram", "3,8"], "eagle3:auto": ["--head", "auto", "--method",
+                                                                                    "eagle3:auto"]}
+    reqs = [("Name three colours.", "ngram:3-8"), (long_q, "off"), ("Write a haiku about rain.", "eagle3:auto"),
+            ("Count from 1 to 10.", "ngram:3-8"), ("What is 2+2?", "off"), ("Name a fruit.", "eagle3:auto")]
     bad = []
-    try:
-        if not port[0]:
-            report("mpi_serve_groups", False, "the server did not start: " + " | ".join(log[-5:]))
-            return
-        got = [None] * len(qs)
+    for phase, extra, qs in (("", [], reqs), ("--precise-prompt: ", ["--precise-prompt"], reqs[:3])):
+        p, log, port = start_server(3, ["--parallel", str(len(qs)), "--head", "auto", *extra])
+        try:
+            if not port[0]:
+                bad.append(phase + "the server did not start: " + " | ".join(log[-5:]))
+                continue
+            got = [None] * len(qs)
 
-        def ask(i):
-            got[i] = chat(port[0], qs[i], "ngram:3-8" if i % 2 == 0 else "off", 32, stream=i % 3 == 0)
-        ts = [threading.Thread(target=ask, args=(i,)) for i in range(len(qs))]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join(400)
-        for i, q in enumerate(qs):
-            args = ["--draft-ngram", "3,8"] if i % 2 == 0 else []
-            want = single(["generate", "-m", SMOL, "--chat", "-p", q, "--temp", "0", "-n", "32", "-t", "1", *args]).stdout
-            want = want[:-1] if want.endswith("\n") else want
-            if got[i] != (200, want):
-                bad.append(f"{q!r}: server {got[i]!r} vs generate {want!r}")
-        c = http.client.HTTPConnection("127.0.0.1", port[0], timeout=60)
-        c.request("GET", "/metrics")
-        text = c.getresponse().read().decode()
+            def ask(i):
+                got[i] = chat(port[0], qs[i][0], qs[i][1], 32, stream=i % 3 == 0)
+            ts = [threading.Thread(target=ask, args=(i,)) for i in range(len(qs))]
+            for t in ts:
+                t.start()
+                time.sleep(0.1)   # arrivals spread: prompts start while other groups are in flight
+            for t in ts:
+                t.join(400)
+            for i, (q, spec) in enumerate(qs):
+                want = single(["generate", "-m", SMOL, "--chat", "-p", q, "--temp", "0", "-n", "32", "-t", "1",
+                               *extra, *spec_args[spec]]).stdout
+                want = want[:-1] if want.endswith("\n") else want
+                if got[i] != (200, want):
+                    bad.append(f"{phase}{q[:40]!r} ({spec}): server {got[i]!r} vs generate {want!r}")
+            c = http.client.HTTPConnection("127.0.0.1", port[0], timeout=60)
+            c.request("GET", "/metrics")
+            text = c.getresponse().read().decode()
 
-        def metric(name):
-            mm = re.search(r"^" + re.escape(name) + r" ([0-9.]+)$", text, re.M)
-            return float(mm.group(1)) if mm else -1
-        busy = [metric(f'specdec_pp_ranks_busy_seconds_total{{busy="{k}"}}') for k in range(4)]
-        fl = metric("specdec_pp_passes_in_flight_mean")
-        print(f"  info: passes in flight {fl:.2f} on average; time with k ranks computing "
-              f"{', '.join(f'{k}: {b:.2f} s' for k, b in enumerate(busy))}")
-        if metric("specdec_pp_groups") != 3 or not fl > 1.0 or min(busy) < 0:
-            bad.append("the groups were not in flight together: " +
-                       " | ".join(l for l in text.splitlines() if "_pp_" in l and not l.startswith("#")))
-    finally:
-        rc = stop_server(p)
-    if rc is None:
-        bad.append("SIGTERM did not stop it")
+            def metric(name):
+                mm = re.search(r"^" + re.escape(name) + r" ([0-9.]+)$", text, re.M)
+                return float(mm.group(1)) if mm else -1
+            busy = [metric(f'specdec_pp_ranks_busy_seconds_total{{busy="{k}"}}') for k in range(4)]
+            fl = metric("specdec_pp_passes_in_flight_mean")
+            print(f"  info: {phase}passes in flight {fl:.2f} on average; time with k ranks computing "
+                  f"{', '.join(f'{k}: {b:.2f} s' for k, b in enumerate(busy))}")
+            if metric("specdec_pp_groups") != 3 or not fl > 1.0 or min(busy) < 0:
+                bad.append(phase + "the groups were not in flight together: " +
+                           " | ".join(l for l in text.splitlines() if "_pp_" in l and not l.startswith("#")))
+        finally:
+            if stop_server(p) is None:
+                bad.append(phase + "SIGTERM did not stop it")
     report("mpi_serve_groups", not bad, "\n".join(bad))
 
 
