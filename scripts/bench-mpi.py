@@ -21,7 +21,7 @@ from /metrics over the load: each rank's compute and waiting time, and how
 long 0, 1, 2, ... ranks computed at once ("overlap": the share of the time
 any rank computed during which two or more did).
 
-    scripts/bench-mpi.py --serve [--users 4,8] [--ranks 1,2,3] [-n TOKENS]
+    scripts/bench-mpi.py --serve [--users 4,8] [--ranks 1,2,3] [-n TOKENS] [--repeat K]
 
 A benchmark, not a test (house rule 12): it prints numbers and asserts
 nothing. On a machine with fewer cores than ranks x threads the ranks share
@@ -149,25 +149,33 @@ def serve_load(R, G, users, a, prompts):
 
 def main_serve(a):
     prompts = [json.loads(l)["turns"][0] for l in open(a.prompts) if l.strip()]
-    rows, ref = [], {}
-    for users in [int(x) for x in a.users.split(",")]:
-        for R in [int(x) for x in a.ranks.split(",")]:
-            for G in ([1] if R == 1 else [1, R]):
-                row, texts = serve_load(R, G, users, a, prompts)
-                key = users
-                if key not in ref:
-                    ref[key] = texts
-                row["answers_equal"] = texts == ref[key]
-                rows.append(row)
-                print(json.dumps(row), file=sys.stderr)
+    configs = [(u, R, G) for u in [int(x) for x in a.users.split(",")] for R in [int(x) for x in a.ranks.split(",")]
+               for G in ([1] if R == 1 else [1, R])]
+    runs, ref = {c: [] for c in configs}, {}
+    for rep in range(a.repeat):   # the configurations interleaved, so that a change of the machine's load hits all
+        for c in configs:
+            users, R, G = c
+            row, texts = serve_load(R, G, users, a, prompts)
+            ref.setdefault(users, texts)
+            row["answers_equal"] = texts == ref[users]
+            runs[c].append(row)
+            print(json.dumps(row), file=sys.stderr)
+    rows = []
+    for c in configs:   # the run of median tokens/s of each configuration, with every run's rate
+        rs = sorted(runs[c], key=lambda r: r["tokens_per_s"])
+        row = dict(rs[len(rs) // 2])
+        row["tokens_per_s_runs"] = [r["tokens_per_s"] for r in runs[c]]
+        row["answers_equal"] = all(r["answers_equal"] for r in runs[c])
+        rows.append(row)
     for r in rows:
         if r["ranks"] > 1 and r["groups"] > 1:
             base = next(x for x in rows if x["users"] == r["users"] and x["ranks"] == r["ranks"] and x["groups"] == 1)
             r["vs_one_group"] = round(r["tokens_per_s"] / base["tokens_per_s"], 3)
+            r["vs_one_group_runs"] = [round(x / y, 3) for x, y in zip(r["tokens_per_s_runs"], base["tokens_per_s_runs"])]
     out = {"host": {"machine": platform.machine(), "cores": os.cpu_count(), "threads_per_rank": a.threads,
                     "oversubscribed": any(r["ranks"] * a.threads > (os.cpu_count() or 1) for r in rows),
                     "load_average": os.getloadavg()},
-           "model": os.path.basename(a.model), "n_predict": a.n, "serve": rows}
+           "model": os.path.basename(a.model), "n_predict": a.n, "repeat": a.repeat, "serve": rows}
     print(json.dumps(out, indent=1))
 
 
@@ -183,6 +191,7 @@ def main():
     ap.add_argument("--ranks", default="1,2,3")
     ap.add_argument("--serve", action="store_true", help="measure serve --pp R with concurrent users instead")
     ap.add_argument("--users", default="4,8", help="--serve: concurrent clients (one server each)")
+    ap.add_argument("--repeat", type=int, default=1, help="--serve: runs of each configuration (the median is kept)")
     a = ap.parse_args()
     a.extra = ["--head", a.head] if a.head else []
     if a.serve:

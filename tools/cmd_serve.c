@@ -214,9 +214,10 @@ int cmd_serve(int argc, char **argv) {
                  "\"speculation\": a method string (below) or \"off\". usage.speculation reports the\n"
                  "drafted and accepted tokens and tau (tokens per target forward).\n"
                  "Over MPI (make MPI=1): `mpirun --enable-recovery -np R specdec serve ... --pp R` splits the\n"
-                 "model's layers over R ranks and keeps R groups of slots in flight (--pp-groups G);\n"
-                 "--enable-recovery lets rank 0 answer the requests in flight with an error (503) when a\n"
-                 "rank dies, instead of mpirun stopping every process at once (docs/mpi.md).\n",
+                 "model's layers over R ranks and keeps groups of slots in flight (--pp-groups G; by default\n"
+                 "R, or 1 when the ranks share too few cores); --enable-recovery lets rank 0 answer the\n"
+                 "requests in flight with an error (503) when a rank dies, instead of mpirun stopping\n"
+                 "every process at once (docs/mpi.md).\n",
         .notes = notes,
         .opts = opts,
         .n_opts = CLI_N(opts),
@@ -244,7 +245,6 @@ int cmd_serve(int argc, char **argv) {
     if (pp_active()) {   // micro-batches in flight, and the requests answered when a rank fails
         s.metrics_extra = pp_metrics_text, s.forward_many = pp_forward_many;
         s.group_begin = pp_group_begin, s.group_end = pp_group_end;
-        s.n_groups = pp_groups();
         pp_on_fault(sv_pipe_fault, &s);
         if (!pp_recovery())
             fprintf(stderr, "specdec serve: note: launched without `mpirun --enable-recovery`: if a rank dies, mpirun "
@@ -257,6 +257,11 @@ int cmd_serve(int argc, char **argv) {
     int rc = 1;
     char err[512];
     if (load_models(&s) || load_heads(&s)) goto out;
+    if (pp_active()) {   // the groups of slots in flight, for ranks of this many threads
+        char note[256];
+        s.n_groups = pp_groups_pick(sd_threadpool_size(s.pool), note, sizeof note);
+        fprintf(stderr, "specdec serve: %s\n", note);
+    }
     if (o.head_online && !s.head_eagle3) {
         cli_error("serve: --head-online needs an EAGLE-3 head (--head H.gguf)");
         goto out;

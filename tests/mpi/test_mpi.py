@@ -13,7 +13,7 @@
   and without speculation) equal to generate's, both slots in one pass round
   the ring (the server's batching kept), each rank's forward time in
   /metrics; SIGTERM stops every rank;
-- serve --pp 3 with micro-batches in flight (3 groups of slots): concurrent
+- serve --pp 3 with micro-batches in flight (--pp-groups 3): concurrent
   clients, streamed and not, plain / n-gram / EAGLE-3, a long prompt in
   several chunks, and again with --precise-prompt: every answer equal to
   generate's, the passes in flight together (/metrics);
@@ -195,7 +195,7 @@ def chat(port, q, spec, n, stream=False, timeout=300):
 
 
 def case_serve_groups():
-    """serve --pp 3 with its default of 3 groups in flight: concurrent
+    """serve --pp 3 with 3 groups in flight (--pp-groups 3): concurrent
     clients (streamed and not; plain, n-gram and EAGLE-3 speculation; a long
     prompt evaluated in several chunks), every answer equal to generate's;
     the passes were in flight together. Then with --precise-prompt, whose
@@ -213,7 +213,7 @@ def case_serve_groups():
             ("Count from 1 to 10.", "ngram:3-8"), ("What is 2+2?", "off"), ("Name a fruit.", "eagle3:auto")]
     bad = []
     for phase, extra, qs in (("", [], reqs), ("--precise-prompt: ", ["--precise-prompt"], reqs[:3])):
-        p, log, port = start_server(3, ["--parallel", str(len(qs)), "--head", "auto", *extra])
+        p, log, port = start_server(3, ["--parallel", str(len(qs)), "--head", "auto", "--pp-groups", "3", *extra])
         try:
             if not port[0]:
                 bad.append(phase + "the server did not start: " + " | ".join(log[-5:]))
@@ -264,7 +264,10 @@ def case_serve_killed_rank():
         return
     import http.client
     import threading
-    p, log, port = start_server(3, ["--parallel", "2"], extra=("--enable-recovery",))
+    # SPECDEC_MPI_KEEP: how mpirun is told to keep the job going (--enable-recovery, or
+    # "-mca orte_abort_on_non_zero_status 0", which does the same and exits non-zero)
+    keep = tuple(os.environ.get("SPECDEC_MPI_KEEP", "--enable-recovery").split())
+    p, log, port = start_server(3, ["--parallel", "2"], extra=keep)
     bad, pids = [], {}
     try:
         if not port[0]:
@@ -320,6 +323,10 @@ def case_serve_killed_rank():
             bad.append(f"processes left {alive()} or mpirun still running {dt:.1f} s after the kill")
         if not any("rank 1" in l and "died" in l for l in lines):
             bad.append("no message naming rank 1 from rank 0: " + " | ".join(log[-6:]))
+        # without --pp-groups: 3 groups when the host has the 3 cores the ranks need (-t 1), else 1
+        want = "3 groups of slots in flight" if (os.cpu_count() or 1) >= 3 else "1 group of slots in flight: the 3 ranks"
+        if not any(want in l for l in log):
+            bad.append(f"the default groups: no '{want}' line: " + " | ".join(l for l in log if "pipeline" in l))
     finally:
         if p.poll() is None:
             p.kill()

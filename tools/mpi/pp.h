@@ -43,16 +43,24 @@ int pp_forward_many(sd_batcher *b, sd_session *const *ss, const sd_batch *bs, in
 // in flight.
 int pp_group_begin(sd_batcher *b, sd_session *const *ss, const sd_batch *bs, int n, char *err, size_t errlen);
 int pp_group_end(sd_batcher *b, int ticket, char *err, size_t errlen);
-// How many groups a server keeps in flight: --pp-groups G, by default the
-// number of ranks; 1 without a pipeline.
+// How many groups a server keeps in flight: --pp-groups G, else what
+// pp_groups_pick chose (the number of ranks until then); 1 without a
+// pipeline.
 int pp_groups(void);
+// Chooses it for ranks of n_threads threads each, when --pp-groups was not
+// given: the number of ranks, or 1 when the ranks on rank 0's host need more
+// cores than it has (several groups in flight would only take turns on the
+// same cores, each reading the weights once more). A line for the log
+// saying what and why into note (len bytes).
+int pp_groups_pick(int n_threads, char *note, size_t len);
 // On rank 0, fn(arg, message) runs once when a fault (a rank that died, an
 // answer past --pp-timeout, a broken link) is about to stop every rank: a
 // server answers its requests in flight with the message, then returns
 // (within a few seconds) and the job ends (MPI_Abort).
 void pp_on_fault(void (*fn)(void *arg, const char *msg), void *arg);
 // 1 when mpirun keeps the job going after a rank dies (mpirun
-// --enable-recovery), so that rank 0 can answer the requests in flight.
+// --enable-recovery, or -mca orte_abort_on_non_zero_status 0), so that
+// rank 0 can answer the requests in flight.
 int pp_recovery(void);
 // Prometheus lines of the pipeline's figures so far into buf (n bytes, NUL
 // ended; nothing without a pipeline): each rank's forward time, rank 0's

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "mpi/pp.h"
 #include "mpi/pp_root.h"
@@ -44,14 +45,39 @@ int pp_groups(void) {
     return pp0.groups > 0 ? pp0.groups : pp0.c.size;
 }
 
+int pp_groups_pick(int n_threads, char *note, size_t len) {
+    if (len) note[0] = 0;
+    if (!pp0.active || pp0.c.size == 1) return 1;
+    if (pp0.groups > 0) {
+        snprintf(note, len, "pipeline of %d ranks, %d group%s of slots in flight (--pp-groups)", pp0.c.size, pp0.groups,
+                 pp0.groups > 1 ? "s" : "");
+        return pp0.groups;
+    }
+    int here = 0;
+    for (int k = 0; k < pp0.c.size; k++) here += pp0.c.local[k];
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores > 0 && (long)here * n_threads > cores) {   // groups in flight would only take turns on the cores
+        pp0.groups = 1;
+        snprintf(note, len, "pipeline of %d ranks, 1 group of slots in flight: the %d ranks on this host need %d "
+                 "cores of its %ld, so groups in flight could not compute at once (--pp-groups G to choose)",
+                 pp0.c.size, here, here * n_threads, cores);
+    } else {
+        pp0.groups = pp0.c.size;
+        snprintf(note, len, "pipeline of %d ranks, %d groups of slots in flight (--pp-groups G to choose)", pp0.c.size,
+                 pp0.groups);
+    }
+    return pp0.groups;
+}
+
 void pp_on_fault(void (*fn)(void *arg, const char *msg), void *arg) {
     pp0.c.on_fault = fn;
     pp0.c.fault_arg = arg;
 }
 
 int pp_recovery(void) {
-    const char *v = getenv("OMPI_MCA_orte_enable_recovery");
-    return v && (!strcmp(v, "1") || !strcmp(v, "true"));
+    // mpirun --enable-recovery, or -mca orte_abort_on_non_zero_status 0: both reach the ranks' environment
+    const char *v = getenv("OMPI_MCA_orte_enable_recovery"), *a = getenv("OMPI_MCA_orte_abort_on_non_zero_status");
+    return (v && (!strcmp(v, "1") || !strcmp(v, "true"))) || (a && (!strcmp(a, "0") || !strcmp(a, "false")));
 }
 
 // ---------------------------------------------------------------- busy time
