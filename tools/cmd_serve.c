@@ -245,6 +245,7 @@ int cmd_serve(int argc, char **argv) {
     if (pp_active()) {   // micro-batches in flight, and the requests answered when a rank fails
         s.metrics_extra = pp_metrics_text, s.forward_many = pp_forward_many;
         s.group_begin = pp_group_begin, s.group_end = pp_group_end;
+        s.on_idle = pp_keepalive;
         pp_on_fault(sv_pipe_fault, &s);
         if (!pp_recovery())
             fprintf(stderr, "specdec serve: note: launched without `mpirun --enable-recovery`: if a rank dies, mpirun "

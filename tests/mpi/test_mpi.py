@@ -20,6 +20,9 @@
 - serve under `mpirun --enable-recovery` with a worker rank killed while
   one answer streams and another is computed: an SSE error event and an
   HTTP 503 naming the rank, every process gone within 20 s;
+- rank 0 of such a server killed (the others watch its pid) or stopped
+  (its keep-alives stop: the others wait --pp-timeout + 15 s at most):
+  every process gone, with a message naming the rank;
 - bad launches refused on every rank with one message and a non-zero exit:
   fewer ranks than --pp asks, --layers not covering the layers, more ranks
   than layers, different model files on different ranks;
@@ -52,7 +55,7 @@ SYNTH = os.path.join(ROOT, "build", "tests", "tool_synth_model")
 RHEAD = os.path.join(ROOT, "build", "tests", "tool_random_head")
 SMOL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 CASES = ["mpi_greedy_synth", "mpi_greedy_smollm", "mpi_bench_equal", "mpi_serve_equals_generate", "mpi_serve_groups",
-         "mpi_serve_killed_rank", "mpi_bad_launches", "mpi_killed_rank", "mpi_stuck_rank", "mpi_rank_memory"]
+         "mpi_serve_killed_rank", "mpi_serve_root_gone", "mpi_bad_launches", "mpi_killed_rank", "mpi_stuck_rank", "mpi_rank_memory"]
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
 
 
@@ -332,6 +335,64 @@ def case_serve_killed_rank():
             p.kill()
             p.wait()
     report("mpi_serve_killed_rank", not bad, "\n".join(bad))
+
+
+def case_serve_root_gone():
+    """Under mpirun --enable-recovery the job goes on when a rank dies, so
+    the other ranks must see rank 0 go: killed (its pid, watched by the ranks
+    on its host), or stopped (an idle server's keep-alives stop: each other
+    rank waits at most --pp-timeout + 15 s). Either way every process is
+    gone, with a message naming the rank."""
+    if not os.path.exists(SMOL):
+        print(f"SKIP mpi_serve_root_gone: {SMOL} not present (scripts/fetch-models.sh)")
+        return
+    bad = []
+    for how, sig, limit in (("killed", signal.SIGKILL, 10), ("stopped", signal.SIGSTOP, 40)):
+        p, log, port = start_server(3, ["--parallel", "1", "--pp-timeout", "3"], extra=("--enable-recovery",))
+        pids = {}
+        try:
+            if not port[0]:
+                bad.append(f"{how}: the server did not start: " + " | ".join(log[-5:]))
+                continue
+            pids = rank_pids(p.pid)
+            if chat(port[0], "Name a fruit.", "off", 4)[0] != 200 or 0 not in pids:
+                bad.append(f"{how}: no answer or no rank 0 ({pids})")
+                continue
+            time.sleep(6.5)   # idle: a keep-alive went round
+            t0 = time.monotonic()
+            os.kill(pids[0], sig)
+            try:
+                p.wait(limit + 10)
+            except subprocess.TimeoutExpired:
+                pass
+
+            def alive():
+                out = []
+                for pid in pids.values():
+                    try:
+                        if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] not in "ZXT":
+                            out.append(pid)
+                    except OSError:
+                        pass
+                return out
+            while alive() and time.monotonic() - t0 < limit + 10:
+                time.sleep(0.1)
+            dt = time.monotonic() - t0
+            lines = [l for l in log if l.startswith("specdec:")]
+            print(f"  info: rank 0 {how}: every other process gone {dt:.2f} s later; message: {lines[:1]}")
+            want = "rank 0 (pid" if how == "killed" else "within 18 s (--pp-timeout + 3 keep-alives of rank 0)"
+            if alive() or dt > limit or not any(want in l for l in lines):
+                bad.append(f"{how}: {dt:.1f} s, left {alive()}, messages {lines[:2]}, log {log[-4:]}")
+        finally:
+            for pid in pids.values():
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except OSError:
+                    pass
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    report("mpi_serve_root_gone", not bad, "\n".join(bad))
 
 
 def case_serve_equals_generate():
@@ -616,7 +677,8 @@ def main():
         cases = [("mpi_greedy_synth", lambda: case_greedy_synth(tmp)), ("mpi_greedy_smollm", case_greedy_smollm),
                  ("mpi_bench_equal", lambda: case_bench_equal(tmp)),
                  ("mpi_serve_equals_generate", case_serve_equals_generate), ("mpi_serve_groups", case_serve_groups),
-                 ("mpi_serve_killed_rank", case_serve_killed_rank), ("mpi_bad_launches", lambda: case_bad_launches(tmp)),
+                 ("mpi_serve_killed_rank", case_serve_killed_rank), ("mpi_serve_root_gone", case_serve_root_gone),
+                 ("mpi_bad_launches", lambda: case_bad_launches(tmp)),
                  ("mpi_killed_rank", lambda: case_killed_rank(tmp)), ("mpi_stuck_rank", lambda: case_stuck_rank(tmp)),
                  ("mpi_rank_memory", case_rank_memory)]
         for name, fn in cases:

@@ -305,6 +305,7 @@ static size_t g_rcap;   // bytes of pp0.c.rbuf (pp_recv grows it)
 // is complete on return.
 static void ring_trip(pp_ctx *c, size_t bytes, int answer, const char *what, double *waited) {
     MPI_Request sreq;
+    c->t_sent = pp_now_ms();
     MPI_Isend(c->sbuf, (int)bytes, MPI_BYTE, 1, PP_TAG_RING, MPI_COMM_WORLD, &sreq);
     if (answer) {
         pp_recv(c, c->size - 1, &c->rbuf, &g_rcap, &sreq, c->timeout_ms, waited);

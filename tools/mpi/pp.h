@@ -58,6 +58,11 @@ int pp_groups_pick(int n_threads, char *note, size_t len);
 // server answers its requests in flight with the message, then returns
 // (within a few seconds) and the job ends (MPI_Abort).
 void pp_on_fault(void (*fn)(void *arg, const char *msg), void *arg);
+// A server's scheduler, idle: when rank 0 has sent nothing for 5 s, a
+// keep-alive goes round the ring, so that the other ranks, which then wait
+// for each message at most --pp-timeout + 15 s, know rank 0 is alive (and
+// stop every rank when it is not). No-op without a pipeline.
+void pp_keepalive(void);
 // 1 when mpirun keeps the job going after a rank dies (mpirun
 // --enable-recovery, or -mca orte_abort_on_non_zero_status 0), so that
 // rank 0 can answer the requests in flight.

@@ -74,6 +74,20 @@ void pp_on_fault(void (*fn)(void *arg, const char *msg), void *arg) {
     pp0.c.fault_arg = arg;
 }
 
+void pp_keepalive(void) {
+    pp_ctx *c = &pp0.c;
+    if (!pp0.active || c->size == 1 || pp_now_ms() - c->t_sent < PP_KEEPALIVE_MS) return;
+    for (int k = 0; k < PP_MAX_FLIGHT; k++)
+        if (pp_group_in_flight(k)) return;
+    static pp_hdr h;   // its own buffer: nothing else is in flight
+    memset(&h, 0, sizeof h);
+    h.type = PP_ALIVE;
+    MPI_Request rq;
+    c->t_sent = pp_now_ms();
+    MPI_Isend(&h, (int)sizeof h, MPI_BYTE, 1, PP_TAG_RING, MPI_COMM_WORLD, &rq);
+    pp_wait(c, &rq, 1, 1, "sending a keep-alive to", c->timeout_ms, NULL);
+}
+
 int pp_recovery(void) {
     // mpirun --enable-recovery, or -mca orte_abort_on_non_zero_status 0: both reach the ranks' environment
     const char *v = getenv("OMPI_MCA_orte_enable_recovery"), *a = getenv("OMPI_MCA_orte_abort_on_non_zero_status");
@@ -236,7 +250,7 @@ int pp_group_begin(sd_batcher *b, sd_session *const *ss, const sd_batch *bs, int
     f->n = n;
     memcpy(f->ss, ss, sizeof(sd_session *) * (size_t)n);
     memcpy(f->bs, bs, sizeof(sd_batch) * (size_t)n);
-    f->t_send = pp_now_ms();
+    f->t_send = c->t_sent = pp_now_ms();
     MPI_Irecv(f->rbuf, (int)f->rcap, MPI_BYTE, c->size - 1, PP_TAG_RING, MPI_COMM_WORLD, &f->rreq);
     MPI_Isend(f->sbuf, (int)f->bytes, MPI_BYTE, 1, PP_TAG_RING, MPI_COMM_WORLD, &f->sreq);
     f->used = 1;

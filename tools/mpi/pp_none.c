@@ -77,3 +77,5 @@ void pp_on_fault(void (*fn)(void *arg, const char *msg), void *arg) {
 }
 
 int pp_recovery(void) { return 0; }
+
+void pp_keepalive(void) {}

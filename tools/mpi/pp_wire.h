@@ -23,7 +23,14 @@
 // sd_batcher_forward_part): the header (n = the sessions, seq = the
 // batcher's nodes), the ops, then one PP_FWD message per session, each at a
 // multiple of 64 bytes (pp_group_first, pp_group_next).
-enum pp_type { PP_FWD = 1, PP_OPS = 2, PP_QUIT = 3, PP_ERR = 4, PP_SETUP = 5, PP_PING = 6, PP_GROUP = 7 };
+enum pp_type { PP_FWD = 1, PP_OPS = 2, PP_QUIT = 3, PP_ERR = 4, PP_SETUP = 5, PP_PING = 6, PP_GROUP = 7, PP_ALIVE = 8 };
+// PP_ALIVE: rank 0 is alive and idle (a server sends one every PP_KEEPALIVE_MS
+// it sent nothing else); every rank passes it on but the last. A worker
+// that has seen one waits for each next message at most --pp-timeout plus
+// PP_KEEPALIVE_MISS keep-alives, then stops every rank (rank 0, or a rank
+// before it, is gone: on another host nothing else would tell).
+#define PP_KEEPALIVE_MS 5000.0
+#define PP_KEEPALIVE_MISS 3
 #define PP_MAX_GROUP 256
 // PP_PING: a forward's message that every rank passes on without computing (--pp-stats
 // times the ring's transport alone with it)
@@ -66,7 +73,9 @@ typedef struct pp_ctx {
     int pid[PP_MAX_RANKS];        // each rank's process id
     char local[PP_MAX_RANKS];     // 1: rank k runs on this rank's host (its pid can be watched)
     double clock_off[PP_MAX_RANKS]; // rank 0: rank k's pp_now_ms minus rank 0's (ms, measured at launch)
-    double t_alive;               // rank 0: when the local ranks were last seen alive (pp_now_ms)
+    double t_alive;               // when the other ranks on this host were last seen alive (pp_now_ms)
+    double t_sent;                // rank 0: when it last sent a message (pp_now_ms)
+    int keepalive;                // a worker: rank 0 sends keep-alives (PP_ALIVE seen), so its waits have a deadline
     void (*on_fault)(void *arg, const char *msg); // rank 0: called once before a fault stops every rank, or NULL
     void *fault_arg;
 } pp_ctx;
@@ -102,9 +111,9 @@ int pp_wait(pp_ctx *c, MPI_Request *rq, int n, int peer, const char *what, doubl
 void pp_fast_wakeups(void);
 // CLOCK_MONOTONIC in ms.
 double pp_now_ms(void);
-// Rank 0, inside its waits: every 50 ms, whether each rank on its own host
-// is still alive (its /proc entry); one that died stops every rank with a
-// message naming it (through the fault callback first).
+// Inside every rank's waits: every 50 ms, whether each other rank on its
+// host is still alive (its /proc entry); one that died stops every rank
+// with a message naming it (on rank 0 through the fault callback first).
 void pp_check_alive(pp_ctx *c);
 // Stops every process of the job with one message from this rank (rank 0:
 // the fault callback first, once, so that a server answers its requests in

@@ -84,10 +84,10 @@ void pp_die(pp_ctx *c, const char *fmt, ...) {
 
 void pp_check_alive(pp_ctx *c) {
     const double now = now_ms();
-    if (c->rank != 0 || now - c->t_alive < 50.0) return;
+    if (now - c->t_alive < 50.0) return;
     c->t_alive = now;
-    for (int k = 1; k < c->size; k++) {
-        if (!c->local[k] || c->pid[k] <= 0) continue;
+    for (int k = 0; k < c->size; k++) {
+        if (k == c->rank || !c->local[k] || c->pid[k] <= 0) continue;
         char path[64], st[512];
         snprintf(path, sizeof path, "/proc/%d/stat", c->pid[k]);
         FILE *f = fopen(path, "r");
@@ -136,6 +136,9 @@ size_t pp_recv(pp_ctx *c, int from, char **buf, size_t *cap, MPI_Request *sreq, 
             if (c->rank == 0 && from == c->size - 1)
                 pp_die(c, "no answer from ranks 1..%d within %.0f s (--pp-timeout): one of them is stuck, killed or "
                           "unreachable", c->size - 1, timeout_ms / 1e3);
+            if (c->rank > 0 && c->keepalive)
+                pp_die(c, "nothing from rank %d within %.0f s (--pp-timeout + %d keep-alives of rank 0): one of ranks "
+                          "0..%d is stuck, killed or unreachable", from, timeout_ms / 1e3, PP_KEEPALIVE_MISS, from);
             pp_die(c, "waiting for rank %d: no answer within %.0f s (a rank is stuck, killed or unreachable)", from,
                    timeout_ms / 1e3);
         }
@@ -334,7 +337,8 @@ static int serve_ring(pp_ctx *c, worker *w) {
     char err[512];
     int rc = 0;
     for (int i = 0;; i = (i + 1) % PP_WBUFS) {
-        const size_t got = pp_recv(c, prev, &buf[i], &cap[i], &sreq[i], 0, &c->mine.wait_ms);
+        const double deadline = c->keepalive ? c->timeout_ms + PP_KEEPALIVE_MISS * PP_KEEPALIVE_MS : 0;
+        const size_t got = pp_recv(c, prev, &buf[i], &cap[i], &sreq[i], deadline, &c->mine.wait_ms);
         char *msg = buf[i];
         pp_view v;
         pp_layout(msg, c->n_embd, &v);
@@ -357,6 +361,10 @@ static int serve_ring(pp_ctx *c, worker *w) {
             bytes = sizeof(pp_hdr) + 512;
         } else if (type == PP_PING) {
             // passed on as it is
+        } else if (type == PP_ALIVE) {
+            c->keepalive = 1;
+            if (next == 0) continue;
+            bytes = sizeof(pp_hdr);
         } else if (type == PP_SETUP) {
             new_session(c, w, v.h);
             if (next == 0) continue;

@@ -196,6 +196,8 @@ typedef struct sv_server {
     int (*group_end)(sd_batcher *b, int ticket, char *err, size_t errlen);
     int n_groups;              // groups of slots in flight (1: one round of all slots at a time)
     struct sv_pipe *pipe;      // their state (rounds.c), or NULL
+    // Called by the idle scheduler every couple of seconds (a pipeline's keep-alive, pp_keepalive), or NULL.
+    void (*on_idle)(void);
     // Appends more Prometheus lines to /metrics (a pipeline's per-rank time), or NULL.
     void (*metrics_extra)(char *buf, size_t n);
     int batcher_nodes;         // its n_nodes
