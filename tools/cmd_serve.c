@@ -213,11 +213,11 @@ int cmd_serve(int argc, char **argv) {
                  "Per request: temperature, top_p, top_k, min_p, seed, max_tokens, stop, and\n"
                  "\"speculation\": a method string (below) or \"off\". usage.speculation reports the\n"
                  "drafted and accepted tokens and tau (tokens per target forward).\n"
-                 "Over MPI (make MPI=1): `mpirun --enable-recovery -np R specdec serve ... --pp R` splits the\n"
-                 "model's layers over R ranks and keeps groups of slots in flight (--pp-groups G; by default\n"
-                 "R, or 1 when the ranks share too few cores); --enable-recovery lets rank 0 answer the\n"
-                 "requests in flight with an error (503) when a rank dies, instead of mpirun stopping\n"
-                 "every process at once (docs/mpi.md).\n",
+                 "Over MPI (make MPI=1): `mpirun -mca orte_abort_on_non_zero_status 0 -np R specdec serve ...\n"
+                 "--pp R` splits the model's layers over R ranks and keeps groups of slots in flight\n"
+                 "(--pp-groups G; by default R, or 1 when the ranks share too few cores); the -mca setting\n"
+                 "(or --enable-recovery) lets rank 0 answer the requests in flight with an error (503) when\n"
+                 "a rank dies, instead of mpirun stopping every process at once (docs/mpi.md).\n",
         .notes = notes,
         .opts = opts,
         .n_opts = CLI_N(opts),
@@ -248,7 +248,8 @@ int cmd_serve(int argc, char **argv) {
         s.on_idle = pp_keepalive;
         pp_on_fault(sv_pipe_fault, &s);
         if (!pp_recovery())
-            fprintf(stderr, "specdec serve: note: launched without `mpirun --enable-recovery`: if a rank dies, mpirun "
+            fprintf(stderr, "specdec serve: note: launched without `mpirun -mca orte_abort_on_non_zero_status 0`: if a "
+                            "rank dies, mpirun "
                             "stops every process at once and the requests in flight lose their connection "
                             "(docs/mpi.md)\n");
     }

@@ -270,6 +270,7 @@ int pp_main(int *argc, char **argv) {
         pp0.c.local[k] = !strcmp(all[k].host, all[pp0.c.rank].host);
     }
     clock_offsets(&pp0.c);
+    pp0.c.watch = pp_recovery();
     pp0.c.n_layer = all[0].n_layer;
     pp0.c.n_embd = all[0].n_embd;
     if (pp0.c.rank > 0) {

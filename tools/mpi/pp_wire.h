@@ -17,6 +17,8 @@
 #define PP_MAX_RANKS 16
 #define PP_MAX_SESSIONS 256   // sessions of rank 0 attached to the pipeline (a server's slots)
 #define PP_TAG_RING 12        // rank k -> k + 1 (and R-1 -> 0)
+#define PP_TAG_FAULT 14       // a worker -> rank 0: "rank k died" (its text), when rank 0 cannot see it
+#define PP_FAULT_GRACE_MS 10000.0 // a worker that saw a rank die stops the job itself if nothing ended it by then
 
 // PP_SETUP: a new session (rank 0 attached one), made alike on every rank.
 // PP_GROUP: the batches of several sessions in one pass (a server's round,
@@ -76,6 +78,8 @@ typedef struct pp_ctx {
     double t_alive;               // when the other ranks on this host were last seen alive (pp_now_ms)
     double t_sent;                // rank 0: when it last sent a message (pp_now_ms)
     int keepalive;                // a worker: rank 0 sends keep-alives (PP_ALIVE seen), so its waits have a deadline
+    int watch;                    // a worker: watch the other ranks' pids too (mpirun --enable-recovery)
+    double t_fault;               // a worker: when it saw another rank die (pp_now_ms; 0: never)
     void (*on_fault)(void *arg, const char *msg); // rank 0: called once before a fault stops every rank, or NULL
     void *fault_arg;
 } pp_ctx;

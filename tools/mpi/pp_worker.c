@@ -82,29 +82,59 @@ void pp_die(pp_ctx *c, const char *fmt, ...) {
     exit(3);
 }
 
-void pp_check_alive(pp_ctx *c) {
-    const double now = now_ms();
-    if (now - c->t_alive < 50.0) return;
-    c->t_alive = now;
-    for (int k = 0; k < c->size; k++) {
-        if (k == c->rank || !c->local[k] || c->pid[k] <= 0) continue;
-        char path[64], st[512];
-        snprintf(path, sizeof path, "/proc/%d/stat", c->pid[k]);
-        FILE *f = fopen(path, "r");
-        size_t n = f ? fread(st, 1, sizeof st - 1, f) : 0;
-        if (f) fclose(f);
-        st[n] = 0;
-        const char *rp = strrchr(st, ')');
-        const char state = rp && rp[1] == ' ' ? rp[2] : 'X';
-        if (!n || state == 'Z' || state == 'X' || state == 'x')
-            pp_die(c, "rank %d (pid %d, layers %d-%d) died", k, c->pid[k], c->lo[k], c->lo[k + 1] - 1);
-    }
-}
-
 // A worker's SIGINT / SIGTERM: when it came (0: none).
 static volatile sig_atomic_t g_term;
 static double g_term_ms;
 #define PP_TERM_GRACE_MS 3000.0
+
+// 1 when rank k's process on this host is gone (or a zombie).
+static int rank_dead(const pp_ctx *c, int k) {
+    char path[64], st[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", c->pid[k]);
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(st, 1, sizeof st - 1, f) : 0;
+    if (f) fclose(f);
+    st[n] = 0;
+    const char *rp = strrchr(st, ')');
+    const char state = rp && rp[1] == ' ' ? rp[2] : 'X';
+    return !n || state == 'Z' || state == 'X' || state == 'x';
+}
+
+void pp_check_alive(pp_ctx *c) {
+    const double now = now_ms();
+    if (now - c->t_alive < 50.0) return;
+    c->t_alive = now;
+    if (c->rank == 0) {   // a rank on another host that saw a peer die tells rank 0 (PP_TAG_FAULT)
+        int got = 0;
+        MPI_Status st;
+        if (MPI_Iprobe(MPI_ANY_SOURCE, PP_TAG_FAULT, MPI_COMM_WORLD, &got, &st) == MPI_SUCCESS && got) {
+            char msg[256] = {0};
+            MPI_Recv(msg, sizeof msg - 1, MPI_CHAR, st.MPI_SOURCE, PP_TAG_FAULT, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            pp_die(c, "%s (seen by rank %d)", msg, st.MPI_SOURCE);
+        }
+    }
+    // the other ranks watch only when mpirun would not stop them (pp_recovery): else it does, and a rank
+    // that stops the job itself (MPI_Abort) would be reported again by the others as it goes
+    // (nor once mpirun is stopping this one: a signal came, the others go too)
+    if (c->rank > 0 && (!c->watch || g_term)) return;
+    for (int k = 0; k < c->size; k++) {
+        if (k == c->rank || !c->local[k] || c->pid[k] <= 0 || !rank_dead(c, k)) continue;
+        char msg[256];
+        snprintf(msg, sizeof msg, "rank %d (pid %d, layers %d-%d) died", k, c->pid[k], c->lo[k], c->lo[k + 1] - 1);
+        if (c->rank == 0) pp_die(c, "%s", msg);
+        if (k == 0 || c->local[0]) {   // rank 0 gone, or it sees this death itself: mpirun ends this rank first,
+            if (c->t_fault == 0) c->t_fault = now;   // or else this rank stops the job after a grace
+            // (rank 0's death: rank r reports it after r s, so that the lowest one alive speaks alone)
+            if (now - c->t_fault > (k == 0 ? 1000.0 * c->rank : PP_FAULT_GRACE_MS)) pp_die(c, "%s", msg);
+        } else if (c->t_fault == 0) {   // rank 0 on another host: told, it answers its requests and ends the job
+            c->t_fault = now;
+            MPI_Send(msg, (int)strlen(msg) + 1, MPI_CHAR, 0, PP_TAG_FAULT, MPI_COMM_WORLD);
+        } else if (now - c->t_fault > PP_FAULT_GRACE_MS) {
+            pp_die(c, "%s (rank 0 did not stop the job)", msg);
+        }
+    }
+}
+
 
 static void on_term(int sig) {
     (void)sig;
@@ -136,6 +166,9 @@ size_t pp_recv(pp_ctx *c, int from, char **buf, size_t *cap, MPI_Request *sreq, 
             if (c->rank == 0 && from == c->size - 1)
                 pp_die(c, "no answer from ranks 1..%d within %.0f s (--pp-timeout): one of them is stuck, killed or "
                           "unreachable", c->size - 1, timeout_ms / 1e3);
+            if (c->rank > 0 && c->keepalive && from == 0)
+                pp_die(c, "nothing from rank 0 within %.0f s (--pp-timeout + %d keep-alives of rank 0): rank 0 is "
+                          "stuck, killed or unreachable", timeout_ms / 1e3, PP_KEEPALIVE_MISS);
             if (c->rank > 0 && c->keepalive)
                 pp_die(c, "nothing from rank %d within %.0f s (--pp-timeout + %d keep-alives of rank 0): one of ranks "
                           "0..%d is stuck, killed or unreachable", from, timeout_ms / 1e3, PP_KEEPALIVE_MISS, from);
@@ -337,7 +370,8 @@ static int serve_ring(pp_ctx *c, worker *w) {
     char err[512];
     int rc = 0;
     for (int i = 0;; i = (i + 1) % PP_WBUFS) {
-        const double deadline = c->keepalive ? c->timeout_ms + PP_KEEPALIVE_MISS * PP_KEEPALIVE_MS : 0;
+        // (rank r's deadline r - 1 s later than rank 1's: the first to see the silence speaks alone)
+        const double deadline = c->keepalive ? c->timeout_ms + PP_KEEPALIVE_MISS * PP_KEEPALIVE_MS + 1000.0 * (c->rank - 1) : 0;
         const size_t got = pp_recv(c, prev, &buf[i], &cap[i], &sreq[i], deadline, &c->mine.wait_ms);
         char *msg = buf[i];
         pp_view v;
