@@ -1,8 +1,10 @@
 // rounds.c - one round of the scheduler: every stepping slot drafts
 // (sd_gen_step_begin, its tree capped by the draft budget), every planned
 // prompt chunk joins, ONE sd_batcher_forward evaluates them all, then every
-// slot verifies, commits and emits (sd_gen_step_end). Only the scheduler
-// thread (sched.c) calls these.
+// slot verifies, commits and emits (sd_gen_step_end). On a pipeline's rank 0
+// (serve --pp R), groups of slots in flight round the ranks instead
+// (micro-batches, below), and a pipeline's fault answers every request.
+// Only the scheduler thread (sched.c) calls these.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,11 +112,6 @@ static void plan_budget(sv_server *s, const char *mask) {
     pthread_mutex_unlock(&s->mu);
 }
 
-// One round: a step of every active slot that has its prompt. Every slot
-// drafts (begin), then the batches of all slots that need a forward are
-// evaluated together in one sd_batcher_forward (each slot's nodes attend
-// only to its own cache; bit-identical to separate forwards), then every
-// slot verifies, commits and emits (end).
 // Verifies, commits and emits the step of slot sl (its batch evaluated, or
 // none needed): sd_gen_step_end. Returns the tokens emitted.
 static long step_end(sv_server *s, sv_slot *sl) {
@@ -403,9 +400,15 @@ void sv_pipe_fault(void *arg, const char *msg) {
     }
 }
 
+// One round: a step of every active slot that has its prompt. Every slot
+// drafts (begin), then the batches of all slots that need a forward are
+// evaluated together in one sd_batcher_forward (each slot's nodes attend
+// only to its own cache; bit-identical to separate forwards), then every
+// slot verifies, commits and emits (end). With a pipeline's groups in flight
+// (s->n_groups > 1) a round is one turn of pipe_round instead.
 void sv_round_step(sv_server *s) {
     char err[256];
-    if (s->n_groups > 1 && s->group_begin && pipe_round(s)) return;   // micro-batches in flight (below)
+    if (s->n_groups > 1 && s->group_begin && pipe_round(s)) return;   // micro-batches in flight (above)
     double t_round = sd_time_ms();
     int n = 0;
     if (s->o->fast_prompt) sv_prefill_plan(s, s->pf_len);
