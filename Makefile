@@ -91,9 +91,9 @@ endif
 MPICC ?= mpicc
 ifeq ($(MPI),1)
 PP_MODE := mpi
-PP_OBJ  := build/tools/mpi/pp.o build/tools/mpi/pp_worker.o
+PP_OBJ  := build/tools/mpi/pp.o build/tools/mpi/pp_worker.o build/tools/mpi/pp_flight.o
 LINK_CC := $(MPICC)
-build/tools/mpi/pp.o build/tools/mpi/pp_worker.o: CC := $(MPICC)
+build/tools/mpi/pp.o build/tools/mpi/pp_worker.o build/tools/mpi/pp_flight.o: CC := $(MPICC)
 else
 PP_MODE := none
 PP_OBJ  := build/tools/mpi/pp_none.o

@@ -212,7 +212,12 @@ int cmd_serve(int argc, char **argv) {
                  "  GET /v1/models, /health, /metrics (Prometheus), POST /tokenize, /detokenize.\n"
                  "Per request: temperature, top_p, top_k, min_p, seed, max_tokens, stop, and\n"
                  "\"speculation\": a method string (below) or \"off\". usage.speculation reports the\n"
-                 "drafted and accepted tokens and tau (tokens per target forward).\n",
+                 "drafted and accepted tokens and tau (tokens per target forward).\n"
+                 "Over MPI (make MPI=1): `mpirun -mca orte_abort_on_non_zero_status 0 -np R specdec serve ...\n"
+                 "--pp R` splits the model's layers over R ranks and keeps groups of slots in flight\n"
+                 "(--pp-groups G; by default R, or 1 when the ranks share too few cores); the -mca setting\n"
+                 "(or --enable-recovery) lets rank 0 answer the requests in flight with an error (503) when\n"
+                 "a rank dies, instead of mpirun stopping every process at once (docs/mpi.md).\n",
         .notes = notes,
         .opts = opts,
         .n_opts = CLI_N(opts),
@@ -237,13 +242,28 @@ int cmd_serve(int argc, char **argv) {
     memset(&s, 0, sizeof s);
     s.o = &o;
     s.on_session = pp_attach;   // a pipeline's rank 0 (--pp, docs/mpi.md): each slot reaches every rank
-    if (pp_active()) s.metrics_extra = pp_metrics_text, s.forward_many = pp_forward_many;
+    if (pp_active()) {   // micro-batches in flight, and the requests answered when a rank fails
+        s.metrics_extra = pp_metrics_text, s.forward_many = pp_forward_many;
+        s.group_begin = pp_group_begin, s.group_end = pp_group_end;
+        s.on_idle = pp_keepalive;
+        pp_on_fault(sv_pipe_fault, &s);
+        if (!pp_recovery())
+            fprintf(stderr, "specdec serve: note: launched without `mpirun -mca orte_abort_on_non_zero_status 0`: if a "
+                            "rank dies, mpirun "
+                            "stops every process at once and the requests in flight lose their connection "
+                            "(docs/mpi.md)\n");
+    }
     pthread_mutex_init(&s.mu, NULL);
     pthread_cond_init(&s.cv, NULL);
     sv_http *h = NULL;
     int rc = 1;
     char err[512];
     if (load_models(&s) || load_heads(&s)) goto out;
+    if (pp_active()) {   // the groups of slots in flight, for ranks of this many threads
+        char note[256];
+        s.n_groups = pp_groups_pick(sd_threadpool_size(s.pool), note, sizeof note);
+        fprintf(stderr, "specdec serve: %s\n", note);
+    }
     if (o.head_online && !s.head_eagle3) {
         cli_error("serve: --head-online needs an EAGLE-3 head (--head H.gguf)");
         goto out;
@@ -269,6 +289,7 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "specdec serve: %s: shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
     rc = 0;
 out:
+    pp_on_fault(NULL, NULL);   // a fault from here on stops the job without the server
     server_free(&s, h);
     pthread_cond_destroy(&s.cv);
     pthread_mutex_destroy(&s.mu);

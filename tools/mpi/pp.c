@@ -15,20 +15,11 @@
 #include <unistd.h>
 
 #include "mpi/pp.h"
-#include "mpi/pp_wire.h"
+#include "mpi/pp_root.h"
 
-static pp_ctx g_c;
-static int g_active;        // rank 0 of a pipeline
-static int g_attached;      // sessions attached (hooked; the workers have theirs)
+pp_root pp0;
 static char g_path[1024];   // the model the ranks loaded
-static int32_t *g_ops;      // queued cache operations (op, session, n, rows...)
-static int g_n_ops, g_ops_cap;
-static double g_n_fwd, g_other_ms, g_wait_ms, g_self_ms;
 static double g_held_mib, g_total_mib; // rank 0's weights held, and the whole model's (MiB)
-static const sd_session *g_sess[PP_MAX_SESSIONS]; // the attached sessions, by id
-static float *g_xs;          // (g_x_cap floats) a group's residual rows out of rank 0's layers
-static size_t g_x_cap;
-static double g_rank_ms[PP_MAX_RANKS];   // each rank's forward time so far (ms; rank 0's = g_self_ms)
 static double g_ping_ms[2];   // --pp-stats: median time of a message of 1 and 16 rows round the ring (ms)
 
 // ---------------------------------------------------------------- the launch
@@ -37,6 +28,8 @@ typedef struct fact {
     int32_t ok, n_layer, n_embd, pad;
     uint64_t fsize, fp;
     double w_layer, w_output;   // weights of one layer and of the output matrix (their compute)
+    int32_t pid, pad2;          // the process, and its host (a dead rank on rank 0's host is seen at once)
+    char host[64];
     char msg[240];
 } fact;
 
@@ -76,6 +69,8 @@ static const char *model_arg(int argc, char **argv) {
 // This rank's facts: the command, the model file, its layers.
 static void my_facts(int argc, char **argv, int want_ranks, int size, fact *f) {
     memset(f, 0, sizeof *f);
+    f->pid = (int32_t)getpid();
+    gethostname(f->host, sizeof f->host - 1);
     const char *cmd = argc > 1 ? argv[1] : "";
     if (strcmp(cmd, "generate") && strcmp(cmd, "bench") && strcmp(cmd, "serve")) {
         snprintf(f->msg, sizeof f->msg, "--pp works with generate, bench and serve, not '%s'", cmd);
@@ -181,24 +176,49 @@ static int parse_int(const char *flag, const char *v, int lo, int hi, int *out) 
 
 static void pp_finish(void);
 
+// Each rank's clock against rank 0's (the busy time's intervals come in the
+// other ranks' clocks): 5 exchanges with each, the one of the shortest trip.
+#define PP_TAG_CLOCK 13
+static void clock_offsets(pp_ctx *c) {
+    for (int k = 1; k < c->size; k++) {
+        double best = 1e30;
+        for (int i = 0; i < 5; i++) {
+            double t[2] = {pp_now_ms(), 0};
+            if (c->rank == 0) {
+                MPI_Send(t, 1, MPI_DOUBLE, k, PP_TAG_CLOCK, MPI_COMM_WORLD);
+                MPI_Recv(t + 1, 1, MPI_DOUBLE, k, PP_TAG_CLOCK, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                const double t1 = pp_now_ms();
+                if (t1 - t[0] < best) best = t1 - t[0], c->clock_off[k] = t[1] - (t[0] + t1) / 2;
+            } else if (c->rank == k) {
+                MPI_Recv(t + 1, 1, MPI_DOUBLE, 0, PP_TAG_CLOCK, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                t[0] = pp_now_ms();
+                MPI_Send(t, 1, MPI_DOUBLE, 0, PP_TAG_CLOCK, MPI_COMM_WORLD);
+            }
+        }
+    }
+}
+
 int pp_main(int *argc, char **argv) {
     int R = 0, any = 0, timeout_s = 120, j = 1;
     const char *spec = NULL;
     for (int i = 1; i < *argc; i++) {
         const char *a = argv[i];
         const char *v = NULL;
-        if (!strcmp(a, "--pp") || !strcmp(a, "--layers") || !strcmp(a, "--pp-timeout")) {
+        if (!strcmp(a, "--pp") || !strcmp(a, "--layers") || !strcmp(a, "--pp-timeout") || !strcmp(a, "--pp-groups")) {
             v = i + 1 < *argc ? argv[++i] : NULL;
-        } else if (!strncmp(a, "--pp=", 5) || !strncmp(a, "--layers=", 9) || !strncmp(a, "--pp-timeout=", 13)) {
+        } else if (!strncmp(a, "--pp=", 5) || !strncmp(a, "--layers=", 9) || !strncmp(a, "--pp-timeout=", 13) ||
+                   !strncmp(a, "--pp-groups=", 12)) {
             v = strchr(a, '=') + 1;
         } else if (!strcmp(a, "--pp-stats")) {
-            g_c.stats = 1;
+            pp0.c.stats = 1;
             continue;
         } else {
             argv[j++] = argv[i];
             continue;
         }
-        if (!strncmp(a, "--pp-timeout", 12)) {
+        if (!strncmp(a, "--pp-groups", 11)) {
+            if (parse_int("--pp-groups", v, 1, PP_MAX_FLIGHT, &pp0.groups) < 0) return 2;
+        } else if (!strncmp(a, "--pp-timeout", 12)) {
             if (parse_int("--pp-timeout", v, 1, 86400, &timeout_s) < 0) return 2;
         } else if (!strncmp(a, "--pp", 4)) {
             if (parse_int("--pp", v, 1, PP_MAX_RANKS, &R) < 0) return 2;
@@ -227,43 +247,49 @@ int pp_main(int *argc, char **argv) {
     int provided = 0;
     MPI_Init_thread(argc, &argv, MPI_THREAD_SERIALIZED, &provided);
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-    MPI_Comm_rank(MPI_COMM_WORLD, &g_c.rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &g_c.size);
-    g_c.timeout_ms = timeout_s * 1e3;
+    MPI_Comm_rank(MPI_COMM_WORLD, &pp0.c.rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &pp0.c.size);
+    pp0.c.timeout_ms = timeout_s * 1e3;
     fact mine, all[PP_MAX_RANKS];
-    if (g_c.size > PP_MAX_RANKS) {
-        if (g_c.rank == 0) fprintf(stderr, "specdec: %d ranks: at most %d\n", g_c.size, PP_MAX_RANKS);
+    if (pp0.c.size > PP_MAX_RANKS) {
+        if (pp0.c.rank == 0) fprintf(stderr, "specdec: %d ranks: at most %d\n", pp0.c.size, PP_MAX_RANKS);
         MPI_Finalize();
         return 2;
     }
-    my_facts(*argc, argv, R, g_c.size, &mine);
+    my_facts(*argc, argv, R, pp0.c.size, &mine);
     MPI_Allgather(&mine, (int)sizeof mine, MPI_BYTE, all, (int)sizeof mine, MPI_BYTE, MPI_COMM_WORLD);
     char msg[600];
-    if (verdict(all, g_c.size, spec, R, g_c.lo, msg, sizeof msg) < 0) {
-        if (g_c.rank == 0) fprintf(stderr, "specdec: %s\n", msg);
+    if (verdict(all, pp0.c.size, spec, R, pp0.c.lo, msg, sizeof msg) < 0) {
+        if (pp0.c.rank == 0) fprintf(stderr, "specdec: %s\n", msg);
         MPI_Finalize();
         return 2;
     }
     pp_fast_wakeups();
-    g_c.n_layer = all[0].n_layer;
-    g_c.n_embd = all[0].n_embd;
-    if (g_c.rank > 0) {
-        const int rc = pp_worker(&g_c, g_path);
+    for (int k = 0; k < pp0.c.size; k++) {
+        pp0.c.pid[k] = all[k].pid;
+        pp0.c.local[k] = !strcmp(all[k].host, all[pp0.c.rank].host);
+    }
+    clock_offsets(&pp0.c);
+    pp0.c.watch = pp_recovery();
+    pp0.c.n_layer = all[0].n_layer;
+    pp0.c.n_embd = all[0].n_embd;
+    if (pp0.c.rank > 0) {
+        const int rc = pp_worker(&pp0.c, g_path);
         MPI_Finalize();
         return rc;
     }
-    g_active = 1;
+    pp0.active = 1;
     atexit(pp_finish);
     return -1;
 }
 
-int pp_active(void) { return g_active; }
+int pp_active(void) { return pp0.active; }
 
 // ---------------------------------------------------------------- rank 0
 
 int pp_model_load(sd_model **out, const char *path, char *err, size_t errlen) {
-    if (!g_active || g_c.size == 1) return sd_model_load(out, path, err, errlen);
-    const int r = sd_model_load_part(out, path, 0, g_c.lo[1], 1, err, errlen);
+    if (!pp0.active || pp0.c.size == 1) return sd_model_load(out, path, err, errlen);
+    const int r = sd_model_load_part(out, path, 0, pp0.c.lo[1], 1, err, errlen);
     if (r == 0) {
         sd_model_info mi;
         sd_model_get_info(*out, &mi);
@@ -273,13 +299,14 @@ int pp_model_load(sd_model **out, const char *path, char *err, size_t errlen) {
     return r;
 }
 
-static size_t g_rcap;   // bytes of g_c.rbuf (pp_recv grows it)
+static size_t g_rcap;   // bytes of pp0.c.rbuf (pp_recv grows it)
 
 // Sends the message in sbuf (bytes) to rank 1; with `answer`, receives the
 // last rank's into rbuf (what: for the message naming the wait). The send
 // is complete on return.
 static void ring_trip(pp_ctx *c, size_t bytes, int answer, const char *what, double *waited) {
     MPI_Request sreq;
+    c->t_sent = pp_now_ms();
     MPI_Isend(c->sbuf, (int)bytes, MPI_BYTE, 1, PP_TAG_RING, MPI_COMM_WORLD, &sreq);
     if (answer) {
         pp_recv(c, c->size - 1, &c->rbuf, &g_rcap, &sreq, c->timeout_ms, waited);
@@ -291,19 +318,19 @@ static void ring_trip(pp_ctx *c, size_t bytes, int answer, const char *what, dou
 // Queues a cache operation of n_words for the next forward; a queue that
 // would overflow goes round the ring on its own first.
 static void queue_ops(const int32_t *w, int n_words) {
-    if (g_n_ops + n_words > g_ops_cap) {
-        pp_hdr *h = (pp_hdr *)(void *)g_c.sbuf;
+    if (pp0.n_ops + n_words > pp0.ops_cap) {
+        pp_hdr *h = (pp_hdr *)(void *)pp0.c.sbuf;
         memset(h, 0, sizeof *h);
         h->type = PP_OPS;
-        h->n_ops = g_n_ops;
+        h->n_ops = pp0.n_ops;
         pp_view v;
-        pp_layout(g_c.sbuf, g_c.n_embd, &v);
-        memcpy(v.ops, g_ops, sizeof(int32_t) * (size_t)g_n_ops);
-        ring_trip(&g_c, v.bytes, 0, "sending to", NULL);
-        g_n_ops = 0;
+        pp_layout(pp0.c.sbuf, pp0.c.n_embd, &v);
+        memcpy(v.ops, pp0.ops, sizeof(int32_t) * (size_t)pp0.n_ops);
+        ring_trip(&pp0.c, v.bytes, 0, "sending to", NULL);
+        pp0.n_ops = 0;
     }
-    memcpy(g_ops + g_n_ops, w, sizeof(int32_t) * (size_t)n_words);
-    g_n_ops += n_words;
+    memcpy(pp0.ops + pp0.n_ops, w, sizeof(int32_t) * (size_t)n_words);
+    pp0.n_ops += n_words;
 }
 
 static void hook_commit(void *arg, const int32_t *rows, int n) {
@@ -329,7 +356,7 @@ static void hook_truncate(void *arg, int n) {
 // One forward round the ring: rank 0's layers into the message, the other
 // ranks', the answer's hidden rows into the caller's buffer, the output.
 static int hook_forward(void *arg, sd_session *s, const sd_batch *b, char *err, size_t errlen) {
-    pp_ctx *c = &g_c;
+    pp_ctx *c = &pp0.c;
     const int E = c->n_embd, first_remote = c->lo[1];
     pp_hdr *h = (pp_hdr *)(void *)c->sbuf;
     memset(h, 0, sizeof *h);
@@ -346,23 +373,26 @@ static int hook_forward(void *arg, sd_session *s, const sd_batch *b, char *err, 
         h->flags |= b->hidden ? PP_F_HIDDEN : 0;
         for (int i = 0; i < b->n; i++) h->n_wanted += !b->hidden || b->hidden[i];
     }
-    h->n_ops = g_n_ops;
+    h->n_ops = pp0.n_ops;
     pp_view v;
     pp_layout(c->sbuf, E, &v);
     if (v.bytes > c->cap) return snprintf(err, errlen, "pipeline: a message of %zu bytes exceeds %zu", v.bytes, c->cap), -1;
-    memcpy(v.ops, g_ops, sizeof(int32_t) * (size_t)g_n_ops);
+    memcpy(v.ops, pp0.ops, sizeof(int32_t) * (size_t)pp0.n_ops);
     for (int i = 0; i < b->n; i++) {
         if (v.parent) v.parent[i] = b->parent[i];
         if (v.pos) v.pos[i] = b->pos[i];
         if (v.hidden) v.hidden[i] = b->hidden[i];
     }
-    double t0 = MPI_Wtime();
+    double t0 = pp_now_ms();
     const sd_forward_part first = {.layer_lo = 0, .layer_hi = first_remote, .output = 0, .x_out = v.x};
     int r = sd_session_forward_part(s, b, &first, err, errlen);
     if (r < 0) return r;   // nothing sent: the queued operations wait for the next forward
-    g_self_ms += (MPI_Wtime() - t0) * 1e3;
-    g_n_ops = 0;
-    ring_trip(c, v.bytes, 1, NULL, &g_wait_ms);
+    pp0.self_ms += pp_now_ms() - t0;
+    pp_busy_add(0, t0, pp_now_ms());
+    pp0.n_ops = 0;
+    double waited = 0;
+    ring_trip(c, v.bytes, 1, NULL, &waited);
+    pp0.wait_ms += waited;
     pp_view a;
     pp_layout(c->rbuf, E, &a);
     if (a.h->type == PP_ERR) {
@@ -371,8 +401,16 @@ static int hook_forward(void *arg, sd_session *s, const sd_batch *b, char *err, 
     }
     if (a.h->type != PP_FWD || a.h->n != b->n)
         pp_die(c, "an answer of type %d for %d nodes from rank %d", a.h->type, a.h->n, c->size - 1);
-    for (int k = 1; k < c->size; k++) g_other_ms += a.h->rank_ms[k], g_rank_ms[k] += a.h->rank_ms[k];
-    g_n_fwd++;
+    for (int k = 1; k < c->size; k++) pp0.other_ms += a.h->rank_ms[k], pp0.rank_ms[k] += a.h->rank_ms[k];
+    int solo = 1;   // alone in the ring unless a server's passes are in flight
+    for (int k = 0; k < PP_MAX_FLIGHT && solo; k++) solo = !pp_group_in_flight(k);
+    if (solo) {
+        pp0.solo_wait_ms += waited;
+        for (int k = 1; k < c->size; k++) pp0.solo_other_ms += a.h->rank_ms[k];
+        pp0.n_solo++;
+    }
+    pp_busy_answer(a.h);
+    pp0.n_fwd++;
     for (int k = 0; k < a.h->n_hid; k++) {
         const int l = a.h->hid_layers[k];
         if (l == SD_HIDDEN_NORM || l < first_remote) continue;
@@ -384,149 +422,48 @@ static int hook_forward(void *arg, sd_session *s, const sd_batch *b, char *err, 
     out.tokens = NULL;
     out.embd = a.x;
     const sd_forward_part last = {.layer_lo = c->n_layer, .layer_hi = c->n_layer, .output = 1, .x_out = NULL};
-    t0 = MPI_Wtime();
+    t0 = pp_now_ms();
     r = sd_session_forward_part(s, &out, &last, err, errlen);
-    g_self_ms += (MPI_Wtime() - t0) * 1e3;
+    const double t1 = pp_now_ms();
+    pp0.self_ms += t1 - t0;
+    pp_busy_add(0, t0, t1);
+    pp_busy_settle();
     return r;
 }
 
 void pp_metrics_text(char *buf, size_t n) {
     if (!n) return;
     buf[0] = 0;
-    if (!g_active || g_c.size == 1) return;
+    if (!pp0.active || pp0.c.size == 1) return;
     size_t o = 0;
 #define PUT(...) (o += (size_t)snprintf(buf + o, o < n ? n - o : 0, __VA_ARGS__))
     PUT("# HELP specdec_pp_rank_forward_seconds_total Forward time of each pipeline rank (its layers; rank 0's with "
         "the output layer).\n# TYPE specdec_pp_rank_forward_seconds_total counter\n");
-    for (int k = 0; k < g_c.size; k++)
-        PUT("specdec_pp_rank_forward_seconds_total{rank=\"%d\",layers=\"%d-%d\"} %.4f\n", k, g_c.lo[k],
-            g_c.lo[k + 1] - 1, (k ? g_rank_ms[k] : g_self_ms) / 1e3);
+    for (int k = 0; k < pp0.c.size; k++)
+        PUT("specdec_pp_rank_forward_seconds_total{rank=\"%d\",layers=\"%d-%d\"} %.4f\n", k, pp0.c.lo[k],
+            pp0.c.lo[k + 1] - 1, (k ? pp0.rank_ms[k] : pp0.self_ms) / 1e3);
     PUT("# HELP specdec_pp_wait_seconds_total Rank 0's time waiting for the ring's answers.\n"
         "# TYPE specdec_pp_wait_seconds_total counter\nspecdec_pp_wait_seconds_total %.4f\n"
         "# HELP specdec_pp_network_seconds_total Rank 0's waiting that is not the other ranks' compute (messages, "
-        "the network).\n# TYPE specdec_pp_network_seconds_total counter\nspecdec_pp_network_seconds_total %.4f\n"
+        "the network), over the passes alone in the ring (with several in flight their compute overlaps).\n# TYPE specdec_pp_network_seconds_total counter\nspecdec_pp_network_seconds_total %.4f\n"
         "# HELP specdec_pp_forwards_total Forwards round the ring.\n# TYPE specdec_pp_forwards_total counter\n"
         "specdec_pp_forwards_total %.0f\n",
-        g_wait_ms / 1e3, (g_wait_ms - g_other_ms) / 1e3, g_n_fwd);
+        pp0.wait_ms / 1e3, (pp0.solo_wait_ms - pp0.solo_other_ms) / 1e3, pp0.n_fwd);
+    PUT("# HELP specdec_pp_rank_wait_seconds_total Each rank's time waiting for messages: rank 0 for the ring's "
+        "answers, the others for the previous rank's messages (idle time included).\n"
+        "# TYPE specdec_pp_rank_wait_seconds_total counter\n");
+    for (int k = 0; k < pp0.c.size; k++)
+        PUT("specdec_pp_rank_wait_seconds_total{rank=\"%d\"} %.4f\n", k, (k ? pp0.rank_wait[k] : pp0.wait_ms) / 1e3);
+    PUT("# HELP specdec_pp_ranks_busy_seconds_total Time during which exactly `busy` ranks computed a forward at "
+        "once (micro-batches in flight overlap them).\n# TYPE specdec_pp_ranks_busy_seconds_total counter\n");
+    for (int k = 0; k <= pp0.c.size; k++)
+        PUT("specdec_pp_ranks_busy_seconds_total{busy=\"%d\"} %.4f\n", k, pp0.busy_ms[k] / 1e3);
+    PUT("# HELP specdec_pp_groups Micro-batches the server keeps in flight (--pp-groups).\n# TYPE specdec_pp_groups "
+        "gauge\nspecdec_pp_groups %d\n# HELP specdec_pp_passes_in_flight_mean Passes in flight when one began, on "
+        "average.\n# TYPE specdec_pp_passes_in_flight_mean gauge\nspecdec_pp_passes_in_flight_mean %.3f\n",
+        pp_groups(), pp0.flights ? (double)pp0.flight_sum / pp0.flights : 0.0);
 #undef PUT
     if (o >= n) buf[n - 1] = 0;
-}
-
-static int sid_of(const sd_session *s) {
-    for (int i = 0; i < g_attached; i++)
-        if (g_sess[i] == s) return i;
-    return -1;
-}
-
-// The remote hidden layers a batch asks for: its n_hid entries travel when
-// one of them lies past rank 0's layers.
-static int remote_hidden(const sd_batch *b, int first_remote) {
-    for (int k = 0; k < b->n_hidden_layers; k++)
-        if (b->hidden_layers[k] != SD_HIDDEN_NORM && b->hidden_layers[k] >= first_remote) return 1;
-    return 0;
-}
-
-int pp_forward_many(sd_batcher *b, sd_session *const *ss, const sd_batch *bs, int n, char *err, size_t errlen) {
-    pp_ctx *c = &g_c;
-    const int E = c->n_embd, first_remote = c->lo[1], L = c->n_layer;
-    if (n < 1 || n > PP_MAX_GROUP) return snprintf(err, errlen, "pipeline: a pass of %d sessions (1..%d)", n, PP_MAX_GROUP), -1;
-    // the message's size, then its headers and batch structure
-    size_t need = (sizeof(pp_hdr) + sizeof(int32_t) * (size_t)g_n_ops + 63) / 64 * 64, total = 0;
-    for (int i = 0; i < n; i++) {
-        const int nh = remote_hidden(&bs[i], first_remote) ? bs[i].n_hidden_layers : 0;
-        need += sizeof(pp_hdr) + sizeof(int32_t) * 3 * (size_t)bs[i].n + 128 +
-                sizeof(float) * (size_t)bs[i].n * E * (1 + (size_t)nh);
-        total += (size_t)bs[i].n;
-    }
-    if (need > c->cap) {
-        free(c->sbuf);
-        c->cap = need;
-        c->sbuf = aligned_alloc(64, (need + 63) / 64 * 64);
-    }
-    if (total * E > g_x_cap) {
-        free(g_xs);
-        g_x_cap = total * E;
-        g_xs = malloc(sizeof(float) * g_x_cap);
-    }
-    if (!c->sbuf || !g_xs) return snprintf(err, errlen, "pipeline: out of memory"), -1;
-    pp_hdr *h = (pp_hdr *)(void *)c->sbuf;
-    memset(h, 0, sizeof *h);
-    h->type = PP_GROUP;
-    h->n = n;
-    h->seq = sd_batcher_n_nodes(b);
-    h->n_ops = g_n_ops;
-    memcpy(c->sbuf + sizeof(pp_hdr), g_ops, sizeof(int32_t) * (size_t)g_n_ops);
-    pp_view vs[PP_MAX_GROUP];
-    char *sub = pp_group_first(c->sbuf);
-    for (int i = 0; i < n; i++) {
-        const sd_batch *bi = &bs[i];
-        pp_hdr *sh = (pp_hdr *)(void *)sub;
-        memset(sh, 0, sizeof *sh);
-        sh->type = PP_FWD;
-        sh->sid = sid_of(ss[i]);
-        if (sh->sid < 0) return snprintf(err, errlen, "pipeline: session %d of the pass is not attached", i), -1;
-        sh->n = bi->n;
-        sh->flags = (bi->parent ? PP_F_PARENT : 0) | (bi->pos ? PP_F_POS : 0) | (bi->precise ? PP_F_PRECISE : 0);
-        if (remote_hidden(bi, first_remote)) {
-            sh->n_hid = bi->n_hidden_layers;
-            memcpy(sh->hid_layers, bi->hidden_layers, sizeof(int32_t) * (size_t)sh->n_hid);
-            sh->flags |= bi->hidden ? PP_F_HIDDEN : 0;
-            for (int k = 0; k < bi->n; k++) sh->n_wanted += !bi->hidden || bi->hidden[k];
-        }
-        pp_layout(sub, E, &vs[i]);
-        for (int k = 0; k < bi->n; k++) {
-            if (vs[i].parent) vs[i].parent[k] = bi->parent[k];
-            if (vs[i].pos) vs[i].pos[k] = bi->pos[k];
-            if (vs[i].hidden) vs[i].hidden[k] = bi->hidden[k];
-        }
-        sub = pp_group_next(sub, &vs[i]);
-    }
-    const size_t bytes = (size_t)(sub - c->sbuf);
-    // rank 0's layers over every batch in one pass (a refused batch: nothing sent)
-    double t0 = MPI_Wtime();
-    const sd_forward_part first = {.layer_lo = 0, .layer_hi = first_remote, .output = 0, .x_out = g_xs};
-    int r = sd_batcher_forward_part(b, ss, bs, n, &first, err, errlen);
-    if (r < 0) return r;
-    g_self_ms += (MPI_Wtime() - t0) * 1e3;
-    size_t off = 0;
-    for (int i = 0; i < n; i++) {
-        memcpy(vs[i].x, g_xs + off * E, sizeof(float) * (size_t)bs[i].n * E);
-        off += (size_t)bs[i].n;
-    }
-    g_n_ops = 0;
-    ring_trip(c, bytes, 1, NULL, &g_wait_ms);
-    const pp_hdr *a = (const pp_hdr *)(const void *)c->rbuf;
-    if (a->type == PP_ERR) {
-        snprintf(err, errlen, "pipeline: %.400s", c->rbuf + sizeof(pp_hdr));
-        return SD_ERR_INPUT;
-    }
-    if (a->type != PP_GROUP || a->n != n) pp_die(c, "an answer of type %d for %d sessions from rank %d", a->type, a->n, c->size - 1);
-    for (int k = 1; k < c->size; k++) g_other_ms += a->rank_ms[k], g_rank_ms[k] += a->rank_ms[k];
-    g_n_fwd++;
-    sd_batch *ob = malloc(sizeof(sd_batch) * (size_t)n);
-    if (!ob) return snprintf(err, errlen, "pipeline: out of memory"), -1;
-    sub = pp_group_first(c->rbuf);
-    for (int i = 0; i < n; i++) {
-        pp_view v;
-        pp_layout(sub, E, &v);
-        for (int k = 0; k < v.h->n_hid; k++) {
-            const int l = v.h->hid_layers[k];
-            if (l == SD_HIDDEN_NORM || l < first_remote) continue;
-            for (int w = 0; w < v.h->n_wanted; w++)
-                memcpy(bs[i].hidden_out + ((size_t)w * v.h->n_hid + k) * E, v.hid + ((size_t)w * v.h->n_hid + k) * E,
-                       sizeof(float) * (size_t)E);
-        }
-        ob[i] = bs[i];
-        ob[i].tokens = NULL;
-        ob[i].embd = v.x;
-        sub = pp_group_next(sub, &v);
-    }
-    const sd_forward_part last = {.layer_lo = L, .layer_hi = L, .output = 1, .x_out = NULL};
-    t0 = MPI_Wtime();
-    r = sd_batcher_forward_part(b, ss, ob, n, &last, err, errlen);
-    g_self_ms += (MPI_Wtime() - t0) * 1e3;
-    free(ob);
-    return r;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -567,21 +504,21 @@ static int ensure_buffers(pp_ctx *c, int n_batch) {
         c->cap = cap;
         c->n_batch = n_batch;
     }
-    if (!g_ops) {
-        g_ops_cap = PP_OPS_WORDS(8192);
-        g_ops = malloc(sizeof(int32_t) * (size_t)g_ops_cap);
+    if (!pp0.ops) {
+        pp0.ops_cap = PP_OPS_WORDS(8192);
+        pp0.ops = malloc(sizeof(int32_t) * (size_t)pp0.ops_cap);
     }
-    return c->sbuf && g_ops ? 0 : -1;
+    return c->sbuf && pp0.ops ? 0 : -1;
 }
 
 int pp_attach(sd_session *s, char *err, size_t errlen) {
-    if (!g_active || g_c.size == 1) return 0;
-    pp_ctx *c = &g_c;
-    if (g_attached == PP_MAX_SESSIONS)
+    if (!pp0.active || pp0.c.size == 1) return 0;
+    pp_ctx *c = &pp0.c;
+    if (pp0.attached == PP_MAX_SESSIONS)
         return snprintf(err, errlen, "pipeline: at most %d sessions", PP_MAX_SESSIONS), -1;
     if (ensure_buffers(c, sd_session_n_batch(s)) < 0) return snprintf(err, errlen, "pipeline: out of memory"), -1;
-    const int sid = g_attached++;
-    g_sess[sid] = s;
+    const int sid = pp0.attached++;
+    pp0.sess[sid] = s;
     pp_hdr *h = (pp_hdr *)(void *)c->sbuf;
     memset(h, 0, sizeof *h);
     h->type = PP_SETUP;
@@ -600,9 +537,10 @@ int pp_attach(sd_session *s, char *err, size_t errlen) {
 // At exit: the quit goes round the ring and comes back with every rank's
 // figures, printed as one JSON line with --pp-stats; then MPI ends.
 static void pp_finish(void) {
-    pp_ctx *c = &g_c;
-    if (!g_active) return;
-    g_active = 0;
+    pp_ctx *c = &pp0.c;
+    if (!pp0.active) return;
+    const int groups = pp_groups();
+    pp0.active = 0;
     if (c->size > 1) {
         if (ensure_buffers(c, 1) < 0) pp_die(c, "out of memory");
         pp_hdr *h = (pp_hdr *)(void *)c->sbuf;
@@ -611,26 +549,35 @@ static void pp_finish(void) {
         memset(c->sbuf + sizeof(pp_hdr), 0, sizeof(pp_rank_stats) * PP_MAX_RANKS);
         ring_trip(c, sizeof(pp_hdr) + sizeof(pp_rank_stats) * PP_MAX_RANKS, 1, NULL, NULL);
     }
-    if (c->stats && g_attached) {
+    if (c->stats && pp0.attached) {
         pp_rank_stats *st = (pp_rank_stats *)(void *)(c->rbuf + sizeof(pp_hdr));
         pp_mem(&st[0].rss_mib, &st[0].hwm_mib);
-        st[0].compute_ms = g_self_ms;
-        st[0].wait_ms = g_wait_ms;
-        st[0].n_fwd = g_n_fwd;
+        st[0].compute_ms = pp0.self_ms;
+        st[0].wait_ms = pp0.wait_ms;
+        st[0].n_fwd = pp0.n_fwd;
         st[0].lo = 0;
         st[0].hi = c->lo[1];
         st[0].held_mib = g_held_mib;
-        const double hop = g_n_fwd > 0 ? (g_wait_ms - g_other_ms) / g_n_fwd / c->size : 0;
+        const double hop = pp0.n_solo > 0 ? (pp0.solo_wait_ms - pp0.solo_other_ms) / pp0.n_solo / c->size : 0;
         fprintf(stderr, "{\"pp\": {\"ranks\": %d, \"n_layer\": %d, \"forwards\": %.0f, \"hop_overhead_ms\": %.4f, "
                         "\"ring_hop_ms_1_row\": %.4f, \"ring_hop_ms_16_rows\": %.4f, \"weights_mib\": %.1f, "
                         "\"per_rank\": [",
-                c->size, c->n_layer, g_n_fwd, hop, g_ping_ms[0] / c->size, g_ping_ms[1] / c->size, g_total_mib);
+                c->size, c->n_layer, pp0.n_fwd, hop, g_ping_ms[0] / c->size, g_ping_ms[1] / c->size, g_total_mib);
         for (int k = 0; k < c->size; k++)
             fprintf(stderr, "%s{\"rank\": %d, \"layers\": [%.0f, %.0f], \"weights_mib\": %.1f, \"rss_mib\": %.1f, "
                             "\"hwm_mib\": %.1f, \"compute_ms\": %.1f, \"wait_ms\": %.1f, \"forwards\": %.0f}",
                     k ? ", " : "", k, st[k].lo, st[k].hi, st[k].held_mib, st[k].rss_mib, st[k].hwm_mib, st[k].compute_ms,
                     st[k].wait_ms, st[k].n_fwd);
-        fprintf(stderr, "]}}\n");
+        pp_busy_settle();
+        double any = 0, more = 0;
+        fprintf(stderr, "], \"groups\": %d, \"passes_in_flight_mean\": %.3f, \"ranks_busy_ms\": [", groups,
+                pp0.flights ? (double)pp0.flight_sum / pp0.flights : 0.0);
+        for (int k = 0; k <= c->size; k++) {
+            fprintf(stderr, "%s%.1f", k ? ", " : "", pp0.busy_ms[k]);
+            any += k >= 1 ? pp0.busy_ms[k] : 0;
+            more += k >= 2 ? pp0.busy_ms[k] : 0;
+        }
+        fprintf(stderr, "], \"overlap\": %.4f}}\n", any > 0 ? more / any : 0.0);
     }
     MPI_Finalize();
 }

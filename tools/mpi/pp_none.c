@@ -53,3 +53,29 @@ int pp_attach(sd_session *s, char *err, size_t errlen) {
     (void)errlen;
     return 0;
 }
+
+int pp_group_begin(sd_batcher *b, sd_session *const *ss, const sd_batch *bs, int n, char *err, size_t errlen) {
+    (void)b, (void)ss, (void)bs, (void)n;
+    return snprintf(err, errlen, "no pipeline (a build without MPI)"), -1;
+}
+
+int pp_group_end(sd_batcher *b, int ticket, char *err, size_t errlen) {
+    (void)b, (void)ticket;
+    return snprintf(err, errlen, "no pipeline (a build without MPI)"), -1;
+}
+
+int pp_groups(void) { return 1; }
+
+int pp_groups_pick(int n_threads, char *note, size_t len) {
+    (void)n_threads;
+    if (len) note[0] = 0;
+    return 1;
+}
+
+void pp_on_fault(void (*fn)(void *arg, const char *msg), void *arg) {
+    (void)fn, (void)arg;
+}
+
+int pp_recovery(void) { return 0; }
+
+void pp_keepalive(void) {}

@@ -17,13 +17,22 @@
 #define PP_MAX_RANKS 16
 #define PP_MAX_SESSIONS 256   // sessions of rank 0 attached to the pipeline (a server's slots)
 #define PP_TAG_RING 12        // rank k -> k + 1 (and R-1 -> 0)
+#define PP_TAG_FAULT 14       // a worker -> rank 0: "rank k died" (its text), when rank 0 cannot see it
+#define PP_FAULT_GRACE_MS 10000.0 // a worker that saw a rank die stops the job itself if nothing ended it by then
 
 // PP_SETUP: a new session (rank 0 attached one), made alike on every rank.
 // PP_GROUP: the batches of several sessions in one pass (a server's round,
 // sd_batcher_forward_part): the header (n = the sessions, seq = the
 // batcher's nodes), the ops, then one PP_FWD message per session, each at a
 // multiple of 64 bytes (pp_group_first, pp_group_next).
-enum pp_type { PP_FWD = 1, PP_OPS = 2, PP_QUIT = 3, PP_ERR = 4, PP_SETUP = 5, PP_PING = 6, PP_GROUP = 7 };
+enum pp_type { PP_FWD = 1, PP_OPS = 2, PP_QUIT = 3, PP_ERR = 4, PP_SETUP = 5, PP_PING = 6, PP_GROUP = 7, PP_ALIVE = 8 };
+// PP_ALIVE: rank 0 is alive and idle (a server sends one every PP_KEEPALIVE_MS
+// it sent nothing else); every rank passes it on but the last. A worker
+// that has seen one waits for each next message at most --pp-timeout plus
+// PP_KEEPALIVE_MISS keep-alives, then stops every rank (rank 0, or a rank
+// before it, is gone: on another host nothing else would tell).
+#define PP_KEEPALIVE_MS 5000.0
+#define PP_KEEPALIVE_MISS 3
 #define PP_MAX_GROUP 256
 // PP_PING: a forward's message that every rank passes on without computing (--pp-stats
 // times the ring's transport alone with it)
@@ -41,6 +50,8 @@ typedef struct pp_hdr {
     int32_t n_wanted, n_ops, seq, sid;   // sid: the session (pp_attach's order)
     int32_t n_ctx, n_batch, n_threads, pad; // PP_SETUP: the session's size
     float rank_ms[PP_MAX_RANKS];  // this forward's compute time on each rank (ms)
+    double rank_t0[PP_MAX_RANKS]; // when each rank began computing it (ms, that rank's pp_now_ms clock)
+    double rank_wait[PP_MAX_RANKS]; // each rank's time waiting for messages so far (ms; idle time included)
 } pp_hdr;
 
 typedef struct pp_rank_stats {
@@ -61,6 +72,16 @@ typedef struct pp_ctx {
     size_t cap;
     int n_batch;
     pp_rank_stats mine;           // this rank's figures
+    int pid[PP_MAX_RANKS];        // each rank's process id
+    char local[PP_MAX_RANKS];     // 1: rank k runs on this rank's host (its pid can be watched)
+    double clock_off[PP_MAX_RANKS]; // rank 0: rank k's pp_now_ms minus rank 0's (ms, measured at launch)
+    double t_alive;               // when the other ranks on this host were last seen alive (pp_now_ms)
+    double t_sent;                // rank 0: when it last sent a message (pp_now_ms)
+    int keepalive;                // a worker: rank 0 sends keep-alives (PP_ALIVE seen), so its waits have a deadline
+    int watch;                    // a worker: watch the other ranks' pids too (mpirun --enable-recovery)
+    double t_fault;               // a worker: when it saw another rank die (pp_now_ms; 0: never)
+    void (*on_fault)(void *arg, const char *msg); // rank 0: called once before a fault stops every rank, or NULL
+    void *fault_arg;
 } pp_ctx;
 
 // Where the parts of a message in buf lie, from its header (n, flags,
@@ -92,7 +113,15 @@ int pp_wait(pp_ctx *c, MPI_Request *rq, int n, int peer, const char *what, doubl
 // Shortens this thread's timer slack to 1 us (Linux), so that the waits'
 // short sleeps end when they should.
 void pp_fast_wakeups(void);
-// Stops every process of the job with one message from this rank.
+// CLOCK_MONOTONIC in ms.
+double pp_now_ms(void);
+// Inside every rank's waits: every 50 ms, whether each other rank on its
+// host is still alive (its /proc entry); one that died stops every rank
+// with a message naming it (on rank 0 through the fault callback first).
+void pp_check_alive(pp_ctx *c);
+// Stops every process of the job with one message from this rank (rank 0:
+// the fault callback first, once, so that a server answers its requests in
+// flight; it must return within a few seconds).
 void pp_die(pp_ctx *c, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
 // This process's resident and peak resident memory (MiB), from /proc.
 void pp_mem(double *rss_mib, double *hwm_mib);

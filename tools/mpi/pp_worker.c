@@ -18,11 +18,12 @@
 
 #include "mpi/pp_wire.h"
 
-static double now_ms(void) {
+double pp_now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
+#define now_ms pp_now_ms
 
 void pp_layout(char *buf, int n_embd, pp_view *v) {
     pp_hdr *h = (pp_hdr *)(void *)buf;
@@ -68,6 +69,13 @@ void pp_die(pp_ctx *c, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    void (*fault)(void *, const char *) = c->on_fault;
+    c->on_fault = NULL;   // once: a fault inside the callback goes straight on
+    if (fault) {
+        char line[800];
+        snprintf(line, sizeof line, "pipeline rank %d: %s", c->rank, msg);
+        fault(c->fault_arg, line);
+    }
     fprintf(stderr, "specdec: rank %d: %s; stopping every rank\n", c->rank, msg);
     fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 3);
@@ -78,6 +86,55 @@ void pp_die(pp_ctx *c, const char *fmt, ...) {
 static volatile sig_atomic_t g_term;
 static double g_term_ms;
 #define PP_TERM_GRACE_MS 3000.0
+
+// 1 when rank k's process on this host is gone (or a zombie).
+static int rank_dead(const pp_ctx *c, int k) {
+    char path[64], st[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", c->pid[k]);
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(st, 1, sizeof st - 1, f) : 0;
+    if (f) fclose(f);
+    st[n] = 0;
+    const char *rp = strrchr(st, ')');
+    const char state = rp && rp[1] == ' ' ? rp[2] : 'X';
+    return !n || state == 'Z' || state == 'X' || state == 'x';
+}
+
+void pp_check_alive(pp_ctx *c) {
+    const double now = now_ms();
+    if (now - c->t_alive < 50.0) return;
+    c->t_alive = now;
+    if (c->rank == 0) {   // a rank on another host that saw a peer die tells rank 0 (PP_TAG_FAULT)
+        int got = 0;
+        MPI_Status st;
+        if (MPI_Iprobe(MPI_ANY_SOURCE, PP_TAG_FAULT, MPI_COMM_WORLD, &got, &st) == MPI_SUCCESS && got) {
+            char msg[256] = {0};
+            MPI_Recv(msg, sizeof msg - 1, MPI_CHAR, st.MPI_SOURCE, PP_TAG_FAULT, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            pp_die(c, "%s (seen by rank %d)", msg, st.MPI_SOURCE);
+        }
+    }
+    // the other ranks watch only when mpirun would not stop them (pp_recovery): else it does, and a rank
+    // that stops the job itself (MPI_Abort) would be reported again by the others as it goes
+    // (nor once mpirun is stopping this one: a signal came, the others go too)
+    if (c->rank > 0 && (!c->watch || g_term)) return;
+    for (int k = 0; k < c->size; k++) {
+        if (k == c->rank || !c->local[k] || c->pid[k] <= 0 || !rank_dead(c, k)) continue;
+        char msg[256];
+        snprintf(msg, sizeof msg, "rank %d (pid %d, layers %d-%d) died", k, c->pid[k], c->lo[k], c->lo[k + 1] - 1);
+        if (c->rank == 0) pp_die(c, "%s", msg);
+        if (k == 0 || c->local[0]) {   // rank 0 gone, or it sees this death itself: mpirun ends this rank first,
+            if (c->t_fault == 0) c->t_fault = now;   // or else this rank stops the job after a grace
+            // (rank 0's death: rank r reports it after r s, so that the lowest one alive speaks alone)
+            if (now - c->t_fault > (k == 0 ? 1000.0 * c->rank : PP_FAULT_GRACE_MS)) pp_die(c, "%s", msg);
+        } else if (c->t_fault == 0) {   // rank 0 on another host: told, it answers its requests and ends the job
+            c->t_fault = now;
+            MPI_Send(msg, (int)strlen(msg) + 1, MPI_CHAR, 0, PP_TAG_FAULT, MPI_COMM_WORLD);
+        } else if (now - c->t_fault > PP_FAULT_GRACE_MS) {
+            pp_die(c, "%s (rank 0 did not stop the job)", msg);
+        }
+    }
+}
+
 
 static void on_term(int sig) {
     (void)sig;
@@ -99,6 +156,7 @@ size_t pp_recv(pp_ctx *c, int from, char **buf, size_t *cap, MPI_Request *sreq, 
             pp_die(c, "the link with rank %d failed (%s)", from, es);
         }
         if (got && sent) break;
+        pp_check_alive(c);
         if (++spins > 64) {
             const struct timespec ts = {0, sleep_ns};
             nanosleep(&ts, NULL);
@@ -108,6 +166,12 @@ size_t pp_recv(pp_ctx *c, int from, char **buf, size_t *cap, MPI_Request *sreq, 
             if (c->rank == 0 && from == c->size - 1)
                 pp_die(c, "no answer from ranks 1..%d within %.0f s (--pp-timeout): one of them is stuck, killed or "
                           "unreachable", c->size - 1, timeout_ms / 1e3);
+            if (c->rank > 0 && c->keepalive && from == 0)
+                pp_die(c, "nothing from rank 0 within %.0f s (--pp-timeout + %d keep-alives of rank 0): rank 0 is "
+                          "stuck, killed or unreachable", timeout_ms / 1e3, PP_KEEPALIVE_MISS);
+            if (c->rank > 0 && c->keepalive)
+                pp_die(c, "nothing from rank %d within %.0f s (--pp-timeout + %d keep-alives of rank 0): one of ranks "
+                          "0..%d is stuck, killed or unreachable", from, timeout_ms / 1e3, PP_KEEPALIVE_MISS, from);
             pp_die(c, "waiting for rank %d: no answer within %.0f s (a rank is stuck, killed or unreachable)", from,
                    timeout_ms / 1e3);
         }
@@ -144,17 +208,22 @@ int pp_wait(pp_ctx *c, MPI_Request *rq, int n, int peer, const char *what, doubl
             char es[MPI_MAX_ERROR_STRING];
             int len = 0;
             MPI_Error_string(rc, es, &len);
-            pp_die(c, "%s rank %d failed (%s)", what, peer, es);
+            pp_die(c, "%s rank %d failed (%s)", what ? what : "the link with", peer, es);
         }
         if (done) break;
+        pp_check_alive(c);
         if (++spins > 64) {
             const struct timespec ts = {0, sleep_ns};
             nanosleep(&ts, NULL);
             if (sleep_ns < 100000) sleep_ns += sleep_ns / 2;
         }
-        if (timeout_ms > 0 && (spins & 63) == 0 && now_ms() - t0 > timeout_ms)
+        if (timeout_ms > 0 && (spins & 63) == 0 && now_ms() - t0 > timeout_ms) {
+            if (!what)   // rank 0 waiting for the ring's answer
+                pp_die(c, "no answer from ranks 1..%d within %.0f s (--pp-timeout): one of them is stuck, killed or "
+                          "unreachable", c->size - 1, c->timeout_ms / 1e3);
             pp_die(c, "%s rank %d: no answer within %.0f s (a rank is stuck, killed or unreachable)", what, peer,
                    timeout_ms / 1e3);
+        }
     }
     if (waited) *waited += now_ms() - t0;
     return 0;
@@ -288,20 +357,23 @@ static int run_forward(pp_ctx *c, sd_session *s, pp_view *v, char *err, size_t e
     return r;
 }
 
-// Serves the ring until the quit. Double-buffered: the message just sent
-// may still be in flight while the next one is received into the other
-// buffer.
+// Serves the ring until the quit. PP_WBUFS buffers in turn: the messages
+// just sent may still be in flight (the next rank busy with an earlier
+// group, rank 0 computing) while the next one is received and computed, so
+// that with micro-batches in flight this rank does not wait for the next.
+#define PP_WBUFS 3
 static int serve_ring(pp_ctx *c, worker *w) {
     const int prev = c->rank - 1, next = (c->rank + 1) % c->size;
-    MPI_Request sreq = MPI_REQUEST_NULL;
-    size_t rcap = c->cap, scap = c->cap;
+    char *buf[PP_WBUFS] = {c->sbuf, c->rbuf, NULL};
+    size_t cap[PP_WBUFS] = {c->cap, c->cap, 0};
+    MPI_Request sreq[PP_WBUFS] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     char err[512];
-    for (;;) {
-        const size_t got = pp_recv(c, prev, &c->rbuf, &rcap, &sreq, 0, &c->mine.wait_ms);
-        char *msg = c->rbuf;   // the next receive goes into the other buffer
-        const size_t mcap = rcap;
-        c->rbuf = c->sbuf, rcap = scap;
-        c->sbuf = msg, scap = mcap;
+    int rc = 0;
+    for (int i = 0;; i = (i + 1) % PP_WBUFS) {
+        // (rank r's deadline r - 1 s later than rank 1's: the first to see the silence speaks alone)
+        const double deadline = c->keepalive ? c->timeout_ms + PP_KEEPALIVE_MISS * PP_KEEPALIVE_MS + 1000.0 * (c->rank - 1) : 0;
+        const size_t got = pp_recv(c, prev, &buf[i], &cap[i], &sreq[i], deadline, &c->mine.wait_ms);
+        char *msg = buf[i];
         pp_view v;
         pp_layout(msg, c->n_embd, &v);
         size_t bytes = v.bytes;
@@ -317,42 +389,37 @@ static int serve_ring(pp_ctx *c, worker *w) {
             st[c->rank] = c->mine;
             bytes = sizeof(pp_hdr) + sizeof(pp_rank_stats) * PP_MAX_RANKS;
             MPI_Send(msg, (int)bytes, MPI_BYTE, next, PP_TAG_RING, MPI_COMM_WORLD);
-            return 0;
+            break;
         }
         if (type == PP_ERR) {
             bytes = sizeof(pp_hdr) + 512;
         } else if (type == PP_PING) {
             // passed on as it is
+        } else if (type == PP_ALIVE) {
+            c->keepalive = 1;
+            if (next == 0) continue;
+            bytes = sizeof(pp_hdr);
         } else if (type == PP_SETUP) {
             new_session(c, w, v.h);
             if (next == 0) continue;
             bytes = sizeof(pp_hdr);
-        } else if (type == PP_GROUP) {
-            apply_ops(c, w, v.ops, v.h->n_ops);
-            const double t0 = MPI_Wtime();
-            bytes = got;
-            if (run_group(c, w, msg, err, sizeof err) < 0) {
-                v.h->type = PP_ERR;
-                snprintf(msg + sizeof(pp_hdr), 512, "rank %d: %.480s", c->rank, err);
-                bytes = sizeof(pp_hdr) + 512;
-            } else {
-                const double ms = (MPI_Wtime() - t0) * 1e3;
-                v.h->rank_ms[c->rank] = (float)ms;
-                c->mine.compute_ms += ms;
-                c->mine.n_fwd++;
-            }
-        } else if (type == PP_OPS || type == PP_FWD) {
+        } else if (type == PP_GROUP || type == PP_OPS || type == PP_FWD) {
             apply_ops(c, w, v.ops, v.h->n_ops);
             if (type == PP_OPS && next == 0) continue;   // nothing goes back for cache operations alone
-            if (type == PP_FWD) {
-                const double t0 = MPI_Wtime();
-                if (run_forward(c, session_of(c, w, v.h->sid), &v, err, sizeof err) < 0) {
+            if (type != PP_OPS) {
+                const double t0 = MPI_Wtime(), t0_ms = now_ms();
+                const int r = type == PP_GROUP ? run_group(c, w, msg, err, sizeof err)
+                                               : run_forward(c, session_of(c, w, v.h->sid), &v, err, sizeof err);
+                if (type == PP_GROUP) bytes = got;
+                if (r < 0) {
                     v.h->type = PP_ERR;
                     snprintf(msg + sizeof(pp_hdr), 512, "rank %d: %.480s", c->rank, err);
                     bytes = sizeof(pp_hdr) + 512;
                 } else {
                     const double ms = (MPI_Wtime() - t0) * 1e3;
                     v.h->rank_ms[c->rank] = (float)ms;
+                    v.h->rank_t0[c->rank] = t0_ms;
+                    v.h->rank_wait[c->rank] = c->mine.wait_ms;
                     c->mine.compute_ms += ms;
                     c->mine.n_fwd++;
                 }
@@ -360,8 +427,14 @@ static int serve_ring(pp_ctx *c, worker *w) {
         } else {
             pp_die(c, "unknown message type %d from rank %d", type, prev);
         }
-        MPI_Isend(msg, (int)bytes, MPI_BYTE, next, PP_TAG_RING, MPI_COMM_WORLD, &sreq);
+        MPI_Isend(msg, (int)bytes, MPI_BYTE, next, PP_TAG_RING, MPI_COMM_WORLD, &sreq[i]);
     }
+    for (int i = 0; i < PP_WBUFS; i++) {
+        if (sreq[i] != MPI_REQUEST_NULL) MPI_Wait(&sreq[i], MPI_STATUS_IGNORE);
+        if (i >= 2) free(buf[i]);
+    }
+    c->sbuf = buf[0], c->rbuf = buf[1];
+    return rc;
 }
 
 int pp_worker(pp_ctx *c, const char *path) {

@@ -94,7 +94,7 @@ int sv_prefill_join(sv_server *s, sv_slot *sl, int len, int n) {
 void sv_prefill_round(sv_server *s, int stopping) {
     for (int i = 0; i < s->n_slots; i++) {
         sv_slot *sl = &s->slots[i];
-        if (sl->state != SV_SLOT_PROMPT) continue;
+        if (sl->state != SV_SLOT_PROMPT || sl->flight) continue;   // (a chunk in flight ends first: rounds.c)
         pthread_mutex_lock(&sl->r->mu);
         int cancelled = sl->r->cancelled;
         pthread_mutex_unlock(&sl->r->mu);

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "utf8.h"
 #include "serve/sched.h"
@@ -103,7 +104,20 @@ static void *sched_main(void *arg) {
     sv_server *s = arg;
     for (;;) {
         pthread_mutex_lock(&s->mu);
-        while (!s->stopping && s->q_len == 0 && n_active(s) == 0 && !sv_split_has_work(s)) pthread_cond_wait(&s->cv, &s->mu);
+        while (!s->stopping && s->q_len == 0 && n_active(s) == 0 && !sv_split_has_work(s)) {
+            if (!s->on_idle) {
+                pthread_cond_wait(&s->cv, &s->mu);
+                continue;
+            }
+            struct timespec ts;   // idle with a pipeline: its keep-alive every 2 s or so
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += 2;
+            if (pthread_cond_timedwait(&s->cv, &s->mu, &ts) != 0) {
+                pthread_mutex_unlock(&s->mu);
+                s->on_idle();
+                pthread_mutex_lock(&s->mu);
+            }
+        }
         int stopping = s->stopping;
         if (stopping) drain_queue(s);
         else assign(s);
@@ -226,6 +240,8 @@ void sv_sched_stop(sv_server *s) {
         free(sl->text);
         free(sl->kind);
     }
+    sv_pipe_free(s->pipe, s->n_groups);
+    s->pipe = NULL;
     sd_batcher_free(s->batcher);
     s->batcher = NULL;
     free(s->pass_sl);

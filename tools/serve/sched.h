@@ -41,6 +41,7 @@ struct sv_slot {
     sv_accept acc;           // measured acceptance of the slot's drafter (the draft budget)
     int max_nodes;           // nodes per step of the request's method (1: no drafter)
     struct sv_split *split;  // a split generation's pass entry (split.h), NULL for slots
+    int flight;              // 1: its batch is in a pipeline's group in flight, the answer not back (rounds.c)
 };
 
 // The server's own pool size for prompt chunks and tree nodes.
@@ -88,6 +89,18 @@ int sv_slot_emit(sv_server *s, sv_slot *sl, const sd_step *st, char *err, size_t
 // One round: every stepping slot drafts, the planned prompt chunks join, one
 // pass evaluates all, every slot verifies and emits.
 void sv_round_step(sv_server *s);
+
+// The groups in flight of a pipeline's rank 0 (s->n_groups > 1): their
+// state, freed with the slots.
+typedef struct sv_pipe sv_pipe;
+void sv_pipe_free(sv_pipe *p, int n_groups);
+// A pipeline's fault (tools/mpi/pp.h pp_on_fault; arg: the sv_server): new
+// requests are refused, every request queued or in a slot is answered with
+// msg (HTTP 503, or an error event in a stream), and the connection threads
+// get up to SV_FAULT_DRAIN_MS to send those answers; then the job ends.
+#define SV_FAULT_MAX 1024
+#define SV_FAULT_DRAIN_MS 3000
+void sv_pipe_fault(void *arg, const char *msg);
 
 // prefill.c
 // Plans this round's prompt chunks into pf_len (s->n_slots); returns the

@@ -190,6 +190,14 @@ typedef struct sv_server {
     // Replaces sd_batcher_forward for a pass of several slots (a pipeline's
     // rank 0 sends it round the ranks, tools/mpi/pp.h), or NULL.
     int (*forward_many)(sd_batcher *b, sd_session *const *ss, const sd_batch *bs, int n, char *err, size_t errlen);
+    // A pipeline's pass in two halves (tools/mpi/pp.h: pp_group_begin, pp_group_end), so that
+    // n_groups groups of slots are in flight at once (micro-batches, rounds.c), or NULL.
+    int (*group_begin)(sd_batcher *b, sd_session *const *ss, const sd_batch *bs, int n, char *err, size_t errlen);
+    int (*group_end)(sd_batcher *b, int ticket, char *err, size_t errlen);
+    int n_groups;              // groups of slots in flight (1: one round of all slots at a time)
+    struct sv_pipe *pipe;      // their state (rounds.c), or NULL
+    // Called by the idle scheduler every couple of seconds (a pipeline's keep-alive, pp_keepalive), or NULL.
+    void (*on_idle)(void);
     // Appends more Prometheus lines to /metrics (a pipeline's per-rank time), or NULL.
     void (*metrics_extra)(char *buf, size_t n);
     int batcher_nodes;         // its n_nodes
