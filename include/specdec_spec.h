@@ -146,7 +146,12 @@ SD_API float sd_tree_p(const sd_tree *t, int i);
 // sd_drafter_tell_prompt are fused rows (n, n_embd) as sd_head_fuse makes
 // them, one per position, and sd_drafter_tell without states feeds the head
 // its own outputs as the path's states (drafting on without the target).
-// SD_ERR_INPUT for other drafters.
+// Or an MoA drafter (moa:SHAPE): the states are every target layer's K and V
+// rows of each position, (n, n_layer, 2 n_head_kv head_dim) floats, a
+// layer's K row then its V row (sd_session_kv_read's, K with RoPE as
+// cached); the drafter keeps the positions that agree with the text, and
+// reads the text after the last position with states (drafted without the
+// target) through its self-attention alone. SD_ERR_INPUT for other drafters.
 SD_API int sd_drafter_remote(sd_drafter *d, char *err, size_t errlen);
 // Fills tree (emptied, its root tokens[n_tokens - 1]) with the drafter's
 // proposal for the text tokens[0 .. n_tokens) in at most max_nodes nodes,
@@ -171,10 +176,13 @@ SD_API int sd_drafter_tell_prompt(sd_drafter *d, const int32_t *tokens, int pos0
 typedef struct sd_head sd_head;
 SD_API int sd_head_fuse(const sd_head *h, const float *rows, int n, float *out, char *err, size_t errlen);
 // A split client's file (specdec split-client): the target's keys
-// (tokenizer, chat template, shape) with no layer, its token embeddings and
-// output norm, and the EAGLE-3 head at head_path (checked against the
-// target). sd_model_load reads it as a model with no layers: its tokenizer
-// and embeddings serve a drafter; a session on it computes nothing useful.
+// (tokenizer, chat template, shape), its token embeddings and output norm,
+// and the drafter at head_path (checked against the target): an EAGLE-3
+// head, or an MoA drafter with the target's output matrix and, for TLI = N,
+// the target's last N layers. sd_model_load reads it as a model that holds
+// no layer to run (sd_model_info: layer_lo = layer_hi = n_layer, the
+// target's count): its tokenizer, embeddings (and TLI layers) serve the
+// drafter; sd_session_new refuses it.
 SD_API int sd_client_file_write(const char *target_path, const char *head_path, const char *out_path, char *err,
                                 size_t errlen);
 // The head a client file holds (*out NULL and 0 when path holds none).

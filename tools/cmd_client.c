@@ -96,7 +96,7 @@ static double pct(double *v, long n, double q) {
 }
 
 int cmd_client(int argc, char **argv) {
-    const char *model_path = NULL, *head_spec = NULL, *prompt = NULL, *system = NULL, *method = "eagle3:dyn:4-5-16";
+    const char *model_path = NULL, *head_spec = NULL, *prompt = NULL, *system = NULL, *method = NULL;
     int chat = 0, json = 0, events = 0, verbose = 0, n_threads = 1, no_states = 0;
     const char *temp_given = NULL, *private_text = NULL;
     cl_opts co = {.sp = sd_sampler_default_params(), .timeout_ms = 3000, .n_predict = 256, .max_nodes = 16, .offline_depth = 4, .retry_ms = 250,
@@ -107,7 +107,7 @@ int cmd_client(int argc, char **argv) {
          .help = "the client file (specdec split-client), or the target's GGUF (only its tokenizer and embeddings "
                  "are read)"},
         {"--head", NULL, CLI_STRING, &head_spec, .meta = "FILE|auto",
-         .help = "the EAGLE-3 head, with a target model as -m (a client file holds its own)"},
+         .help = "the EAGLE-3 head or MoA drafter, with a target model as -m (a client file holds its own)"},
         {"--server", NULL, CLI_STRING, &co.server, .meta = "URL", .required = "--server URL is required",
          .help = "the specdec server (serve --split), e.g. http://127.0.0.1:8080"},
         {"--api-key", NULL, CLI_STRING, &co.api_key, .meta = "KEY", .help = "the server's --api-key"},
@@ -128,8 +128,8 @@ int cmd_client(int argc, char **argv) {
         {"--top-p", NULL, CLI_FLOAT, &co.sp.top_p, 0, 1, .meta = "P", .def = CLI_DEF_VALUE, .help = "top-p"},
         {"--min-p", NULL, CLI_FLOAT, &co.sp.min_p, 0, 1, .meta = "P", .def = CLI_DEF_VALUE, .help = "min-p"},
         {"--seed", NULL, CLI_U64, &co.sp.seed, .meta = "S", .def = CLI_DEF_VALUE, .help = "sampling seed"},
-        {"--method", NULL, CLI_STRING, &method, .meta = "eagle3:SHAPE", .def = "eagle3:dyn:4-5-16",
-         .help = "the drafter's trees (eagle3:chain:K, eagle3:tree:W1-W2-..., eagle3:dyn:B-D-M)"},
+        {"--method", NULL, CLI_STRING, &method, .meta = "KIND:SHAPE", .def = "eagle3:dyn:4-5-16 or moa:dyn:4-5-16",
+         .help = "the drafter's trees (eagle3: or moa: then chain:K, tree:W1-W2-..., dyn:B-D-M), as the drafter is"},
         {"--nodes", NULL, CLI_INT, &co.max_nodes, 2, 64, .meta = "N", .def = CLI_DEF_VALUE,
          .help = "most tree nodes per round, root included"},
         {"--timeout", NULL, CLI_INT, &co.timeout_ms, 50, 600000, .meta = "MS", .def = CLI_DEF_VALUE,
@@ -154,8 +154,9 @@ int cmd_client(int argc, char **argv) {
     const cli_cmd cmd = {
         .name = "client",
         .usage = "usage: specdec client -m CLIENT.gguf --server URL -p PROMPT [options]",
-        .intro = "The client side of the split (docs/split.md): the EAGLE-3 head drafts here, a specdec server\n"
-                 "(serve --split) verifies every tree and sends back the target's states the head reads.\n"
+        .intro = "The client side of the split (docs/split.md): the EAGLE-3 head or the MoA drafter drafts here, a\n"
+                 "specdec server (serve --split) verifies every tree and sends back the target's states the\n"
+                 "drafter reads (EAGLE-3: fused rows; MoA: every layer's K,V rows of the accepted positions).\n"
                  "Greedy text equals the target's own. When the server cannot be reached the client drafts on\n"
                  "alone, emitting tokens marked unverified; when it is back they are verified, and the ones\n"
                  "the target disagrees with are replaced. The summary line (stderr) gives server calls and\n"
@@ -197,18 +198,28 @@ int cmd_client(int argc, char **argv) {
             goto out;
         }
     }
-    if (sd_head_get_type(h) != SD_HEAD_EAGLE3) {
-        cli_error("client: the head must be an EAGLE-3 head");
+    const int moa = sd_head_get_type(h) == SD_HEAD_MOA;
+    if (!moa && sd_head_get_type(h) != SD_HEAD_EAGLE3) {
+        cli_error("client: the drafter must be an EAGLE-3 head or an MoA drafter");
         goto out;
     }
+    const char *kind = moa ? "moa:" : "eagle3:";
+    if (!method) method = moa ? "moa:dyn:4-5-16" : "eagle3:dyn:4-5-16";
     sd_method meth;
-    if (strncmp(method, "eagle3:", 7) || strstr(method, "auto")) {
-        cli_error("client: --method: expected eagle3:chain:K, eagle3:tree:W1-W2-... or eagle3:dyn:B-D-M, got '%s'",
-                  method);
+    if (strncmp(method, kind, strlen(kind)) || strstr(method, "auto")) {
+        cli_error("client: --method: expected %schain:K, %stree:W1-W2-... or %sdyn:B-D-M (the drafter is %s), got '%s'",
+                  kind, kind, kind, moa ? "MoA" : "EAGLE-3", method);
         goto out;
     }
+    if (moa && private_text) {
+        cli_error("client: --private needs an EAGLE-3 drafter: the MoA drafter reads only the target's K,V rows, "
+                  "which the server never computes for private text");
+        goto out;
+    }
+    co.kv = moa;
     sd_method_env env = sd_method_env_default(m);
-    env.head_eagle3 = h;
+    if (moa) env.head_moa = h;
+    else env.head_eagle3 = h;
     env.n_threads = n_threads;
     env.n_ctx = 4096;
     if (sd_method_parse(method, &meth, err, sizeof err) < 0 || sd_method_make(&meth, &env, &d, err, sizeof err) < 0 ||

@@ -1,13 +1,15 @@
 // draft_remote.c - a drafter driven by hand (include/specdec_spec.h): a
 // program whose target runs elsewhere (specdec client: a server verifies)
 // asks the drafter for a tree, has it verified, and tells the drafter what
-// was accepted with the target's states of those positions, fused by the
-// server (sd_head_fuse) or, offline, none (the head's own predictions).
+// was accepted with the target's states of those positions: for EAGLE-3
+// fused by the server (sd_head_fuse) or, offline, none (the head's own
+// predictions); for MoA every layer's K,V rows (sd_session_kv_read).
 #include <stdlib.h>
 #include <string.h>
 
 #include "common.h"
 #include "draft/draft_eagle3.h"
+#include "draft/draft_moa.h"
 #include "draft/drafter.h"
 #include "head/head.h"
 
@@ -37,10 +39,11 @@ void sd_tree_clear(sd_tree *t, int32_t root) { sd_tree_reset(t, root); }
 float sd_tree_p(const sd_tree *t, int i) { return t && i >= 0 && i < t->n ? t->p[i] : 0.0f; }
 
 int sd_drafter_remote(sd_drafter *d, char *err, size_t errlen) {
-    if (sd_draft_eagle3_set_fused(d, 1) < 0)
+    if (sd_draft_eagle3_set_fused(d, 1) < 0 && sd_draft_moa_set_remote(d, 1) < 0)
         return sd_errc(SD_ERR_INPUT, err, errlen,
-                       "drafter '%s': only an EAGLE-3 drafter without online adaptation drafts remotely",
-                       sd_drafter_name(d));
+                       "drafter '%s': only an EAGLE-3 drafter without online adaptation or an MoA drafter drafts "
+                       "remotely",
+                       d ? sd_drafter_name(d) : "(none)");
     return 0;
 }
 

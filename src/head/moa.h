@@ -110,5 +110,7 @@ int sd_moa_run_eval(sd_moa_run *r, const int32_t *tok, const int32_t *pos, const
                     float *logits, float *h_out, char *err, size_t errlen);
 int sd_moa_run_n_pending(const sd_moa_run *r);
 void sd_moa_run_drop_pending(sd_moa_run *r);
+// Keeps the first n pending rows (slots 0 .. n-1), drops the rest.
+void sd_moa_run_keep_pending(sd_moa_run *r, int n);
 
 #endif

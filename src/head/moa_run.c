@@ -265,6 +265,9 @@ int sd_moa_run_n_cached(const sd_moa_run *r) { return r->n_cached; }
 int sd_moa_run_n_ctx(const sd_moa_run *r) { return r->n_ctx; }
 int sd_moa_run_n_pending(const sd_moa_run *r) { return r->n_pend; }
 void sd_moa_run_drop_pending(sd_moa_run *r) { r->n_pend = 0; }
+void sd_moa_run_keep_pending(sd_moa_run *r, int n) {
+    if (n >= 0 && n < r->n_pend) r->n_pend = n;
+}
 void sd_moa_run_truncate(sd_moa_run *r, int n) {
     if (n >= 0 && n < r->n_cached) r->n_cached = n;
     r->n_pend = 0;

@@ -52,7 +52,9 @@ struct cl_client {
     int online, finished;
     const cl_sink *sink;
     cl_stats *s;
-    float *rowbuf;       // (MAX_NODES, d)
+    float *rowbuf;       // (MAX_NODES, d) fused rows
+    int n_layer, kvd;    // kv (MoA): the target's layers and K (or V) width; a position's rows (n_layer, 2 kvd)
+    float *kvbuf;        // (MAX_NODES, n_layer, 2 kvd) K,V rows
     double t0;
     double stuck_since;  // offline with nothing to draft since (ms), 0: not stuck
 };
@@ -86,6 +88,12 @@ int cl_client_new(cl_client **out, const cl_opts *o, const sd_model *model, sd_d
     c->n_vocab = info.n_vocab;
     c->d_embd = info.n_embd;
     c->n_ctx = 4096;
+    c->n_layer = info.n_layer;
+    c->kvd = info.n_head_kv * info.head_dim;
+    if (o->kv && !(c->kvbuf = malloc(sizeof(float) * MAX_NODES * (size_t)c->n_layer * 2 * (size_t)c->kvd))) {
+        free(c);
+        return snprintf(err, errlen, "out of memory"), -1;
+    }
     c->text = malloc(sizeof(int32_t) * (size_t)c->n_ctx);
     c->st = malloc(sizeof(float) * (size_t)c->n_ctx * (size_t)c->d_embd);
     c->st_ok = calloc((size_t)c->n_ctx, 1);
@@ -108,6 +116,7 @@ void cl_client_free(cl_client *c) {
     free(c->st);
     free(c->st_ok);
     free(c->rowbuf);
+    free(c->kvbuf);
     free(c);
 }
 
@@ -149,8 +158,39 @@ static void take_rows(cl_client *c, const uint8_t *rows, int n, int pos0, float 
     }
 }
 
+// Bytes of one position's states in a reply.
+static size_t row_bytes(const cl_client *c) {
+    return c->o.kv ? 2 * (size_t)c->n_layer * (4 + (size_t)c->kvd) : 4 + (size_t)c->d_embd;
+}
+
+// kv: n positions' int8 K,V rows (n, 2 L, 4 + kvd) into c->kvbuf (n, L, 2 kvd) floats, [K | V] a layer.
+static void kv_floats(cl_client *c, const uint8_t *rows, int n) {
+    const int w = c->kvd;
+    for (int i = 0; i < n * 2 * c->n_layer; i++) {
+        const uint8_t *r = rows + (size_t)i * (4 + (size_t)w);
+        float sc;
+        memcpy(&sc, r, 4);
+        float *o = c->kvbuf + (size_t)i * w;
+        for (int j = 0; j < w; j++) o[j] = sc * (float)(int8_t)r[4 + j];
+    }
+}
+
+// kv: the drafter hears the K,V rows (n positions) of positions pos0.. of the text.
+static int kv_tell(cl_client *c, const uint8_t *rows, int pos0, int n, char *err, size_t errlen) {
+    const size_t rb = row_bytes(c);
+    for (int i = 0; i < n; i += MAX_NODES) {
+        const int k = SD_MIN(MAX_NODES, n - i);
+        kv_floats(c, rows + rb * (size_t)i, k);
+        if (sd_drafter_tell_prompt(c->d, c->text, pos0 + i, k, c->kvbuf, err, errlen) < 0) return -1;
+    }
+    return 0;
+}
+
 // The drafter forgets and hears the verified text again with every state known.
+// (kv: the MoA drafter follows the text by position and heard every verified
+// position's rows as they came: nothing to do.)
 static int refeed(cl_client *c, char *err, size_t errlen) {
+    if (c->o.kv) return 0;
     sd_drafter_reset(c->d);
     int p = 0;
     while (p < c->nv) {
@@ -221,8 +261,8 @@ static int do_open(cl_client *c, char *err, size_t errlen) {
     for (int i = c->n_priv; i < base; i++) json_array_append_new(ids, json_integer(c->text[i]));
     int left = c->o.n_predict - (base - c->n_prompt);
     const sd_sampler_params *sp = &c->o.sp;
-    json_t *o = json_pack("{s:o, s:i, s:b, s:f, s:i, s:f, s:f, s:I}", "prompt", ids, "n_predict", left > 0 ? left : 1,
-                          "states", c->o.states, "temperature", (double)sp->temp, "top_k", sp->top_k, "top_p",
+    json_t *o = json_pack("{s:o, s:i, s:o, s:f, s:i, s:f, s:f, s:I}", "prompt", ids, "n_predict", left > 0 ? left : 1,
+                          "states", c->o.states && c->o.kv ? json_string("kv") : json_boolean(c->o.states), "temperature", (double)sp->temp, "top_k", sp->top_k, "top_p",
                           (double)sp->top_p, "min_p", (double)sp->min_p, "seed", (json_int_t)sp->seed);
     char *body = json_dumps(o, JSON_COMPACT);
     json_decref(o);
@@ -253,6 +293,15 @@ static int do_open(cl_client *c, char *err, size_t errlen) {
     c->server_max_nodes = (int)json_integer_value(json_object_get(a, "max_nodes"));
     int n_states = (int)json_integer_value(json_object_get(a, "n_states"));
     const char *b64 = json_string_value(json_object_get(a, "states"));
+    const char *kind = json_string_value(json_object_get(a, "state_kind"));
+    const int kv_ok = !c->o.kv || (kind && !strcmp(kind, "kv") &&
+                                   (int)json_integer_value(json_object_get(a, "n_layer")) == c->n_layer &&
+                                   (int)json_integer_value(json_object_get(a, "kv_width")) == c->kvd);
+    if (c->o.kv && c->o.states && !kv_ok) {
+        json_decref(a);
+        return snprintf(err, errlen, "the server sends no K,V rows for this model (an MoA client needs a server of "
+                                     "the same target)"), -1;
+    }
     if (b64 && n_states > 0 && (int)json_integer_value(json_object_get(a, "n_embd")) == c->d_embd) {
         size_t L = strlen(b64), o2 = 0;
         uint8_t *raw = malloc(L / 4 * 3 + 3);
@@ -264,8 +313,14 @@ static int do_open(cl_client *c, char *err, size_t errlen) {
             if (v2 >= 0) raw[o2++] = (uint8_t)(v >> 8);
             if (v3 >= 0) raw[o2++] = (uint8_t)v;
         }
-        const size_t rb = 4 + (size_t)c->d_embd;
-        if (raw && o2 >= rb * (size_t)n_states) {
+        const size_t rb = row_bytes(c);
+        if (raw && o2 >= rb * (size_t)n_states && c->o.kv) {
+            if (kv_tell(c, raw, c->n_priv, SD_MIN(n_states, base - c->n_priv), err, errlen) < 0) {
+                free(raw);
+                json_decref(a);
+                return -1;
+            }
+        } else if (raw && o2 >= rb * (size_t)n_states) {
             float *tmp = malloc(sizeof(float) * (size_t)c->d_embd);
             for (int i = 0; tmp && i < n_states && c->n_priv + i < base; i++)
                 take_rows(c, raw + rb * (size_t)i, 1, c->n_priv + i, tmp);
@@ -317,8 +372,9 @@ static int send_pending(cl_client *c, char *err, size_t errlen) {
     const int fin = b[8];
     uint32_t want;
     memcpy(&want, c->pbody + 4, 4);
-    if (magic != MAGIC_REP || seq != want || na >= c->pn || r.len != 20 + 4 * (size_t)na + (size_t)nr * (4 + (size_t)d) ||
-        (nr && d != c->d_embd))
+    if (magic != MAGIC_REP || seq != want || na >= c->pn || (nr && b[9] != (c->o.kv ? 2 : 1)) ||
+        r.len != 20 + 4 * (size_t)na + (size_t)nr * (c->o.kv ? 2 * (size_t)c->n_layer * (4 + (size_t)d) : 4 + (size_t)d) ||
+        (nr && d != (c->o.kv ? c->kvd : c->d_embd)) || nr > na + 1)
         return snprintf(err, errlen, "the server's round reply is not understood"), -1;
     c->s->round_ms_sum += r.ms;
     if (r.ms > c->s->round_ms_max) c->s->round_ms_max = r.ms;
@@ -354,9 +410,22 @@ static int send_pending(cl_client *c, char *err, size_t errlen) {
     }
     if (!ok) return snprintf(err, errlen, "the server accepted a path that is not in the tree"), -1;
     const uint8_t *rows = b + 20 + 4 * (size_t)na;
-    take_rows(c, rows, nr, base - 1, c->rowbuf);
+    if (!c->o.kv) take_rows(c, rows, nr, base - 1, c->rowbuf);
     const int was_online = c->n_text == c->nv;
     reconcile(c, V, nV, base);
+    if (c->o.kv) {   // MoA: the path's K,V rows; online, with the step's outcome
+        const int n = SD_MIN(nr, c->n_text - (base - 1));
+        if (was_online && bonus >= 0 && n == np) {
+            kv_floats(c, rows, n);
+            if (sd_drafter_tell(c->d, c->tree, path, np, bonus, c->kvbuf, err, errlen) < 0) return -1;
+        } else {
+            if (was_online && bonus >= 0 && sd_drafter_tell(c->d, c->tree, path, np, bonus, NULL, err, errlen) < 0)
+                return -1;
+            if (n > 0 && kv_tell(c, rows, base - 1, n, err, errlen) < 0) return -1;
+        }
+        set_finish(c, bonus < 0 ? (fin ? fin : 5) : fin);
+        return 1;
+    }
     if (bonus < 0) {
         set_finish(c, fin ? fin : 5);
         return 1;

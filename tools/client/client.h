@@ -20,7 +20,8 @@ typedef struct cl_opts {
     int offline_depth;       // tokens drafted per offline step (a chain)
     int retry_ms;            // the background probe's period while offline
     int final_wait_ms;       // at the end, how long to wait for the server to verify unverified tokens
-    int states;              // 1: ask for the target's fused states (0: the drafter reads none)
+    int states;              // 1: ask for the target's states (0: the drafter reads none)
+    int kv;                  // 1: the drafter is MoA: the states are every layer's K,V rows (0: EAGLE-3's fused rows)
     int verbose;
     sd_sampler_params sp;    // the target's sampling (temp 0: greedy), sent with the open
 } cl_opts;
@@ -60,7 +61,7 @@ typedef struct cl_stats {
 
 typedef struct cl_client cl_client;
 // model: the client file (or the target) for its tokenizer, embeddings and
-// vocabulary; d: an EAGLE-3 drafter made remote (sd_drafter_remote).
+// vocabulary; d: an EAGLE-3 or MoA (o->kv) drafter made remote (sd_drafter_remote).
 int cl_client_new(cl_client **out, const cl_opts *o, const sd_model *model, sd_drafter *d, char *err, size_t errlen);
 void cl_client_free(cl_client *c);
 // Generates after prompt; tokens through sink. prompt[0 .. n_private) is

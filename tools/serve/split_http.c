@@ -93,7 +93,17 @@ static int do_open(sv_server *s, const char *body, size_t len, char **out, size_
         }
         ids[i] = (int32_t)x;
     }
-    int want_states = !ws || json_is_true(ws);
+    // states: true (the default: fused rows when the server has an EAGLE-3 head), false, "fused", "kv"
+    int kind = !ws || json_is_true(ws) ? (s->split->n_extract > 0 ? SV_KIND_FUSED : SV_KIND_NONE) : SV_KIND_NONE;
+    const char *wk = json_string_value(ws);
+    if (wk && !strcmp(wk, "kv")) kind = SV_KIND_KV;
+    else if (wk && !strcmp(wk, "fused") && s->split->n_extract > 0) kind = SV_KIND_FUSED;
+    else if ((wk && strcmp(wk, "none")) || (ws && !wk && !json_is_boolean(ws))) {
+        json_decref(o);
+        snprintf(msg, sizeof msg, "'states' is true, false, \"kv\" (every layer's K,V rows: an MoA client)%s",
+                 s->split->n_extract > 0 ? " or \"fused\"" : "; \"fused\" needs an EAGLE-3 head (serve --head)");
+        return error_out(400, "invalid_states", msg, out, out_len, ctype);
+    }
     // sampling: the target's distribution (the race draw: the text plain sampling gives for the seed)
     sd_sampler_params sp = sd_sampler_default_params();
     sp.temp = 0.0f;
@@ -147,7 +157,8 @@ static int do_open(sv_server *s, const char *body, size_t len, char **out, size_
     snprintf(e->id, sizeof e->id, "g%lx%08lx", ++t->next, (unsigned long)((uint64_t)(now * 1000.0) & 0xffffffffu));
     pthread_mutex_unlock(&s->mu);
     char err[256];
-    e->want_states = want_states && t->n_extract > 0;
+    e->kind = kind;
+    e->want_states = kind != SV_KIND_NONE;
     int rc = sv_split_make(s, e, ids, n, n_predict, &sp, err, sizeof err);
     free(ids);
     pthread_mutex_lock(&s->mu);
@@ -259,7 +270,8 @@ static int do_round(sv_server *s, const char *id, const char *body, size_t len, 
     memcpy(e->tree_tok, tok, 4 * (size_t)n);
     memcpy(e->tree_par, par, 2 * (size_t)n);
     e->tree_n = n;
-    e->want_states = (flags & 1) && s->split->n_extract > 0;
+    e->want_states = (flags & 1) && e->kind != SV_KIND_NONE;
+    e->root_pos = nt - 1;
     e->seq_work = seq;
     e->state = SPL_ROUND;
     pthread_cond_broadcast(&s->cv);
