@@ -16,7 +16,9 @@ drafter runs LSA on them and fills its TLI layers' cache.
   - sampled text equal to `generate --temp 0.8 --seed 11`'s;
   - a cut at the 50th token and back: the final text is the target's;
   - "states" other than true/false/"kv"/"fused" is 400; --private with an
-    MoA drafter is refused with the reason.
+    MoA drafter is refused with the reason;
+  - one generation room (--split 1) serves an EAGLE-3 generation (fused
+    rows, 4 + d bytes a position), then the MoA ones (2L (4 + kvd) bytes).
 
 Prints PASS/FAIL/SKIP lines (scripts/run-tests.sh counts them).
 """
@@ -33,10 +35,10 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from report import exit_status, report  # noqa: E402
 from serve_proc import ServeProcess  # noqa: E402
-from test_split import BIN, MODEL, PROMPT, PROMPT2, Proxy, free_port, generate, open_gen, post, round_body  # noqa: E402
+from test_split import BIN, HEAD, MODEL, PROMPT, PROMPT2, Proxy, free_port, generate, post, round_body  # noqa: E402
 
 RANDOM_HEAD = os.path.join(ROOT, "build", "tests", "tool_random_head")
-CASES = ["client_files", "greedy_tli0", "greedy_tli1", "profile_4g_tli1", "exact_accepted", "reply_size",
+CASES = ["client_files", "fused_then_kv", "greedy_tli0", "greedy_tli1", "profile_4g_tli1", "exact_accepted", "reply_size",
          "sampling_equals_generate", "cut_at_50_resumes", "bad_states_400", "private_refused"]
 
 
@@ -88,10 +90,21 @@ def main():
     ref = generate(PROMPT, N)
     port = free_port()
     try:
-        srv = ServeProcess(BIN, MODEL, "--split", "4", "-np", "1", "--port", str(port))
+        head = ["--head", HEAD] if os.path.exists(HEAD) else []
+        srv = ServeProcess(BIN, MODEL, *head, "--split", "1", "-np", "1", "--port", str(port))
     except RuntimeError as e:
         skip_all(str(e))
     try:
+        if want("fused_then_kv"):
+            st, b = post(srv.port, "/v1/split/open", json.dumps({"prompt": [1, 504, 3458, 2196], "n_predict": 8}),
+                         "application/json")
+            o = json.loads(b)
+            sc, _ = post(srv.port, f"/v1/split/close?id={o.get('id')}", b"", "application/json")
+            if not head:
+                print("SKIP fused_then_kv: no EAGLE-3 head (heads/), the server sends no fused rows")
+            else:
+                report("fused_then_kv", st == 200 and o.get("state_kind") == "fused" and sc == 200,
+                       f"{st} {sc} {dict((k, v) for k, v in o.items() if k != 'states')}")
         px = Proxy(srv.port)
         url = f"http://127.0.0.1:{px.port}"
         for tli, kind in ((0, "moa"), (1, "moa-tli1")):
@@ -125,6 +138,7 @@ def main():
             magic, seq, fin, q, na, bonus, nr, dw = struct.unpack("<IIBBHiHH", r1[:20]) if s1 == 200 else (0,) * 8
             want_len = 20 + 4 * na + (na + 1) * 2 * L * (4 + w)
             raw = len(o.get("states", "")) * 3 // 4 - o.get("states", "").count("=")
+            post(srv.port, f"/v1/split/close?id={o.get('id')}", b"", "application/json")
             report("reply_size", st == 200 and o.get("state_kind") == "kv" and L == 30 and w == 192 and
                    o.get("n_states") == 4 and raw == 4 * 2 * L * (4 + w) and s1 == 200 and q == 2 and nr == na + 1
                    and dw == w and len(r1) == want_len,

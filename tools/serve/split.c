@@ -15,11 +15,12 @@ size_t sv_split_row_bytes(const sv_splits *t, int kind) {
     return kind == SV_KIND_FUSED ? 4 + (size_t)t->d : kind == SV_KIND_KV ? 2 * (size_t)t->n_layer * (4 + (size_t)t->kvd) : 0;
 }
 
-// Room for n more positions in e->rows (rb bytes each).
+// Room for n more positions in e->rows (rb bytes each; a generation's kind sets rb, the buffer outlives it).
 static int rows_room(sv_split *e, size_t rb, int n) {
-    if (e->n_rows + n <= e->cap_rows) return 0;
-    int cap = SD_MAX(e->n_rows + n, 2 * e->cap_rows);
-    uint8_t *r = realloc(e->rows, rb * (size_t)cap);
+    const size_t need = rb * (size_t)(e->n_rows + n);
+    if (need <= e->cap_rows) return 0;
+    size_t cap = SD_MAX(need, 2 * e->cap_rows);
+    uint8_t *r = realloc(e->rows, cap);
     if (!r) return -1;
     e->rows = r;
     e->cap_rows = cap;

@@ -50,7 +50,8 @@ typedef struct sv_split {
     // SV_KIND_FUSED one row (4 + d) a position; SV_KIND_KV 2 L rows (4 + kvd) a position,
     // layer by layer its K row then its V row
     uint8_t *rows;         // (n_rows, sv_split_row_bytes)
-    int n_rows, cap_rows;  // positions
+    int n_rows;            // positions
+    size_t cap_rows;       // bytes allocated
     float *fbuf;           // (SV_SPLIT_MAX_NODES, d) fused scratch
     float *kbuf, *vbuf;    // (SV_SPLIT_MAX_NODES, kvd) K,V scratch
     int first_token;       // open: the target's first token
