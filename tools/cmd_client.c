@@ -12,6 +12,7 @@
 #include "cli_head.h"
 #include "cli_opts.h"
 #include "client/client.h"
+#include "client/text.h"
 #include "utf8.h"
 
 typedef struct out_state {
@@ -69,6 +70,27 @@ static void on_emit(void *user, const int32_t *toks, int n, int verified) {
     fflush(stdout);
 }
 
+// The last token's text up to n bytes (a stop string starts there).
+static void on_emit_part(void *user, int32_t t, int n, int verified) {
+    out_state *o = user;
+    if (o->json || n <= 0) return;
+    int k = piece(o, t, o->piece, sizeof o->piece);
+    if (n > k) n = k;
+    if (o->events) {
+        json_t *a = json_array();
+        json_array_append_new(a, json_integer(t));
+        cli_json_write(stdout, json_pack("{s:o, s:o, s:b, s:b}", "tokens", a, "text", cli_json_str(o->piece, (size_t)n),
+                                         "verified", verified, "partial", 1));
+        return;
+    }
+    if (o->tty && !verified && !o->unverified_open) fputs("\x1b[2m", stdout), o->unverified_open = 1;
+    if (o->tty && verified && o->unverified_open) fputs("\x1b[0m", stdout), o->unverified_open = 0;
+    fwrite(o->pend, 1, o->len, stdout);   // whatever waited for the rest of a UTF-8 character, then the part
+    o->len = 0;
+    fwrite(o->piece, 1, (size_t)n, stdout);
+    fflush(stdout);
+}
+
 static void on_retract(void *user, int n, const char *why) {
     out_state *o = user;
     if (o->events) cli_json_write(stdout, json_pack("{s:i, s:s}", "retract", n, "why", why));
@@ -98,7 +120,8 @@ static double pct(double *v, long n, double q) {
 int cmd_client(int argc, char **argv) {
     const char *model_path = NULL, *head_spec = NULL, *prompt = NULL, *system = NULL, *method = NULL;
     int chat = 0, json = 0, events = 0, verbose = 0, n_threads = 1, no_states = 0;
-    const char *temp_given = NULL, *private_text = NULL;
+    const char *temp_given = NULL, *private_text = NULL, *stops[CL_MAX_STOP];
+    int n_stops = 0;
     cl_opts co = {.sp = sd_sampler_default_params(), .timeout_ms = 3000, .n_predict = 256, .max_nodes = 16, .offline_depth = 4, .retry_ms = 250,
                   .final_wait_ms = 3000, .states = 1};
     const cli_opt opts[] = {
@@ -118,6 +141,9 @@ int cmd_client(int argc, char **argv) {
                  "is the target's answer to the prompt alone; the private text only steers the drafts (speed), "
                  "never the text (docs/split.md)"},
         {"--chat", NULL, CLI_FLAG, &chat, .help = "wrap the prompt in the model's chat template"},
+        {"--stop", NULL, CLI_LIST, stops, .max = CL_MAX_STOP, .count = &n_stops, .meta = "TEXT", .what = "stop strings",
+         .help = "end the text where TEXT first appears in the verified text (repeatable; the server stops there "
+                 "too): nothing from it on is printed"},
         {"--system", NULL, CLI_STRING, &system, .meta = "TEXT", .help = "--chat: the system message"},
         {"--n-predict", "-n", CLI_INT, &co.n_predict, 1, 4000, .meta = "N", .def = CLI_DEF_VALUE,
          .help = "tokens to generate"},
@@ -167,6 +193,8 @@ int cmd_client(int argc, char **argv) {
     int pr = cli_parse(&cmd, argc, argv);
     if (pr != CLI_PARSE_OK) return cli_parse_exit(pr);
     co.states = !no_states;
+    co.stop = stops;
+    co.n_stop = n_stops;
     if (!temp_given) co.sp.temp = 0.0f;   // greedy unless --temp
     co.verbose = verbose;
     if (events) json = 0;
@@ -252,7 +280,7 @@ int cmd_client(int argc, char **argv) {
         goto out;
     }
     out_state os = {.tok = sd_model_tokenizer(m), .events = events, .json = json, .tty = isatty(1)};
-    const cl_sink sink = {&os, on_emit, on_retract, on_note};
+    const cl_sink sink = {&os, on_emit, on_emit_part, on_retract, on_note};
     if (cl_client_run(c, ids, n, n_priv, &sink, &st, err, sizeof err) < 0) {
         if (!json && !events) fputc('\n', stdout);
         cli_error("client: %s", err);
@@ -283,6 +311,7 @@ int cmd_client(int argc, char **argv) {
             memcpy(txt + tl, pc, (size_t)k);
             tl += (size_t)k;
         }
+        if (st.stop_bytes >= 0 && (size_t)st.stop_bytes < tl) tl = (size_t)st.stop_bytes;   // up to the stop string
         json_t *ta = json_array();
         for (int i = 0; i < nt; i++) json_array_append_new(ta, json_integer(toks[i]));
         json_t *o = json_pack(

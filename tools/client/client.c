@@ -10,6 +10,7 @@
 // the unverified tokens as chains: what the target agrees with is kept, the
 // rest replaced by its tokens.
 #include "client/client.h"
+#include "client/text.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -57,6 +58,8 @@ struct cl_client {
     float *kvbuf;        // (MAX_NODES, n_layer, 2 kvd) K,V rows
     double t0;
     double stuck_since;  // offline with nothing to draft since (ms), 0: not stuck
+    cl_text *tx;         // the text's bytes, stop strings, what was emitted (text.h)
+    int offline_end;     // the text was ended offline (an end token, a stop string in unverified text)
 };
 
 static double now_ms(void) {
@@ -98,7 +101,9 @@ int cl_client_new(cl_client **out, const cl_opts *o, const sd_model *model, sd_d
     c->st = malloc(sizeof(float) * (size_t)c->n_ctx * (size_t)c->d_embd);
     c->st_ok = calloc((size_t)c->n_ctx, 1);
     c->rowbuf = malloc(sizeof(float) * MAX_NODES * (size_t)c->d_embd);
-    if (!c->text || !c->st || !c->st_ok || !c->rowbuf || sd_tree_new(&c->tree, MAX_NODES, c->n_vocab, err, errlen) < 0 ||
+    if (!c->text || !c->st || !c->st_ok || !c->rowbuf ||
+        cl_text_new(&c->tx, c->tok, c->n_ctx, o->stop, o->n_stop, err, errlen) < 0 ||
+        sd_tree_new(&c->tree, MAX_NODES, c->n_vocab, err, errlen) < 0 ||
         cl_net_new(&c->net, o->server, o->timeout_ms, o->api_key, err, errlen) < 0) {
         if (!err[0]) snprintf(err, errlen, "out of memory");
         cl_client_free(c);
@@ -111,6 +116,7 @@ int cl_client_new(cl_client **out, const cl_opts *o, const sd_model *model, sd_d
 void cl_client_free(cl_client *c) {
     if (!c) return;
     cl_net_free(c->net);
+    cl_text_free(c->tx);
     sd_tree_destroy(c->tree);
     free(c->text);
     free(c->st);
@@ -132,11 +138,26 @@ static void count_net(cl_client *c) {
     c->s->calls = (long)calls;
 }
 
-// Emits text[from .. n_text) (verified or not).
-static void emit_from(cl_client *c, int from, int verified) {
-    if (from >= c->n_text) return;
-    if (c->s->ttft_ms <= 0) c->s->ttft_ms = now_ms() - c->t0;
-    if (c->sink && c->sink->emit) c->sink->emit(c->sink->user, c->text + from, c->n_text - from, verified);
+// After the text grew: emits what is safe (all with final); a stop string
+// ends the text after the token completing it.
+static void after_change(cl_client *c, int final) {
+    const int out0 = cl_text_n_out(c->tx);
+    int stopped = 0;
+    const int keep = cl_text_sync(c->tx, c->text, c->n_text, c->nv, final, c->sink, &stopped);
+    if (cl_text_n_out(c->tx) > out0 && c->s->ttft_ms <= 0) c->s->ttft_ms = now_ms() - c->t0;
+    if (!stopped) return;
+    c->n_text = keep;
+    if (c->nv > keep) c->nv = keep;
+    c->offline_end = c->nv < keep;   // matched in unverified text: the server may still disagree
+    c->finished = 1;
+    snprintf(c->s->finish, sizeof c->s->finish, "stopped");
+}
+
+// Cuts the text to n tokens (the emitted ones beyond are retracted).
+static void cut_to(cl_client *c, int n, const char *why) {
+    c->n_text = n;
+    if (c->nv > n) c->nv = n;
+    cl_text_cut(c->tx, n, why, c->sink);
 }
 
 static int gen_left(const cl_client *c) { return c->o.n_predict - (c->n_text - c->n_prompt); }
@@ -215,19 +236,22 @@ static int reconcile(cl_client *c, const int32_t *V, int m, int base) {
     if (j < m && base + j < c->n_text) {
         replaced = c->n_text - (base + j);
         c->s->replaced += replaced;
-        c->n_text = base + j;
         char why[160];
         snprintf(why, sizeof why, "the server verified %d of the unverified tokens and replaced the next %d",
                  c->s->confirmed > 0 ? (int)c->s->confirmed : 0, replaced);
-        if (c->sink && c->sink->retract) c->sink->retract(c->sink->user, replaced, why);
+        cut_to(c, base + j, why);
+        if (c->offline_end) {   // the end decided offline went with them: generate on
+            c->offline_end = 0;
+            c->finished = 0;
+            snprintf(c->s->finish, sizeof c->s->finish, "length");
+        }
     }
-    int from = c->n_text;
     const int lim = SD_MIN(c->n_ctx, c->n_prompt + c->o.n_predict);
     for (int k = j; k < m && c->n_text < lim; k++) c->text[c->n_text++] = V[k];
     if (c->nv < base + m) c->nv = base + m;
     if (c->nv > c->n_text) c->nv = c->n_text;
     if (c->nv >= c->n_prompt + c->o.n_predict) c->finished = 1;   // the verified text is complete
-    emit_from(c, from, 1);
+    after_change(c, 0);
     return replaced;
 }
 
@@ -264,6 +288,11 @@ static int do_open(cl_client *c, char *err, size_t errlen) {
     json_t *o = json_pack("{s:o, s:i, s:o, s:f, s:i, s:f, s:f, s:I}", "prompt", ids, "n_predict", left > 0 ? left : 1,
                           "states", c->o.states && c->o.kv ? json_string("kv") : json_boolean(c->o.states), "temperature", (double)sp->temp, "top_k", sp->top_k, "top_p",
                           (double)sp->top_p, "min_p", (double)sp->min_p, "seed", (json_int_t)sp->seed);
+    if (o && c->o.n_stop > 0) {   // the server stops its generation at them too
+        json_t *sa = json_array();
+        for (int i = 0; i < c->o.n_stop; i++) json_array_append_new(sa, json_string(c->o.stop[i]));
+        json_object_set_new(o, "stop", sa);
+    }
     char *body = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     if (!body) return snprintf(err, errlen, "out of memory"), -1;
@@ -496,9 +525,8 @@ static int resync(cl_client *c, char *err, size_t errlen) {
     }
     if (c->n_text > c->nv && c->finished) {   // the server's generation ended before the text did
         int cut = c->n_text - c->nv;
-        c->n_text = c->nv;
         c->s->replaced += cut;
-        if (c->sink && c->sink->retract) c->sink->retract(c->sink->user, cut, "the target's generation ended before them");
+        cut_to(c, c->nv, "the target's generation ended before them");
     }
     if (unver0 > 0)
         note(c, "server back: %ld of %d unverified tokens verified as they were, %ld replaced by the target's", 
@@ -547,16 +575,15 @@ static int offline_step(cl_client *c, char *err, size_t errlen) {
     // the last token becomes the next root; the path's states are the head's own
     if (sd_drafter_tell(c->d, c->tree, path, np - 1, sd_tree_token(c->tree, path[np - 1]), NULL, err, errlen) < 0)
         return -1;
-    emit_from(c, from, 0);
     for (int k = from; k < c->n_text; k++)
         if (sd_token_is_eog(c->tok, c->text[k])) {   // the drafter ended the text: stop there
-            int extra = c->n_text - k - 1;
-            c->n_text = k + 1;
-            if (extra > 0 && c->sink && c->sink->retract) c->sink->retract(c->sink->user, extra, "after an end token");
+            cut_to(c, k + 1, "after an end token");
             c->finished = 1;
+            c->offline_end = 1;
             snprintf(c->s->finish, sizeof c->s->finish, "eog");
             break;
         }
+    after_change(c, 0);
     return 0;
 }
 
@@ -565,6 +592,7 @@ int cl_client_run(cl_client *c, const int32_t *prompt, int n_prompt, int n_priva
                   char *err, size_t errlen) {
     memset(st, 0, sizeof *st);
     snprintf(st->finish, sizeof st->finish, "length");
+    st->stop_bytes = -1;
     c->s = st;
     c->sink = sink;
     c->t0 = now_ms();
@@ -573,6 +601,8 @@ int cl_client_run(cl_client *c, const int32_t *prompt, int n_prompt, int n_priva
                         c->o.n_predict, c->n_ctx), -1;
     memcpy(c->text, prompt, sizeof(int32_t) * (size_t)n_prompt);
     c->n_text = c->n_prompt = n_prompt;
+    cl_text_reset(c->tx, n_prompt);
+    c->offline_end = 0;
     c->n_priv = n_private >= 0 && n_private < n_prompt ? n_private : 0;
     c->nv = 0;
     st->n_prompt = n_prompt;
@@ -628,11 +658,10 @@ int cl_client_run(cl_client *c, const int32_t *prompt, int n_prompt, int n_priva
         sleep_ms(50);
     }
     cl_net_probe_stop(c->net);
-    if (c->n_text - c->n_prompt > c->o.n_predict) {   // a step past -n: cut (never unverified: nothing to retract)
-        int extra = c->n_text - c->n_prompt - c->o.n_predict;
-        c->n_text -= extra;
-        if (c->nv > c->n_text) c->nv = c->n_text;
-    }
+    if (c->n_text - c->n_prompt > c->o.n_predict)   // a step past -n: cut (never emitted: nothing to retract)
+        cut_to(c, c->n_prompt + c->o.n_predict, "past -n");
+    after_change(c, 1);   // what was held back for a stop string that never came
+    st->stop_bytes = cl_text_stop_bytes(c->tx);
     st->never_verified = c->n_text - c->nv;
     st->n_generated = c->n_text - c->n_prompt;
     if (c->online && c->id[0]) {   // done with it: the server frees it

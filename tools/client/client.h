@@ -24,13 +24,18 @@ typedef struct cl_opts {
     int kv;                  // 1: the drafter is MoA: the states are every layer's K,V rows (0: EAGLE-3's fused rows)
     int verbose;
     sd_sampler_params sp;    // the target's sampling (temp 0: greedy), sent with the open
+    const char *const *stop; // (n_stop) stop strings (--stop): the text ends where the first one starts
+    int n_stop;
 } cl_opts;
 
 // How the text comes out, in order. The text is the concatenation of every
-// emit, less what each retract takes back (from its end).
+// emit (and emit_part), less what each retract takes back (from its end,
+// counted in emitted tokens).
 typedef struct cl_sink {
     void *user;
     void (*emit)(void *user, const int32_t *tokens, int n, int verified);
+    // the last token's text only up to n_bytes: a stop string starts there (nothing follows)
+    void (*emit_part)(void *user, int32_t token, int n_bytes, int verified);
     void (*retract)(void *user, int n_tokens, const char *why);   // the last n tokens were replaced
     void (*note)(void *user, const char *line);                   // a line for the user (stderr)
 } cl_sink;
@@ -55,7 +60,8 @@ typedef struct cl_stats {
     long never_verified;      // tokens of the final text never verified (the generation ended offline)
     int offline_periods;      // times the client went offline
     int reopened;             // times the generation was opened again (lost on the server)
-    char finish[16];          // "length", "eog", "ctx", "stopped"
+    char finish[16];          // "length", "eog", "ctx", "stopped" (a stop string), "offline"
+    long stop_bytes;          // a stop string ended the text: the text's bytes (where it starts); else -1
     char last_error[256];
 } cl_stats;
 

@@ -155,6 +155,9 @@ int sv_split_init(sv_server *s, int n, int idle_s, char *err, size_t errlen) {
 }
 
 static void gen_drop(sv_split *e) {
+    for (int i = 0; i < e->n_stop; i++) free(e->stop[i]);
+    e->n_stop = e->max_stop = 0;
+    e->text_len = 0;
     sd_gen_free(e->g);
     sd_drafter_free(e->d);
     sd_sampler_free(e->smp);
@@ -169,6 +172,7 @@ void sv_split_free(sv_server *s) {
         gen_drop(e);
         sd_session_free(e->ss);
         free(e->rows);
+        free(e->text);
         free(e->fbuf);
         free(e->kbuf);
         free(e->vbuf);
@@ -340,6 +344,46 @@ static void answer_open(sv_server *s, sv_split *e, int first, int finish) {
     pthread_mutex_unlock(&s->mu);
 }
 
+// Stop strings over the step's tokens: appends their text; when one matches
+// (its start at or after the text before them, less the longest stop + 1),
+// cuts the generation after the token completing it (sd_gen_cut) and st
+// with it. 0, or -1 with err.
+static int split_stop(sv_server *s, sv_split *e, sd_step *st, char *err, size_t errlen) {
+    if (e->n_stop == 0 || st->n_tokens < 1) return 0;
+    const size_t prev = e->text_len;
+    size_t ends[SV_SPLIT_MAX_NODES + 1];
+    char piece[256];
+    const int nt = SD_MIN(st->n_tokens, SV_SPLIT_MAX_NODES + 1);
+    for (int k = 0; k < nt; k++) {
+        int n = sd_token_to_piece(s->tok, st->tokens[k], 0, piece, sizeof piece);
+        if (n < 0) n = 0;
+        if (n > (int)sizeof piece) n = (int)sizeof piece;
+        if (sv_buf_add(&e->text, &e->text_len, &e->text_cap, piece, (size_t)n) < 0)
+            return snprintf(err, errlen, "out of memory"), -1;
+        ends[k] = e->text_len;
+    }
+    const size_t from = prev > (size_t)e->max_stop ? prev - (size_t)e->max_stop + 1 : 0;
+    long best = -1;
+    size_t end = 0;
+    for (int i = 0; i < e->n_stop; i++) {
+        const size_t L = strlen(e->stop[i]);
+        for (size_t p = from; p + L <= e->text_len && (best < 0 || (long)p <= best); p++)
+            if (!memcmp(e->text + p, e->stop[i], L)) {
+                if (best < 0 || (long)p < best || p + L < end) best = (long)p, end = p + L;
+                break;
+            }
+    }
+    if (best < 0) return 0;
+    int keep = 0;
+    while (keep < nt && ends[keep] < end) keep++;
+    keep = SD_MIN(keep + 1, st->n_tokens);
+    if (sd_gen_cut(e->g, keep, err, errlen) < 0) return -1;
+    st->n_tokens = keep;
+    st->finish = SD_FINISH_STOPPED;
+    e->text_len = (size_t)best;
+    return 0;
+}
+
 void sv_split_end(sv_server *s, int n) {
     sv_splits *t = s->split;
     if (!t) return;
@@ -357,7 +401,8 @@ void sv_split_end(sv_server *s, int n) {
             }
         }
         sd_step st;
-        if (sd_gen_step_end(e->g, &st, err, sizeof err) < 0) {
+        if (sd_gen_step_end(e->g, &st, err, sizeof err) < 0 ||
+            (e->state == SPL_ROUND && split_stop(s, e, &st, err, sizeof err) < 0)) {
             fail(s, e, err);
             continue;
         }
@@ -371,6 +416,10 @@ void sv_split_end(sv_server *s, int n) {
         if (sd_gen_step_begin(e->g, &b, err, sizeof err) < 0 || b.n != 0 ||
             sd_gen_step_end(e->g, &st, err, sizeof err) < 0 || st.n_tokens < 1) {
             fail(s, e, b.n != 0 ? "the first token needs no forward" : err);
+            continue;
+        }
+        if (split_stop(s, e, &st, err, sizeof err) < 0) {
+            fail(s, e, err);
             continue;
         }
         answer_open(s, e, st.tokens[0], st.finish == SD_FINISH_NONE ? 0 : st.finish + 1);

@@ -60,6 +60,12 @@ typedef struct sv_split {
     int reply_status;      // its HTTP status
     char error[256];
     long n_rounds, n_tokens;
+    // stop strings (the open's "stop"): the generation ends after the token completing one, as the
+    // OpenAI API's does; text: the generated text's bytes (text_len), where they are looked for
+    char *stop[SV_MAX_STOP];
+    int n_stop, max_stop;
+    char *text;
+    size_t text_len, text_cap;
 } sv_split;
 
 typedef struct sv_splits {

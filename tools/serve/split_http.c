@@ -99,6 +99,7 @@ static int do_open(sv_server *s, const char *body, size_t len, char **out, size_
     if (wk && !strcmp(wk, "kv")) kind = SV_KIND_KV;
     else if (wk && !strcmp(wk, "fused") && s->split->n_extract > 0) kind = SV_KIND_FUSED;
     else if ((wk && strcmp(wk, "none")) || (ws && !wk && !json_is_boolean(ws))) {
+        free(ids);
         json_decref(o);
         snprintf(msg, sizeof msg, "'states' is true, false, \"kv\" (every layer's K,V rows: an MoA client)%s",
                  s->split->n_extract > 0 ? " or \"fused\"" : "; \"fused\" needs an EAGLE-3 head (serve --head)");
@@ -122,12 +123,35 @@ static int do_open(sv_server *s, const char *body, size_t len, char **out, size_
                          out, out_len, ctype);
     }
     sp.draw = s->o->draw;
+    // stop strings: a string or an array (as the OpenAI API's "stop")
+    char *stops[SV_MAX_STOP];
+    int n_stop = 0;
+    const json_t *so = json_object_get(o, "stop");
+    if (so && !json_is_null(so)) {
+        const size_t ns = json_is_string(so) ? 1 : json_is_array(so) ? json_array_size(so) : (size_t)-1;
+        const char *why = ns == (size_t)-1 ? "'stop' is a string or an array of strings"
+                          : ns > SV_MAX_STOP ? "'stop' has too many strings" : NULL;
+        for (size_t i = 0; !why && i < ns; i++) {
+            const json_t *v = json_is_string(so) ? so : json_array_get(so, i);
+            if (!json_is_string(v)) why = "'stop' is a string or an array of strings";
+            else if (json_string_length(v) > SV_STOP_MAX_LEN) why = "a 'stop' string is too long";
+            else if (json_string_length(v) > 0 && !(stops[n_stop++] = strdup(json_string_value(v)))) why = "out of memory";
+        }
+        if (why) {
+            for (int i = 0; i < n_stop; i++) free(stops[i]);
+            free(ids);
+            json_decref(o);
+            snprintf(msg, sizeof msg, "%s (at most %d, of 1..%d bytes each)", why, SV_MAX_STOP, SV_STOP_MAX_LEN);
+            return error_out(400, "invalid_stop", msg, out, out_len, ctype);
+        }
+    }
     json_decref(o);
     sv_splits *t = s->split;
     pthread_mutex_lock(&s->mu);
     if (s->stopping) {
         pthread_mutex_unlock(&s->mu);
         free(ids);
+        for (int i = 0; i < n_stop; i++) free(stops[i]);
         return error_out(503, "stopping", "the server is shutting down", out, out_len, ctype);
     }
     sv_split *e = NULL;
@@ -149,6 +173,7 @@ static int do_open(sv_server *s, const char *body, size_t len, char **out, size_
     if (!e) {
         pthread_mutex_unlock(&s->mu);
         free(ids);
+        for (int i = 0; i < n_stop; i++) free(stops[i]);
         snprintf(msg, sizeof msg, "all %d split generations are in use (--split); retry later or close one", t->n);
         return error_out(503, "split_full", msg, out, out_len, ctype);
     }
@@ -161,6 +186,14 @@ static int do_open(sv_server *s, const char *body, size_t len, char **out, size_
     e->want_states = kind != SV_KIND_NONE;
     int rc = sv_split_make(s, e, ids, n, n_predict, &sp, err, sizeof err);
     free(ids);
+    for (int i = 0; i < n_stop; i++) {   // the generation's now (gen_drop frees them)
+        if (rc < 0) {
+            free(stops[i]);
+            continue;
+        }
+        e->stop[e->n_stop++] = stops[i];
+        e->max_stop = SD_MAX(e->max_stop, (int)strlen(stops[i]));
+    }
     pthread_mutex_lock(&s->mu);
     e->waiters--;
     if (rc < 0) {
