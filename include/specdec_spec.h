@@ -132,7 +132,7 @@ SD_API int sd_drafter_from_callbacks(sd_drafter **out, const sd_drafter_callback
 // its trees, docs/split.md) drives a drafter itself: sd_drafter_draft fills a
 // tree for the text so far, the program has it verified, and
 // sd_drafter_tell hands the drafter the accepted path, the bonus token and
-// the target's states of the path's positions. Greedy drafting only.
+// the target's states of the path's positions.
 // A tree of at most cap nodes over n_vocab tokens (the model's vocabulary),
 // owned by the caller. SD_ERR_INPUT on bad sizes, SD_ERR_OOM.
 SD_API int sd_tree_new(sd_tree **out, int cap, int n_vocab, char *err, size_t errlen);
@@ -158,6 +158,19 @@ SD_API int sd_drafter_remote(sd_drafter *d, char *err, size_t errlen);
 // root included.
 SD_API int sd_drafter_draft(sd_drafter *d, const int32_t *tokens, int n_tokens, int max_nodes, sd_tree *tree,
                             char *err, size_t errlen);
+// sd_drafter_draft for a target that samples with sp (temp > 0; greedy
+// otherwise: sd_drafter_draft) with the race draw, as a fresh sampler's
+// first text of sp->seed draws it (a split server's generation,
+// docs/split.md): children are ranked by the drafter's own distribution
+// under the target's noise, so the first child of each node is the
+// drafter's sample, and the target's own draw whenever the two
+// distributions agree. pos_shift: the verifier's position of tokens[0]
+// (0, or minus a private prefix the verifier never saw). Verification
+// follows the target's draws whatever the tree: the text is plain
+// sampling's for the seed. SD_ERR_INPUT for the rejection draw.
+SD_API int sd_drafter_draft_sampled(sd_drafter *d, const int32_t *tokens, int n_tokens, int max_nodes,
+                                    const sd_sampler_params *sp, int64_t pos_shift, sd_tree *tree, char *err,
+                                    size_t errlen);
 // The outcome of the last sd_drafter_draft: path[0 .. n_path) the accepted
 // nodes of tree (path[0] == 0, the root; each node a child of the one before;
 // the program may hand a tree of its own with the same root), bonus the

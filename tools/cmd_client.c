@@ -149,7 +149,8 @@ int cmd_client(int argc, char **argv) {
          .help = "tokens to generate"},
         {"--temp", NULL, CLI_FLOAT, &co.sp.temp, 0, 100, .meta = "T", .given = &temp_given,
          .help = "sampling temperature (default 0: greedy); the server samples from the target's distribution "
-                 "(the race draw: the text `generate --temp T --seed S` gives)"},
+                 "(the race draw: the text `generate --temp T --seed S` gives), the drafter drafts its own samples "
+                 "under the same noise"},
         {"--top-k", NULL, CLI_INT, &co.sp.top_k, 0, 1 << 20, .meta = "K", .def = CLI_DEF_VALUE, .help = "top-k"},
         {"--top-p", NULL, CLI_FLOAT, &co.sp.top_p, 0, 1, .meta = "P", .def = CLI_DEF_VALUE, .help = "top-p"},
         {"--min-p", NULL, CLI_FLOAT, &co.sp.min_p, 0, 1, .meta = "P", .def = CLI_DEF_VALUE, .help = "min-p"},
@@ -166,6 +167,9 @@ int cmd_client(int argc, char **argv) {
          .help = "a text that ends offline waits this long for the server to verify it"},
         {"--offline-depth", NULL, CLI_INT, &co.offline_depth, 1, 32, .meta = "K", .def = CLI_DEF_VALUE,
          .help = "offline: tokens drafted per head pass (a chain of the head's most likely tokens)"},
+        {"--greedy-drafts", NULL, CLI_FLAG, &co.greedy_drafts,
+         .help = "with --temp: draft the drafter's most likely tokens (default: its samples under the server's "
+                 "race noise for the seed, accepted whenever they are the target's own draws)"},
         {"--no-states", NULL, CLI_FLAG, &no_states,
          .help = "ask the server for no states (the drafter then drafts from tokens alone: a baseline)"},
         {"--threads", "-t", CLI_INT, &n_threads, 1, 256, .meta = "N", .def = CLI_DEF_VALUE,

@@ -12,6 +12,7 @@
 #include "draft/draft_moa.h"
 #include "draft/drafter.h"
 #include "head/head.h"
+#include "runtime/race.h"
 
 int sd_tree_new(sd_tree **out, int cap, int n_vocab, char *err, size_t errlen) {
     *out = NULL;
@@ -54,6 +55,21 @@ int sd_drafter_draft(sd_drafter *d, const int32_t *tokens, int n_tokens, int max
     sd_tree_reset(tree, tokens[n_tokens - 1]);
     const sd_draft_ctx ctx = {.tokens = tokens, .n_tokens = n_tokens, .max_nodes = SD_MIN(max_nodes, tree->cap),
                               .stochastic = 0, .rng = &d->rng};
+    return d->vt->propose(d, &ctx, tree, err, errlen) < 0 ? -1 : 0;
+}
+
+int sd_drafter_draft_sampled(sd_drafter *d, const int32_t *tokens, int n_tokens, int max_nodes,
+                             const sd_sampler_params *sp, int64_t pos_shift, sd_tree *tree, char *err, size_t errlen) {
+    if (!sp || sp->temp <= 0.0f) return sd_drafter_draft(d, tokens, n_tokens, max_nodes, tree, err, errlen);
+    if (!d || !tokens || n_tokens < 1 || !tree || max_nodes < 1)
+        return sd_errc(SD_ERR_INPUT, err, errlen, "drafter: draft needs a drafter, a text and a tree");
+    if (sp->draw != SD_DRAW_RACE)
+        return sd_errc(SD_ERR_INPUT, err, errlen, "drafter: sampled drafts by hand follow the race draw only");
+    sd_tree_reset(tree, tokens[n_tokens - 1]);
+    // the noise of a fresh sampler's first text (sd_sampler_next_text), as the verifier's generation draws it
+    const sd_tree_race rk = {.key = sd_race_key(sp->seed, 0), .pos0 = (int64_t)n_tokens + pos_shift};
+    const sd_draft_ctx ctx = {.tokens = tokens, .n_tokens = n_tokens, .max_nodes = SD_MIN(max_nodes, tree->cap),
+                              .stochastic = 1, .sp = sp, .rng = &d->rng, .race = &rk};
     return d->vt->propose(d, &ctx, tree, err, errlen) < 0 ? -1 : 0;
 }
 

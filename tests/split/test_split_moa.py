@@ -13,7 +13,10 @@ drafter runs LSA on them and fills its TLI layers' cache.
     target layer as TLI) is accepted more than 2 tokens a round: the K,V rows
     reach the client's drafter where and as it reads them;
   - the reply's size is 20 + 4A + (A + 1) 2L (4 + kvd) bytes;
-  - sampled text equal to `generate --temp 0.8 --seed 11`'s;
+  - sampled text equal to `generate --temp 0.8 --seed 11`'s; the client's
+    drafts are its drafter's samples under the server's race noise: with
+    the exact drafter at temperature 1.5 they are accepted more than its
+    most likely tokens (--greedy-drafts), both texts the target's;
   - a cut at the 50th token and back: the final text is the target's;
   - "states" other than true/false/"kv"/"fused" is 400; --private with an
     MoA drafter is refused with the reason;
@@ -39,7 +42,7 @@ from test_split import BIN, HEAD, MODEL, PROMPT, PROMPT2, Proxy, free_port, gene
 
 RANDOM_HEAD = os.path.join(ROOT, "build", "tests", "tool_random_head")
 CASES = ["client_files", "fused_then_kv", "greedy_tli0", "greedy_tli1", "profile_4g_tli1", "exact_accepted", "reply_size",
-         "sampling_equals_generate", "cut_at_50_resumes", "bad_states_400", "private_refused"]
+         "sampling_equals_generate", "sampled_drafts_coupled", "cut_at_50_resumes", "bad_states_400", "private_refused"]
 
 
 def skip_all(why):
@@ -160,6 +163,19 @@ def main():
             o = lines[-1] if lines else {}
             report("sampling_equals_generate", rc == 0 and o.get("text") == sref,
                    f"rc {rc}: {o.get('text')!r} != {sref!r} {err[-300:]}")
+        if want("sampled_drafts_coupled"):
+            P3 = "Write a poem about the sea."
+            r = subprocess.run([BIN, "generate", "-m", MODEL, "--chat", "-p", P3, "-n", "48", "--temp", "1.5",
+                                "--seed", "3", "--json"], capture_output=True, text=True, timeout=600)
+            sref = json.loads(r.stdout)["text"]
+            u = f"http://127.0.0.1:{srv.port}"
+            rc1, l1, e1 = client(u, files["moa-exact"], P3, 48, "--temp", "1.5", "--seed", "3")
+            rc2, l2, e2 = client(u, files["moa-exact"], P3, 48, "--temp", "1.5", "--seed", "3", "--greedy-drafts")
+            o1, o2 = (l1[-1] if l1 else {}), (l2[-1] if l2 else {})
+            print(f"  exact drafter, temperature 1.5: tau {o1.get('tau')} sampled drafts, {o2.get('tau')} most likely")
+            report("sampled_drafts_coupled", rc1 == 0 and rc2 == 0 and o1.get("text") == sref == o2.get("text") and
+                   o1.get("tau", 0) > o2.get("tau", 9) + 0.3, f"{o1.get('tau')} {o2.get('tau')} {o1.get('text')!r} "
+                   f"{o2.get('text')!r} {sref!r} {e1[-200:]} {e2[-200:]}")
         if want("cut_at_50_resumes"):
             N2 = 72
             ref2 = generate(PROMPT2, N2)

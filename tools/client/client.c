@@ -60,6 +60,7 @@ struct cl_client {
     double stuck_since;  // offline with nothing to draft since (ms), 0: not stuck
     cl_text *tx;         // the text's bytes, stop strings, what was emitted (text.h)
     int offline_end;     // the text was ended offline (an end token, a stop string in unverified text)
+    int sampled;         // drafts are the drafter's samples under the target's race noise (sd_drafter_draft_sampled)
 };
 
 static double now_ms(void) {
@@ -357,6 +358,8 @@ static int do_open(cl_client *c, char *err, size_t errlen) {
         }
         free(raw);
     }
+    const char *draw = json_string_value(json_object_get(a, "draw"));
+    c->sampled = c->o.sp.temp > 0 && !c->o.greedy_drafts && c->o.sp.draw == SD_DRAW_RACE && draw && !strcmp(draw, "race");
     int first = (int)json_integer_value(ft);
     int fin = (int)json_integer_value(json_object_get(a, "finish"));
     json_decref(a);
@@ -537,6 +540,15 @@ static int resync(cl_client *c, char *err, size_t errlen) {
     return 1;
 }
 
+// The drafter's tree for the text: its samples under the target's noise when
+// the server samples with the race draw, else its most likely tokens.
+static int draft(cl_client *c, int max_nodes, char *err, size_t errlen) {
+    if (c->sampled)
+        return sd_drafter_draft_sampled(c->d, c->text, c->n_text, max_nodes, &c->o.sp, -(int64_t)c->n_priv, c->tree,
+                                        err, errlen);
+    return sd_drafter_draft(c->d, c->text, c->n_text, max_nodes, c->tree, err, errlen);
+}
+
 static void sleep_ms(int ms) { nanosleep(&(struct timespec){.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L}, NULL); }
 
 // One offline step: the drafter's best chain, emitted unverified. 0, or -1.
@@ -544,16 +556,16 @@ static int offline_step(cl_client *c, char *err, size_t errlen) {
     const int room = SD_MIN(gen_left(c), c->n_ctx - c->n_text);
     if (room <= 0) return 0;
     int nodes = 1 + SD_MIN(c->o.offline_depth, room);
-    if (sd_drafter_draft(c->d, c->text, c->n_text, SD_MAX(nodes, c->o.max_nodes), c->tree, err, errlen) < 0)
+    if (draft(c, SD_MAX(nodes, c->o.max_nodes), err, errlen) < 0)
         return -1;
     int32_t path[MAX_NODES];
     int np = 1, node = 0;
     path[0] = 0;
     const int n = sd_tree_size(c->tree);
-    while (np < nodes) {   // the most probable child, depth by depth
+    while (np < nodes) {   // the most probable child (sampled: the first, the drafter's draw), depth by depth
         int best = -1;
         float bp = -1.0f;
-        for (int i = node + 1; i < n; i++)
+        for (int i = node + 1; i < n && !(c->sampled && best >= 0); i++)
             if (sd_tree_parent(c->tree, i) == node && sd_tree_p(c->tree, i) > bp) bp = sd_tree_p(c->tree, i), best = i;
         if (best < 0) break;
         path[np++] = node = best;
@@ -615,7 +627,7 @@ int cl_client_run(cl_client *c, const int32_t *prompt, int n_prompt, int n_priva
     while (!c->finished && gen_left(c) > 0) {
         if (c->online) {
             int cap = SD_MIN(c->o.max_nodes, c->server_max_nodes > 0 ? c->server_max_nodes : MAX_NODES);
-            if (sd_drafter_draft(c->d, c->text, c->n_text, cap, c->tree, err, errlen) < 0) return -1;
+            if (draft(c, cap, err, errlen) < 0) return -1;
             int32_t tok[MAX_NODES];
             int16_t par[MAX_NODES];
             int n = sd_tree_size(c->tree);
@@ -641,7 +653,7 @@ int cl_client_run(cl_client *c, const int32_t *prompt, int n_prompt, int n_priva
             if (rc == 1) {   // some replaced: generate the rest online
                 while (!c->finished && gen_left(c) > 0 && c->online) {
                     int cap = SD_MIN(c->o.max_nodes, c->server_max_nodes > 0 ? c->server_max_nodes : MAX_NODES);
-                    if (sd_drafter_draft(c->d, c->text, c->n_text, cap, c->tree, err, errlen) < 0) return -1;
+                    if (draft(c, cap, err, errlen) < 0) return -1;
                     int32_t tok[MAX_NODES];
                     int16_t par[MAX_NODES];
                     int n = sd_tree_size(c->tree);

@@ -24,6 +24,7 @@ typedef struct cl_opts {
     int kv;                  // 1: the drafter is MoA: the states are every layer's K,V rows (0: EAGLE-3's fused rows)
     int verbose;
     sd_sampler_params sp;    // the target's sampling (temp 0: greedy), sent with the open
+    int greedy_drafts;       // sampling: draft the drafter's most likely tokens (0: its samples under the target's noise)
     const char *const *stop; // (n_stop) stop strings (--stop): the text ends where the first one starts
     int n_stop;
 } cl_opts;

@@ -319,11 +319,11 @@ static void answer_open(sv_server *s, sv_split *e, int first, int finish) {
     }
     int o = snprintf(b, len,
                      "{\"id\":\"%s\",\"first_token\":%d,\"finish\":%d,\"n_ctx\":%d,\"max_nodes\":%d,\"idle_s\":%d,"
-                     "\"n_embd\":%d,\"layers\":[%d,%d,%d],\"state_kind\":\"%s\",\"n_layer\":%d,\"kv_width\":%d,"
+                     "\"n_embd\":%d,\"layers\":[%d,%d,%d],\"draw\":\"%s\",\"state_kind\":\"%s\",\"n_layer\":%d,\"kv_width\":%d,"
                      "\"n_states\":%d,\"states\":\"",
                      e->id, first, finish, sd_session_n_ctx(e->ss), SV_SPLIT_MAX_NODES, s->split->idle_s, d,
                      s->split->extract[0], s->split->extract[1], s->split->extract[2],
-                     e->kind == SV_KIND_KV ? "kv" : e->kind == SV_KIND_FUSED ? "fused" : "none", s->split->n_layer,
+                     s->o->draw == SD_DRAW_RACE ? "race" : "rejection", e->kind == SV_KIND_KV ? "kv" : e->kind == SV_KIND_FUSED ? "fused" : "none", s->split->n_layer,
                      s->split->kvd, e->n_rows);
     const uint8_t *p = e->rows;
     size_t i = 0;
