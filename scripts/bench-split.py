@@ -16,11 +16,13 @@ applies each profile (4g: 20 Mbit/s, 21 +- 19 ms, 0.1% loss as stalls; 5g:
   cut         each split client cut off for good after 50 tokens: the share
               of the target's greedy text it reproduces offline (tokens
               until the first difference, and positions equal, over the
-              tokens after the cut).
+              tokens after the cut); with --cut-baseline also (c)'s drafter
+              run with --no-states (the same drafter that never reads the
+              server's states: the issue's same-size baseline).
 
 Prints one JSON object (per-profile means, and every run) on stdout; never a
 test. usage: bench-split.py [--prompts FILE] [--n-prompts K] [-n N]
-[--profiles 4g,5g] [--moa FILE] [--no-eagle3] [--out FILE]
+[--profiles 4g,5g] [--moa FILE] [--no-eagle3] [--cut-baseline] [--out FILE]
 """
 import argparse
 import http.client
@@ -154,6 +156,7 @@ def main():
     ap.add_argument("--cut-at", type=int, default=50)
     ap.add_argument("--moa", help="(c): an MoA drafter for the model (or its split-client file)")
     ap.add_argument("--no-eagle3", action="store_true", help="leave (b) out")
+    ap.add_argument("--cut-baseline", action="store_true", help="(c)'s cut also with --no-states")
     ap.add_argument("--out")
     a = ap.parse_args()
     tmp = tempfile.TemporaryDirectory()
@@ -167,6 +170,8 @@ def main():
             if r.returncode != 0:
                 sys.exit("bench-split: " + r.stderr.strip())
         kinds.append(("moa", ["-m", cf]))
+        if a.cut_baseline:
+            kinds.append(("moa_nostates", ["-m", cf, "--no-states"]))
     prompts = []
     with open(a.prompts) as f:
         for line in f:
@@ -235,7 +240,7 @@ def main():
             for key, rs_ in rows.items():
                 keys = [k for k in rs_[0] if isinstance(rs_[0][k], (int, float)) and not isinstance(rs_[0][k], bool)]
                 summ[key] = {k: mean([r_.get(k) for r_ in rs_]) for k in keys}
-                if key in ("split", "moa"):
+                if key in ("split", "moa", "moa_nostates"):
                     summ[key]["all_equal_target"] = all(r_["equals_target"] for r_ in rs_)
                     summ[key + "_over_openai_tokens_per_second"] = (summ[key]["tokens_per_second"] /
                                                                     summ["openai"]["tokens_per_second"])
