@@ -17,7 +17,9 @@ drafter runs LSA on them and fills its TLI layers' cache.
     drafts are its drafter's samples under the server's race noise: with
     the exact drafter at temperature 1.5 they are accepted more than its
     most likely tokens (--greedy-drafts), both texts the target's;
-  - a cut at the 50th token and back: the final text is the target's;
+  - a cut at the 50th token and back, and the server killed and restarted
+    mid-generation (the client opens it again: the drafter keeps the rows
+    it holds): the final text is the target's;
   - "states" other than true/false/"kv"/"fused" is 400; --private with an
     MoA drafter is refused with the reason;
   - one generation room (--split 1) serves an EAGLE-3 generation (fused
@@ -32,17 +34,19 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from report import exit_status, report  # noqa: E402
 from serve_proc import ServeProcess  # noqa: E402
-from test_split import BIN, HEAD, MODEL, PROMPT, PROMPT2, Proxy, free_port, generate, post, round_body  # noqa: E402
+from test_split import BIN, HEAD, MODEL, PROMPT, PROMPT2, Proxy, free_port, generate, post, round_body, run_events  # noqa: E402,E501
 
 RANDOM_HEAD = os.path.join(ROOT, "build", "tests", "tool_random_head")
 CASES = ["client_files", "fused_then_kv", "greedy_tli0", "greedy_tli1", "profile_4g_tli1", "exact_accepted", "reply_size",
-         "sampling_equals_generate", "sampled_drafts_coupled", "cut_at_50_resumes", "bad_states_400", "private_refused"]
+         "sampling_equals_generate", "sampled_drafts_coupled", "cut_at_50_resumes", "bad_states_400", "private_refused",
+         "server_restarted"]
 
 
 def skip_all(why):
@@ -209,7 +213,33 @@ def main():
                    f"rc {rc} cut {state['cut']} {dd} {''.join(errl)[-400:]}")
     finally:
         srv.stop()
-        tmp.cleanup()
+    if want("server_restarted"):
+        N2 = 72
+        ref2 = generate(PROMPT2, N2)
+        port = free_port()
+        box = {"srv": ServeProcess(BIN, MODEL, "--split", "2", "--port", str(port))}
+        state = {"done": False}
+
+        def restart():
+            box["srv"].p.kill()
+            box["srv"].p.wait()
+            time.sleep(1.0)
+            box["srv"] = ServeProcess(BIN, MODEL, "--split", "2", "--port", str(port))
+
+        def on(p, e, n):
+            if not state["done"] and n >= 30:
+                state["done"] = True
+                threading.Thread(target=restart).start()
+        try:
+            rc, evs, err = run_events(f"http://127.0.0.1:{port}", PROMPT2, N2, on, "--final-wait", "30000",
+                                      model=files["moa-tli1"])
+            d = evs[-1] if evs else {}
+            report("server_restarted", rc == 0 and d.get("text") == ref2 and d.get("reopened", 0) >= 1 and
+                   d.get("never_verified") == 0, f"rc {rc} {d} {err[-400:]}")
+        finally:
+            time.sleep(2)
+            box["srv"].stop()
+    tmp.cleanup()
     return exit_status()
 
 
