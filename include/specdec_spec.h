@@ -158,6 +158,27 @@ SD_API int sd_drafter_remote(sd_drafter *d, char *err, size_t errlen);
 // root included.
 SD_API int sd_drafter_draft(sd_drafter *d, const int32_t *tokens, int n_tokens, int max_nodes, sd_tree *tree,
                             char *err, size_t errlen);
+typedef struct sd_head sd_head;
+// An MoA drafter made remote takes LSA's outputs computed by the server
+// instead of every layer's K,V rows: the states of sd_drafter_tell and
+// sd_drafter_tell_prompt are then (n, n_embd + N 2 n_head_kv head_dim)
+// floats, each position's LSA output (sd_moa_lsa_run) then the K,V rows of
+// the target's last N layers (TLI = N), a layer's K row then its V row.
+// SD_ERR_INPUT for other drafters.
+SD_API int sd_drafter_remote_lsa(sd_drafter *d, char *err, size_t errlen);
+// LSA of an MoA drafter h (with LSA) for target m, run where the target's
+// K,V rows are (a split server): c (n, n_embd) from kv (n, n_layer, 2
+// n_head_kv head_dim) as sd_drafter_remote's, n <= 64. The drafter's
+// weights in 8 bits, as the client's drafter holds them.
+typedef struct sd_moa_lsa sd_moa_lsa;
+SD_API int sd_moa_lsa_new(sd_moa_lsa **out, const sd_head *h, const sd_model *m, char *err, size_t errlen);
+SD_API void sd_moa_lsa_free(sd_moa_lsa *x);
+SD_API int sd_moa_lsa_run(sd_moa_lsa *x, const float *kv, int n, float *c, char *err, size_t errlen);
+// An MoA drafter's TLI (its last target layers it runs), or -1 for another head.
+SD_API int sd_head_moa_tli(const sd_head *h);
+// A hash of a head's parameters and draft vocabulary: two programs holding
+// the same drafter file get the same value.
+SD_API uint64_t sd_head_fingerprint(const sd_head *h);
 // sd_drafter_draft for a target that samples with sp (temp > 0; greedy
 // otherwise: sd_drafter_draft) with the race draw, as a fresh sampler's
 // first text of sp->seed draws it (a split server's generation,

@@ -50,7 +50,7 @@ typedef struct moad {
     // server), never from a session; the text after them that is not
     // verified (drafted offline) is a chain of pending rows, slots
     // 0 .. chain_n-1, kept between steps while the text agrees.
-    int remote, chain_n;
+    int remote, chain_n; // remote: 1 the rows are every layer's K,V; 2 LSA's outputs and the TLI layers' K,V
     int32_t root_parent; // the tree root's parent slot: -1, or the chain's last
     int64_t cov_n, cov_in, n_no_session;
     char note[300];
@@ -153,10 +153,14 @@ static int remote_rows(moad *s, const int32_t *text, int pos0, int n, const floa
     s->chain_n = 0;
     if (L < pos0) return 0;
     const int end = SD_MIN(pos0 + n, s->n_ctx);
+    const size_t ld = s->remote == 2 ? (size_t)s->E + (size_t)s->head->hp.moa_tli * s->ekv : (size_t)s->L * s->ekv;
     for (int p = L; p < end;) {
         const int c = SD_MIN(SD_MOA_ROWS, end - p);
         memcpy(s->txt + p, text + p, sizeof(int32_t) * (size_t)c);
-        if (sd_moa_run_context(s->r, kv + (size_t)(p - pos0) * s->L * s->ekv, c, err, errlen) < 0) return -1;
+        const float *rows = kv + (size_t)(p - pos0) * ld;
+        if ((s->remote == 2 ? sd_moa_run_context_lsa(s->r, rows, c, err, errlen)
+                            : sd_moa_run_context(s->r, rows, c, err, errlen)) < 0)
+            return -1;
         p += c;
     }
     return 0;
@@ -424,7 +428,7 @@ void sd_draft_moa_test_fault(sd_drafter *d, int on) { ((moad *)d->impl)->test_fa
 int sd_draft_moa_set_remote(sd_drafter *d, int on) {
     if (!d || d->vt != &moa_vt) return -1;
     moad *s = d->impl;
-    s->remote = on != 0;
+    s->remote = on == 2 ? 2 : on != 0;
     moa_reset(d);
     return 0;
 }

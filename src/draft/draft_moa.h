@@ -23,7 +23,9 @@ int sd_draft_moa_new(sd_drafter **out, const sd_head *h, const sd_model *target,
 // accept, (n, L, Ekv) floats each (every target layer's K row then V row, K
 // with the target's RoPE, as cached), never from a session; the text after
 // the last position with rows (drafted offline) is read by SA alone. Resets
-// the drafter. -1 for another drafter.
+// the drafter. on = 2: the rows are (n, E + N Ekv), each position's LSA
+// output (computed by the server) then the last N layers' K,V rows. -1 for
+// another drafter.
 int sd_draft_moa_set_remote(sd_drafter *d, int on);
 // The rows an MoA drafter reads per position: the target's layers L and
 // Ekv. -1 for another drafter.

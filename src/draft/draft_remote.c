@@ -12,6 +12,8 @@
 #include "draft/draft_moa.h"
 #include "draft/drafter.h"
 #include "head/head.h"
+#include "head/moa.h"
+#include "kernels/quant.h"
 #include "runtime/race.h"
 
 int sd_tree_new(sd_tree **out, int cap, int n_vocab, char *err, size_t errlen) {
@@ -46,6 +48,55 @@ int sd_drafter_remote(sd_drafter *d, char *err, size_t errlen) {
                        "remotely",
                        d ? sd_drafter_name(d) : "(none)");
     return 0;
+}
+
+int sd_drafter_remote_lsa(sd_drafter *d, char *err, size_t errlen) {
+    if (sd_draft_moa_set_remote(d, 2) < 0)
+        return sd_errc(SD_ERR_INPUT, err, errlen, "drafter '%s': only an MoA drafter takes LSA's outputs",
+                       d ? sd_drafter_name(d) : "(none)");
+    return 0;
+}
+
+struct sd_moa_lsa {
+    sd_moa_run *r;
+};
+
+int sd_moa_lsa_new(sd_moa_lsa **out, const sd_head *h, const sd_model *m, char *err, size_t errlen) {
+    *out = NULL;
+    if (!h || h->hp.type != SD_HEAD_MOA || h->hp.moa_no_lsa)
+        return sd_errc(SD_ERR_INPUT, err, errlen, "moa lsa: an MoA drafter with LSA is required");
+    sd_moa_lsa *x = calloc(1, sizeof *x);
+    if (!x) return sd_errc(SD_ERR_OOM, err, errlen, "moa lsa: out of memory");
+    if (sd_moa_run_new(&x->r, h, m, 1, SD_MOA_ROWS, SD_TYPE_Q8_0, NULL, err, errlen) < 0) {
+        free(x);
+        return SD_ERR_INPUT;
+    }
+    *out = x;
+    return 0;
+}
+
+void sd_moa_lsa_free(sd_moa_lsa *x) {
+    if (!x) return;
+    sd_moa_run_free(x->r);
+    free(x);
+}
+
+int sd_moa_lsa_run(sd_moa_lsa *x, const float *kv, int n, float *c, char *err, size_t errlen) {
+    if (!x || !kv || !c || n < 1 || n > SD_MOA_ROWS)
+        return sd_errc(SD_ERR_INPUT, err, errlen, "moa lsa: 1..%d rows", SD_MOA_ROWS);
+    sd_moa_run_lsa(x->r, kv, n, c);
+    return 0;
+}
+
+int sd_head_moa_tli(const sd_head *h) { return h && h->hp.type == SD_HEAD_MOA ? h->hp.moa_tli : -1; }
+
+uint64_t sd_head_fingerprint(const sd_head *h) {
+    uint64_t x = 0xcbf29ce484222325ull;   // FNV-1a over the parameters' bytes and the draft vocabulary
+    const uint8_t *b = (const uint8_t *)h->w;
+    for (size_t i = 0; i < h->n_w * sizeof(float); i++) x = (x ^ b[i]) * 0x100000001b3ull;
+    b = (const uint8_t *)h->d2t;
+    for (size_t i = 0; i < (size_t)h->hp.n_draft_vocab * sizeof(int32_t); i++) x = (x ^ b[i]) * 0x100000001b3ull;
+    return x;
 }
 
 int sd_drafter_draft(sd_drafter *d, const int32_t *tokens, int n_tokens, int max_nodes, sd_tree *tree, char *err,

@@ -6,7 +6,9 @@
 // reading the same session (TLI 0 and 1); with unverified text after the
 // last told position it still drafts (an SA chain), and once those
 // positions are verified and told, its trees are the in-process ones again;
-// the rows of uncommitted positions are refused.
+// the rows of uncommitted positions are refused. Told LSA's outputs computed
+// elsewhere (sd_moa_lsa_run, the split server's "lsa" states) and the TLI
+// layers' rows instead, it proposes the trees it proposes from the K,V rows.
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,18 +31,21 @@
 static char g_err[512];
 static sd_model *g_m;
 
-static sd_drafter *new_drafter(const sd_head *h, int remote) {
+static sd_drafter *new_drafter_w(const sd_head *h, int remote, int wtype) {
     sd_draft_model_params dp = sd_draft_model_default_params();
     dp.shape = SD_DRAFT_DYNAMIC, dp.dyn_b = 3, dp.dyn_d = 4, dp.dyn_m = 12;
     dp.n_ctx = 128;
     sd_drafter *d = NULL;
-    if (sd_draft_moa_new(&d, h, g_m, &dp, SD_TYPE_F32, g_err, sizeof g_err) < 0) return NULL;
-    if (remote && sd_drafter_remote(d, g_err, sizeof g_err) < 0) {
+    if (sd_draft_moa_new(&d, h, g_m, &dp, wtype, g_err, sizeof g_err) < 0) return NULL;
+    if (remote && (remote == 2 ? sd_drafter_remote_lsa(d, g_err, sizeof g_err)
+                               : sd_drafter_remote(d, g_err, sizeof g_err)) < 0) {
         sd_drafter_free(d);
         return NULL;
     }
     return d;
 }
+
+static sd_drafter *new_drafter(const sd_head *h, int remote) { return new_drafter_w(h, remote, SD_TYPE_F32); }
 
 // The session's committed K,V rows of positions pos0 .. pos0+n-1, (n, L, 2 kvd) floats.
 static float *kv_rows(const sd_session *s, int pos0, int n) {
@@ -141,6 +146,74 @@ out:
     sd_head_free(h);
 }
 
+// kv (n, L, 2w) -> LSA outputs and the last N layers' rows (n, E + N 2w).
+static float *lsa_rows(sd_moa_lsa *x, const float *kv, int n, int tli) {
+    const sd_hparams *hp = &g_m->hp;
+    const int L = hp->n_layer, ekv = 2 * hp->n_head_kv * hp->head_dim, E = hp->n_embd;
+    const size_t ld = (size_t)E + (size_t)tli * ekv;
+    float *c = malloc(sizeof(float) * (size_t)n * E), *out = malloc(sizeof(float) * (size_t)n * ld);
+    if (!c || !out || sd_moa_lsa_run(x, kv, n, c, g_err, sizeof g_err) < 0) {
+        free(c);
+        free(out);
+        return NULL;
+    }
+    for (int i = 0; i < n; i++) {
+        memcpy(out + i * ld, c + (size_t)i * E, sizeof(float) * (size_t)E);
+        memcpy(out + i * ld + E, kv + ((size_t)i * L + (L - tli)) * ekv, sizeof(float) * (size_t)tli * ekv);
+    }
+    free(c);
+    return out;
+}
+
+static void test_remote_moa_lsa_outputs(void) {
+    if (!g_m) SKIP("no synthetic model: %.200s", g_err);
+    sd_head_hp hp = sd_head_default_hp(g_m, SD_HEAD_MOA);
+    hp.n_draft_vocab = NV;
+    hp.moa_tli = 1;
+    sd_head *h = NULL, *h2 = NULL;
+    CHECK(sd_head_new(&h, &hp, g_err, sizeof g_err) == 0 && sd_head_new(&h2, &hp, g_err, sizeof g_err) == 0, "%s",
+          g_err);
+    if (!h || !h2) goto done;
+    sd_head_init(h, 21);
+    sd_head_init(h2, 22);
+    CHECK(sd_head_fingerprint(h) != sd_head_fingerprint(h2) && sd_head_moa_tli(h) == 1, "fingerprints");
+    sd_moa_lsa *x = NULL;
+    CHECK(sd_moa_lsa_new(&x, h, g_m, g_err, sizeof g_err) == 0, "%s", g_err);
+    sd_drafter *dk = new_drafter_w(h, 1, SD_TYPE_Q8_0), *dl = new_drafter_w(h, 2, SD_TYPE_Q8_0);
+    sd_session *s = sc_new_session(g_m, 128, 1, g_err, sizeof g_err);
+    sd_tree *t1 = NULL, *t2 = NULL;
+    sd_tree_new(&t1, 16, NV, g_err, sizeof g_err);
+    sd_tree_new(&t2, 16, NV, g_err, sizeof g_err);
+    int32_t text[40];
+    for (int i = 0; i < 40; i++) text[i] = (int32_t)((i * 53 + 7) % NV);
+    if (x && dk && dl && s && t1 && t2 && extend(s, text, 30) == 0) {
+        for (int p0 = 0; p0 < 30; p0 += 15) {   // two tells, as rounds would
+            float *kv = kv_rows(s, p0, 15), *lr = kv ? lsa_rows(x, kv, 15, 1) : NULL;
+            CHECK(kv && lr && sd_drafter_tell_prompt(dk, text, p0, 15, kv, g_err, sizeof g_err) == 0 &&
+                      sd_drafter_tell_prompt(dl, text, p0, 15, lr, g_err, sizeof g_err) == 0,
+                  "%s", g_err);
+            free(kv);
+            free(lr);
+        }
+        CHECK(sd_drafter_draft(dk, text, 31, 16, t1, g_err, sizeof g_err) == 0 &&
+                  sd_drafter_draft(dl, text, 31, 16, t2, g_err, sizeof g_err) == 0,
+              "%s", g_err);
+        CHECK(sd_tree_size(t1) > 1 && same_tree(t1, t2), "LSA outputs: trees differ (%d vs %d nodes)",
+              sd_tree_size(t1), sd_tree_size(t2));
+    } else CHECK(0, "setup: %s", g_err);
+    sd_drafter *ng = NULL;
+    CHECK(sd_drafter_remote_lsa(ng, g_err, sizeof g_err) == SD_ERR_INPUT, "no drafter made remote");
+    sd_tree_destroy(t1);
+    sd_tree_destroy(t2);
+    sd_session_free(s);
+    sd_drafter_free(dk);
+    sd_drafter_free(dl);
+    sd_moa_lsa_free(x);
+done:
+    sd_head_free(h);
+    sd_head_free(h2);
+}
+
 static void test_remote_moa_tli0(void) {
     if (!g_m) SKIP("no synthetic model: %.200s", g_err);
     run(0);
@@ -159,6 +232,7 @@ int main(void) {
     g_m = sc_synth_model(&p, "remote_moa", "l", g_err, sizeof g_err);
     T_RUN(test_remote_moa_tli0);
     T_RUN(test_remote_moa_tli1);
+    T_RUN(test_remote_moa_lsa_outputs);
     sd_model_free(g_m);
     T_EXIT();
 }
