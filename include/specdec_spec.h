@@ -176,8 +176,8 @@ SD_API void sd_moa_lsa_free(sd_moa_lsa *x);
 SD_API int sd_moa_lsa_run(sd_moa_lsa *x, const float *kv, int n, float *c, char *err, size_t errlen);
 // An MoA drafter's TLI (its last target layers it runs), or -1 for another head.
 SD_API int sd_head_moa_tli(const sd_head *h);
-// A hash of a head's parameters and draft vocabulary: two programs holding
-// the same drafter file get the same value.
+// A hash of a head's shape (TLI included), parameters and draft vocabulary:
+// two programs holding the same drafter file get the same value.
 SD_API uint64_t sd_head_fingerprint(const sd_head *h);
 // sd_drafter_draft for a target that samples with sp (temp > 0; greedy
 // otherwise: sd_drafter_draft) with the race draw, as a fresh sampler's

@@ -119,7 +119,7 @@ static double pct(double *v, long n, double q) {
 
 int cmd_client(int argc, char **argv) {
     const char *model_path = NULL, *head_spec = NULL, *prompt = NULL, *system = NULL, *method = NULL;
-    int chat = 0, json = 0, events = 0, verbose = 0, n_threads = 1, no_states = 0;
+    int chat = 0, json = 0, events = 0, verbose = 0, n_threads = 1, no_states = 0, lsa_server = 0;
     const char *temp_given = NULL, *private_text = NULL, *stops[CL_MAX_STOP];
     int n_stops = 0;
     cl_opts co = {.sp = sd_sampler_default_params(), .timeout_ms = 3000, .n_predict = 256, .max_nodes = 16, .offline_depth = 4, .retry_ms = 250,
@@ -170,6 +170,10 @@ int cmd_client(int argc, char **argv) {
         {"--greedy-drafts", NULL, CLI_FLAG, &co.greedy_drafts,
          .help = "with --temp: draft the drafter's most likely tokens (default: its samples under the server's "
                  "race noise for the seed, accepted whenever they are the target's own draws)"},
+        {"--lsa-on-server", NULL, CLI_FLAG, &lsa_server,
+         .help = "MoA: the server runs LSA with its own copy of the drafter (serve --head MOA.gguf) and sends "
+                 "LSA's outputs (and the TLI layers' K,V rows) instead of every layer's K,V rows: about 20x fewer "
+                 "bytes, LSA's cost on the server"},
         {"--no-states", NULL, CLI_FLAG, &no_states,
          .help = "ask the server for no states (the drafter then drafts from tokens alone: a baseline)"},
         {"--threads", "-t", CLI_INT, &n_threads, 1, 256, .meta = "N", .def = CLI_DEF_VALUE,
@@ -248,14 +252,20 @@ int cmd_client(int argc, char **argv) {
                   "which the server never computes for private text");
         goto out;
     }
-    co.kv = moa;
+    if (lsa_server && !moa) {
+        cli_error("client: --lsa-on-server needs an MoA drafter");
+        goto out;
+    }
+    co.kv = moa ? (lsa_server ? 2 : 1) : 0;
+    co.tli = moa ? sd_head_moa_tli(h) : 0;
+    co.drafter_fp = sd_head_fingerprint(h);
     sd_method_env env = sd_method_env_default(m);
     if (moa) env.head_moa = h;
     else env.head_eagle3 = h;
     env.n_threads = n_threads;
     env.n_ctx = 4096;
     if (sd_method_parse(method, &meth, err, sizeof err) < 0 || sd_method_make(&meth, &env, &d, err, sizeof err) < 0 ||
-        sd_drafter_remote(d, err, sizeof err) < 0) {
+        (co.kv == 2 ? sd_drafter_remote_lsa(d, err, sizeof err) : sd_drafter_remote(d, err, sizeof err)) < 0) {
         cli_error("client: %s", err);
         goto out;
     }

@@ -91,7 +91,12 @@ int sd_moa_lsa_run(sd_moa_lsa *x, const float *kv, int n, float *c, char *err, s
 int sd_head_moa_tli(const sd_head *h) { return h && h->hp.type == SD_HEAD_MOA ? h->hp.moa_tli : -1; }
 
 uint64_t sd_head_fingerprint(const sd_head *h) {
-    uint64_t x = 0xcbf29ce484222325ull;   // FNV-1a over the parameters' bytes and the draft vocabulary
+    uint64_t x = 0xcbf29ce484222325ull;   // FNV-1a over the shape, the parameters' bytes and the draft vocabulary
+    const sd_head_hp *hp = &h->hp;
+    const int64_t shape[] = {hp->type, hp->n_embd, hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_ff,
+                             hp->n_draft_vocab, hp->moa_tli, hp->moa_no_lsa, hp->moa_kv_width};
+    for (size_t i = 0; i < sizeof shape / sizeof *shape; i++)
+        for (int k = 0; k < 8; k++) x = (x ^ (uint8_t)(shape[i] >> (8 * k))) * 0x100000001b3ull;
     const uint8_t *b = (const uint8_t *)h->w;
     for (size_t i = 0; i < h->n_w * sizeof(float); i++) x = (x ^ b[i]) * 0x100000001b3ull;
     b = (const uint8_t *)h->d2t;

@@ -23,7 +23,10 @@ drafter runs LSA on them and fills its TLI layers' cache.
   - "states" other than true/false/"kv"/"fused" is 400; --private with an
     MoA drafter is refused with the reason;
   - one generation room (--split 1) serves an EAGLE-3 generation (fused
-    rows, 4 + d bytes a position), then the MoA ones (2L (4 + kvd) bytes).
+    rows, 4 + d bytes a position), then the MoA ones (2L (4 + kvd) bytes);
+  - --lsa-on-server with a server holding the same TLI 1 drafter: the text
+    and tau are the K,V client's, with less than a fifth of its bytes; a
+    client whose drafter is another one is refused (400).
 
 Prints PASS/FAIL/SKIP lines (scripts/run-tests.sh counts them).
 """
@@ -46,7 +49,7 @@ from test_split import BIN, HEAD, MODEL, PROMPT, PROMPT2, Proxy, free_port, gene
 RANDOM_HEAD = os.path.join(ROOT, "build", "tests", "tool_random_head")
 CASES = ["client_files", "fused_then_kv", "greedy_tli0", "greedy_tli1", "profile_4g_tli1", "exact_accepted", "reply_size",
          "sampling_equals_generate", "sampled_drafts_coupled", "cut_at_50_resumes", "bad_states_400", "private_refused",
-         "server_restarted"]
+         "server_restarted", "lsa_on_server", "lsa_other_drafter_400"]
 
 
 def skip_all(why):
@@ -239,6 +242,27 @@ def main():
         finally:
             time.sleep(2)
             box["srv"].stop()
+    if want("lsa_on_server") or want("lsa_other_drafter_400"):
+        srv = ServeProcess(BIN, MODEL, "--head", os.path.join(tmp.name, "moa-tli1.gguf"), "--split", "2")
+        try:
+            rc, lines, err = client(f"http://127.0.0.1:{srv.port}", files["moa-tli1"], PROMPT, N, "--lsa-on-server")
+            o = lines[-1] if lines else {}
+            rck, lk, errk = client(f"http://127.0.0.1:{srv.port}", files["moa-tli1"], PROMPT, N)
+            ok_ = lk[-1] if lk else {}
+            st, b = post(srv.port, "/v1/split/open", json.dumps({"prompt": [1, 504, 3458], "n_predict": 8,
+                                                                 "states": "lsa", "drafter": "0"}), "application/json")
+            per = o.get("body_bytes_received", 0) / max(1, o.get("n_generated", 1))
+            print(f"  --lsa-on-server: {per:.0f} body bytes received a token, "
+                  f"{ok_.get('body_bytes_received', 0) / max(1, ok_.get('n_generated', 1)):.0f} with K,V rows")
+            report("lsa_on_server", rc == 0 and o.get("text") == ref and o.get("tau") == ok_.get("tau") and
+                   0 < o.get("body_bytes_received", 0) < ok_.get("body_bytes_received", 0) / 5,
+                   f"rc {rc} {o.get('text')!r} tau {o.get('tau')} vs {ok_.get('tau')} bytes "
+                   f"{o.get('body_bytes_received')} vs {ok_.get('body_bytes_received')} {err[-300:]}")
+            rc2, l2, err2 = client(f"http://127.0.0.1:{srv.port}", files["moa"], PROMPT, 8, "--lsa-on-server")
+            report("lsa_other_drafter_400", rc2 != 0 and "not the server's" in err2 and st == 400,
+                   f"rc {rc2} {err2[-300:]} {st} {b!r}")
+        finally:
+            srv.stop()
     tmp.cleanup()
     return exit_status()
 

@@ -94,7 +94,9 @@ int cl_client_new(cl_client **out, const cl_opts *o, const sd_model *model, sd_d
     c->n_ctx = 4096;
     c->n_layer = info.n_layer;
     c->kvd = info.n_head_kv * info.head_dim;
-    if (o->kv && !(c->kvbuf = malloc(sizeof(float) * MAX_NODES * (size_t)c->n_layer * 2 * (size_t)c->kvd))) {
+    const size_t ld = SD_MAX((size_t)c->n_layer, (size_t)(o->tli > 0 ? o->tli : 0) + 1) * 2 * (size_t)c->kvd +
+                      (size_t)c->d_embd;   // floats a position: either kind
+    if (o->kv && !(c->kvbuf = malloc(sizeof(float) * MAX_NODES * ld))) {
         free(c);
         return snprintf(err, errlen, "out of memory"), -1;
     }
@@ -182,18 +184,32 @@ static void take_rows(cl_client *c, const uint8_t *rows, int n, int pos0, float 
 
 // Bytes of one position's states in a reply.
 static size_t row_bytes(const cl_client *c) {
-    return c->o.kv ? 2 * (size_t)c->n_layer * (4 + (size_t)c->kvd) : 4 + (size_t)c->d_embd;
+    const size_t qb = 4 + (size_t)c->kvd;
+    return c->o.kv == 2 ? 4 + (size_t)c->d_embd + 2 * (size_t)c->o.tli * qb
+           : c->o.kv    ? 2 * (size_t)c->n_layer * qb
+                        : 4 + (size_t)c->d_embd;
 }
 
-// kv: n positions' int8 K,V rows (n, 2 L, 4 + kvd) into c->kvbuf (n, L, 2 kvd) floats, [K | V] a layer.
+static void dequant(const uint8_t *r, int w, float *o) {
+    float sc;
+    memcpy(&sc, r, 4);
+    for (int j = 0; j < w; j++) o[j] = sc * (float)(int8_t)r[4 + j];
+}
+
+// kv: n positions' int8 rows into c->kvbuf as the drafter takes them: K,V
+// rows (n, 2 L, 4 + kvd) into (n, L, 2 kvd) floats, [K | V] a layer; lsa:
+// (4 + d) then (2 tli, 4 + kvd) into (n, d + tli 2 kvd).
 static void kv_floats(cl_client *c, const uint8_t *rows, int n) {
-    const int w = c->kvd;
-    for (int i = 0; i < n * 2 * c->n_layer; i++) {
-        const uint8_t *r = rows + (size_t)i * (4 + (size_t)w);
-        float sc;
-        memcpy(&sc, r, 4);
-        float *o = c->kvbuf + (size_t)i * w;
-        for (int j = 0; j < w; j++) o[j] = sc * (float)(int8_t)r[4 + j];
+    const int w = c->kvd, lsa = c->o.kv == 2, nr = 2 * (lsa ? c->o.tli : c->n_layer);
+    const size_t rb = row_bytes(c), ld = (lsa ? (size_t)c->d_embd : 0) + (size_t)nr * w;
+    for (int p = 0; p < n; p++) {
+        const uint8_t *r = rows + rb * (size_t)p;
+        float *o = c->kvbuf + ld * (size_t)p;
+        if (lsa) {
+            dequant(r, c->d_embd, o);
+            r += 4 + (size_t)c->d_embd, o += c->d_embd;
+        }
+        for (int i = 0; i < nr; i++) dequant(r + (size_t)i * (4 + (size_t)w), w, o + (size_t)i * w);
     }
 }
 
@@ -287,8 +303,14 @@ static int do_open(cl_client *c, char *err, size_t errlen) {
     int left = c->o.n_predict - (base - c->n_prompt);
     const sd_sampler_params *sp = &c->o.sp;
     json_t *o = json_pack("{s:o, s:i, s:o, s:f, s:i, s:f, s:f, s:I}", "prompt", ids, "n_predict", left > 0 ? left : 1,
-                          "states", c->o.states && c->o.kv ? json_string("kv") : json_boolean(c->o.states), "temperature", (double)sp->temp, "top_k", sp->top_k, "top_p",
+                          "states", c->o.states && c->o.kv ? json_string(c->o.kv == 2 ? "lsa" : "kv")
+                                                           : json_boolean(c->o.states), "temperature", (double)sp->temp, "top_k", sp->top_k, "top_p",
                           (double)sp->top_p, "min_p", (double)sp->min_p, "seed", (json_int_t)sp->seed);
+    if (o && c->o.kv == 2) {   // the server runs LSA with its own drafter: it must be ours
+        char fp[24];
+        snprintf(fp, sizeof fp, "%016llx", (unsigned long long)c->o.drafter_fp);
+        json_object_set_new(o, "drafter", json_string(fp));
+    }
     if (o && c->o.n_stop > 0) {   // the server stops its generation at them too
         json_t *sa = json_array();
         for (int i = 0; i < c->o.n_stop; i++) json_array_append_new(sa, json_string(c->o.stop[i]));
@@ -324,7 +346,7 @@ static int do_open(cl_client *c, char *err, size_t errlen) {
     int n_states = (int)json_integer_value(json_object_get(a, "n_states"));
     const char *b64 = json_string_value(json_object_get(a, "states"));
     const char *kind = json_string_value(json_object_get(a, "state_kind"));
-    const int kv_ok = !c->o.kv || (kind && !strcmp(kind, "kv") &&
+    const int kv_ok = !c->o.kv || (kind && !strcmp(kind, c->o.kv == 2 ? "lsa" : "kv") &&
                                    (int)json_integer_value(json_object_get(a, "n_layer")) == c->n_layer &&
                                    (int)json_integer_value(json_object_get(a, "kv_width")) == c->kvd);
     if (c->o.kv && c->o.states && !kv_ok) {
@@ -404,9 +426,9 @@ static int send_pending(cl_client *c, char *err, size_t errlen) {
     const int fin = b[8];
     uint32_t want;
     memcpy(&want, c->pbody + 4, 4);
-    if (magic != MAGIC_REP || seq != want || na >= c->pn || (nr && b[9] != (c->o.kv ? 2 : 1)) ||
-        r.len != 20 + 4 * (size_t)na + (size_t)nr * (c->o.kv ? 2 * (size_t)c->n_layer * (4 + (size_t)d) : 4 + (size_t)d) ||
-        (nr && d != (c->o.kv ? c->kvd : c->d_embd)) || nr > na + 1)
+    const int want_type = c->o.kv == 2 ? 3 : c->o.kv ? 2 : 1, want_w = c->o.kv == 1 ? c->kvd : c->d_embd;
+    if (magic != MAGIC_REP || seq != want || na >= c->pn || (nr && (b[9] != want_type || d != want_w)) ||
+        r.len != 20 + 4 * (size_t)na + (size_t)nr * (nr ? row_bytes(c) : 0) || nr > na + 1)
         return snprintf(err, errlen, "the server's round reply is not understood"), -1;
     c->s->round_ms_sum += r.ms;
     if (r.ms > c->s->round_ms_max) c->s->round_ms_max = r.ms;

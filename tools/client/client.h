@@ -21,7 +21,10 @@ typedef struct cl_opts {
     int retry_ms;            // the background probe's period while offline
     int final_wait_ms;       // at the end, how long to wait for the server to verify unverified tokens
     int states;              // 1: ask for the target's states (0: the drafter reads none)
-    int kv;                  // 1: the drafter is MoA: the states are every layer's K,V rows (0: EAGLE-3's fused rows)
+    int kv;                  // the drafter is MoA: 1 the states are every layer's K,V rows, 2 LSA's outputs (the
+                             // server's drafter) and the last tli layers' K,V rows; 0: EAGLE-3's fused rows
+    int tli;                 // kv 2: the drafter's TLI
+    uint64_t drafter_fp;     // kv 2: sd_head_fingerprint of the drafter (the server's must be the same)
     int verbose;
     sd_sampler_params sp;    // the target's sampling (temp 0: greedy), sent with the open
     int greedy_drafts;       // sampling: draft the drafter's most likely tokens (0: its samples under the target's noise)

@@ -12,7 +12,11 @@
 // ---------------------------------------------------------------- fused rows
 
 size_t sv_split_row_bytes(const sv_splits *t, int kind) {
-    return kind == SV_KIND_FUSED ? 4 + (size_t)t->d : kind == SV_KIND_KV ? 2 * (size_t)t->n_layer * (4 + (size_t)t->kvd) : 0;
+    const size_t qb = 4 + (size_t)t->kvd;
+    return kind == SV_KIND_FUSED ? 4 + (size_t)t->d
+           : kind == SV_KIND_KV  ? 2 * (size_t)t->n_layer * qb
+           : kind == SV_KIND_LSA ? 4 + (size_t)t->d + 2 * (size_t)t->tli * qb
+                                 : 0;
 }
 
 // Room for n more positions in e->rows (rb bytes each; a generation's kind sets rb, the buffer outlives it).
@@ -53,12 +57,15 @@ static int fuse_rows(sv_server *s, sv_split *e, const float *hidden, int n, char
     return 0;
 }
 
-// Every layer's committed K and V rows of positions pos .. pos+n-1 into e's
-// int8 rows (SV_KIND_KV): what the client's MoA drafter reads (docs/split.md).
+// The client's MoA drafter's rows of positions pos .. pos+n-1 into e's int8
+// rows (docs/split.md): SV_KIND_KV every layer's committed K and V rows;
+// SV_KIND_LSA LSA's output (the server's drafter) then the last tli layers'.
 static int kv_rows(sv_server *s, sv_split *e, int pos, int n, char *err, size_t errlen) {
-    const sv_splits *t = s->split;
-    const int L = t->n_layer, w = t->kvd;
-    const size_t rb = sv_split_row_bytes(t, SV_KIND_KV), qb = 4 + (size_t)w;
+    sv_splits *t = s->split;
+    const int L = t->n_layer, w = t->kvd, lsa = e->kind == SV_KIND_LSA, d = t->d;
+    const size_t rb = sv_split_row_bytes(t, e->kind), qb = 4 + (size_t)w;
+    const size_t head = lsa ? 4 + (size_t)d : 0;   // a position's bytes before its first K,V row
+    const int l0 = lsa ? L - t->tli : 0;            // the first layer sent
     if (n <= 0) return 0;
     if (rows_room(e, rb, n) < 0) return snprintf(err, errlen, "out of memory"), -1;
     for (int i = 0; i < n; i += SV_SPLIT_MAX_NODES) {
@@ -66,10 +73,21 @@ static int kv_rows(sv_server *s, sv_split *e, int pos, int n, char *err, size_t 
         for (int l = 0; l < L; l++) {
             if (sd_session_kv_read(e->ss, l, pos + i, c, e->kbuf, e->vbuf, err, errlen) < 0) return -1;
             for (int j = 0; j < c; j++) {
-                uint8_t *o = e->rows + rb * (size_t)(e->n_rows + i + j) + 2 * (size_t)l * qb;
-                quant_row(o, e->kbuf + (size_t)j * w, w);
-                quant_row(o + qb, e->vbuf + (size_t)j * w, w);
+                const float *kr = e->kbuf + (size_t)j * w, *vr = e->vbuf + (size_t)j * w;
+                if (lsa) {
+                    float *f = t->kvf + ((size_t)j * L + l) * 2 * w;
+                    memcpy(f, kr, sizeof(float) * (size_t)w);
+                    memcpy(f + w, vr, sizeof(float) * (size_t)w);
+                }
+                if (l < l0) continue;
+                uint8_t *o = e->rows + rb * (size_t)(e->n_rows + i + j) + head + 2 * (size_t)(l - l0) * qb;
+                quant_row(o, kr, w);
+                quant_row(o + qb, vr, w);
             }
+        }
+        if (lsa) {
+            if (sd_moa_lsa_run(t->lsa, t->kvf, c, t->cf, err, errlen) < 0) return -1;
+            for (int j = 0; j < c; j++) quant_row(e->rows + rb * (size_t)(e->n_rows + i + j), t->cf + (size_t)j * d, d);
         }
     }
     e->n_rows += n;
@@ -138,6 +156,18 @@ int sv_split_init(sv_server *s, int n, int idle_s, char *err, size_t errlen) {
         for (int i = 0; i < t->n_extract && i < 3; i++) t->extract[i] = ly[i];
         sd_drafter_free(d);
     }
+    if (s->head_moa && sd_moa_lsa_new(&t->lsa, s->head_moa, s->model, err, errlen) == 0) {   // "lsa" states
+        t->tli = sd_head_moa_tli(s->head_moa);
+        t->moa_fp = sd_head_fingerprint(s->head_moa);
+        t->kvf = malloc(sizeof(float) * SV_SPLIT_MAX_NODES * (size_t)t->n_layer * 2 * (size_t)t->kvd);
+        t->cf = malloc(sizeof(float) * SV_SPLIT_MAX_NODES * (size_t)t->d);
+        if (!t->kvf || !t->cf) {
+            s->split = t;
+            sv_split_free(s);
+            return snprintf(err, errlen, "out of memory"), -1;
+        }
+    }
+    err[0] = 0;   // (an MoA drafter without LSA: no "lsa" states, not an error)
     for (int i = 0; i < n; i++) {
         sv_split *e = &t->e[i];
         e->sl.id = -1 - i;
@@ -179,6 +209,9 @@ void sv_split_free(sv_server *s) {
         free(e->reply);
     }
     pthread_cond_destroy(&t->cv);
+    sd_moa_lsa_free(t->lsa);
+    free(t->kvf);
+    free(t->cf);
     free(t->e);
     free(t);
     s->split = NULL;
@@ -257,7 +290,7 @@ static void answer_round(sv_server *s, sv_split *e, const sd_step *st) {
     // a step cut short (n_predict, a stop) may end inside its accepted drafts: its last token then stands
     // for the bonus; an ended generation's step has none (bonus -1)
     const int na = SD_MAX(0, SD_MIN(st->n_accepted, st->n_tokens - 1));
-    if (e->kind == SV_KIND_KV && e->want_states) {   // the root's and the accepted nodes' K,V rows, as committed
+    if ((e->kind == SV_KIND_KV || e->kind == SV_KIND_LSA) && e->want_states) {   // the path's rows, as committed
         char err[256];
         e->n_rows = 0;
         const int n = SD_MIN(na + 1, sd_session_n_past(e->ss) - e->root_pos);
@@ -268,7 +301,7 @@ static void answer_round(sv_server *s, sv_split *e, const sd_step *st) {
     }
     if (e->n_rows > na + 1) e->n_rows = na + 1;
     const size_t rb = sv_split_row_bytes(s->split, e->kind);
-    const int w = e->kind == SV_KIND_KV ? s->split->kvd : s->split->d;
+    const int w = e->kind == SV_KIND_KV ? s->split->kvd : s->split->d;   // LSA: the output's width (TLI rows: kvd)
     const size_t len = 20 + 4 * (size_t)na + rb * (size_t)e->n_rows;
     uint8_t *b = malloc(len);
     if (!b) {
@@ -278,7 +311,7 @@ static void answer_round(sv_server *s, sv_split *e, const sd_step *st) {
     put_u32(b, SV_SPLIT_MAGIC_REP);
     put_u32(b + 4, e->seq_work);
     b[8] = (uint8_t)(st->finish == SD_FINISH_NONE ? 0 : st->finish + 1);
-    b[9] = (uint8_t)(e->kind == SV_KIND_KV ? 2 : 1);   // int8 rows: 1 fused, 2 K,V
+    b[9] = (uint8_t)(e->kind == SV_KIND_KV ? 2 : e->kind == SV_KIND_LSA ? 3 : 1);   // int8 rows: 1 fused, 2 K,V, 3 LSA
     put_u16(b + 10, (uint16_t)na);
     int32_t bonus = st->n_tokens > na ? st->tokens[na] : -1;
     memcpy(b + 12, &bonus, 4);
@@ -302,7 +335,7 @@ static void answer_round(sv_server *s, sv_split *e, const sd_step *st) {
 static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 static void answer_open(sv_server *s, sv_split *e, int first, int finish) {
     const int d = s->split->d;
-    if (e->kind == SV_KIND_KV && e->want_states) {   // every prompt position's K,V rows
+    if ((e->kind == SV_KIND_KV || e->kind == SV_KIND_LSA) && e->want_states) {   // every prompt position's rows
         char err[256];
         e->n_rows = 0;
         if (kv_rows(s, e, 0, sd_session_n_past(e->ss), err, sizeof err) < 0) {
@@ -323,7 +356,7 @@ static void answer_open(sv_server *s, sv_split *e, int first, int finish) {
                      "\"n_states\":%d,\"states\":\"",
                      e->id, first, finish, sd_session_n_ctx(e->ss), SV_SPLIT_MAX_NODES, s->split->idle_s, d,
                      s->split->extract[0], s->split->extract[1], s->split->extract[2],
-                     s->o->draw == SD_DRAW_RACE ? "race" : "rejection", e->kind == SV_KIND_KV ? "kv" : e->kind == SV_KIND_FUSED ? "fused" : "none", s->split->n_layer,
+                     s->o->draw == SD_DRAW_RACE ? "race" : "rejection", e->kind == SV_KIND_KV ? "kv" : e->kind == SV_KIND_LSA ? "lsa" : e->kind == SV_KIND_FUSED ? "fused" : "none", s->split->n_layer,
                      s->split->kvd, e->n_rows);
     const uint8_t *p = e->rows;
     size_t i = 0;

@@ -23,7 +23,7 @@
 
 enum sv_split_state { SPL_FREE = 0, SPL_OPENING, SPL_READY, SPL_ROUND, SPL_FAILED };
 // The target's states a generation's replies carry (the open's "states"; the round reply's row type).
-enum sv_split_kind { SV_KIND_NONE = 0, SV_KIND_FUSED = 1, SV_KIND_KV = 2 };
+enum sv_split_kind { SV_KIND_NONE = 0, SV_KIND_FUSED = 1, SV_KIND_KV = 2, SV_KIND_LSA = 3 };
 
 typedef struct sv_split {
     int state;             // enum sv_split_state (under s->mu)
@@ -76,6 +76,11 @@ typedef struct sv_splits {
     int n_extract;         // 0: no EAGLE-3 head: rounds send no states
     int d;                 // n_embd
     int n_layer, kvd;      // the target's layers and K (or V) row width n_head_kv * head_dim (SV_KIND_KV)
+    // SV_KIND_LSA: the server's MoA drafter (serve --head moa.gguf, with LSA) runs LSA for its clients
+    sd_moa_lsa *lsa;       // or NULL
+    int tli;               // its TLI: the last tli layers' K,V rows go with each position's LSA output
+    uint64_t moa_fp;       // its sd_head_fingerprint (a client's drafter must be the same)
+    float *kvf, *cf;       // (SV_SPLIT_MAX_NODES, L, 2 kvd), (SV_SPLIT_MAX_NODES, d): scheduler scratch
     pthread_cond_t cv;     // broadcast when some split generation's work is done
     long next;             // id counter
 } sv_splits;

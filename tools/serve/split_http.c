@@ -96,7 +96,19 @@ static int do_open(sv_server *s, const char *body, size_t len, char **out, size_
     // states: true (the default: fused rows when the server has an EAGLE-3 head), false, "fused", "kv"
     int kind = !ws || json_is_true(ws) ? (s->split->n_extract > 0 ? SV_KIND_FUSED : SV_KIND_NONE) : SV_KIND_NONE;
     const char *wk = json_string_value(ws);
-    if (wk && !strcmp(wk, "kv")) kind = SV_KIND_KV;
+    const char *dfp = json_string_value(json_object_get(o, "drafter"));
+    char fp[24];
+    snprintf(fp, sizeof fp, "%016llx", (unsigned long long)s->split->moa_fp);
+    if (wk && !strcmp(wk, "lsa") && (!s->split->lsa || !dfp || strcmp(dfp, fp))) {
+        free(ids);
+        json_decref(o);
+        snprintf(msg, sizeof msg, "%s: ask for \"kv\" states (the client runs LSA)",
+                 !s->split->lsa ? "'states': \"lsa\" needs the server to hold an MoA drafter with LSA (serve --head)"
+                                : "'states': \"lsa\": the client's MoA drafter ('drafter' fingerprint) is not the server's");
+        return error_out(400, "invalid_states", msg, out, out_len, ctype);
+    }
+    if (wk && !strcmp(wk, "lsa")) kind = SV_KIND_LSA;
+    else if (wk && !strcmp(wk, "kv")) kind = SV_KIND_KV;
     else if (wk && !strcmp(wk, "fused") && s->split->n_extract > 0) kind = SV_KIND_FUSED;
     else if ((wk && strcmp(wk, "none")) || (ws && !wk && !json_is_boolean(ws))) {
         free(ids);
