@@ -12,7 +12,9 @@ applies each profile (4g: 20 Mbit/s, 21 +- 19 ms, 0.1% loss as stalls; 5g:
   (b) split   specdec client with the EAGLE-3 head: the same, plus tau and
               round latency; its text is checked against the target's;
   (c) moa     specdec client with an MoA drafter (--moa FILE: a drafter,
-              made into a client file here, or a client file): the same;
+              made into a client file here): the same; with --moa-lsa also
+              moa_lsa, the client with --lsa-on-server (the server, given
+              the drafter too, sends LSA's outputs);
   cut         each split client cut off for good after 50 tokens: the share
               of the target's greedy text it reproduces offline (tokens
               until the first difference, and positions equal, over the
@@ -22,7 +24,7 @@ applies each profile (4g: 20 Mbit/s, 21 +- 19 ms, 0.1% loss as stalls; 5g:
 
 Prints one JSON object (per-profile means, and every run) on stdout; never a
 test. usage: bench-split.py [--prompts FILE] [--n-prompts K] [-n N]
-[--profiles 4g,5g] [--moa FILE] [--no-eagle3] [--cut-baseline] [--out FILE]
+[--profiles 4g,5g] [--moa FILE] [--moa-lsa] [--no-eagle3] [--cut-baseline] [--out FILE]
 """
 import argparse
 import http.client
@@ -157,6 +159,7 @@ def main():
     ap.add_argument("--moa", help="(c): an MoA drafter for the model (or its split-client file)")
     ap.add_argument("--no-eagle3", action="store_true", help="leave (b) out")
     ap.add_argument("--cut-baseline", action="store_true", help="(c)'s cut also with --no-states")
+    ap.add_argument("--moa-lsa", action="store_true", help="(c) also with --lsa-on-server")
     ap.add_argument("--out")
     a = ap.parse_args()
     tmp = tempfile.TemporaryDirectory()
@@ -170,6 +173,8 @@ def main():
             if r.returncode != 0:
                 sys.exit("bench-split: " + r.stderr.strip())
         kinds.append(("moa", ["-m", cf]))
+        if a.moa_lsa:
+            kinds.append(("moa_lsa", ["-m", cf, "--lsa-on-server"]))
         if a.cut_baseline:
             kinds.append(("moa_nostates", ["-m", cf, "--no-states"]))
     prompts = []
@@ -179,7 +184,8 @@ def main():
             prompts.append(o["turns"][0])
     step = max(1, len(prompts) // a.n_prompts)
     prompts = prompts[::step][:a.n_prompts]
-    srv = ServeProcess(BIN, MODEL, "--head", HEAD, "--split", "8", "-np", "1")
+    heads = ["--head", HEAD] + (["--head", a.moa] if a.moa and a.moa_lsa else [])
+    srv = ServeProcess(BIN, MODEL, *heads, "--split", "8", "-np", "1")
     gen = {}
     for pr in prompts:   # the target's own greedy text (generate), for the checks
         r = subprocess.run([BIN, "generate", "-m", MODEL, "--chat", "-p", pr, "-n", str(a.n), "--temp", "0", "--json"],
@@ -240,7 +246,7 @@ def main():
             for key, rs_ in rows.items():
                 keys = [k for k in rs_[0] if isinstance(rs_[0][k], (int, float)) and not isinstance(rs_[0][k], bool)]
                 summ[key] = {k: mean([r_.get(k) for r_ in rs_]) for k in keys}
-                if key in ("split", "moa", "moa_nostates"):
+                if key in ("split", "moa", "moa_lsa", "moa_nostates"):
                     summ[key]["all_equal_target"] = all(r_["equals_target"] for r_ in rs_)
                     summ[key + "_over_openai_tokens_per_second"] = (summ[key]["tokens_per_second"] /
                                                                     summ["openai"]["tokens_per_second"])
