@@ -75,7 +75,8 @@ typedef struct sd_model_info {
     int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff;
     int n_ctx_train;    // context length the model was trained with
     size_t n_bytes;     // bytes of tensor data
-    int layer_lo, layer_hi; // the layers held (sd_model_load_part): [lo, hi); the whole model: 0, n_layer
+    int layer_lo, layer_hi; // the layers held (sd_model_load_part): [lo, hi); the whole model: 0, n_layer;
+                            // a split client's file (docs/split.md): n_layer, n_layer (none: it runs nothing)
     int has_output;     // 1: the final norm and output matrix are held
     size_t n_bytes_held; // bytes of tensor data of the held layers and output
 } sd_model_info;
@@ -246,6 +247,13 @@ SD_API int sd_session_n_past(const sd_session *s);
 SD_API int sd_session_n_ctx(const sd_session *s);
 SD_API int sd_session_n_batch(const sd_session *s);   // most nodes of one forward
 SD_API const sd_model *sd_session_model(const sd_session *s);
+// The committed K and V rows of positions pos .. pos+n-1 of layer, as floats:
+// k and v (n, n_head_kv * head_dim) each, K with RoPE applied as cached. For
+// a program whose drafter reads the target's cache elsewhere (the split's
+// MoA client, docs/split.md). 0, or SD_ERR_INPUT (rows not committed, a
+// layer the session does not hold, a session whose cache is on the GPU).
+SD_API int sd_session_kv_read(const sd_session *s, int layer, int pos, int n, float *k, float *v, char *err,
+                              size_t errlen);
 // The pool the session runs on (its own or the one it was given).
 SD_API sd_threadpool *sd_session_pool(const sd_session *s);
 // A session's committed state -- its KV cache rows [0, n_past) and its

@@ -132,7 +132,7 @@ SD_API int sd_drafter_from_callbacks(sd_drafter **out, const sd_drafter_callback
 // its trees, docs/split.md) drives a drafter itself: sd_drafter_draft fills a
 // tree for the text so far, the program has it verified, and
 // sd_drafter_tell hands the drafter the accepted path, the bonus token and
-// the target's states of the path's positions. Greedy drafting only.
+// the target's states of the path's positions.
 // A tree of at most cap nodes over n_vocab tokens (the model's vocabulary),
 // owned by the caller. SD_ERR_INPUT on bad sizes, SD_ERR_OOM.
 SD_API int sd_tree_new(sd_tree **out, int cap, int n_vocab, char *err, size_t errlen);
@@ -146,13 +146,52 @@ SD_API float sd_tree_p(const sd_tree *t, int i);
 // sd_drafter_tell_prompt are fused rows (n, n_embd) as sd_head_fuse makes
 // them, one per position, and sd_drafter_tell without states feeds the head
 // its own outputs as the path's states (drafting on without the target).
-// SD_ERR_INPUT for other drafters.
+// Or an MoA drafter (moa:SHAPE): the states are every target layer's K and V
+// rows of each position, (n, n_layer, 2 n_head_kv head_dim) floats, a
+// layer's K row then its V row (sd_session_kv_read's, K with RoPE as
+// cached); the drafter keeps the positions that agree with the text, and
+// reads the text after the last position with states (drafted without the
+// target) through its self-attention alone. SD_ERR_INPUT for other drafters.
 SD_API int sd_drafter_remote(sd_drafter *d, char *err, size_t errlen);
 // Fills tree (emptied, its root tokens[n_tokens - 1]) with the drafter's
 // proposal for the text tokens[0 .. n_tokens) in at most max_nodes nodes,
 // root included.
 SD_API int sd_drafter_draft(sd_drafter *d, const int32_t *tokens, int n_tokens, int max_nodes, sd_tree *tree,
                             char *err, size_t errlen);
+typedef struct sd_head sd_head;
+// An MoA drafter made remote takes LSA's outputs computed by the server
+// instead of every layer's K,V rows: the states of sd_drafter_tell and
+// sd_drafter_tell_prompt are then (n, n_embd + N 2 n_head_kv head_dim)
+// floats, each position's LSA output (sd_moa_lsa_run) then the K,V rows of
+// the target's last N layers (TLI = N), a layer's K row then its V row.
+// SD_ERR_INPUT for other drafters.
+SD_API int sd_drafter_remote_lsa(sd_drafter *d, char *err, size_t errlen);
+// LSA of an MoA drafter h (with LSA) for target m, run where the target's
+// K,V rows are (a split server): c (n, n_embd) from kv (n, n_layer, 2
+// n_head_kv head_dim) as sd_drafter_remote's, n <= 64. The drafter's
+// weights in 8 bits, as the client's drafter holds them.
+typedef struct sd_moa_lsa sd_moa_lsa;
+SD_API int sd_moa_lsa_new(sd_moa_lsa **out, const sd_head *h, const sd_model *m, char *err, size_t errlen);
+SD_API void sd_moa_lsa_free(sd_moa_lsa *x);
+SD_API int sd_moa_lsa_run(sd_moa_lsa *x, const float *kv, int n, float *c, char *err, size_t errlen);
+// An MoA drafter's TLI (its last target layers it runs), or -1 for another head.
+SD_API int sd_head_moa_tli(const sd_head *h);
+// A hash of a head's shape (TLI included), parameters and draft vocabulary:
+// two programs holding the same drafter file get the same value.
+SD_API uint64_t sd_head_fingerprint(const sd_head *h);
+// sd_drafter_draft for a target that samples with sp (temp > 0; greedy
+// otherwise: sd_drafter_draft) with the race draw, as a fresh sampler's
+// first text of sp->seed draws it (a split server's generation,
+// docs/split.md): children are ranked by the drafter's own distribution
+// under the target's noise, so the first child of each node is the
+// drafter's sample, and the target's own draw whenever the two
+// distributions agree. pos_shift: the verifier's position of tokens[0]
+// (0, or minus a private prefix the verifier never saw). Verification
+// follows the target's draws whatever the tree: the text is plain
+// sampling's for the seed. SD_ERR_INPUT for the rejection draw.
+SD_API int sd_drafter_draft_sampled(sd_drafter *d, const int32_t *tokens, int n_tokens, int max_nodes,
+                                    const sd_sampler_params *sp, int64_t pos_shift, sd_tree *tree, char *err,
+                                    size_t errlen);
 // The outcome of the last sd_drafter_draft: path[0 .. n_path) the accepted
 // nodes of tree (path[0] == 0, the root; each node a child of the one before;
 // the program may hand a tree of its own with the same root), bonus the
@@ -171,10 +210,13 @@ SD_API int sd_drafter_tell_prompt(sd_drafter *d, const int32_t *tokens, int pos0
 typedef struct sd_head sd_head;
 SD_API int sd_head_fuse(const sd_head *h, const float *rows, int n, float *out, char *err, size_t errlen);
 // A split client's file (specdec split-client): the target's keys
-// (tokenizer, chat template, shape) with no layer, its token embeddings and
-// output norm, and the EAGLE-3 head at head_path (checked against the
-// target). sd_model_load reads it as a model with no layers: its tokenizer
-// and embeddings serve a drafter; a session on it computes nothing useful.
+// (tokenizer, chat template, shape), its token embeddings and output norm,
+// and the drafter at head_path (checked against the target): an EAGLE-3
+// head, or an MoA drafter with the target's output matrix and, for TLI = N,
+// the target's last N layers. sd_model_load reads it as a model that holds
+// no layer to run (sd_model_info: layer_lo = layer_hi = n_layer, the
+// target's count): its tokenizer, embeddings (and TLI layers) serve the
+// drafter; sd_session_new refuses it.
 SD_API int sd_client_file_write(const char *target_path, const char *head_path, const char *out_path, char *err,
                                 size_t errlen);
 // The head a client file holds (*out NULL and 0 when path holds none).

@@ -12,6 +12,7 @@
 #include "cli_head.h"
 #include "cli_opts.h"
 #include "client/client.h"
+#include "client/text.h"
 #include "utf8.h"
 
 typedef struct out_state {
@@ -69,6 +70,27 @@ static void on_emit(void *user, const int32_t *toks, int n, int verified) {
     fflush(stdout);
 }
 
+// The last token's text up to n bytes (a stop string starts there).
+static void on_emit_part(void *user, int32_t t, int n, int verified) {
+    out_state *o = user;
+    if (o->json || n <= 0) return;
+    int k = piece(o, t, o->piece, sizeof o->piece);
+    if (n > k) n = k;
+    if (o->events) {
+        json_t *a = json_array();
+        json_array_append_new(a, json_integer(t));
+        cli_json_write(stdout, json_pack("{s:o, s:o, s:b, s:b}", "tokens", a, "text", cli_json_str(o->piece, (size_t)n),
+                                         "verified", verified, "partial", 1));
+        return;
+    }
+    if (o->tty && !verified && !o->unverified_open) fputs("\x1b[2m", stdout), o->unverified_open = 1;
+    if (o->tty && verified && o->unverified_open) fputs("\x1b[0m", stdout), o->unverified_open = 0;
+    fwrite(o->pend, 1, o->len, stdout);   // whatever waited for the rest of a UTF-8 character, then the part
+    o->len = 0;
+    fwrite(o->piece, 1, (size_t)n, stdout);
+    fflush(stdout);
+}
+
 static void on_retract(void *user, int n, const char *why) {
     out_state *o = user;
     if (o->events) cli_json_write(stdout, json_pack("{s:i, s:s}", "retract", n, "why", why));
@@ -96,9 +118,10 @@ static double pct(double *v, long n, double q) {
 }
 
 int cmd_client(int argc, char **argv) {
-    const char *model_path = NULL, *head_spec = NULL, *prompt = NULL, *system = NULL, *method = "eagle3:dyn:4-5-16";
-    int chat = 0, json = 0, events = 0, verbose = 0, n_threads = 1, no_states = 0;
-    const char *temp_given = NULL, *private_text = NULL;
+    const char *model_path = NULL, *head_spec = NULL, *prompt = NULL, *system = NULL, *method = NULL;
+    int chat = 0, json = 0, events = 0, verbose = 0, n_threads = 1, no_states = 0, lsa_server = 0;
+    const char *temp_given = NULL, *private_text = NULL, *stops[CL_MAX_STOP];
+    int n_stops = 0;
     cl_opts co = {.sp = sd_sampler_default_params(), .timeout_ms = 3000, .n_predict = 256, .max_nodes = 16, .offline_depth = 4, .retry_ms = 250,
                   .final_wait_ms = 3000, .states = 1};
     const cli_opt opts[] = {
@@ -107,7 +130,7 @@ int cmd_client(int argc, char **argv) {
          .help = "the client file (specdec split-client), or the target's GGUF (only its tokenizer and embeddings "
                  "are read)"},
         {"--head", NULL, CLI_STRING, &head_spec, .meta = "FILE|auto",
-         .help = "the EAGLE-3 head, with a target model as -m (a client file holds its own)"},
+         .help = "the EAGLE-3 head or MoA drafter, with a target model as -m (a client file holds its own)"},
         {"--server", NULL, CLI_STRING, &co.server, .meta = "URL", .required = "--server URL is required",
          .help = "the specdec server (serve --split), e.g. http://127.0.0.1:8080"},
         {"--api-key", NULL, CLI_STRING, &co.api_key, .meta = "KEY", .help = "the server's --api-key"},
@@ -118,18 +141,22 @@ int cmd_client(int argc, char **argv) {
                  "is the target's answer to the prompt alone; the private text only steers the drafts (speed), "
                  "never the text (docs/split.md)"},
         {"--chat", NULL, CLI_FLAG, &chat, .help = "wrap the prompt in the model's chat template"},
+        {"--stop", NULL, CLI_LIST, stops, .max = CL_MAX_STOP, .count = &n_stops, .meta = "TEXT", .what = "stop strings",
+         .help = "end the text where TEXT first appears in the verified text (repeatable; the server stops there "
+                 "too): nothing from it on is printed"},
         {"--system", NULL, CLI_STRING, &system, .meta = "TEXT", .help = "--chat: the system message"},
         {"--n-predict", "-n", CLI_INT, &co.n_predict, 1, 4000, .meta = "N", .def = CLI_DEF_VALUE,
          .help = "tokens to generate"},
         {"--temp", NULL, CLI_FLOAT, &co.sp.temp, 0, 100, .meta = "T", .given = &temp_given,
          .help = "sampling temperature (default 0: greedy); the server samples from the target's distribution "
-                 "(the race draw: the text `generate --temp T --seed S` gives)"},
+                 "(the race draw: the text `generate --temp T --seed S` gives), the drafter drafts its own samples "
+                 "under the same noise"},
         {"--top-k", NULL, CLI_INT, &co.sp.top_k, 0, 1 << 20, .meta = "K", .def = CLI_DEF_VALUE, .help = "top-k"},
         {"--top-p", NULL, CLI_FLOAT, &co.sp.top_p, 0, 1, .meta = "P", .def = CLI_DEF_VALUE, .help = "top-p"},
         {"--min-p", NULL, CLI_FLOAT, &co.sp.min_p, 0, 1, .meta = "P", .def = CLI_DEF_VALUE, .help = "min-p"},
         {"--seed", NULL, CLI_U64, &co.sp.seed, .meta = "S", .def = CLI_DEF_VALUE, .help = "sampling seed"},
-        {"--method", NULL, CLI_STRING, &method, .meta = "eagle3:SHAPE", .def = "eagle3:dyn:4-5-16",
-         .help = "the drafter's trees (eagle3:chain:K, eagle3:tree:W1-W2-..., eagle3:dyn:B-D-M)"},
+        {"--method", NULL, CLI_STRING, &method, .meta = "KIND:SHAPE", .def = "eagle3:dyn:4-5-16 or moa:dyn:4-5-16",
+         .help = "the drafter's trees (eagle3: or moa: then chain:K, tree:W1-W2-..., dyn:B-D-M), as the drafter is"},
         {"--nodes", NULL, CLI_INT, &co.max_nodes, 2, 64, .meta = "N", .def = CLI_DEF_VALUE,
          .help = "most tree nodes per round, root included"},
         {"--timeout", NULL, CLI_INT, &co.timeout_ms, 50, 600000, .meta = "MS", .def = CLI_DEF_VALUE,
@@ -140,6 +167,13 @@ int cmd_client(int argc, char **argv) {
          .help = "a text that ends offline waits this long for the server to verify it"},
         {"--offline-depth", NULL, CLI_INT, &co.offline_depth, 1, 32, .meta = "K", .def = CLI_DEF_VALUE,
          .help = "offline: tokens drafted per head pass (a chain of the head's most likely tokens)"},
+        {"--greedy-drafts", NULL, CLI_FLAG, &co.greedy_drafts,
+         .help = "with --temp: draft the drafter's most likely tokens (default: its samples under the server's "
+                 "race noise for the seed, accepted whenever they are the target's own draws)"},
+        {"--lsa-on-server", NULL, CLI_FLAG, &lsa_server,
+         .help = "MoA: the server runs LSA with its own copy of the drafter (serve --head MOA.gguf) and sends "
+                 "LSA's outputs (and the TLI layers' K,V rows) instead of every layer's K,V rows: about 20x fewer "
+                 "bytes, LSA's cost on the server"},
         {"--no-states", NULL, CLI_FLAG, &no_states,
          .help = "ask the server for no states (the drafter then drafts from tokens alone: a baseline)"},
         {"--threads", "-t", CLI_INT, &n_threads, 1, 256, .meta = "N", .def = CLI_DEF_VALUE,
@@ -154,8 +188,9 @@ int cmd_client(int argc, char **argv) {
     const cli_cmd cmd = {
         .name = "client",
         .usage = "usage: specdec client -m CLIENT.gguf --server URL -p PROMPT [options]",
-        .intro = "The client side of the split (docs/split.md): the EAGLE-3 head drafts here, a specdec server\n"
-                 "(serve --split) verifies every tree and sends back the target's states the head reads.\n"
+        .intro = "The client side of the split (docs/split.md): the EAGLE-3 head or the MoA drafter drafts here, a\n"
+                 "specdec server (serve --split) verifies every tree and sends back the target's states the\n"
+                 "drafter reads (EAGLE-3: fused rows; MoA: every layer's K,V rows of the accepted positions).\n"
                  "Greedy text equals the target's own. When the server cannot be reached the client drafts on\n"
                  "alone, emitting tokens marked unverified; when it is back they are verified, and the ones\n"
                  "the target disagrees with are replaced. The summary line (stderr) gives server calls and\n"
@@ -166,6 +201,8 @@ int cmd_client(int argc, char **argv) {
     int pr = cli_parse(&cmd, argc, argv);
     if (pr != CLI_PARSE_OK) return cli_parse_exit(pr);
     co.states = !no_states;
+    co.stop = stops;
+    co.n_stop = n_stops;
     if (!temp_given) co.sp.temp = 0.0f;   // greedy unless --temp
     co.verbose = verbose;
     if (events) json = 0;
@@ -197,22 +234,38 @@ int cmd_client(int argc, char **argv) {
             goto out;
         }
     }
-    if (sd_head_get_type(h) != SD_HEAD_EAGLE3) {
-        cli_error("client: the head must be an EAGLE-3 head");
+    const int moa = sd_head_get_type(h) == SD_HEAD_MOA;
+    if (!moa && sd_head_get_type(h) != SD_HEAD_EAGLE3) {
+        cli_error("client: the drafter must be an EAGLE-3 head or an MoA drafter");
         goto out;
     }
+    const char *kind = moa ? "moa:" : "eagle3:";
+    if (!method) method = moa ? "moa:dyn:4-5-16" : "eagle3:dyn:4-5-16";
     sd_method meth;
-    if (strncmp(method, "eagle3:", 7) || strstr(method, "auto")) {
-        cli_error("client: --method: expected eagle3:chain:K, eagle3:tree:W1-W2-... or eagle3:dyn:B-D-M, got '%s'",
-                  method);
+    if (strncmp(method, kind, strlen(kind)) || strstr(method, "auto")) {
+        cli_error("client: --method: expected %schain:K, %stree:W1-W2-... or %sdyn:B-D-M (the drafter is %s), got '%s'",
+                  kind, kind, kind, moa ? "MoA" : "EAGLE-3", method);
         goto out;
     }
+    if (moa && private_text) {
+        cli_error("client: --private needs an EAGLE-3 drafter: the MoA drafter reads only the target's K,V rows, "
+                  "which the server never computes for private text");
+        goto out;
+    }
+    if (lsa_server && !moa) {
+        cli_error("client: --lsa-on-server needs an MoA drafter");
+        goto out;
+    }
+    co.kv = moa ? (lsa_server ? 2 : 1) : 0;
+    co.tli = moa ? sd_head_moa_tli(h) : 0;
+    co.drafter_fp = sd_head_fingerprint(h);
     sd_method_env env = sd_method_env_default(m);
-    env.head_eagle3 = h;
+    if (moa) env.head_moa = h;
+    else env.head_eagle3 = h;
     env.n_threads = n_threads;
     env.n_ctx = 4096;
     if (sd_method_parse(method, &meth, err, sizeof err) < 0 || sd_method_make(&meth, &env, &d, err, sizeof err) < 0 ||
-        sd_drafter_remote(d, err, sizeof err) < 0) {
+        (co.kv == 2 ? sd_drafter_remote_lsa(d, err, sizeof err) : sd_drafter_remote(d, err, sizeof err)) < 0) {
         cli_error("client: %s", err);
         goto out;
     }
@@ -241,7 +294,7 @@ int cmd_client(int argc, char **argv) {
         goto out;
     }
     out_state os = {.tok = sd_model_tokenizer(m), .events = events, .json = json, .tty = isatty(1)};
-    const cl_sink sink = {&os, on_emit, on_retract, on_note};
+    const cl_sink sink = {&os, on_emit, on_emit_part, on_retract, on_note};
     if (cl_client_run(c, ids, n, n_priv, &sink, &st, err, sizeof err) < 0) {
         if (!json && !events) fputc('\n', stdout);
         cli_error("client: %s", err);
@@ -272,6 +325,7 @@ int cmd_client(int argc, char **argv) {
             memcpy(txt + tl, pc, (size_t)k);
             tl += (size_t)k;
         }
+        if (st.stop_bytes >= 0 && (size_t)st.stop_bytes < tl) tl = (size_t)st.stop_bytes;   // up to the stop string
         json_t *ta = json_array();
         for (int i = 0; i < nt; i++) json_array_append_new(ta, json_integer(toks[i]));
         json_t *o = json_pack(

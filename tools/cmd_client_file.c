@@ -14,7 +14,7 @@ int cmd_split_client(int argc, char **argv) {
         {"--model", "-m", CLI_FILE, &model, .meta = "FILE", .what = "model file",
          .required = "a target model is required (-m TARGET.gguf)", .help = "the target model (GGUF)"},
         {"--head", NULL, CLI_FILE, &head, .meta = "FILE", .what = "head file",
-         .required = "an EAGLE-3 head is required (--head HEAD.gguf)", .help = "its EAGLE-3 head"},
+         .required = "a drafter is required (--head HEAD.gguf)", .help = "its EAGLE-3 head or MoA drafter"},
         {"--out", "-o", CLI_STRING, &out, .meta = "FILE", .required = "--out CLIENT.gguf is required",
          .help = "the client file to write"},
         {"--help", "-h", CLI_HELP, .help = "show this help"},
@@ -23,8 +23,9 @@ int cmd_split_client(int argc, char **argv) {
         .name = "split-client",
         .usage = "usage: specdec split-client -m TARGET.gguf --head HEAD.gguf --out CLIENT.gguf",
         .intro = "Writes the file `specdec client` drafts with: the target's tokenizer, chat template, token\n"
-                 "embeddings and output norm, and the EAGLE-3 head (checked against the target), without the\n"
-                 "target's layers (docs/split.md).\n",
+                 "embeddings and output norm, and the drafter (checked against the target): an EAGLE-3 head,\n"
+                 "or an MoA drafter with the target's output matrix and, for TLI = N, its last N layers. The\n"
+                 "target's other layers are left out (docs/split.md).\n",
         .opts = opts,
         .n_opts = CLI_N(opts),
     };

@@ -22,6 +22,7 @@
 #include "runtime/session.h"
 
 #define MOA_TREE_MAX 512
+#define MOA_CHAIN_MAX 512   // remote: most unverified tokens after the verified text (pending rows before a tree)
 
 typedef struct moad {
     sd_draft_model_params p;
@@ -44,6 +45,13 @@ typedef struct moad {
     sd_tree work;
     sd_draft_auto *au;
     int followed;
+    // A remote client's drafter (sd_drafter_remote, docs/split.md): the K,V
+    // rows of verified positions come through prompt and accept (from the
+    // server), never from a session; the text after them that is not
+    // verified (drafted offline) is a chain of pending rows, slots
+    // 0 .. chain_n-1, kept between steps while the text agrees.
+    int remote, chain_n; // remote: 1 the rows are every layer's K,V; 2 LSA's outputs and the TLI layers' K,V
+    int32_t root_parent; // the tree root's parent slot: -1, or the chain's last
     int64_t cov_n, cov_in, n_no_session;
     char note[300];
     int test_fault;
@@ -79,9 +87,9 @@ static int moa_dist(void *ud, const sd_tree *t, const int32_t *nodes, int n_node
             const int node = nodes[j0 + j];
             tok[j] = t->token[node];
             pos[j] = s->root_pos + t->depth[node];
-            par[j] = node == 0 ? -1 : s->slot[t->parent[node]];
+            par[j] = node == 0 ? s->root_parent : s->slot[t->parent[node]];
         }
-        if (sd_moa_run_n_pending(s->r) + c > MOA_TREE_MAX) {
+        if (sd_moa_run_n_pending(s->r) + c > MOA_TREE_MAX + MOA_CHAIN_MAX) {
             for (int j = 0; j < c; j++) memset(rows[j0 + j], 0, sizeof(float) * (size_t)t->n_vocab);
             continue;   // no room: these nodes get no children
         }
@@ -134,6 +142,69 @@ static int moa_grow(moad *s, const sd_draft_ctx *ctx, sd_tree *tree, const sd_tr
     return sd_draft_grow(tree, &s->p, &s->work, shape, &g, "moa", err, errlen);
 }
 
+// Remote: K,V rows kv (n, L, Ekv) of positions pos0 .. pos0+n-1 of text (the
+// text up to them). Keeps the held positions that agree with text, appends
+// the new ones; a gap (rows before pos0 unknown) leaves them unverified text.
+static int remote_rows(moad *s, const int32_t *text, int pos0, int n, const float *kv, char *err, size_t errlen) {
+    int L = 0;
+    const int lim = SD_MIN(sd_moa_run_n_cached(s->r), pos0 + n);
+    while (L < lim && s->txt[L] == text[L]) L++;
+    sd_moa_run_truncate(s->r, L);   // drops the pending rows too: they attended to the old context
+    s->chain_n = 0;
+    if (L < pos0) return 0;
+    const int end = SD_MIN(pos0 + n, s->n_ctx);
+    const size_t ld = s->remote == 2 ? (size_t)s->E + (size_t)s->head->hp.moa_tli * s->ekv : (size_t)s->L * s->ekv;
+    for (int p = L; p < end;) {
+        const int c = SD_MIN(SD_MOA_ROWS, end - p);
+        memcpy(s->txt + p, text + p, sizeof(int32_t) * (size_t)c);
+        const float *rows = kv + (size_t)(p - pos0) * ld;
+        if ((s->remote == 2 ? sd_moa_run_context_lsa(s->r, rows, c, err, errlen)
+                            : sd_moa_run_context(s->r, rows, c, err, errlen)) < 0)
+            return -1;
+        p += c;
+    }
+    return 0;
+}
+
+static int moa_prompt(sd_drafter *dr, const int32_t *tokens, int pos0, int n, const float *hidden, char *err,
+                      size_t errlen) {
+    moad *s = dr->impl;
+    if (!s->remote || !hidden || n < 1) return 0;   // in-process: the rows are read from the target's session
+    return remote_rows(s, tokens, pos0, n, hidden, err, errlen);
+}
+
+// Remote propose: the verified context is what the runner holds; the text
+// after it up to the root runs as a chain of pending rows (SA sees it, CA
+// does not: no target rows), the tree hangs below its last row.
+static int remote_prepare(moad *s, const sd_draft_ctx *ctx, char *err, size_t errlen) {
+    const int n = ctx->n_tokens;
+    int L = 0;
+    const int lim = SD_MIN(sd_moa_run_n_cached(s->r), n - 1);
+    while (L < lim && s->txt[L] == ctx->tokens[L]) L++;
+    if (L < sd_moa_run_n_cached(s->r)) {
+        sd_moa_run_truncate(s->r, L);
+        s->chain_n = 0;
+    }
+    int k = 0;
+    while (k < s->chain_n && L + k < n - 1 && s->txt[L + k] == ctx->tokens[L + k]) k++;
+    sd_moa_run_keep_pending(s->r, k);
+    s->chain_n = k;
+    s->root_parent = k > 0 ? k - 1 : -1;
+    if (n > s->n_ctx || n - 1 - L > MOA_CHAIN_MAX) return 0;   // too far from the verified text: nothing drafted
+    memcpy(s->txt, ctx->tokens, sizeof(int32_t) * (size_t)n);
+    s->root_pos = n - 1;
+    for (int p = L + k; p < n - 1;) {
+        const int c = SD_MIN(SD_MOA_ROWS, n - 1 - p);
+        int32_t tok[SD_MOA_ROWS], pos[SD_MOA_ROWS], par[SD_MOA_ROWS];
+        for (int j = 0; j < c; j++) tok[j] = ctx->tokens[p + j], pos[j] = p + j, par[j] = s->chain_n + j - 1;
+        if (sd_moa_run_eval(s->r, tok, pos, par, c, NULL, NULL, err, errlen) < 0) return -1;
+        s->chain_n += c;
+        p += c;
+    }
+    s->root_parent = s->chain_n - 1;
+    return 1;
+}
+
 static int moa_propose(sd_drafter *dr, const sd_draft_ctx *ctx, sd_tree *tree, char *err, size_t errlen) {
     moad *s = dr->impl;
     if (tree->n != 1) return sd_err(err, errlen, "moa: the tree must hold only the root");
@@ -144,6 +215,15 @@ static int moa_propose(sd_drafter *dr, const sd_draft_ctx *ctx, sd_tree *tree, c
     if (ctx->stochastic) {
         if (!ctx->sp || !ctx->rng) return sd_err(err, errlen, "moa: stochastic drafting needs sampler params and rng");
         if (sd_draft_sampler_sync(&s->smp, &s->smp_p, ctx->sp, s->nv, err, errlen) < 0) return -1;
+    }
+    if (s->remote) {
+        const int rc = remote_prepare(s, ctx, err, errlen);
+        s->followed = ctx->max_nodes == 1;
+        if (rc <= 0 || s->followed) return rc < 0 ? -1 : 0;
+        const sd_tree_shape *shape = s->au ? sd_draft_auto_begin(s->au) : NULL;
+        const int g = moa_grow(s, ctx, tree, shape, err, errlen);
+        if (s->au) sd_draft_auto_end(s->au);
+        return g < 0 ? -1 : 0;
     }
     sd_moa_run_drop_pending(s->r);
     // Follow the text: keep the verified positions that agree with it.
@@ -183,7 +263,12 @@ static int moa_accept(sd_drafter *dr, const sd_step_record *rec, char *err, size
         for (int i = 1; i < tree->n; i++) depth = SD_MAX(depth, tree->depth[i]);
         s->p_min = sd_draft_adapt_p_min(s->p_min, depth, rec->n_path - 1, &s->p);
     }
-    sd_moa_run_drop_pending(s->r);
+    if (s->remote && rec->hidden) {   // the path's K,V rows, from the server: root_pos .. root_pos + n_path - 1
+        if (s->root_pos < 0 || s->root_pos + rec->n_path > s->n_ctx) return 0;
+        memcpy(s->hist, s->txt, sizeof(int32_t) * (size_t)(s->root_pos + 1));
+        for (int k = 1; k < rec->n_path; k++) s->hist[s->root_pos + k] = tree->token[rec->path[k]];
+        if (remote_rows(s, s->hist, s->root_pos, rec->n_path, rec->hidden, err, errlen) < 0) return -1;
+    } else if (!s->remote) sd_moa_run_drop_pending(s->r);
     for (int k = 0; k < rec->n_path; k++) {
         const int32_t t = k + 1 < rec->n_path ? tree->token[rec->path[k + 1]] : rec->bonus;
         if (t < 0 || t >= s->nv) continue;
@@ -197,6 +282,8 @@ static void moa_reset(sd_drafter *dr) {
     moad *s = dr->impl;
     sd_moa_run_truncate(s->r, 0);
     s->root_pos = -1;
+    s->chain_n = 0;
+    s->root_parent = -1;
     s->followed = 0;
     s->p_min = s->p.p_min;
     sd_draft_auto_reset(s->au);
@@ -246,6 +333,7 @@ static const sd_drafter_vt moa_vt = {.name = "moa",
                                      .propose = moa_propose,
                                      .accept = moa_accept,
                                      .reset = moa_reset,
+                                     .prompt = moa_prompt,
                                      .free = moa_free,
                                      .note = moa_note,
                                      .save_head = moa_save_head,
@@ -300,7 +388,8 @@ int sd_draft_moa_new(sd_drafter **out, const sd_head *h, const sd_model *target,
     s->n_ctx = dp.n_ctx > 0 ? dp.n_ctx : SD_MIN(target->hp.n_ctx_train > 0 ? target->hp.n_ctx_train : 4096, 4096);
     s->p_min = dp.p_min;
     s->root_pos = -1;
-    if (sd_moa_run_new(&s->r, h, target, s->n_ctx, MOA_TREE_MAX, wtype, (sd_pool *)dp.pool, err, errlen) < 0) {
+    s->root_parent = -1;
+    if (sd_moa_run_new(&s->r, h, target, s->n_ctx, MOA_TREE_MAX + MOA_CHAIN_MAX, wtype, (sd_pool *)dp.pool, err, errlen) < 0) {
         moa_free(dr);
         return -1;
     }
@@ -312,7 +401,7 @@ int sd_draft_moa_new(sd_drafter **out, const sd_head *h, const sd_model *target,
     s->kv = malloc(sizeof(float) * R * (size_t)s->L * (size_t)s->ekv);
     s->kb = malloc(sizeof(float) * R * (size_t)(s->ekv / 2));
     s->vb = malloc(sizeof(float) * R * (size_t)(s->ekv / 2));
-    s->hist = malloc(sizeof(int32_t) * ((size_t)s->n_ctx + MOA_TREE_MAX));
+    s->hist = malloc(sizeof(int32_t) * ((size_t)s->n_ctx + MOA_TREE_MAX + MOA_CHAIN_MAX));
     int bad = !s->txt || !s->slot || !s->lg || !s->full || !s->kv || !s->kb || !s->vb || !s->hist;
     if (!bad && dp.shape == SD_DRAFT_DYNAMIC)
         bad = sd_tree_init(&s->work, 1 + dp.dyn_b * dp.dyn_b * dp.dyn_d, s->nv, 1 + dp.dyn_b * (dp.dyn_d - 1)) < 0;
@@ -335,3 +424,19 @@ int sd_draft_moa_new(sd_drafter **out, const sd_head *h, const sd_model *target,
 }
 
 void sd_draft_moa_test_fault(sd_drafter *d, int on) { ((moad *)d->impl)->test_fault = on; }
+
+int sd_draft_moa_set_remote(sd_drafter *d, int on) {
+    if (!d || d->vt != &moa_vt) return -1;
+    moad *s = d->impl;
+    s->remote = on == 2 ? 2 : on != 0;
+    moa_reset(d);
+    return 0;
+}
+
+int sd_draft_moa_kv_shape(const sd_drafter *d, int *n_layer, int *kv_width) {
+    if (!d || d->vt != &moa_vt) return -1;
+    const moad *s = d->impl;
+    *n_layer = s->L;
+    *kv_width = s->ekv;
+    return 0;
+}

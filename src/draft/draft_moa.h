@@ -18,6 +18,19 @@
 int sd_draft_moa_new(sd_drafter **out, const sd_head *h, const sd_model *target, const sd_draft_model_params *p,
                      int wtype, char *err, size_t errlen);
 
+// A remote client's drafter (sd_drafter_remote, docs/split.md) on 1: the
+// K,V rows of verified positions come as the hidden rows of prompt and
+// accept, (n, L, Ekv) floats each (every target layer's K row then V row, K
+// with the target's RoPE, as cached), never from a session; the text after
+// the last position with rows (drafted offline) is read by SA alone. Resets
+// the drafter. on = 2: the rows are (n, E + N Ekv), each position's LSA
+// output (computed by the server) then the last N layers' K,V rows. -1 for
+// another drafter.
+int sd_draft_moa_set_remote(sd_drafter *d, int on);
+// The rows an MoA drafter reads per position: the target's layers L and
+// Ekv. -1 for another drafter.
+int sd_draft_moa_kv_shape(const sd_drafter *d, int *n_layer, int *kv_width);
+
 // Tests only: on = 1 makes the drafter misreport its distributions (each
 // recorded row flattened after the draws), a wrong algorithm the
 // distribution test must catch.

@@ -236,7 +236,7 @@ int sd_head_check_target(const sd_head *h, const sd_model *m, char *err, size_t 
     if (hp->target_n_vocab != m->hp.n_vocab)
         return sd_err(err, errlen, "%s made for a vocabulary of %d tokens; this model has %d", what,
                       hp->target_n_vocab, m->hp.n_vocab);
-    if (hp->target_n_layer != m->hp.n_layer && m->hp.n_layer != 0)   // 0: a split client's file (no layers)
+    if (hp->target_n_layer != m->hp.n_layer)   // a split client's file: the target's count
         return sd_err(err, errlen, "%s made for a target of %d layers; this model has %d", what, hp->target_n_layer,
                       m->hp.n_layer);
     uint64_t vh = sd_head_vocab_hash(m);

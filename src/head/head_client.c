@@ -1,9 +1,11 @@
 // head_client.c - a split client's file (docs/split.md): what `specdec
-// client` needs of a target and its EAGLE-3 head, in one GGUF: every key of
-// the target (architecture, tokenizer, chat template) with no layer, its
-// token embeddings and output norm, and the head file itself as the bytes of
-// the key specdec.client.head. The model loader reads it as a model with no
-// layers (it drafts, never runs a forward); sd_client_file_head gives the head.
+// client` needs of a target and its drafter (an EAGLE-3 head or an MoA
+// drafter), in one GGUF: every key of the target (architecture, tokenizer,
+// chat template), its token embeddings and output norm, for MoA its output
+// matrix and its last TLI layers (specdec.client.layer_lo), and the drafter
+// file itself as the bytes of the key specdec.client.head. The model loader
+// reads it as a client model (it drafts, never runs a forward);
+// sd_client_file_head gives the drafter.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,7 +51,7 @@ int sd_client_file_write(const char *target_path, const char *head_path, const c
         rc = sd_errc(SD_ERR_INPUT, err, errlen, "%s", e2);
         goto out;
     }
-    if (m->hp.n_layer == 0) {
+    if (m->client) {
         rc = sd_errc(SD_ERR_INPUT, err, errlen, "'%s' is already a client file: give the target model", target_path);
         goto out;
     }
@@ -58,10 +60,12 @@ int sd_client_file_write(const char *target_path, const char *head_path, const c
         rc = sd_errc(SD_ERR_INPUT, err, errlen, "%s", e2);
         goto out;
     }
-    if (h->hp.type != SD_HEAD_EAGLE3) {
-        rc = sd_errc(SD_ERR_INPUT, err, errlen, "%s: the client drafts with an EAGLE-3 head", head_path);
+    if (h->hp.type != SD_HEAD_EAGLE3 && h->hp.type != SD_HEAD_MOA) {
+        rc = sd_errc(SD_ERR_INPUT, err, errlen, "%s: the client drafts with an EAGLE-3 head or an MoA drafter",
+                     head_path);
         goto out;
     }
+    const int moa = h->hp.type == SD_HEAD_MOA, lo = m->hp.n_layer - (moa ? h->hp.moa_tli : 0);
     if (sd_gguf_open(&g, target_path, e2, sizeof e2) < 0 || !(w = sd_gguf_writer_new())) {
         rc = sd_errc(SD_ERR_IO, err, errlen, "%s", g ? "out of memory" : e2);
         goto out;
@@ -74,12 +78,18 @@ int sd_client_file_write(const char *target_path, const char *head_path, const c
         sd_gguf_w_kv_copy(w, key, kv);
     }
     sd_gguf_w_u32(w, "specdec.client.n_layer", (uint32_t)m->hp.n_layer);
+    sd_gguf_w_u32(w, "specdec.client.layer_lo", (uint32_t)lo);
     sd_gguf_w_arr_u8(w, CLIENT_HEAD_KEY, hb, hn);
-    const char *names[] = {"token_embd.weight", "output_norm.weight"};
-    for (int i = 0; i < 2; i++) {
-        const sd_tensor *t = sd_gguf_find_tensor(g, names[i]);
-        if (!t) continue;
-        sd_gguf_w_tensor(w, names[i], t->type, t->n_dims, t->ne, t->data, t->nbytes);
+    // the embeddings and the final norm; an MoA drafter also reads the output matrix (its draft vocabulary's
+    // rows) and runs the last TLI layers
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const sd_tensor *t = &g->tensors[i];
+        char name[128];
+        snprintf(name, sizeof name, "%.*s", (int)SD_MIN(t->name.len, 127), t->name.ptr);
+        int l = -1, keep = !strcmp(name, "token_embd.weight") || !strcmp(name, "output_norm.weight") ||
+                           (moa && !strcmp(name, "output.weight"));
+        if (!keep && sscanf(name, "blk.%d.", &l) == 1) keep = l >= lo && l < m->hp.n_layer;
+        if (keep) sd_gguf_w_tensor(w, name, t->type, t->n_dims, t->ne, t->data, t->nbytes);
     }
     if (sd_gguf_writer_write(w, out_path, e2, sizeof e2) < 0) {
         rc = sd_errc(SD_ERR_IO, err, errlen, "%s", e2);

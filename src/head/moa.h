@@ -94,6 +94,10 @@ void sd_moa_run_free(sd_moa_run *r);
 // (NULL when N = 0; the same rows as kv's last N). Runs LSA and stores
 // the CA keys and values. Returns 0 or <0 (full).
 int sd_moa_run_context(sd_moa_run *r, const float *kv, int n, char *err, size_t errlen);
+// As sd_moa_run_context from LSA's outputs computed elsewhere (a split
+// server, docs/split.md): rows (n, E + N Ekv), each position's c then the
+// K,V rows of the last N layers.
+int sd_moa_run_context_lsa(sd_moa_run *r, const float *rows, int n, char *err, size_t errlen);
 int sd_moa_run_n_cached(const sd_moa_run *r);
 int sd_moa_run_n_ctx(const sd_moa_run *r);
 // Keeps the first n verified positions; drops the pending rows.
@@ -110,5 +114,7 @@ int sd_moa_run_eval(sd_moa_run *r, const int32_t *tok, const int32_t *pos, const
                     float *logits, float *h_out, char *err, size_t errlen);
 int sd_moa_run_n_pending(const sd_moa_run *r);
 void sd_moa_run_drop_pending(sd_moa_run *r);
+// Keeps the first n pending rows (slots 0 .. n-1), drops the rest.
+void sd_moa_run_keep_pending(sd_moa_run *r, int n);
 
 #endif

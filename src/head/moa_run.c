@@ -265,6 +265,9 @@ int sd_moa_run_n_cached(const sd_moa_run *r) { return r->n_cached; }
 int sd_moa_run_n_ctx(const sd_moa_run *r) { return r->n_ctx; }
 int sd_moa_run_n_pending(const sd_moa_run *r) { return r->n_pend; }
 void sd_moa_run_drop_pending(sd_moa_run *r) { r->n_pend = 0; }
+void sd_moa_run_keep_pending(sd_moa_run *r, int n) {
+    if (n >= 0 && n < r->n_pend) r->n_pend = n;
+}
 void sd_moa_run_truncate(sd_moa_run *r, int n) {
     if (n >= 0 && n < r->n_cached) r->n_cached = n;
     r->n_pend = 0;
@@ -397,13 +400,11 @@ static void lsa_rows(sd_moa_run *r, const float *kv, int n, float *c) {
 
 void sd_moa_run_lsa(sd_moa_run *r, const float *kv, int n, float *c) { lsa_rows(r, kv, n, c); }
 
-int sd_moa_run_context(sd_moa_run *r, const float *kv, int n, char *err, size_t errlen) {
-    if (n < 1 || n > SD_MOA_ROWS) return sd_err(err, errlen, "moa: %d context rows (1..%d)", n, SD_MOA_ROWS);
-    if (r->n_cached + n > r->n_ctx) return sd_err(err, errlen, "moa: the drafter's context is full (%d)", r->n_ctx);
+// CA's keys and values of n positions from their LSA outputs cc (n, E), and
+// the TLI layers' rows: tli (n, N, Ekv) with stride ld floats a position.
+static void context_from(sd_moa_run *r, const float *cc, const float *tli, size_t ld, int n) {
     const dlayer *ca = &r->ca;
-    const int E = r->E, kd = ca->nkv * ca->hd, L = r->L, ekv = r->ekv, tkvd = r->t_kvd;
-    float *cc = r->cl;   // (n, E) the LSA outputs
-    lsa_rows(r, kv, n, cc);
+    const int E = r->E, kd = ca->nkv * ca->hd, ekv = r->ekv, tkvd = r->t_kvd;
     for (int i = 0; i < n; i++) rms(r->xn + (size_t)i * E, cc + (size_t)i * E, ca->attn_norm, E, r->eps);
     float *kr = r->ck + (size_t)r->n_cached * kd, *vr = r->cv + (size_t)r->n_cached * kd;
     mat(r, &ca->k, r->xn, n, kr);
@@ -411,15 +412,30 @@ int sd_moa_run_context(sd_moa_run *r, const float *kv, int n, char *err, size_t 
     for (int i = 0; i < n; i++)
         sd_moa_rope(kr + (size_t)i * kd, ca->nkv, ca->hd, ca->hd, 0, r->sa_freq, r->n_cached + i);
     for (int t = 0; t < r->N; t++) {   // the TLI layers' own rows: the target's, as cached
-        const int l = L - r->N + t;
         for (int i = 0; i < n; i++) {
-            const float *src = kv + ((size_t)i * L + l) * ekv;
+            const float *src = tli + (size_t)i * ld + (size_t)t * ekv;
             const size_t dst = ((size_t)t * r->n_ctx + r->n_cached + i) * tkvd;
             memcpy(r->tk + dst, src, sizeof(float) * (size_t)tkvd);
             memcpy(r->tv + dst, src + tkvd, sizeof(float) * (size_t)tkvd);
         }
     }
     r->n_cached += n;
+}
+
+int sd_moa_run_context(sd_moa_run *r, const float *kv, int n, char *err, size_t errlen) {
+    if (n < 1 || n > SD_MOA_ROWS) return sd_err(err, errlen, "moa: %d context rows (1..%d)", n, SD_MOA_ROWS);
+    if (r->n_cached + n > r->n_ctx) return sd_err(err, errlen, "moa: the drafter's context is full (%d)", r->n_ctx);
+    lsa_rows(r, kv, n, r->cl);   // (n, E) the LSA outputs
+    context_from(r, r->cl, kv + (size_t)(r->L - r->N) * r->ekv, (size_t)r->L * r->ekv, n);
+    return 0;
+}
+
+int sd_moa_run_context_lsa(sd_moa_run *r, const float *rows, int n, char *err, size_t errlen) {
+    if (n < 1 || n > SD_MOA_ROWS) return sd_err(err, errlen, "moa: %d context rows (1..%d)", n, SD_MOA_ROWS);
+    if (r->n_cached + n > r->n_ctx) return sd_err(err, errlen, "moa: the drafter's context is full (%d)", r->n_ctx);
+    const size_t ld = (size_t)r->E + (size_t)r->N * r->ekv;
+    for (int i = 0; i < n; i++) memcpy(r->cl + (size_t)i * r->E, rows + (size_t)i * ld, sizeof(float) * (size_t)r->E);
+    context_from(r, r->cl, rows + r->E, ld, n);
     return 0;
 }
 

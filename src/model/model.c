@@ -137,9 +137,23 @@ static int load_hparams(sd_model *m, char *err, size_t errlen) {
 
     const int64_t big = 1 << 20;
     // A split client's file (specdec split-client, docs/split.md) holds the
-    // embeddings and no layer: it drafts, it never runs a forward.
-    if (sd_gguf_find_key(g, "specdec.client.n_layer")) hp->n_layer = 0;
-    else if ((r = req_int(g, arch, "block_count", 4096, &hp->n_layer, err, errlen))) return r;
+    // embeddings and, for an MoA drafter with TLI = N, only the target's last
+    // N layers [client_lo, n_layer): it drafts, it never runs a forward.
+    int64_t cl = 0;
+    if ((r = sd_gguf_get_i64(g, "specdec.client.n_layer", &cl, err, errlen)) < 0) return r;
+    if (r == 0) {
+        if (cl < 1 || cl > 4096)
+            return sd_err(err, errlen, "key 'specdec.client.n_layer' has value %lld, expected 1..4096", (long long)cl);
+        hp->n_layer = (int)cl;
+        m->client = 1;
+        m->client_lo = hp->n_layer;
+        int64_t lo = cl;
+        if ((r = sd_gguf_get_i64(g, "specdec.client.layer_lo", &lo, err, errlen)) < 0) return r;
+        if (lo < 0 || lo > cl)
+            return sd_err(err, errlen, "key 'specdec.client.layer_lo' has value %lld, expected 0..%lld",
+                          (long long)lo, (long long)cl);
+        m->client_lo = (int)lo;
+    } else if ((r = req_int(g, arch, "block_count", 4096, &hp->n_layer, err, errlen))) return r;
     if ((r = req_int(g, arch, "embedding_length", big, &hp->n_embd, err, errlen))) return r;
     if ((r = req_int(g, arch, "feed_forward_length", big, &hp->n_ff, err, errlen))) return r;
     if ((r = req_int(g, arch, "attention.head_count", 4096, &hp->n_head, err, errlen))) return r;
@@ -223,7 +237,7 @@ static int load_tensors(sd_model *m, char *err, size_t errlen) {
 
     m->layers = calloc((size_t)hp->n_layer, sizeof(sd_layer));
     if (!m->layers) return sd_err(err, errlen, "out of memory");
-    for (int l = 0; l < hp->n_layer; l++) {
+    for (int l = m->client ? m->client_lo : 0; l < hp->n_layer; l++) {   // a client file: its layers only
         sd_layer *L = &m->layers[l];
         char nm[96];
 #define T(field, suffix, nd, a, b, kind, opt)                                                  \
@@ -386,6 +400,15 @@ int sd_model_load_part(sd_model **out, const char *path, int layer_lo, int layer
     m->layer_lo = whole ? 0 : layer_lo;
     m->layer_hi = whole ? m->hp.n_layer : layer_hi;
     m->has_output = output != 0;
+    if (m->client) {   // a split client's file: nothing held for a forward (its layers are read by the drafter)
+        if (!whole) {
+            sd_err(err, errlen, "%s: a split client's file holds no layers to run", path);
+            sd_model_free(m);
+            return SD_ERR_INPUT;
+        }
+        m->layer_lo = m->layer_hi = m->hp.n_layer;
+        m->has_output = 0;
+    }
     if (m->layer_hi > m->hp.n_layer) {
         sd_err(err, errlen, "%s: layer range [%d, %d) exceeds the model's %d layers", path, m->layer_lo, m->layer_hi,
                m->hp.n_layer);

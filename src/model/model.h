@@ -53,6 +53,11 @@ struct sd_model {
     int layer_lo, layer_hi;
     int has_output;
     size_t n_bytes_held;       // tensor bytes of the held layers and output
+    // A split client's file (docs/split.md): 1, with the target's layer count
+    // as n_layer, and the tensors of layers [client_lo, n_layer) only (an MoA
+    // drafter's TLI layers; n_layer: none); held layers [n_layer, n_layer), no
+    // output held: no session runs on it (sd_session_new refuses).
+    int client, client_lo;
     // Matrices rewritten at load into a kernel's layout (sd_quant_repack_type):
     // the layer / output pointers above then point into rp, whose data lie
     // in one arena, in the order the forward reads them (the file's copy

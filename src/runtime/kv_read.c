@@ -2,6 +2,7 @@
 // (session.h: sd_session_kv_rows), for drafters that learn from the
 // target's cache (docs/moa.md).
 #include "common.h"
+#include "specdec.h"
 #include "runtime/session.h"
 
 int sd_session_kv_rows(const sd_session *s, int layer, int pos, int n, float *k, float *v) {
@@ -19,5 +20,16 @@ int sd_session_kv_rows(const sd_session *s, int layer, int pos, int n, float *k,
         const uint16_t *vs = s->v_cache + ((size_t)layer * s->n_ctx + p) * kvd;
         for (int j = 0; j < kvd; j++) vr[j] = sd_fp16_to_fp32(vs[j]);
     }
+    return 0;
+}
+
+int sd_session_kv_read(const sd_session *s, int layer, int pos, int n, float *k, float *v, char *err, size_t errlen) {
+    if (!s || !k || !v) return sd_errc(SD_ERR_INPUT, err, errlen, "kv_read: no session or buffers");
+    if (s->gkv) return sd_errc(SD_ERR_INPUT, err, errlen, "kv_read: this session's cache is on the GPU");
+    if (s->l0 != 0 || s->n_lay != s->m->hp.n_layer)
+        return sd_errc(SD_ERR_INPUT, err, errlen, "kv_read: the session holds a part of the model's layers");
+    if (sd_session_kv_rows(s, layer, pos, n, k, v) < 0)
+        return sd_errc(SD_ERR_INPUT, err, errlen, "kv_read: rows %d..%d of layer %d are not committed (%d are)", pos,
+                       pos + n - 1, layer, s->n_past);
     return 0;
 }

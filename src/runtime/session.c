@@ -53,8 +53,8 @@ int sd_session_new(sd_session **out, const sd_model *m, const sd_session_params 
     sd_session_params dp = sd_session_default_params();
     if (!p) p = &dp;
     const sd_hparams *hp = &m->hp;
-    if (hp->n_layer == 0)   // a split client's file (docs/split.md): embeddings for a drafter, no forward
-        return sd_errc(SD_ERR_INPUT, err, errlen, "the model has no layers (a split client's file): it cannot run");
+    if (m->client)   // a split client's file (docs/split.md): embeddings for a drafter, no forward
+        return sd_errc(SD_ERR_INPUT, err, errlen, "the model is a split client's file (no layers to run): it cannot run");
     int n_ctx = p->n_ctx > 0 ? p->n_ctx : SD_MIN(hp->n_ctx_train, 4096);
     int n_batch = p->n_batch > 0 ? p->n_batch : 512;
     int n_threads = p->n_threads > 0 ? p->n_threads : sd_n_cores();

@@ -154,8 +154,9 @@ static void test_client_file(void) {
         sd_model_info a, b;
         sd_model_get_info(g_m, &a);
         sd_model_get_info(c, &b);
-        CHECK(b.n_layer == 0 && b.n_vocab == a.n_vocab && b.n_embd == a.n_embd, "layers %d vocab %d embd %d",
-              b.n_layer, b.n_vocab, b.n_embd);
+        CHECK(b.n_layer == a.n_layer && b.layer_lo == b.n_layer && b.layer_hi == b.n_layer && !b.has_output &&
+                  b.n_vocab == a.n_vocab && b.n_embd == a.n_embd,
+              "layers %d (held %d..%d) vocab %d embd %d", b.n_layer, b.layer_lo, b.layer_hi, b.n_vocab, b.n_embd);
         CHECK(sd_client_file_head(path, c, &h, g_err, sizeof g_err) == 0 && h, "%s", g_err);
         sd_session *ss = NULL;
         CHECK(sd_session_new(&ss, c, NULL, g_err, sizeof g_err) == SD_ERR_INPUT && !ss, "a session on a client file");

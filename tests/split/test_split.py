@@ -142,10 +142,11 @@ def parse_reply(b):
     return dict(magic=magic, seq=seq, finish=fin, acc=acc, bonus=bonus, rows=nr, d=d)
 
 
-def run_events(url, prompt, n, on_line, *extra):
-    """The client with --events, on_line(proc, event, n_tokens_so_far) for each line; returns (rc, events)."""
-    cmd = [BIN, "client", "-m", MODEL, "--head", HEAD, "--server", url, "--chat", "-p", prompt, "-n", str(n),
-           "--events"] + list(extra)
+def run_events(url, prompt, n, on_line, *extra, model=None):
+    """The client with --events, on_line(proc, event, n_tokens_so_far) for each line; returns (rc, events).
+    model: a client file (default: the target and its head)."""
+    files = ["-m", model] if model else ["-m", MODEL, "--head", HEAD]
+    cmd = [BIN, "client"] + files + ["--server", url, "--chat", "-p", prompt, "-n", str(n), "--events"] + list(extra)
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     err = []
     threading.Thread(target=lambda: err.extend(p.stderr), daemon=True).start()

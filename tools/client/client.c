@@ -10,6 +10,7 @@
 // the unverified tokens as chains: what the target agrees with is kept, the
 // rest replaced by its tokens.
 #include "client/client.h"
+#include "client/text.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -52,9 +53,14 @@ struct cl_client {
     int online, finished;
     const cl_sink *sink;
     cl_stats *s;
-    float *rowbuf;       // (MAX_NODES, d)
+    float *rowbuf;       // (MAX_NODES, d) fused rows
+    int n_layer, kvd;    // kv (MoA): the target's layers and K (or V) width; a position's rows (n_layer, 2 kvd)
+    float *kvbuf;        // (MAX_NODES, n_layer, 2 kvd) K,V rows
     double t0;
     double stuck_since;  // offline with nothing to draft since (ms), 0: not stuck
+    cl_text *tx;         // the text's bytes, stop strings, what was emitted (text.h)
+    int offline_end;     // the text was ended offline (an end token, a stop string in unverified text)
+    int sampled;         // drafts are the drafter's samples under the target's race noise (sd_drafter_draft_sampled)
 };
 
 static double now_ms(void) {
@@ -86,11 +92,21 @@ int cl_client_new(cl_client **out, const cl_opts *o, const sd_model *model, sd_d
     c->n_vocab = info.n_vocab;
     c->d_embd = info.n_embd;
     c->n_ctx = 4096;
+    c->n_layer = info.n_layer;
+    c->kvd = info.n_head_kv * info.head_dim;
+    const size_t ld = SD_MAX((size_t)c->n_layer, (size_t)(o->tli > 0 ? o->tli : 0) + 1) * 2 * (size_t)c->kvd +
+                      (size_t)c->d_embd;   // floats a position: either kind
+    if (o->kv && !(c->kvbuf = malloc(sizeof(float) * MAX_NODES * ld))) {
+        free(c);
+        return snprintf(err, errlen, "out of memory"), -1;
+    }
     c->text = malloc(sizeof(int32_t) * (size_t)c->n_ctx);
     c->st = malloc(sizeof(float) * (size_t)c->n_ctx * (size_t)c->d_embd);
     c->st_ok = calloc((size_t)c->n_ctx, 1);
     c->rowbuf = malloc(sizeof(float) * MAX_NODES * (size_t)c->d_embd);
-    if (!c->text || !c->st || !c->st_ok || !c->rowbuf || sd_tree_new(&c->tree, MAX_NODES, c->n_vocab, err, errlen) < 0 ||
+    if (!c->text || !c->st || !c->st_ok || !c->rowbuf ||
+        cl_text_new(&c->tx, c->tok, c->n_ctx, o->stop, o->n_stop, err, errlen) < 0 ||
+        sd_tree_new(&c->tree, MAX_NODES, c->n_vocab, err, errlen) < 0 ||
         cl_net_new(&c->net, o->server, o->timeout_ms, o->api_key, err, errlen) < 0) {
         if (!err[0]) snprintf(err, errlen, "out of memory");
         cl_client_free(c);
@@ -103,11 +119,13 @@ int cl_client_new(cl_client **out, const cl_opts *o, const sd_model *model, sd_d
 void cl_client_free(cl_client *c) {
     if (!c) return;
     cl_net_free(c->net);
+    cl_text_free(c->tx);
     sd_tree_destroy(c->tree);
     free(c->text);
     free(c->st);
     free(c->st_ok);
     free(c->rowbuf);
+    free(c->kvbuf);
     free(c);
 }
 
@@ -123,11 +141,26 @@ static void count_net(cl_client *c) {
     c->s->calls = (long)calls;
 }
 
-// Emits text[from .. n_text) (verified or not).
-static void emit_from(cl_client *c, int from, int verified) {
-    if (from >= c->n_text) return;
-    if (c->s->ttft_ms <= 0) c->s->ttft_ms = now_ms() - c->t0;
-    if (c->sink && c->sink->emit) c->sink->emit(c->sink->user, c->text + from, c->n_text - from, verified);
+// After the text grew: emits what is safe (all with final); a stop string
+// ends the text after the token completing it.
+static void after_change(cl_client *c, int final) {
+    const int out0 = cl_text_n_out(c->tx);
+    int stopped = 0;
+    const int keep = cl_text_sync(c->tx, c->text, c->n_text, c->nv, final, c->sink, &stopped);
+    if (cl_text_n_out(c->tx) > out0 && c->s->ttft_ms <= 0) c->s->ttft_ms = now_ms() - c->t0;
+    if (!stopped) return;
+    c->n_text = keep;
+    if (c->nv > keep) c->nv = keep;
+    c->offline_end = c->nv < keep;   // matched in unverified text: the server may still disagree
+    c->finished = 1;
+    snprintf(c->s->finish, sizeof c->s->finish, "stopped");
+}
+
+// Cuts the text to n tokens (the emitted ones beyond are retracted).
+static void cut_to(cl_client *c, int n, const char *why) {
+    c->n_text = n;
+    if (c->nv > n) c->nv = n;
+    cl_text_cut(c->tx, n, why, c->sink);
 }
 
 static int gen_left(const cl_client *c) { return c->o.n_predict - (c->n_text - c->n_prompt); }
@@ -149,8 +182,53 @@ static void take_rows(cl_client *c, const uint8_t *rows, int n, int pos0, float 
     }
 }
 
+// Bytes of one position's states in a reply.
+static size_t row_bytes(const cl_client *c) {
+    const size_t qb = 4 + (size_t)c->kvd;
+    return c->o.kv == 2 ? 4 + (size_t)c->d_embd + 2 * (size_t)c->o.tli * qb
+           : c->o.kv    ? 2 * (size_t)c->n_layer * qb
+                        : 4 + (size_t)c->d_embd;
+}
+
+static void dequant(const uint8_t *r, int w, float *o) {
+    float sc;
+    memcpy(&sc, r, 4);
+    for (int j = 0; j < w; j++) o[j] = sc * (float)(int8_t)r[4 + j];
+}
+
+// kv: n positions' int8 rows into c->kvbuf as the drafter takes them: K,V
+// rows (n, 2 L, 4 + kvd) into (n, L, 2 kvd) floats, [K | V] a layer; lsa:
+// (4 + d) then (2 tli, 4 + kvd) into (n, d + tli 2 kvd).
+static void kv_floats(cl_client *c, const uint8_t *rows, int n) {
+    const int w = c->kvd, lsa = c->o.kv == 2, nr = 2 * (lsa ? c->o.tli : c->n_layer);
+    const size_t rb = row_bytes(c), ld = (lsa ? (size_t)c->d_embd : 0) + (size_t)nr * w;
+    for (int p = 0; p < n; p++) {
+        const uint8_t *r = rows + rb * (size_t)p;
+        float *o = c->kvbuf + ld * (size_t)p;
+        if (lsa) {
+            dequant(r, c->d_embd, o);
+            r += 4 + (size_t)c->d_embd, o += c->d_embd;
+        }
+        for (int i = 0; i < nr; i++) dequant(r + (size_t)i * (4 + (size_t)w), w, o + (size_t)i * w);
+    }
+}
+
+// kv: the drafter hears the K,V rows (n positions) of positions pos0.. of the text.
+static int kv_tell(cl_client *c, const uint8_t *rows, int pos0, int n, char *err, size_t errlen) {
+    const size_t rb = row_bytes(c);
+    for (int i = 0; i < n; i += MAX_NODES) {
+        const int k = SD_MIN(MAX_NODES, n - i);
+        kv_floats(c, rows + rb * (size_t)i, k);
+        if (sd_drafter_tell_prompt(c->d, c->text, pos0 + i, k, c->kvbuf, err, errlen) < 0) return -1;
+    }
+    return 0;
+}
+
 // The drafter forgets and hears the verified text again with every state known.
+// (kv: the MoA drafter follows the text by position and heard every verified
+// position's rows as they came: nothing to do.)
 static int refeed(cl_client *c, char *err, size_t errlen) {
+    if (c->o.kv) return 0;
     sd_drafter_reset(c->d);
     int p = 0;
     while (p < c->nv) {
@@ -175,19 +253,22 @@ static int reconcile(cl_client *c, const int32_t *V, int m, int base) {
     if (j < m && base + j < c->n_text) {
         replaced = c->n_text - (base + j);
         c->s->replaced += replaced;
-        c->n_text = base + j;
         char why[160];
         snprintf(why, sizeof why, "the server verified %d of the unverified tokens and replaced the next %d",
                  c->s->confirmed > 0 ? (int)c->s->confirmed : 0, replaced);
-        if (c->sink && c->sink->retract) c->sink->retract(c->sink->user, replaced, why);
+        cut_to(c, base + j, why);
+        if (c->offline_end) {   // the end decided offline went with them: generate on
+            c->offline_end = 0;
+            c->finished = 0;
+            snprintf(c->s->finish, sizeof c->s->finish, "length");
+        }
     }
-    int from = c->n_text;
     const int lim = SD_MIN(c->n_ctx, c->n_prompt + c->o.n_predict);
     for (int k = j; k < m && c->n_text < lim; k++) c->text[c->n_text++] = V[k];
     if (c->nv < base + m) c->nv = base + m;
     if (c->nv > c->n_text) c->nv = c->n_text;
     if (c->nv >= c->n_prompt + c->o.n_predict) c->finished = 1;   // the verified text is complete
-    emit_from(c, from, 1);
+    after_change(c, 0);
     return replaced;
 }
 
@@ -221,9 +302,20 @@ static int do_open(cl_client *c, char *err, size_t errlen) {
     for (int i = c->n_priv; i < base; i++) json_array_append_new(ids, json_integer(c->text[i]));
     int left = c->o.n_predict - (base - c->n_prompt);
     const sd_sampler_params *sp = &c->o.sp;
-    json_t *o = json_pack("{s:o, s:i, s:b, s:f, s:i, s:f, s:f, s:I}", "prompt", ids, "n_predict", left > 0 ? left : 1,
-                          "states", c->o.states, "temperature", (double)sp->temp, "top_k", sp->top_k, "top_p",
+    json_t *o = json_pack("{s:o, s:i, s:o, s:f, s:i, s:f, s:f, s:I}", "prompt", ids, "n_predict", left > 0 ? left : 1,
+                          "states", c->o.states && c->o.kv ? json_string(c->o.kv == 2 ? "lsa" : "kv")
+                                                           : json_boolean(c->o.states), "temperature", (double)sp->temp, "top_k", sp->top_k, "top_p",
                           (double)sp->top_p, "min_p", (double)sp->min_p, "seed", (json_int_t)sp->seed);
+    if (o && c->o.kv == 2) {   // the server runs LSA with its own drafter: it must be ours
+        char fp[24];
+        snprintf(fp, sizeof fp, "%016llx", (unsigned long long)c->o.drafter_fp);
+        json_object_set_new(o, "drafter", json_string(fp));
+    }
+    if (o && c->o.n_stop > 0) {   // the server stops its generation at them too
+        json_t *sa = json_array();
+        for (int i = 0; i < c->o.n_stop; i++) json_array_append_new(sa, json_string(c->o.stop[i]));
+        json_object_set_new(o, "stop", sa);
+    }
     char *body = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     if (!body) return snprintf(err, errlen, "out of memory"), -1;
@@ -253,6 +345,15 @@ static int do_open(cl_client *c, char *err, size_t errlen) {
     c->server_max_nodes = (int)json_integer_value(json_object_get(a, "max_nodes"));
     int n_states = (int)json_integer_value(json_object_get(a, "n_states"));
     const char *b64 = json_string_value(json_object_get(a, "states"));
+    const char *kind = json_string_value(json_object_get(a, "state_kind"));
+    const int kv_ok = !c->o.kv || (kind && !strcmp(kind, c->o.kv == 2 ? "lsa" : "kv") &&
+                                   (int)json_integer_value(json_object_get(a, "n_layer")) == c->n_layer &&
+                                   (int)json_integer_value(json_object_get(a, "kv_width")) == c->kvd);
+    if (c->o.kv && c->o.states && !kv_ok) {
+        json_decref(a);
+        return snprintf(err, errlen, "the server sends no K,V rows for this model (an MoA client needs a server of "
+                                     "the same target)"), -1;
+    }
     if (b64 && n_states > 0 && (int)json_integer_value(json_object_get(a, "n_embd")) == c->d_embd) {
         size_t L = strlen(b64), o2 = 0;
         uint8_t *raw = malloc(L / 4 * 3 + 3);
@@ -264,8 +365,14 @@ static int do_open(cl_client *c, char *err, size_t errlen) {
             if (v2 >= 0) raw[o2++] = (uint8_t)(v >> 8);
             if (v3 >= 0) raw[o2++] = (uint8_t)v;
         }
-        const size_t rb = 4 + (size_t)c->d_embd;
-        if (raw && o2 >= rb * (size_t)n_states) {
+        const size_t rb = row_bytes(c);
+        if (raw && o2 >= rb * (size_t)n_states && c->o.kv) {
+            if (kv_tell(c, raw, c->n_priv, SD_MIN(n_states, base - c->n_priv), err, errlen) < 0) {
+                free(raw);
+                json_decref(a);
+                return -1;
+            }
+        } else if (raw && o2 >= rb * (size_t)n_states) {
             float *tmp = malloc(sizeof(float) * (size_t)c->d_embd);
             for (int i = 0; tmp && i < n_states && c->n_priv + i < base; i++)
                 take_rows(c, raw + rb * (size_t)i, 1, c->n_priv + i, tmp);
@@ -273,6 +380,8 @@ static int do_open(cl_client *c, char *err, size_t errlen) {
         }
         free(raw);
     }
+    const char *draw = json_string_value(json_object_get(a, "draw"));
+    c->sampled = c->o.sp.temp > 0 && !c->o.greedy_drafts && c->o.sp.draw == SD_DRAW_RACE && draw && !strcmp(draw, "race");
     int first = (int)json_integer_value(ft);
     int fin = (int)json_integer_value(json_object_get(a, "finish"));
     json_decref(a);
@@ -317,8 +426,9 @@ static int send_pending(cl_client *c, char *err, size_t errlen) {
     const int fin = b[8];
     uint32_t want;
     memcpy(&want, c->pbody + 4, 4);
-    if (magic != MAGIC_REP || seq != want || na >= c->pn || r.len != 20 + 4 * (size_t)na + (size_t)nr * (4 + (size_t)d) ||
-        (nr && d != c->d_embd))
+    const int want_type = c->o.kv == 2 ? 3 : c->o.kv ? 2 : 1, want_w = c->o.kv == 1 ? c->kvd : c->d_embd;
+    if (magic != MAGIC_REP || seq != want || na >= c->pn || (nr && (b[9] != want_type || d != want_w)) ||
+        r.len != 20 + 4 * (size_t)na + (size_t)nr * (nr ? row_bytes(c) : 0) || nr > na + 1)
         return snprintf(err, errlen, "the server's round reply is not understood"), -1;
     c->s->round_ms_sum += r.ms;
     if (r.ms > c->s->round_ms_max) c->s->round_ms_max = r.ms;
@@ -354,9 +464,22 @@ static int send_pending(cl_client *c, char *err, size_t errlen) {
     }
     if (!ok) return snprintf(err, errlen, "the server accepted a path that is not in the tree"), -1;
     const uint8_t *rows = b + 20 + 4 * (size_t)na;
-    take_rows(c, rows, nr, base - 1, c->rowbuf);
+    if (!c->o.kv) take_rows(c, rows, nr, base - 1, c->rowbuf);
     const int was_online = c->n_text == c->nv;
     reconcile(c, V, nV, base);
+    if (c->o.kv) {   // MoA: the path's K,V rows; online, with the step's outcome
+        const int n = SD_MIN(nr, c->n_text - (base - 1));
+        if (was_online && bonus >= 0 && n == np) {
+            kv_floats(c, rows, n);
+            if (sd_drafter_tell(c->d, c->tree, path, np, bonus, c->kvbuf, err, errlen) < 0) return -1;
+        } else {
+            if (was_online && bonus >= 0 && sd_drafter_tell(c->d, c->tree, path, np, bonus, NULL, err, errlen) < 0)
+                return -1;
+            if (n > 0 && kv_tell(c, rows, base - 1, n, err, errlen) < 0) return -1;
+        }
+        set_finish(c, bonus < 0 ? (fin ? fin : 5) : fin);
+        return 1;
+    }
     if (bonus < 0) {
         set_finish(c, fin ? fin : 5);
         return 1;
@@ -427,9 +550,8 @@ static int resync(cl_client *c, char *err, size_t errlen) {
     }
     if (c->n_text > c->nv && c->finished) {   // the server's generation ended before the text did
         int cut = c->n_text - c->nv;
-        c->n_text = c->nv;
         c->s->replaced += cut;
-        if (c->sink && c->sink->retract) c->sink->retract(c->sink->user, cut, "the target's generation ended before them");
+        cut_to(c, c->nv, "the target's generation ended before them");
     }
     if (unver0 > 0)
         note(c, "server back: %ld of %d unverified tokens verified as they were, %ld replaced by the target's", 
@@ -440,6 +562,15 @@ static int resync(cl_client *c, char *err, size_t errlen) {
     return 1;
 }
 
+// The drafter's tree for the text: its samples under the target's noise when
+// the server samples with the race draw, else its most likely tokens.
+static int draft(cl_client *c, int max_nodes, char *err, size_t errlen) {
+    if (c->sampled)
+        return sd_drafter_draft_sampled(c->d, c->text, c->n_text, max_nodes, &c->o.sp, -(int64_t)c->n_priv, c->tree,
+                                        err, errlen);
+    return sd_drafter_draft(c->d, c->text, c->n_text, max_nodes, c->tree, err, errlen);
+}
+
 static void sleep_ms(int ms) { nanosleep(&(struct timespec){.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L}, NULL); }
 
 // One offline step: the drafter's best chain, emitted unverified. 0, or -1.
@@ -447,16 +578,16 @@ static int offline_step(cl_client *c, char *err, size_t errlen) {
     const int room = SD_MIN(gen_left(c), c->n_ctx - c->n_text);
     if (room <= 0) return 0;
     int nodes = 1 + SD_MIN(c->o.offline_depth, room);
-    if (sd_drafter_draft(c->d, c->text, c->n_text, SD_MAX(nodes, c->o.max_nodes), c->tree, err, errlen) < 0)
+    if (draft(c, SD_MAX(nodes, c->o.max_nodes), err, errlen) < 0)
         return -1;
     int32_t path[MAX_NODES];
     int np = 1, node = 0;
     path[0] = 0;
     const int n = sd_tree_size(c->tree);
-    while (np < nodes) {   // the most probable child, depth by depth
+    while (np < nodes) {   // the most probable child (sampled: the first, the drafter's draw), depth by depth
         int best = -1;
         float bp = -1.0f;
-        for (int i = node + 1; i < n; i++)
+        for (int i = node + 1; i < n && !(c->sampled && best >= 0); i++)
             if (sd_tree_parent(c->tree, i) == node && sd_tree_p(c->tree, i) > bp) bp = sd_tree_p(c->tree, i), best = i;
         if (best < 0) break;
         path[np++] = node = best;
@@ -478,16 +609,15 @@ static int offline_step(cl_client *c, char *err, size_t errlen) {
     // the last token becomes the next root; the path's states are the head's own
     if (sd_drafter_tell(c->d, c->tree, path, np - 1, sd_tree_token(c->tree, path[np - 1]), NULL, err, errlen) < 0)
         return -1;
-    emit_from(c, from, 0);
     for (int k = from; k < c->n_text; k++)
         if (sd_token_is_eog(c->tok, c->text[k])) {   // the drafter ended the text: stop there
-            int extra = c->n_text - k - 1;
-            c->n_text = k + 1;
-            if (extra > 0 && c->sink && c->sink->retract) c->sink->retract(c->sink->user, extra, "after an end token");
+            cut_to(c, k + 1, "after an end token");
             c->finished = 1;
+            c->offline_end = 1;
             snprintf(c->s->finish, sizeof c->s->finish, "eog");
             break;
         }
+    after_change(c, 0);
     return 0;
 }
 
@@ -496,6 +626,7 @@ int cl_client_run(cl_client *c, const int32_t *prompt, int n_prompt, int n_priva
                   char *err, size_t errlen) {
     memset(st, 0, sizeof *st);
     snprintf(st->finish, sizeof st->finish, "length");
+    st->stop_bytes = -1;
     c->s = st;
     c->sink = sink;
     c->t0 = now_ms();
@@ -504,6 +635,8 @@ int cl_client_run(cl_client *c, const int32_t *prompt, int n_prompt, int n_priva
                         c->o.n_predict, c->n_ctx), -1;
     memcpy(c->text, prompt, sizeof(int32_t) * (size_t)n_prompt);
     c->n_text = c->n_prompt = n_prompt;
+    cl_text_reset(c->tx, n_prompt);
+    c->offline_end = 0;
     c->n_priv = n_private >= 0 && n_private < n_prompt ? n_private : 0;
     c->nv = 0;
     st->n_prompt = n_prompt;
@@ -516,7 +649,7 @@ int cl_client_run(cl_client *c, const int32_t *prompt, int n_prompt, int n_priva
     while (!c->finished && gen_left(c) > 0) {
         if (c->online) {
             int cap = SD_MIN(c->o.max_nodes, c->server_max_nodes > 0 ? c->server_max_nodes : MAX_NODES);
-            if (sd_drafter_draft(c->d, c->text, c->n_text, cap, c->tree, err, errlen) < 0) return -1;
+            if (draft(c, cap, err, errlen) < 0) return -1;
             int32_t tok[MAX_NODES];
             int16_t par[MAX_NODES];
             int n = sd_tree_size(c->tree);
@@ -542,7 +675,7 @@ int cl_client_run(cl_client *c, const int32_t *prompt, int n_prompt, int n_priva
             if (rc == 1) {   // some replaced: generate the rest online
                 while (!c->finished && gen_left(c) > 0 && c->online) {
                     int cap = SD_MIN(c->o.max_nodes, c->server_max_nodes > 0 ? c->server_max_nodes : MAX_NODES);
-                    if (sd_drafter_draft(c->d, c->text, c->n_text, cap, c->tree, err, errlen) < 0) return -1;
+                    if (draft(c, cap, err, errlen) < 0) return -1;
                     int32_t tok[MAX_NODES];
                     int16_t par[MAX_NODES];
                     int n = sd_tree_size(c->tree);
@@ -559,11 +692,10 @@ int cl_client_run(cl_client *c, const int32_t *prompt, int n_prompt, int n_priva
         sleep_ms(50);
     }
     cl_net_probe_stop(c->net);
-    if (c->n_text - c->n_prompt > c->o.n_predict) {   // a step past -n: cut (never unverified: nothing to retract)
-        int extra = c->n_text - c->n_prompt - c->o.n_predict;
-        c->n_text -= extra;
-        if (c->nv > c->n_text) c->nv = c->n_text;
-    }
+    if (c->n_text - c->n_prompt > c->o.n_predict)   // a step past -n: cut (never emitted: nothing to retract)
+        cut_to(c, c->n_prompt + c->o.n_predict, "past -n");
+    after_change(c, 1);   // what was held back for a stop string that never came
+    st->stop_bytes = cl_text_stop_bytes(c->tx);
     st->never_verified = c->n_text - c->nv;
     st->n_generated = c->n_text - c->n_prompt;
     if (c->online && c->id[0]) {   // done with it: the server frees it

@@ -20,16 +20,26 @@ typedef struct cl_opts {
     int offline_depth;       // tokens drafted per offline step (a chain)
     int retry_ms;            // the background probe's period while offline
     int final_wait_ms;       // at the end, how long to wait for the server to verify unverified tokens
-    int states;              // 1: ask for the target's fused states (0: the drafter reads none)
+    int states;              // 1: ask for the target's states (0: the drafter reads none)
+    int kv;                  // the drafter is MoA: 1 the states are every layer's K,V rows, 2 LSA's outputs (the
+                             // server's drafter) and the last tli layers' K,V rows; 0: EAGLE-3's fused rows
+    int tli;                 // kv 2: the drafter's TLI
+    uint64_t drafter_fp;     // kv 2: sd_head_fingerprint of the drafter (the server's must be the same)
     int verbose;
     sd_sampler_params sp;    // the target's sampling (temp 0: greedy), sent with the open
+    int greedy_drafts;       // sampling: draft the drafter's most likely tokens (0: its samples under the target's noise)
+    const char *const *stop; // (n_stop) stop strings (--stop): the text ends where the first one starts
+    int n_stop;
 } cl_opts;
 
 // How the text comes out, in order. The text is the concatenation of every
-// emit, less what each retract takes back (from its end).
+// emit (and emit_part), less what each retract takes back (from its end,
+// counted in emitted tokens).
 typedef struct cl_sink {
     void *user;
     void (*emit)(void *user, const int32_t *tokens, int n, int verified);
+    // the last token's text only up to n_bytes: a stop string starts there (nothing follows)
+    void (*emit_part)(void *user, int32_t token, int n_bytes, int verified);
     void (*retract)(void *user, int n_tokens, const char *why);   // the last n tokens were replaced
     void (*note)(void *user, const char *line);                   // a line for the user (stderr)
 } cl_sink;
@@ -54,13 +64,14 @@ typedef struct cl_stats {
     long never_verified;      // tokens of the final text never verified (the generation ended offline)
     int offline_periods;      // times the client went offline
     int reopened;             // times the generation was opened again (lost on the server)
-    char finish[16];          // "length", "eog", "ctx", "stopped"
+    char finish[16];          // "length", "eog", "ctx", "stopped" (a stop string), "offline"
+    long stop_bytes;          // a stop string ended the text: the text's bytes (where it starts); else -1
     char last_error[256];
 } cl_stats;
 
 typedef struct cl_client cl_client;
 // model: the client file (or the target) for its tokenizer, embeddings and
-// vocabulary; d: an EAGLE-3 drafter made remote (sd_drafter_remote).
+// vocabulary; d: an EAGLE-3 or MoA (o->kv) drafter made remote (sd_drafter_remote).
 int cl_client_new(cl_client **out, const cl_opts *o, const sd_model *model, sd_drafter *d, char *err, size_t errlen);
 void cl_client_free(cl_client *c);
 // Generates after prompt; tokens through sink. prompt[0 .. n_private) is

@@ -11,40 +11,86 @@
 
 // ---------------------------------------------------------------- fused rows
 
-// Appends n fused rows (n, d) to e->rows as int8 with a float scale each.
-static int rows_add(sv_split *e, int d, const float *f, int n) {
-    const size_t rb = 4 + (size_t)d;
-    if (e->n_rows + n > e->cap_rows) {
-        int cap = SD_MAX(e->n_rows + n, 2 * e->cap_rows);
-        uint8_t *r = realloc(e->rows, rb * (size_t)cap);
-        if (!r) return -1;
-        e->rows = r;
-        e->cap_rows = cap;
-    }
-    for (int i = 0; i < n; i++) {
-        const float *x = f + (size_t)i * d;
-        float mx = 0.0f;
-        for (int j = 0; j < d; j++) mx = fmaxf(mx, fabsf(x[j]));
-        float sc = mx > 0 ? mx / 127.0f : 1.0f;
-        uint8_t *o = e->rows + rb * (size_t)(e->n_rows + i);
-        memcpy(o, &sc, 4);
-        for (int j = 0; j < d; j++) {
-            long q = lrintf(x[j] / sc);
-            o[4 + j] = (uint8_t)(int8_t)(q > 127 ? 127 : q < -127 ? -127 : q);
-        }
-    }
-    e->n_rows += n;
+size_t sv_split_row_bytes(const sv_splits *t, int kind) {
+    const size_t qb = 4 + (size_t)t->kvd;
+    return kind == SV_KIND_FUSED ? 4 + (size_t)t->d
+           : kind == SV_KIND_KV  ? 2 * (size_t)t->n_layer * qb
+           : kind == SV_KIND_LSA ? 4 + (size_t)t->d + 2 * (size_t)t->tli * qb
+                                 : 0;
+}
+
+// Room for n more positions in e->rows (rb bytes each; a generation's kind sets rb, the buffer outlives it).
+static int rows_room(sv_split *e, size_t rb, int n) {
+    const size_t need = rb * (size_t)(e->n_rows + n);
+    if (need <= e->cap_rows) return 0;
+    size_t cap = SD_MAX(need, 2 * e->cap_rows);
+    uint8_t *r = realloc(e->rows, cap);
+    if (!r) return -1;
+    e->rows = r;
+    e->cap_rows = cap;
     return 0;
+}
+
+// One row x (w) as int8 with a float scale: o (4 + w bytes).
+static void quant_row(uint8_t *o, const float *x, int w) {
+    float mx = 0.0f;
+    for (int j = 0; j < w; j++) mx = fmaxf(mx, fabsf(x[j]));
+    float sc = mx > 0 ? mx / 127.0f : 1.0f;
+    memcpy(o, &sc, 4);
+    for (int j = 0; j < w; j++) {
+        long q = lrintf(x[j] / sc);
+        o[4 + j] = (uint8_t)(int8_t)(q > 127 ? 127 : q < -127 ? -127 : q);
+    }
 }
 
 // Fuses n target rows (n, 3, d) into e's int8 rows.
 static int fuse_rows(sv_server *s, sv_split *e, const float *hidden, int n, char *err, size_t errlen) {
     const int d = s->split->d;
+    const size_t rb = 4 + (size_t)d;
     for (int i = 0; i < n; i += SV_SPLIT_MAX_NODES) {
         int c = SD_MIN(SV_SPLIT_MAX_NODES, n - i);
         if (sd_head_fuse(s->head_eagle3, hidden + (size_t)i * 3 * d, c, e->fbuf, err, errlen) < 0) return -1;
-        if (rows_add(e, d, e->fbuf, c) < 0) return snprintf(err, errlen, "out of memory"), -1;
+        if (rows_room(e, rb, c) < 0) return snprintf(err, errlen, "out of memory"), -1;
+        for (int j = 0; j < c; j++) quant_row(e->rows + rb * (size_t)(e->n_rows + j), e->fbuf + (size_t)j * d, d);
+        e->n_rows += c;
     }
+    return 0;
+}
+
+// The client's MoA drafter's rows of positions pos .. pos+n-1 into e's int8
+// rows (docs/split.md): SV_KIND_KV every layer's committed K and V rows;
+// SV_KIND_LSA LSA's output (the server's drafter) then the last tli layers'.
+static int kv_rows(sv_server *s, sv_split *e, int pos, int n, char *err, size_t errlen) {
+    sv_splits *t = s->split;
+    const int L = t->n_layer, w = t->kvd, lsa = e->kind == SV_KIND_LSA, d = t->d;
+    const size_t rb = sv_split_row_bytes(t, e->kind), qb = 4 + (size_t)w;
+    const size_t head = lsa ? 4 + (size_t)d : 0;   // a position's bytes before its first K,V row
+    const int l0 = lsa ? L - t->tli : 0;            // the first layer sent
+    if (n <= 0) return 0;
+    if (rows_room(e, rb, n) < 0) return snprintf(err, errlen, "out of memory"), -1;
+    for (int i = 0; i < n; i += SV_SPLIT_MAX_NODES) {
+        const int c = SD_MIN(SV_SPLIT_MAX_NODES, n - i);
+        for (int l = 0; l < L; l++) {
+            if (sd_session_kv_read(e->ss, l, pos + i, c, e->kbuf, e->vbuf, err, errlen) < 0) return -1;
+            for (int j = 0; j < c; j++) {
+                const float *kr = e->kbuf + (size_t)j * w, *vr = e->vbuf + (size_t)j * w;
+                if (lsa) {
+                    float *f = t->kvf + ((size_t)j * L + l) * 2 * w;
+                    memcpy(f, kr, sizeof(float) * (size_t)w);
+                    memcpy(f + w, vr, sizeof(float) * (size_t)w);
+                }
+                if (l < l0) continue;
+                uint8_t *o = e->rows + rb * (size_t)(e->n_rows + i + j) + head + 2 * (size_t)(l - l0) * qb;
+                quant_row(o, kr, w);
+                quant_row(o + qb, vr, w);
+            }
+        }
+        if (lsa) {
+            if (sd_moa_lsa_run(t->lsa, t->kvf, c, t->cf, err, errlen) < 0) return -1;
+            for (int j = 0; j < c; j++) quant_row(e->rows + rb * (size_t)(e->n_rows + i + j), t->cf + (size_t)j * d, d);
+        }
+    }
+    e->n_rows += n;
     return 0;
 }
 
@@ -65,7 +111,7 @@ static int cb_propose(void *user, const sd_draft_request *req, sd_tree *tree, ch
 
 static int cb_step(void *user, const sd_draft_result *res, char *err, size_t errlen) {
     cb_user *u = user;
-    if (!res->hidden || !u->e->want_states) return 0;
+    if (!res->hidden || !u->e->want_states || u->e->kind != SV_KIND_FUSED) return 0;
     return fuse_rows(u->s, u->e, res->hidden, 1 + res->n_accepted, err, errlen);
 }
 
@@ -73,7 +119,7 @@ static int cb_prompt(void *user, const int32_t *tokens, int pos0, int n, const f
                      size_t errlen) {
     cb_user *u = user;
     (void)tokens, (void)pos0;
-    if (!hidden || !u->e->want_states) return 0;
+    if (!hidden || !u->e->want_states || u->e->kind != SV_KIND_FUSED) return 0;
     return fuse_rows(u->s, u->e, hidden, n, err, errlen);
 }
 
@@ -93,6 +139,8 @@ int sv_split_init(sv_server *s, int n, int idle_s, char *err, size_t errlen) {
     sd_model_info info;
     sd_model_get_info(s->model, &info);
     t->d = info.n_embd;
+    t->n_layer = info.n_layer;
+    t->kvd = info.n_head_kv * info.head_dim;
     if (s->head_eagle3) {   // the layers the head reads: from a drafter made once
         sd_method m;
         sd_drafter *d = NULL;
@@ -108,11 +156,25 @@ int sv_split_init(sv_server *s, int n, int idle_s, char *err, size_t errlen) {
         for (int i = 0; i < t->n_extract && i < 3; i++) t->extract[i] = ly[i];
         sd_drafter_free(d);
     }
+    if (s->head_moa && sd_moa_lsa_new(&t->lsa, s->head_moa, s->model, err, errlen) == 0) {   // "lsa" states
+        t->tli = sd_head_moa_tli(s->head_moa);
+        t->moa_fp = sd_head_fingerprint(s->head_moa);
+        t->kvf = malloc(sizeof(float) * SV_SPLIT_MAX_NODES * (size_t)t->n_layer * 2 * (size_t)t->kvd);
+        t->cf = malloc(sizeof(float) * SV_SPLIT_MAX_NODES * (size_t)t->d);
+        if (!t->kvf || !t->cf) {
+            s->split = t;
+            sv_split_free(s);
+            return snprintf(err, errlen, "out of memory"), -1;
+        }
+    }
+    err[0] = 0;   // (an MoA drafter without LSA: no "lsa" states, not an error)
     for (int i = 0; i < n; i++) {
         sv_split *e = &t->e[i];
         e->sl.id = -1 - i;
         e->sl.split = e;
-        if (!(e->fbuf = malloc(sizeof(float) * SV_SPLIT_MAX_NODES * (size_t)t->d))) {
+        e->kbuf = malloc(sizeof(float) * SV_SPLIT_MAX_NODES * (size_t)t->kvd);
+        e->vbuf = malloc(sizeof(float) * SV_SPLIT_MAX_NODES * (size_t)t->kvd);
+        if (!(e->fbuf = malloc(sizeof(float) * SV_SPLIT_MAX_NODES * (size_t)t->d)) || !e->kbuf || !e->vbuf) {
             s->split = t;
             sv_split_free(s);
             return snprintf(err, errlen, "out of memory"), -1;
@@ -123,6 +185,9 @@ int sv_split_init(sv_server *s, int n, int idle_s, char *err, size_t errlen) {
 }
 
 static void gen_drop(sv_split *e) {
+    for (int i = 0; i < e->n_stop; i++) free(e->stop[i]);
+    e->n_stop = e->max_stop = 0;
+    e->text_len = 0;
     sd_gen_free(e->g);
     sd_drafter_free(e->d);
     sd_sampler_free(e->smp);
@@ -137,10 +202,16 @@ void sv_split_free(sv_server *s) {
         gen_drop(e);
         sd_session_free(e->ss);
         free(e->rows);
+        free(e->text);
         free(e->fbuf);
+        free(e->kbuf);
+        free(e->vbuf);
         free(e->reply);
     }
     pthread_cond_destroy(&t->cv);
+    sd_moa_lsa_free(t->lsa);
+    free(t->kvf);
+    free(t->cf);
     free(t->e);
     free(t);
     s->split = NULL;
@@ -218,9 +289,19 @@ static void put_u16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
 static void answer_round(sv_server *s, sv_split *e, const sd_step *st) {
     // a step cut short (n_predict, a stop) may end inside its accepted drafts: its last token then stands
     // for the bonus; an ended generation's step has none (bonus -1)
-    const int d = s->split->d, na = SD_MAX(0, SD_MIN(st->n_accepted, st->n_tokens - 1));
+    const int na = SD_MAX(0, SD_MIN(st->n_accepted, st->n_tokens - 1));
+    if ((e->kind == SV_KIND_KV || e->kind == SV_KIND_LSA) && e->want_states) {   // the path's rows, as committed
+        char err[256];
+        e->n_rows = 0;
+        const int n = SD_MIN(na + 1, sd_session_n_past(e->ss) - e->root_pos);
+        if (kv_rows(s, e, e->root_pos, n, err, sizeof err) < 0) {
+            fail(s, e, err);
+            return;
+        }
+    }
     if (e->n_rows > na + 1) e->n_rows = na + 1;
-    const size_t rb = 4 + (size_t)d;
+    const size_t rb = sv_split_row_bytes(s->split, e->kind);
+    const int w = e->kind == SV_KIND_KV ? s->split->kvd : s->split->d;   // LSA: the output's width (TLI rows: kvd)
     const size_t len = 20 + 4 * (size_t)na + rb * (size_t)e->n_rows;
     uint8_t *b = malloc(len);
     if (!b) {
@@ -230,12 +311,12 @@ static void answer_round(sv_server *s, sv_split *e, const sd_step *st) {
     put_u32(b, SV_SPLIT_MAGIC_REP);
     put_u32(b + 4, e->seq_work);
     b[8] = (uint8_t)(st->finish == SD_FINISH_NONE ? 0 : st->finish + 1);
-    b[9] = 1;   // int8 rows
+    b[9] = (uint8_t)(e->kind == SV_KIND_KV ? 2 : e->kind == SV_KIND_LSA ? 3 : 1);   // int8 rows: 1 fused, 2 K,V, 3 LSA
     put_u16(b + 10, (uint16_t)na);
     int32_t bonus = st->n_tokens > na ? st->tokens[na] : -1;
     memcpy(b + 12, &bonus, 4);
     put_u16(b + 16, (uint16_t)e->n_rows);
-    put_u16(b + 18, (uint16_t)d);
+    put_u16(b + 18, (uint16_t)w);
     memcpy(b + 20, st->tokens, 4 * (size_t)na);
     if (e->n_rows) memcpy(b + 20 + 4 * (size_t)na, e->rows, rb * (size_t)e->n_rows);
     pthread_mutex_lock(&s->mu);
@@ -254,7 +335,15 @@ static void answer_round(sv_server *s, sv_split *e, const sd_step *st) {
 static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 static void answer_open(sv_server *s, sv_split *e, int first, int finish) {
     const int d = s->split->d;
-    const size_t raw = (4 + (size_t)d) * (size_t)e->n_rows;
+    if ((e->kind == SV_KIND_KV || e->kind == SV_KIND_LSA) && e->want_states) {   // every prompt position's rows
+        char err[256];
+        e->n_rows = 0;
+        if (kv_rows(s, e, 0, sd_session_n_past(e->ss), err, sizeof err) < 0) {
+            fail(s, e, err);
+            return;
+        }
+    }
+    const size_t raw = sv_split_row_bytes(s->split, e->kind) * (size_t)e->n_rows;
     const size_t len = 512 + (raw + 2) / 3 * 4;
     char *b = malloc(len);
     if (!b) {
@@ -263,9 +352,12 @@ static void answer_open(sv_server *s, sv_split *e, int first, int finish) {
     }
     int o = snprintf(b, len,
                      "{\"id\":\"%s\",\"first_token\":%d,\"finish\":%d,\"n_ctx\":%d,\"max_nodes\":%d,\"idle_s\":%d,"
-                     "\"n_embd\":%d,\"layers\":[%d,%d,%d],\"n_states\":%d,\"states\":\"",
+                     "\"n_embd\":%d,\"layers\":[%d,%d,%d],\"draw\":\"%s\",\"state_kind\":\"%s\",\"n_layer\":%d,\"kv_width\":%d,"
+                     "\"n_states\":%d,\"states\":\"",
                      e->id, first, finish, sd_session_n_ctx(e->ss), SV_SPLIT_MAX_NODES, s->split->idle_s, d,
-                     s->split->extract[0], s->split->extract[1], s->split->extract[2], e->n_rows);
+                     s->split->extract[0], s->split->extract[1], s->split->extract[2],
+                     s->o->draw == SD_DRAW_RACE ? "race" : "rejection", e->kind == SV_KIND_KV ? "kv" : e->kind == SV_KIND_LSA ? "lsa" : e->kind == SV_KIND_FUSED ? "fused" : "none", s->split->n_layer,
+                     s->split->kvd, e->n_rows);
     const uint8_t *p = e->rows;
     size_t i = 0;
     for (; i + 3 <= raw; i += 3) {
@@ -285,6 +377,46 @@ static void answer_open(sv_server *s, sv_split *e, int first, int finish) {
     pthread_mutex_unlock(&s->mu);
 }
 
+// Stop strings over the step's tokens: appends their text; when one matches
+// (its start at or after the text before them, less the longest stop + 1),
+// cuts the generation after the token completing it (sd_gen_cut) and st
+// with it. 0, or -1 with err.
+static int split_stop(sv_server *s, sv_split *e, sd_step *st, char *err, size_t errlen) {
+    if (e->n_stop == 0 || st->n_tokens < 1) return 0;
+    const size_t prev = e->text_len;
+    size_t ends[SV_SPLIT_MAX_NODES + 1];
+    char piece[256];
+    const int nt = SD_MIN(st->n_tokens, SV_SPLIT_MAX_NODES + 1);
+    for (int k = 0; k < nt; k++) {
+        int n = sd_token_to_piece(s->tok, st->tokens[k], 0, piece, sizeof piece);
+        if (n < 0) n = 0;
+        if (n > (int)sizeof piece) n = (int)sizeof piece;
+        if (sv_buf_add(&e->text, &e->text_len, &e->text_cap, piece, (size_t)n) < 0)
+            return snprintf(err, errlen, "out of memory"), -1;
+        ends[k] = e->text_len;
+    }
+    const size_t from = prev > (size_t)e->max_stop ? prev - (size_t)e->max_stop + 1 : 0;
+    long best = -1;
+    size_t end = 0;
+    for (int i = 0; i < e->n_stop; i++) {
+        const size_t L = strlen(e->stop[i]);
+        for (size_t p = from; p + L <= e->text_len && (best < 0 || (long)p <= best); p++)
+            if (!memcmp(e->text + p, e->stop[i], L)) {
+                if (best < 0 || (long)p < best || p + L < end) best = (long)p, end = p + L;
+                break;
+            }
+    }
+    if (best < 0) return 0;
+    int keep = 0;
+    while (keep < nt && ends[keep] < end) keep++;
+    keep = SD_MIN(keep + 1, st->n_tokens);
+    if (sd_gen_cut(e->g, keep, err, errlen) < 0) return -1;
+    st->n_tokens = keep;
+    st->finish = SD_FINISH_STOPPED;
+    e->text_len = (size_t)best;
+    return 0;
+}
+
 void sv_split_end(sv_server *s, int n) {
     sv_splits *t = s->split;
     if (!t) return;
@@ -302,7 +434,8 @@ void sv_split_end(sv_server *s, int n) {
             }
         }
         sd_step st;
-        if (sd_gen_step_end(e->g, &st, err, sizeof err) < 0) {
+        if (sd_gen_step_end(e->g, &st, err, sizeof err) < 0 ||
+            (e->state == SPL_ROUND && split_stop(s, e, &st, err, sizeof err) < 0)) {
             fail(s, e, err);
             continue;
         }
@@ -316,6 +449,10 @@ void sv_split_end(sv_server *s, int n) {
         if (sd_gen_step_begin(e->g, &b, err, sizeof err) < 0 || b.n != 0 ||
             sd_gen_step_end(e->g, &st, err, sizeof err) < 0 || st.n_tokens < 1) {
             fail(s, e, b.n != 0 ? "the first token needs no forward" : err);
+            continue;
+        }
+        if (split_stop(s, e, &st, err, sizeof err) < 0) {
+            fail(s, e, err);
             continue;
         }
         answer_open(s, e, st.tokens[0], st.finish == SD_FINISH_NONE ? 0 : st.finish + 1);
@@ -343,9 +480,10 @@ int sv_split_make(sv_server *s, sv_split *e, const int32_t *prompt, int n_prompt
     cb_user *u = malloc(sizeof *u);
     if (!u) return snprintf(err, errlen, "out of memory"), -1;
     u->s = s, u->e = e;
+    const int nh = e->kind == SV_KIND_FUSED ? s->split->n_extract : 0;   // hidden rows only to fuse
     sd_drafter_callbacks cb = {.name = "split-client", .user = u, .propose = cb_propose, .step = cb_step,
-                               .prompt = cb_prompt, .free = cb_free, .n_hidden_layers = s->split->n_extract};
-    for (int i = 0; i < s->split->n_extract; i++) cb.hidden_layers[i] = s->split->extract[i];
+                               .prompt = cb_prompt, .free = cb_free, .n_hidden_layers = nh};
+    for (int i = 0; i < nh; i++) cb.hidden_layers[i] = s->split->extract[i];
     if (sd_drafter_from_callbacks(&e->d, &cb, err, errlen) < 0) {
         free(u);
         gen_drop(e);

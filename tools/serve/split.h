@@ -22,6 +22,8 @@
 #define SV_SPLIT_EVICT_S 10              // a full table gives an open the generation idle longest, if this idle
 
 enum sv_split_state { SPL_FREE = 0, SPL_OPENING, SPL_READY, SPL_ROUND, SPL_FAILED };
+// The target's states a generation's replies carry (the open's "states"; the round reply's row type).
+enum sv_split_kind { SV_KIND_NONE = 0, SV_KIND_FUSED = 1, SV_KIND_KV = 2, SV_KIND_LSA = 3 };
 
 typedef struct sv_split {
     int state;             // enum sv_split_state (under s->mu)
@@ -41,18 +43,29 @@ typedef struct sv_split {
     int32_t tree_tok[SV_SPLIT_MAX_NODES];
     int16_t tree_par[SV_SPLIT_MAX_NODES];
     int tree_n;
-    int want_states;
-    // fused states of the prompt (open) or the last step's path, int8 rows with a scale each
-    uint8_t *rows;         // (n_rows, 4 + d)
-    int n_rows, cap_rows;
-    float *fbuf;           // (SV_SPLIT_MAX_NODES or a prompt chunk, d) fused scratch
-    int fbuf_rows;
+    int kind;              // the states this generation's rounds carry: enum sv_split_kind (set at open)
+    int want_states;       // this round (or the open) sends them
+    int root_pos;          // the round's root position (the text's length before it, less one)
+    // states of the prompt (open) or the last step's path, int8 rows with a scale each:
+    // SV_KIND_FUSED one row (4 + d) a position; SV_KIND_KV 2 L rows (4 + kvd) a position,
+    // layer by layer its K row then its V row
+    uint8_t *rows;         // (n_rows, sv_split_row_bytes)
+    int n_rows;            // positions
+    size_t cap_rows;       // bytes allocated
+    float *fbuf;           // (SV_SPLIT_MAX_NODES, d) fused scratch
+    float *kbuf, *vbuf;    // (SV_SPLIT_MAX_NODES, kvd) K,V scratch
     int first_token;       // open: the target's first token
     uint8_t *reply;        // (reply_len) the last reply (round: binary; open: JSON)
     size_t reply_len;
     int reply_status;      // its HTTP status
     char error[256];
     long n_rounds, n_tokens;
+    // stop strings (the open's "stop"): the generation ends after the token completing one, as the
+    // OpenAI API's does; text: the generated text's bytes (text_len), where they are looked for
+    char *stop[SV_MAX_STOP];
+    int n_stop, max_stop;
+    char *text;
+    size_t text_len, text_cap;
 } sv_split;
 
 typedef struct sv_splits {
@@ -62,6 +75,12 @@ typedef struct sv_splits {
     int extract[3];        // the head's layers (fused by sd_head_fuse)
     int n_extract;         // 0: no EAGLE-3 head: rounds send no states
     int d;                 // n_embd
+    int n_layer, kvd;      // the target's layers and K (or V) row width n_head_kv * head_dim (SV_KIND_KV)
+    // SV_KIND_LSA: the server's MoA drafter (serve --head moa.gguf, with LSA) runs LSA for its clients
+    sd_moa_lsa *lsa;       // or NULL
+    int tli;               // its TLI: the last tli layers' K,V rows go with each position's LSA output
+    uint64_t moa_fp;       // its sd_head_fingerprint (a client's drafter must be the same)
+    float *kvf, *cf;       // (SV_SPLIT_MAX_NODES, L, 2 kvd), (SV_SPLIT_MAX_NODES, d): scheduler scratch
     pthread_cond_t cv;     // broadcast when some split generation's work is done
     long next;             // id counter
 } sv_splits;
@@ -82,6 +101,9 @@ void sv_split_fail_all(sv_server *s, const char *why);
 // split_http.c: one request of the API. which: 0 open, 1 round, 2 close;
 // id the ?id= argument (or NULL). *out (malloc'd, *out_len bytes, type
 // *ctype) is the reply body; returns the HTTP status.
+// Bytes of one position's states of kind (0 for SV_KIND_NONE).
+size_t sv_split_row_bytes(const sv_splits *t, int kind);
+
 int sv_split_request(sv_server *s, int which, const char *id, const char *body, size_t len, char **out,
                      size_t *out_len, const char **ctype);
 

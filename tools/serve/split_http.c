@@ -93,7 +93,30 @@ static int do_open(sv_server *s, const char *body, size_t len, char **out, size_
         }
         ids[i] = (int32_t)x;
     }
-    int want_states = !ws || json_is_true(ws);
+    // states: true (the default: fused rows when the server has an EAGLE-3 head), false, "fused", "kv"
+    int kind = !ws || json_is_true(ws) ? (s->split->n_extract > 0 ? SV_KIND_FUSED : SV_KIND_NONE) : SV_KIND_NONE;
+    const char *wk = json_string_value(ws);
+    const char *dfp = json_string_value(json_object_get(o, "drafter"));
+    char fp[24];
+    snprintf(fp, sizeof fp, "%016llx", (unsigned long long)s->split->moa_fp);
+    if (wk && !strcmp(wk, "lsa") && (!s->split->lsa || !dfp || strcmp(dfp, fp))) {
+        free(ids);
+        json_decref(o);
+        snprintf(msg, sizeof msg, "%s: ask for \"kv\" states (the client runs LSA)",
+                 !s->split->lsa ? "'states': \"lsa\" needs the server to hold an MoA drafter with LSA (serve --head)"
+                                : "'states': \"lsa\": the client's MoA drafter ('drafter' fingerprint) is not the server's");
+        return error_out(400, "invalid_states", msg, out, out_len, ctype);
+    }
+    if (wk && !strcmp(wk, "lsa")) kind = SV_KIND_LSA;
+    else if (wk && !strcmp(wk, "kv")) kind = SV_KIND_KV;
+    else if (wk && !strcmp(wk, "fused") && s->split->n_extract > 0) kind = SV_KIND_FUSED;
+    else if ((wk && strcmp(wk, "none")) || (ws && !wk && !json_is_boolean(ws))) {
+        free(ids);
+        json_decref(o);
+        snprintf(msg, sizeof msg, "'states' is true, false, \"kv\" (every layer's K,V rows: an MoA client)%s",
+                 s->split->n_extract > 0 ? " or \"fused\"" : "; \"fused\" needs an EAGLE-3 head (serve --head)");
+        return error_out(400, "invalid_states", msg, out, out_len, ctype);
+    }
     // sampling: the target's distribution (the race draw: the text plain sampling gives for the seed)
     sd_sampler_params sp = sd_sampler_default_params();
     sp.temp = 0.0f;
@@ -112,12 +135,35 @@ static int do_open(sv_server *s, const char *body, size_t len, char **out, size_
                          out, out_len, ctype);
     }
     sp.draw = s->o->draw;
+    // stop strings: a string or an array (as the OpenAI API's "stop")
+    char *stops[SV_MAX_STOP];
+    int n_stop = 0;
+    const json_t *so = json_object_get(o, "stop");
+    if (so && !json_is_null(so)) {
+        const size_t ns = json_is_string(so) ? 1 : json_is_array(so) ? json_array_size(so) : (size_t)-1;
+        const char *why = ns == (size_t)-1 ? "'stop' is a string or an array of strings"
+                          : ns > SV_MAX_STOP ? "'stop' has too many strings" : NULL;
+        for (size_t i = 0; !why && i < ns; i++) {
+            const json_t *v = json_is_string(so) ? so : json_array_get(so, i);
+            if (!json_is_string(v)) why = "'stop' is a string or an array of strings";
+            else if (json_string_length(v) > SV_STOP_MAX_LEN) why = "a 'stop' string is too long";
+            else if (json_string_length(v) > 0 && !(stops[n_stop++] = strdup(json_string_value(v)))) why = "out of memory";
+        }
+        if (why) {
+            for (int i = 0; i < n_stop; i++) free(stops[i]);
+            free(ids);
+            json_decref(o);
+            snprintf(msg, sizeof msg, "%s (at most %d, of 1..%d bytes each)", why, SV_MAX_STOP, SV_STOP_MAX_LEN);
+            return error_out(400, "invalid_stop", msg, out, out_len, ctype);
+        }
+    }
     json_decref(o);
     sv_splits *t = s->split;
     pthread_mutex_lock(&s->mu);
     if (s->stopping) {
         pthread_mutex_unlock(&s->mu);
         free(ids);
+        for (int i = 0; i < n_stop; i++) free(stops[i]);
         return error_out(503, "stopping", "the server is shutting down", out, out_len, ctype);
     }
     sv_split *e = NULL;
@@ -139,6 +185,7 @@ static int do_open(sv_server *s, const char *body, size_t len, char **out, size_
     if (!e) {
         pthread_mutex_unlock(&s->mu);
         free(ids);
+        for (int i = 0; i < n_stop; i++) free(stops[i]);
         snprintf(msg, sizeof msg, "all %d split generations are in use (--split); retry later or close one", t->n);
         return error_out(503, "split_full", msg, out, out_len, ctype);
     }
@@ -147,9 +194,18 @@ static int do_open(sv_server *s, const char *body, size_t len, char **out, size_
     snprintf(e->id, sizeof e->id, "g%lx%08lx", ++t->next, (unsigned long)((uint64_t)(now * 1000.0) & 0xffffffffu));
     pthread_mutex_unlock(&s->mu);
     char err[256];
-    e->want_states = want_states && t->n_extract > 0;
+    e->kind = kind;
+    e->want_states = kind != SV_KIND_NONE;
     int rc = sv_split_make(s, e, ids, n, n_predict, &sp, err, sizeof err);
     free(ids);
+    for (int i = 0; i < n_stop; i++) {   // the generation's now (gen_drop frees them)
+        if (rc < 0) {
+            free(stops[i]);
+            continue;
+        }
+        e->stop[e->n_stop++] = stops[i];
+        e->max_stop = SD_MAX(e->max_stop, (int)strlen(stops[i]));
+    }
     pthread_mutex_lock(&s->mu);
     e->waiters--;
     if (rc < 0) {
@@ -259,7 +315,8 @@ static int do_round(sv_server *s, const char *id, const char *body, size_t len, 
     memcpy(e->tree_tok, tok, 4 * (size_t)n);
     memcpy(e->tree_par, par, 2 * (size_t)n);
     e->tree_n = n;
-    e->want_states = (flags & 1) && s->split->n_extract > 0;
+    e->want_states = (flags & 1) && e->kind != SV_KIND_NONE;
+    e->root_pos = nt - 1;
     e->seq_work = seq;
     e->state = SPL_ROUND;
     pthread_cond_broadcast(&s->cv);

@@ -1,0 +1,238 @@
+// test_draft_remote_moa.c - the MoA drafter driven by hand (the split
+// client's side, docs/split.md), on a synthetic target: made remote
+// (sd_drafter_remote) and told every layer's K,V rows of the verified
+// positions (sd_session_kv_read of the target's session, as a split server
+// sends them), it proposes the very trees the in-process drafter proposes
+// reading the same session (TLI 0 and 1); with unverified text after the
+// last told position it still drafts (an SA chain), and once those
+// positions are verified and told, its trees are the in-process ones again;
+// the rows of uncommitted positions are refused. Told LSA's outputs computed
+// elsewhere (sd_moa_lsa_run, the split server's "lsa" states) and the TLI
+// layers' rows instead, it proposes the trees it proposes from the K,V rows.
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "draft/draft_moa.h"
+#include "draft/drafter.h"
+#include "head/head.h"
+#include "head/moa.h"
+#include "kernels/quant.h"
+#include "lib/spec_check.h"
+#include "lib/synth.h"
+#include "model/model.h"
+#include "specdec.h"
+#include "specdec_spec.h"
+#include "t.h"
+
+#define NV 320
+
+static char g_err[512];
+static sd_model *g_m;
+
+static sd_drafter *new_drafter_w(const sd_head *h, int remote, int wtype) {
+    sd_draft_model_params dp = sd_draft_model_default_params();
+    dp.shape = SD_DRAFT_DYNAMIC, dp.dyn_b = 3, dp.dyn_d = 4, dp.dyn_m = 12;
+    dp.n_ctx = 128;
+    sd_drafter *d = NULL;
+    if (sd_draft_moa_new(&d, h, g_m, &dp, wtype, g_err, sizeof g_err) < 0) return NULL;
+    if (remote && (remote == 2 ? sd_drafter_remote_lsa(d, g_err, sizeof g_err)
+                               : sd_drafter_remote(d, g_err, sizeof g_err)) < 0) {
+        sd_drafter_free(d);
+        return NULL;
+    }
+    return d;
+}
+
+static sd_drafter *new_drafter(const sd_head *h, int remote) { return new_drafter_w(h, remote, SD_TYPE_F32); }
+
+// The session's committed K,V rows of positions pos0 .. pos0+n-1, (n, L, 2 kvd) floats.
+static float *kv_rows(const sd_session *s, int pos0, int n) {
+    const sd_hparams *hp = &g_m->hp;
+    const int L = hp->n_layer, w = hp->n_head_kv * hp->head_dim;
+    float *out = malloc(sizeof(float) * (size_t)n * L * 2 * w), *k = malloc(sizeof(float) * (size_t)n * w),
+          *v = malloc(sizeof(float) * (size_t)n * w);
+    for (int l = 0; out && k && v && l < L; l++) {
+        if (sd_session_kv_read(s, l, pos0, n, k, v, g_err, sizeof g_err) < 0) {
+            free(out);
+            out = NULL;
+            break;
+        }
+        for (int i = 0; i < n; i++) {
+            memcpy(out + ((size_t)i * L + l) * 2 * w, k + (size_t)i * w, sizeof(float) * (size_t)w);
+            memcpy(out + ((size_t)i * L + l) * 2 * w + w, v + (size_t)i * w, sizeof(float) * (size_t)w);
+        }
+    }
+    free(k);
+    free(v);
+    return out;
+}
+
+// Evaluates text[n_past .. n) in s and commits it.
+static int extend(sd_session *s, const int32_t *text, int n) {
+    const int p0 = sd_session_n_past(s), m = n - p0;
+    int32_t pos[64];
+    for (int i = 0; i < m; i++) pos[i] = p0 + i;
+    sd_batch b = {0};
+    b.n = m, b.tokens = text + p0, b.pos = pos;
+    return sd_session_forward(s, &b, g_err, sizeof g_err) < 0 ? -1 : sd_session_commit(s, NULL, m, g_err, sizeof g_err);
+}
+
+static int same_tree(const sd_tree *a, const sd_tree *b) {
+    if (sd_tree_size(a) != sd_tree_size(b)) return 0;
+    for (int i = 0; i < sd_tree_size(a); i++)
+        if (sd_tree_token(a, i) != sd_tree_token(b, i) || sd_tree_parent(a, i) != sd_tree_parent(b, i)) return 0;
+    return 1;
+}
+
+// The in-process drafter's tree for text (its session s holds text but the root).
+static int local_tree(sd_drafter *d, const sd_session *s, const int32_t *text, int n, sd_tree *t) {
+    sd_tree_clear(t, text[n - 1]);
+    const sd_draft_ctx ctx = {.tokens = text, .n_tokens = n, .max_nodes = 16, .rng = &d->rng, .target = s};
+    return d->vt->propose(d, &ctx, t, g_err, sizeof g_err);
+}
+
+static void run(int tli) {
+    sd_head_hp hp = sd_head_default_hp(g_m, SD_HEAD_MOA);
+    hp.n_draft_vocab = NV;
+    hp.moa_tli = tli;
+    sd_head *h = NULL;
+    CHECK(sd_head_new(&h, &hp, g_err, sizeof g_err) == 0, "%s", g_err);
+    if (!h) return;
+    sd_head_init(h, 11 + (uint64_t)tli);
+    sd_drafter *dl = new_drafter(h, 0), *dr = new_drafter(h, 1);
+    sd_session *s = sc_new_session(g_m, 128, 1, g_err, sizeof g_err);
+    sd_tree *t1 = NULL, *t2 = NULL;
+    sd_tree_new(&t1, 16, NV, g_err, sizeof g_err);
+    sd_tree_new(&t2, 16, NV, g_err, sizeof g_err);
+    int32_t text[40];
+    for (int i = 0; i < 40; i++) text[i] = (int32_t)((i * 37 + 11) % NV);
+    CHECK(dl && dr && s && t1 && t2, "%s", g_err);
+    if (!dl || !dr || !s || !t1 || !t2) goto out;
+    // verified: text[0 .. 20) in the target's cache; the root text[20]
+    CHECK(extend(s, text, 20) == 0, "%s", g_err);
+    float *kv = kv_rows(s, 0, 20);
+    CHECK(kv && sd_drafter_tell_prompt(dr, text, 0, 20, kv, g_err, sizeof g_err) == 0, "%s", g_err);
+    free(kv);
+    CHECK(local_tree(dl, s, text, 21, t1) == 0 && sd_drafter_draft(dr, text, 21, 16, t2, g_err, sizeof g_err) == 0,
+          "%s", g_err);
+    CHECK(sd_tree_size(t1) > 1 && same_tree(t1, t2), "TLI %d: the remote tree differs (%d vs %d nodes)", tli,
+          sd_tree_size(t1), sd_tree_size(t2));
+    // unverified text after the told positions: it drafts on (an SA chain), twice (the chain kept)
+    for (int n = 25; n <= 27; n += 2) {
+        CHECK(sd_drafter_draft(dr, text, n, 16, t2, g_err, sizeof g_err) == 0 && sd_tree_size(t2) > 1 &&
+                  sd_tree_token(t2, 0) == text[n - 1],
+              "TLI %d: nothing drafted after %d unverified tokens: %s", tli, n - 21, g_err);
+    }
+    // verified and told: the in-process trees again
+    CHECK(extend(s, text, 30) == 0, "%s", g_err);
+    kv = kv_rows(s, 20, 10);
+    CHECK(kv && sd_drafter_tell_prompt(dr, text, 20, 10, kv, g_err, sizeof g_err) == 0, "%s", g_err);
+    free(kv);
+    CHECK(local_tree(dl, s, text, 31, t1) == 0 && sd_drafter_draft(dr, text, 31, 16, t2, g_err, sizeof g_err) == 0,
+          "%s", g_err);
+    CHECK(sd_tree_size(t1) > 1 && same_tree(t1, t2), "TLI %d: after the chain was verified, trees differ", tli);
+    // rows of positions not committed
+    float k[64 * 64], v[64 * 64];
+    CHECK(sd_session_kv_read(s, 0, 28, 4, k, v, g_err, sizeof g_err) == SD_ERR_INPUT, "uncommitted rows read");
+    CHECK(sd_session_kv_read(s, 99, 0, 1, k, v, g_err, sizeof g_err) == SD_ERR_INPUT, "a layer out of range read");
+out:
+    sd_tree_destroy(t1);
+    sd_tree_destroy(t2);
+    sd_session_free(s);
+    sd_drafter_free(dl);
+    sd_drafter_free(dr);
+    sd_head_free(h);
+}
+
+// kv (n, L, 2w) -> LSA outputs and the last N layers' rows (n, E + N 2w).
+static float *lsa_rows(sd_moa_lsa *x, const float *kv, int n, int tli) {
+    const sd_hparams *hp = &g_m->hp;
+    const int L = hp->n_layer, ekv = 2 * hp->n_head_kv * hp->head_dim, E = hp->n_embd;
+    const size_t ld = (size_t)E + (size_t)tli * ekv;
+    float *c = malloc(sizeof(float) * (size_t)n * E), *out = malloc(sizeof(float) * (size_t)n * ld);
+    if (!c || !out || sd_moa_lsa_run(x, kv, n, c, g_err, sizeof g_err) < 0) {
+        free(c);
+        free(out);
+        return NULL;
+    }
+    for (int i = 0; i < n; i++) {
+        memcpy(out + i * ld, c + (size_t)i * E, sizeof(float) * (size_t)E);
+        memcpy(out + i * ld + E, kv + ((size_t)i * L + (L - tli)) * ekv, sizeof(float) * (size_t)tli * ekv);
+    }
+    free(c);
+    return out;
+}
+
+static void test_remote_moa_lsa_outputs(void) {
+    if (!g_m) SKIP("no synthetic model: %.200s", g_err);
+    sd_head_hp hp = sd_head_default_hp(g_m, SD_HEAD_MOA);
+    hp.n_draft_vocab = NV;
+    hp.moa_tli = 1;
+    sd_head *h = NULL, *h2 = NULL;
+    CHECK(sd_head_new(&h, &hp, g_err, sizeof g_err) == 0 && sd_head_new(&h2, &hp, g_err, sizeof g_err) == 0, "%s",
+          g_err);
+    if (!h || !h2) goto done;
+    sd_head_init(h, 21);
+    sd_head_init(h2, 22);
+    CHECK(sd_head_fingerprint(h) != sd_head_fingerprint(h2) && sd_head_moa_tli(h) == 1, "fingerprints");
+    sd_moa_lsa *x = NULL;
+    CHECK(sd_moa_lsa_new(&x, h, g_m, g_err, sizeof g_err) == 0, "%s", g_err);
+    sd_drafter *dk = new_drafter_w(h, 1, SD_TYPE_Q8_0), *dl = new_drafter_w(h, 2, SD_TYPE_Q8_0);
+    sd_session *s = sc_new_session(g_m, 128, 1, g_err, sizeof g_err);
+    sd_tree *t1 = NULL, *t2 = NULL;
+    sd_tree_new(&t1, 16, NV, g_err, sizeof g_err);
+    sd_tree_new(&t2, 16, NV, g_err, sizeof g_err);
+    int32_t text[40];
+    for (int i = 0; i < 40; i++) text[i] = (int32_t)((i * 53 + 7) % NV);
+    if (x && dk && dl && s && t1 && t2 && extend(s, text, 30) == 0) {
+        for (int p0 = 0; p0 < 30; p0 += 15) {   // two tells, as rounds would
+            float *kv = kv_rows(s, p0, 15), *lr = kv ? lsa_rows(x, kv, 15, 1) : NULL;
+            CHECK(kv && lr && sd_drafter_tell_prompt(dk, text, p0, 15, kv, g_err, sizeof g_err) == 0 &&
+                      sd_drafter_tell_prompt(dl, text, p0, 15, lr, g_err, sizeof g_err) == 0,
+                  "%s", g_err);
+            free(kv);
+            free(lr);
+        }
+        CHECK(sd_drafter_draft(dk, text, 31, 16, t1, g_err, sizeof g_err) == 0 &&
+                  sd_drafter_draft(dl, text, 31, 16, t2, g_err, sizeof g_err) == 0,
+              "%s", g_err);
+        CHECK(sd_tree_size(t1) > 1 && same_tree(t1, t2), "LSA outputs: trees differ (%d vs %d nodes)",
+              sd_tree_size(t1), sd_tree_size(t2));
+    } else CHECK(0, "setup: %s", g_err);
+    sd_drafter *ng = NULL;
+    CHECK(sd_drafter_remote_lsa(ng, g_err, sizeof g_err) == SD_ERR_INPUT, "no drafter made remote");
+    sd_tree_destroy(t1);
+    sd_tree_destroy(t2);
+    sd_session_free(s);
+    sd_drafter_free(dk);
+    sd_drafter_free(dl);
+    sd_moa_lsa_free(x);
+done:
+    sd_head_free(h);
+    sd_head_free(h2);
+}
+
+static void test_remote_moa_tli0(void) {
+    if (!g_m) SKIP("no synthetic model: %.200s", g_err);
+    run(0);
+}
+
+static void test_remote_moa_tli1(void) {
+    if (!g_m) SKIP("no synthetic model: %.200s", g_err);
+    run(1);
+}
+
+int main(void) {
+    synth_params p = synth_default_params();
+    p.arch = "llama";
+    p.n_layer = 2;
+    p.n_vocab = NV;
+    g_m = sc_synth_model(&p, "remote_moa", "l", g_err, sizeof g_err);
+    T_RUN(test_remote_moa_tli0);
+    T_RUN(test_remote_moa_tli1);
+    T_RUN(test_remote_moa_lsa_outputs);
+    sd_model_free(g_m);
+    T_EXIT();
+}
