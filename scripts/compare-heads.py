@@ -3,7 +3,8 @@
 
 Runs `specdec bench` once per head and round, the heads interleaved (A, B, A,
 B, ...), on the same prompts, methods and threads, and prints one JSON
-object: for each head and method, tau, acceptance by depth and the speedup
+object: for each head, plain decoding's tokens/s in its runs, and for
+each method, tau, acceptance by depth and the speedup
 over ar measured inside the same bench run (min / median / max over the
 rounds), and the ratio of each head's speedup to the first head's within a
 round (the noise of a shared machine cancels in it). A head that does not
@@ -98,7 +99,8 @@ def main():
                 e["speedup_vs_first_head"] = spread([x["speedup"] / y[m]["speedup"]
                                                      for x, y in zip(rows, runs[0])])
             per[m] = e
-        out["heads"].append({"file": h, "methods": per})
+        out["heads"].append({"file": h, "ar_tokens_per_s": spread([run["ar"]["tokens_per_s"] for run in runs[i]]),
+                             "methods": per})
     print(json.dumps(out, indent=1))
 
 

@@ -307,23 +307,14 @@ def case_serve_killed_rank():
         except subprocess.TimeoutExpired:
             pass
 
-        def alive():
-            out = []
-            for pid in pids.values():
-                try:
-                    if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] not in "ZX":
-                        out.append(pid)
-                except OSError:
-                    pass
-            return out
-        while t0 and alive() and time.monotonic() - t0 < 30:
+        while t0 and alive(pids) and time.monotonic() - t0 < 30:
             time.sleep(0.1)
         dt = time.monotonic() - t0 if t0 else -1
         lines = [l for l in log if l.startswith("specdec:")]
         print(f"  info: every process gone {dt:.2f} s after rank 1 was killed; client saw: {errs[:1]}; "
               f"rank 0: {lines[:1]}")
-        if alive() or p.poll() is None or dt > 20:
-            bad.append(f"processes left {alive()} or mpirun still running {dt:.1f} s after the kill")
+        if alive(pids) or p.poll() is None or dt > 20:
+            bad.append(f"processes left {alive(pids)} or mpirun still running {dt:.1f} s after the kill")
         if not any("rank 1" in l and "died" in l for l in lines):
             bad.append("no message naming rank 1 from rank 0: " + " | ".join(log[-6:]))
         # without --pp-groups: 3 groups when the host has the 3 cores the ranks need (-t 1), else 1
@@ -369,16 +360,7 @@ def case_serve_root_gone():
             except subprocess.TimeoutExpired:
                 pass
 
-            def alive():
-                out = []
-                for pid in pids.values():
-                    try:
-                        if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] not in "ZX":
-                            out.append(pid)
-                    except OSError:
-                        pass
-                return out
-            while alive() and time.monotonic() - t0 < limit + 10:
+            while alive(pids) and time.monotonic() - t0 < limit + 10:
                 time.sleep(0.1)
             dt = time.monotonic() - t0
             lines = [l for l in log if l.startswith("specdec:")]
@@ -388,8 +370,8 @@ def case_serve_root_gone():
             # may see another go meanwhile) are about the same fault
             if lines and not all("died" in l or "within" in l for l in lines):
                 bad.append(f"{how}: a line about something else: {lines}")
-            if alive() or dt > limit or not lines or want not in lines[0]:
-                bad.append(f"{how}: {dt:.1f} s, left {alive()}, messages {lines[:2]}, log {log[-4:]}")
+            if alive(pids) or dt > limit or not lines or want not in lines[0]:
+                bad.append(f"{how}: {dt:.1f} s, left {alive(pids)}, messages {lines[:2]}, log {log[-4:]}")
         finally:
             for pid in pids.values():
                 try:
@@ -499,6 +481,18 @@ def case_bad_launches(tmp):
     report("mpi_bad_launches", not bad, "\n".join(bad))
 
 
+def alive(pids):
+    """The ranks of {rank: pid} whose process still runs (not a zombie, not gone)."""
+    out = []
+    for r, pid in pids.items():
+        try:
+            if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] not in "ZX":
+                out.append(r)
+        except OSError:
+            pass
+    return out
+
+
 def rank_pids(mpirun_pid):
     """{rank: pid} of mpirun's children."""
     out = {}
@@ -552,18 +546,9 @@ def case_stuck_rank(tmp):
         dt = time.monotonic() - t0
         err = err.decode(errors="replace")
         lines = [l for l in err.splitlines() if l.startswith("specdec:")]
-        def alive():
-            out = []
-            for pid in pids.values():
-                try:
-                    if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] not in "ZX":
-                        out.append(pid)
-                except OSError:
-                    pass
-            return out
-        while alive() and time.monotonic() - t0 < 30:
+        while alive(pids) and time.monotonic() - t0 < 30:
             time.sleep(0.1)
-        gone = not alive()
+        gone = not alive(pids)
         dt = time.monotonic() - t0
         print(f"  info: every process stopped {dt:.2f} s after rank 1 was stopped; message: {lines[:1]}")
         report("mpi_stuck_rank", dt < 20 and gone and len(lines) == 1 and "no answer from ranks 1..2 within 3 s" in lines[0],
@@ -608,19 +593,10 @@ def case_killed_rank(tmp):
             return
         err = err.decode(errors="replace")
 
-        def alive():
-            out = []
-            for r, pid in pids.items():
-                try:
-                    if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
-                        out.append(r)
-                except OSError:
-                    pass
-            return out
-        left = alive()
+        left = alive(pids)
         while left and time.monotonic() - t0 < 30:
             time.sleep(0.1)
-            left = alive()
+            left = alive(pids)
         dt = time.monotonic() - t0
         ok = dt < 20 and p.returncode != 0 and "rank 1" in err and not left
         print(f"  info: every process stopped {dt:.2f} s after rank 1 was killed (rc {p.returncode}); message: "

@@ -188,32 +188,20 @@ def main():
             ref2 = generate(PROMPT2, N2)
             px = Proxy(srv.port)
             state = {"cut": False}
-            cmd = [BIN, "client", "-m", files["moa-tli1"], "--server", f"http://127.0.0.1:{px.port}", "--chat", "-p",
-                   PROMPT2, "-n", str(N2), "--events", "--final-wait", "20000"]
-            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            errl = []
-            threading.Thread(target=lambda: errl.extend(p.stderr), daemon=True).start()
-            evs, count = [], 0
-            for line in p.stdout:
-                if not line.startswith("{"):
-                    continue
-                e = json.loads(line)
-                evs.append(e)
-                if "tokens" in e and "done" not in e:
-                    count += len(e["tokens"])
-                if "retract" in e:
-                    count -= e["retract"]
+
+            def cut(_p, _e, count):
                 if not state["cut"] and count >= 50:
                     state["cut"] = True
                     px.cmd("down")
                     threading.Timer(1.0, lambda: px.cmd("up")).start()
-            rc = p.wait(600)
+            rc, evs, errs = run_events(f"http://127.0.0.1:{px.port}", PROMPT2, N2, cut, "--final-wait", "20000",
+                                       model=files["moa-tli1"])
             px.stop()
             dd = evs[-1] if evs else {}
             unver = sum(len(e["tokens"]) for e in evs if "tokens" in e and "done" not in e and not e["verified"])
             report("cut_at_50_resumes", rc == 0 and dd.get("text") == ref2 and dd.get("unverified_emitted", 0) > 0 and
                    dd.get("unverified_emitted") == unver and dd.get("never_verified") == 0,
-                   f"rc {rc} cut {state['cut']} {dd} {''.join(errl)[-400:]}")
+                   f"rc {rc} cut {state['cut']} {dd} {errs[-400:]}")
     finally:
         srv.stop()
     if want("server_restarted"):
