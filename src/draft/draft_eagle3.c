@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "draft/draft_head.h"
 #include "head/eagle3.h"
 #include "model/model.h"
 
@@ -94,25 +95,6 @@ static int cut_text(e3d *s, int L, char *err, size_t errlen) {
     return 0;
 }
 
-// Distribution row over the full vocabulary from draft logits lg (V).
-static void dist_row(e3d *s, const float *lg, const int32_t *hist, int n_hist, float *row) {
-    const int32_t *d2t = s->head->d2t;
-    if (s->ctx->stochastic && s->smp) {
-        for (int v = 0; v < s->nv; v++) s->full[v] = -INFINITY;
-        for (int i = 0; i < s->V; i++) s->full[d2t[i]] = lg[i];
-        sd_sampler_probs(s->smp, s->full, hist, n_hist, row);
-        return;
-    }
-    sd_head_draft_probs(s->head, lg, row, s->nv);
-}
-
-static int node_hist(e3d *s, const sd_tree *t, int node) {
-    int n = s->ctx->n_tokens + t->depth[node];
-    memcpy(s->hist, s->ctx->tokens, sizeof(int32_t) * (size_t)s->ctx->n_tokens);
-    for (int k = n - 1, i = node; k >= s->ctx->n_tokens; k--, i = t->parent[i]) s->hist[k] = t->token[i];
-    return n;
-}
-
 static int e3_dist(void *ud, const sd_tree *t, const int32_t *nodes, int n_nodes, float *const *rows, char *err,
                    size_t errlen) {
     e3d *s = ud;
@@ -150,8 +132,8 @@ static int e3_dist(void *ud, const sd_tree *t, const int32_t *nodes, int n_nodes
         for (int j = 0; j < c; j++) {
             int node = nodes[j0 + j];
             const float *lg = node == 0 ? s->last_lg : s->lg + (size_t)map[j] * s->V;
-            int nh = s->ctx->stochastic ? node_hist(s, t, node) : 0;
-            dist_row(s, lg, s->hist, nh, rows[j0 + j]);
+            int nh = s->ctx->stochastic ? sd_draft_node_hist(s->ctx, t, node, s->hist) : 0;
+            sd_draft_head_dist(s->head, s->smp, s->ctx->stochastic, lg, s->full, s->nv, s->hist, nh, rows[j0 + j]);
             if (t->n_vocab > s->nv) memset(rows[j0 + j] + s->nv, 0, sizeof(float) * (size_t)(t->n_vocab - s->nv));
         }
     }
@@ -438,12 +420,9 @@ int sd_draft_eagle3_new(sd_drafter **out, const sd_head *h, const sd_model *targ
     *out = NULL;
     if (!h || h->hp.type != SD_HEAD_EAGLE3) return sd_err(err, errlen, "eagle3: an EAGLE-3 head is required");
     if (sd_head_check_target(h, target, err, errlen) < 0) return -1;
-    sd_draft_model_params dp = p ? *p : sd_draft_model_default_params();
-    if (dp.shape == SD_DRAFT_CHAIN && (dp.k < 1 || dp.k > 64))
-        return sd_err(err, errlen, "eagle3: chain length %d out of range 1..64", dp.k);
-    if (dp.shape == SD_DRAFT_DYNAMIC && (dp.dyn_b < 1 || dp.dyn_b > 16 || dp.dyn_d < 1 || dp.dyn_d > 16 ||
-                                         dp.dyn_m < 2 || 1 + dp.dyn_b * dp.dyn_b * dp.dyn_d > E3_TREE_MAX))
-        return sd_err(err, errlen, "eagle3: dynamic tree B=%d D=%d M=%d out of range", dp.dyn_b, dp.dyn_d, dp.dyn_m);
+    sd_draft_model_params dp;
+    int n_ctx;
+    if (sd_draft_head_params("eagle3", p, target, E3_TREE_MAX, &dp, &n_ctx, err, errlen) < 0) return -1;
     e3d *s = calloc(1, sizeof *s);
     sd_drafter *dr = s ? sd_drafter_alloc(&e3_vt, s) : NULL;
     if (!dr) {
@@ -456,7 +435,7 @@ int sd_draft_eagle3_new(sd_drafter **out, const sd_head *h, const sd_model *targ
     s->d = h->hp.n_embd;
     s->V = h->hp.n_draft_vocab;
     s->nv = target->hp.n_vocab;
-    s->n_ctx = dp.n_ctx > 0 ? dp.n_ctx : SD_MIN(target->hp.n_ctx_train > 0 ? target->hp.n_ctx_train : 4096, 4096);
+    s->n_ctx = n_ctx;
     s->p_min = dp.p_min;
     s->last_row = -1;
     s->root_pos = -1;

@@ -17,6 +17,7 @@
 
 #include "common.h"
 #include "draft/draft_auto.h"
+#include "draft/draft_head.h"
 #include "head/moa.h"
 #include "model/model.h"
 #include "runtime/session.h"
@@ -59,23 +60,6 @@ typedef struct moad {
 
 static double moa_uniform(void *st) { return sd_rng_uniform((sd_rng *)st); }
 
-static void dist_row(moad *s, const float *lg, const int32_t *hist, int n_hist, float *row) {
-    if (s->ctx->stochastic && s->smp) {
-        for (int v = 0; v < s->nv; v++) s->full[v] = -INFINITY;
-        for (int i = 0; i < s->V; i++) s->full[s->head->d2t[i]] = lg[i];
-        sd_sampler_probs(s->smp, s->full, hist, n_hist, row);
-        return;
-    }
-    sd_head_draft_probs(s->head, lg, row, s->nv);
-}
-
-static int node_hist(moad *s, const sd_tree *t, int node) {
-    int n = s->ctx->n_tokens + t->depth[node];
-    memcpy(s->hist, s->ctx->tokens, sizeof(int32_t) * (size_t)s->ctx->n_tokens);
-    for (int k = n - 1, i = node; k >= s->ctx->n_tokens; k--, i = t->parent[i]) s->hist[k] = t->token[i];
-    return n;
-}
-
 static int moa_dist(void *ud, const sd_tree *t, const int32_t *nodes, int n_nodes, float *const *rows, char *err,
                     size_t errlen) {
     moad *s = ud;
@@ -98,8 +82,9 @@ static int moa_dist(void *ud, const sd_tree *t, const int32_t *nodes, int n_node
         for (int j = 0; j < c; j++) {
             const int node = nodes[j0 + j];
             s->slot[node] = slot0 + j;
-            const int nh = s->ctx->stochastic ? node_hist(s, t, node) : 0;
-            dist_row(s, s->lg + (size_t)j * s->V, s->hist, nh, rows[j0 + j]);
+            const int nh = s->ctx->stochastic ? sd_draft_node_hist(s->ctx, t, node, s->hist) : 0;
+            sd_draft_head_dist(s->head, s->smp, s->ctx->stochastic, s->lg + (size_t)j * s->V, s->full, s->nv, s->hist,
+                               nh, rows[j0 + j]);
             if (t->n_vocab > s->nv) memset(rows[j0 + j] + s->nv, 0, sizeof(float) * (size_t)(t->n_vocab - s->nv));
         }
     }
@@ -365,12 +350,9 @@ int sd_draft_moa_new(sd_drafter **out, const sd_head *h, const sd_model *target,
     *out = NULL;
     if (!h || h->hp.type != SD_HEAD_MOA) return sd_err(err, errlen, "moa: an MoA drafter file is required");
     if (sd_head_check_target(h, target, err, errlen) < 0) return -1;
-    sd_draft_model_params dp = p ? *p : sd_draft_model_default_params();
-    if (dp.shape == SD_DRAFT_CHAIN && (dp.k < 1 || dp.k > 64))
-        return sd_err(err, errlen, "moa: chain length %d out of range 1..64", dp.k);
-    if (dp.shape == SD_DRAFT_DYNAMIC && (dp.dyn_b < 1 || dp.dyn_b > 16 || dp.dyn_d < 1 || dp.dyn_d > 16 ||
-                                         dp.dyn_m < 2 || 1 + dp.dyn_b * dp.dyn_b * dp.dyn_d > MOA_TREE_MAX))
-        return sd_err(err, errlen, "moa: dynamic tree B=%d D=%d M=%d out of range", dp.dyn_b, dp.dyn_d, dp.dyn_m);
+    sd_draft_model_params dp;
+    int n_ctx;
+    if (sd_draft_head_params("moa", p, target, MOA_TREE_MAX, &dp, &n_ctx, err, errlen) < 0) return -1;
     moad *s = calloc(1, sizeof *s);
     sd_drafter *dr = s ? sd_drafter_alloc(&moa_vt, s) : NULL;
     if (!dr) {
@@ -385,7 +367,7 @@ int sd_draft_moa_new(sd_drafter **out, const sd_head *h, const sd_model *target,
     s->nv = target->hp.n_vocab;
     s->L = target->hp.n_layer;
     s->ekv = h->hp.moa_kv_width;
-    s->n_ctx = dp.n_ctx > 0 ? dp.n_ctx : SD_MIN(target->hp.n_ctx_train > 0 ? target->hp.n_ctx_train : 4096, 4096);
+    s->n_ctx = n_ctx;
     s->p_min = dp.p_min;
     s->root_pos = -1;
     s->root_parent = -1;
