@@ -222,17 +222,6 @@ static void rope(float *v, int n_heads, int hd, int pos, const float *freq) {
     }
 }
 
-// Attention of one row (its q, slot's own k/v already in the pending arrays).
-// a . b over n floats, in SD_VW lanes
-static inline float dot_lanes(const float *a, const float *b, int n) {
-    vf acc = vf_zero();
-    int t = 0;
-    for (; t + SD_VW <= n; t += SD_VW) acc = vf_fma(vf_load(a + t), vf_load(b + t), acc);
-    float s = vf_hsum(acc);
-    for (; t < n; t++) s += a[t] * b[t];
-    return s;
-}
-
 // Attention of one head h of the row in pending slot `slot` (query q, output
 // out: that row's), scores in sc.
 static void attend_head(const sd_e3 *e, const float *q, int slot, int h, float *out, float *sc) {
@@ -246,7 +235,7 @@ static void attend_head(const sd_e3 *e, const float *q, int slot, int h, float *
     float mx = -INFINITY;
     for (int j = 0; j < nk; j++) {
         const float *kr = j < e->n_cached ? e->kc + (size_t)j * kd : e->kp + (size_t)chain[nk - 1 - j] * kd;
-        float s = dot_lanes(qh, kr + (size_t)kh * hd, hd) * scale;
+        float s = vf_dot(qh, kr + (size_t)kh * hd, hd) * scale;
         sc[j] = s;
         mx = s > mx ? s : mx;
     }

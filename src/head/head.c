@@ -33,7 +33,7 @@ sd_head_hp sd_head_default_hp(const sd_model *m, int type) {
     return hp;
 }
 
-static void add_t(sd_head *h, const char *name, int64_t ne0, int64_t ne1, int is_norm, size_t *off) {
+void sd_head_add_tensor(sd_head *h, const char *name, int64_t ne0, int64_t ne1, int is_norm, size_t *off) {
     sd_head_tensor *t = &h->t[h->n_t++];
     snprintf(t->name, sizeof t->name, "%s", name);
     t->ne0 = ne0;
@@ -103,28 +103,28 @@ int sd_head_new(sd_head **out, const sd_head_hp *hp, char *err, size_t errlen) {
         sd_moa_build_table(h, &off);
     } else if (hp->type == SD_HEAD_EAGLE3) {
         const int64_t qd = (int64_t)hp->n_head * hp->head_dim, kd = (int64_t)hp->n_head_kv * hp->head_dim;
-        add_t(h, "fc.weight", 3 * d, d, 0, &off);
-        add_t(h, "blk.0.attn_norm.weight", d, 1, 1, &off);
-        add_t(h, "blk.0.attn_norm_2.weight", d, 1, 1, &off);   // llama.cpp's name (files before 2026-11-28: blk.0.hidden_norm.weight)
-        add_t(h, "blk.0.attn_q.weight", 2 * d, qd, 0, &off);
-        add_t(h, "blk.0.attn_k.weight", 2 * d, kd, 0, &off);
-        add_t(h, "blk.0.attn_v.weight", 2 * d, kd, 0, &off);
-        add_t(h, "blk.0.attn_output.weight", qd, d, 0, &off);
-        add_t(h, "blk.0.ffn_norm.weight", d, 1, 1, &off);
-        add_t(h, "blk.0.ffn_gate.weight", d, hp->n_ff, 0, &off);
-        add_t(h, "blk.0.ffn_up.weight", d, hp->n_ff, 0, &off);
-        add_t(h, "blk.0.ffn_down.weight", hp->n_ff, d, 0, &off);
-        add_t(h, "output_norm.weight", d, 1, 1, &off);
-        add_t(h, "output.weight", d, V, 0, &off);
+        sd_head_add_tensor(h, "fc.weight", 3 * d, d, 0, &off);
+        sd_head_add_tensor(h, "blk.0.attn_norm.weight", d, 1, 1, &off);
+        sd_head_add_tensor(h, "blk.0.attn_norm_2.weight", d, 1, 1, &off);   // llama.cpp's name (files before 2026-11-28: blk.0.hidden_norm.weight)
+        sd_head_add_tensor(h, "blk.0.attn_q.weight", 2 * d, qd, 0, &off);
+        sd_head_add_tensor(h, "blk.0.attn_k.weight", 2 * d, kd, 0, &off);
+        sd_head_add_tensor(h, "blk.0.attn_v.weight", 2 * d, kd, 0, &off);
+        sd_head_add_tensor(h, "blk.0.attn_output.weight", qd, d, 0, &off);
+        sd_head_add_tensor(h, "blk.0.ffn_norm.weight", d, 1, 1, &off);
+        sd_head_add_tensor(h, "blk.0.ffn_gate.weight", d, hp->n_ff, 0, &off);
+        sd_head_add_tensor(h, "blk.0.ffn_up.weight", d, hp->n_ff, 0, &off);
+        sd_head_add_tensor(h, "blk.0.ffn_down.weight", hp->n_ff, d, 0, &off);
+        sd_head_add_tensor(h, "output_norm.weight", d, 1, 1, &off);
+        sd_head_add_tensor(h, "output.weight", d, V, 0, &off);
     } else {
         char nm[48];
         for (int k = 0; k < hp->n_medusa; k++) {
             snprintf(nm, sizeof nm, "medusa.%d.fc.weight", k);
-            add_t(h, nm, d, d, 0, &off);
+            sd_head_add_tensor(h, nm, d, d, 0, &off);
             snprintf(nm, sizeof nm, "medusa.%d.fc.bias", k);
-            add_t(h, nm, d, 1, 0, &off);
+            sd_head_add_tensor(h, nm, d, 1, 0, &off);
             snprintf(nm, sizeof nm, "medusa.%d.output.weight", k);
-            add_t(h, nm, d, V, 0, &off);
+            sd_head_add_tensor(h, nm, d, V, 0, &off);
         }
     }
     h->n_w = off;

@@ -114,6 +114,11 @@ int sd_head_set_vocab(sd_head *h, const int32_t *ids, int n, char *err, size_t e
 // (>= target_n_vocab) floats.
 void sd_head_draft_probs(const sd_head *h, const float *lg, float *row, int n_row);
 
+// Appends tensor `name` (ne0 x ne1 floats; is_norm: a norm gain or bias, kept
+// f32) to h's layout at *off (in floats), and moves *off past it, each tensor
+// 64-byte aligned. For the layouts of every head type (head.c, moa.c).
+void sd_head_add_tensor(sd_head *h, const char *name, int64_t ne0, int64_t ne1, int is_norm, size_t *off);
+
 // Fingerprint of a target's vocabulary: FNV-1a 64 over every token's text
 // and its length, in id order.
 uint64_t sd_head_vocab_hash(const sd_model *m);

@@ -49,16 +49,6 @@ int sd_moa_check_hp(const sd_head_hp *hp, char *err, size_t errlen) {
     return 0;
 }
 
-static void add_t(sd_head *h, const char *name, int64_t ne0, int64_t ne1, int is_norm, size_t *off) {
-    sd_head_tensor *t = &h->t[h->n_t++];
-    snprintf(t->name, sizeof t->name, "%s", name);
-    t->ne0 = ne0;
-    t->ne1 = ne1;
-    t->is_norm = is_norm;
-    t->off = *off;
-    *off += (size_t)((ne0 * ne1 + 15) / 16 * 16);   // each tensor 64-byte aligned
-}
-
 // One pre-norm decoder layer of width w reading kv_in for K and V.
 static void add_layer(sd_head *h, const char *pfx, int64_t w, int nh, int nkv, int hd, int nff, size_t *off) {
     static const char *nm[SD_MOA_PER_LAYER] = {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
@@ -69,7 +59,7 @@ static void add_layer(sd_head *h, const char *pfx, int64_t w, int nh, int nkv, i
     char name[48];
     for (int i = 0; i < SD_MOA_PER_LAYER; i++) {
         snprintf(name, sizeof name, "%s.%s.weight", pfx, nm[i]);
-        add_t(h, name, shape[i][0], shape[i][1], i == SD_MOA_ATTN_NORM || i == SD_MOA_FFN_NORM, off);
+        sd_head_add_tensor(h, name, shape[i][0], shape[i][1], i == SD_MOA_ATTN_NORM || i == SD_MOA_FFN_NORM, off);
     }
 }
 
@@ -78,8 +68,8 @@ void sd_moa_build_table(sd_head *h, size_t *off) {
     const int64_t E = hp->n_embd, ekv = hp->moa_kv_width;
     add_layer(h, "sa", E, hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_ff, off);
     add_layer(h, "ca", E, hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_ff, off);
-    add_t(h, "lsa.proj.weight", ekv, E, 0, off);
-    add_t(h, "lsa.proj.bias", E, 1, 0, off);
+    sd_head_add_tensor(h, "lsa.proj.weight", ekv, E, 0, off);
+    sd_head_add_tensor(h, "lsa.proj.bias", E, 1, 0, off);
     if (!hp->moa_no_lsa)
         add_layer(h, "lsa", ekv, hp->moa_lsa_n_head, hp->moa_lsa_n_head_kv, hp->moa_lsa_head_dim, hp->moa_lsa_n_ff,
                   off);

@@ -288,15 +288,6 @@ static void rms(float *out, const float *x, const float *w, int n, float eps) {
     for (int i = 0; i < n; i++) out[i] = x[i] * sc * w[i];
 }
 
-static inline float dot(const float *a, const float *b, int n) {
-    vf acc = vf_zero();
-    int t = 0;
-    for (; t + SD_VW <= n; t += SD_VW) acc = vf_fma(vf_load(a + t), vf_load(b + t), acc);
-    float s = vf_hsum(acc);
-    for (; t < n; t++) s += a[t] * b[t];
-    return s;
-}
-
 // One query row q (nh heads of hd) over keys: na contiguous rows ka/va
 // (stride ld, a row's KV head g at g*hd), then nb rows at slots chain[] of
 // kb/vb (same stride). out (nh*hd); sc scratch (na + nb).
@@ -310,7 +301,7 @@ static void attend(const float *q, int nh, int nkv, int hd, const float *ka, con
         float mx = -INFINITY;
         for (int j = 0; j < nk; j++) {
             const float *kr = j < na ? ka + (size_t)j * ld : kb + (size_t)chain[j - na] * ld;
-            sc[j] = dot(qh, kr + (size_t)g * hd, hd) * scale;
+            sc[j] = vf_dot(qh, kr + (size_t)g * hd, hd) * scale;
             mx = sc[j] > mx ? sc[j] : mx;
         }
         double sum = 0.0;

@@ -84,6 +84,16 @@ typedef float vf;
 #endif
 // (vf_rot_pairs needs SD_VW >= 2: callers keep a scalar loop for SD_VW 1.)
 
+// a . b over n floats: SD_VW lanes of fused multiply-adds, then the tail in order.
+static inline float vf_dot(const float *a, const float *b, int n) {
+    vf acc = vf_zero();
+    int t = 0;
+    for (; t + SD_VW <= n; t += SD_VW) acc = vf_fma(vf_load(a + t), vf_load(b + t), acc);
+    float s = vf_hsum(acc);
+    for (; t < n; t++) s += a[t] * b[t];
+    return s;
+}
+
 // exp(x), lane-wise: range reduction to r in [-ln2/2, ln2/2], a degree-6
 // polynomial, the scaling by 2^n through the exponent bits. Relative error
 // about 2e-7; inputs below -87.3 (and -inf) give 0.
