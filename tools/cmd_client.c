@@ -12,7 +12,7 @@
 #include "cli_head.h"
 #include "cli_opts.h"
 #include "client/client.h"
-#include "client/text.h"
+#include "stoptext.h"
 #include "utf8.h"
 
 typedef struct out_state {
@@ -120,7 +120,7 @@ static double pct(double *v, long n, double q) {
 int cmd_client(int argc, char **argv) {
     const char *model_path = NULL, *head_spec = NULL, *prompt = NULL, *system = NULL, *method = NULL;
     int chat = 0, json = 0, events = 0, verbose = 0, n_threads = 1, no_states = 0, lsa_server = 0;
-    const char *temp_given = NULL, *private_text = NULL, *stops[CL_MAX_STOP];
+    const char *temp_given = NULL, *private_text = NULL, *stops[TX_MAX_STOP];
     int n_stops = 0;
     cl_opts co = {.sp = sd_sampler_default_params(), .timeout_ms = 3000, .n_predict = 256, .max_nodes = 16, .offline_depth = 4, .retry_ms = 250,
                   .final_wait_ms = 3000, .states = 1};
@@ -141,7 +141,7 @@ int cmd_client(int argc, char **argv) {
                  "is the target's answer to the prompt alone; the private text only steers the drafts (speed), "
                  "never the text (docs/split.md)"},
         {"--chat", NULL, CLI_FLAG, &chat, .help = "wrap the prompt in the model's chat template"},
-        {"--stop", NULL, CLI_LIST, stops, .max = CL_MAX_STOP, .count = &n_stops, .meta = "TEXT", .what = "stop strings",
+        {"--stop", NULL, CLI_LIST, stops, .max = TX_MAX_STOP, .count = &n_stops, .meta = "TEXT", .what = "stop strings",
          .help = "end the text where TEXT first appears in the verified text (repeatable; the server stops there "
                  "too): nothing from it on is printed"},
         {"--system", NULL, CLI_STRING, &system, .meta = "TEXT", .help = "--chat: the system message"},
@@ -294,7 +294,7 @@ int cmd_client(int argc, char **argv) {
         goto out;
     }
     out_state os = {.tok = sd_model_tokenizer(m), .events = events, .json = json, .tty = isatty(1)};
-    const cl_sink sink = {&os, on_emit, on_emit_part, on_retract, on_note};
+    const tx_sink sink = {&os, on_emit, on_emit_part, on_retract, on_note};
     if (cl_client_run(c, ids, n, n_priv, &sink, &st, err, sizeof err) < 0) {
         if (!json && !events) fputc('\n', stdout);
         cli_error("client: %s", err);

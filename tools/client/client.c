@@ -10,7 +10,7 @@
 // the unverified tokens as chains: what the target agrees with is kept, the
 // rest replaced by its tokens.
 #include "client/client.h"
-#include "client/text.h"
+#include "stoptext.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -51,14 +51,14 @@ struct cl_client {
     int16_t ppar[MAX_NODES];
     int pn;
     int online, finished;
-    const cl_sink *sink;
+    const tx_sink *sink;
     cl_stats *s;
     float *rowbuf;       // (MAX_NODES, d) fused rows
     int n_layer, kvd;    // kv (MoA): the target's layers and K (or V) width; a position's rows (n_layer, 2 kvd)
     float *kvbuf;        // (MAX_NODES, n_layer, 2 kvd) K,V rows
     double t0;
     double stuck_since;  // offline with nothing to draft since (ms), 0: not stuck
-    cl_text *tx;         // the text's bytes, stop strings, what was emitted (text.h)
+    tx_text *tx;         // the text's bytes, stop strings, what was emitted (text.h)
     int offline_end;     // the text was ended offline (an end token, a stop string in unverified text)
     int sampled;         // drafts are the drafter's samples under the target's race noise (sd_drafter_draft_sampled)
 };
@@ -105,7 +105,7 @@ int cl_client_new(cl_client **out, const cl_opts *o, const sd_model *model, sd_d
     c->st_ok = calloc((size_t)c->n_ctx, 1);
     c->rowbuf = malloc(sizeof(float) * MAX_NODES * (size_t)c->d_embd);
     if (!c->text || !c->st || !c->st_ok || !c->rowbuf ||
-        cl_text_new(&c->tx, c->tok, c->n_ctx, o->stop, o->n_stop, err, errlen) < 0 ||
+        tx_text_new(&c->tx, c->tok, c->n_ctx, o->stop, o->n_stop, err, errlen) < 0 ||
         sd_tree_new(&c->tree, MAX_NODES, c->n_vocab, err, errlen) < 0 ||
         cl_net_new(&c->net, o->server, o->timeout_ms, o->api_key, err, errlen) < 0) {
         if (!err[0]) snprintf(err, errlen, "out of memory");
@@ -119,7 +119,7 @@ int cl_client_new(cl_client **out, const cl_opts *o, const sd_model *model, sd_d
 void cl_client_free(cl_client *c) {
     if (!c) return;
     cl_net_free(c->net);
-    cl_text_free(c->tx);
+    tx_text_free(c->tx);
     sd_tree_destroy(c->tree);
     free(c->text);
     free(c->st);
@@ -144,10 +144,10 @@ static void count_net(cl_client *c) {
 // After the text grew: emits what is safe (all with final); a stop string
 // ends the text after the token completing it.
 static void after_change(cl_client *c, int final) {
-    const int out0 = cl_text_n_out(c->tx);
+    const int out0 = tx_text_n_out(c->tx);
     int stopped = 0;
-    const int keep = cl_text_sync(c->tx, c->text, c->n_text, c->nv, final, c->sink, &stopped);
-    if (cl_text_n_out(c->tx) > out0 && c->s->ttft_ms <= 0) c->s->ttft_ms = now_ms() - c->t0;
+    const int keep = tx_text_sync(c->tx, c->text, c->n_text, c->nv, final, c->sink, &stopped);
+    if (tx_text_n_out(c->tx) > out0 && c->s->ttft_ms <= 0) c->s->ttft_ms = now_ms() - c->t0;
     if (!stopped) return;
     c->n_text = keep;
     if (c->nv > keep) c->nv = keep;
@@ -160,7 +160,7 @@ static void after_change(cl_client *c, int final) {
 static void cut_to(cl_client *c, int n, const char *why) {
     c->n_text = n;
     if (c->nv > n) c->nv = n;
-    cl_text_cut(c->tx, n, why, c->sink);
+    tx_text_cut(c->tx, n, why, c->sink);
 }
 
 static int gen_left(const cl_client *c) { return c->o.n_predict - (c->n_text - c->n_prompt); }
@@ -622,7 +622,7 @@ static int offline_step(cl_client *c, char *err, size_t errlen) {
 }
 
 
-int cl_client_run(cl_client *c, const int32_t *prompt, int n_prompt, int n_private, const cl_sink *sink, cl_stats *st,
+int cl_client_run(cl_client *c, const int32_t *prompt, int n_prompt, int n_private, const tx_sink *sink, cl_stats *st,
                   char *err, size_t errlen) {
     memset(st, 0, sizeof *st);
     snprintf(st->finish, sizeof st->finish, "length");
@@ -635,7 +635,7 @@ int cl_client_run(cl_client *c, const int32_t *prompt, int n_prompt, int n_priva
                         c->o.n_predict, c->n_ctx), -1;
     memcpy(c->text, prompt, sizeof(int32_t) * (size_t)n_prompt);
     c->n_text = c->n_prompt = n_prompt;
-    cl_text_reset(c->tx, n_prompt);
+    tx_text_reset(c->tx, n_prompt);
     c->offline_end = 0;
     c->n_priv = n_private >= 0 && n_private < n_prompt ? n_private : 0;
     c->nv = 0;
@@ -695,7 +695,7 @@ int cl_client_run(cl_client *c, const int32_t *prompt, int n_prompt, int n_priva
     if (c->n_text - c->n_prompt > c->o.n_predict)   // a step past -n: cut (never emitted: nothing to retract)
         cut_to(c, c->n_prompt + c->o.n_predict, "past -n");
     after_change(c, 1);   // what was held back for a stop string that never came
-    st->stop_bytes = cl_text_stop_bytes(c->tx);
+    st->stop_bytes = tx_text_stop_bytes(c->tx);
     st->never_verified = c->n_text - c->nv;
     st->n_generated = c->n_text - c->n_prompt;
     if (c->online && c->id[0]) {   // done with it: the server frees it

@@ -10,6 +10,7 @@
 #include "specdec.h"
 #include "specdec_spec.h"
 #include "client/net.h"
+#include "stoptext.h"
 
 typedef struct cl_opts {
     const char *server;      // http://HOST:PORT
@@ -31,18 +32,6 @@ typedef struct cl_opts {
     const char *const *stop; // (n_stop) stop strings (--stop): the text ends where the first one starts
     int n_stop;
 } cl_opts;
-
-// How the text comes out, in order. The text is the concatenation of every
-// emit (and emit_part), less what each retract takes back (from its end,
-// counted in emitted tokens).
-typedef struct cl_sink {
-    void *user;
-    void (*emit)(void *user, const int32_t *tokens, int n, int verified);
-    // the last token's text only up to n_bytes: a stop string starts there (nothing follows)
-    void (*emit_part)(void *user, int32_t token, int n_bytes, int verified);
-    void (*retract)(void *user, int n_tokens, const char *why);   // the last n tokens were replaced
-    void (*note)(void *user, const char *line);                   // a line for the user (stderr)
-} cl_sink;
 
 typedef struct cl_stats {
     int n_prompt;
@@ -78,7 +67,7 @@ void cl_client_free(cl_client *c);
 // private: the drafter reads it, the server never receives it (its
 // generation starts at prompt[n_private]). 0, or -1 with a message (the
 // server refused the prompt, or could not be reached to open it).
-int cl_client_run(cl_client *c, const int32_t *prompt, int n_prompt, int n_private, const cl_sink *sink, cl_stats *st,
+int cl_client_run(cl_client *c, const int32_t *prompt, int n_prompt, int n_private, const tx_sink *sink, cl_stats *st,
                   char *err, size_t errlen);
 // The final text's tokens (prompt excluded).
 const int32_t *cl_client_tokens(const cl_client *c, int *n);

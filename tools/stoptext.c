@@ -1,15 +1,14 @@
-// text.c - the client's text, stop strings and emission (text.h).
-#include "client/text.h"
+// stoptext.c - a generated text, its stop strings and what was emitted (stoptext.h).
+#include "stoptext.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "client/client.h"
 
-struct cl_text {
+struct tx_text {
     const sd_tokenizer *tok;
-    char *stop[CL_MAX_STOP];
+    char *stop[TX_MAX_STOP];
     int n_stop, max_stop;
     int n_prompt;
     char *tb;          // (tb_len) the bytes of text[n_prompt .. n_dec)
@@ -24,11 +23,11 @@ struct cl_text {
     int stop_done;     // the text up to the match was emitted (nothing more will be)
 };
 
-int cl_text_new(cl_text **out, const sd_tokenizer *tok, int n_ctx, const char *const *stops, int n_stop, char *err,
+int tx_text_new(tx_text **out, const sd_tokenizer *tok, int n_ctx, const char *const *stops, int n_stop, char *err,
                 size_t errlen) {
     *out = NULL;
-    if (n_stop > CL_MAX_STOP) return snprintf(err, errlen, "at most %d stop strings, got %d", CL_MAX_STOP, n_stop), -1;
-    cl_text *t = calloc(1, sizeof *t);
+    if (n_stop > TX_MAX_STOP) return snprintf(err, errlen, "at most %d stop strings, got %d", TX_MAX_STOP, n_stop), -1;
+    tx_text *t = calloc(1, sizeof *t);
     if (!t || !(t->tend = malloc(sizeof(size_t) * (size_t)n_ctx))) {
         free(t);
         return snprintf(err, errlen, "out of memory"), -1;
@@ -38,23 +37,23 @@ int cl_text_new(cl_text **out, const sd_tokenizer *tok, int n_ctx, const char *c
     for (int i = 0; i < n_stop; i++) {
         size_t L = strlen(stops[i]);
         if (L == 0) continue;
-        if (L > CL_STOP_MAX_LEN) {
-            cl_text_free(t);
-            return snprintf(err, errlen, "--stop: at most %d bytes a string, got %zu", CL_STOP_MAX_LEN, L), -1;
+        if (L > TX_STOP_MAX_LEN) {
+            tx_text_free(t);
+            return snprintf(err, errlen, "--stop: at most %d bytes a string, got %zu", TX_STOP_MAX_LEN, L), -1;
         }
         if (!(t->stop[t->n_stop] = strdup(stops[i]))) {
-            cl_text_free(t);
+            tx_text_free(t);
             return snprintf(err, errlen, "out of memory"), -1;
         }
         if ((int)L > t->max_stop) t->max_stop = (int)L;
         t->n_stop++;
     }
-    cl_text_reset(t, 0);
+    tx_text_reset(t, 0);
     *out = t;
     return 0;
 }
 
-void cl_text_free(cl_text *t) {
+void tx_text_free(tx_text *t) {
     if (!t) return;
     for (int i = 0; i < t->n_stop; i++) free(t->stop[i]);
     free(t->tb);
@@ -62,7 +61,7 @@ void cl_text_free(cl_text *t) {
     free(t);
 }
 
-void cl_text_reset(cl_text *t, int n_prompt) {
+void tx_text_reset(tx_text *t, int n_prompt) {
     t->n_prompt = t->n_dec = t->n_out = n_prompt;
     t->tb_len = t->searched = 0;
     t->stop_p = -1;
@@ -70,12 +69,12 @@ void cl_text_reset(cl_text *t, int n_prompt) {
     t->stop_done = 0;
 }
 
-int cl_text_n_out(const cl_text *t) { return t->n_out; }
-long cl_text_stop_bytes(const cl_text *t) { return t->stop_p; }
+int tx_text_n_out(const tx_text *t) { return t->n_out; }
+long tx_text_stop_bytes(const tx_text *t) { return t->stop_p; }
 
-static size_t start_of(const cl_text *t, int i) { return i > t->n_prompt ? t->tend[i - 1] : 0; }
+static size_t start_of(const tx_text *t, int i) { return i > t->n_prompt ? t->tend[i - 1] : 0; }
 
-void cl_text_cut(cl_text *t, int n, const char *why, const cl_sink *sink) {
+void tx_text_cut(tx_text *t, int n, const char *why, const tx_sink *sink) {
     if (n < t->n_prompt) n = t->n_prompt;
     if (t->n_out > n) {
         if (sink && sink->retract) sink->retract(sink->user, t->n_out - n, why);
@@ -90,7 +89,7 @@ void cl_text_cut(cl_text *t, int n, const char *why, const cl_sink *sink) {
 }
 
 // Bytes at the end of tb that begin some stop string (the next token may complete it).
-static size_t hold(const cl_text *t) {
+static size_t hold(const tx_text *t) {
     size_t h = 0;
     for (int i = 0; i < t->n_stop; i++) {
         size_t L = strlen(t->stop[i]);
@@ -104,7 +103,7 @@ static size_t hold(const cl_text *t) {
 }
 
 // The earliest match starting at or after from: its start (end in *end), or -1.
-static long find(const cl_text *t, size_t from, size_t *end) {
+static long find(const tx_text *t, size_t from, size_t *end) {
     long best = -1;
     for (int i = 0; i < t->n_stop; i++) {
         size_t L = strlen(t->stop[i]);
@@ -119,7 +118,7 @@ static long find(const cl_text *t, size_t from, size_t *end) {
     return best;
 }
 
-static void emit(const int32_t *text, int a, int b, int nv, const cl_sink *sink) {
+static void emit(const int32_t *text, int a, int b, int nv, const tx_sink *sink) {
     while (a < b) {   // runs of verified and unverified tokens
         const int v = a < nv, e = v ? (b < nv ? b : nv) : b;
         if (sink && sink->emit) sink->emit(sink->user, text + a, e - a, v);
@@ -127,10 +126,10 @@ static void emit(const int32_t *text, int a, int b, int nv, const cl_sink *sink)
     }
 }
 
-int cl_text_sync(cl_text *t, const int32_t *text, int n, int nv, int final, const cl_sink *sink, int *stopped) {
+int tx_text_sync(tx_text *t, const int32_t *text, int n, int nv, int final, const tx_sink *sink, int *stopped) {
     *stopped = 0;
     if (n > t->n_ctx) n = t->n_ctx;
-    if (n < t->n_dec) cl_text_cut(t, n, "the text was cut", sink);
+    if (n < t->n_dec) tx_text_cut(t, n, "the text was cut", sink);
     char piece[256];
     for (; t->n_dec < n; t->n_dec++) {
         int k = sd_token_to_piece(t->tok, text[t->n_dec], 0, piece, sizeof piece);
