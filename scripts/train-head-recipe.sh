@@ -3,7 +3,7 @@
 # the training corpus, the mix the head was trained on, and the train-head
 # command, each step resumable (rerun the script after an interruption).
 #
-#   bash scripts/train-head-recipe.sh smollm2|smollm2-v1|smollm2-v3|qwen|qwen-sd [WORK_DIR]
+#   bash scripts/train-head-recipe.sh smollm2|smollm2-v1|smollm2-v3|qwen|qwen-sd|qwen-own|qwen-05b [WORK_DIR]
 #
 # smollm2 (SmolLM2-135M-Instruct, the shipped head) has two stages:
 # smollm2-v1 (session 11's head: the corpus's first 543 conversations
@@ -29,6 +29,11 @@
 # answers take 1-1.5 hours; the step resumes; SD_PROMPTS, default 688, is
 # how many prompts it answers) in data/qwen-sd, with a share of
 # standard-library code. Writes WORK_DIR/Qwen2.5-Coder-1.5B-Instruct.eagle3-sd.gguf.
+# qwen-own and qwen-05b (issue 29's comparison, not shipped) fine-tune the
+# shipped Qwen head on the answers to the corpus's first 640 prompts written
+# by the 1.5B target itself (data/qwen15) or by the 0.5B model (data/qwen05),
+# the 1.5B model's distribution as the labels either way; the answers come
+# from data/corpus/qwen2.5-coder-{1.5b,0.5b} when committed.
 # WORK_DIR (default data/smollm2-ft for smollm2, data/ for smollm2-v1,
 # data/qwen for qwen, data/qwen-sd/ft for qwen-sd) holds the mix, the feature
 # cache and the checkpoint; the corpus is data/train (CORPUS to move it); the
@@ -101,8 +106,28 @@ qwen-sd)
     prompts=400 tokens="${TOKENS:-300000}" lr="${LR:-5e-4}" ff="${FF:-3072}" batch=4
     init=(--init "${INIT:-heads/Qwen2.5-Coder-1.5B-Instruct.eagle3.gguf}")
     ;;
+qwen-own|qwen-05b)
+    # issue 29's question: do answers written by the 0.5B model, labelled by
+    # the 1.5B target through teacher forcing, train its head as well as the
+    # 1.5B model's own answers? Both fine-tune the shipped head on the answers
+    # to the same first 640 prompts of the corpus (conversations only), the
+    # same positions and options; only the writer differs.
+    model=models/Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf
+    if [ "$which" = qwen-own ]; then
+        writer=$model answers=data/qwen15 shards=data/corpus/qwen2.5-coder-1.5b
+    else
+        writer=models/Qwen2.5-Coder-0.5B-Instruct-AWQ.Q4_K_M.gguf answers=data/qwen05
+        shards=data/corpus/qwen2.5-coder-0.5b
+    fi
+    work="${2:-data/$which}"
+    out="$work/Qwen2.5-Coder-1.5B-Instruct.eagle3-$which.gguf"
+    sd_prompts=640 sd_parallel=16
+    mixes=("mix.jsonl 0 640 none:1:0:0")
+    prompts=400 tokens="${TOKENS:-160000}" lr="${LR:-5e-4}" ff="${FF:-3072}" batch=4
+    init=(--init "${INIT:-heads/Qwen2.5-Coder-1.5B-Instruct.eagle3.gguf}")
+    ;;
 *)
-    echo "usage: $0 smollm2|smollm2-v1|smollm2-v3|qwen|qwen-sd [WORK_DIR]" >&2
+    echo "usage: $0 smollm2|smollm2-v1|smollm2-v3|qwen|qwen-sd|qwen-own|qwen-05b [WORK_DIR]" >&2
     exit 1
     ;;
 esac
@@ -123,12 +148,17 @@ python3 scripts/make-train-data.py --model models/SmolLM2-135M-Instruct.Q4_1.ggu
     --max-prompts "$prompts" --parallel 4 --max-tokens 256
 
 # 1b. qwen-sd: the corpus's first 688 prompts answered by the target itself
-#     (resumable; session 17 had 682 of them, the other 6 timed out).
+#     (resumable; session 17 had 682 of them, the other 6 timed out);
+#     qwen-own / qwen-05b: the first 640, by the target or the 0.5B model,
+#     starting from the answers committed in data/corpus/ when there are any.
 if [ "$answers" != "$corpus" ]; then
     mkdir -p "$answers"
     [ -f "$answers/prompts.jsonl" ] || head -n 3000 "$corpus/prompts.jsonl" >"$answers/prompts.jsonl"
-    python3 scripts/make-train-data.py --model "$model" --out "$answers" --stages b --offline \
-        --max-prompts "${SD_PROMPTS:-688}" --parallel 8 --max-tokens 256 --progress 60
+    [ -n "${shards:-}" ] && [ -f "$shards/manifest.json" ] && \
+        python3 scripts/corpus-shards.py unpack --dir "$shards" --out "$answers"
+    python3 scripts/make-train-data.py --model "${writer:-$model}" --out "$answers" --stages b --offline \
+        --max-prompts "${SD_PROMPTS:-${sd_prompts:-688}}" --parallel "${sd_parallel:-8}" --max-tokens 256 \
+        --progress 60
 fi
 
 # 2. The mixes. Each: answered conversations [FROM, TO) of chat.jsonl, then
