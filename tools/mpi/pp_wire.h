@@ -36,7 +36,11 @@ enum pp_type { PP_FWD = 1, PP_OPS = 2, PP_QUIT = 3, PP_ERR = 4, PP_SETUP = 5, PP
 #define PP_MAX_GROUP 256
 // PP_PING: a forward's message that every rank passes on without computing (--pp-stats
 // times the ring's transport alone with it)
-enum pp_op { PP_OP_COMMIT = 1, PP_OP_COMMIT_ALL = 2, PP_OP_TRUNC = 3 };
+// Cache operations (op, session, n, n words): a commit of n rows (the words),
+// of all n pending rows, a truncation to n; PP_OP_SKIP: the session's
+// layer-skip mask (n words of 32 layers' bits, n = 0: none); PP_OP_FREE: the
+// session is gone (its id may be set up again).
+enum pp_op { PP_OP_COMMIT = 1, PP_OP_COMMIT_ALL = 2, PP_OP_TRUNC = 3, PP_OP_SKIP = 4, PP_OP_FREE = 5 };
 enum pp_flag { PP_F_PARENT = 1, PP_F_POS = 2, PP_F_HIDDEN = 4, PP_F_PRECISE = 8 };
 
 // A message: this header, then n_ops op words (op, session, n, rows...), the batch's parent, pos and
@@ -104,9 +108,10 @@ size_t pp_msg_cap(int n_batch, int n_embd, int ops_words);
 // size; *cap its bytes), polling like pp_wait with sreq (a send still in
 // flight, or MPI_REQUEST_NULL) completed too. Returns the bytes received.
 size_t pp_recv(pp_ctx *c, int from, char **buf, size_t *cap, MPI_Request *sreq, double timeout_ms, double *waited);
-// Waits for the n requests, polling (a short spin, then sleeps of up to
-// 100 us: ranks that share cores do not steal them from the one computing),
-// at most timeout_ms (<= 0: forever). Time waited is added to *waited. 0,
+// Waits for the n requests, polling (a short spin, then sleeps: long ones
+// until the message is due, judged from the last waits, then every 20 us;
+// ranks that share cores do not steal them from the one computing; see
+// pp_worker.c), at most timeout_ms (<= 0: forever). Time waited is added to *waited. 0,
 // or stops every rank with a message naming the peer (an MPI error, or the
 // deadline passed).
 int pp_wait(pp_ctx *c, MPI_Request *rq, int n, int peer, const char *what, double timeout_ms, double *waited);

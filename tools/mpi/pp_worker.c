@@ -141,9 +141,76 @@ static void on_term(int sig) {
     g_term = 1;
 }
 
+// The waits. What a hop costs beyond the transport is how late the waiting
+// rank sees the message: a rank that slept in steps growing to ~150 us saw
+// it ~75 us late on average, plus its wake-up. A wait spins a little first
+// (answers that come at once: cache operations, pings), then sleeps in long
+// steps ("dozes") until 70% of the shortest of its last 8 waits of the same
+// kind (the next message is not due before: the rank before computes about
+// as long each time), then polls every PP_POLL_US until the message comes,
+// so that it sees it at most that late. No spinning beyond the first polls:
+// on a host whose cores are shared (ranks oversubscribed, or other jobs) a
+// spinning rank takes the core of the one computing, and a rank asleep lets
+// the scheduler give its core to other work meanwhile (measured here: spins
+// with sched_yield made the split slower on the shared 2 cores, docs/mpi.md).
+// A wait that lasts past PP_IDLE_MS (an idle server) polls less and less
+// often, up to every millisecond.
+#define PP_POLL_US 20
+#define PP_IDLE_MS 100.0
+#define PP_WAIT_HIST 8
+typedef struct pp_wait_hist {
+    double ms[PP_WAIT_HIST];   // the last waits' lengths (ms)
+    int n;                     // waits recorded (saturates)
+    int next;
+} pp_wait_hist;
+static pp_wait_hist g_hist[3];   // pp_recv's waits, pp_wait's for sends, pp_wait's for answers (rank 0's groups)
+
+typedef struct pp_waiter {
+    double t0, doze_until;     // when the wait began, until when it dozes (pp_now_ms)
+    long polls, sleep_ns;
+    pp_wait_hist *h;
+} pp_waiter;
+
+static void waiter_start(pp_waiter *w, pp_wait_hist *h) {
+    w->t0 = now_ms();
+    w->polls = 0;
+    w->sleep_ns = PP_POLL_US * 1000L;
+    w->h = h;
+    double mn = 0;
+    if (h->n == PP_WAIT_HIST) {
+        mn = h->ms[0];
+        for (int i = 1; i < PP_WAIT_HIST; i++) mn = h->ms[i] < mn ? h->ms[i] : mn;
+    }
+    w->doze_until = w->t0 + 0.7 * mn;
+}
+
+static void waiter_end(pp_waiter *w) {
+    pp_wait_hist *h = w->h;
+    h->ms[h->next] = now_ms() - w->t0;
+    h->next = (h->next + 1) % PP_WAIT_HIST;
+    if (h->n < PP_WAIT_HIST) h->n++;
+}
+
+// After a poll that found nothing.
+static void waiter_pause(pp_waiter *w) {
+    if (++w->polls <= 64) return;
+    const double now = now_ms();
+    long ns = w->sleep_ns;
+    if (now < w->doze_until) {
+        const double left_ns = (w->doze_until - now) * 1e6;
+        ns = left_ns > 1e6 ? 1000000L : left_ns < 1000 ? 1000L : (long)left_ns;
+    } else if (now - w->t0 > PP_IDLE_MS && w->sleep_ns < 1000000L) {
+        w->sleep_ns += w->sleep_ns / 4;
+    }
+    const struct timespec ts = {0, ns};
+    nanosleep(&ts, NULL);
+}
+
 size_t pp_recv(pp_ctx *c, int from, char **buf, size_t *cap, MPI_Request *sreq, double timeout_ms, double *waited) {
     const double t0 = now_ms();
-    long spins = 0, sleep_ns = 2000;
+    pp_waiter wt;
+    waiter_start(&wt, &g_hist[0]);
+    long spins = 0;
     MPI_Status st;
     for (;;) {
         int got = 0, sent = 1;
@@ -157,11 +224,8 @@ size_t pp_recv(pp_ctx *c, int from, char **buf, size_t *cap, MPI_Request *sreq, 
         }
         if (got && sent) break;
         pp_check_alive(c);
-        if (++spins > 64) {
-            const struct timespec ts = {0, sleep_ns};
-            nanosleep(&ts, NULL);
-            if (sleep_ns < 100000) sleep_ns += sleep_ns / 2;
-        }
+        ++spins;
+        waiter_pause(&wt);
         if (timeout_ms > 0 && (spins & 63) == 0 && now_ms() - t0 > timeout_ms) {
             if (c->rank == 0 && from == c->size - 1)
                 pp_die(c, "no answer from ranks 1..%d within %.0f s (--pp-timeout): one of them is stuck, killed or "
@@ -184,6 +248,7 @@ size_t pp_recv(pp_ctx *c, int from, char **buf, size_t *cap, MPI_Request *sreq, 
             }
         }
     }
+    waiter_end(&wt);
     int n = 0;
     MPI_Get_count(&st, MPI_BYTE, &n);
     if ((size_t)n > *cap) {
@@ -200,7 +265,9 @@ size_t pp_recv(pp_ctx *c, int from, char **buf, size_t *cap, MPI_Request *sreq, 
 
 int pp_wait(pp_ctx *c, MPI_Request *rq, int n, int peer, const char *what, double timeout_ms, double *waited) {
     const double t0 = now_ms();
-    long spins = 0, sleep_ns = 2000;
+    pp_waiter wt;
+    waiter_start(&wt, &g_hist[what ? 1 : 2]);
+    long spins = 0;
     for (;;) {
         int done = 0;
         const int rc = MPI_Testall(n, rq, &done, MPI_STATUSES_IGNORE);
@@ -212,11 +279,8 @@ int pp_wait(pp_ctx *c, MPI_Request *rq, int n, int peer, const char *what, doubl
         }
         if (done) break;
         pp_check_alive(c);
-        if (++spins > 64) {
-            const struct timespec ts = {0, sleep_ns};
-            nanosleep(&ts, NULL);
-            if (sleep_ns < 100000) sleep_ns += sleep_ns / 2;
-        }
+        ++spins;
+        waiter_pause(&wt);
         if (timeout_ms > 0 && (spins & 63) == 0 && now_ms() - t0 > timeout_ms) {
             if (!what)   // rank 0 waiting for the ring's answer
                 pp_die(c, "no answer from ranks 1..%d within %.0f s (--pp-timeout): one of them is stuck, killed or "
@@ -225,6 +289,7 @@ int pp_wait(pp_ctx *c, MPI_Request *rq, int n, int peer, const char *what, doubl
                    timeout_ms / 1e3);
         }
     }
+    waiter_end(&wt);
     if (waited) *waited += now_ms() - t0;
     return 0;
 }
@@ -308,7 +373,20 @@ static int run_group(pp_ctx *c, worker *w, char *msg, char *err, size_t errlen) 
 }
 
 
-// Applies rank 0's commits and truncations, in order.
+// Session s's layer-skip mask from n words of bits (n = 0: none).
+static int set_skip(pp_ctx *c, sd_session *s, const int32_t *words, int n, char *err, size_t errlen) {
+    if (!n) return sd_session_set_layer_skip(s, NULL, err, errlen);
+    if (n != (c->n_layer + 31) / 32) return snprintf(err, errlen, "a layer-skip mask of %d words", n), -1;
+    uint8_t *m = malloc((size_t)c->n_layer);
+    if (!m) return snprintf(err, errlen, "out of memory"), -1;
+    for (int l = 0; l < c->n_layer; l++) m[l] = (uint8_t)((uint32_t)words[l / 32] >> (l % 32) & 1u);
+    const int r = sd_session_set_layer_skip(s, m, err, errlen);
+    free(m);
+    return r;
+}
+
+// Applies rank 0's cache operations (commits, truncations, layer-skip
+// masks, sessions gone), in order.
 static void apply_ops(pp_ctx *c, worker *w, const int32_t *ops, int n_ops) {
     char err[256];
     for (int i = 0; i < n_ops;) {
@@ -318,6 +396,8 @@ static void apply_ops(pp_ctx *c, worker *w, const int32_t *ops, int n_ops) {
         if (op == PP_OP_COMMIT) r = sd_session_commit(s, ops + i + 3, n, err, sizeof err), i += 3 + n;
         else if (op == PP_OP_COMMIT_ALL) r = sd_session_commit(s, NULL, n, err, sizeof err), i += 3;
         else if (op == PP_OP_TRUNC) r = sd_session_truncate(s, n, err, sizeof err), i += 3;
+        else if (op == PP_OP_SKIP) r = set_skip(c, s, ops + i + 3, n, err, sizeof err), i += 3 + n;
+        else if (op == PP_OP_FREE) sd_session_free(s), w->sess[ops[i + 1]] = NULL, i += 3;
         else pp_die(c, "unknown cache operation %d from rank 0", op);
         if (r < 0) pp_die(c, "its cache cannot follow rank 0's: %s", err);
     }
@@ -400,6 +480,9 @@ static int serve_ring(pp_ctx *c, worker *w) {
             if (next == 0) continue;
             bytes = sizeof(pp_hdr);
         } else if (type == PP_SETUP) {
+            // from the first session on, rank 0 keeps the ring busy (generate, bench) or sends
+            // keep-alives when idle (serve): a silence of --pp-timeout + the keep-alives means it is gone
+            c->keepalive = 1;
             new_session(c, w, v.h);
             if (next == 0) continue;
             bytes = sizeof(pp_hdr);
