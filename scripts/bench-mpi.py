@@ -5,8 +5,10 @@ MPI), 2 and 3 (mpirun --oversubscribe -np R ... --pp R), `specdec bench`
 over the same prompts with plain decoding and a speculative method (tokens/s,
 speedup, tau, every text equal to plain decoding's), and for R > 1 the
 pipeline's own figures from --pp-stats: the overhead of one hop per forward
-(rank 0's wait minus the other ranks' compute, per forward and hop), each
-rank's compute per forward and peak memory.
+(rank 0's wait minus the other ranks' compute, per forward and hop), one
+hop of a message sent after rank 0 computed for 5 ms (the transport and how
+late a waiting rank sees it), each rank's compute per forward and peak
+memory.
 
     make MPI=1 && scripts/bench-mpi.py [--model M] [--prompts P] [--limit N]
         [-n TOKENS] [--threads T] [--methods ar,METHOD] [--ranks 1,2,3]
@@ -53,7 +55,8 @@ def run_bench(R, a, out, binary=BIN):
     args = [binary, "bench", "-m", a.model, "--prompts", a.prompts, "--limit", str(a.limit), "-n", str(a.n),
             "-t", str(a.threads), "--methods", a.methods, "--out", out, *a.extra]
     if R > 1:
-        args = ["mpirun", "--oversubscribe", "--bind-to", a.bind, "-np", str(R), *args, "--pp", str(R), "--pp-stats"]
+        args = ["mpirun", "--oversubscribe", *(["--bind-to", a.bind] if a.bind else []), "-np", str(R), *args, "--pp",
+                str(R), "--pp-stats"]
     r = subprocess.run(args, capture_output=True, text=True, env=ENV, cwd=ROOT)
     if r.returncode != 0:
         sys.exit(f"bench-mpi: R={R} failed (rc {r.returncode}):\n{r.stderr[-2000:]}")
@@ -68,6 +71,7 @@ def run_bench(R, a, out, binary=BIN):
         pp = json.loads(stats[-1])["pp"]
         f = max(1.0, pp["forwards"])
         row["hop_overhead_ms"] = pp["hop_overhead_ms"]
+        row["ring_hop_ms_after_5_ms"] = pp.get("ring_hop_ms_after_5_ms")
         row["per_rank"] = [{"rank": x["rank"], "layers": x["layers"], "compute_ms_per_forward": round(x["compute_ms"] / f, 3),
                             "peak_rss_mib": x["hwm_mib"]} for x in pp["per_rank"]]
     return row
@@ -94,8 +98,8 @@ def serve_load(R, G, users, a, prompts):
     import time
     args = [BIN, "serve", "-m", a.model, "--port", "0", "-t", str(a.threads), "--parallel", str(users), *a.extra]
     if R > 1:
-        args = ["mpirun", "--oversubscribe", "--bind-to", a.bind, "-np", str(R), *args, "--pp", str(R), "--pp-groups",
-                str(G)]
+        args = ["mpirun", "--oversubscribe", *(["--bind-to", a.bind] if a.bind else []), "-np", str(R), *args, "--pp",
+                str(R), "--pp-groups", str(G)]
     p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
     port, ready, log = [None], threading.Event(), []
 
@@ -201,9 +205,8 @@ def main():
     ap.add_argument("--serve", action="store_true", help="measure serve --pp R with concurrent users instead")
     ap.add_argument("--users", default="4,8", help="--serve: concurrent clients (one server each)")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each configuration, interleaved (medians and ranges)")
-    ap.add_argument("--bind", default="none", help="mpirun --bind-to (none: the ranks move between cores; Open MPI's "
-                    "default binds each of 2 ranks or fewer to one core, which costs much on a host shared with "
-                    "other work, docs/mpi.md)")
+    ap.add_argument("--bind", default="", help="mpirun --bind-to POLICY (default: none given; specdec then undoes Open "
+                    "MPI's default binding of each of 2 ranks or fewer to one core, docs/mpi.md)")
     ap.add_argument("--bins", default="", help="builds of specdec to compare, comma-separated (default build/specdec)")
     a = ap.parse_args()
     a.extra = ["--head", a.head] if a.head else []
@@ -235,7 +238,7 @@ def main():
                 print(json.dumps(rows), file=sys.stderr)
             rounds.append(rows)
     out = {"host": {"machine": platform.machine(), "cores": os.cpu_count(), "threads_per_rank": a.threads,
-                    "oversubscribed": any(R * a.threads > (os.cpu_count() or 1) for R in ranks), "bind_to": a.bind,
+                    "oversubscribed": any(R * a.threads > (os.cpu_count() or 1) for R in ranks), "bind_to": a.bind or "default",
                     "load_average": os.getloadavg()},
            "model": os.path.basename(a.model), "prompts": a.limit, "n_predict": a.n}
     if a.repeat == 1:
@@ -251,8 +254,8 @@ def main():
                     d.setdefault(f"{name} tokens_per_s", []).append(m["tokens_per_s"])
                     if "tokens_per_s_vs_one_process" in m and r["ranks"] > 1:
                         d.setdefault(f"{name} vs_one_process", []).append(m["tokens_per_s_vs_one_process"])
-                for f in ("hop_overhead_ms", "hop_overhead_vs_forward"):
-                    if f in r:
+                for f in ("hop_overhead_ms", "hop_overhead_vs_forward", "ring_hop_ms_after_5_ms"):
+                    if r.get(f) is not None:
                         d.setdefault(f, []).append(r[f])
         for d in summary.values():
             for k, v in d.items():

@@ -200,6 +200,25 @@ static void clock_offsets(pp_ctx *c) {
     }
 }
 
+// Open MPI binds each rank to one core by default when it starts 2 ranks
+// or fewer (to a socket with more): every thread of a rank with -t T > 1
+// would then share that core, and a rank could not move off a core that
+// other work uses (measured: R = 2 at about half the tokens/s of unbound
+// ranks on the shared 2-core host, docs/mpi.md). So a rank bound by that
+// default (no --bind-to / --map-by given: Open MPI then sets no binding or
+// mapping policy in the environment) may run on every core; a binding the
+// user asked for is kept (rank 0 warns when it leaves it fewer cores than
+// threads, pp_attach).
+static void unbind_default(void) {
+    if (getenv("OMPI_MCA_hwloc_base_binding_policy") || getenv("OMPI_MCA_rmaps_base_mapping_policy")) return;
+    cpu_set_t cs;
+    const long n = sysconf(_SC_NPROCESSORS_ONLN);
+    if (n < 1 || sched_getaffinity(0, sizeof cs, &cs) != 0 || CPU_COUNT(&cs) >= n) return;
+    CPU_ZERO(&cs);
+    for (long k = 0; k < n && k < CPU_SETSIZE; k++) CPU_SET((int)k, &cs);
+    (void)sched_setaffinity(0, sizeof cs, &cs);   // a cpuset narrower than the host: the kernel keeps its part
+}
+
 int pp_main(int *argc, char **argv) {
     int R = 0, any = 0, timeout_s = 120, j = 1;
     const char *spec = NULL;
@@ -246,6 +265,7 @@ int pp_main(int *argc, char **argv) {
         R = 1;
         for (const char *p = spec; *p; p++) R += *p == ',';
     }
+    unbind_default();
     int provided = 0;
     MPI_Init_thread(argc, &argv, MPI_THREAD_SERIALIZED, &provided);
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
@@ -591,10 +611,10 @@ int pp_attach(sd_session *s, char *err, size_t errlen) {
         cpu_set_t cs;
         const int nt = h->n_threads;
         if (sched_getaffinity(0, sizeof cs, &cs) == 0 && CPU_COUNT(&cs) < nt)
-            fprintf(stderr, "specdec: warning: rank 0 may run on %d core(s) only, for %d threads: mpirun binds each "
-                            "rank to one core by default when it starts 2 ranks or fewer; add --bind-to none (or "
-                            "--map-by slot:PE=%d) so that each rank's threads get cores of their own\n",
-                    CPU_COUNT(&cs), nt, nt);
+            fprintf(stderr, "specdec: warning: rank 0 is bound to %d core(s) for %d threads (mpirun --bind-to or "
+                            "--map-by): its threads share them; --bind-to none, or --map-by slot:PE=%d, gives them "
+                            "cores of their own\n", CPU_COUNT(&cs), nt, nt);
+        pp_short_slice(c, nt);
         if (c->stats) ring_pings(c);
         pinged = 1;
     }

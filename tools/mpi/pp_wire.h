@@ -108,16 +108,20 @@ size_t pp_msg_cap(int n_batch, int n_embd, int ops_words);
 // size; *cap its bytes), polling like pp_wait with sreq (a send still in
 // flight, or MPI_REQUEST_NULL) completed too. Returns the bytes received.
 size_t pp_recv(pp_ctx *c, int from, char **buf, size_t *cap, MPI_Request *sreq, double timeout_ms, double *waited);
-// Waits for the n requests, polling (a short spin, then sleeps: long ones
-// until the message is due, judged from the last waits, then every 20 us;
-// ranks that share cores do not steal them from the one computing; see
-// pp_worker.c), at most timeout_ms (<= 0: forever). Time waited is added to *waited. 0,
+// Waits for the n requests, polling (a short spin, then sleeps of up to
+// ~150 us: ranks that share cores do not steal them from the one computing;
+// pp_worker.c says what else was measured), at most timeout_ms (<= 0: forever). Time waited is added to *waited. 0,
 // or stops every rank with a message naming the peer (an MPI error, or the
 // deadline passed).
 int pp_wait(pp_ctx *c, MPI_Request *rq, int n, int peer, const char *what, double timeout_ms, double *waited);
 // Shortens this thread's timer slack to 1 us (Linux), so that the waits'
 // short sleeps end when they should.
 void pp_fast_wakeups(void);
+// Asks the scheduler for a short time slice (PP_SLICE_NS) for this thread,
+// so that a rank woken by its message runs at once, unless this host's
+// ranks of n_threads threads need more cores than it has (pp_worker.c).
+#define PP_SLICE_NS 300000u
+void pp_short_slice(const pp_ctx *c, int n_threads);
 // CLOCK_MONOTONIC in ms.
 double pp_now_ms(void);
 // Inside every rank's waits: every 50 ms, whether each other rank on its

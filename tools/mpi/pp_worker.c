@@ -9,6 +9,8 @@
 // rank, in place.
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,6 +63,37 @@ void pp_fast_wakeups(void) {
     // 50 us timer slack every sleep lasts 50 us or more, and each hop of a
     // forward would pay one
     (void)prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+}
+
+void pp_short_slice(const pp_ctx *c, int n_threads) {
+    // Linux's EEVDF scheduler (6.12 and later) lets a fair task ask for a
+    // shorter time slice (sched_attr.sched_runtime): its deadlines come
+    // sooner, so a rank woken by its message takes the core from another
+    // job's thread at once instead of after that thread's slice. Measured on
+    // the shared 2-core host, R = 2: the hop 0.29 ms instead of 0.42, the
+    // speculative tokens/s 0.77x one process's instead of 0.66x (medians of
+    // 6, docs/mpi.md). Not when this host's ranks need more cores than it
+    // has: there the waking rank would take the core from another rank
+    // computing (R = 3 on 2 cores was slower with it). Older kernels ignore
+    // it; nothing changes when the call fails.
+    int here = 0;
+    for (int k = 0; k < c->size; k++) here += c->local[k];
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores < 1 || (long)here * n_threads > cores) return;
+    struct {   // struct sched_attr (linux/sched/types.h), version 1
+        uint32_t size, policy;
+        uint64_t flags;
+        int32_t nice;
+        uint32_t prio;
+        uint64_t runtime, deadline, period;
+        uint32_t util_min, util_max;
+    } a;
+    memset(&a, 0, sizeof a);
+    a.size = sizeof a;
+    a.policy = 0;   // SCHED_OTHER, as it is
+    a.nice = getpriority(PRIO_PROCESS, 0);
+    a.runtime = PP_SLICE_NS;
+    (void)syscall(SYS_sched_setattr, 0, &a, 0);
 }
 
 void pp_die(pp_ctx *c, const char *fmt, ...) {
@@ -141,76 +174,26 @@ static void on_term(int sig) {
     g_term = 1;
 }
 
-// The waits. What a hop costs beyond the transport is how late the waiting
-// rank sees the message: a rank that slept in steps growing to ~150 us saw
-// it ~75 us late on average, plus its wake-up. A wait spins a little first
-// (answers that come at once: cache operations, pings), then sleeps in long
-// steps ("dozes") until 70% of the shortest of its last 8 waits of the same
-// kind (the next message is not due before: the rank before computes about
-// as long each time), then polls every PP_POLL_US until the message comes,
-// so that it sees it at most that late. No spinning beyond the first polls:
-// on a host whose cores are shared (ranks oversubscribed, or other jobs) a
-// spinning rank takes the core of the one computing, and a rank asleep lets
-// the scheduler give its core to other work meanwhile (measured here: spins
-// with sched_yield made the split slower on the shared 2 cores, docs/mpi.md).
-// A wait that lasts past PP_IDLE_MS (an idle server) polls less and less
-// often, up to every millisecond.
-#define PP_POLL_US 20
-#define PP_IDLE_MS 100.0
-#define PP_WAIT_HIST 8
-typedef struct pp_wait_hist {
-    double ms[PP_WAIT_HIST];   // the last waits' lengths (ms)
-    int n;                     // waits recorded (saturates)
-    int next;
-} pp_wait_hist;
-static pp_wait_hist g_hist[3];   // pp_recv's waits, pp_wait's for sends, pp_wait's for answers (rank 0's groups)
-
-typedef struct pp_waiter {
-    double t0, doze_until;     // when the wait began, until when it dozes (pp_now_ms)
-    long polls, sleep_ns;
-    pp_wait_hist *h;
-} pp_waiter;
-
-static void waiter_start(pp_waiter *w, pp_wait_hist *h) {
-    w->t0 = now_ms();
-    w->polls = 0;
-    w->sleep_ns = PP_POLL_US * 1000L;
-    w->h = h;
-    double mn = 0;
-    if (h->n == PP_WAIT_HIST) {
-        mn = h->ms[0];
-        for (int i = 1; i < PP_WAIT_HIST; i++) mn = h->ms[i] < mn ? h->ms[i] : mn;
-    }
-    w->doze_until = w->t0 + 0.7 * mn;
-}
-
-static void waiter_end(pp_waiter *w) {
-    pp_wait_hist *h = w->h;
-    h->ms[h->next] = now_ms() - w->t0;
-    h->next = (h->next + 1) % PP_WAIT_HIST;
-    if (h->n < PP_WAIT_HIST) h->n++;
-}
-
-// After a poll that found nothing.
-static void waiter_pause(pp_waiter *w) {
-    if (++w->polls <= 64) return;
-    const double now = now_ms();
-    long ns = w->sleep_ns;
-    if (now < w->doze_until) {
-        const double left_ns = (w->doze_until - now) * 1e6;
-        ns = left_ns > 1e6 ? 1000000L : left_ns < 1000 ? 1000L : (long)left_ns;
-    } else if (now - w->t0 > PP_IDLE_MS && w->sleep_ns < 1000000L) {
-        w->sleep_ns += w->sleep_ns / 4;
-    }
-    const struct timespec ts = {0, ns};
+// The waits poll: a short spin (answers that come at once: cache
+// operations, pings), then sleeps growing from 2 us by half each time up to
+// ~150 us, with the timer slack cut to 1 us (pp_fast_wakeups). No spinning
+// beyond the first polls: on a host whose cores are shared (ranks
+// oversubscribed, or other jobs) a spinning rank takes the core of the one
+// computing, and a sleeping one lets the scheduler give its core to other
+// work meanwhile. Measured against this on the shared 2-core host (docs/mpi.md,
+// Hop latency): spinning with sched_yield, sleeping until the message is due
+// (from the last waits) and polling every 20 us from then on, or both, all
+// made the hops slower and the split's tokens/s lower.
+static void waiter_pause(long *polls, long *sleep_ns) {
+    if (++*polls <= 64) return;
+    const struct timespec ts = {0, *sleep_ns};
     nanosleep(&ts, NULL);
+    if (*sleep_ns < 100000) *sleep_ns += *sleep_ns / 2;
 }
 
 size_t pp_recv(pp_ctx *c, int from, char **buf, size_t *cap, MPI_Request *sreq, double timeout_ms, double *waited) {
     const double t0 = now_ms();
-    pp_waiter wt;
-    waiter_start(&wt, &g_hist[0]);
-    long spins = 0;
+    long spins = 0, polls = 0, sleep_ns = 2000;
     MPI_Status st;
     for (;;) {
         int got = 0, sent = 1;
@@ -225,7 +208,7 @@ size_t pp_recv(pp_ctx *c, int from, char **buf, size_t *cap, MPI_Request *sreq, 
         if (got && sent) break;
         pp_check_alive(c);
         ++spins;
-        waiter_pause(&wt);
+        waiter_pause(&polls, &sleep_ns);
         if (timeout_ms > 0 && (spins & 63) == 0 && now_ms() - t0 > timeout_ms) {
             if (c->rank == 0 && from == c->size - 1)
                 pp_die(c, "no answer from ranks 1..%d within %.0f s (--pp-timeout): one of them is stuck, killed or "
@@ -248,7 +231,6 @@ size_t pp_recv(pp_ctx *c, int from, char **buf, size_t *cap, MPI_Request *sreq, 
             }
         }
     }
-    waiter_end(&wt);
     int n = 0;
     MPI_Get_count(&st, MPI_BYTE, &n);
     if ((size_t)n > *cap) {
@@ -265,9 +247,7 @@ size_t pp_recv(pp_ctx *c, int from, char **buf, size_t *cap, MPI_Request *sreq, 
 
 int pp_wait(pp_ctx *c, MPI_Request *rq, int n, int peer, const char *what, double timeout_ms, double *waited) {
     const double t0 = now_ms();
-    pp_waiter wt;
-    waiter_start(&wt, &g_hist[what ? 1 : 2]);
-    long spins = 0;
+    long spins = 0, polls = 0, sleep_ns = 2000;
     for (;;) {
         int done = 0;
         const int rc = MPI_Testall(n, rq, &done, MPI_STATUSES_IGNORE);
@@ -280,7 +260,7 @@ int pp_wait(pp_ctx *c, MPI_Request *rq, int n, int peer, const char *what, doubl
         if (done) break;
         pp_check_alive(c);
         ++spins;
-        waiter_pause(&wt);
+        waiter_pause(&polls, &sleep_ns);
         if (timeout_ms > 0 && (spins & 63) == 0 && now_ms() - t0 > timeout_ms) {
             if (!what)   // rank 0 waiting for the ring's answer
                 pp_die(c, "no answer from ranks 1..%d within %.0f s (--pp-timeout): one of them is stuck, killed or "
@@ -289,7 +269,6 @@ int pp_wait(pp_ctx *c, MPI_Request *rq, int n, int peer, const char *what, doubl
                    timeout_ms / 1e3);
         }
     }
-    waiter_end(&wt);
     if (waited) *waited += now_ms() - t0;
     return 0;
 }
@@ -407,8 +386,11 @@ static void apply_ops(pp_ctx *c, worker *w, const int32_t *ops, int n_ops) {
 static void new_session(pp_ctx *c, worker *w, const pp_hdr *h) {
     char err[512];
     if (h->sid < 0 || h->sid >= PP_MAX_SESSIONS || w->sess[h->sid]) pp_die(c, "a bad new session %d", h->sid);
-    if (!w->pool && sd_threadpool_new(&w->pool, h->n_threads, err, sizeof err) < 0)
-        pp_die(c, "cannot start its threads: %s", err);
+    if (!w->pool) {
+        if (sd_threadpool_new(&w->pool, h->n_threads, err, sizeof err) < 0)
+            pp_die(c, "cannot start its threads: %s", err);
+        pp_short_slice(c, h->n_threads);
+    }
     sd_session_params sp = sd_session_default_params();
     sp.n_ctx = h->n_ctx;
     sp.n_batch = h->n_batch;
