@@ -43,7 +43,7 @@
   n-gram lookup; bench's runs (a drafter made and freed per prompt) equal
   to plain decoding's; serve --pp 2 answering a skip: request as generate
   does; skip:auto's search refused under --pp with a message saying what
-  to do.
+  to do, a set saved in a file (--load-skip) taken.
 
 Needs build/specdec built with `make MPI=1` (make test-mpi) and mpirun;
 skipped with the reason otherwise. Prints PASS/FAIL/SKIP lines. Case names
@@ -177,6 +177,24 @@ def case_skip(tmp):
     r = mpirun(2, base + ["--method", "skip:auto", "--pp", "2"])
     if r.returncode == 0 or "search in one process" not in r.stderr:
         bad.append(f"skip:auto under --pp 2: rc {r.returncode}, {r.stderr.strip()[-300:]}")
+    # ... but a saved set (--load-skip) is read, not searched
+    import re
+    sk = os.path.join(tmp, "set.skip")
+    name = "?"
+    for _ in range(2):   # the model's name as the file must give it: from the refusal of a wrong one
+        with open(sk, "w") as f:
+            f.write(f"specdec-skip 1\nmodel {name}\nn_layer 30\nskip 3,4,9,10,16,17,20,25\n")
+        margs = ["--draft-skip", "auto", "--load-skip", sk]
+        ref = single(base + margs)
+        m = re.search(r"this model is '([^']*)'", ref.stderr)
+        if not m:
+            break
+        name = m.group(1)
+    want = gen_stats(ref)
+    r = mpirun(2, base + margs + ["--pp", "2"])
+    if ref.returncode != 0 or not want or gen_stats(r) != want:
+        bad.append(f"--load-skip under --pp 2: rc {ref.returncode}/{r.returncode}, {gen_stats(r)} against {want}: "
+                   f"{(ref.stderr + r.stderr).strip()[-300:]}")
     # bench: a fresh drafter (its session made and freed on every rank) per prompt and run
     prompts = os.path.join(tmp, "skip.jsonl")
     with open(prompts, "w") as f:
