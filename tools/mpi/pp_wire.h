@@ -28,7 +28,8 @@
 enum pp_type { PP_FWD = 1, PP_OPS = 2, PP_QUIT = 3, PP_ERR = 4, PP_SETUP = 5, PP_PING = 6, PP_GROUP = 7, PP_ALIVE = 8 };
 // PP_ALIVE: rank 0 is alive and idle (a server sends one every PP_KEEPALIVE_MS
 // it sent nothing else); every rank passes it on but the last. A worker
-// that has seen one waits for each next message at most --pp-timeout plus
+// that has seen one, or a PP_SETUP (generate and bench keep the ring busy),
+// waits for each next message at most --pp-timeout plus
 // PP_KEEPALIVE_MISS keep-alives, then stops every rank (rank 0, or a rank
 // before it, is gone: on another host nothing else would tell).
 #define PP_KEEPALIVE_MS 5000.0
