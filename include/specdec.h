@@ -225,15 +225,25 @@ SD_API int sd_session_forward_part(sd_session *s, const sd_batch *b, const sd_fo
 // whole forward would); commit and truncate are called after a successful
 // sd_session_commit / sd_session_truncate of the session (rows NULL: all
 // n_rows pending rows of a chain), so that the other parts' caches follow.
-// Everything the step API and the drafters do goes through these. h NULL
-// removes them; the struct is copied.
+// Everything the step API and the drafters do goes through these. release,
+// when set, is called as sd_session_free begins (the other parts free their
+// copies). h NULL removes them; the struct is copied.
 typedef struct sd_session_hooks {
     int (*forward)(void *arg, sd_session *s, const sd_batch *b, char *err, size_t errlen);
     void (*commit)(void *arg, const int32_t *rows, int n_rows);
     void (*truncate)(void *arg, int n_past);
     void *arg;
+    void (*release)(void *arg);
 } sd_session_hooks;
 SD_API void sd_session_set_hooks(sd_session *s, const sd_session_hooks *h);
+// A program's hook on every new session of model m (the pipeline's first
+// process): fn runs at the end of each successful sd_session_new on m --
+// those a drafter makes on the target itself (layer skipping) included --
+// and may set the session's hooks; when it fails (<0 with a message) the
+// session is freed and sd_session_new returns its code and message. fn NULL
+// removes it. Sessions made before are not touched.
+SD_API void sd_model_set_session_hook(sd_model *m, int (*fn)(void *arg, sd_session *s, char *err, size_t errlen),
+                                      void *arg);
 
 // Logits (n_vocab floats) of batch node i of the last forward, or NULL if not requested.
 SD_API const float *sd_session_logits(const sd_session *s, int i);

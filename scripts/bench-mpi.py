@@ -5,11 +5,21 @@ MPI), 2 and 3 (mpirun --oversubscribe -np R ... --pp R), `specdec bench`
 over the same prompts with plain decoding and a speculative method (tokens/s,
 speedup, tau, every text equal to plain decoding's), and for R > 1 the
 pipeline's own figures from --pp-stats: the overhead of one hop per forward
-(rank 0's wait minus the other ranks' compute, per forward and hop), each
-rank's compute per forward and peak memory.
+(rank 0's wait minus the other ranks' compute, per forward and hop), one
+hop of a message sent after rank 0 computed for 5 ms (the transport and how
+late a waiting rank sees it), each rank's compute per forward and peak
+memory.
 
     make MPI=1 && scripts/bench-mpi.py [--model M] [--prompts P] [--limit N]
         [-n TOKENS] [--threads T] [--methods ar,METHOD] [--ranks 1,2,3]
+        [--repeat K] [--bins A,B]
+
+With --repeat K the ranks are run K times, interleaved (R = 1, 2, 3, 1,
+2, 3, ...), each run's ratios taken against the one process of the same
+round, and the output adds each figure's median and range ("summary").
+--bins A,B compares builds (e.g. a copy of build/specdec made before a
+change, and the new one): in each round every R > 1 runs with each binary
+in turn (R = 1 with the first), so that they meet the same load.
 
 With --serve, the server instead (`serve --pp R`, micro-batches in flight):
 for each R of --ranks and each count of users of --users, the aggregate
@@ -41,11 +51,12 @@ BIN = os.path.join(ROOT, "build", "specdec")
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
 
 
-def run_bench(R, a, out):
-    args = [BIN, "bench", "-m", a.model, "--prompts", a.prompts, "--limit", str(a.limit), "-n", str(a.n),
+def run_bench(R, a, out, binary=BIN):
+    args = [binary, "bench", "-m", a.model, "--prompts", a.prompts, "--limit", str(a.limit), "-n", str(a.n),
             "-t", str(a.threads), "--methods", a.methods, "--out", out, *a.extra]
     if R > 1:
-        args = ["mpirun", "--oversubscribe", "-np", str(R), *args, "--pp", str(R), "--pp-stats"]
+        args = ["mpirun", "--oversubscribe", *(["--bind-to", a.bind] if a.bind else []), "-np", str(R), *args, "--pp",
+                str(R), "--pp-stats"]
     r = subprocess.run(args, capture_output=True, text=True, env=ENV, cwd=ROOT)
     if r.returncode != 0:
         sys.exit(f"bench-mpi: R={R} failed (rc {r.returncode}):\n{r.stderr[-2000:]}")
@@ -60,6 +71,7 @@ def run_bench(R, a, out):
         pp = json.loads(stats[-1])["pp"]
         f = max(1.0, pp["forwards"])
         row["hop_overhead_ms"] = pp["hop_overhead_ms"]
+        row["ring_hop_ms_after_5_ms"] = pp.get("ring_hop_ms_after_5_ms")
         row["per_rank"] = [{"rank": x["rank"], "layers": x["layers"], "compute_ms_per_forward": round(x["compute_ms"] / f, 3),
                             "peak_rss_mib": x["hwm_mib"]} for x in pp["per_rank"]]
     return row
@@ -86,7 +98,8 @@ def serve_load(R, G, users, a, prompts):
     import time
     args = [BIN, "serve", "-m", a.model, "--port", "0", "-t", str(a.threads), "--parallel", str(users), *a.extra]
     if R > 1:
-        args = ["mpirun", "--oversubscribe", "-np", str(R), *args, "--pp", str(R), "--pp-groups", str(G)]
+        args = ["mpirun", "--oversubscribe", *(["--bind-to", a.bind] if a.bind else []), "-np", str(R), *args, "--pp",
+                str(R), "--pp-groups", str(G)]
     p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
     port, ready, log = [None], threading.Event(), []
 
@@ -191,28 +204,65 @@ def main():
     ap.add_argument("--ranks", default="1,2,3")
     ap.add_argument("--serve", action="store_true", help="measure serve --pp R with concurrent users instead")
     ap.add_argument("--users", default="4,8", help="--serve: concurrent clients (one server each)")
-    ap.add_argument("--repeat", type=int, default=1, help="--serve: runs of each configuration (the median is kept)")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each configuration, interleaved (medians and ranges)")
+    ap.add_argument("--bind", default="", help="mpirun --bind-to POLICY (default: none given; specdec then undoes Open "
+                    "MPI's default binding of each of 2 ranks or fewer to one core, docs/mpi.md)")
+    ap.add_argument("--bins", default="", help="builds of specdec to compare, comma-separated (default build/specdec)")
     a = ap.parse_args()
     a.extra = ["--head", a.head] if a.head else []
     if a.serve:
         if a.head == "auto" and "--head" not in sys.argv:
             a.extra = []   # the server's default method (ngram:3-8) unless a head is asked for
         return main_serve(a)
-    rows = []
+    bins = [os.path.abspath(b) for b in a.bins.split(",")] if a.bins else [BIN]
+    ranks = [int(x) for x in a.ranks.split(",")]
+    rounds = []
     with tempfile.TemporaryDirectory(prefix="specdec_bench_mpi_") as tmp:
-        for R in [int(x) for x in a.ranks.split(",")]:
-            rows.append(run_bench(R, a, os.path.join(tmp, f"r{R}.json")))
-    one = next((r for r in rows if r["ranks"] == 1), None)
-    if one:
-        fwd = one["methods"]["ar"]["ms_per_forward"]
-        for r in rows:
-            if "hop_overhead_ms" in r:
-                r["hop_overhead_vs_forward"] = round(r["hop_overhead_ms"] / fwd, 4)
-            for name, m in r["methods"].items():
-                m["tokens_per_s_vs_one_process"] = round(m["tokens_per_s"] / one["methods"][name]["tokens_per_s"], 3)
+        for rep in range(a.repeat):   # interleaved, so that a change of the machine's load hits every configuration
+            rows = []
+            for R in ranks:
+                for bi, b in enumerate(bins if R > 1 else bins[:1]):
+                    row = run_bench(R, a, os.path.join(tmp, f"r{R}_{bi}.json"), b)
+                    if len(bins) > 1:
+                        row["bin"] = b
+                    rows.append(row)
+            one = next((r for r in rows if r["ranks"] == 1), None)
+            if one:
+                fwd = one["methods"]["ar"]["ms_per_forward"]
+                for r in rows:
+                    if "hop_overhead_ms" in r:
+                        r["hop_overhead_vs_forward"] = round(r["hop_overhead_ms"] / fwd, 4)
+                    for name, m in r["methods"].items():
+                        m["tokens_per_s_vs_one_process"] = round(m["tokens_per_s"] / one["methods"][name]["tokens_per_s"], 3)
+            if a.repeat > 1:
+                print(json.dumps(rows), file=sys.stderr)
+            rounds.append(rows)
     out = {"host": {"machine": platform.machine(), "cores": os.cpu_count(), "threads_per_rank": a.threads,
-                    "oversubscribed": any(r["ranks"] * a.threads > (os.cpu_count() or 1) for r in rows)},
-           "model": os.path.basename(a.model), "prompts": a.limit, "n_predict": a.n, "results": rows}
+                    "oversubscribed": any(R * a.threads > (os.cpu_count() or 1) for R in ranks), "bind_to": a.bind or "default",
+                    "load_average": os.getloadavg()},
+           "model": os.path.basename(a.model), "prompts": a.limit, "n_predict": a.n}
+    if a.repeat == 1:
+        out["results"] = rounds[0]
+    else:
+        out["rounds"] = rounds
+        summary = {}
+        for rows in rounds:   # each figure's values over the rounds, per (binary, R)
+            for r in rows:
+                key = f"R={r['ranks']}" + (f" {r['bin']}" if "bin" in r else "")
+                d = summary.setdefault(key, {})
+                for name, m in r["methods"].items():
+                    d.setdefault(f"{name} tokens_per_s", []).append(m["tokens_per_s"])
+                    if "tokens_per_s_vs_one_process" in m and r["ranks"] > 1:
+                        d.setdefault(f"{name} vs_one_process", []).append(m["tokens_per_s_vs_one_process"])
+                for f in ("hop_overhead_ms", "hop_overhead_vs_forward", "ring_hop_ms_after_5_ms"):
+                    if r.get(f) is not None:
+                        d.setdefault(f, []).append(r[f])
+        for d in summary.values():
+            for k, v in d.items():
+                v = sorted(v)
+                d[k] = {"median": v[len(v) // 2] if len(v) % 2 else round((v[len(v) // 2 - 1] + v[len(v) // 2]) / 2, 4),
+                        "min": v[0], "max": v[-1], "runs": len(v)}
+        out["summary"] = summary
     print(json.dumps(out, indent=1))
 
 

@@ -204,6 +204,11 @@ static int search_check(const sd_model *m, const int32_t *const *prompts, const 
         return sd_err(err, errlen, "skip search: n_predict %d out of range 2..2048", p->n_predict);
     if (p->dp.k < 1 || p->dp.k > 256) return sd_err(err, errlen, "skip search: chain length %d out of range", p->dp.k);
     if (nl < 2) return sd_err(err, errlen, "skip search: the model has %d layer(s), nothing to skip", nl);
+    if (m->layer_lo != 0 || m->layer_hi != nl || !m->has_output)   // it weighs and times every layer here
+        return sd_err(err, errlen,
+                      "skip search: the model holds layers [%d, %d) of %d only (a pipeline's part): search in one "
+                      "process (--draft-skip auto --save-skip FILE) and give the set (--load-skip FILE, or the "
+                      "layers: skip:L1-L2-...)", m->layer_lo, m->layer_hi, nl);
     int max_len = 0;
     for (int i = 0; i < n_prompts; i++) {
         if (!prompts[i] || n_prompt[i] < 1) return sd_err(err, errlen, "skip search: calibration prompt %d is empty", i);

@@ -58,6 +58,10 @@ struct sd_model {
     // drafter's TLI layers; n_layer: none); held layers [n_layer, n_layer), no
     // output held: no session runs on it (sd_session_new refuses).
     int client, client_lo;
+    // A program's hook on each new session of this model
+    // (sd_model_set_session_hook), or NULL.
+    int (*on_session)(void *arg, sd_session *s, char *err, size_t errlen);
+    void *on_session_arg;
     // Matrices rewritten at load into a kernel's layout (sd_quant_repack_type):
     // the layer / output pointers above then point into rp, whose data lie
     // in one arena, in the order the forward reads them (the file's copy

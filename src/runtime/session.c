@@ -123,12 +123,27 @@ int sd_session_new(sd_session **out, const sd_model *m, const sd_session_params 
         sd_session_free(s);
         return SD_ERR_INPUT;
     }
+    if (m->on_session) {
+        const int rc = m->on_session(m->on_session_arg, s, err, errlen);
+        if (rc < 0) {
+            sd_session_free(s);
+            return rc;
+        }
+    }
     *out = s;
     return 0;
 }
 
+void sd_model_set_session_hook(sd_model *m, int (*fn)(void *arg, sd_session *s, char *err, size_t errlen),
+                               void *arg) {
+    if (!m) return;
+    m->on_session = fn;
+    m->on_session_arg = fn ? arg : NULL;
+}
+
 void sd_session_free(sd_session *s) {
     if (!s) return;
+    if (s->hooks.release) s->hooks.release(s->hooks.arg);
     sd_gpu_session_free(s);
     free(s->kt);
     free(s->v_cache);

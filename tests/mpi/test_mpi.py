@@ -30,8 +30,20 @@
   with a message naming the rank, and nothing hangs;
 - a rank stuck (SIGSTOP) mid-generation: rank 0 stops every process once
   --pp-timeout (3 s here) passes without an answer, with one message;
+- rank 0 of a generation stopped (SIGSTOP, as if its host had gone): the
+  other ranks stop every process after --pp-timeout + 15 s of silence,
+  naming rank 0;
 - each rank's weights at most 1/R of the model's plus 10%, and its peak
-  resident memory against one process's (--pp-stats).
+  resident memory against one process's (--pp-stats);
+- layer skipping (skip:L1-L2-..., the target's own layers as the drafter)
+  under --pp 2 and 3: the text and the drafter's counts (forwards, drafted
+  and accepted nodes) equal to one process's, so the draft session's
+  forwards round the ring give the same bits too; with layers skipped on
+  every rank, all of a rank's layers skipped, a shorter chain (--max-nodes), mixed with
+  n-gram lookup; bench's runs (a drafter made and freed per prompt) equal
+  to plain decoding's; serve --pp 2 answering a skip: request as generate
+  does; skip:auto's search refused under --pp with a message saying what
+  to do, a set saved in a file (--load-skip) taken.
 
 Needs build/specdec built with `make MPI=1` (make test-mpi) and mpirun;
 skipped with the reason otherwise. Prints PASS/FAIL/SKIP lines. Case names
@@ -55,7 +67,8 @@ SYNTH = os.path.join(ROOT, "build", "tests", "tool_synth_model")
 RHEAD = os.path.join(ROOT, "build", "tests", "tool_random_head")
 SMOL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 CASES = ["mpi_greedy_synth", "mpi_greedy_smollm", "mpi_bench_equal", "mpi_serve_equals_generate", "mpi_serve_groups",
-         "mpi_serve_killed_rank", "mpi_serve_root_gone", "mpi_bad_launches", "mpi_killed_rank", "mpi_stuck_rank", "mpi_rank_memory"]
+         "mpi_serve_killed_rank", "mpi_serve_root_gone", "mpi_bad_launches", "mpi_killed_rank", "mpi_stuck_rank", "mpi_rank_memory",
+         "mpi_skip", "mpi_root_stopped"]
 KEEP = "-mca orte_abort_on_non_zero_status 0"   # mpirun keeps the job going when a rank dies (docs/mpi.md)
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
 
@@ -122,6 +135,101 @@ def case_greedy_smollm():
     splits = [(2, ["--pp", "2"]), (3, ["--pp", "3"])]
     bad = compare("smollm", SMOL, "Name three colours.", methods, splits, 24, extra=("--chat",))
     report("mpi_greedy_smollm", not bad, "\n".join(bad))
+
+
+# layers on every rank of --pp 2 (0-10 | 11-29) and --pp 3 (0-4 | 5-16 | 17-29)
+SKIPS = "3-4-9-10-16-17-20-25"
+
+
+def gen_stats(r):
+    """generate --json's figures that a drafter's forwards decide."""
+    try:
+        d = json.loads(r.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
+    return {k: d.get(k) for k in ("text", "n_target_forwards", "n_draft_nodes", "n_draft_accepted")}
+
+
+def case_skip(tmp):
+    if not os.path.exists(SMOL):
+        print(f"SKIP mpi_skip: {SMOL} not present (scripts/fetch-models.sh)")
+        return
+    bad = []
+    base = ["generate", "-m", SMOL, "--chat", "-p", "Name three colours and say why.", "-n", "40", "--temp", "0",
+            "-t", "1", "-c", "512", "--json"]
+    methods = [("skip", ["--method", f"skip:{SKIPS}"]),   # the method's default: a chain of up to 8, adaptive p_min
+               ("rank 0's layers all skipped", ["--method", "skip:0-1-2-3-4-12"]),
+               ("--draft-skip, 4 nodes a step", ["--draft-skip", "3,4,9,10,20", "--max-nodes", "4"]),
+               ("n-gram, else skip", ["--method", f"ngram:3-8/skip:{SKIPS}"])]
+    for label, margs in methods:
+        ref = single(base + margs)
+        want = gen_stats(ref)
+        if ref.returncode != 0 or not want or not want["n_draft_nodes"]:
+            bad.append(f"{label}: one process failed or drafted nothing: {ref.stderr.strip()[-300:]} {want}")
+            continue
+        for R in (2, 3):
+            r = mpirun(R, base + margs + ["--pp", str(R)])
+            got = gen_stats(r)
+            if r.returncode != 0 or got != want:
+                bad.append(f"{label} --pp {R}: rc {r.returncode}, {got} against one process's {want}: "
+                           f"{r.stderr.strip()[-300:]}")
+    # skip:auto searches every layer's cost: refused, saying what to do
+    r = mpirun(2, base + ["--method", "skip:auto", "--pp", "2"])
+    if r.returncode == 0 or "search in one process" not in r.stderr:
+        bad.append(f"skip:auto under --pp 2: rc {r.returncode}, {r.stderr.strip()[-300:]}")
+    # ... but a saved set (--load-skip) is read, not searched
+    import re
+    sk = os.path.join(tmp, "set.skip")
+    name = "?"
+    for _ in range(2):   # the model's name as the file must give it: from the refusal of a wrong one
+        with open(sk, "w") as f:
+            f.write(f"specdec-skip 1\nmodel {name}\nn_layer 30\nskip 3,4,9,10,16,17,20,25\n")
+        margs = ["--draft-skip", "auto", "--load-skip", sk]
+        ref = single(base + margs)
+        m = re.search(r"this model is '([^']*)'", ref.stderr)
+        if not m:
+            break
+        name = m.group(1)
+    want = gen_stats(ref)
+    r = mpirun(2, base + margs + ["--pp", "2"])
+    if ref.returncode != 0 or not want or gen_stats(r) != want:
+        bad.append(f"--load-skip under --pp 2: rc {ref.returncode}/{r.returncode}, {gen_stats(r)} against {want}: "
+                   f"{(ref.stderr + r.stderr).strip()[-300:]}")
+    # bench: a fresh drafter (its session made and freed on every rank) per prompt and run
+    prompts = os.path.join(tmp, "skip.jsonl")
+    with open(prompts, "w") as f:
+        for i, q in enumerate(["Name three colours.", "Count from one to ten.", "What is a cat?"]):
+            f.write(json.dumps({"question_id": i, "category": "t", "turns": [q]}) + "\n")
+    outs = {}
+    for R in (1, 2):
+        out = os.path.join(tmp, f"skip{R}.json")
+        args = ["bench", "-m", SMOL, "--prompts", prompts, "-n", "24", "-t", "1", "--methods", f"ar,skip:{SKIPS}",
+                "--out", out]
+        r = single(args) if R == 1 else mpirun(R, args + ["--pp", str(R)])
+        if r.returncode != 0:
+            bad.append(f"bench R={R}: rc {r.returncode}: {r.stderr.strip()[-300:]}")
+            continue
+        res = json.load(open(out))
+        outs[R] = [(m["name"], m["overall"]["n_target_forwards"], m["overall"]["tau"]) for m in res["methods"]]
+        if not res.get("all_equal_to_ar"):
+            bad.append(f"bench R={R}: a text differs from plain decoding's")
+    if len(outs) == 2 and outs[1] != outs[2]:
+        bad.append(f"bench: forwards and tau under --pp 2 {outs[2]} against one process's {outs[1]}")
+    # serve --pp 2: a skip: request answered as generate answers it
+    p, log, port = start_server(2, ["--parallel", "2"])
+    try:
+        if not port[0]:
+            bad.append("serve --pp 2 did not start: " + " | ".join(log[-5:]))
+        else:
+            q = "Name three colours."
+            want = single(["generate", "-m", SMOL, "--chat", "-p", q, "--temp", "0", "-n", "24", "-t", "1",
+                           "--method", f"skip:{SKIPS}"]).stdout.rstrip("\n")
+            st, text = chat(port[0], q, f"skip:{SKIPS}", 24)
+            if st != 200 or text != want:
+                bad.append(f"serve --pp 2, skip: {st} {text!r} against generate's {want!r}")
+    finally:
+        stop_server(p)
+    report("mpi_skip", not bad, "\n".join(bad))
 
 
 def case_bench_equal(tmp):
@@ -530,6 +638,41 @@ def start_long(tmp, extra=()):
     return p, (pids if first and len(pids) == 3 else None)
 
 
+def case_root_stopped(tmp):
+    """Rank 0 of a generation stopped (SIGSTOP; as if its host were gone,
+    where no rank watches its pid): the others hear nothing for
+    --pp-timeout + 15 s and stop every process, naming rank 0."""
+    p, pids = start_long(tmp, ("--pp-timeout", "2"))
+    bad = []
+    try:
+        if not pids:
+            report("mpi_root_stopped", False, f"the generation did not start: {p.stderr.read().decode()[-300:]}")
+            return
+        t0 = time.monotonic()
+        os.kill(pids[0], signal.SIGSTOP)
+        try:
+            _, err = p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            err = b""
+        while alive(pids) and time.monotonic() - t0 < 60:
+            time.sleep(0.1)
+        dt = time.monotonic() - t0
+        lines = [l for l in err.decode(errors="replace").splitlines() if l.startswith("specdec:")]
+        print(f"  info: rank 0 stopped: every process gone {dt:.2f} s later; message: {lines[:1]}")
+        if alive(pids) or dt > 40 or not lines or "nothing from rank 0 within 17 s" not in lines[0]:
+            bad.append(f"{dt:.1f} s, left {alive(pids)}, messages {lines[:2]}")
+    finally:
+        for pid in (pids or {}).values():
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except OSError:
+                pass
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    report("mpi_root_stopped", not bad, "\n".join(bad))
+
+
 def case_stuck_rank(tmp):
     p, pids = start_long(tmp, ("--pp-timeout", "3"))
     try:
@@ -655,7 +798,7 @@ def main():
     only = set(sys.argv[1:])   # case names to run (all by default)
     with tempfile.TemporaryDirectory(prefix="specdec_mpi_") as tmp:
         if not only or only & {"mpi_greedy_synth", "mpi_bench_equal", "mpi_bad_launches", "mpi_killed_rank",
-                               "mpi_stuck_rank"}:
+                               "mpi_stuck_rank", "mpi_root_stopped"}:
             subprocess.run([SYNTH, os.path.join(tmp, "s6.gguf"), "6"], check=True)
         cases = [("mpi_greedy_synth", lambda: case_greedy_synth(tmp)), ("mpi_greedy_smollm", case_greedy_smollm),
                  ("mpi_bench_equal", lambda: case_bench_equal(tmp)),
@@ -663,7 +806,8 @@ def main():
                  ("mpi_serve_killed_rank", case_serve_killed_rank), ("mpi_serve_root_gone", case_serve_root_gone),
                  ("mpi_bad_launches", lambda: case_bad_launches(tmp)),
                  ("mpi_killed_rank", lambda: case_killed_rank(tmp)), ("mpi_stuck_rank", lambda: case_stuck_rank(tmp)),
-                 ("mpi_rank_memory", case_rank_memory)]
+                 ("mpi_rank_memory", case_rank_memory), ("mpi_skip", lambda: case_skip(tmp)),
+                 ("mpi_root_stopped", lambda: case_root_stopped(tmp))]
         for name, fn in cases:
             if not only or name in only:
                 fn()

@@ -8,7 +8,8 @@
 // layers it does not hold, a whole forward and state saving, with
 // a message; a part's held bytes are its share; several sessions' batches
 // through parts (sd_batcher_forward_part) equal a batcher pass over the
-// whole model. Synthetic models (F32 and
+// whole model; a model's session hook reaches every new session, a skip
+// drafter's included, and their release. Synthetic models (F32 and
 // Q4_1, llama and qwen2); the default model when present.
 #include <stdint.h>
 #include <stdio.h>
@@ -471,6 +472,61 @@ done:
     remove(path);
 }
 
+// A model's session hook (sd_model_set_session_hook) runs on every new
+// session, a skip drafter's included, and may set hooks whose release runs
+// when the session is freed; a hook that fails makes sd_session_new fail
+// with its message; NULL removes it.
+typedef struct hook_count {
+    int made, released, fail;
+} hook_count;
+
+static void count_release(void *arg) { ((hook_count *)arg)->released++; }
+
+static int count_new(void *arg, sd_session *s, char *err, size_t errlen) {
+    hook_count *c = arg;
+    if (c->fail) return snprintf(err, errlen, "hook refuses"), SD_ERR_INPUT;
+    c->made++;
+    const sd_session_hooks h = {.release = count_release, .arg = c};
+    sd_session_set_hooks(s, &h);
+    return 0;
+}
+
+static void test_session_hook(void) {
+    synth_params sp = synth_default_params();
+    sp.n_layer = 4;
+    char path[256];
+    snprintf(path, sizeof path, "/tmp/specdec_test_fpart_%d_hook.gguf", (int)getpid());
+    CHECK(synth_write(path, &sp, g_err, sizeof g_err) == 0, "%s", g_err);
+    sd_model *m = NULL;
+    CHECK(sd_model_load(&m, path, g_err, sizeof g_err) == 0, "%s", g_err);
+    if (!m) goto done;
+    hook_count c = {0};
+    sd_model_set_session_hook(m, count_new, &c);
+    sd_session *s = new_session(m, 64);
+    CHECK(s && c.made == 1, "the hook ran %d times for one session", c.made);
+    sd_method meth;
+    sd_method_env env = sd_method_env_default(m);
+    sd_drafter *d = NULL;
+    CHECK(sd_method_parse("skip:1-2", &meth, g_err, sizeof g_err) == 0 &&
+              sd_method_make(&meth, &env, &d, g_err, sizeof g_err) == 0, "%s", g_err);
+    CHECK(c.made == 2, "the skip drafter's session did not reach the hook (%d)", c.made);
+    sd_drafter_free(d);
+    CHECK(c.released == 1, "the drafter's session was freed, released %d", c.released);
+    sd_session_free(s);
+    CHECK(c.released == 2, "released %d of 2", c.released);
+    c.fail = 1;
+    sd_session *t = new_session(m, 64);
+    CHECK(!t && strstr(g_err, "hook refuses"), "a failing hook: session %p, '%s'", (void *)t, g_err);
+    sd_session_free(t);
+    sd_model_set_session_hook(m, NULL, NULL);
+    t = new_session(m, 64);
+    CHECK(t && c.made == 2, "a removed hook still ran (%d)", c.made);
+    sd_session_free(t);
+done:
+    sd_model_free(m);
+    remove(path);
+}
+
 // The default model split in 3: the same logits and hidden rows as whole.
 static void test_parts_equal_whole_smollm(void) {
     if (access(DEFAULT_MODEL, R_OK) != 0) SKIP("%s not present (scripts/fetch-models.sh)", DEFAULT_MODEL);
@@ -496,6 +552,7 @@ int main(void) {
     T_RUN(test_pipeline_generates_whole_text);
     T_RUN(test_batcher_parts_equal_whole);
     T_RUN(test_part_refusals);
+    T_RUN(test_session_hook);
     T_RUN(test_parts_equal_whole_smollm);
     T_EXIT();
 }

@@ -8,6 +8,7 @@
 // forward. Every rank runs the same kernels on the same rows in the same
 // order as one process would, so the output is the same, bit for bit.
 #include <fcntl.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,7 +21,8 @@
 pp_root pp0;
 static char g_path[1024];   // the model the ranks loaded
 static double g_held_mib, g_total_mib; // rank 0's weights held, and the whole model's (MiB)
-static double g_ping_ms[2];   // --pp-stats: median time of a message of 1 and 16 rows round the ring (ms)
+static double g_ping_ms[3];   // --pp-stats: median time of a message of 1 and 16 rows round the ring, and of
+                              // 1 row sent after rank 0 computed for 5 ms (the other ranks asleep in their waits) (ms)
 
 // ---------------------------------------------------------------- the launch
 
@@ -198,6 +200,25 @@ static void clock_offsets(pp_ctx *c) {
     }
 }
 
+// Open MPI binds each rank to one core by default when it starts 2 ranks
+// or fewer (to a socket with more): every thread of a rank with -t T > 1
+// would then share that core, and a rank could not move off a core that
+// other work uses (measured: R = 2 at about half the tokens/s of unbound
+// ranks on the shared 2-core host, docs/mpi.md). So a rank bound by that
+// default (no --bind-to / --map-by given: Open MPI then sets no binding or
+// mapping policy in the environment) may run on every core; a binding the
+// user asked for is kept (rank 0 warns when it leaves it fewer cores than
+// threads, pp_attach).
+static void unbind_default(void) {
+    if (getenv("OMPI_MCA_hwloc_base_binding_policy") || getenv("OMPI_MCA_rmaps_base_mapping_policy")) return;
+    cpu_set_t cs;
+    const long n = sysconf(_SC_NPROCESSORS_ONLN);
+    if (n < 1 || sched_getaffinity(0, sizeof cs, &cs) != 0 || CPU_COUNT(&cs) >= n) return;
+    CPU_ZERO(&cs);
+    for (long k = 0; k < n && k < CPU_SETSIZE; k++) CPU_SET((int)k, &cs);
+    (void)sched_setaffinity(0, sizeof cs, &cs);   // a cpuset narrower than the host: the kernel keeps its part
+}
+
 int pp_main(int *argc, char **argv) {
     int R = 0, any = 0, timeout_s = 120, j = 1;
     const char *spec = NULL;
@@ -244,6 +265,7 @@ int pp_main(int *argc, char **argv) {
         R = 1;
         for (const char *p = spec; *p; p++) R += *p == ',';
     }
+    unbind_default();
     int provided = 0;
     MPI_Init_thread(argc, &argv, MPI_THREAD_SERIALIZED, &provided);
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
@@ -287,10 +309,18 @@ int pp_active(void) { return pp0.active; }
 
 // ---------------------------------------------------------------- rank 0
 
+static int attach_new(void *arg, sd_session *s, char *err, size_t errlen) {
+    (void)arg;
+    return pp_attach(s, err, errlen);
+}
+
 int pp_model_load(sd_model **out, const char *path, char *err, size_t errlen) {
     if (!pp0.active || pp0.c.size == 1) return sd_model_load(out, path, err, errlen);
     const int r = sd_model_load_part(out, path, 0, pp0.c.lo[1], 1, err, errlen);
     if (r == 0) {
+        // every session of the part reaches every rank: the command's, a
+        // server's slots, and those a drafter makes on the target (skip:)
+        sd_model_set_session_hook(*out, attach_new, NULL);
         sd_model_info mi;
         sd_model_get_info(*out, &mi);
         g_held_mib = mi.n_bytes_held / 1048576.0;
@@ -315,22 +345,60 @@ static void ring_trip(pp_ctx *c, size_t bytes, int answer, const char *what, dou
     }
 }
 
+// Sends the queued cache operations round the ring on their own.
+static void flush_ops(void) {
+    if (!pp0.n_ops) return;
+    pp_hdr *h = (pp_hdr *)(void *)pp0.c.sbuf;
+    memset(h, 0, sizeof *h);
+    h->type = PP_OPS;
+    h->n_ops = pp0.n_ops;
+    pp_view v;
+    pp_layout(pp0.c.sbuf, pp0.c.n_embd, &v);
+    memcpy(v.ops, pp0.ops, sizeof(int32_t) * (size_t)pp0.n_ops);
+    ring_trip(&pp0.c, v.bytes, 0, "sending to", NULL);
+    pp0.n_ops = 0;
+}
+
 // Queues a cache operation of n_words for the next forward; a queue that
 // would overflow goes round the ring on its own first.
 static void queue_ops(const int32_t *w, int n_words) {
-    if (pp0.n_ops + n_words > pp0.ops_cap) {
-        pp_hdr *h = (pp_hdr *)(void *)pp0.c.sbuf;
-        memset(h, 0, sizeof *h);
-        h->type = PP_OPS;
-        h->n_ops = pp0.n_ops;
-        pp_view v;
-        pp_layout(pp0.c.sbuf, pp0.c.n_embd, &v);
-        memcpy(v.ops, pp0.ops, sizeof(int32_t) * (size_t)pp0.n_ops);
-        ring_trip(&pp0.c, v.bytes, 0, "sending to", NULL);
-        pp0.n_ops = 0;
-    }
+    if (pp0.n_ops + n_words > pp0.ops_cap) flush_ops();
     memcpy(pp0.ops + pp0.n_ops, w, sizeof(int32_t) * (size_t)n_words);
     pp0.n_ops += n_words;
+}
+
+// The layer-skip mask last sent for each session id (NULL: none).
+static uint8_t *g_skip[PP_MAX_SESSIONS];
+
+void pp_sync_skip(const sd_session *s, int sid) {
+    const uint8_t *m = sd_session_layer_skip(s);
+    const int nl = pp0.c.n_layer, nw = m ? (nl + 31) / 32 : 0;
+    if (!m && !g_skip[sid]) return;
+    if (m && g_skip[sid] && !memcmp(m, g_skip[sid], (size_t)nl)) return;
+    if (m && !g_skip[sid] && !(g_skip[sid] = malloc((size_t)nl))) pp_die(&pp0.c, "out of memory");
+    int32_t w[3 + 256] = {PP_OP_SKIP, sid, nw};
+    if (nw > 256) pp_die(&pp0.c, "a layer-skip mask of %d layers (at most 8192)", nl);
+    for (int l = 0; m && l < nl; l++)
+        if (m[l]) w[3 + l / 32] = (int32_t)((uint32_t)w[3 + l / 32] | 1u << (l % 32));
+    queue_ops(w, 3 + nw);
+    if (m) {
+        memcpy(g_skip[sid], m, (size_t)nl);
+    } else {
+        free(g_skip[sid]);
+        g_skip[sid] = NULL;
+    }
+}
+
+// A session rank 0 frees: its copies on the other ranks go too, its id
+// becomes free.
+static void hook_release(void *arg) {
+    const int sid = (int)(intptr_t)arg;
+    if (!pp0.active) return;
+    const int32_t w[3] = {PP_OP_FREE, sid, 0};
+    queue_ops(w, 3);
+    pp0.sess[sid] = NULL;
+    free(g_skip[sid]);
+    g_skip[sid] = NULL;
 }
 
 static void hook_commit(void *arg, const int32_t *rows, int n) {
@@ -357,6 +425,7 @@ static void hook_truncate(void *arg, int n) {
 // ranks', the answer's hidden rows into the caller's buffer, the output.
 static int hook_forward(void *arg, sd_session *s, const sd_batch *b, char *err, size_t errlen) {
     pp_ctx *c = &pp0.c;
+    pp_sync_skip(s, (int)(intptr_t)arg);   // (may send the queue first: before the message is built)
     const int E = c->n_embd, first_remote = c->lo[1];
     pp_hdr *h = (pp_hdr *)(void *)c->sbuf;
     memset(h, 0, sizeof *h);
@@ -472,12 +541,18 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 // The ring's transport alone: messages of a forward of 1 and 16 rows sent
-// round it 41 times each (no rank computes), their median time.
+// round it 41 times each (no rank computes), their median time; then 1
+// row 41 times, each after rank 0 spun for 5 ms as if computing, so that
+// the other ranks' waits have gone on as long as in a forward's (what a
+// waiting rank takes to see a message, added to the transport).
 static void ring_pings(pp_ctx *c) {
-    const int sizes[2] = {1, 16};
-    for (int s = 0; s < 2; s++) {
+    const int sizes[3] = {1, 16, 1};
+    for (int s = 0; s < 3; s++) {
         double t[41];
         for (int k = 0; k < 41; k++) {
+            if (s == 2)
+                for (const double t0 = pp_now_ms(); pp_now_ms() - t0 < 5.0;) {
+                }
             pp_hdr *h = (pp_hdr *)(void *)c->sbuf;
             memset(h, 0, sizeof *h);
             h->type = PP_PING;
@@ -514,10 +589,14 @@ static int ensure_buffers(pp_ctx *c, int n_batch) {
 int pp_attach(sd_session *s, char *err, size_t errlen) {
     if (!pp0.active || pp0.c.size == 1) return 0;
     pp_ctx *c = &pp0.c;
-    if (pp0.attached == PP_MAX_SESSIONS)
-        return snprintf(err, errlen, "pipeline: at most %d sessions", PP_MAX_SESSIONS), -1;
+    if (pp_sid_of(s) >= 0) return 0;   // attached when it was made (sd_model_set_session_hook)
+    int sid = 0;
+    while (sid < pp0.attached && pp0.sess[sid]) sid++;
+    if (sid == PP_MAX_SESSIONS)
+        return snprintf(err, errlen, "pipeline: at most %d sessions at once", PP_MAX_SESSIONS), -1;
     if (ensure_buffers(c, sd_session_n_batch(s)) < 0) return snprintf(err, errlen, "pipeline: out of memory"), -1;
-    const int sid = pp0.attached++;
+    flush_ops();   // a freed session's id goes before it is set up again
+    if (sid == pp0.attached) pp0.attached++;
     pp0.sess[sid] = s;
     pp_hdr *h = (pp_hdr *)(void *)c->sbuf;
     memset(h, 0, sizeof *h);
@@ -527,9 +606,20 @@ int pp_attach(sd_session *s, char *err, size_t errlen) {
     h->n_batch = sd_session_n_batch(s);
     h->n_threads = sd_threadpool_size(sd_session_pool(s));
     ring_trip(c, sizeof *h, 0, "sending to", NULL);
-    if (c->stats && sid == 0) ring_pings(c);
+    static int pinged;
+    if (!pinged) {   // the first session
+        cpu_set_t cs;
+        const int nt = h->n_threads;
+        if (sched_getaffinity(0, sizeof cs, &cs) == 0 && CPU_COUNT(&cs) < nt)
+            fprintf(stderr, "specdec: warning: rank 0 is bound to %d core(s) for %d threads (mpirun --bind-to or "
+                            "--map-by): its threads share them; --bind-to none, or --map-by slot:PE=%d, gives them "
+                            "cores of their own\n", CPU_COUNT(&cs), nt, nt);
+        pp_short_slice(c, nt);
+        if (c->stats) ring_pings(c);
+        pinged = 1;
+    }
     const sd_session_hooks hk = {.forward = hook_forward, .commit = hook_commit, .truncate = hook_truncate,
-                                 .arg = (void *)(intptr_t)sid};
+                                 .arg = (void *)(intptr_t)sid, .release = hook_release};
     sd_session_set_hooks(s, &hk);
     return 0;
 }
@@ -560,9 +650,10 @@ static void pp_finish(void) {
         st[0].held_mib = g_held_mib;
         const double hop = pp0.n_solo > 0 ? (pp0.solo_wait_ms - pp0.solo_other_ms) / pp0.n_solo / c->size : 0;
         fprintf(stderr, "{\"pp\": {\"ranks\": %d, \"n_layer\": %d, \"forwards\": %.0f, \"hop_overhead_ms\": %.4f, "
-                        "\"ring_hop_ms_1_row\": %.4f, \"ring_hop_ms_16_rows\": %.4f, \"weights_mib\": %.1f, "
-                        "\"per_rank\": [",
-                c->size, c->n_layer, pp0.n_fwd, hop, g_ping_ms[0] / c->size, g_ping_ms[1] / c->size, g_total_mib);
+                        "\"ring_hop_ms_1_row\": %.4f, \"ring_hop_ms_16_rows\": %.4f, \"ring_hop_ms_after_5_ms\": %.4f, "
+                        "\"weights_mib\": %.1f, \"per_rank\": [",
+                c->size, c->n_layer, pp0.n_fwd, hop, g_ping_ms[0] / c->size, g_ping_ms[1] / c->size,
+                g_ping_ms[2] / c->size, g_total_mib);
         for (int k = 0; k < c->size; k++)
             fprintf(stderr, "%s{\"rank\": %d, \"layers\": [%.0f, %.0f], \"weights_mib\": %.1f, \"rss_mib\": %.1f, "
                             "\"hwm_mib\": %.1f, \"compute_ms\": %.1f, \"wait_ms\": %.1f, \"forwards\": %.0f}",

@@ -22,10 +22,13 @@ int pp_main(int *argc, char **argv);
 int pp_active(void);
 // Loads the command's target: its part (the first layers, the embeddings and
 // the output) on rank 0 of a pipeline, else the whole model (sd_model_load).
+// On rank 0 every session later made on the part is attached as it is made
+// (sd_model_set_session_hook), a skip drafter's included.
 int pp_model_load(sd_model **out, const char *path, char *err, size_t errlen);
-// Attaches the target's session to the pipeline (no-op without one): the
-// other ranks make their sessions alike, and the session's forward, commit
-// and truncate reach every rank. 0, or <0 with a message.
+// Attaches a session of the target to the pipeline (no-op without one, or
+// when attached already): the other ranks make their sessions alike, and
+// the session's forward, commit, truncate, layer-skip mask and end reach
+// every rank. 0, or <0 with a message.
 int pp_attach(sd_session *s, char *err, size_t errlen);
 // The batches of several attached sessions in one pass round the ring (a
 // server's round): sd_batcher_forward's contract, on batcher b of rank 0's

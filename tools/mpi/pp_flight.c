@@ -185,6 +185,10 @@ int pp_group_begin(sd_batcher *b, sd_session *const *ss, const sd_batch *bs, int
     if (fi == PP_MAX_FLIGHT) return snprintf(err, errlen, "pipeline: %d passes in flight already", PP_MAX_FLIGHT), -1;
     if (!g_fl[fi] && !(g_fl[fi] = calloc(1, sizeof(pp_flight)))) return snprintf(err, errlen, "pipeline: out of memory"), -1;
     pp_flight *f = g_fl[fi];
+    for (int i = 0; i < n; i++) {   // the sessions' layer-skip masks (queued: before the message is built)
+        const int sid = pp_sid_of(ss[i]);
+        if (sid >= 0) pp_sync_skip(ss[i], sid);
+    }
     // the message's size, then its headers and batch structure
     size_t need = (sizeof(pp_hdr) + sizeof(int32_t) * (size_t)pp0.n_ops + 63) / 64 * 64, total = 0;
     for (int i = 0; i < n; i++) {

@@ -13,7 +13,7 @@
 typedef struct pp_root {
     pp_ctx c;
     int active;                // rank 0 of a pipeline
-    int attached;              // sessions attached (hooked; the workers have theirs)
+    int attached;              // session ids in use so far (a freed session's id is reused)
     int32_t *ops;              // (ops_cap) queued cache operations (op, session, n, rows...)
     int n_ops, ops_cap;
     double n_fwd, other_ms, wait_ms, self_ms; // forwards; the other ranks' compute, rank 0's wait and compute (ms)
@@ -49,5 +49,8 @@ void pp_busy_settle(void);
 int pp_group_in_flight(int k);
 // The session id of an attached session, or -1.
 int pp_sid_of(const sd_session *s);
+// Queues session sid's layer-skip mask for the other ranks when it changed
+// since the last one sent (a skip drafter's session).
+void pp_sync_skip(const sd_session *s, int sid);
 
 #endif

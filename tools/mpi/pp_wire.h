@@ -28,7 +28,8 @@
 enum pp_type { PP_FWD = 1, PP_OPS = 2, PP_QUIT = 3, PP_ERR = 4, PP_SETUP = 5, PP_PING = 6, PP_GROUP = 7, PP_ALIVE = 8 };
 // PP_ALIVE: rank 0 is alive and idle (a server sends one every PP_KEEPALIVE_MS
 // it sent nothing else); every rank passes it on but the last. A worker
-// that has seen one waits for each next message at most --pp-timeout plus
+// that has seen one, or a PP_SETUP (generate and bench keep the ring busy),
+// waits for each next message at most --pp-timeout plus
 // PP_KEEPALIVE_MISS keep-alives, then stops every rank (rank 0, or a rank
 // before it, is gone: on another host nothing else would tell).
 #define PP_KEEPALIVE_MS 5000.0
@@ -36,7 +37,11 @@ enum pp_type { PP_FWD = 1, PP_OPS = 2, PP_QUIT = 3, PP_ERR = 4, PP_SETUP = 5, PP
 #define PP_MAX_GROUP 256
 // PP_PING: a forward's message that every rank passes on without computing (--pp-stats
 // times the ring's transport alone with it)
-enum pp_op { PP_OP_COMMIT = 1, PP_OP_COMMIT_ALL = 2, PP_OP_TRUNC = 3 };
+// Cache operations (op, session, n, n words): a commit of n rows (the words),
+// of all n pending rows, a truncation to n; PP_OP_SKIP: the session's
+// layer-skip mask (n words of 32 layers' bits, n = 0: none); PP_OP_FREE: the
+// session is gone (its id may be set up again).
+enum pp_op { PP_OP_COMMIT = 1, PP_OP_COMMIT_ALL = 2, PP_OP_TRUNC = 3, PP_OP_SKIP = 4, PP_OP_FREE = 5 };
 enum pp_flag { PP_F_PARENT = 1, PP_F_POS = 2, PP_F_HIDDEN = 4, PP_F_PRECISE = 8 };
 
 // A message: this header, then n_ops op words (op, session, n, rows...), the batch's parent, pos and
@@ -105,14 +110,19 @@ size_t pp_msg_cap(int n_batch, int n_embd, int ops_words);
 // flight, or MPI_REQUEST_NULL) completed too. Returns the bytes received.
 size_t pp_recv(pp_ctx *c, int from, char **buf, size_t *cap, MPI_Request *sreq, double timeout_ms, double *waited);
 // Waits for the n requests, polling (a short spin, then sleeps of up to
-// 100 us: ranks that share cores do not steal them from the one computing),
-// at most timeout_ms (<= 0: forever). Time waited is added to *waited. 0,
+// ~150 us: ranks that share cores do not steal them from the one computing;
+// pp_worker.c says what else was measured), at most timeout_ms (<= 0: forever). Time waited is added to *waited. 0,
 // or stops every rank with a message naming the peer (an MPI error, or the
 // deadline passed).
 int pp_wait(pp_ctx *c, MPI_Request *rq, int n, int peer, const char *what, double timeout_ms, double *waited);
 // Shortens this thread's timer slack to 1 us (Linux), so that the waits'
 // short sleeps end when they should.
 void pp_fast_wakeups(void);
+// Asks the scheduler for a short time slice (PP_SLICE_NS) for this thread,
+// so that a rank woken by its message runs at once, unless this host's
+// ranks of n_threads threads need more cores than it has (pp_worker.c).
+#define PP_SLICE_NS 300000u
+void pp_short_slice(const pp_ctx *c, int n_threads);
 // CLOCK_MONOTONIC in ms.
 double pp_now_ms(void);
 // Inside every rank's waits: every 50 ms, whether each other rank on its

@@ -9,6 +9,8 @@
 // rank, in place.
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,6 +63,37 @@ void pp_fast_wakeups(void) {
     // 50 us timer slack every sleep lasts 50 us or more, and each hop of a
     // forward would pay one
     (void)prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+}
+
+void pp_short_slice(const pp_ctx *c, int n_threads) {
+    // Linux's EEVDF scheduler (6.12 and later) lets a fair task ask for a
+    // shorter time slice (sched_attr.sched_runtime): its deadlines come
+    // sooner, so a rank woken by its message takes the core from another
+    // job's thread at once instead of after that thread's slice. Measured on
+    // the shared 2-core host, R = 2: the hop 0.29 ms instead of 0.42, the
+    // speculative tokens/s 0.77x one process's instead of 0.66x (medians of
+    // 6, docs/mpi.md). Not when this host's ranks need more cores than it
+    // has: there the waking rank would take the core from another rank
+    // computing (R = 3 on 2 cores was slower with it). Older kernels ignore
+    // it; nothing changes when the call fails.
+    int here = 0;
+    for (int k = 0; k < c->size; k++) here += c->local[k];
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores < 1 || (long)here * n_threads > cores) return;
+    struct {   // struct sched_attr (linux/sched/types.h), version 1
+        uint32_t size, policy;
+        uint64_t flags;
+        int32_t nice;
+        uint32_t prio;
+        uint64_t runtime, deadline, period;
+        uint32_t util_min, util_max;
+    } a;
+    memset(&a, 0, sizeof a);
+    a.size = sizeof a;
+    a.policy = 0;   // SCHED_OTHER, as it is
+    a.nice = getpriority(PRIO_PROCESS, 0);
+    a.runtime = PP_SLICE_NS;
+    (void)syscall(SYS_sched_setattr, 0, &a, 0);
 }
 
 void pp_die(pp_ctx *c, const char *fmt, ...) {
@@ -141,9 +174,26 @@ static void on_term(int sig) {
     g_term = 1;
 }
 
+// The waits poll: a short spin (answers that come at once: cache
+// operations, pings), then sleeps growing from 2 us by half each time up to
+// ~150 us, with the timer slack cut to 1 us (pp_fast_wakeups). No spinning
+// beyond the first polls: on a host whose cores are shared (ranks
+// oversubscribed, or other jobs) a spinning rank takes the core of the one
+// computing, and a sleeping one lets the scheduler give its core to other
+// work meanwhile. Measured against this on the shared 2-core host (docs/mpi.md,
+// Hop latency): spinning with sched_yield, sleeping until the message is due
+// (from the last waits) and polling every 20 us from then on, or both, all
+// made the hops slower and the split's tokens/s lower.
+static void waiter_pause(long *polls, long *sleep_ns) {
+    if (++*polls <= 64) return;
+    const struct timespec ts = {0, *sleep_ns};
+    nanosleep(&ts, NULL);
+    if (*sleep_ns < 100000) *sleep_ns += *sleep_ns / 2;
+}
+
 size_t pp_recv(pp_ctx *c, int from, char **buf, size_t *cap, MPI_Request *sreq, double timeout_ms, double *waited) {
     const double t0 = now_ms();
-    long spins = 0, sleep_ns = 2000;
+    long spins = 0, polls = 0, sleep_ns = 2000;
     MPI_Status st;
     for (;;) {
         int got = 0, sent = 1;
@@ -157,11 +207,8 @@ size_t pp_recv(pp_ctx *c, int from, char **buf, size_t *cap, MPI_Request *sreq, 
         }
         if (got && sent) break;
         pp_check_alive(c);
-        if (++spins > 64) {
-            const struct timespec ts = {0, sleep_ns};
-            nanosleep(&ts, NULL);
-            if (sleep_ns < 100000) sleep_ns += sleep_ns / 2;
-        }
+        ++spins;
+        waiter_pause(&polls, &sleep_ns);
         if (timeout_ms > 0 && (spins & 63) == 0 && now_ms() - t0 > timeout_ms) {
             if (c->rank == 0 && from == c->size - 1)
                 pp_die(c, "no answer from ranks 1..%d within %.0f s (--pp-timeout): one of them is stuck, killed or "
@@ -200,7 +247,7 @@ size_t pp_recv(pp_ctx *c, int from, char **buf, size_t *cap, MPI_Request *sreq, 
 
 int pp_wait(pp_ctx *c, MPI_Request *rq, int n, int peer, const char *what, double timeout_ms, double *waited) {
     const double t0 = now_ms();
-    long spins = 0, sleep_ns = 2000;
+    long spins = 0, polls = 0, sleep_ns = 2000;
     for (;;) {
         int done = 0;
         const int rc = MPI_Testall(n, rq, &done, MPI_STATUSES_IGNORE);
@@ -212,11 +259,8 @@ int pp_wait(pp_ctx *c, MPI_Request *rq, int n, int peer, const char *what, doubl
         }
         if (done) break;
         pp_check_alive(c);
-        if (++spins > 64) {
-            const struct timespec ts = {0, sleep_ns};
-            nanosleep(&ts, NULL);
-            if (sleep_ns < 100000) sleep_ns += sleep_ns / 2;
-        }
+        ++spins;
+        waiter_pause(&polls, &sleep_ns);
         if (timeout_ms > 0 && (spins & 63) == 0 && now_ms() - t0 > timeout_ms) {
             if (!what)   // rank 0 waiting for the ring's answer
                 pp_die(c, "no answer from ranks 1..%d within %.0f s (--pp-timeout): one of them is stuck, killed or "
@@ -308,7 +352,20 @@ static int run_group(pp_ctx *c, worker *w, char *msg, char *err, size_t errlen) 
 }
 
 
-// Applies rank 0's commits and truncations, in order.
+// Session s's layer-skip mask from n words of bits (n = 0: none).
+static int set_skip(pp_ctx *c, sd_session *s, const int32_t *words, int n, char *err, size_t errlen) {
+    if (!n) return sd_session_set_layer_skip(s, NULL, err, errlen);
+    if (n != (c->n_layer + 31) / 32) return snprintf(err, errlen, "a layer-skip mask of %d words", n), -1;
+    uint8_t *m = malloc((size_t)c->n_layer);
+    if (!m) return snprintf(err, errlen, "out of memory"), -1;
+    for (int l = 0; l < c->n_layer; l++) m[l] = (uint8_t)((uint32_t)words[l / 32] >> (l % 32) & 1u);
+    const int r = sd_session_set_layer_skip(s, m, err, errlen);
+    free(m);
+    return r;
+}
+
+// Applies rank 0's cache operations (commits, truncations, layer-skip
+// masks, sessions gone), in order.
 static void apply_ops(pp_ctx *c, worker *w, const int32_t *ops, int n_ops) {
     char err[256];
     for (int i = 0; i < n_ops;) {
@@ -318,6 +375,8 @@ static void apply_ops(pp_ctx *c, worker *w, const int32_t *ops, int n_ops) {
         if (op == PP_OP_COMMIT) r = sd_session_commit(s, ops + i + 3, n, err, sizeof err), i += 3 + n;
         else if (op == PP_OP_COMMIT_ALL) r = sd_session_commit(s, NULL, n, err, sizeof err), i += 3;
         else if (op == PP_OP_TRUNC) r = sd_session_truncate(s, n, err, sizeof err), i += 3;
+        else if (op == PP_OP_SKIP) r = set_skip(c, s, ops + i + 3, n, err, sizeof err), i += 3 + n;
+        else if (op == PP_OP_FREE) sd_session_free(s), w->sess[ops[i + 1]] = NULL, i += 3;
         else pp_die(c, "unknown cache operation %d from rank 0", op);
         if (r < 0) pp_die(c, "its cache cannot follow rank 0's: %s", err);
     }
@@ -327,8 +386,11 @@ static void apply_ops(pp_ctx *c, worker *w, const int32_t *ops, int n_ops) {
 static void new_session(pp_ctx *c, worker *w, const pp_hdr *h) {
     char err[512];
     if (h->sid < 0 || h->sid >= PP_MAX_SESSIONS || w->sess[h->sid]) pp_die(c, "a bad new session %d", h->sid);
-    if (!w->pool && sd_threadpool_new(&w->pool, h->n_threads, err, sizeof err) < 0)
-        pp_die(c, "cannot start its threads: %s", err);
+    if (!w->pool) {
+        if (sd_threadpool_new(&w->pool, h->n_threads, err, sizeof err) < 0)
+            pp_die(c, "cannot start its threads: %s", err);
+        pp_short_slice(c, h->n_threads);
+    }
     sd_session_params sp = sd_session_default_params();
     sp.n_ctx = h->n_ctx;
     sp.n_batch = h->n_batch;
@@ -400,6 +462,9 @@ static int serve_ring(pp_ctx *c, worker *w) {
             if (next == 0) continue;
             bytes = sizeof(pp_hdr);
         } else if (type == PP_SETUP) {
+            // from the first session on, rank 0 keeps the ring busy (generate, bench) or sends
+            // keep-alives when idle (serve): a silence of --pp-timeout + the keep-alives means it is gone
+            c->keepalive = 1;
             new_session(c, w, v.h);
             if (next == 0) continue;
             bytes = sizeof(pp_hdr);
