@@ -29,7 +29,8 @@ static void usage(FILE *f) {
             "\n"
             "'specdec <command> --help' describes the options of a command.\n"
             "mpirun -np R specdec generate|bench|serve ... --pp R splits the model's layers over R\n"
-            "processes (a build with `make MPI=1`; --layers N,N,.., --pp-groups G, --pp-stats: docs/mpi.md).\n"
+            "processes (a build with `make MPI=1`; --layers N,N,.., --pp-groups G, --pp-wait auto|spin|sleep,\n"
+            "--pp-stats: docs/mpi.md).\n"
             "example: specdec generate -m models/SmolLM2-135M-Instruct.Q4_1.gguf --chat -p \"Hello\"\n",
             SPECDEC_VERSION);
 }

@@ -121,7 +121,9 @@ def case_greedy_synth(tmp):
     subprocess.run([RHEAD, model, head, "eagle3"], check=True)
     methods = [("ar", []), ("tree", ["--draft", model, "--method", "tree:2-2-1"]),
                ("eagle3", ["--head", head, "--method", "eagle3:auto"])]
-    splits = [(2, ["--pp", "2"]), (3, ["--pp", "3"]), (3, ["--layers", "1,2,3"])]
+    # --pp-wait: the waits' polling never changes the text
+    splits = [(2, ["--pp", "2"]), (3, ["--pp", "3"]), (3, ["--layers", "1,2,3"]), (2, ["--pp", "2", "--pp-wait", "sleep"]),
+              (3, ["--pp", "3", "--pp-wait", "spin"])]
     bad = compare("synth", model, "w1 w2 w3 w4", methods, splits, 40)
     report("mpi_greedy_synth", not bad, "\n".join(bad))
 
@@ -576,6 +578,8 @@ def case_bad_launches(tmp):
         ("coverage", mpirun(3, gen + ["-m", model, "--layers", "1,2,2"], timeout=60), "covers 5 layers, but the model has 6"),
         ("too many", mpirun(8, gen + ["-m", model, "--pp", "8"], timeout=90), "8 ranks for a model of 6 layers"),
         ("no --pp", mpirun(2, gen + ["-m", model], timeout=60), "without --pp"),
+        ("--pp-wait", mpirun(2, gen + ["-m", model, "--pp", "2", "--pp-wait", "fast"], timeout=60),
+         "--pp-wait takes auto, spin or sleep, got 'fast'"),
     ]
     # different files on different ranks: MPMD launch, one file per rank
     cmd = ["mpirun", "--oversubscribe", "-np", "1", BIN, *gen, "-m", model, "--pp", "2", ":",

@@ -221,14 +221,15 @@ static void unbind_default(void) {
 
 int pp_main(int *argc, char **argv) {
     int R = 0, any = 0, timeout_s = 120, j = 1;
-    const char *spec = NULL;
+    const char *spec = NULL, *wait_mode = "auto";
     for (int i = 1; i < *argc; i++) {
         const char *a = argv[i];
         const char *v = NULL;
-        if (!strcmp(a, "--pp") || !strcmp(a, "--layers") || !strcmp(a, "--pp-timeout") || !strcmp(a, "--pp-groups")) {
+        if (!strcmp(a, "--pp") || !strcmp(a, "--layers") || !strcmp(a, "--pp-timeout") || !strcmp(a, "--pp-groups") ||
+            !strcmp(a, "--pp-wait")) {
             v = i + 1 < *argc ? argv[++i] : NULL;
         } else if (!strncmp(a, "--pp=", 5) || !strncmp(a, "--layers=", 9) || !strncmp(a, "--pp-timeout=", 13) ||
-                   !strncmp(a, "--pp-groups=", 12)) {
+                   !strncmp(a, "--pp-groups=", 12) || !strncmp(a, "--pp-wait=", 10)) {
             v = strchr(a, '=') + 1;
         } else if (!strcmp(a, "--pp-stats")) {
             pp0.c.stats = 1;
@@ -237,7 +238,14 @@ int pp_main(int *argc, char **argv) {
             argv[j++] = argv[i];
             continue;
         }
-        if (!strncmp(a, "--pp-groups", 11)) {
+        if (!strncmp(a, "--pp-wait", 9)) {
+            if (!v || (strcmp(v, "auto") && strcmp(v, "spin") && strcmp(v, "sleep"))) {
+                const char *wr0 = getenv("OMPI_COMM_WORLD_RANK");   // one message, from rank 0
+                if (!wr0 || !atoi(wr0)) fprintf(stderr, "specdec: --pp-wait takes auto, spin or sleep, got '%s'\n", v ? v : "");
+                return 2;
+            }
+            wait_mode = v;
+        } else if (!strncmp(a, "--pp-groups", 11)) {
             if (parse_int("--pp-groups", v, 1, PP_MAX_FLIGHT, &pp0.groups) < 0) return 2;
         } else if (!strncmp(a, "--pp-timeout", 12)) {
             if (parse_int("--pp-timeout", v, 1, 86400, &timeout_s) < 0) return 2;
@@ -272,6 +280,7 @@ int pp_main(int *argc, char **argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &pp0.c.rank);
     MPI_Comm_size(MPI_COMM_WORLD, &pp0.c.size);
     pp0.c.timeout_ms = timeout_s * 1e3;
+    pp0.c.wait_mode = !strcmp(wait_mode, "spin") ? PP_WAIT_SPIN : !strcmp(wait_mode, "sleep") ? PP_WAIT_SLEEP : 0;
     fact mine, all[PP_MAX_RANKS];
     if (pp0.c.size > PP_MAX_RANKS) {
         if (pp0.c.rank == 0) fprintf(stderr, "specdec: %d ranks: at most %d\n", pp0.c.size, PP_MAX_RANKS);

@@ -87,7 +87,11 @@ typedef struct pp_ctx {
     double t_fault;               // a worker: when it saw another rank die (pp_now_ms; 0: never)
     void (*on_fault)(void *arg, const char *msg); // rank 0: called once before a fault stops every rank, or NULL
     void *fault_arg;
+    int wait_mode;                // --pp-wait: 0 auto, PP_WAIT_SPIN, PP_WAIT_SLEEP
+    int spin;                     // 1: the waits poll without sleeping (pp_short_slice decides, by wait_mode)
 } pp_ctx;
+#define PP_WAIT_SPIN 1
+#define PP_WAIT_SLEEP 2
 
 // Where the parts of a message in buf lie, from its header (n, flags,
 // n_ops, n_wanted, n_hid must be set); bytes: its size.
@@ -109,7 +113,7 @@ size_t pp_msg_cap(int n_batch, int n_embd, int ops_words);
 // size; *cap its bytes), polling like pp_wait with sreq (a send still in
 // flight, or MPI_REQUEST_NULL) completed too. Returns the bytes received.
 size_t pp_recv(pp_ctx *c, int from, char **buf, size_t *cap, MPI_Request *sreq, double timeout_ms, double *waited);
-// Waits for the n requests, polling (a short spin, then sleeps of up to
+// Waits for the n requests, polling (with c->spin for the first 20 ms; else a short spin, then sleeps of up to
 // ~150 us: ranks that share cores do not steal them from the one computing;
 // pp_worker.c says what else was measured), at most timeout_ms (<= 0: forever). Time waited is added to *waited. 0,
 // or stops every rank with a message naming the peer (an MPI error, or the
@@ -120,9 +124,10 @@ int pp_wait(pp_ctx *c, MPI_Request *rq, int n, int peer, const char *what, doubl
 void pp_fast_wakeups(void);
 // Asks the scheduler for a short time slice (PP_SLICE_NS) for this thread,
 // so that a rank woken by its message runs at once, unless this host's
-// ranks of n_threads threads need more cores than it has (pp_worker.c).
+// ranks of n_threads threads need more cores than it has (pp_worker.c);
+// and sets c->spin by --pp-wait (auto: spin exactly then).
 #define PP_SLICE_NS 300000u
-void pp_short_slice(const pp_ctx *c, int n_threads);
+void pp_short_slice(pp_ctx *c, int n_threads);
 // CLOCK_MONOTONIC in ms.
 double pp_now_ms(void);
 // Inside every rank's waits: every 50 ms, whether each other rank on its
