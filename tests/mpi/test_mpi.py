@@ -642,6 +642,32 @@ def start_long(tmp, extra=()):
     return p, (pids if first and len(pids) == 3 else None)
 
 
+def stop_rank(p, pids, k, wait_s):
+    """Stops rank k (SIGSTOP), waits for mpirun and every rank to end (at most
+    wait_s); (seconds until all were gone, their specdec: lines, stderr)."""
+    t0 = time.monotonic()
+    os.kill(pids[k], signal.SIGSTOP)
+    try:
+        _, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        err = b""
+    while alive(pids) and time.monotonic() - t0 < wait_s:
+        time.sleep(0.1)
+    err = err.decode(errors="replace")
+    return time.monotonic() - t0, [l for l in err.splitlines() if l.startswith("specdec:")], err
+
+
+def resume_and_reap(p, pids):
+    for pid in (pids or {}).values():
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except OSError:
+            pass
+    if p.poll() is None:
+        p.kill()
+        p.wait()
+
+
 def case_root_stopped(tmp):
     """Rank 0 of a generation stopped (SIGSTOP; as if its host were gone,
     where no rank watches its pid): the others hear nothing for
@@ -652,28 +678,12 @@ def case_root_stopped(tmp):
         if not pids:
             report("mpi_root_stopped", False, f"the generation did not start: {p.stderr.read().decode()[-300:]}")
             return
-        t0 = time.monotonic()
-        os.kill(pids[0], signal.SIGSTOP)
-        try:
-            _, err = p.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            err = b""
-        while alive(pids) and time.monotonic() - t0 < 60:
-            time.sleep(0.1)
-        dt = time.monotonic() - t0
-        lines = [l for l in err.decode(errors="replace").splitlines() if l.startswith("specdec:")]
+        dt, lines, _ = stop_rank(p, pids, 0, 60)
         print(f"  info: rank 0 stopped: every process gone {dt:.2f} s later; message: {lines[:1]}")
         if alive(pids) or dt > 40 or not lines or "nothing from rank 0 within 17 s" not in lines[0]:
             bad.append(f"{dt:.1f} s, left {alive(pids)}, messages {lines[:2]}")
     finally:
-        for pid in (pids or {}).values():
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except OSError:
-                pass
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        resume_and_reap(p, pids)
     report("mpi_root_stopped", not bad, "\n".join(bad))
 
 
@@ -683,32 +693,16 @@ def case_stuck_rank(tmp):
         if not pids:
             report("mpi_stuck_rank", False, "the ranks were not found or nothing was generated")
             return
-        t0 = time.monotonic()
-        os.kill(pids[1], signal.SIGSTOP)
-        try:
-            _, err = p.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
+        dt, lines, err = stop_rank(p, pids, 1, 30)
+        if p.poll() is None:
             report("mpi_stuck_rank", False, "mpirun still runs 60 s after rank 1 was stopped")
             return
-        dt = time.monotonic() - t0
-        err = err.decode(errors="replace")
-        lines = [l for l in err.splitlines() if l.startswith("specdec:")]
-        while alive(pids) and time.monotonic() - t0 < 30:
-            time.sleep(0.1)
         gone = not alive(pids)
-        dt = time.monotonic() - t0
         print(f"  info: every process stopped {dt:.2f} s after rank 1 was stopped; message: {lines[:1]}")
         report("mpi_stuck_rank", dt < 20 and gone and len(lines) == 1 and "no answer from ranks 1..2 within 3 s" in lines[0],
                f"after {dt:.1f} s, all gone {gone}, stderr: {err.strip()[-500:]}")
     finally:
-        for pid in (pids or {}).values():
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except OSError:
-                pass
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        resume_and_reap(p, pids)
 
 
 def case_killed_rank(tmp):
