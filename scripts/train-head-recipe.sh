@@ -14,23 +14,24 @@
 # also holds generated instructions (writing, arithmetic, translation,
 # rewriting, role play, extraction: make-train-data's "tasks" source).
 #
-# qwen (Qwen2.5-Coder-1.5B-Instruct, scripts/fetch-models.sh --pair, the
-# shipped head; session 13's head) trains by teacher forcing on the same
+# qwen (Qwen2.5-Coder-1.5B-Instruct, scripts/fetch-models.sh --pair; the
+# first stage of the shipped head, session 13's head, written to
+# data/qwen/Qwen2.5-Coder-1.5B-Instruct.eagle3-v1.gguf) trains by teacher forcing on the same
 # corpus: SmolLM2's answered conversations and standard-library code and
 # documentation from text.jsonl, with the 1.5B model's own distribution as
 # the soft labels; two mix files, the second appended to the first's feature
 # cache. About 68 minutes here.
 #
 # qwen-sd (not shipped: over the 2-hour budget, heads/README.md) fine-tunes
-# the shipped Qwen head (--init; INIT names another start) by
+# the first stage (--init; INIT names another start) by
 # self-distillation: the corpus's first prompts answered by the 1.5B model
 # itself (make-train-data stage b with it as the server's model, 8 slots, no
 # drafts: about 40 tokens/s when the machine is left to it, so ANSWERS=682
 # answers take 1-1.5 hours; the step resumes; SD_PROMPTS, default 688, is
 # how many prompts it answers) in data/qwen-sd, with a share of
 # standard-library code. Writes WORK_DIR/Qwen2.5-Coder-1.5B-Instruct.eagle3-sd.gguf.
-# qwen-own and qwen-05b (issue 29's comparison, not shipped) fine-tune the
-# shipped Qwen head on the answers to the corpus's first 640 prompts written
+# qwen-own (the shipped Qwen head since 2026-11-28) and qwen-05b (issue 29's
+# comparison, not shipped) fine-tune that first stage on the answers to the corpus's first 640 prompts written
 # by the 1.5B target itself (data/qwen15) or by the 0.5B model (data/qwen05),
 # the 1.5B model's distribution as the labels either way; the answers come
 # from data/corpus/qwen2.5-coder-{1.5b,0.5b} when committed.
@@ -84,10 +85,11 @@ smollm2-v3)
     init=(--init "${INIT:-heads/SmolLM2-135M-Instruct.eagle3.gguf}")
     ;;
 qwen)
-    # the shipped Qwen head (session 13's head)
+    # the first stage of the shipped Qwen head (session 13's head, shipped
+    # until 2026-11-28)
     model=models/Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf
     work="${2:-data/qwen}"
-    out=heads/Qwen2.5-Coder-1.5B-Instruct.eagle3.gguf
+    out="$work/Qwen2.5-Coder-1.5B-Instruct.eagle3-v1.gguf"
     # mix.jsonl: conversations 0-179, every 10th pystdlib record, every 120th pydoc record;
     # mix2.jsonl: conversations 180-359, the pystdlib records 5, 25, 45, ... (every 20th from the 6th)
     mixes=("mix.jsonl 0 180 pystdlib:10:0:0,pydoc:120:0:0" "mix2.jsonl 180 360 pystdlib:20:5:0")
@@ -104,27 +106,32 @@ qwen-sd)
     # mix2.jsonl: answers 340 on, the pystdlib records 18, 48, 78, ...
     mixes=("mix.jsonl 0 340 pystdlib:30:3:0" "mix2.jsonl 340 $n_sd pystdlib:30:18:0")
     prompts=400 tokens="${TOKENS:-300000}" lr="${LR:-5e-4}" ff="${FF:-3072}" batch=4
-    init=(--init "${INIT:-heads/Qwen2.5-Coder-1.5B-Instruct.eagle3.gguf}")
+    init=(--init "${INIT:-data/qwen/Qwen2.5-Coder-1.5B-Instruct.eagle3-v1.gguf}")
     ;;
 qwen-own|qwen-05b)
-    # issue 29's question: do answers written by the 0.5B model, labelled by
-    # the 1.5B target through teacher forcing, train its head as well as the
-    # 1.5B model's own answers? Both fine-tune the shipped head on the answers
-    # to the same first 640 prompts of the corpus (conversations only), the
-    # same positions and options; only the writer differs.
+    # qwen-own: the shipped Qwen head (2026-11-28), the first stage fine-tuned
+    # on the 1.5B model's own answers. qwen-05b, issue 29's question: do
+    # answers written by the 0.5B model, labelled by the 1.5B target through
+    # teacher forcing, train its head as well? Both fine-tune the first stage
+    # on the answers to the same first 640 prompts of the corpus
+    # (conversations only), the same positions and options; only the writer
+    # differs.
     model=models/Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf
+    work="${2:-data/$which}"
     if [ "$which" = qwen-own ]; then
         writer=$model answers=data/qwen15 shards=data/corpus/qwen2.5-coder-1.5b
+        out=heads/Qwen2.5-Coder-1.5B-Instruct.eagle3.gguf
     else
         writer=models/Qwen2.5-Coder-0.5B-Instruct-AWQ.Q4_K_M.gguf answers=data/qwen05
         shards=data/corpus/qwen2.5-coder-0.5b
+        out="$work/Qwen2.5-Coder-1.5B-Instruct.eagle3-$which.gguf"
     fi
-    work="${2:-data/$which}"
-    out="$work/Qwen2.5-Coder-1.5B-Instruct.eagle3-$which.gguf"
+    v1="${INIT:-data/qwen/Qwen2.5-Coder-1.5B-Instruct.eagle3-v1.gguf}"
+    [ -f "$v1" ] || CORPUS="$corpus" bash "$0" qwen
     sd_prompts=640 sd_parallel=16
     mixes=("mix.jsonl 0 640 none:1:0:0")
     prompts=400 tokens="${TOKENS:-160000}" lr="${LR:-5e-4}" ff="${FF:-3072}" batch=4
-    init=(--init "${INIT:-heads/Qwen2.5-Coder-1.5B-Instruct.eagle3.gguf}")
+    init=(--init "$v1")
     ;;
 *)
     echo "usage: $0 smollm2|smollm2-v1|smollm2-v3|qwen|qwen-sd|qwen-own|qwen-05b [WORK_DIR]" >&2
