@@ -483,14 +483,7 @@ def case_serve_root_gone():
             if alive(pids) or dt > limit or not lines or want not in lines[0]:
                 bad.append(f"{how}: {dt:.1f} s, left {alive(pids)}, messages {lines[:2]}, log {log[-4:]}")
         finally:
-            for pid in pids.values():
-                try:
-                    os.kill(pid, signal.SIGCONT)
-                except OSError:
-                    pass
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+            resume_and_reap(p, pids)
     report("mpi_serve_root_gone", not bad, "\n".join(bad))
 
 
