@@ -7,8 +7,12 @@ object: for each head, plain decoding's tokens/s in its runs, and for
 each method, tau, acceptance by depth and the speedup
 over ar measured inside the same bench run (min / median / max over the
 rounds), and the ratio of each head's speedup to the first head's within a
-round (the noise of a shared machine cancels in it). A head that does not
-load, or text that differs from plain decoding, is an error (exit 1).
+round (the noise of a shared machine cancels in it), with tau's ratio too.
+A head may be an EAGLE-3 head or an MoA drafter (docs/moa.md): for an MoA
+file every `eagle3:` of the methods runs as `moa:` (its JSON says which ran),
+so `--methods eagle3:chain:3` compares the two kinds shape for shape. A head
+that does not load, or text that differs from plain decoding, is an error
+(exit 1).
 
 usage: scripts/compare-heads.py --head A.gguf --head B.gguf [--head C.gguf]
          [-m MODEL] [--prompts FILE] [--methods LIST] [--rounds R] [-n N]
@@ -41,8 +45,47 @@ def host():
             "kernel_family": fam, "kernel": platform.release()}
 
 
+def gguf_arch(path):
+    """general.architecture of a GGUF file (read from its metadata), or ''."""
+    import struct
+    sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            return ""
+        _ver, _nt, nkv = struct.unpack("<IQQ", f.read(20))
+
+        def string():
+            (n,) = struct.unpack("<Q", f.read(8))
+            return f.read(n).decode("utf-8", "replace")
+
+        def skip(t):
+            if t == 8:
+                string()
+            elif t == 9:
+                et, n = struct.unpack("<IQ", f.read(12))
+                for _ in range(n):
+                    skip(et)
+            else:
+                f.read(sizes[t])
+
+        for _ in range(min(nkv, 4096)):
+            key = string()
+            (t,) = struct.unpack("<I", f.read(4))
+            if key == "general.architecture" and t == 8:
+                return string()
+            skip(t)
+    return ""
+
+
+def head_methods(methods, head):
+    """The methods as they run with this head: eagle3: -> moa: for an MoA drafter."""
+    if gguf_arch(head) == "moa":
+        return ",".join(m.replace("eagle3:", "moa:") for m in methods.split(","))
+    return methods
+
+
 def bench(a, head, out):
-    cmd = [a.bin, "bench", "-m", a.model, "--prompts", a.prompts, "--methods", a.methods, "--head", head,
+    cmd = [a.bin, "bench", "-m", a.model, "--prompts", a.prompts, "--methods", head_methods(a.methods, head), "--head", head,
            "-n", str(a.n), "--temp", str(a.temp), "--out", out]
     if a.threads:
         cmd += ["-t", str(a.threads)]
@@ -85,7 +128,8 @@ def main():
                 res = bench(a, h, os.path.join(d, f"{r}-{i}.json"))
                 if a.temp == 0 and not res.get("all_equal_to_ar"):
                     sys.exit(f"compare-heads: with {h} a method's text differs from plain decoding")
-                runs[i].append({m["name"]: m["overall"] for m in res["methods"]})
+                names = dict(zip(head_methods(a.methods, h).split(","), a.methods.split(",")))
+                runs[i].append({names.get(m["name"], m["name"]): m["overall"] for m in res["methods"]})
     out = {"host": host(), "model": a.model, "prompts": a.prompts, "n_predict": a.n, "temp": a.temp,
            "rounds": a.rounds, "limit": a.limit, "heads": []}
     for i, h in enumerate(a.head):
@@ -94,10 +138,14 @@ def main():
             rows = [run[m] for run in runs[i]]
             e = {"speedup": spread([x["speedup"] for x in rows]), "tau": spread([x["tau"] for x in rows]),
                  "tokens_per_s": spread([x["tokens_per_s"] for x in rows]),
-                 "acceptance_by_depth": [round(v, 4) for v in rows[-1]["acceptance_by_depth"]]}
+                 "acceptance_by_depth": [round(v, 4) for v in rows[-1]["acceptance_by_depth"]],
+                 "ran_as": head_methods(m, h)}
+            if rows[-1].get("draft_ms_per_node_vs_forward") is not None:
+                e["draft_per_node_vs_forward"] = spread([x["draft_ms_per_node_vs_forward"] for x in rows])
             if i:
                 e["speedup_vs_first_head"] = spread([x["speedup"] / y[m]["speedup"]
                                                      for x, y in zip(rows, runs[0])])
+                e["tau_vs_first_head"] = spread([x["tau"] / y[m]["tau"] for x, y in zip(rows, runs[0])])
             per[m] = e
         out["heads"].append({"file": h, "ar_tokens_per_s": spread([run["ar"]["tokens_per_s"] for run in runs[i]]),
                              "methods": per})

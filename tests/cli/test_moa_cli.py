@@ -13,6 +13,10 @@ build/tests/tool_random_head:
 - moa_serve: `specdec serve --head MOA.gguf` takes a request with
   "speculation": "moa:chain:3" and answers plain decoding's text (the
   request with speculation "off");
+- moa_compare_heads: scripts/compare-heads.py with the shipped EAGLE-3 head
+  and the exact drafter, `--methods eagle3:chain:3`: the MoA file runs as
+  moa:chain:3, its text equals plain decoding's, and its tau over the
+  EAGLE-3 head's (tau_vs_first_head) is above 1;
 - moa_refusals: clear errors for --tli without --type moa, a TLI beyond the
   target's layers, and moa methods without an MoA drafter.
 
@@ -31,7 +35,9 @@ from report import exit_status, report  # noqa: E402
 BIN = os.path.abspath(os.environ.get("SPECDEC_BIN", os.path.join(ROOT, "build", "specdec")))
 TOOL = os.path.join(ROOT, "build", "tests", "tool_random_head")
 MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
-CASES = ["moa_generate_lossless", "moa_exact_accepted", "moa_serve", "moa_refusals"]
+CASES = ["moa_generate_lossless", "moa_exact_accepted", "moa_serve", "moa_compare_heads", "moa_refusals"]
+EAGLE = os.path.join(ROOT, "heads", "SmolLM2-135M-Instruct.eagle3.gguf")
+PROMPTS = os.path.normpath(os.path.join(ROOT, "..", "shared", "prompts", "dev.jsonl"))
 PROMPT = "Name three colours of the rainbow."
 
 
@@ -90,6 +96,22 @@ def main():
                    f"{[i[1][-300:] for i in info]}, texts {texts}, exit {rc}")
         except Exception as e:  # noqa: BLE001
             report("moa_serve", False, repr(e))
+
+        if not os.path.exists(PROMPTS):
+            print(f"SKIP moa_compare_heads: needs {PROMPTS} (../shared beside the checkout)")
+        else:
+            o = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "compare-heads.py"), "-m", MODEL,
+                                "--head", EAGLE, "--head", exact, "--methods", "eagle3:chain:3", "--rounds", "1",
+                                "--limit", "2", "-n", "24", "-t", "2", "--bin", BIN, "--prompts", PROMPTS],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600)
+            try:
+                e = json.loads(o.stdout)["heads"][1]["methods"]["eagle3:chain:3"]
+            except (ValueError, KeyError, IndexError):
+                e = {}
+            ratio = e.get("tau_vs_first_head", {}).get("median", 0.0)
+            print(f"  info: compare-heads, exact MoA drafter's tau over the EAGLE-3 head's: {ratio}")
+            report("moa_compare_heads", o.returncode == 0 and e.get("ran_as") == "moa:chain:3" and ratio > 1.0,
+                   f"exit {o.returncode}, {e}, {o.stderr[-300:]}")
 
         errs = []
         data = os.path.join(d, "data.jsonl")
