@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""compare-drafters.py - EAGLE-3 and MoA drafters trained on the same data
+for the same time, then benched side by side (issue 29's comparison).
+
+For each drafter kind it builds the feature cache once (untimed: the same
+target pass over the same data for every kind of a cache), measures the
+kind's training rate in a short probe run, then trains it from scratch for
+--minutes of training time (positions = rate x time, so that each run's
+learning-rate schedule completes), with the same seed and threads. Then
+scripts/compare-heads.py benches them interleaved, the EAGLE-3 head first,
+every `eagle3:` method running as `moa:` for an MoA drafter, and the result
+(training figures and the bench's JSON) is written to WORK/compare.json and
+printed. Resumable: a drafter already trained (its file and its record in
+WORK/trained.json) is kept.
+
+Kinds: eagle3 (lr 1e-3, batch 8, 256 positions a sequence), moa, moa-nolsa,
+moa-tli1, moa-tli1-nolsa (lr 1e-3, batch 4, 128 positions: docs/moa.md).
+
+usage: scripts/compare-drafters.py -m MODEL --data FILE [--data FILE ...]
+         --work DIR [--minutes M] [--kinds LIST] [-t T]
+         [--prompts FILE] [--limit K] [-n N] [--rounds R] [--methods LIST]
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KINDS = {
+    "eagle3": (["--type", "eagle3", "--batch", "8", "--lr", "1e-3"], 8000),
+    "moa": (["--type", "moa", "--seq-len", "128", "--batch", "4", "--lr", "1e-3"], 1500),
+    "moa-nolsa": (["--type", "moa", "--no-lsa", "--seq-len", "128", "--batch", "4", "--lr", "1e-3"], 3000),
+    "moa-tli1": (["--type", "moa", "--tli", "1", "--seq-len", "128", "--batch", "4", "--lr", "1e-3"], 1500),
+    "moa-tli1-nolsa": (["--type", "moa", "--tli", "1", "--no-lsa", "--seq-len", "128", "--batch", "4",
+                        "--lr", "1e-3"], 2000),
+}
+DONE = re.compile(r"wrote .*\((\d+) steps, (\d+) tokens, (\d+) s of training\)")
+HELD = re.compile(r"held back: loss ([0-9.]+), agreement ([0-9.% ]+)")
+
+
+def log(msg):
+    print(f"compare-drafters: {msg}", file=sys.stderr, flush=True)
+
+
+def train(a, kind, out, tokens, cache, extra=()):
+    """One train-head run from scratch; returns (steps, tokens, seconds, held-back text)."""
+    opts, _ = KINDS[kind]
+    ckpt = out + ".ckpt"
+    for f in (out, ckpt):
+        if os.path.exists(f):
+            os.remove(f)
+    cmd = [a.bin, "train-head", "-m", a.model, *sum((["--data", d] for d in a.data), []), "--out", out,
+           "--cache", cache, "--ckpt", ckpt, "--ckpt-minutes", "0", "--tokens", str(tokens), "--seed", "42",
+           "-t", str(a.threads), *opts, *extra]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if p.returncode != 0:
+        sys.exit(f"compare-drafters: {kind}: train-head failed (exit {p.returncode}):\n{p.stderr[-1500:]}")
+    m, h = DONE.search(p.stderr), HELD.search(p.stderr)
+    if not m:
+        sys.exit(f"compare-drafters: {kind}: no summary line in train-head's output:\n{p.stderr[-800:]}")
+    if os.path.exists(ckpt):
+        os.remove(ckpt)
+    held = {"loss": float(h.group(1)), "agreement_by_depth": [float(x) / 100 for x in
+                                                              h.group(2).replace("%", " ").split()]} if h else None
+    return int(m.group(1)), int(m.group(2)), int(m.group(3)), held
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-m", "--model", default=os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    ap.add_argument("--data", action="append", required=True, help="training data (JSON lines; repeatable)")
+    ap.add_argument("--work", required=True, help="work directory (caches, drafters, results)")
+    ap.add_argument("--minutes", type=float, default=8.0, help="training time per drafter (default 8)")
+    ap.add_argument("--kinds", default="eagle3,moa,moa-nolsa,moa-tli1,moa-tli1-nolsa")
+    ap.add_argument("-t", "--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--prompts", default=os.path.normpath(os.path.join(ROOT, "..", "shared", "prompts", "dev.jsonl")))
+    ap.add_argument("--limit", type=int, default=16)
+    ap.add_argument("-n", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--methods", default="eagle3:chain:3,eagle3:auto")
+    ap.add_argument("--bin", default=os.path.join(ROOT, "build", "specdec"))
+    a = ap.parse_args()
+    kinds = a.kinds.split(",")
+    for k in kinds:
+        if k not in KINDS:
+            ap.error(f"--kinds: unknown kind '{k}' (known: {', '.join(KINDS)})")
+    if kinds[0] != "eagle3":
+        ap.error("--kinds: the first kind must be eagle3 (the others are compared with it)")
+    for f in a.data + [a.model, a.bin, a.prompts]:
+        if not os.path.exists(f):
+            ap.error(f"{f}: not found")
+    if a.minutes <= 0:
+        ap.error("--minutes must be positive")
+    os.makedirs(a.work, exist_ok=True)
+    rec_path = os.path.join(a.work, "trained.json")
+    trained = json.load(open(rec_path)) if os.path.exists(rec_path) else {}
+    for k in kinds:
+        out = os.path.join(a.work, f"{k}.gguf")
+        if k in trained and os.path.exists(out) and trained[k].get("minutes") == a.minutes:
+            log(f"{k}: kept ({trained[k]['tokens']} positions in {trained[k]['seconds']} s)")
+            continue
+        cache = os.path.join(a.work, "cache-eagle3" if k == "eagle3" else "cache-moa")
+        t0 = time.time()
+        subprocess.run([a.bin, "train-head", "-m", a.model, *sum((["--data", d] for d in a.data), []),
+                        "--out", out, "--cache", cache, "--cache-only", "-t", str(a.threads), *KINDS[k][0]],
+                       check=True, stdout=subprocess.DEVNULL)
+        log(f"{k}: cache ready in {time.time() - t0:.0f} s; probing the training rate")
+        _, ptok, psec, _ = train(a, k, os.path.join(a.work, f"probe-{k}.gguf"), KINDS[k][1], cache)
+        os.remove(os.path.join(a.work, f"probe-{k}.gguf"))
+        rate = ptok / max(psec, 1)
+        tokens = int(rate * a.minutes * 60)
+        log(f"{k}: {rate:.0f} positions/s in the probe; training {tokens} positions (~{a.minutes:g} min)")
+        steps, tok, sec, held = train(a, k, out, tokens, cache)
+        trained[k] = {"file": out, "minutes": a.minutes, "probe_rate": round(rate, 1), "steps": steps,
+                      "tokens": tok, "seconds": sec, "held_back": held, "options": KINDS[k][0]}
+        log(f"{k}: {tok} positions in {sec} s; held back {held}")
+        with open(rec_path + ".tmp", "w") as f:
+            json.dump(trained, f, indent=1)
+        os.replace(rec_path + ".tmp", rec_path)
+    cmd = [sys.executable, os.path.join(ROOT, "scripts", "compare-heads.py"), "-m", a.model, "--prompts", a.prompts,
+           "--methods", a.methods, "--rounds", str(a.rounds), "-n", str(a.n), "-t", str(a.threads), "--bin", a.bin]
+    if a.limit:
+        cmd += ["--limit", str(a.limit)]
+    for k in kinds:
+        cmd += ["--head", trained[k]["file"]]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    if p.returncode != 0:
+        sys.exit(f"compare-drafters: compare-heads.py failed (exit {p.returncode})")
+    res = {"data": a.data, "minutes": a.minutes, "threads": a.threads,
+           "trained": {k: trained[k] for k in kinds}, "bench": json.loads(p.stdout)}
+    with open(os.path.join(a.work, "compare.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    print(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
