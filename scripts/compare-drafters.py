@@ -4,9 +4,11 @@ for the same time, then benched side by side (issue 29's comparison).
 
 For each drafter kind it builds the feature cache once (untimed: the same
 target pass over the same data for every kind of a cache), measures the
-kind's training rate in a short probe run, then trains it from scratch for
---minutes of training time (positions = rate x time, so that each run's
-learning-rate schedule completes), with the same seed and threads. Then
+kind's training rate in probe runs, then trains it from scratch with the
+same seed and threads for as long as the first kind (EAGLE-3) trained, which
+is given by --minutes (positions = rate x time, so that each run's
+learning-rate schedule completes; a run more than 10% off that time is
+trained again once at the rate it had). Then
 scripts/compare-heads.py benches them interleaved, the EAGLE-3 head first,
 every `eagle3:` method running as `moa:` for an MoA drafter, and the result
 (training figures and the bench's JSON) is written to WORK/compare.json and
@@ -58,7 +60,7 @@ def train(a, kind, out, tokens, cache, extra=()):
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if p.returncode != 0:
         sys.exit(f"compare-drafters: {kind}: train-head failed (exit {p.returncode}):\n{p.stderr[-1500:]}")
-    m, h = DONE.search(p.stderr), HELD.search(p.stderr)
+    m, h = DONE.search(p.stderr), HELD.search(p.stdout)   # the summary line is on stdout
     if not m:
         sys.exit(f"compare-drafters: {kind}: no summary line in train-head's output:\n{p.stderr[-800:]}")
     if os.path.exists(ckpt):
@@ -97,26 +99,40 @@ def main():
     os.makedirs(a.work, exist_ok=True)
     rec_path = os.path.join(a.work, "trained.json")
     trained = json.load(open(rec_path)) if os.path.exists(rec_path) else {}
+    target = None   # seconds of training every kind gets: the first kind's, as it ran
     for k in kinds:
         out = os.path.join(a.work, f"{k}.gguf")
-        if k in trained and os.path.exists(out) and trained[k].get("minutes") == a.minutes:
-            log(f"{k}: kept ({trained[k]['tokens']} positions in {trained[k]['seconds']} s)")
+        rec = trained.get(k) if os.path.exists(out) and trained.get(k, {}).get("minutes") == a.minutes else None
+        if rec and (target is None or abs(rec["seconds"] - target) <= 0.1 * target):
+            log(f"{k}: kept ({rec['tokens']} positions in {rec['seconds']} s)")
+            target = target or rec["seconds"]
             continue
+        want = target or a.minutes * 60
         cache = os.path.join(a.work, "cache-eagle3" if k == "eagle3" else "cache-moa")
         t0 = time.time()
         subprocess.run([a.bin, "train-head", "-m", a.model, *sum((["--data", d] for d in a.data), []),
                         "--out", out, "--cache", cache, "--cache-only", "-t", str(a.threads), *KINDS[k][0]],
                        check=True, stdout=subprocess.DEVNULL)
-        log(f"{k}: cache ready in {time.time() - t0:.0f} s; probing the training rate")
-        _, ptok, psec, _ = train(a, k, os.path.join(a.work, f"probe-{k}.gguf"), KINDS[k][1], cache)
-        os.remove(os.path.join(a.work, f"probe-{k}.gguf"))
-        rate = ptok / max(psec, 1)
-        tokens = int(rate * a.minutes * 60)
-        log(f"{k}: {rate:.0f} positions/s in the probe; training {tokens} positions (~{a.minutes:g} min)")
-        steps, tok, sec, held = train(a, k, out, tokens, cache)
-        trained[k] = {"file": out, "minutes": a.minutes, "probe_rate": round(rate, 1), "steps": steps,
+        log(f"{k}: cache ready in {time.time() - t0:.0f} s")
+        if rec:   # trained before for another length of time: scale by its own rate
+            rate = rec["tokens"] / max(rec["seconds"], 1)
+        else:     # a short probe, then one of about 45 s (a run's fixed costs fall out of its rate)
+            probe = os.path.join(a.work, f"probe-{k}.gguf")
+            _, ptok, psec, _ = train(a, k, probe, KINDS[k][1], cache)
+            _, ptok, psec, _ = train(a, k, probe, int(ptok / max(psec, 1) * 45), cache)
+            os.remove(probe)
+            rate = ptok / max(psec, 1)
+        for attempt in range(2):
+            tokens = int(rate * want)
+            log(f"{k}: {rate:.0f} positions/s; training {tokens} positions (~{want:.0f} s)")
+            steps, tok, sec, held = train(a, k, out, tokens, cache)
+            log(f"{k}: {tok} positions in {sec} s; held back {held}")
+            if abs(sec - want) <= 0.1 * want:
+                break
+            rate = tok / max(sec, 1)   # once more at the rate the run itself had
+        trained[k] = {"file": out, "minutes": a.minutes, "rate": round(rate, 1), "steps": steps,
                       "tokens": tok, "seconds": sec, "held_back": held, "options": KINDS[k][0]}
-        log(f"{k}: {tok} positions in {sec} s; held back {held}")
+        target = target or sec
         with open(rec_path + ".tmp", "w") as f:
             json.dump(trained, f, indent=1)
         os.replace(rec_path + ".tmp", rec_path)

@@ -18,7 +18,9 @@ build/tests/tool_random_head:
   moa:chain:3, its text equals plain decoding's, and its tau over the
   EAGLE-3 head's (tau_vs_first_head) is above 1;
 - moa_refusals: clear errors for --tli without --type moa, a TLI beyond the
-  target's layers, and moa methods without an MoA drafter.
+  target's layers, and moa methods without an MoA drafter; and
+  scripts/compare-drafters.py's for an unknown kind and a list that does not
+  start with eagle3.
 
 Prints PASS/FAIL/SKIP lines. Skipped without the model or the tool.
 """
@@ -129,6 +131,13 @@ def main():
         if o.returncode == 0 or "MoA" not in o.stderr:
             errs.append(f"moa with an EAGLE-3 head: {o.returncode} {o.stderr[-200:]}")
         print("  info: " + o.stderr.strip().splitlines()[-1] if o.stderr.strip() else "  info: (no message)")
+        cd = [sys.executable, os.path.join(ROOT, "scripts", "compare-drafters.py"), "-m", MODEL, "--data", data,
+              "--work", os.path.join(d, "cd"), "--bin", BIN]
+        for kinds, want in (("eagle3,moa-tli9", "unknown kind 'moa-tli9'"), ("moa,eagle3", "must be eagle3")):
+            o = subprocess.run(cd + ["--kinds", kinds], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               timeout=60)
+            if o.returncode == 0 or want not in o.stderr or os.path.exists(os.path.join(d, "cd")):
+                errs.append(f"compare-drafters --kinds {kinds}: {o.returncode} {o.stderr[-200:]}")
         report("moa_refusals", not errs, "; ".join(errs))
     sys.exit(exit_status())
 
