@@ -47,16 +47,20 @@ def log(msg):
     print(f"compare-drafters: {msg}", file=sys.stderr, flush=True)
 
 
-def train(a, kind, out, tokens, cache, extra=()):
+def data_args(a):
+    return [x for d in a.data for x in ("--data", d)]
+
+
+def train(a, kind, out, tokens, cache):
     """One train-head run from scratch; returns (steps, tokens, seconds, held-back text)."""
     opts, _ = KINDS[kind]
     ckpt = out + ".ckpt"
     for f in (out, ckpt):
         if os.path.exists(f):
             os.remove(f)
-    cmd = [a.bin, "train-head", "-m", a.model, *sum((["--data", d] for d in a.data), []), "--out", out,
+    cmd = [a.bin, "train-head", "-m", a.model, *data_args(a), "--out", out,
            "--cache", cache, "--ckpt", ckpt, "--ckpt-minutes", "0", "--tokens", str(tokens), "--seed", "42",
-           "-t", str(a.threads), *opts, *extra]
+           "-t", str(a.threads), *opts]
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if p.returncode != 0:
         sys.exit(f"compare-drafters: {kind}: train-head failed (exit {p.returncode}):\n{p.stderr[-1500:]}")
@@ -110,7 +114,7 @@ def main():
         want = target or a.minutes * 60
         cache = os.path.join(a.work, "cache-eagle3" if k == "eagle3" else "cache-moa")
         t0 = time.time()
-        subprocess.run([a.bin, "train-head", "-m", a.model, *sum((["--data", d] for d in a.data), []),
+        subprocess.run([a.bin, "train-head", "-m", a.model, *data_args(a),
                         "--out", out, "--cache", cache, "--cache-only", "-t", str(a.threads), *KINDS[k][0]],
                        check=True, stdout=subprocess.DEVNULL)
         log(f"{k}: cache ready in {time.time() - t0:.0f} s")
@@ -122,7 +126,7 @@ def main():
             _, ptok, psec, _ = train(a, k, probe, int(ptok / max(psec, 1) * 45), cache)
             os.remove(probe)
             rate = ptok / max(psec, 1)
-        for attempt in range(2):
+        for _ in range(2):
             tokens = int(rate * want)
             log(f"{k}: {rate:.0f} positions/s; training {tokens} positions (~{want:.0f} s)")
             steps, tok, sec, held = train(a, k, out, tokens, cache)
