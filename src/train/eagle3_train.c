@@ -197,8 +197,8 @@ static double e3_step_fwd(sd_trainer *tr, const sd_train_seq *seq, const e3_step
     sd_tr_linear(cx, n, 2 * d, qd, U, sd_head_w(h, SD_E3_WQ), Q, 0);
     sd_tr_linear(cx, n, 2 * d, kvd, U, sd_head_w(h, SD_E3_WK), Kr, 0);
     sd_tr_linear(cx, n, 2 * d, kvd, U, sd_head_w(h, SD_E3_WV), Vr, 0);
-    sd_tr_rope(n, nh, hd, pos, w->rope_cs, Q, 0);
-    sd_tr_rope(n, nkv, hd, pos, w->rope_cs, Kr, 0);
+    sd_tr_rope(n, nh, hd, pos, w->rope_cs, Q, 0, 0);
+    sd_tr_rope(n, nkv, hd, pos, w->rope_cs, Kr, 0, 0);
     sd_tr_attn(cx, &s->m, nh, nkv, hd, Q, w->Kr, w->Vr, Oa, s->P);
     sd_tr_linear(cx, n, qd, d, Oa, sd_head_w(h, SD_E3_WO), Rr, 0);
     sd_tr_acc((size_t)n * d, hp->norm_before_residual ? Bn : C, Rr);
@@ -285,8 +285,8 @@ static void e3_step_bwd(sd_trainer *tr, const sd_train_seq *seq, const e3_step *
     sd_tr_attn_bwd(cx, &s->m, nh, nkv, hd, w->Q + (size_t)o * qd, w->Kr, w->Vr, s->P, w->dOa, w->dQ, w->dKr, w->dVr,
                    w->dSc);
     // RoPE; this step's keys have all their gradient now (later steps ran first).
-    sd_tr_rope(n, nh, hd, w->pos + o, w->rope_cs, w->dQ, 1);
-    sd_tr_rope(n, nkv, hd, w->pos + o, w->rope_cs, dKr, 1);
+    sd_tr_rope(n, nh, hd, w->pos + o, w->rope_cs, w->dQ, 1, 0);
+    sd_tr_rope(n, nkv, hd, w->pos + o, w->rope_cs, dKr, 1, 0);
     // q, k, v = Wq u, Wk u, Wv u
     memset(w->dU, 0, sizeof(float) * nd * 2);
     sd_tr_linear_dx(cx, n, 2 * d, qd, w->dQ, sd_head_w(h, SD_E3_WQ), w->dU);

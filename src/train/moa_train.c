@@ -39,6 +39,7 @@ typedef struct lw {
     const float *an, *wq, *wk, *wv, *wo, *fn, *wg, *wu, *wd, *bq, *bk, *bv;
     float *g[SD_MOA_PER_LAYER];   // gradient of each tensor (SD_MOA_* order), or NULL
     int w, nh, nkv, hd, nff;
+    int neox;                     // RoPE pairs (i, i + hd/2): a NEOX target's TLI layer
 } lw;
 
 // One layer instance's saved activations and mask.
@@ -211,6 +212,7 @@ static int target_weights(sd_moa_tr *w, char *err, size_t errlen) {
         lw *W = &w->tl[t];
         memset(W, 0, sizeof *W);
         W->w = (int)E, W->nh = hp->n_head, W->nkv = hp->n_head_kv, W->hd = hp->head_dim, W->nff = hp->n_ff;
+        W->neox = hp->rope_type == SD_ROPE_NEOX;
         const sd_tensor *ts[] = {ly->attn_norm, ly->wq, ly->wk, ly->wv, ly->wo, ly->ffn_norm, ly->w_gate, ly->w_up,
                                  ly->w_down, ly->bq, ly->bk, ly->bv};
         const float **dst[] = {&W->an, &W->wq, &W->wk, &W->wv, &W->wo, &W->fn, &W->wg, &W->wu, &W->wd,
@@ -239,12 +241,10 @@ int sd_moa_tr_new(sd_moa_tr **out, const sd_head *h, const sd_model *target, int
     if (hp->moa_tli >= target->hp.n_layer)
         return sd_err(err, errlen, "moa trainer: TLI %d must leave a target layer before it (the target has %d)",
                       hp->moa_tli, target->hp.n_layer);
-    if (hp->moa_tli > 0 && (target->hp.rope_type != SD_ROPE_NORM || target->hp.n_rot != target->hp.head_dim ||
-                            target->hp.rope_scale != 1.0f))
-        return sd_err(err, errlen, "moa trainer: TLI > 0 needs a target with full RoPE in (2i, 2i+1) pairs and no "
-                      "scaling (this one: %s pairs, %d of %d dims, scale %g); train with TLI 0",
-                      target->hp.rope_type == SD_ROPE_NEOX ? "NEOX" : "NORM", target->hp.n_rot, target->hp.head_dim,
-                      (double)target->hp.rope_scale);
+    if (hp->moa_tli > 0 && (target->hp.n_rot != target->hp.head_dim || target->hp.rope_scale != 1.0f))
+        return sd_err(err, errlen, "moa trainer: TLI > 0 needs a target whose RoPE turns whole heads without "
+                      "scaling (this one: %d of %d dims, scale %g); train with TLI 0", target->hp.n_rot,
+                      target->hp.head_dim, (double)target->hp.rope_scale);
     sd_moa_tr *w = calloc(1, sizeof *w);
     if (!w) return sd_err(err, errlen, "moa trainer: out of memory");
     w->h = h, w->m = target, w->T_max = T_max;
@@ -311,8 +311,8 @@ static void la_fwd(const sd_tr_ctx *cx, const lw *W, la *a, const float *X, cons
     sd_tr_linear(cx, nkin, w, kd, kin, W->wv, V, 0);
     add_bias(K, W->bk, nkin, kd);
     add_bias(V, W->bv, nkin, kd);
-    sd_tr_rope(nq, W->nh, W->hd, a->qpos, a->cs, a->Q, 0);
-    sd_tr_rope(nkin, W->nkv, W->hd, a->mode == TLI ? a->kpos + nq : a->kpos, a->cs, K, 0);
+    sd_tr_rope(nq, W->nh, W->hd, a->qpos, a->cs, a->Q, 0, W->neox);
+    sd_tr_rope(nkin, W->nkv, W->hd, a->mode == TLI ? a->kpos + nq : a->kpos, a->cs, K, 0, W->neox);
     sd_tr_attn(cx, &a->m, W->nh, W->nkv, W->hd, a->Q, a->K, a->V, a->O, a->P);
     memcpy(a->X1, X, sizeof(float) * (size_t)nq * w);
     sd_tr_linear(cx, nq, qd, w, a->O, W->wo, a->X1, 1);
@@ -350,10 +350,10 @@ static void la_bwd(sd_moa_tr *s, const sd_tr_ctx *cx, const lw *W, la *a, const 
     memset(s->dK, 0, sizeof(float) * (size_t)a->nk * kd);
     memset(s->dV, 0, sizeof(float) * (size_t)a->nk * kd);
     sd_tr_attn_bwd(cx, &a->m, W->nh, W->nkv, W->hd, a->Q, a->K, a->V, a->P, dO, dQ, s->dK, s->dV, s->dSc);
-    sd_tr_rope(nq, W->nh, W->hd, a->qpos, a->cs, dQ, 1);
+    sd_tr_rope(nq, W->nh, W->hd, a->qpos, a->cs, dQ, 1, W->neox);
     const int off = a->mode == TLI ? nq : 0, nkin = a->mode == CROSS ? a->nk : nq;
     float *dK = s->dK + (size_t)off * kd, *dV = s->dV + (size_t)off * kd;
-    sd_tr_rope(nkin, W->nkv, W->hd, a->kpos + off, a->cs, dK, 1);
+    sd_tr_rope(nkin, W->nkv, W->hd, a->kpos + off, a->cs, dK, 1, W->neox);
     float *dA = s->dA;
     memset(dA, 0, sizeof(float) * nw);
     sd_tr_linear_dx(cx, nq, w, qd, dQ, W->wq, dA);

@@ -104,19 +104,21 @@ void sd_tr_rope_table(float *cs, int n_pos, int hd, float base) {
         }
 }
 
-// The pair (a, b) turns to (a c - b s, a s + b c); inverse uses -s. One
-// pair at a time: RoPE is a small part of a step.
-void sd_tr_rope(int n, int n_h, int hd, const int32_t *pos, const float *cs, float *X, int inverse) {
-    const int half = hd / 2;
+// The pair (a, b) turns to (a c - b s, a s + b c); inverse uses -s. The
+// pair i is (2i, 2i+1), or with neox (i, i + hd/2) as Qwen2's layers rotate.
+// One pair at a time: RoPE is a small part of a step.
+void sd_tr_rope(int n, int n_h, int hd, const int32_t *pos, const float *cs, float *X, int inverse, int neox) {
+    const int half = hd / 2, ia = neox ? 1 : 2, ib = neox ? half : 1;   // pair i: (ia i, ia i + ib)
     const float sg = inverse ? -1.0f : 1.0f;
     for (int r = 0; r < n; r++) {
         const float *c = cs + (size_t)pos[r] * half * 2;
         for (int h = 0; h < n_h; h++) {
             float *v = X + ((size_t)r * n_h + h) * hd;
             for (int i = 0; i < half; i++) {
-                const float co = c[2 * i], si = sg * c[2 * i + 1], a = v[2 * i], b = v[2 * i + 1];
-                v[2 * i] = a * co - b * si;
-                v[2 * i + 1] = a * si + b * co;
+                float *pa = v + ia * i, *pb = pa + ib;
+                const float co = c[2 * i], si = sg * c[2 * i + 1], a = *pa, b = *pb;
+                *pa = a * co - b * si;
+                *pb = a * si + b * co;
             }
         }
     }

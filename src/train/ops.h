@@ -101,9 +101,10 @@ void sd_tr_rmsnorm_bwd(int n, int d, const float *X, const float *g, const float
 void sd_tr_rope_table(float *cs, int n_pos, int hd, float base);
 // Rotates X (n, n_h, hd) in place: the pair (2i, 2i+1) of every head of row r
 // turns by the angle of position pos[r] (cs from sd_tr_rope_table, covering
-// every pos). inverse != 0 turns back (the transpose): the backward of RoPE
-// applied to a gradient, in place.
-void sd_tr_rope(int n, int n_h, int hd, const int32_t *pos, const float *cs, float *X, int inverse);
+// every pos); neox != 0: the pair (i, i + hd/2) instead (NEOX, Qwen2).
+// inverse != 0 turns back (the transpose): the backward of RoPE applied to a
+// gradient, in place.
+void sd_tr_rope(int n, int n_h, int hd, const int32_t *pos, const float *cs, float *X, int inverse, int neox);
 
 // SwiGLU: S = silu(G) * U over n elements, silu(x) = x / (1 + e^-x).
 void sd_tr_swiglu(size_t n, const float *G, const float *U, float *S);

@@ -2,10 +2,12 @@
 // the gradient sd_trainer_loss adds for an MoA head against central finite
 // differences of the loss, for random entries of EVERY tensor (LSA, its
 // projection, SA, CA), with TLI 0, TLI 1 (the backward passes through a
-// frozen target layer) and without LSA; a deliberately wrong backward (every
+// frozen target layer; also on a qwen2 target, through NEOX RoPE and the
+// q/k/v biases) and without LSA; a deliberately wrong backward (every
 // layer's attention residual gradient dropped) that the same check rejects;
 // the gradient is added (not stored) and has the same bits for 1 and 2
-// threads; the loss falls when the drafter learns a planted pattern.
+// threads; the loss falls when the drafter learns a planted pattern; TLI > 0
+// on a target with a scaled RoPE is refused with the reason.
 //
 // Tiny shapes on a synthetic target (d = 16, 2 layers, 2 heads of 8, one KV
 // head: K,V rows of 16 floats a layer), T = 24 (two or more blocks: k is
@@ -35,12 +37,13 @@
 
 static char g_err[512];
 static sd_rng g_rng;
-static sd_model *g_m;
+static sd_model *g_m, *g_mq;   // llama and qwen2 (NEOX RoPE, q/k/v biases) targets
 
 static float urand(void) { return (float)(2.0 * sd_rng_uniform(&g_rng) - 1.0); }
 
-static sd_model *synth_target(void) {
+static sd_model *synth_target(const char *arch) {
     synth_params p = synth_default_params();
+    p.arch = arch;
     p.n_embd = 16;
     p.n_head = 2;
     p.n_head_kv = 1;
@@ -53,8 +56,8 @@ static sd_model *synth_target(void) {
     return m;
 }
 
-static sd_head *make_head(int tli, int no_lsa) {
-    sd_head_hp hp = sd_head_default_hp(g_m, SD_HEAD_MOA);
+static sd_head *make_head(const sd_model *m, int tli, int no_lsa) {
+    sd_head_hp hp = sd_head_default_hp(m, SD_HEAD_MOA);
     hp.n_ff = 32;
     hp.n_draft_vocab = 24;
     hp.moa_tli = tli;
@@ -138,13 +141,13 @@ static double fd_head(sd_trainer *tr, sd_head *h, const sd_train_seq *seq, const
     return worst;
 }
 
-static double check(int tli, int no_lsa, int fault, int verbose) {
-    sd_head *h = make_head(tli, no_lsa);
+static double check(sd_model *m, int tli, int no_lsa, int fault, int verbose) {
+    sd_head *h = make_head(m, tli, no_lsa);
     sd_trainer *tr = NULL;
     seq_buf sb = {0};
     float *grad = NULL;
     double w = NAN;
-    if (!h || sd_trainer_new(&tr, h, g_m, T_SEQ, 1, NULL, g_err, sizeof g_err) < 0 || make_seq(&sb, h) < 0 ||
+    if (!h || sd_trainer_new(&tr, h, m, T_SEQ, 1, NULL, g_err, sizeof g_err) < 0 || make_seq(&sb, h) < 0 ||
         !(grad = calloc(h->n_w, sizeof(float)))) {
         CHECK(0, "setup: %s", g_err);
         goto out;
@@ -157,7 +160,8 @@ static double check(int tli, int no_lsa, int fault, int verbose) {
           (long long)st.n[1]);
     const char *wt = "?";
     w = fd_head(tr, h, &sb.seq, grad, 6, verbose, &wt);
-    printf("  TLI %d%s%s: loss %.4f, worst ratio %.3g (%s)\n", tli, no_lsa ? " no-LSA" : "",
+    printf("  %s, TLI %d%s%s: loss %.4f, worst ratio %.3g (%s)\n", m == g_mq ? "qwen2" : "llama", tli,
+           no_lsa ? " no-LSA" : "",
            fault ? " (residual gradient dropped)" : "", loss, w, wt);
 out:
     free(grad);
@@ -168,25 +172,26 @@ out:
 }
 
 static void test_moa_grad(void) {
-    if (!g_m) SKIP("no target: %.200s", g_err);
-    static const int cfg[3][2] = {{0, 0}, {1, 0}, {0, 1}};
-    for (int c = 0; c < 3; c++) {
-        const double w = check(cfg[c][0], cfg[c][1], 0, c == 1);
-        CHECK(w <= 1.0, "TLI %d no-LSA %d: the gradient disagrees with finite differences (worst ratio %.3g)",
-              cfg[c][0], cfg[c][1], w);
+    if (!g_m || !g_mq) SKIP("no target: %.200s", g_err);
+    // TLI 1 on the qwen2 target: the backward turns through NEOX RoPE and the q/k/v biases
+    static const int cfg[4][3] = {{0, 0, 0}, {1, 0, 0}, {0, 1, 0}, {1, 0, 1}};
+    for (int c = 0; c < 4; c++) {
+        const double w = check(cfg[c][2] ? g_mq : g_m, cfg[c][0], cfg[c][1], 0, c == 1);
+        CHECK(w <= 1.0, "%s TLI %d no-LSA %d: the gradient disagrees with finite differences (worst ratio %.3g)",
+              cfg[c][2] ? "qwen2" : "llama", cfg[c][0], cfg[c][1], w);
     }
 }
 
 static void test_moa_grad_catches_fault(void) {
     if (!g_m) SKIP("no target: %.200s", g_err);
-    const double w = check(1, 0, SD_TR_FAULT_NO_RESID, 0);
+    const double w = check(g_m, 1, 0, SD_TR_FAULT_NO_RESID, 0);
     CHECK(w > 10.0, "a backward without the residual gradient passed the check (worst ratio %.3g)", w);
 }
 
 // Added, not stored; same bits with 1 and 2 threads.
 static void test_moa_grad_contract(void) {
     if (!g_m) SKIP("no target: %.200s", g_err);
-    sd_head *h = make_head(1, 0);
+    sd_head *h = make_head(g_m, 1, 0);
     seq_buf sb = {0};
     sd_pool *pool = NULL;
     sd_trainer *t1 = NULL, *t2 = NULL;
@@ -218,12 +223,41 @@ out:
     sd_head_free(h);
 }
 
+// TLI > 0 through a scaled RoPE is refused with the reason (TLI 0 trains).
+static void test_moa_refuses_scaled_rope(void) {
+    synth_params p = synth_default_params();
+    p.n_embd = 16, p.n_head = 2, p.n_head_kv = 1, p.n_ff = 32;
+    p.rope_scaling_type = "linear", p.rope_scaling_factor = 4.0f;
+    char path[128];
+    snprintf(path, sizeof path, "/tmp/specdec_test_moa_scaled_%d.gguf", (int)getpid());
+    sd_model *m = NULL;
+    if (synth_write(path, &p, g_err, sizeof g_err) == 0) sd_model_load(&m, path, g_err, sizeof g_err);
+    remove(path);
+    if (!m) SKIP("no scaled target: %.200s", g_err);
+    sd_trainer *tr = NULL;
+    sd_head *h1 = make_head(m, 1, 0), *h0 = make_head(m, 0, 0);
+    g_err[0] = 0;
+    const int r1 = h1 ? sd_trainer_new(&tr, h1, m, T_SEQ, 1, NULL, g_err, sizeof g_err) : 0;
+    CHECK(h1 && r1 < 0 && strstr(g_err, "scale") && strstr(g_err, "TLI 0"), "TLI 1: %d (%s)", r1, g_err);
+    sd_trainer_free(tr);
+    tr = NULL;
+    const int r0 = h0 ? sd_trainer_new(&tr, h0, m, T_SEQ, 1, NULL, g_err, sizeof g_err) : -1;
+    CHECK(r0 == 0, "TLI 0 on the scaled target: %s", g_err);
+    sd_trainer_free(tr);
+    sd_head_free(h1);
+    sd_head_free(h0);
+    sd_model_free(m);
+}
+
 int main(void) {
     sd_rng_seed(&g_rng, 5);
-    g_m = synth_target();
+    g_m = synth_target("llama");
+    g_mq = synth_target("qwen2");
     T_RUN(test_moa_grad);
     T_RUN(test_moa_grad_catches_fault);
     T_RUN(test_moa_grad_contract);
+    T_RUN(test_moa_refuses_scaled_rope);
     sd_model_free(g_m);
+    sd_model_free(g_mq);
     T_EXIT();
 }

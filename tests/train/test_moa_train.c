@@ -4,7 +4,8 @@
 // refuses a resume with another TLI; the drafter learns a planted pattern;
 // and the inference runner (src/head/moa_run.c) computes what training
 // computed: its top-1 agreement on held-out rows, drafted as the drafter
-// drafts them, matches the trainer's.
+// drafts them, matches the trainer's (TLI 0 on a llama target; TLI 1 on a
+// qwen2 one, whose frozen target layer turns NEOX pairs).
 //
 // The planted pattern (as test_learns_pattern.c): texts cycle through 16
 // word tokens in a fixed random order from a random phase; a synthetic
@@ -25,6 +26,7 @@
 #include "head/head.h"
 #include "head/moa.h"
 #include "kernels/quant.h"
+#include "lib/synth.h"
 #include "lib/train_fixture.h"
 #include "model/model.h"
 #include "runtime/session.h"
@@ -155,7 +157,7 @@ static int make_data(data *D, const sd_model *m, const sd_head *h) {
     const int L = m->hp.n_layer, E = m->hp.n_embd, ekv = h->hp.moa_kv_width, kvd = ekv / 2, NV = m->hp.n_vocab;
     D->nf = sd_moa_n_feat(h);
     D->feats = calloc((size_t)(N_TRAIN + N_HELD) * T_SEQ * (size_t)D->nf, sizeof(float));
-    float *hid = malloc(sizeof(float) * T_SEQ * (size_t)E), *kb = malloc(sizeof(float) * T_SEQ * (size_t)kvd),
+    float *hid = malloc(sizeof(float) * T_SEQ * 2 * (size_t)E), *kb = malloc(sizeof(float) * T_SEQ * (size_t)kvd),
           *vb = malloc(sizeof(float) * T_SEQ * (size_t)kvd), *pb = malloc(sizeof(float) * (size_t)NV);
     sd_session_params sp = sd_session_default_params();
     sp.n_ctx = T_SEQ, sp.n_batch = T_SEQ, sp.n_threads = 2;
@@ -170,13 +172,15 @@ static int make_data(data *D, const sd_model *m, const sd_head *h) {
         int32_t t = cycle[i];
         cycle[i] = cycle[j], cycle[j] = t;
     }
-    int32_t want_norm = SD_HIDDEN_NORM;
+    // the state entering layer L-N (N > 0: the stream after block L-N-1) and the final normed state
+    const int N = h->hp.moa_tli;
+    int32_t layers[2] = {N > 0 ? L - N - 1 : SD_HIDDEN_NORM, SD_HIDDEN_NORM};
     int rc = 0;
     for (int q = 0; q < N_TRAIN + N_HELD && rc == 0; q++) {
         const int ph = (int)(sd_rng_next(&rng) % 16);
         for (int t = 0; t < T_SEQ; t++) D->tok[q][t] = cycle[(ph + t) % 16];
         sd_session_truncate(s, 0, NULL, 0);
-        sd_batch b = {.n = T_SEQ, .tokens = D->tok[q], .hidden_layers = &want_norm, .n_hidden_layers = 1,
+        sd_batch b = {.n = T_SEQ, .tokens = D->tok[q], .hidden_layers = layers, .n_hidden_layers = 2,
                       .hidden_out = hid};
         rc = sd_session_forward(s, &b, g_err, sizeof g_err);
         if (rc == 0) rc = sd_session_commit(s, NULL, 0, g_err, sizeof g_err);
@@ -189,7 +193,8 @@ static int make_data(data *D, const sd_model *m, const sd_head *h) {
             }
         }
         for (int t = 0; t < T_SEQ && rc == 0; t++) {
-            memcpy(F + (size_t)t * D->nf + (size_t)L * ekv + E, hid + (size_t)t * E, sizeof(float) * (size_t)E);
+            if (N > 0) memcpy(F + (size_t)t * D->nf + (size_t)L * ekv, hid + (size_t)t * 2 * E, sizeof(float) * (size_t)E);
+            memcpy(F + (size_t)t * D->nf + (size_t)L * ekv + E, hid + (size_t)t * 2 * E + E, sizeof(float) * (size_t)E);
             const float *lg = sd_session_logits(s, t);
             float mx = lg[0];
             for (int v = 1; v < NV; v++) mx = lg[v] > mx ? lg[v] : mx;
@@ -272,12 +277,23 @@ out:
     sd_moa_run_free(r);
 }
 
-static void test_moa_learns_pattern(void) {
-    sd_model *m = tf_synth_model(64, 2, 3, g_err, sizeof g_err);
-    CHECK(m, "synthetic model: %s", g_err);
+// A 2-layer llama target (RoPE pairs (2i, 2i+1)) with TLI 0, or a qwen2 one
+// (NEOX pairs (i, i + hd/2), q/k/v biases) with TLI 1: the trainer's frozen
+// target layer must turn its rows as the inference runner does.
+static void learns_pattern(const char *arch, int tli) {
+    synth_params sp = synth_default_params();
+    sp.arch = arch;
+    sp.n_embd = 64, sp.n_ff = 128, sp.seed = 3;
+    char path[600];
+    tf_path(path, sizeof path, "moa_target.gguf");
+    sd_model *m = NULL;
+    if (synth_write(path, &sp, g_err, sizeof g_err) == 0) sd_model_load(&m, path, g_err, sizeof g_err);
+    remove(path);
+    CHECK(m, "synthetic %s model: %s", arch, g_err);
     if (!m) return;
     sd_head_hp hp = sd_head_default_hp(m, SD_HEAD_MOA);
     hp.n_draft_vocab = m->hp.n_vocab;
+    hp.moa_tli = tli;
     sd_head *h = NULL;
     static data D;
     sd_trainer *tr = NULL;
@@ -304,9 +320,9 @@ static void test_moa_learns_pattern(void) {
     }
     const double l1 = held_out(tr, &D, a1);
     runner_agree(h, m, &D, ra);
-    printf("  info: held-out loss %.3f -> %.3f, agreement depth 0 %.2f -> %.2f, depth 1 %.2f -> %.2f (%.1f s); "
+    printf("  info: %s, TLI %d: held-out loss %.3f -> %.3f, agreement depth 0 %.2f -> %.2f, depth 1 %.2f -> %.2f (%.1f s); "
            "the runner's: %.2f, %.2f\n",
-           l0, l1, a0[0], a1[0], a0[1], a1[1], (sd_time_ms() - t0) / 1000, ra[0], ra[1]);
+           arch, tli, l0, l1, a0[0], a1[0], a0[1], a1[1], (sd_time_ms() - t0) / 1000, ra[0], ra[1]);
     CHECK(a0[0] < 0.1 && a1[0] > 0.5 && a1[1] > 0.5, "the pattern was not learnt (depth 0 %.2f -> %.2f, depth 1 %.2f)",
           a0[0], a1[0], a1[1]);
     CHECK(l1 < 0.67 * l0, "held-out loss %.3f -> %.3f", l0, l1);
@@ -322,6 +338,9 @@ out:
     sd_model_free(m);
 }
 
+static void test_moa_learns_pattern(void) { learns_pattern("llama", 0); }
+static void test_moa_tli_neox_learns_pattern(void) { learns_pattern("qwen2", 1); }
+
 int main(void) {
     tf_init("test_moa_train");
     static char data[512];
@@ -329,6 +348,7 @@ int main(void) {
     tf_write_corpus(data, 24, 30, 5, 0);
     g_data[0] = data;
     T_RUN(test_moa_learns_pattern);
+    T_RUN(test_moa_tli_neox_learns_pattern);
     T_RUN(test_moa_resume_bit_identical);
     tf_done();
     T_EXIT();

@@ -224,7 +224,7 @@ static void test_fd_rmsnorm(void) {
 // ---------------------------------------------------------------- RoPE
 
 typedef struct rope_st {
-    int n, nh, hd;
+    int n, nh, hd, neox;
     const int32_t *pos;
     const float *cs;
     float *X, *Y, *c;
@@ -233,42 +233,47 @@ typedef struct rope_st {
 static double rope_obj(void *p) {
     rope_st *s = p;
     memcpy(s->Y, s->X, sizeof(float) * (size_t)s->n * s->nh * s->hd);
-    sd_tr_rope(s->n, s->nh, s->hd, s->pos, s->cs, s->Y, 0);
+    sd_tr_rope(s->n, s->nh, s->hd, s->pos, s->cs, s->Y, 0, s->neox);
     return dotd(s->c, s->Y, (size_t)s->n * s->nh * s->hd);
 }
 
-// RoPE against its definition (pairs (2i, 2i+1), theta_i = base^(-2i/hd)),
-// its inverse, and the backward (the inverse applied to dY).
+// RoPE against its definition (pairs (2i, 2i+1), or (i, i + hd/2) for NEOX;
+// theta_i = base^(-2i/hd)), its inverse, and the backward (the inverse
+// applied to dY), for both pairings.
 static void test_fd_rope(void) {
     const int n = 4, nh = 2, hd = 8, N = n * nh * hd;
     int32_t pos[4] = {3, 0, 7, 5};
     float cs[8 * 4 * 2];
     sd_tr_rope_table(cs, 8, hd, 10000.0f);
-    rope_st s = {.n = n, .nh = nh, .hd = hd, .pos = pos, .cs = cs, .X = falloc(N), .Y = falloc(N), .c = falloc(N)};
-    fill(s.X, N, 1);
-    fill(s.c, N, 1);
-    rope_obj(&s);
-    double err = 0;
-    for (int r = 0; r < n; r++)
-        for (int h = 0; h < nh; h++)
-            for (int i = 0; i < hd / 2; i++) {
-                const double th = pos[r] * pow(10000.0, -2.0 * i / hd);
-                const float *x = s.X + (r * nh + h) * hd + 2 * i, *y = s.Y + (r * nh + h) * hd + 2 * i;
-                err = fmax(err, fabs(y[0] - (x[0] * cos(th) - x[1] * sin(th))));
-                err = fmax(err, fabs(y[1] - (x[0] * sin(th) + x[1] * cos(th))));
-            }
-    CHECK(err < 1e-5, "RoPE differs from its definition by %g", err);
-    float *back = falloc(N);
-    memcpy(back, s.Y, sizeof(float) * N);
-    sd_tr_rope(n, nh, hd, pos, cs, back, 1);
-    double e2 = 0;
-    for (int i = 0; i < N; i++) e2 = fmax(e2, fabs(back[i] - s.X[i]));
-    CHECK(e2 < 1e-5, "inverse RoPE does not undo RoPE (%g)", e2);
-    float *dX = falloc(N);
-    memcpy(dX, s.c, sizeof(float) * N);
-    sd_tr_rope(n, nh, hd, pos, cs, dX, 1);
-    FD_CHECK(rope_obj, &s, s.X, dX, N, "rope dX");
-    free(s.X), free(s.Y), free(s.c), free(back), free(dX);
+    for (int neox = 0; neox < 2; neox++) {
+        rope_st s = {.n = n, .nh = nh, .hd = hd, .neox = neox, .pos = pos, .cs = cs, .X = falloc(N), .Y = falloc(N),
+                     .c = falloc(N)};
+        fill(s.X, N, 1);
+        fill(s.c, N, 1);
+        rope_obj(&s);
+        double err = 0;
+        const int ia = neox ? 1 : 2, ib = neox ? hd / 2 : 1;
+        for (int r = 0; r < n; r++)
+            for (int h = 0; h < nh; h++)
+                for (int i = 0; i < hd / 2; i++) {
+                    const double th = pos[r] * pow(10000.0, -2.0 * i / hd);
+                    const float *x = s.X + (r * nh + h) * hd + ia * i, *y = s.Y + (r * nh + h) * hd + ia * i;
+                    err = fmax(err, fabs(y[0] - (x[0] * cos(th) - x[ib] * sin(th))));
+                    err = fmax(err, fabs(y[ib] - (x[0] * sin(th) + x[ib] * cos(th))));
+                }
+        CHECK(err < 1e-5, "RoPE (neox %d) differs from its definition by %g", neox, err);
+        float *back = falloc(N);
+        memcpy(back, s.Y, sizeof(float) * N);
+        sd_tr_rope(n, nh, hd, pos, cs, back, 1, neox);
+        double e2 = 0;
+        for (int i = 0; i < N; i++) e2 = fmax(e2, fabs(back[i] - s.X[i]));
+        CHECK(e2 < 1e-5, "inverse RoPE (neox %d) does not undo RoPE (%g)", neox, e2);
+        float *dX = falloc(N);
+        memcpy(dX, s.c, sizeof(float) * N);
+        sd_tr_rope(n, nh, hd, pos, cs, dX, 1, neox);
+        FD_CHECK(rope_obj, &s, s.X, dX, N, neox ? "rope dX (neox)" : "rope dX");
+        free(s.X), free(s.Y), free(s.c), free(back), free(dX);
+    }
 }
 
 // ---------------------------------------------------------------- SwiGLU, SiLU
