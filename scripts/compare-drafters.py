@@ -19,7 +19,7 @@ Kinds: eagle3 (lr 1e-3, batch 8, 256 positions a sequence), moa, moa-nolsa,
 moa-tli1, moa-tli1-nolsa (lr 1e-3, batch 4, 128 positions: docs/moa.md).
 
 usage: scripts/compare-drafters.py -m MODEL --data FILE [--data FILE ...]
-         --work DIR [--minutes M] [--kinds LIST] [-t T]
+         --work DIR [--minutes M] [--kinds LIST] [--ff N] [-t T]
          [--prompts FILE] [--limit K] [-n N] [--rounds R] [--methods LIST]
 """
 import argparse
@@ -51,6 +51,10 @@ def data_args(a):
     return [x for d in a.data for x in ("--data", d)]
 
 
+def ff_args(a):
+    return ["--ff", str(a.ff)] if a.ff else []
+
+
 def train(a, kind, out, tokens, cache):
     """One train-head run from scratch; returns (steps, tokens, seconds, held-back text)."""
     opts, _ = KINDS[kind]
@@ -60,7 +64,7 @@ def train(a, kind, out, tokens, cache):
             os.remove(f)
     cmd = [a.bin, "train-head", "-m", a.model, *data_args(a), "--out", out,
            "--cache", cache, "--ckpt", ckpt, "--ckpt-minutes", "0", "--tokens", str(tokens), "--seed", "42",
-           "-t", str(a.threads), *opts]
+           "-t", str(a.threads), *opts, *ff_args(a)]
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if p.returncode != 0:
         sys.exit(f"compare-drafters: {kind}: train-head failed (exit {p.returncode}):\n{p.stderr[-1500:]}")
@@ -81,6 +85,8 @@ def main():
     ap.add_argument("--work", required=True, help="work directory (caches, drafters, results)")
     ap.add_argument("--minutes", type=float, default=8.0, help="training time per drafter (default 8)")
     ap.add_argument("--kinds", default="eagle3,moa,moa-nolsa,moa-tli1,moa-tli1-nolsa")
+    ap.add_argument("--ff", type=int, default=0,
+                    help="feed-forward width of every drafter's layers (default: the target's; the Qwen head: 3072)")
     ap.add_argument("-t", "--threads", type=int, default=os.cpu_count())
     ap.add_argument("--prompts", default=os.path.normpath(os.path.join(ROOT, "..", "shared", "prompts", "dev.jsonl")))
     ap.add_argument("--limit", type=int, default=16)
@@ -115,7 +121,7 @@ def main():
         cache = os.path.join(a.work, "cache-eagle3" if k == "eagle3" else "cache-moa")
         t0 = time.time()
         subprocess.run([a.bin, "train-head", "-m", a.model, *data_args(a),
-                        "--out", out, "--cache", cache, "--cache-only", "-t", str(a.threads), *KINDS[k][0]],
+                        "--out", out, "--cache", cache, "--cache-only", "-t", str(a.threads), *KINDS[k][0], *ff_args(a)],
                        check=True, stdout=subprocess.DEVNULL)
         log(f"{k}: cache ready in {time.time() - t0:.0f} s")
         if rec:   # trained before for another length of time: scale by its own rate
@@ -135,7 +141,7 @@ def main():
                 break
             rate = tok / max(sec, 1)   # once more at the rate the run itself had
         trained[k] = {"file": out, "minutes": a.minutes, "rate": round(rate, 1), "steps": steps,
-                      "tokens": tok, "seconds": sec, "held_back": held, "options": KINDS[k][0]}
+                      "tokens": tok, "seconds": sec, "held_back": held, "options": KINDS[k][0] + ff_args(a)}
         target = target or sec
         with open(rec_path + ".tmp", "w") as f:
             json.dump(trained, f, indent=1)

@@ -82,8 +82,8 @@ static int th_parse(int argc, char **argv, th_opts *o) {
          .help = "draft vocabulary: the N tokens the target predicts most often in the data (capped at the "
                  "target's vocabulary)"},
         {"--ff", NULL, CLI_INT, &o->head_ff, .lo = 0, .hi = 1 << 20, .meta = "N",
-         .help = "EAGLE-3: width of the head's feed-forward layer (default: the target's); a smaller one makes "
-                 "the head cheaper to run, train and ship"},
+         .help = "EAGLE-3 and MoA: width of the feed-forward layers (MoA: SA's and CA's) (default: the target's); "
+                 "a smaller one makes the drafter cheaper to run, train and ship"},
         {"--ttt", NULL, CLI_INT, &o->ttt, .lo = 1, .hi = SD_TRAIN_MAX_K, .meta = "K", .def = CLI_DEF_VALUE,
          .help = "EAGLE-3 training-time-test steps (the head continues from its own outputs K-1 times)"},
         {"--tli", NULL, CLI_INT, &o->tli, .lo = 0, .hi = 4096, .meta = "N",
