@@ -126,12 +126,12 @@ def main():
         log(f"{k}: cache ready in {time.time() - t0:.0f} s")
         if rec:   # trained before for another length of time: scale by its own rate
             rate = rec["tokens"] / max(rec["seconds"], 1)
-        else:     # a short probe, then one of about 45 s (a run's fixed costs fall out of its rate)
+        else:     # a short probe, then one of about 45 s: the rate is their difference (a run's fixed costs cancel)
             probe = os.path.join(a.work, f"probe-{k}.gguf")
-            _, ptok, psec, _ = train(a, k, probe, KINDS[k][1], cache)
-            _, ptok, psec, _ = train(a, k, probe, int(ptok / max(psec, 1) * 45), cache)
+            _, tok1, sec1, _ = train(a, k, probe, KINDS[k][1], cache)
+            _, tok2, sec2, _ = train(a, k, probe, int(tok1 / max(sec1, 1) * 45), cache)
             os.remove(probe)
-            rate = ptok / max(psec, 1)
+            rate = (tok2 - tok1) / (sec2 - sec1) if sec2 > sec1 and tok2 > tok1 else tok2 / max(sec2, 1)
         for _ in range(2):
             tokens = int(rate * want)
             log(f"{k}: {rate:.0f} positions/s; training {tokens} positions (~{want:.0f} s)")
