@@ -3,7 +3,7 @@
 # the training corpus, the mix the head was trained on, and the train-head
 # command, each step resumable (rerun the script after an interruption).
 #
-#   bash scripts/train-head-recipe.sh smollm2|smollm2-v1|smollm2-v3|qwen|qwen-sd|qwen-own|qwen-05b [WORK_DIR]
+#   bash scripts/train-head-recipe.sh smollm2|smollm2-v1|smollm2-v3|qwen|qwen-sd|qwen-own|qwen-05b|qwen-1m [WORK_DIR]
 #
 # smollm2 (SmolLM2-135M-Instruct, the shipped head) has two stages:
 # smollm2-v1 (session 11's head: the corpus's first 543 conversations
@@ -35,6 +35,14 @@
 # by the 1.5B target itself (data/qwen15) or by the 0.5B model (data/qwen05),
 # the 1.5B model's distribution as the labels either way; the answers come
 # from data/corpus/qwen2.5-coder-{1.5b,0.5b} when committed.
+# qwen-1m (issue 29's 1 M-token Qwen corpus; not shipped until measured)
+# fine-tunes the shipped Qwen head on all 6,900 answers of the 0.5B model
+# (data/corpus/qwen2.5-coder-0.5b, 915 k generated tokens, 1.52 M with the
+# prompts; the prompts past the first 3,000 are the list's lines 3,001-5,400
+# and its first 1,500 "tasks2" prompts, interleaved by source), 1 M
+# positions, writing WORK_DIR/Qwen2.5-Coder-1.5B-Instruct.eagle3-qwen-1m.gguf.
+# The 1.5B's feature cache over it takes about 4 hours here, the training
+# about 1.5: run it in several sittings (every step resumes).
 # WORK_DIR (default data/smollm2-ft for smollm2, data/ for smollm2-v1,
 # data/qwen for qwen, data/qwen-sd/ft for qwen-sd) holds the mix, the feature
 # cache and the checkpoint; the corpus is data/train (CORPUS to move it); the
@@ -133,8 +141,19 @@ qwen-own|qwen-05b)
     prompts=400 tokens="${TOKENS:-160000}" lr="${LR:-5e-4}" ff="${FF:-3072}" batch=4
     init=(--init "$v1")
     ;;
+qwen-1m)
+    model=models/Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf
+    work="${2:-data/qwen-1m}"
+    writer=models/Qwen2.5-Coder-0.5B-Instruct-AWQ.Q4_K_M.gguf answers=data/qwen05
+    shards=data/corpus/qwen2.5-coder-0.5b
+    out="$work/Qwen2.5-Coder-1.5B-Instruct.eagle3-$which.gguf"
+    sd_prompts=6900 sd_parallel=16
+    mixes=("mix.jsonl 0 6900 none:1:0:0")
+    prompts=400 tokens="${TOKENS:-1000000}" lr="${LR:-5e-4}" ff="${FF:-3072}" batch=4
+    init=(--init "${INIT:-heads/Qwen2.5-Coder-1.5B-Instruct.eagle3.gguf}")
+    ;;
 *)
-    echo "usage: $0 smollm2|smollm2-v1|smollm2-v3|qwen|qwen-sd|qwen-own|qwen-05b [WORK_DIR]" >&2
+    echo "usage: $0 smollm2|smollm2-v1|smollm2-v3|qwen|qwen-sd|qwen-own|qwen-05b|qwen-1m [WORK_DIR]" >&2
     exit 1
     ;;
 esac
@@ -161,6 +180,27 @@ python3 scripts/make-train-data.py --model models/SmolLM2-135M-Instruct.Q4_1.ggu
 if [ "$answers" != "$corpus" ]; then
     mkdir -p "$answers"
     [ -f "$answers/prompts.jsonl" ] || head -n 3000 "$corpus/prompts.jsonl" >"$answers/prompts.jsonl"
+    # qwen-1m: prompts 3,001-6,900 (the list's lines 3,001-5,400 and its first
+    # 1,500 tasks2 prompts, interleaved by source), appended once
+    if [ "$which" = qwen-1m ] && [ "$(wc -l <"$answers/prompts.jsonl")" -lt 6900 ]; then
+        python3 - "$corpus/prompts.jsonl" "$answers/prompts.jsonl" <<'PY'
+import collections, json, sys
+src, dst = sys.argv[1], sys.argv[2]
+lines = open(src).read().splitlines()
+by = collections.defaultdict(list)
+for l in lines[3000:5400]:
+    by[json.loads(l)["source"]].append(l)
+by["tasks2"] = [l for l in lines if json.loads(l)["source"] == "tasks2"][:1500]
+out = []
+while any(by.values()):
+    for s in ("tasks2", "chitchat", "pydoc", "pystdlib", "tasks"):
+        if by[s]:
+            out.append(by[s].pop(0))
+have = {json.loads(l)["id"] for l in open(dst)}
+with open(dst, "a") as f:
+    f.writelines(l + "\n" for l in out if json.loads(l)["id"] not in have)
+PY
+    fi
     [ -n "${shards:-}" ] && [ -f "$shards/manifest.json" ] && \
         python3 scripts/corpus-shards.py unpack --dir "$shards" --out "$answers"
     python3 scripts/make-train-data.py --model "${writer:-$model}" --out "$answers" --stages b --offline \
