@@ -42,6 +42,15 @@ def why_skip():
     return None
 
 
+def skip_all(cases):
+    """Prints SKIP with the reason for every case and returns True when the
+    MPI tests cannot run here."""
+    why = why_skip()
+    for c in cases if why else ():
+        print(f"SKIP {c}: {why}")
+    return bool(why)
+
+
 def compare(name, model, prompt, methods, splits, n, extra=()):
     """Greedy text of every method on one process, then under each split; a
     list of failures."""

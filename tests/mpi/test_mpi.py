@@ -47,7 +47,7 @@ import tempfile
 import time
 
 from mpi_common import (BIN, ENV, RHEAD, ROOT, SMOL, SYNTH, alive, chat, compare, mpirun, rank_pids,
-                        resume_and_reap, single, start_server, stop_server, why_skip)
+                        resume_and_reap, single, skip_all, start_server, stop_server)
 from report import exit_status, report  # noqa: E402
 
 CASES = ["mpi_greedy_synth", "mpi_greedy_smollm", "mpi_bench_equal", "mpi_bad_launches", "mpi_killed_rank",
@@ -379,10 +379,7 @@ def case_rank_memory():
 
 
 def main():
-    why = why_skip()
-    if why:
-        for c in CASES:
-            print(f"SKIP {c}: {why}")
+    if skip_all(CASES):
         return 0
     only = set(sys.argv[1:])   # case names to run (all by default)
     with tempfile.TemporaryDirectory(prefix="specdec_mpi_") as tmp:

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 
-from mpi_common import KEEP, SMOL, alive, chat, rank_pids, resume_and_reap, single, start_server, stop_server, why_skip
+from mpi_common import KEEP, SMOL, alive, chat, rank_pids, resume_and_reap, single, skip_all, start_server, stop_server
 from report import exit_status, report  # noqa: E402
 
 CASES = ["mpi_serve_equals_generate", "mpi_serve_groups", "mpi_serve_killed_rank", "mpi_serve_root_gone"]
@@ -278,10 +278,7 @@ def case_serve_equals_generate():
 
 
 def main():
-    why = why_skip()
-    if why:
-        for c in CASES:
-            print(f"SKIP {c}: {why}")
+    if skip_all(CASES):
         return 0
     only = set(sys.argv[1:])   # case names to run (all by default)
     cases = [("mpi_serve_equals_generate", case_serve_equals_generate), ("mpi_serve_groups", case_serve_groups),
