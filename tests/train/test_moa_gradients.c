@@ -41,13 +41,16 @@ static sd_model *g_m, *g_mq;   // llama and qwen2 (NEOX RoPE, q/k/v biases) targ
 
 static float urand(void) { return (float)(2.0 * sd_rng_uniform(&g_rng) - 1.0); }
 
-static sd_model *synth_target(const char *arch) {
+// The tiny target of these tests (arch "llama" or "qwen2"), written and loaded;
+// rope_scaling: a linear-scaled RoPE (factor 4) or none.
+static sd_model *synth_target(const char *arch, int rope_scaling) {
     synth_params p = synth_default_params();
     p.arch = arch;
     p.n_embd = 16;
     p.n_head = 2;
     p.n_head_kv = 1;
     p.n_ff = 32;
+    if (rope_scaling) p.rope_scaling_type = "linear", p.rope_scaling_factor = 4.0f;
     char path[128];
     snprintf(path, sizeof path, "/tmp/specdec_test_moa_grad_%d.gguf", (int)getpid());
     sd_model *m = NULL;
@@ -225,14 +228,7 @@ out:
 
 // TLI > 0 through a scaled RoPE is refused with the reason (TLI 0 trains).
 static void test_moa_refuses_scaled_rope(void) {
-    synth_params p = synth_default_params();
-    p.n_embd = 16, p.n_head = 2, p.n_head_kv = 1, p.n_ff = 32;
-    p.rope_scaling_type = "linear", p.rope_scaling_factor = 4.0f;
-    char path[128];
-    snprintf(path, sizeof path, "/tmp/specdec_test_moa_scaled_%d.gguf", (int)getpid());
-    sd_model *m = NULL;
-    if (synth_write(path, &p, g_err, sizeof g_err) == 0) sd_model_load(&m, path, g_err, sizeof g_err);
-    remove(path);
+    sd_model *m = synth_target("llama", 1);
     if (!m) SKIP("no scaled target: %.200s", g_err);
     sd_trainer *tr = NULL;
     sd_head *h1 = make_head(m, 1, 0), *h0 = make_head(m, 0, 0);
@@ -251,8 +247,8 @@ static void test_moa_refuses_scaled_rope(void) {
 
 int main(void) {
     sd_rng_seed(&g_rng, 5);
-    g_m = synth_target("llama");
-    g_mq = synth_target("qwen2");
+    g_m = synth_target("llama", 0);
+    g_mq = synth_target("qwen2", 0);
     T_RUN(test_moa_grad);
     T_RUN(test_moa_grad_catches_fault);
     T_RUN(test_moa_grad_contract);
