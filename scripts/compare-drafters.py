@@ -3,7 +3,10 @@
 for the same time, then benched side by side (issue 29's comparison).
 
 For each drafter kind it builds the feature cache once (untimed: the same
-target pass over the same data for every kind of a cache), measures the
+target pass over the same data for every kind of a cache: cache-eagle3,
+cache-moa for the LSA kinds (tokens and labels; they recompute the K,V rows
+while training), cache-moa-nolsa for the no-LSA kinds (the reduced K,V form,
+kept for the largest TLI asked)), measures the
 kind's training rate in probe runs, then trains it from scratch with the
 same seed and threads for as long as the first kind (EAGLE-3) trained, which
 is given by --minutes (positions = rate x time, so that each run's
@@ -53,6 +56,27 @@ def data_args(a):
 
 def ff_args(a):
     return ["--ff", str(a.ff)] if a.ff else []
+
+
+def nolsa(kind):
+    return "--no-lsa" in KINDS[kind][0]
+
+
+def tli(kind):
+    o = KINDS[kind][0]
+    return int(o[o.index("--tli") + 1]) if "--tli" in o else 0
+
+
+def cache_name(kind):
+    return "cache-eagle3" if kind == "eagle3" else "cache-moa-nolsa" if nolsa(kind) else "cache-moa"
+
+
+def cache_opts(kind, kinds):
+    """The options of the cache build: a no-LSA kind's keeps the rows of the largest TLI of those asked."""
+    if not nolsa(kind):
+        return KINDS[kind][0]
+    n = max(tli(k) for k in kinds if nolsa(k))
+    return ["--type", "moa", "--no-lsa", "--tli", str(n)]
 
 
 def train(a, kind, out, tokens, cache):
@@ -118,10 +142,10 @@ def main():
             target = target or rec["seconds"]
             continue
         want = target or a.minutes * 60
-        cache = os.path.join(a.work, "cache-eagle3" if k == "eagle3" else "cache-moa")
+        cache = os.path.join(a.work, cache_name(k))
         t0 = time.time()
-        subprocess.run([a.bin, "train-head", "-m", a.model, *data_args(a),
-                        "--out", out, "--cache", cache, "--cache-only", "-t", str(a.threads), *KINDS[k][0], *ff_args(a)],
+        subprocess.run([a.bin, "train-head", "-m", a.model, *data_args(a), "--out", out, "--cache", cache,
+                        "--cache-only", "-t", str(a.threads), *cache_opts(k, kinds), *ff_args(a)],
                        check=True, stdout=subprocess.DEVNULL)
         log(f"{k}: cache ready in {time.time() - t0:.0f} s")
         if rec:   # trained before for another length of time: scale by its own rate

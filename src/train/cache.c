@@ -58,6 +58,12 @@ static void hdr_fill(cache_hdr *h, const sd_model *m, const sd_cache_params *p) 
         h->n_extract = 3;
         for (int i = 0; i < 3; i++) h->extract[i] = p->extract[i];
         h->n_feat = 3 * m->hp.n_embd;
+    } else if (p->type == SD_HEAD_MOA) {   // the streams entering layers L-N..L-1, then the final normed state
+        const int N = p->moa_tli;
+        h->n_extract = N + 1;
+        for (int i = 0; i < N; i++) h->extract[i] = m->hp.n_layer - N - 1 + i;
+        h->extract[N] = SD_HIDDEN_NORM;
+        h->n_feat = (1 + N) * 2 * m->hp.n_head_kv * m->hp.head_dim + (N + 1) * m->hp.n_embd;
     } else {
         h->n_extract = 1;
         h->extract[0] = SD_HIDDEN_NORM;
@@ -69,7 +75,10 @@ static void hdr_fill(cache_hdr *h, const sd_model *m, const sd_cache_params *p) 
 }
 
 static const char *type_name(uint32_t t) {
-    return t == SD_HEAD_EAGLE3 ? "an EAGLE-3 head" : t == SD_HEAD_MEDUSA ? "a Medusa head" : "an unknown head type";
+    return t == SD_HEAD_EAGLE3   ? "an EAGLE-3 head"
+           : t == SD_HEAD_MEDUSA ? "a Medusa head (or an MoA drafter with LSA)"
+           : t == SD_HEAD_MOA    ? "an MoA drafter without LSA"
+                                 : "an unknown head type";
 }
 
 // 0 if the stored header h matches want, else a message naming what differs.
@@ -86,7 +95,12 @@ static int hdr_compare(const sd_cache *c, const cache_hdr *h, const cache_hdr *w
     if (h->type != want->type)
         return sd_err(err, errlen, "the feature cache %s was made for %s, not %s; use another --cache directory", d,
                       type_name(h->type), type_name(want->type));
-    if (h->n_extract != want->n_extract || memcmp(h->extract, want->extract, sizeof h->extract))
+    if (h->type == SD_HEAD_MOA && h->n_extract < want->n_extract)
+        return sd_err(err, errlen,
+                      "the feature cache %s keeps the rows of %d TLI layers; this drafter runs %d; use another --cache "
+                      "directory",
+                      d, h->n_extract - 1, want->n_extract - 1);
+    if (h->type != SD_HEAD_MOA && (h->n_extract != want->n_extract || memcmp(h->extract, want->extract, sizeof h->extract)))
         return sd_err(err, errlen,
                       "the feature cache %s holds the states of layers %d,%d,%d; this head reads layers %d,%d,%d; use "
                       "another --cache directory",
@@ -98,7 +112,17 @@ static int hdr_compare(const sd_cache *c, const cache_hdr *h, const cache_hdr *w
     if (h->n_ctx != want->n_ctx)
         return sd_err(err, errlen, "the feature cache %s was built with windows of %d tokens, not %d (--ctx)", d,
                       h->n_ctx, want->n_ctx);
-    if (h->n_feat != want->n_feat) return sd_err(err, errlen, "the feature cache %s: bad state size %d", d, h->n_feat);
+    cache_hdr more = *want;   // an MoA cache keeping more TLI layers: the header it would have
+    if (h->type == SD_HEAD_MOA) {
+        const int N = h->n_extract - 1, ekv = (want->n_feat - want->n_extract * want->n_embd) / want->n_extract;
+        for (int i = 0; i < N; i++) more.extract[i] = want->n_layer - N - 1 + i;
+        more.extract[N] = SD_HIDDEN_NORM;
+        more.n_extract = N + 1;
+        more.n_feat = (1 + N) * ekv + (N + 1) * want->n_embd;
+        if (N > SD_CACHE_MAX_MOA_TLI || memcmp(h->extract, more.extract, sizeof h->extract))
+            return sd_err(err, errlen, "the feature cache %s: bad MoA layers", d);
+    }
+    if (h->n_feat != more.n_feat) return sd_err(err, errlen, "the feature cache %s: bad state size %d", d, h->n_feat);
     return 0;
 }
 
@@ -290,8 +314,11 @@ int sd_cache_open(sd_cache **out, const char *dir, const sd_model *m, const sd_c
                   size_t notelen, char *err, size_t errlen) {
     *out = NULL;
     if (note && notelen) note[0] = 0;
-    if (p->type != SD_HEAD_EAGLE3 && p->type != SD_HEAD_MEDUSA)
+    if (p->type != SD_HEAD_EAGLE3 && p->type != SD_HEAD_MEDUSA && p->type != SD_HEAD_MOA)
         return sd_err(err, errlen, "cache: unknown head type %d", p->type);
+    if (p->type == SD_HEAD_MOA && (p->moa_tli < 0 || p->moa_tli > SD_CACHE_MAX_MOA_TLI || p->moa_tli >= m->hp.n_layer))
+        return sd_err(err, errlen, "cache: an MoA cache keeps 0..%d TLI layers, not %d", SD_CACHE_MAX_MOA_TLI,
+                      p->moa_tli);
     if (p->topk < 1 || p->topk > SD_CACHE_MAX_TOPK)
         return sd_err(err, errlen, "cache: topk %d out of range 1..%d", p->topk, SD_CACHE_MAX_TOPK);
     if (p->n_ctx < 2) return sd_err(err, errlen, "cache: window of %d tokens (at least 2)", p->n_ctx);

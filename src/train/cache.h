@@ -13,7 +13,10 @@
 //   tokens.bin   int32 per position
 //   top_ids.bin  int32 x topk per position: the target's top-k next tokens, best first
 //   top_p.bin    F16 x topk per position: their softmax probabilities renormalised over the top-k
-//   feats.bin    F16 x n_feat per position: EAGLE-3 [s_l0; s_l1; s_l2] (3d), Medusa the final normed state (d)
+//   feats.bin    F16 x n_feat per position: EAGLE-3 [s_l0; s_l1; s_l2] (3d), Medusa the final normed state (d),
+//                MoA (no LSA, TLI up to N) [the layers' mean K,V row | the K,V rows of layers L-N..L-1
+//                ((1 + N) Ekv) | the states entering layers L-N..L-1 | the final normed state ((N + 1) d)],
+//                the K rows as the target's cache holds them (RoPE at the window's positions)
 // The data files are append-only. Opening cuts a torn tail (a partial index
 // entry, the entries of an unfinished record, data past the last finished
 // record, a last record whose data checksum fails), so a build killed at any
@@ -29,12 +32,15 @@
 
 #define SD_CACHE_VERSION 1
 #define SD_CACHE_MAX_TOPK 32
+#define SD_CACHE_MAX_MOA_TLI 2
 
 // What the cache is for (all of it is in the header; a directory made with
 // other values is refused).
 typedef struct sd_cache_params {
-    int type;                 // SD_HEAD_EAGLE3 or SD_HEAD_MEDUSA (head/head.h)
-    int extract[3];           // EAGLE-3: the target layers fused (sd_batch.hidden_layers); ignored for Medusa
+    int type;                 // SD_HEAD_EAGLE3, SD_HEAD_MEDUSA or SD_HEAD_MOA (head/head.h)
+    int extract[3];           // EAGLE-3: the target layers fused (sd_batch.hidden_layers); ignored otherwise
+    int moa_tli;              // MoA: the TLI layers whose rows and states are kept, 0..SD_CACHE_MAX_MOA_TLI
+                              // (an existing cache that keeps more serves as well)
     int topk;                 // target distribution entries kept per position, 1..SD_CACHE_MAX_TOPK; default 8
     int n_ctx;                // window: longest run of the target; longer records are split; default 2048
                               // (at most the target's n_ctx_train)

@@ -9,6 +9,7 @@
 #include "common.h"
 #include "head/head.h"
 #include "model/model.h"
+#include "runtime/session.h"
 #include "train/cache.h"
 #include "train/cache_impl.h"
 #include "train/corpus.h"
@@ -22,6 +23,8 @@ typedef struct builder {
     int n_batch, n_hl;
     int32_t layers[3];
     float *hidden;            // (n_batch, n_hl, n_embd) the forward's state rows
+    int kvp;                  // MoA: floats of K,V per position ahead of the states (0 otherwise)
+    float *kv, *lk, *lv;      // MoA: (n_batch, kvp) that part; (n_batch, kv_dim) x2 one layer's cache rows
     int32_t *st_tok;          // (n_batch) staging rows of the four files
     int32_t *st_ids;          // (n_batch, topk)
     uint16_t *st_p;           // (n_batch, topk)
@@ -38,6 +41,9 @@ typedef struct builder {
 static void builder_free(builder *b) {
     sd_session_free(b->s);
     free(b->hidden);
+    free(b->kv);
+    free(b->lk);
+    free(b->lv);
     free(b->st_tok);
     free(b->st_ids);
     free(b->st_p);
@@ -64,6 +70,14 @@ static int builder_init(builder *b, sd_cache *c, const sd_model *m, const sd_cac
     b->rec_hash = malloc(sizeof(uint64_t) * (size_t)(c->n_rec + 1));
     if (!b->hidden || !b->st_tok || !b->st_ids || !b->st_p || !b->st_feat || !b->rec_hash)
         return sd_err(err, errlen, "cache: out of memory");
+    if (c->hdr.type == SD_HEAD_MOA) {
+        const size_t kvd = (size_t)m->hp.n_head_kv * m->hp.head_dim;
+        b->kvp = c->hdr.n_feat - b->n_hl * (int)d;
+        b->kv = malloc(sizeof(float) * nb * (size_t)b->kvp);
+        b->lk = malloc(sizeof(float) * nb * kvd);
+        b->lv = malloc(sizeof(float) * nb * kvd);
+        if (!b->kv || !b->lk || !b->lv) return sd_err(err, errlen, "cache: out of memory");
+    }
     for (int64_t i = 0; i < c->n_seq; i++)
         if (c->seq[i].window & SD_CACHE_LAST_WINDOW) b->rec_hash[c->seq[i].record] = c->seq[i].rec_hash;
     sd_session_params sp = sd_session_default_params();
@@ -137,6 +151,30 @@ static void report(builder *b) {
     b->bp->progress(b->bp->user, &p);
 }
 
+// MoA: the K,V part of nodes pos..pos+n-1 of the forward just committed into
+// b->kv (n, kvp): the mean of every layer's row, then the rows of the last N
+// layers (cache.h).
+static int moa_kv(builder *b, int pos, int n, char *err, size_t errlen) {
+    const int L = b->m->hp.n_layer, kvd = b->m->hp.n_head_kv * b->m->hp.head_dim, ekv = 2 * kvd;
+    const int N = b->n_hl - 1;
+    memset(b->kv, 0, sizeof(float) * (size_t)n * (size_t)b->kvp);
+    for (int l = 0; l < L; l++) {
+        if (sd_session_kv_rows(b->s, l, pos, n, b->lk, b->lv) < 0)
+            return sd_err(err, errlen, "cache: cannot read the target's cache rows of layer %d", l);
+        for (int i = 0; i < n; i++) {
+            float *row = b->kv + (size_t)i * b->kvp;
+            const float *k = b->lk + (size_t)i * kvd, *v = b->lv + (size_t)i * kvd;
+            for (int j = 0; j < kvd; j++) row[j] += k[j] / (float)L, row[kvd + j] += v[j] / (float)L;
+            if (l >= L - N) {
+                float *t = row + (size_t)(1 + l - (L - N)) * ekv;
+                memcpy(t, k, sizeof(float) * (size_t)kvd);
+                memcpy(t + kvd, v, sizeof(float) * (size_t)kvd);
+            }
+        }
+    }
+    return 0;
+}
+
 // Runs window ids[0..T) through the target and appends its rows at
 // position pos0 of the data files; hs[] continues each file's hash.
 // Returns 0, 1 when stopped, <0 on error.
@@ -151,13 +189,16 @@ static int run_window(builder *b, const int32_t *ids, int T, uint64_t pos0, uint
                        .n_hidden_layers = b->n_hl, .hidden_out = b->hidden};
         if (sd_session_forward(b->s, &bt, err, errlen) < 0) return -1;
         if (sd_session_commit(b->s, NULL, n, err, errlen) < 0) return -1;
+        if (b->kvp && moa_kv(b, done, n, err, errlen) < 0) return -1;
+        const int nh = nf - b->kvp;
         for (int i = 0; i < n; i++) {
             b->st_tok[i] = ids[done + i];
             top_k(sd_session_logits(b->s, i), nv, k, b->st_ids + (size_t)i * k, b->st_p + (size_t)i * k);
-            // hidden rows of node i: n_hl entries of d floats, contiguous = the feature layout
-            const float *h = b->hidden + (size_t)i * (size_t)nf;
+            // hidden rows of node i: n_hl entries of d floats, contiguous = the feature layout (after MoA's K,V)
+            const float *h = b->hidden + (size_t)i * (size_t)nh, *kv = b->kvp ? b->kv + (size_t)i * b->kvp : NULL;
             uint16_t *o = b->st_feat + (size_t)i * (size_t)nf;
-            for (int j = 0; j < nf; j++) o[j] = sd_fp32_to_fp16(h[j]);
+            for (int j = 0; j < b->kvp; j++) o[j] = sd_fp32_to_fp16(kv[j]);
+            for (int j = 0; j < nh; j++) o[b->kvp + j] = sd_fp32_to_fp16(h[j]);
         }
         const void *src[CACHE_N_FILES] = {b->st_tok, b->st_ids, b->st_p, b->st_feat};
         for (int f = 0; f < CACHE_N_FILES; f++) {

@@ -167,7 +167,9 @@ static int plan_head(loop_run *r, sd_head_hp *hp, char *err, size_t errlen) {
 
 static int open_cache(loop_run *r, const sd_head_hp *hp, char *err, size_t errlen) {
     sd_cache_params cp = sd_cache_default_params();
-    cp.type = hp->type == SD_HEAD_MOA ? SD_HEAD_MEDUSA : hp->type;   // MoA reads the Medusa cache (loop_moa.c)
+    cp.type = hp->type;
+    if (hp->type == SD_HEAD_MOA && loop_moa_uses_cache(hp)) cp.moa_tli = hp->moa_tli;   // the MoA cache (loop_moa.c)
+    else if (hp->type == SD_HEAD_MOA) cp.type = SD_HEAD_MEDUSA;   // tokens and labels; K,V rows recomputed
     memcpy(cp.extract, hp->extract, sizeof cp.extract);
     cp.topk = r->P.topk;
     cp.n_ctx = r->P.n_ctx;

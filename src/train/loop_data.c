@@ -160,7 +160,7 @@ int loop_read(loop_run *r, const loop_chunk *c, sd_train_seq *seq, char *err, si
         return -1;
     *seq = (sd_train_seq){.T = c->T, .tokens = r->b_tok, .feats = r->b_feat, .top_ids = r->b_ids, .top_p = r->b_p,
                           .topk = sd_cache_topk(r->cache)};
-    if (r->h && r->h->hp.type == SD_HEAD_MOA) return loop_moa_feats(r, seq, err, errlen);
+    if (r->h && r->h->hp.type == SD_HEAD_MOA) return loop_moa_feats(r, seq, c->off, err, errlen);
     return 0;
 }
 

@@ -46,7 +46,7 @@ typedef struct loop_run {
     double seconds0;          // training time of earlier calls (resumed)
     sd_train_progress prog;   // the last figures reported
     char *note_buf;           // (1024) scratch for notes
-    // MoA heads (loop_moa.c): the target session that recomputes a sequence's K,V rows, and their buffers
+    // MoA heads (loop_moa.c): the target session that recomputes a sequence's K,V rows (with LSA), and buffers
     sd_session *moa_s;
     float *moa_feat;          // (seq_len, sd_moa_n_feat) the trainer's features
     float *moa_hid;           // (seq_len, 2, n_embd) hidden rows of the forward
@@ -70,12 +70,14 @@ int loop_read(loop_run *r, const loop_chunk *c, sd_train_seq *seq, char *err, si
 const loop_chunk *loop_next_chunk(loop_run *r);
 // Starts epoch st.epoch from the RNG state st.rng_epoch: redraws the order.
 void loop_shuffle(loop_run *r);
-// loop_moa.c: an MoA run's target session and buffers; a sequence's MoA
-// features (the K,V rows of every layer and the target states, recomputed by
-// a forward over its tokens) into seq->feats. 0 or <0.
+// loop_moa.c: an MoA run's buffers (and, with LSA, the target session that
+// recomputes); a sequence's MoA features into seq->feats (sd_moa_n_feat's
+// layout): from the MoA cache's rows (no LSA; pos0: the chunk's offset in
+// its window) or recomputed by a forward over its tokens. 0 or <0.
+int loop_moa_uses_cache(const sd_head_hp *hp);
 int loop_moa_init(loop_run *r, char *err, size_t errlen);
 void loop_moa_free(loop_run *r);
-int loop_moa_feats(loop_run *r, sd_train_seq *seq, char *err, size_t errlen);
+int loop_moa_feats(loop_run *r, sd_train_seq *seq, int pos0, char *err, size_t errlen);
 // Copies the target's output rows (the draft vocabulary's) and output norm
 // into a new head, as docs/heads.md's initialisation says.
 void loop_init_from_target(sd_head *h, const sd_model *m);

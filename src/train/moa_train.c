@@ -67,6 +67,7 @@ struct sd_moa_tr {
     float *tw;               // the target weights' floats (TLI layers, output rows, norm)
     const float *out_norm, *out_w;   // (E), (V, E)
     float *cs_sa, *cs_lsa, *cs_t;    // RoPE tables
+    int cs_t_pos0;                   // cs_t covers the target positions cs_t_pos0 .. + T_max - 1
     // loss and LSA output
     float *X0, *M, *C, *Emb, *Z, *rsZ, *Lg, *loss_row;
     int32_t *argmax;
@@ -76,9 +77,13 @@ struct sd_moa_tr {
     int32_t *iarena;
 };
 
-int sd_moa_n_feat(const sd_head *h) {
-    return h->hp.target_n_layer * h->hp.moa_kv_width + 2 * h->hp.n_embd;
+// Floats of a position's K,V part: every layer's rows, or (no LSA) their
+// mean and the TLI layers' rows.
+static int kv_feat(const sd_head *h) {
+    return (h->hp.moa_no_lsa ? 1 + h->hp.moa_tli : h->hp.target_n_layer) * h->hp.moa_kv_width;
 }
+
+int sd_moa_n_feat(const sd_head *h) { return kv_feat(h) + 2 * h->hp.n_embd; }
 
 int sd_moa_block(const int32_t *tokens, int T) {
     uint64_t x = 1469598103934665603ull;
@@ -153,7 +158,7 @@ static void carve(sd_moa_tr *w, float *f, int32_t *ip, size_t *nf, size_t *ni) {
         pmax = SD_MAX(pmax, (nca + nsa) * (size_t)w->tl[t].nh);
     }
     const size_t R = SD_MAX(TL, 2 * (size_t)T);
-    w->X0 = take(&f, nf, TL * ekv);
+    w->X0 = w->h->hp.moa_no_lsa ? NULL : take(&f, nf, TL * ekv);   // LSA's input
     w->M = take(&f, nf, (size_t)T * ekv);
     w->C = take(&f, nf, (size_t)T * E);
     w->Emb = take(&f, nf, (size_t)T * E);
@@ -274,7 +279,7 @@ int sd_moa_tr_new(sd_moa_tr **out, const sd_head *h, const sd_model *target, int
     carve(w, w->arena, w->iarena, &nf, &ni);
     sd_tr_rope_table(w->cs_sa, T_max, hp->head_dim, hp->rope_base);
     if (!hp->moa_no_lsa) sd_tr_rope_table(w->cs_lsa, w->L, hp->moa_lsa_head_dim, 10000.0f);
-    if (w->N > 0) sd_tr_rope_table(w->cs_t, T_max, target->hp.head_dim, target->hp.rope_base);
+    if (w->N > 0) sd_tr_rope_table_at(w->cs_t, 0, T_max, target->hp.head_dim, target->hp.rope_base);
     *out = w;
     return 0;
 }
@@ -463,22 +468,30 @@ double sd_moa_tr_loss(sd_moa_tr *w, const sd_tr_ctx *cx, const sd_train_seq *seq
                       const float *tp, const uint8_t *scored, float *grad, sd_train_stats *st, int fault) {
     const sd_head *h = w->h;
     const int T = seq->T, L = w->L, E = w->E, ekv = w->ekv, V = w->V, nt = seq->topk, n0 = T - 1;
-    const int nfeat = sd_moa_n_feat(h), no_lsa = h->hp.moa_no_lsa;
+    const int nfeat = sd_moa_n_feat(h), no_lsa = h->hp.moa_no_lsa, hoff = kv_feat(h);
     const float eps = h->hp.rms_eps, teps = w->m->hp.rms_eps, *F = seq->feats;
     const int k = sd_moa_block(seq->tokens, T);
     masks(w, T, k);
+    if (w->N > 0 && seq->pos0 != w->cs_t_pos0) {   // the target's rows sit at positions pos0.. (TLI's RoPE)
+        sd_tr_rope_table_at(w->cs_t, seq->pos0, w->T_max, w->m->hp.head_dim, w->m->hp.rope_base);
+        w->cs_t_pos0 = seq->pos0;
+    }
     set_grads(&w->sa, h, SD_MOA_SA, grad);
     set_grads(&w->ca, h, SD_MOA_CA, grad);
     if (!no_lsa) set_grads(&w->lsa, h, SD_MOA_LSA, grad);
-    // LSA: c = P mean_l Layer(KV) + b
-    for (int p = 0; p < T; p++) memcpy(w->X0 + (size_t)p * L * ekv, F + (size_t)p * nfeat, sizeof(float) * (size_t)L * ekv);
-    if (!no_lsa) la_fwd(cx, &w->lsa, &w->a_lsa, w->X0, NULL, eps);
-    const float *Zl = no_lsa ? w->X0 : w->a_lsa.Y;
-    for (int p = 0; p < T; p++) {
-        float *m = w->M + (size_t)p * ekv;
-        memset(m, 0, sizeof(float) * (size_t)ekv);
-        for (int l = 0; l < L; l++) sd_tr_acc((size_t)ekv, Zl + ((size_t)p * L + l) * ekv, m);
-        for (int j = 0; j < ekv; j++) m[j] /= (float)L;
+    // LSA: c = P mean_l Layer(KV) + b; no LSA: the features hold mean_l KV
+    if (no_lsa) {
+        for (int p = 0; p < T; p++) memcpy(w->M + (size_t)p * ekv, F + (size_t)p * nfeat, sizeof(float) * (size_t)ekv);
+    } else {
+        for (int p = 0; p < T; p++)
+            memcpy(w->X0 + (size_t)p * L * ekv, F + (size_t)p * nfeat, sizeof(float) * (size_t)L * ekv);
+        la_fwd(cx, &w->lsa, &w->a_lsa, w->X0, NULL, eps);
+        for (int p = 0; p < T; p++) {
+            float *m = w->M + (size_t)p * ekv;
+            memset(m, 0, sizeof(float) * (size_t)ekv);
+            for (int l = 0; l < L; l++) sd_tr_acc((size_t)ekv, w->a_lsa.Y + ((size_t)p * L + l) * ekv, m);
+            for (int j = 0; j < ekv; j++) m[j] /= (float)L;
+        }
     }
     const float *Pw = sd_head_w(h, SD_MOA_PROJ), *Pb = sd_head_w(h, SD_MOA_PROJ_B);
     sd_tr_linear(cx, T, ekv, E, w->M, Pw, w->C, 0);
@@ -490,7 +503,7 @@ double sd_moa_tr_loss(sd_moa_tr *w, const sd_tr_ctx *cx, const sd_train_seq *seq
     const float *y = w->a_ca.Y;
     for (int t = 0; t < w->N; t++) {
         la *a = &w->a_tl[t];
-        const int l = L - w->N + t, kd = ekv / 2;
+        const int l = no_lsa ? 1 + t : L - w->N + t, kd = ekv / 2;   // its K,V rows in the features
         for (int p = 0; p < T; p++) {
             const float *row = F + (size_t)p * nfeat + (size_t)l * ekv;
             memcpy(a->K + (size_t)p * kd, row, sizeof(float) * (size_t)kd);
@@ -518,8 +531,8 @@ double sd_moa_tr_loss(sd_moa_tr *w, const sd_tr_ctx *cx, const sd_train_seq *seq
     memset(w->dZ, 0, sizeof(float) * (size_t)T * E);
     const float wf = (w->N > 0 ? 0.5f : 1.0f) / (float)n0;
     double loss = (n_sc ? 0.1 * ce / n_sc : 0.0) +
-                  feat_loss(w->Z, F, nfeat, L * ekv + E, n0, E, wf, grad ? w->dZ : NULL);
-    if (w->N > 0) loss += feat_loss(w->a_ca.Y, F, nfeat, L * ekv, n0, E, wf, NULL);
+                  feat_loss(w->Z, F, nfeat, hoff + E, n0, E, wf, grad ? w->dZ : NULL);
+    if (w->N > 0) loss += feat_loss(w->a_ca.Y, F, nfeat, hoff, n0, E, wf, NULL);
     if (!grad) return loss;
     // backward
     if (n_sc) sd_tr_linear_dx(cx, n0, E, V, w->Lg, w->out_w, w->dZ);
@@ -532,7 +545,7 @@ double sd_moa_tr_loss(sd_moa_tr *w, const sd_tr_ctx *cx, const sd_train_seq *seq
         float *tmp = dY;
         dY = dX, dX = tmp;
     }
-    if (w->N > 0) feat_loss(w->a_ca.Y, F, nfeat, L * ekv, n0, E, wf, dY);
+    if (w->N > 0) feat_loss(w->a_ca.Y, F, nfeat, hoff, n0, E, wf, dY);
     memset(dX, 0, sizeof(float) * (size_t)T * E);
     memset(w->dC, 0, sizeof(float) * (size_t)T * E);
     la_bwd(w, cx, &w->ca, &w->a_ca, w->a_sa.Y, w->C, dY, dX, w->dC, eps, fault);

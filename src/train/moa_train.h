@@ -11,7 +11,10 @@ typedef struct sd_moa_tr sd_moa_tr;
 
 // Floats per position of an MoA training sequence's feats (sd_train_seq):
 // [K,V rows of every target layer (L, Ekv) | the target's state entering
-// layer L-N (E; zeros when N = 0) | its final normed state (E)].
+// layer L-N (E; zeros when N = 0) | its final normed state (E)]; without
+// LSA the K,V part is the layers' mean row and the N TLI layers' rows
+// ((1 + N) Ekv), the reduced form the MoA feature cache stores. The K rows
+// carry RoPE at the target positions seq->pos0 + i.
 int sd_moa_n_feat(const sd_head *h);
 
 // The MoA workspace for sequences of up to T_max positions: activations,

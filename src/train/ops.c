@@ -94,11 +94,13 @@ void sd_tr_rmsnorm_bwd(int n, int d, const float *X, const float *g, const float
 
 // ---------------------------------------------------------------- RoPE
 
-void sd_tr_rope_table(float *cs, int n_pos, int hd, float base) {
+void sd_tr_rope_table(float *cs, int n_pos, int hd, float base) { sd_tr_rope_table_at(cs, 0, n_pos, hd, base); }
+
+void sd_tr_rope_table_at(float *cs, int p0, int n_pos, int hd, float base) {
     const int half = hd / 2;
     for (int p = 0; p < n_pos; p++)
         for (int i = 0; i < half; i++) {
-            const double th = (double)p * pow((double)base, -2.0 * i / hd);
+            const double th = (double)(p0 + p) * pow((double)base, -2.0 * i / hd);
             cs[((size_t)p * half + i) * 2] = (float)cos(th);
             cs[((size_t)p * half + i) * 2 + 1] = (float)sin(th);
         }

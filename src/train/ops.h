@@ -99,6 +99,8 @@ void sd_tr_rmsnorm_bwd(int n, int d, const float *X, const float *g, const float
 // RoPE table: cs (n_pos, hd/2, 2) the (cos, sin) of pos * theta_i,
 // theta_i = base^(-2i/hd) (computed in double, as the inference forward does).
 void sd_tr_rope_table(float *cs, int n_pos, int hd, float base);
+// The same for positions p0 .. p0 + n_pos - 1 (entry p: position p0 + p).
+void sd_tr_rope_table_at(float *cs, int p0, int n_pos, int hd, float base);
 // Rotates X (n, n_h, hd) in place: the pair (2i, 2i+1) of every head of row r
 // turns by the angle of position pos[r] (cs from sd_tr_rope_table, covering
 // every pos); neox != 0: the pair (i, i + hd/2) instead (NEOX, Qwen2).

@@ -28,6 +28,7 @@ typedef struct sd_train_seq {
     const int32_t *top_ids;   // (T, topk)
     const float *top_p;       // (T, topk)
     int topk;
+    int pos0;                 // the target position of tokens[0] (its cached K rows' RoPE; MoA TLI)
 } sd_train_seq;
 
 typedef struct sd_train_stats {

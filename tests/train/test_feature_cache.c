@@ -6,6 +6,7 @@
 // stopped build resumes to the same bytes; a torn tail is cut and rebuilt;
 // a foreign target, other layers, type, top-k, window or data are refused;
 // corpus errors name file, line and column.
+#include <math.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -18,6 +19,7 @@
 #include "head/head.h"
 #include "lib/train_fixture.h"
 #include "model/model.h"
+#include "runtime/session.h"
 #include "t.h"
 #include "train/cache.h"
 #include "train/corpus.h"
@@ -243,6 +245,93 @@ static void test_cache_matches_target(void) {
     sd_corpus_close(cr);
     sd_session_free(s);
     sd_cache_close(c);
+    sd_model_free(m);
+}
+
+// The MoA cache (no LSA, TLI up to 2) holds, per position, the mean of the
+// target's K,V rows over its layers, the rows of its last two layers, the
+// states entering them and the final normed state, as the target's own
+// forward over the window gives them (in F16), through windows of 16 built
+// in forwards of 8 (rows read at each forward's positions). A cache keeping
+// two TLI layers serves a drafter with one; one keeping none is refused for
+// TLI 1, with the reason.
+static void test_cache_moa_matches_target(void) {
+    sd_model *m = tf_synth_model(64, 4, 1, g_err, sizeof g_err);
+    CHECK(m, "synthetic model: %s", g_err);
+    if (!m) return;
+    char data[512], dir[512], dir0[512];
+    tf_path(data, sizeof data, "moa.jsonl");
+    tf_path(dir, sizeof dir, "moa.cache");
+    tf_path(dir0, sizeof dir0, "moa0.cache");
+    tf_write_corpus(data, 4, 30, 5, 0);
+    const int W = 16, L = m->hp.n_layer, E = m->hp.n_embd, kvd = m->hp.n_head_kv * m->hp.head_dim, ekv = 2 * kvd;
+    sd_cache_params cp = sd_cache_default_params();
+    cp.type = SD_HEAD_MOA;
+    cp.moa_tli = 2;
+    cp.topk = 4;
+    cp.n_ctx = W;
+    CHECK(build(dir, m, &cp, data, NULL, NULL, 0) == 0, "build: %s", g_err);
+    sd_cache *c = NULL;
+    sd_cache_params c1 = cp;
+    c1.moa_tli = 1;   // a drafter with TLI 1 reads the TLI-2 cache
+    if (sd_cache_open(&c, dir, m, &c1, NULL, 0, g_err, sizeof g_err) < 0) {
+        CHECK(0, "open for TLI 1: %s", g_err);
+        sd_model_free(m);
+        return;
+    }
+    const int nf = sd_cache_n_feat(c);
+    CHECK(nf == 3 * ekv + 3 * E, "n_feat %d, want %d", nf, 3 * ekv + 3 * E);
+    sd_session_params sp = sd_session_default_params();
+    sp.n_ctx = W;
+    sp.n_batch = W;
+    sp.n_threads = 1;
+    sd_session *s = NULL;
+    CHECK(sd_session_new(&s, m, &sp, g_err, sizeof g_err) == 0, "session: %s", g_err);
+    int64_t n_seq, checked = 0, bad = 0;
+    const sd_cache_seq *sq = sd_cache_seqs(c, &n_seq);
+    static float feats[16 * 1024], want[1024], hid[16 * 3 * 64], k[16 * 64], v[16 * 64];
+    int32_t tok[16], layers[3] = {L - 3, L - 2, SD_HIDDEN_NORM};
+    for (int64_t e = 0; s && e < n_seq && nf <= 1024; e++) {
+        const int T = sq[e].T;
+        if (sd_cache_read(c, e, 0, T, tok, feats, NULL, NULL, g_err, sizeof g_err) < 0) break;
+        sd_session_truncate(s, 0, g_err, sizeof g_err);
+        sd_batch b = {.n = T, .tokens = tok, .hidden_layers = layers, .n_hidden_layers = 3, .hidden_out = hid};
+        if (sd_session_forward(s, &b, g_err, sizeof g_err) < 0 || sd_session_commit(s, NULL, T, g_err, sizeof g_err) < 0)
+            break;
+        for (int t = 0; t < T; t++) {
+            memset(want, 0, sizeof want);
+            for (int l = 0; l < L; l++) {
+                sd_session_kv_rows(s, l, t, 1, k, v);
+                for (int j = 0; j < kvd; j++) want[j] += k[j] / (float)L, want[kvd + j] += v[j] / (float)L;
+                if (l >= L - 2) {
+                    memcpy(want + (1 + l - (L - 2)) * ekv, k, sizeof(float) * (size_t)kvd);
+                    memcpy(want + (1 + l - (L - 2)) * ekv + kvd, v, sizeof(float) * (size_t)kvd);
+                }
+            }
+            memcpy(want + 3 * ekv, hid + (size_t)t * 3 * E, sizeof(float) * 3 * (size_t)E);
+            for (int i = 0; i < nf; i++) {
+                const float w16 = sd_fp16_to_fp32(sd_fp32_to_fp16(want[i])), got = feats[(size_t)t * nf + i];
+                bad += fabsf(got - w16) > 1e-3f * (1.0f + fabsf(w16));
+            }
+            checked++;
+        }
+    }
+    CHECK(checked == sd_cache_n_positions(c) && checked > W, "checked %lld of %lld positions", (long long)checked,
+          (long long)sd_cache_n_positions(c));
+    CHECK(bad == 0, "%lld MoA feature values differ from the target's rows", (long long)bad);
+    sd_session_free(s);
+    sd_cache_close(c);
+    sd_cache_params c0 = cp;
+    c0.moa_tli = 0;
+    CHECK(build(dir0, m, &c0, data, NULL, NULL, 0) == 0, "build TLI 0: %s", g_err);
+    CHECK(build(dir0, m, &c1, data, NULL, NULL, 0) == -100 && strstr(g_err, "rows of 0 TLI layers") &&
+              strstr(g_err, "runs 1"),
+          "a TLI-0 cache for TLI 1: %s", g_err);
+    sd_cache_params cm = cp;
+    cm.type = SD_HEAD_MEDUSA;
+    CHECK(build(dir0, m, &cm, data, NULL, NULL, 0) == -100 && strstr(g_err, "without LSA"), "as Medusa: %s", g_err);
+    cp.moa_tli = 3;
+    CHECK(build(dir0, m, &cp, data, NULL, NULL, 0) == -100 && strstr(g_err, "0..2"), "TLI 3: %s", g_err);
     sd_model_free(m);
 }
 
@@ -483,6 +572,7 @@ static void test_corpus_bom_and_utf8(void) {
 int main(void) {
     tf_init("test_train_cache");
     T_RUN(test_cache_matches_target);
+    T_RUN(test_cache_moa_matches_target);
     T_RUN(test_cache_resume_and_torn_tail);
     T_RUN(test_cache_refuses_foreign);
     T_RUN(test_corpus_errors);

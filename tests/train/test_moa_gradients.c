@@ -177,8 +177,9 @@ out:
 static void test_moa_grad(void) {
     if (!g_m || !g_mq) SKIP("no target: %.200s", g_err);
     // TLI 1 on the qwen2 target: the backward turns through NEOX RoPE and the q/k/v biases
-    static const int cfg[4][3] = {{0, 0, 0}, {1, 0, 0}, {0, 1, 0}, {1, 0, 1}};
-    for (int c = 0; c < 4; c++) {
+    // no LSA: the reduced features (the mean row, the TLI layer's rows; tli 1 also on qwen2)
+    static const int cfg[6][3] = {{0, 0, 0}, {1, 0, 0}, {0, 1, 0}, {1, 0, 1}, {1, 1, 0}, {1, 1, 1}};
+    for (int c = 0; c < 6; c++) {
         const double w = check(cfg[c][2] ? g_mq : g_m, cfg[c][0], cfg[c][1], 0, c == 1);
         CHECK(w <= 1.0, "%s TLI %d no-LSA %d: the gradient disagrees with finite differences (worst ratio %.3g)",
               cfg[c][2] ? "qwen2" : "llama", cfg[c][0], cfg[c][1], w);
@@ -226,6 +227,67 @@ out:
     sd_head_free(h);
 }
 
+// The target's K rows of a TLI layer sit at positions pos0.. (the MoA cache
+// keeps a window's rows as the target cached them): rows turned by a further
+// D positions with pos0 = D give the loss and gradient of the unturned rows
+// at pos0 = 0 (RoPE sees only relative positions); the turned rows read at
+// pos0 = 0, as a trainer that ignored pos0 would, give another loss.
+static void pos0_case(sd_model *m) {
+    sd_head *h = make_head(m, 1, 1);
+    sd_trainer *tr = NULL;
+    seq_buf sb = {0};
+    float *g0 = NULL, *g1 = NULL, *turned = NULL, *cs = NULL, *row = NULL;
+    if (!h || sd_trainer_new(&tr, h, m, T_SEQ, 1, NULL, g_err, sizeof g_err) < 0 || make_seq(&sb, h) < 0) {
+        CHECK(0, "setup: %s", g_err);
+        goto out;
+    }
+    const int nf = sd_moa_n_feat(h), ekv = h->hp.moa_kv_width, hd = m->hp.head_dim, nkv = m->hp.n_head_kv, D = 37;
+    g0 = calloc(h->n_w, sizeof(float));
+    g1 = calloc(h->n_w, sizeof(float));
+    turned = malloc(sizeof(float) * T_SEQ * (size_t)nf);
+    cs = malloc(sizeof(float) * (size_t)(D + 1) * (size_t)hd);
+    row = malloc(sizeof(float) * (size_t)nkv * (size_t)hd);
+    if (!g0 || !g1 || !turned || !cs || !row) goto out;
+    memcpy(turned, sb.feats, sizeof(float) * T_SEQ * (size_t)nf);
+    sd_tr_rope_table(cs, D + 1, hd, m->hp.rope_base);
+    const int32_t posD = D;
+    for (int t = 0; t < T_SEQ; t++) {   // the TLI layer's K: slot 1 of the K,V part
+        float *k = turned + (size_t)t * nf + ekv;
+        memcpy(row, k, sizeof(float) * (size_t)nkv * hd);
+        sd_tr_rope(1, nkv, hd, &posD, cs, row, 0, m->hp.rope_type == SD_ROPE_NEOX);
+        memcpy(k, row, sizeof(float) * (size_t)nkv * hd);
+    }
+    const double l0 = sd_trainer_loss(tr, &sb.seq, g0, NULL, g_err, sizeof g_err);
+    sd_train_seq sq = sb.seq;
+    sq.feats = turned;
+    sq.pos0 = D;
+    const double l1 = sd_trainer_loss(tr, &sq, g1, NULL, g_err, sizeof g_err);
+    sq.pos0 = 0;
+    const double lw = sd_trainer_loss(tr, &sq, NULL, NULL, g_err, sizeof g_err);
+    double gd = 0, gm = 0;
+    for (size_t i = 0; i < h->n_w; i++) gd = fmax(gd, fabs(g0[i] - g1[i])), gm = fmax(gm, fabs(g0[i]));
+    printf("  %s: loss %.6f at pos0 0, %.6f turned by %d at pos0 %d, %.6f turned at pos0 0; gradient max diff %.2g of %.2g\n",
+           m == g_mq ? "qwen2" : "llama", l0, l1, D, D, lw, gd, gm);
+    CHECK(fabs(l1 - l0) <= 1e-5 * fabs(l0) && gd <= 1e-4 * gm, "pos0 %d: loss %.9g vs %.9g, gradient diff %.3g", D,
+          l1, l0, gd);
+    CHECK(fabs(lw - l0) > 2e-4 * fabs(l0), "turned rows at pos0 0 should change the loss (%.9g vs %.9g)", lw, l0);
+out:
+    free(g0);
+    free(g1);
+    free(turned);
+    free(cs);
+    free(row);
+    free(sb.feats);
+    sd_trainer_free(tr);
+    sd_head_free(h);
+}
+
+static void test_moa_tli_pos0(void) {
+    if (!g_m || !g_mq) SKIP("no target: %.200s", g_err);
+    pos0_case(g_m);
+    pos0_case(g_mq);
+}
+
 // TLI > 0 through a scaled RoPE is refused with the reason (TLI 0 trains).
 static void test_moa_refuses_scaled_rope(void) {
     sd_model *m = synth_target("llama", 1);
@@ -253,6 +315,7 @@ int main(void) {
     T_RUN(test_moa_grad_catches_fault);
     T_RUN(test_moa_grad_contract);
     T_RUN(test_moa_refuses_scaled_rope);
+    T_RUN(test_moa_tli_pos0);
     sd_model_free(g_m);
     sd_model_free(g_mq);
     T_EXIT();

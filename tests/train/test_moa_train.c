@@ -56,20 +56,21 @@ static void on_progress(void *user, const sd_train_progress *p) {
     }
 }
 
-static sd_train_head_params small_run(const sd_model *m, const char *tag, int tli, watch *w) {
-    static char out[4][512], ckpt[4][512], cache[512];
+static sd_train_head_params small_run(const sd_model *m, const char *tag, int tli, int no_lsa, watch *w) {
+    static char out[4][512], ckpt[4][512], cache[2][512];
     static int k;
     k = (k + 1) % 4;
     snprintf(out[k], sizeof out[k], "%s/%s.gguf", tf_dir(), tag);
     snprintf(ckpt[k], sizeof ckpt[k], "%s/%s.ckpt", tf_dir(), tag);
-    tf_path(cache, sizeof cache, "moa.cache");
+    tf_path(cache[no_lsa], sizeof cache[no_lsa], no_lsa ? "moa-nolsa.cache" : "moa.cache");   // Medusa / MoA cache
     sd_train_head_params p = sd_train_head_default_params();
     p.model = m;
     p.type = SD_HEAD_MOA;
     p.moa_tli = tli;
+    p.moa_no_lsa = no_lsa;
     p.data_paths = g_data;
     p.n_data = 1;
-    p.cache_dir = cache;
+    p.cache_dir = cache[no_lsa];
     p.out_path = out[k];
     p.ckpt_path = ckpt[k];
     p.out_type = SD_TRAIN_OUT_F32;
@@ -98,37 +99,43 @@ static sd_head *load_head(const char *path, const sd_model *m) {
     return h;
 }
 
-// Stop at half way, resume: the parameters of an uninterrupted run (TLI 0 and 1).
+// Stop at half way, resume: the parameters of an uninterrupted run (TLI 0
+// and 1; TLI 1 without LSA reads the MoA cache, its second chunks at pos0 16).
 static void test_moa_resume_bit_identical(void) {
     sd_model *m = tf_synth_model(64, 2, 1, g_err, sizeof g_err);
     CHECK(m, "synthetic model: %s", g_err);
     if (!m) return;
-    for (int tli = 0; tli < 2; tli++) {
+    for (int c = 0; c < 3; c++) {
+        const int tli = c > 0, nl = c == 2;
+        char tw[16], th[16];
+        snprintf(tw, sizeof tw, "whole%d", c);
+        snprintf(th, sizeof th, "halves%d", c);
         watch w0 = {.stop_at = -1};
-        sd_train_head_params pa = small_run(m, tli ? "whole1" : "whole0", tli, &w0);
+        sd_train_head_params pa = small_run(m, tw, tli, nl, &w0);
         sd_train_head_result ra;
         int r = sd_train_head(&pa, &ra, g_err, sizeof g_err);
         CHECK(r == 0 && ra.step == ra.n_steps && ra.n_steps >= 6 && ra.n_agree == 4, "TLI %d: %d step %lld of %lld %s",
               tli, r, (long long)ra.step, (long long)ra.n_steps, g_err);
         watch w1 = {.stop_at = 3};
-        sd_train_head_params pb = small_run(m, tli ? "halves1" : "halves0", tli, &w1);
+        sd_train_head_params pb = small_run(m, th, tli, nl, &w1);
         sd_train_head_result rb;
         r = sd_train_head(&pb, &rb, g_err, sizeof g_err);
         CHECK(r == 1 && rb.step == 3 && tf_file_len(pb.out_path) < 0, "TLI %d stopped: %d step %lld %s", tli, r,
               (long long)rb.step, g_err);
         // another TLI is refused when resuming
         watch wx = {.stop_at = -1};
-        sd_train_head_params px = small_run(m, tli ? "halves1" : "halves0", 1 - tli, &wx);
+        sd_train_head_params px = small_run(m, th, 1 - tli, nl, &wx);
         px.resume = 1;
         CHECK(sd_train_head(&px, NULL, g_err, sizeof g_err) < 0 && strstr(g_err, "TLI"),
               "a resume with another TLI was not refused: %s", g_err);
         watch w2 = {.stop_at = -1};
-        sd_train_head_params pc = small_run(m, tli ? "halves1" : "halves0", tli, &w2);
+        sd_train_head_params pc = small_run(m, th, tli, nl, &w2);
         pc.resume = 1;
         r = sd_train_head(&pc, &rb, g_err, sizeof g_err);
         CHECK(r == 0 && rb.step == ra.n_steps, "TLI %d resumed: %d %s", tli, r, g_err);
         sd_head *ha = load_head(pa.out_path, m), *hb = load_head(pc.out_path, m);
-        CHECK(ha && hb && ha->hp.type == SD_HEAD_MOA && ha->hp.moa_tli == tli, "MoA files load: %s", g_err);
+        CHECK(ha && hb && ha->hp.type == SD_HEAD_MOA && ha->hp.moa_tli == tli && ha->hp.moa_no_lsa == nl,
+              "MoA files load: %s", g_err);
         CHECK(ha && hb && ha->n_w == hb->n_w && !memcmp(ha->w, hb->w, sizeof(float) * ha->n_w),
               "TLI %d: resumed parameters differ from the uninterrupted run's", tli);
         sd_head_free(ha);
@@ -147,7 +154,9 @@ static void test_moa_resume_bit_identical(void) {
 
 typedef struct data {
     int32_t tok[N_TRAIN + N_HELD][T_SEQ];
-    float *feats;   // (N, T, n_feat)
+    float *feats;   // (N, T, nf) the full layout, as the inference runner reads the target's rows
+    float *red;     // (N, T, nfr) no LSA: the trainer's reduced features (mean row, TLI rows, states), or NULL
+    int nfr;
     int32_t ids[N_TRAIN + N_HELD][T_SEQ][TOPK];
     float pr[N_TRAIN + N_HELD][T_SEQ][TOPK];
     int nf;
@@ -155,8 +164,11 @@ typedef struct data {
 
 static int make_data(data *D, const sd_model *m, const sd_head *h) {
     const int L = m->hp.n_layer, E = m->hp.n_embd, ekv = h->hp.moa_kv_width, kvd = ekv / 2, NV = m->hp.n_vocab;
-    D->nf = sd_moa_n_feat(h);
+    D->nf = L * ekv + 2 * E;
     D->feats = calloc((size_t)(N_TRAIN + N_HELD) * T_SEQ * (size_t)D->nf, sizeof(float));
+    D->nfr = sd_moa_n_feat(h);
+    D->red = h->hp.moa_no_lsa ? calloc((size_t)(N_TRAIN + N_HELD) * T_SEQ * (size_t)D->nfr, sizeof(float)) : NULL;
+    if (h->hp.moa_no_lsa && !D->red) return -1;
     float *hid = malloc(sizeof(float) * T_SEQ * 2 * (size_t)E), *kb = malloc(sizeof(float) * T_SEQ * (size_t)kvd),
           *vb = malloc(sizeof(float) * T_SEQ * (size_t)kvd), *pb = malloc(sizeof(float) * (size_t)NV);
     sd_session_params sp = sd_session_default_params();
@@ -213,6 +225,14 @@ static int make_data(data *D, const sd_model *m, const sd_head *h) {
                 kept += pb[best] / sum;
             }
             for (int k = 0; k < TOPK; k++) D->pr[q][t][k] = (float)(D->pr[q][t][k] / kept);
+            if (!D->red) continue;
+            // reduced: the layers' mean row, the last N layers' rows, the two states
+            float *o = D->red + ((size_t)q * T_SEQ + t) * D->nfr;
+            const float *f = F + (size_t)t * D->nf;
+            for (int l = 0; l < L; l++)
+                for (int j = 0; j < ekv; j++) o[j] += f[(size_t)l * ekv + j] / (float)L;
+            memcpy(o + ekv, f + (size_t)(L - N) * ekv, sizeof(float) * (size_t)N * ekv);
+            memcpy(o + (size_t)(1 + N) * ekv, f + (size_t)L * ekv, sizeof(float) * 2 * (size_t)E);
         }
     }
     free(hid);
@@ -224,8 +244,8 @@ static int make_data(data *D, const sd_model *m, const sd_head *h) {
 }
 
 static sd_train_seq seq_of(const data *D, int q) {
-    return (sd_train_seq){T_SEQ, D->tok[q], D->feats + (size_t)q * T_SEQ * D->nf, &D->ids[q][0][0], &D->pr[q][0][0],
-                          TOPK};
+    const float *f = D->red ? D->red + (size_t)q * T_SEQ * D->nfr : D->feats + (size_t)q * T_SEQ * D->nf;
+    return (sd_train_seq){T_SEQ, D->tok[q], f, &D->ids[q][0][0], &D->pr[q][0][0], TOPK, 0};
 }
 
 // Held-out loss and agreement at depths 0 and 1 (the trainer's).
@@ -279,8 +299,10 @@ out:
 
 // A 2-layer llama target (RoPE pairs (2i, 2i+1)) with TLI 0, or a qwen2 one
 // (NEOX pairs (i, i + hd/2), q/k/v biases) with TLI 1: the trainer's frozen
-// target layer must turn its rows as the inference runner does.
-static void learns_pattern(const char *arch, int tli) {
+// target layer must turn its rows as the inference runner does. Without
+// LSA the trainer reads the reduced features (the MoA cache's form), the
+// runner the target's rows of every layer: both must take the same mean.
+static void learns_pattern(const char *arch, int tli, int no_lsa) {
     synth_params sp = synth_default_params();
     sp.arch = arch;
     sp.n_embd = 64, sp.n_ff = 128, sp.seed = 3;
@@ -294,6 +316,7 @@ static void learns_pattern(const char *arch, int tli) {
     sd_head_hp hp = sd_head_default_hp(m, SD_HEAD_MOA);
     hp.n_draft_vocab = m->hp.n_vocab;
     hp.moa_tli = tli;
+    hp.moa_no_lsa = no_lsa;
     sd_head *h = NULL;
     static data D;
     sd_trainer *tr = NULL;
@@ -320,9 +343,9 @@ static void learns_pattern(const char *arch, int tli) {
     }
     const double l1 = held_out(tr, &D, a1);
     runner_agree(h, m, &D, ra);
-    printf("  info: %s, TLI %d: held-out loss %.3f -> %.3f, agreement depth 0 %.2f -> %.2f, depth 1 %.2f -> %.2f (%.1f s); "
+    printf("  info: %s, TLI %d%s: held-out loss %.3f -> %.3f, agreement depth 0 %.2f -> %.2f, depth 1 %.2f -> %.2f (%.1f s); "
            "the runner's: %.2f, %.2f\n",
-           arch, tli, l0, l1, a0[0], a1[0], a0[1], a1[1], (sd_time_ms() - t0) / 1000, ra[0], ra[1]);
+           arch, tli, no_lsa ? " no-LSA" : "", l0, l1, a0[0], a1[0], a0[1], a1[1], (sd_time_ms() - t0) / 1000, ra[0], ra[1]);
     CHECK(a0[0] < 0.1 && a1[0] > 0.5 && a1[1] > 0.5, "the pattern was not learnt (depth 0 %.2f -> %.2f, depth 1 %.2f)",
           a0[0], a1[0], a1[1]);
     CHECK(l1 < 0.67 * l0, "held-out loss %.3f -> %.3f", l0, l1);
@@ -334,12 +357,15 @@ out:
     if (o.m) sd_adamw_free(&o);
     sd_trainer_free(tr);
     free(D.feats);
+    free(D.red);
+    D.feats = D.red = NULL;
     sd_head_free(h);
     sd_model_free(m);
 }
 
-static void test_moa_learns_pattern(void) { learns_pattern("llama", 0); }
-static void test_moa_tli_neox_learns_pattern(void) { learns_pattern("qwen2", 1); }
+static void test_moa_learns_pattern(void) { learns_pattern("llama", 0, 0); }
+static void test_moa_tli_neox_learns_pattern(void) { learns_pattern("qwen2", 1, 0); }
+static void test_moa_nolsa_learns_pattern(void) { learns_pattern("qwen2", 1, 1); }
 
 int main(void) {
     tf_init("test_moa_train");
@@ -349,6 +375,7 @@ int main(void) {
     g_data[0] = data;
     T_RUN(test_moa_learns_pattern);
     T_RUN(test_moa_tli_neox_learns_pattern);
+    T_RUN(test_moa_nolsa_learns_pattern);
     T_RUN(test_moa_resume_bit_identical);
     tf_done();
     T_EXIT();
