@@ -318,8 +318,9 @@ static int make_moa(const method_cfg *m, const sd_method_env *env, sd_drafter **
     }
     sd_draft_model_params dp;
     if (shape_params(m, env, &dp, err, errlen) < 0) return -1;
-    // Q8_0 at least: the MoA runner has no 5- or 4-bit matrices (docs/moa.md)
-    return sd_draft_moa_new(out, env->head_moa, env->target, &dp, SD_TYPE_Q8_0, err, errlen);
+    const int wt = head_wtype(env, err, errlen);   // the drafter's matrices and the TLI layers it borrows
+    if (wt < 0) return -1;
+    return sd_draft_moa_new(out, env->head_moa, env->target, &dp, wt, err, errlen);
 }
 
 // ---- medusa:W1-W2-... (children per node at depth k from Medusa head k)

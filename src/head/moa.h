@@ -80,9 +80,10 @@ typedef struct sd_moa_run sd_moa_run;
 // A runner for MoA head h (must outlive it) and target m: n_ctx verified
 // positions of context (CA keys and values, the TLI layers' K,V rows), at
 // most max_pending drafted rows between resets, at most 64 rows a call.
-// wtype: SD_TYPE_Q8_0 (speed) or SD_TYPE_F32 (exact float, tests) for the
-// matrices (the MoA's own and the target's borrowed ones: the TLI layers,
-// the draft-vocabulary output rows). pool may be NULL.
+// wtype: SD_TYPE_Q8_0, Q5_0, Q4_1 or Q4_0 (speed; --head-bits) or
+// SD_TYPE_F32 (exact float, tests) for the matrices (the MoA's own and the
+// target's borrowed ones: the TLI layers, the draft-vocabulary output rows;
+// rows that do not fill blocks stay F32). pool may be NULL.
 int sd_moa_run_new(sd_moa_run **out, const sd_head *h, const sd_model *m, int n_ctx, int max_pending, int wtype,
                    sd_pool *pool, char *err, size_t errlen);
 void sd_moa_run_free(sd_moa_run *r);

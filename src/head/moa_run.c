@@ -168,8 +168,9 @@ int sd_moa_run_new(sd_moa_run **out, const sd_head *h, const sd_model *m, int n_
     *out = NULL;
     if (h->hp.type != SD_HEAD_MOA) return sd_err(err, errlen, "moa: not an MoA drafter");
     if (sd_head_check_target(h, m, err, errlen) < 0) return -1;
-    if (wtype != SD_TYPE_F32 && wtype != SD_TYPE_Q8_0)
-        return sd_err(err, errlen, "moa: weight type %d (f32 or q8_0)", wtype);
+    if (wtype != SD_TYPE_F32 && wtype != SD_TYPE_Q8_0 && wtype != SD_TYPE_Q5_0 && wtype != SD_TYPE_Q4_1 &&
+        wtype != SD_TYPE_Q4_0)
+        return sd_err(err, errlen, "moa: weight type %d (f32, q8_0, q5_0, q4_1 or q4_0)", wtype);
     if (n_ctx < 1 || max_pending < SD_MOA_ROWS)
         return sd_err(err, errlen, "moa: bad sizes (n_ctx %d, pending %d)", n_ctx, max_pending);
     sd_moa_run *r = calloc(1, sizeof *r);

@@ -37,7 +37,8 @@ from report import exit_status, report  # noqa: E402
 BIN = os.path.abspath(os.environ.get("SPECDEC_BIN", os.path.join(ROOT, "build", "specdec")))
 TOOL = os.path.join(ROOT, "build", "tests", "tool_random_head")
 MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
-CASES = ["moa_generate_lossless", "moa_exact_accepted", "moa_serve", "moa_compare_heads", "moa_refusals"]
+CASES = ["moa_generate_lossless", "moa_exact_accepted", "moa_head_bits", "moa_serve", "moa_compare_heads",
+         "moa_refusals"]
 EAGLE = os.path.join(ROOT, "heads", "SmolLM2-135M-Instruct.eagle3.gguf")
 PROMPTS = os.path.normpath(os.path.join(ROOT, "..", "shared", "prompts", "dev.jsonl"))
 PROMPT = "Name three colours of the rainbow."
@@ -47,11 +48,16 @@ def run(args, timeout=600):
     return subprocess.run([BIN] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout)
 
 
-def generate(method, head=None):
-    args = ["generate", "-m", MODEL, "--chat", "-p", PROMPT, "-n", "40", "--temp", "0", "-t", "2", "-v"]
+def generate(method, head=None, extra=()):
+    args = ["generate", "-m", MODEL, "--chat", "-p", PROMPT, "-n", "40", "--temp", "0", "-t", "2", "-v", *extra]
     if method != "ar":
         args += (["--method", method] if method else []) + ["--head", head]
     return run(args)
+
+
+def mean_accepted(stderr):
+    m = re.search(r"mean accepted ([0-9.]+) tokens/forward", stderr)
+    return float(m.group(1)) if m else 0.0
 
 
 def main():
@@ -77,11 +83,24 @@ def main():
         report("moa_generate_lossless", not bad, "; ".join(bad))
 
         o = generate("moa:chain:4", exact)
-        m = re.search(r"mean accepted ([0-9.]+) tokens/forward", o.stderr)
-        tau = float(m.group(1)) if m else 0.0
+        tau = mean_accepted(o.stderr)
         print(f"  info: the exact drafter on SmolLM2, moa:chain:4: tau {tau:.2f}")
         report("moa_exact_accepted", o.returncode == 0 and o.stdout == ar.stdout and tau > 2.0,
                f"exit {o.returncode}, tau {tau}: {o.stderr[-400:]}")
+
+        # --head-bits: the drafter's matrices (and the target layers it borrows) at 8, 5 and 4 bits; the
+        # exact drafter stays the target within the rounding, every width lossless; 6 is refused
+        bad, taus = [], []
+        for bits in ("8", "5", "4"):
+            o = generate("moa:chain:4", exact, ("--head-bits", bits))
+            taus.append(mean_accepted(o.stderr))
+            if o.returncode != 0 or o.stdout != ar.stdout or taus[-1] <= 2.0:
+                bad.append(f"{bits} bits: exit {o.returncode}, tau {taus[-1]}, {o.stderr[-300:]}")
+        print(f"  info: the exact drafter at 8 / 5 / 4 bits: tau {' / '.join(f'{t:.2f}' for t in taus)}")
+        o = generate("moa:chain:4", exact, ("--head-bits", "6"))
+        if o.returncode == 0 or "8, 5 or 4" not in o.stderr:
+            bad.append(f"6 bits: exit {o.returncode}, {o.stderr[-300:]}")
+        report("moa_head_bits", not bad, "; ".join(bad))
 
         try:
             from serve_proc import ServeProcess
