@@ -19,7 +19,8 @@ printed. Resumable: a drafter already trained (its file and its record in
 WORK/trained.json) is kept.
 
 Kinds: eagle3 (lr 1e-3, batch 8, 256 positions a sequence), moa, moa-nolsa,
-moa-tli1, moa-tli1-nolsa (lr 1e-3, batch 4, 128 positions: docs/moa.md).
+moa-tli1, moa-tli1-nolsa, moa-tli2-nolsa (lr 1e-3, batch 4, 128 positions:
+docs/moa.md).
 
 usage: scripts/compare-drafters.py -m MODEL --data FILE [--data FILE ...]
          --work DIR [--minutes M] [--kinds LIST] [--ff N] [-t T]
@@ -40,6 +41,8 @@ KINDS = {
     "moa-nolsa": (["--type", "moa", "--no-lsa", "--seq-len", "128", "--batch", "4", "--lr", "1e-3"], 3000),
     "moa-tli1": (["--type", "moa", "--tli", "1", "--seq-len", "128", "--batch", "4", "--lr", "1e-3"], 1500),
     "moa-tli1-nolsa": (["--type", "moa", "--tli", "1", "--no-lsa", "--seq-len", "128", "--batch", "4",
+                        "--lr", "1e-3"], 2000),
+    "moa-tli2-nolsa": (["--type", "moa", "--tli", "2", "--no-lsa", "--seq-len", "128", "--batch", "4",
                         "--lr", "1e-3"], 2000),
 }
 DONE = re.compile(r"wrote .*\((\d+) steps, (\d+) tokens, (\d+) s of training\)")
