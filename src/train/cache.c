@@ -115,11 +115,12 @@ static int hdr_compare(const sd_cache *c, const cache_hdr *h, const cache_hdr *w
     cache_hdr more = *want;   // an MoA cache keeping more TLI layers: the header it would have
     if (h->type == SD_HEAD_MOA) {
         const int N = h->n_extract - 1, ekv = (want->n_feat - want->n_extract * want->n_embd) / want->n_extract;
+        if (N < 0 || N > SD_CACHE_MAX_MOA_TLI) return sd_err(err, errlen, "the feature cache %s: bad MoA layers", d);
         for (int i = 0; i < N; i++) more.extract[i] = want->n_layer - N - 1 + i;
         more.extract[N] = SD_HIDDEN_NORM;
         more.n_extract = N + 1;
         more.n_feat = (1 + N) * ekv + (N + 1) * want->n_embd;
-        if (N > SD_CACHE_MAX_MOA_TLI || memcmp(h->extract, more.extract, sizeof h->extract))
+        if (memcmp(h->extract, more.extract, sizeof h->extract))
             return sd_err(err, errlen, "the feature cache %s: bad MoA layers", d);
     }
     if (h->n_feat != more.n_feat) return sd_err(err, errlen, "the feature cache %s: bad state size %d", d, h->n_feat);
