@@ -13,6 +13,7 @@
 #include "train/cache.h"
 #include "train/cache_impl.h"
 #include "train/corpus.h"
+#include "train/moa_train.h"
 
 // Everything a build owns, allocated once before the first record.
 typedef struct builder {
@@ -155,22 +156,14 @@ static void report(builder *b) {
 // b->kv (n, kvp): the mean of every layer's row, then the rows of the last N
 // layers (cache.h).
 static int moa_kv(builder *b, int pos, int n, char *err, size_t errlen) {
-    const int L = b->m->hp.n_layer, kvd = b->m->hp.n_head_kv * b->m->hp.head_dim, ekv = 2 * kvd;
+    const int L = b->m->hp.n_layer, kvd = b->m->hp.n_head_kv * b->m->hp.head_dim;
     const int N = b->n_hl - 1;
     memset(b->kv, 0, sizeof(float) * (size_t)n * (size_t)b->kvp);
     for (int l = 0; l < L; l++) {
         if (sd_session_kv_rows(b->s, l, pos, n, b->lk, b->lv) < 0)
             return sd_err(err, errlen, "cache: cannot read the target's cache rows of layer %d", l);
-        for (int i = 0; i < n; i++) {
-            float *row = b->kv + (size_t)i * b->kvp;
-            const float *k = b->lk + (size_t)i * kvd, *v = b->lv + (size_t)i * kvd;
-            for (int j = 0; j < kvd; j++) row[j] += k[j] / (float)L, row[kvd + j] += v[j] / (float)L;
-            if (l >= L - N) {
-                float *t = row + (size_t)(1 + l - (L - N)) * ekv;
-                memcpy(t, k, sizeof(float) * (size_t)kvd);
-                memcpy(t + kvd, v, sizeof(float) * (size_t)kvd);
-            }
-        }
+        for (int i = 0; i < n; i++)
+            sd_moa_reduced_add(b->kv + (size_t)i * b->kvp, l, L, N, kvd, b->lk + (size_t)i * kvd, b->lv + (size_t)i * kvd);
     }
     return 0;
 }

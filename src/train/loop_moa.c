@@ -93,15 +93,15 @@ int loop_moa_feats(loop_run *r, sd_train_seq *seq, int pos0, char *err, size_t e
     for (int l = 0; l < L; l++) {
         if (sd_session_kv_rows(r->moa_s, l, 0, T, r->moa_k, r->moa_v) < 0)
             return sd_err(err, errlen, "moa data: cannot read the target's cache rows of layer %d", l);
-        const int slot = !no_lsa ? l : l >= L - N ? 1 + l - (L - N) : -1;   // where the layer's rows go
         for (int p = 0; p < T; p++) {
             const float *k = r->moa_k + (size_t)p * kvd, *v = r->moa_v + (size_t)p * kvd;
             float *o = r->moa_feat + (size_t)p * nf;
-            if (no_lsa)   // the mean over layers, as the cache build sums it
-                for (int j = 0; j < kvd; j++) o[j] += k[j] / (float)L, o[kvd + j] += v[j] / (float)L;
-            if (slot < 0) continue;
-            memcpy(o + (size_t)slot * ekv, k, sizeof(float) * (size_t)kvd);
-            memcpy(o + (size_t)slot * ekv + kvd, v, sizeof(float) * (size_t)kvd);
+            if (no_lsa) {   // the reduced form, as the MoA cache holds it
+                sd_moa_reduced_add(o, l, L, N, kvd, k, v);
+                continue;
+            }
+            memcpy(o + (size_t)l * ekv, k, sizeof(float) * (size_t)kvd);
+            memcpy(o + (size_t)l * ekv + kvd, v, sizeof(float) * (size_t)kvd);
         }
     }
     for (int p = 0; p < T; p++) {

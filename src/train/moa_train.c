@@ -85,6 +85,14 @@ static int kv_feat(const sd_head *h) {
 
 int sd_moa_n_feat(const sd_head *h) { return kv_feat(h) + 2 * h->hp.n_embd; }
 
+void sd_moa_reduced_add(float *row, int l, int L, int N, int kvd, const float *k, const float *v) {
+    for (int j = 0; j < kvd; j++) row[j] += k[j] / (float)L, row[kvd + j] += v[j] / (float)L;
+    if (l < L - N) return;
+    float *t = row + (size_t)(1 + l - (L - N)) * 2 * kvd;
+    memcpy(t, k, sizeof(float) * (size_t)kvd);
+    memcpy(t + kvd, v, sizeof(float) * (size_t)kvd);
+}
+
 int sd_moa_block(const int32_t *tokens, int T) {
     uint64_t x = 1469598103934665603ull;
     for (int i = 0; i < T; i++) x = (x ^ (uint32_t)tokens[i]) * 1099511628211ull;

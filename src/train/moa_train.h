@@ -17,6 +17,12 @@ typedef struct sd_moa_tr sd_moa_tr;
 // carry RoPE at the target positions seq->pos0 + i.
 int sd_moa_n_feat(const sd_head *h);
 
+// Adds layer l's K,V rows (kvd floats each; of L layers) to a reduced K,V
+// part (no LSA: the mean row, then the last N layers' rows; zeroed by the
+// caller before layer 0). The one definition of that layout: the MoA cache
+// build and the recompute path both fill it here.
+void sd_moa_reduced_add(float *row, int l, int L, int N, int kvd, const float *k, const float *v);
+
 // The MoA workspace for sequences of up to T_max positions: activations,
 // masks, and the frozen target weights it reads (the last N layers, the
 // final norm, the draft vocabulary's output rows, dequantised once). h and
