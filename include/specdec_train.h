@@ -114,8 +114,13 @@ typedef struct sd_train_head_params {
     void *user;
     int moa_tli;                // MoA: target layers run after CA (TLI = N, 0..n_layer-1); default 0 (docs/moa.md)
     int moa_no_lsa;             // MoA: 1 = no LSA layer (the layers' mean K,V row projected); default 0
+    int moa_block_min, moa_block_max;  // MoA: a verified point every k positions, k drawn per sequence in
+                                // min..max (1..SD_TRAIN_MOA_MAX_BLOCK): a row at distance d after its point
+                                // trains the d-th drafted token; default 6..15 (the reference's; docs/moa.md)
 } sd_train_head_params;
 SD_API sd_train_head_params sd_train_head_default_params(void);
+
+#define SD_TRAIN_MOA_MAX_BLOCK 64
 
 typedef struct sd_train_head_result {
     int stopped;                // stopped by the flag: 1 while training (a checkpoint holds the run, no head

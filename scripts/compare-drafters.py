@@ -20,7 +20,8 @@ WORK/trained.json) is kept.
 
 Kinds: eagle3 (lr 1e-3, batch 8, 256 positions a sequence), moa, moa-nolsa,
 moa-tli1, moa-tli1-nolsa, moa-tli2-nolsa (lr 1e-3, batch 4, 128 positions:
-docs/moa.md).
+docs/moa.md); an MoA kind with the suffix -bMIN-MAX (moa-nolsa-b2-5) draws
+its verified points every MIN-MAX positions (train-head --moa-block).
 
 usage: scripts/compare-drafters.py -m MODEL --data FILE [--data FILE ...]
          --work DIR [--minutes M] [--kinds LIST] [--ff N] [-t T]
@@ -45,6 +46,18 @@ KINDS = {
     "moa-tli2-nolsa": (["--type", "moa", "--tli", "2", "--no-lsa", "--seq-len", "128", "--batch", "4",
                         "--lr", "1e-3"], 2000),
 }
+BLOCK = re.compile(r"^(moa[a-z0-9-]*?)-b(\d+)-(\d+)$")
+
+
+def add_block_kind(kind):
+    """KIND-bMIN-MAX: an MoA kind with verified points every MIN-MAX positions
+    (--moa-block; the kinds above keep the default 6-15). False if not such a name."""
+    m = BLOCK.match(kind)
+    if not m or m.group(1) not in KINDS or m.group(1) == "eagle3":
+        return False
+    base = KINDS[m.group(1)]
+    KINDS[kind] = (base[0] + ["--moa-block", f"{m.group(2)}-{m.group(3)}"], base[1])
+    return True
 DONE = re.compile(r"wrote .*\((\d+) steps, (\d+) tokens, (\d+) s of training\)")
 HELD = re.compile(r"held back: loss ([0-9.]+), agreement ([0-9.% ]+)")
 
@@ -124,8 +137,9 @@ def main():
     a = ap.parse_args()
     kinds = a.kinds.split(",")
     for k in kinds:
-        if k not in KINDS:
-            ap.error(f"--kinds: unknown kind '{k}' (known: {', '.join(KINDS)})")
+        if k not in KINDS and not add_block_kind(k):
+            ap.error(f"--kinds: unknown kind '{k}' (known: {', '.join(KINDS)}, and any MoA kind with a suffix "
+                     "-bMIN-MAX for --moa-block MIN-MAX)")
     if kinds[0] != "eagle3":
         ap.error("--kinds: the first kind must be eagle3 (the others are compared with it)")
     for f in a.data + [a.model, a.bin, a.prompts]:
@@ -140,6 +154,10 @@ def main():
     for k in kinds:
         out = os.path.join(a.work, f"{k}.gguf")
         rec = trained.get(k) if os.path.exists(out) and trained.get(k, {}).get("minutes") == a.minutes else None
+        if rec and (rec.get("options") != KINDS[k][0] + ff_args(a) or rec.get("data", a.data) != a.data or
+                    os.path.basename(rec.get("model", a.model)) != os.path.basename(a.model)):
+            log(f"{k}: the drafter in {out} was trained with other options, data or target: trained again")
+            rec = None
         if rec and (target is None or abs(rec["seconds"] - target) <= 0.1 * target):
             log(f"{k}: kept ({rec['tokens']} positions in {rec['seconds']} s)")
             target = target or rec["seconds"]
@@ -147,9 +165,12 @@ def main():
         want = target or a.minutes * 60
         cache = os.path.join(a.work, cache_name(k))
         t0 = time.time()
-        subprocess.run([a.bin, "train-head", "-m", a.model, *data_args(a), "--out", out, "--cache", cache,
-                        "--cache-only", "-t", str(a.threads), *cache_opts(k, kinds), *ff_args(a)],
-                       check=True, stdout=subprocess.DEVNULL)
+        p = subprocess.run([a.bin, "train-head", "-m", a.model, *data_args(a), "--out", out, "--cache", cache,
+                            "--cache-only", "-t", str(a.threads), *cache_opts(k, kinds), *ff_args(a)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if p.returncode != 0:
+            sys.exit(f"compare-drafters: {k}: the feature cache {cache} could not be built or reused "
+                     f"(exit {p.returncode}):\n{p.stderr[-1200:]}\n(another --work directory, or delete {cache})")
         log(f"{k}: cache ready in {time.time() - t0:.0f} s")
         if rec:   # trained before for another length of time: scale by its own rate
             rate = rec["tokens"] / max(rec["seconds"], 1)
@@ -168,7 +189,8 @@ def main():
                 break
             rate = tok / max(sec, 1)   # once more at the rate the run itself had
         trained[k] = {"file": out, "minutes": a.minutes, "rate": round(rate, 1), "steps": steps,
-                      "tokens": tok, "seconds": sec, "held_back": held, "options": KINDS[k][0] + ff_args(a)}
+                      "tokens": tok, "seconds": sec, "held_back": held, "options": KINDS[k][0] + ff_args(a),
+                      "data": a.data, "model": a.model}
         target = target or sec
         with open(rec_path + ".tmp", "w") as f:
             json.dump(trained, f, indent=1)

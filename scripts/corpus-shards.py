@@ -24,6 +24,9 @@ import lzma
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from traindata.jsonl import read_jsonl  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_DIR = os.path.join(ROOT, "data", "corpus", "smollm2")
 
@@ -148,9 +151,10 @@ def cmd_unpack(a):
     dst = os.path.join(a.out, "chat.jsonl")
     have = set()
     if os.path.exists(dst):
+        read_jsonl(dst, repair=True)   # a torn last line (a killed run) cut, a missing newline added
         have = {rid for rid, _, _ in read_records(dst)}
     added = 0
-    with open(dst, "a", encoding="utf-8") as f:
+    with open(dst, "a", encoding="utf-8") as f:   # whole lines: a kill leaves at most a torn last one
         for s in m["shards"]:
             for rid, line, _ in read_records(os.path.join(a.dir, s["file"]), lzma.open):
                 if rid not in have:

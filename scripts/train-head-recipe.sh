@@ -48,16 +48,34 @@
 # the reduced MoA feature cache (docs/moa.md), writing
 # WORK_DIR/SmolLM2-135M-Instruct.moa.gguf (3 M positions).
 # WORK_DIR (default data/smollm2-ft for smollm2, data/ for smollm2-v1,
-# data/qwen for qwen, data/qwen-sd/ft for qwen-sd) holds the mix, the feature
-# cache and the checkpoint; the corpus is data/train (CORPUS to move it); the
-# shipped heads are written to heads/. Environment: THREADS (default: all
-# cores), PROMPTS (answered prompts, default 4000 for smollm2, 3000 for
-# smollm2-v1, 400 for qwen), ANSWERS (qwen-sd: the 1.5B model's answers
-# used, default 682),
-# TOKENS (positions trained), LR, FF (the head's feed-forward width; 0 = the
-# target's).
+# data/KIND for smollm2-v3, smollm2-moa, qwen, qwen-own, qwen-05b and
+# qwen-1m, data/qwen-sd/ft for qwen-sd) holds the mix, the feature cache and
+# the checkpoint; the corpus is data/train (CORPUS to move it); the shipped
+# heads are written to heads/. Environment: THREADS (default: all cores),
+# PROMPTS (prompts SmolLM2 answers in step 1, default 4000 for smollm2 and
+# smollm2-moa, 3000 for smollm2-v1, 16128 for smollm2-v3, 400 for the qwen
+# kinds), SD_PROMPTS (prompts the Qwen writer answers in step 1b: 688 for
+# qwen-sd, 640 for qwen-own and qwen-05b, 6900 for qwen-1m), ANSWERS (qwen-sd:
+# the 1.5B model's answers used, default 682), INIT (the head a fine-tune
+# starts from: smollm2, smollm2-v3 and the qwen kinds but qwen), TOKENS
+# (positions trained), LR, FF (the head's feed-forward width; 0 = the
+# target's). A first stage made on the way runs with its own defaults.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+self="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
+cd "$(dirname "$self")/.."
+
+# first_stage FILE KIND: the head a fine-tune starts from. INIT names it
+# (it must exist); else FILE, made first by this script's KIND when absent
+# (with its own defaults: TOKENS, LR, FF and PROMPTS are this run's).
+first_stage() {
+    if [ -n "${INIT:-}" ]; then
+        [ -f "$INIT" ] || { echo "train-head-recipe: INIT=$INIT: no such head file" >&2; exit 1; }
+        v1=$INIT
+    else
+        v1=$1
+        [ -f "$v1" ] || CORPUS="$corpus" env -u TOKENS -u LR -u FF -u PROMPTS bash "$self" "$2"
+    fi
+}
 
 which="${1:-}"
 corpus="${CORPUS:-data/train}"
@@ -78,10 +96,10 @@ smollm2)
     model=models/SmolLM2-135M-Instruct.Q4_1.gguf
     work="${2:-data/smollm2-ft}"
     out=heads/SmolLM2-135M-Instruct.eagle3.gguf
-    mixes=("mix.jsonl 0 100000 all:20:0:300")
+    # (the first 4,488 conversations of the corpus: the shards unpack more)
+    mixes=("mix.jsonl 0 4488 all:20:0:300")
     prompts="${PROMPTS:-4000}" tokens="${TOKENS:-1000000}" lr="${LR:-5e-4}" ff="${FF:-0}" batch=8
-    v1="${INIT:-data/SmolLM2-135M-Instruct.eagle3-v1.gguf}"
-    [ -f "$v1" ] || CORPUS="$corpus" bash "$0" smollm2-v1
+    first_stage data/SmolLM2-135M-Instruct.eagle3-v1.gguf smollm2-v1
     init=(--init "$v1")
     ;;
 smollm2-v3)
@@ -98,7 +116,8 @@ smollm2-v3)
     ;;
 smollm2-moa)
     # issue 29's MoA drafter at scale: TLI 1 without LSA (the kind closest to
-    # EAGLE-3 in the same-time comparisons), trained from scratch on the
+    # EAGLE-3 in the same-time comparisons; verified points every 2-5
+    # positions, which train the first drafted tokens more), trained from scratch on the
     # corpus's first 16,128 answered conversations (about 4.2 M tokens) and
     # every 20th text record (at most 300) through the reduced MoA feature
     # cache (3.8 KB a token: about 16 GB; about 50 minutes at 1,500 tok/s
@@ -108,7 +127,7 @@ smollm2-moa)
     out="$work/SmolLM2-135M-Instruct.moa.gguf"
     mixes=("mix.jsonl 0 16128 all:20:0:300")
     prompts="${PROMPTS:-4000}" tokens="${TOKENS:-3000000}" lr="${LR:-1e-3}" ff="${FF:-0}" batch=4
-    extra=(--type moa --tli 1 --no-lsa --seq-len 128)
+    extra=(--type moa --tli 1 --no-lsa --seq-len 128 --moa-block 2-5)
     ;;
 qwen)
     # the first stage of the shipped Qwen head (session 13's head, shipped
@@ -152,8 +171,7 @@ qwen-own|qwen-05b)
         shards=data/corpus/qwen2.5-coder-0.5b
         out="$work/Qwen2.5-Coder-1.5B-Instruct.eagle3-$which.gguf"
     fi
-    v1="${INIT:-data/qwen/Qwen2.5-Coder-1.5B-Instruct.eagle3-v1.gguf}"
-    [ -f "$v1" ] || CORPUS="$corpus" bash "$0" qwen
+    first_stage data/qwen/Qwen2.5-Coder-1.5B-Instruct.eagle3-v1.gguf qwen
     sd_prompts=640 sd_parallel=16
     mixes=("mix.jsonl 0 640 none:1:0:0")
     prompts=400 tokens="${TOKENS:-160000}" lr="${LR:-5e-4}" ff="${FF:-3072}" batch=4
@@ -182,6 +200,8 @@ init=("${init[@]+"${init[@]}"}")
 make build/specdec >/dev/null
 [ -f models/SmolLM2-135M-Instruct.Q4_1.gguf ] || bash scripts/fetch-models.sh
 [ -f "$model" ] || bash scripts/fetch-models.sh --pair
+[ -f "${writer:-$model}" ] || bash scripts/fetch-models.sh --pair
+[ -f "${writer:-$model}" ] || { echo "train-head-recipe: the answers' writer ${writer:-} is missing" >&2; exit 1; }
 mkdir -p "$work" heads
 
 # 1. The corpus: prompts answered by SmolLM2 itself, raw text (resumable).
@@ -273,6 +293,10 @@ with open(out + ".tmp", "w") as f:
             f.write(line)
             taken[key] = taken.get(key, 0) + 1
 print(f"{out}: {n} conversations, {sum(taken.values())} raw text records", file=sys.stderr)
+if crule is None and n < c1 - c0:
+    print(f"warning: {out}: {n} conversations where the recipe takes {c1 - c0} (fewer answered in "
+          f"{chats}/chat.jsonl; a failed prompt stays in failed.jsonl); the mix is written once: delete it "
+          "to rebuild it after more answers", file=sys.stderr)
 os.replace(out + ".tmp", out)
 EOF
 done

@@ -23,8 +23,21 @@ typedef struct th_opts {
     uint64_t tokens, seed;
     float epochs, lr, weight_decay, clip, ckpt_minutes, heldout;
     int resume, cache_only;
-    int tli, no_lsa;
+    int tli, no_lsa, block[2];
 } th_opts;
+
+// "MIN-MAX" or "K" (MIN = MAX = K).
+static int parse_block(const char *flag, const char *v, void *dst) {
+    int *b = dst, n = 0;
+    char tail = 0;
+    if (sscanf(v, "%d-%d%c", &b[0], &b[1], &tail) == 2) n = 2;
+    else if (sscanf(v, "%d%c", &b[0], &tail) == 1) b[1] = b[0], n = 1;
+    if (!n || b[0] < 1 || b[1] < b[0] || b[1] > SD_TRAIN_MOA_MAX_BLOCK)
+        return cli_error("%s: expected MIN-MAX with 1 <= MIN <= MAX <= %d (or one K), got '%s'", flag,
+                         SD_TRAIN_MOA_MAX_BLOCK, v),
+               -1;
+    return 0;
+}
 
 static int parse_type(const char *flag, const char *v, void *dst) {
     if (!strcmp(v, "eagle3")) *(int *)dst = SD_HEAD_EAGLE3;
@@ -58,7 +71,7 @@ static int th_parse(int argc, char **argv, th_opts *o) {
                    .n_batch = d.n_batch, .warmup = (int)d.warmup, .eval_every = (int)d.eval_every,
                    .eval_tokens = (int)d.eval_tokens, .seed = d.seed, .epochs = (float)d.epochs, .lr = d.lr,
                    .weight_decay = d.weight_decay, .clip = d.clip, .ckpt_minutes = (float)d.ckpt_minutes,
-                   .heldout = (float)d.heldout};
+                   .heldout = (float)d.heldout, .block = {d.moa_block_min, d.moa_block_max}};
     const cli_opt opts[] = {
         {"--model", "-m", CLI_FILE, &o->model_path, .meta = "FILE", .what = "model file",
          .required = "a target model is required (-m TARGET.gguf)", .help = "target model (required)"},
@@ -91,8 +104,13 @@ static int th_parse(int argc, char **argv, th_opts *o) {
                  "inference; default 0)"},
         {"--no-lsa", NULL, CLI_FLAG, &o->no_lsa,
          .help = "MoA: no layer self-attention (the mean of the layers' K,V rows is projected directly; with TLI "
-                 "up to 2 it trains from a cache of that mean row, about 1 KB a token for Qwen2.5-1.5B, instead of "
-                 "recomputing the target's rows)"},
+                 "N up to 2 it trains from a feature cache of that mean row, the last N layers' rows and the states "
+                 "it needs, (1+N) Ekv + (N+1) E f16 values a token (8 KB for Qwen2.5-Coder-1.5B with TLI 1), "
+                 "instead of recomputing the target's rows)"},
+        {"--moa-block", NULL, CLI_CUSTOM, o->block, .fn = parse_block, .meta = "MIN-MAX", .def = "6-15",
+         .help = "MoA: a verified point every k positions, k drawn per sequence in MIN..MAX; a row d positions "
+                 "after its point trains the (d+1)-th drafted token, so short blocks train the first drafted "
+                 "tokens (those inference accepts most) more often (the reference draws 6-15)"},
         {"--medusa-heads", NULL, CLI_INT, &o->n_medusa, .lo = 1, .hi = SD_TRAIN_MAX_K, .meta = "N",
          .def = CLI_DEF_VALUE, .help = "Medusa heads (head k drafts the token k+2 ahead)"},
         {"--init", NULL, CLI_FILE, &o->init_path, .meta = "FILE", .what = "head file",
@@ -282,6 +300,8 @@ int cmd_train_head(int argc, char **argv) {
     p.type = o.type;
     p.moa_tli = o.tli;
     p.moa_no_lsa = o.no_lsa;
+    p.moa_block_min = o.block[0];
+    p.moa_block_max = o.block[1];
     p.data_paths = o.data;
     p.n_data = o.n_data;
     p.cache_dir = o.cache_dir;

@@ -76,7 +76,7 @@ static void hdr_fill(cache_hdr *h, const sd_model *m, const sd_cache_params *p) 
 
 static const char *type_name(uint32_t t) {
     return t == SD_HEAD_EAGLE3   ? "an EAGLE-3 head"
-           : t == SD_HEAD_MEDUSA ? "a Medusa head (or an MoA drafter with LSA)"
+           : t == SD_HEAD_MEDUSA ? "a Medusa head (or an MoA drafter with LSA, or without it and TLI > 2)"
            : t == SD_HEAD_MOA    ? "an MoA drafter without LSA"
                                  : "an unknown head type";
 }
@@ -317,9 +317,12 @@ int sd_cache_open(sd_cache **out, const char *dir, const sd_model *m, const sd_c
     if (note && notelen) note[0] = 0;
     if (p->type != SD_HEAD_EAGLE3 && p->type != SD_HEAD_MEDUSA && p->type != SD_HEAD_MOA)
         return sd_err(err, errlen, "cache: unknown head type %d", p->type);
-    if (p->type == SD_HEAD_MOA && (p->moa_tli < 0 || p->moa_tli > SD_CACHE_MAX_MOA_TLI || p->moa_tli >= m->hp.n_layer))
+    if (p->type == SD_HEAD_MOA && (p->moa_tli < 0 || p->moa_tli > SD_CACHE_MAX_MOA_TLI))
         return sd_err(err, errlen, "cache: an MoA cache keeps 0..%d TLI layers, not %d", SD_CACHE_MAX_MOA_TLI,
                       p->moa_tli);
+    if (p->type == SD_HEAD_MOA && p->moa_tli >= m->hp.n_layer)
+        return sd_err(err, errlen, "cache: TLI %d must leave a target layer before it (the target has %d)",
+                      p->moa_tli, m->hp.n_layer);
     if (p->topk < 1 || p->topk > SD_CACHE_MAX_TOPK)
         return sd_err(err, errlen, "cache: topk %d out of range 1..%d", p->topk, SD_CACHE_MAX_TOPK);
     if (p->n_ctx < 2) return sd_err(err, errlen, "cache: window of %d tokens (at least 2)", p->n_ctx);

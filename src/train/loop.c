@@ -32,6 +32,8 @@ sd_train_head_params sd_train_head_default_params(void) {
     p.topk = 8;
     p.n_ctx = 2048;
     p.n_batch = 256;
+    p.moa_block_min = SD_MOA_BLOCK_MIN;
+    p.moa_block_max = SD_MOA_BLOCK_MAX;
     return p;
 }
 
@@ -83,6 +85,12 @@ static int resolve(loop_run *r, const sd_train_head_params *p, char *err, size_t
         return sd_err(err, errlen, "unknown head type %d (eagle3, medusa or moa)", P->type);
     if (P->type != SD_HEAD_MOA && (P->moa_tli || P->moa_no_lsa))
         return sd_err(err, errlen, "--tli and --no-lsa are for an MoA drafter (--type moa)");
+    if (!P->moa_block_min && !P->moa_block_max) P->moa_block_min = SD_MOA_BLOCK_MIN, P->moa_block_max = SD_MOA_BLOCK_MAX;
+    if (P->type != SD_HEAD_MOA && (P->moa_block_min != SD_MOA_BLOCK_MIN || P->moa_block_max != SD_MOA_BLOCK_MAX))
+        return sd_err(err, errlen, "--moa-block is for an MoA drafter (--type moa)");
+    if (P->moa_block_min < 1 || P->moa_block_max < P->moa_block_min || P->moa_block_max > SD_TRAIN_MOA_MAX_BLOCK)
+        return sd_err(err, errlen, "--moa-block %d-%d: expected MIN-MAX with 1 <= MIN <= MAX <= %d", P->moa_block_min,
+                      P->moa_block_max, SD_TRAIN_MOA_MAX_BLOCK);
     if (!P->model && !P->model_path) return sd_err(err, errlen, "no target model given");
     if (P->n_data < 1 || !P->data_paths) return sd_err(err, errlen, "no training data given (--data FILE.jsonl)");
     if (!P->out_path && !P->cache_only) return sd_err(err, errlen, "no output head file given (--out HEAD.gguf)");
@@ -227,6 +235,12 @@ static int recipe_compare(loop_run *r, const sd_ckpt_recipe *ck, const sd_ckpt_r
     RECIPE_CHECK(clip, "--clip", "%g", double)
     RECIPE_CHECK(heldout, "--heldout", "%g", double)
     RECIPE_CHECK(warmup, "--warmup", "%lld", long long)
+    if (ck->moa_block != want->moa_block)
+        return sd_err(err, errlen,
+                      "the checkpoint %s was made with --moa-block %d-%d; this run has %d-%d (resume with the "
+                      "settings it was started with)",
+                      r->ckpt_path, ck->moa_block & 255, ck->moa_block >> 8, want->moa_block & 255,
+                      want->moa_block >> 8);
     RECIPE_CHECK(n_steps, "a run length (--tokens / --epochs) of steps", "%lld", long long)
     RECIPE_CHECK(cache_records, "a feature cache of records", "%lld", long long)
     RECIPE_CHECK(cache_positions, "a feature cache of positions", "%lld", long long)
@@ -262,6 +276,10 @@ static int plan_training(loop_run *r, char *err, size_t errlen) {
     want.n_steps = n_steps;
     want.cache_records = sd_cache_n_records(r->cache);
     want.cache_positions = sd_cache_n_positions(r->cache);
+    if (want.type == SD_HEAD_MOA) {
+        want.moa_block = P->moa_block_min | P->moa_block_max << 8;
+        if (r->have_opt && !r->recipe.moa_block) r->recipe.moa_block = SD_MOA_BLOCK_MIN | SD_MOA_BLOCK_MAX << 8;
+    }
     if (r->have_opt) {   // resumed
         if (recipe_compare(r, &r->recipe, &want, err, errlen) < 0) return -1;
         r->seconds0 = r->st.seconds;
@@ -297,7 +315,9 @@ static int plan_training(loop_run *r, char *err, size_t errlen) {
     r->b_feat = malloc(sizeof(float) * (size_t)T * (size_t)nf);
     if (!r->grad || !r->b_tok || !r->b_ids || !r->b_p || !r->b_feat) return sd_err(err, errlen, "out of memory");
     if (r->h->hp.type == SD_HEAD_MOA && loop_moa_init(r, err, errlen) < 0) return -1;
-    return sd_trainer_new(&r->tr, r->h, r->m, T, P->ttt_steps, r->pool, err, errlen);
+    if (sd_trainer_new(&r->tr, r->h, r->m, T, P->ttt_steps, r->pool, err, errlen) < 0) return -1;
+    sd_trainer_set_moa_block(r->tr, P->moa_block_min, P->moa_block_max);
+    return 0;
 }
 
 // ---------------------------------------------------------------- steps, evaluation, checkpoints

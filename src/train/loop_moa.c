@@ -32,6 +32,7 @@ int loop_moa_init(loop_run *r, char *err, size_t errlen) {
     sp.n_ctx = T;
     sp.n_batch = T;
     sp.pool = r->pool;
+    sp.gpu = -1;   // on the CPU: the rows are read from the session's host cache (sd_session_kv_rows)
     if (sd_session_new(&r->moa_s, r->m, &sp, err, errlen) < 0) return -1;
     r->moa_hid = malloc(sizeof(float) * (size_t)T * 2 * (size_t)E);
     r->moa_k = malloc(sizeof(float) * (size_t)T * kvd);
@@ -71,7 +72,7 @@ static void from_cache(loop_run *r, sd_train_seq *seq) {
 }
 
 int loop_moa_feats(loop_run *r, sd_train_seq *seq, int pos0, char *err, size_t errlen) {
-    if (!r->moa_s) {
+    if (loop_moa_uses_cache(&r->h->hp)) {
         from_cache(r, seq);
         seq->pos0 = pos0;
         return 0;

@@ -68,6 +68,7 @@ struct sd_moa_tr {
     const float *out_norm, *out_w;   // (E), (V, E)
     float *cs_sa, *cs_lsa, *cs_t;    // RoPE tables
     int cs_t_pos0;                   // cs_t covers the target positions cs_t_pos0 .. + T_max - 1
+    int kmin, kmax;                  // the block length's range (sd_moa_block)
     // loss and LSA output
     float *X0, *M, *C, *Emb, *Z, *rsZ, *Lg, *loss_row;
     int32_t *argmax;
@@ -93,11 +94,17 @@ void sd_moa_reduced_add(float *row, int l, int L, int N, int kvd, const float *k
     memcpy(t + kvd, v, sizeof(float) * (size_t)kvd);
 }
 
-int sd_moa_block(const int32_t *tokens, int T) {
+int sd_moa_block(const int32_t *tokens, int T, int kmin, int kmax) {
     uint64_t x = 1469598103934665603ull;
     for (int i = 0; i < T; i++) x = (x ^ (uint32_t)tokens[i]) * 1099511628211ull;
     x ^= x >> 31;
-    return 6 + (int)(x % 10);
+    return kmin + (int)(x % (uint64_t)(kmax - kmin + 1));
+}
+
+void sd_moa_tr_set_block(sd_moa_tr *w, int kmin, int kmax) {
+    SD_ASSERT(kmin >= 1 && kmax >= kmin);
+    w->kmin = kmin;
+    w->kmax = kmax;
 }
 
 // ---------------------------------------------------------------- workspace
@@ -152,6 +159,7 @@ static void carve_la(la *a, const lw *W, int nq, int nk, int nnz, int mode, floa
 static void carve(sd_moa_tr *w, float *f, int32_t *ip, size_t *nf, size_t *ni) {
     const int T = w->T_max, L = w->L, E = w->E, ekv = w->ekv;
     const size_t TL = (size_t)T * L, nsa = (size_t)T * 16, nca = (size_t)T * (T + 1) / 2;
+    const size_t TLx = w->h->hp.moa_no_lsa ? 0 : TL;   // LSA's rows (none without it)
     *nf = *ni = 0;
     carve_la(&w->a_sa, &w->sa, T, T, (int)nsa, SELF, &f, nf, &ip, ni);
     carve_la(&w->a_ca, &w->ca, T, T, (int)nca, CROSS, &f, nf, &ip, ni);
@@ -159,13 +167,13 @@ static void carve(sd_moa_tr *w, float *f, int32_t *ip, size_t *nf, size_t *ni) {
     for (int t = 0; t < w->N; t++) carve_la(&w->a_tl[t], &w->tl[t], T, 2 * T, (int)(nca + nsa), TLI, &f, nf, &ip, ni);
     size_t wmax = (size_t)SD_MAX(E, ekv), qmax = wmax, ffmax = (size_t)SD_MAX(w->sa.nff, w->lsa.nff);
     qmax = SD_MAX(qmax, (size_t)w->sa.nh * w->sa.hd);
-    size_t pmax = SD_MAX(nca + nsa, TL * L) * (size_t)SD_MAX(w->sa.nh, SD_MAX(w->lsa.nh, 1));
+    size_t pmax = SD_MAX(nca + nsa, TLx * L) * (size_t)SD_MAX(w->sa.nh, SD_MAX(w->lsa.nh, 1));
     for (int t = 0; t < w->N; t++) {
         ffmax = SD_MAX(ffmax, (size_t)w->tl[t].nff);
         qmax = SD_MAX(qmax, (size_t)w->tl[t].nh * w->tl[t].hd);
         pmax = SD_MAX(pmax, (nca + nsa) * (size_t)w->tl[t].nh);
     }
-    const size_t R = SD_MAX(TL, 2 * (size_t)T);
+    const size_t R = SD_MAX(TLx, 2 * (size_t)T);
     w->X0 = w->h->hp.moa_no_lsa ? NULL : take(&f, nf, TL * ekv);   // LSA's input
     w->M = take(&f, nf, (size_t)T * ekv);
     w->C = take(&f, nf, (size_t)T * E);
@@ -184,7 +192,7 @@ static void carve(sd_moa_tr *w, float *f, int32_t *ip, size_t *nf, size_t *ni) {
     w->dC = take(&f, nf, (size_t)T * E);
     w->dM = take(&f, nf, (size_t)T * ekv);
     w->dZ = take(&f, nf, (size_t)T * E);
-    w->dKV = take(&f, nf, SD_MAX(TL * ekv, (size_t)T * E));
+    w->dKV = take(&f, nf, SD_MAX(TLx * ekv, (size_t)T * E));
     const int hd_max = SD_MAX(w->sa.hd, w->lsa.hd);
     w->cs_sa = take(&f, nf, (size_t)T * w->sa.hd);
     w->cs_lsa = take(&f, nf, (size_t)L * SD_MAX(hd_max, 2));
@@ -260,6 +268,7 @@ int sd_moa_tr_new(sd_moa_tr **out, const sd_head *h, const sd_model *target, int
                       target->hp.head_dim, (double)target->hp.rope_scale);
     sd_moa_tr *w = calloc(1, sizeof *w);
     if (!w) return sd_err(err, errlen, "moa trainer: out of memory");
+    w->kmin = SD_MOA_BLOCK_MIN, w->kmax = SD_MOA_BLOCK_MAX;
     w->h = h, w->m = target, w->T_max = T_max;
     w->E = hp->n_embd, w->L = target->hp.n_layer, w->ekv = hp->moa_kv_width, w->N = hp->moa_tli;
     w->V = hp->n_draft_vocab;
@@ -478,7 +487,7 @@ double sd_moa_tr_loss(sd_moa_tr *w, const sd_tr_ctx *cx, const sd_train_seq *seq
     const int T = seq->T, L = w->L, E = w->E, ekv = w->ekv, V = w->V, nt = seq->topk, n0 = T - 1;
     const int nfeat = sd_moa_n_feat(h), no_lsa = h->hp.moa_no_lsa, hoff = kv_feat(h);
     const float eps = h->hp.rms_eps, teps = w->m->hp.rms_eps, *F = seq->feats;
-    const int k = sd_moa_block(seq->tokens, T);
+    const int k = sd_moa_block(seq->tokens, T, w->kmin, w->kmax);
     masks(w, T, k);
     if (w->N > 0 && seq->pos0 != w->cs_t_pos0) {   // the target's rows sit at positions pos0.. (TLI's RoPE)
         sd_tr_rope_table_at(w->cs_t, seq->pos0, w->T_max, w->m->hp.head_dim, w->m->hp.rope_base);

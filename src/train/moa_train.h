@@ -38,8 +38,11 @@ void sd_moa_tr_free(sd_moa_tr *w);
 double sd_moa_tr_loss(sd_moa_tr *w, const sd_tr_ctx *cx, const sd_train_seq *seq, const int32_t *tid,
                       const float *tp, const uint8_t *scored, float *grad, sd_train_stats *st, int fault);
 
-// The block length k of a sequence (6..15, a hash of its tokens): verified
-// points at 0, k, 2k, ...; row i's SA sees [k floor(i/k), i], CA the rows before.
-int sd_moa_block(const int32_t *tokens, int T);
+// The block length k of a sequence (kmin..kmax, a hash of its tokens):
+// verified points at 0, k, 2k, ...; row i's SA sees [k floor(i/k), i], CA
+// the rows before. Row i drafts the token at depth i - k floor(i/k) + 1.
+int sd_moa_block(const int32_t *tokens, int T, int kmin, int kmax);
+// The range sd_moa_tr_loss draws k from (default SD_MOA_BLOCK_MIN..MAX).
+void sd_moa_tr_set_block(sd_moa_tr *w, int kmin, int kmax);
 
 #endif

@@ -50,6 +50,12 @@ typedef struct sd_trainer sd_trainer;
 int sd_trainer_new(sd_trainer **out, const sd_head *h, const sd_model *target, int T_max, int K, sd_pool *pool,
                    char *err, size_t errlen);
 void sd_trainer_free(sd_trainer *tr);
+// MoA: the range of the block length k (verified points every k positions,
+// k a hash of the sequence's tokens in [kmin, kmax]; sd_moa_block). Default
+// SD_MOA_BLOCK_MIN..SD_MOA_BLOCK_MAX, the reference's; no effect on other heads.
+#define SD_MOA_BLOCK_MIN 6
+#define SD_MOA_BLOCK_MAX 15
+void sd_trainer_set_moa_block(sd_trainer *tr, int kmin, int kmax);
 // Loss of seq under the head's current parameters; when grad != NULL the
 // gradient of that loss with respect to every parameter is ADDED into grad
 // (n_w floats, the layout of sd_head.w). Deterministic for a given pool size

@@ -114,6 +114,10 @@ static int prepare(sd_trainer *tr, const sd_train_seq *seq, char *err, size_t er
     return 0;
 }
 
+void sd_trainer_set_moa_block(sd_trainer *tr, int kmin, int kmax) {
+    if (tr->moa) sd_moa_tr_set_block(tr->moa, kmin, kmax);
+}
+
 double sd_trainer_loss(sd_trainer *tr, const sd_train_seq *seq, float *grad, sd_train_stats *st, char *err,
                        size_t errlen) {
     if (st) memset(st, 0, sizeof *st);

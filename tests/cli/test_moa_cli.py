@@ -142,6 +142,13 @@ def main():
                  os.path.join(d, "x.gguf")])
         if o.returncode == 0 or "--type moa" not in o.stderr:
             errs.append(f"--tli with eagle3: {o.returncode} {o.stderr[-200:]}")
+        for extra, want in ((["--type", "eagle3", "--moa-block", "2-5"], "--moa-block is for an MoA drafter"),
+                            (["--type", "moa", "--moa-block", "5-2"], "1 <= MIN <= MAX <= 64"),
+                            (["--type", "moa", "--moa-block", "0"], "got '0'"),
+                            (["--type", "moa", "--moa-block", "2-x"], "got '2-x'")):
+            o = run(["train-head", "-m", MODEL, *extra, "--data", data, "-o", os.path.join(d, "x.gguf")])
+            if o.returncode == 0 or want not in o.stderr:
+                errs.append(f"train-head {' '.join(extra)}: {o.returncode} {o.stderr[-200:]}")
         o = run(["generate", "-m", MODEL, "-p", "hi", "-n", "4", "--method", "moa:chain:3"])
         if o.returncode == 0 or "MoA" not in o.stderr:
             errs.append(f"moa without a drafter: {o.returncode} {o.stderr[-200:]}")

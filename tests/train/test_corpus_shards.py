@@ -61,6 +61,22 @@ def main():
         got = ids_of(os.path.join(o, "chat.jsonl"))
         report("unpack_union_no_duplicates", rc == 0 and len(got) == 16 and len(set(got)) == 16
                and got[:2] == ["r3", "r20"], f"{out} {got}")
+        # a run killed while writing: a torn last line, or a last record without its newline
+        for tail, name in ((b'{"id": "r9', "torn"), (b"", "no_newline")):
+            o2 = os.path.join(t, "train-" + name)
+            os.makedirs(o2)
+            write(os.path.join(o2, "chat.jsonl"), [20, 21])
+            with open(os.path.join(o2, "chat.jsonl"), "rb+") as f:
+                data = f.read()
+                f.seek(0)
+                f.truncate()
+                f.write(data[:-1] + tail if not tail else data + tail)
+            rc, out = run("unpack", "--dir", d, "--out", o2)
+            try:
+                got = ids_of(os.path.join(o2, "chat.jsonl"))
+            except ValueError as e:
+                got = [f"not JSON: {e}"]
+            report(f"unpack_after_{name}", rc == 0 and len(got) == 17 and got[:2] == ["r20", "r21"], f"{out} {got}")
         rc, out = run("check", "--dir", d)
         report("check_ok", rc == 0, out)
         p1 = os.path.join(d, "0001.jsonl.xz")

@@ -128,6 +128,13 @@ static void test_moa_resume_bit_identical(void) {
         px.resume = 1;
         CHECK(sd_train_head(&px, NULL, g_err, sizeof g_err) < 0 && strstr(g_err, "TLI"),
               "a resume with another TLI was not refused: %s", g_err);
+        // and another block range (--moa-block)
+        px = small_run(m, th, tli, nl, &wx);
+        px.resume = 1;
+        px.moa_block_min = 2, px.moa_block_max = 5;
+        CHECK(sd_train_head(&px, NULL, g_err, sizeof g_err) < 0 && strstr(g_err, "--moa-block 6-15") &&
+                  strstr(g_err, "2-5"),
+              "a resume with another block range was not refused: %s", g_err);
         watch w2 = {.stop_at = -1};
         sd_train_head_params pc = small_run(m, th, tli, nl, &w2);
         pc.resume = 1;
@@ -271,7 +278,7 @@ static void runner_agree(const sd_head *h, const sd_model *m, const data *D, dou
     float *lg = malloc(sizeof(float) * 2 * (size_t)h->hp.n_draft_vocab);
     if (!lg || sd_moa_run_new(&r, h, m, T_SEQ, 64, SD_TYPE_F32, NULL, g_err, sizeof g_err) < 0) goto out;
     for (int q = N_TRAIN; q < N_TRAIN + N_HELD; q++) {
-        const int k = sd_moa_block(D->tok[q], T_SEQ);
+        const int k = sd_moa_block(D->tok[q], T_SEQ, SD_MOA_BLOCK_MIN, SD_MOA_BLOCK_MAX);
         const float *F = D->feats + (size_t)q * T_SEQ * D->nf;
         for (int b0 = 0; b0 + 1 < T_SEQ - 1; b0 += k) {
             sd_moa_run_truncate(r, 0);
@@ -352,6 +359,18 @@ static void learns_pattern(const char *arch, int tli, int no_lsa) {
     CHECK(fabs(ra[0] - a1[0]) < 0.05 && fabs(ra[1] - a1[1]) < 0.05,
           "the inference runner disagrees with training: %.2f/%.2f vs %.2f/%.2f (%s)", ra[0], ra[1], a1[0], a1[1],
           g_err);
+    // the block range reaches the loss: rows at depth d exist only for d < k
+    for (int c = 0; c < 2; c++) {
+        const int kmin = c ? 2 : SD_MOA_BLOCK_MIN, kmax = c ? 2 : SD_MOA_BLOCK_MAX;
+        sd_trainer_set_moa_block(tr, kmin, kmax);
+        sd_train_seq s = seq_of(&D, N_TRAIN);
+        sd_train_stats st;
+        const int k = sd_moa_block(D.tok[N_TRAIN], T_SEQ, kmin, kmax);
+        CHECK(sd_trainer_loss(tr, &s, NULL, &st, g_err, sizeof g_err) >= 0 && st.n[0] > 0 && st.n[k - 1] > 0 &&
+                  (k >= SD_HEAD_MAX_MEDUSA || st.n[k] == 0),
+              "block %d-%d (k %d): rows by depth %lld %lld %lld ... (%s)", kmin, kmax, k, (long long)st.n[0],
+              (long long)st.n[1], (long long)st.n[2], g_err);
+    }
 out:
     free(grad);
     if (o.m) sd_adamw_free(&o);
@@ -364,6 +383,26 @@ out:
 }
 
 static void test_moa_learns_pattern(void) { learns_pattern("llama", 0, 0); }
+
+// sd_moa_block draws every k of its range, and only those.
+static void test_moa_block_range(void) {
+    const int range[3][2] = {{SD_MOA_BLOCK_MIN, SD_MOA_BLOCK_MAX}, {2, 5}, {3, 3}};
+    for (int c = 0; c < 3; c++) {
+        int seen[SD_TRAIN_MOA_MAX_BLOCK + 1] = {0}, bad = 0;
+        uint32_t x = 12345;
+        for (int i = 0; i < 2000; i++) {
+            int32_t t[24];
+            for (int j = 0; j < 24; j++) t[j] = (int32_t)((x = x * 1664525u + 1013904223u) >> 16);
+            const int k = sd_moa_block(t, 24, range[c][0], range[c][1]);
+            if (k < range[c][0] || k > range[c][1]) bad++;
+            else seen[k]++;
+        }
+        int missing = 0;
+        for (int k = range[c][0]; k <= range[c][1]; k++) missing += seen[k] < 2000 / (range[c][1] - range[c][0] + 1) / 2;
+        CHECK(!bad && !missing, "range %d-%d: %d draws outside, %d values drawn rarely", range[c][0], range[c][1], bad,
+              missing);
+    }
+}
 static void test_moa_tli_neox_learns_pattern(void) { learns_pattern("qwen2", 1, 0); }
 static void test_moa_nolsa_learns_pattern(void) { learns_pattern("qwen2", 1, 1); }
 
@@ -373,6 +412,7 @@ int main(void) {
     tf_path(data, sizeof data, "moa.jsonl");
     tf_write_corpus(data, 24, 30, 5, 0);
     g_data[0] = data;
+    T_RUN(test_moa_block_range);
     T_RUN(test_moa_learns_pattern);
     T_RUN(test_moa_tli_neox_learns_pattern);
     T_RUN(test_moa_nolsa_learns_pattern);
