@@ -84,6 +84,12 @@ def stage_answers(args, m, stop):
     done = {r.get("meta", {}).get("prompt_id") for r in read_jsonl(cpath)}
     failed = {r.get("prompt_id") for r in read_jsonl(fpath)} if not args.retry_failed else set()
     todo = [p for p in prompts if p["id"] not in done and p["id"] not in failed]
+    ids = {p["id"] for p in prompts}
+    foreign = len(done - ids - {None})
+    if todo and foreign >= len(prompts) // 2 and len(done & ids) < len(prompts) // 2:
+        say(f"  warning: {cpath} holds {foreign} answers to prompts that are not among the first {len(prompts)} "
+            "of prompts.jsonl: the list was built otherwise than the one they answered (another version of a "
+            "source, e.g. python3-doc, or other --sources); the prompts below are answered anew")
     say(f"stage b (answers): {len(prompts)} prompts wanted (--max-prompts {args.max_prompts}"
         + (f" of the sources {args.sources}" if args.sources else "") + "), "
         f"{len(prompts) - len(todo)} answered or failed before, {len(todo)} to answer")

@@ -43,8 +43,8 @@ EXCLUDES = [EXCLUDE] + ([DEV] if os.path.exists(DEV) else [])
 CACHE = os.path.join(ROOT, "data", "cache")
 
 CASES = ["first_run", "records_valid", "spec_bench_excluded", "rerun_adds_nothing", "rerun_continues",
-         "torn_line_repaired", "interrupt_keeps_work", "licence_pystdlib", "source_chitchat", "source_pydoc",
-         "source_tasks"]
+         "torn_line_repaired", "foreign_answers_warned", "interrupt_keeps_work", "licence_pystdlib",
+         "source_chitchat", "source_pydoc", "source_tasks"]
 
 
 def skip_all(why):
@@ -200,6 +200,20 @@ def cases(tmp, src, dev):
     chat4 = lines(os.path.join(out, "chat.jsonl"))
     report("torn_line_repaired", rc == 0 and len(chat4) == 10 and chat4[:9] == chat3 and check_records(out) is None,
            f"exit {rc}, {len(chat4)} records; {check_records(out)}; log: {log4[-800:]}")
+
+    # answers to another prompt list (the committed shards after a source changed): said before answering
+    other = os.path.join(tmp, "other")
+    os.makedirs(other)
+    for f in ("prompts.jsonl", "manifest.json"):
+        shutil.copy(os.path.join(out, f), other)
+    with open(os.path.join(other, "chat.jsonl"), "wb") as f:
+        for i, l in enumerate(chat4):
+            r = json.loads(l)
+            r["id"], r["meta"]["prompt_id"] = f"gone-{i}", f"gone-{i}"
+            f.write((json.dumps(r) + "\n").encode())
+    rc, log6 = run(other, "--stages", "b", "--max-prompts", "2")
+    report("foreign_answers_warned", rc == 0 and "10 answers to prompts that are not among the first 2" in log6
+           and len(lines(os.path.join(other, "chat.jsonl"))) == 12, f"exit {rc}; log: {log6[-800:]}")
 
     # Ctrl-C while answering: exit 130, finished answers kept, the server stopped
     # (answers of 64 tokens to 390 new prompts, so that they cannot all be
