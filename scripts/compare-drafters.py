@@ -53,7 +53,7 @@ def add_block_kind(kind):
     """KIND-bMIN-MAX: an MoA kind with verified points every MIN-MAX positions
     (--moa-block; the kinds above keep the default 6-15). False if not such a name."""
     m = BLOCK.match(kind)
-    if not m or m.group(1) not in KINDS or m.group(1) == "eagle3":
+    if not m or m.group(1) not in KINDS or m.group(1) == "eagle3" or not 1 <= int(m.group(2)) <= int(m.group(3)) <= 64:
         return False
     base = KINDS[m.group(1)]
     KINDS[kind] = (base[0] + ["--moa-block", f"{m.group(2)}-{m.group(3)}"], base[1])
@@ -154,8 +154,9 @@ def main():
     for k in kinds:
         out = os.path.join(a.work, f"{k}.gguf")
         rec = trained.get(k) if os.path.exists(out) and trained.get(k, {}).get("minutes") == a.minutes else None
-        if rec and (rec.get("options") != KINDS[k][0] + ff_args(a) or rec.get("data", a.data) != a.data or
-                    os.path.basename(rec.get("model", a.model)) != os.path.basename(a.model)):
+        real = lambda paths: [os.path.realpath(x) for x in paths]   # noqa: E731
+        if rec and (rec.get("options") != KINDS[k][0] + ff_args(a) or real(rec.get("data", a.data)) != real(a.data)
+                    or os.path.realpath(rec.get("model", a.model)) != os.path.realpath(a.model)):
             log(f"{k}: the drafter in {out} was trained with other options, data or target: trained again")
             rec = None
         if rec and (target is None or abs(rec["seconds"] - target) <= 0.1 * target):

@@ -26,13 +26,20 @@ typedef struct th_opts {
     int tli, no_lsa, block[2];
 } th_opts;
 
-// "MIN-MAX" or "K" (MIN = MAX = K).
+// A run of 1-3 decimal digits at *p (advanced past it), or -1.
+static int block_num(const char **p) {
+    int n = 0, d = 0;
+    for (; **p >= '0' && **p <= '9' && d < 3; (*p)++, d++) n = n * 10 + (**p - '0');
+    return d && !(**p >= '0' && **p <= '9') ? n : -1;
+}
+
+// "MIN-MAX" or "K" (MIN = MAX = K): digits only.
 static int parse_block(const char *flag, const char *v, void *dst) {
-    int *b = dst, n = 0;
-    char tail = 0;
-    if (sscanf(v, "%d-%d%c", &b[0], &b[1], &tail) == 2) n = 2;
-    else if (sscanf(v, "%d%c", &b[0], &tail) == 1) b[1] = b[0], n = 1;
-    if (!n || b[0] < 1 || b[1] < b[0] || b[1] > SD_TRAIN_MOA_MAX_BLOCK)
+    int *b = dst;
+    const char *p = v;
+    b[0] = block_num(&p);
+    b[1] = *p == '-' ? (p++, block_num(&p)) : b[0];
+    if (*p || b[0] < 1 || b[1] < b[0] || b[1] > SD_TRAIN_MOA_MAX_BLOCK)
         return cli_error("%s: expected MIN-MAX with 1 <= MIN <= MAX <= %d (or one K), got '%s'", flag,
                          SD_TRAIN_MOA_MAX_BLOCK, v),
                -1;

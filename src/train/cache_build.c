@@ -86,7 +86,7 @@ static int builder_init(builder *b, sd_cache *c, const sd_model *m, const sd_cac
     sp.n_batch = b->n_batch;
     sp.pool = bp->pool;
     sp.n_threads = 1;
-    sp.gpu = -1;   // on the CPU: the MoA rows are read from the session's host cache (sd_session_kv_rows)
+    if (c->hdr.type == SD_HEAD_MOA) sp.gpu = -1;   // the MoA rows are read from the host cache (sd_session_kv_rows)
     return sd_session_new(&b->s, m, &sp, err, errlen);
 }
 

@@ -30,6 +30,7 @@
 #include "common.h"
 #include "head/moa.h"
 #include "model/model.h"
+#include "specdec_train.h"
 #include "train/train_impl.h"
 
 enum { SELF = 0, CROSS, TLI };
@@ -53,7 +54,7 @@ typedef struct la {
     float *Y;                // (nq, w) output
     float *P;                // (nh, nnz)
     int32_t *q_off, *q_key, *k_off, *k_ent, *k_q, *qpos, *kpos;
-    int nnz;
+    int nnz, cap;            // mask entries: in use, carved
     sd_tr_mask m;
     const float *cs;         // its RoPE table
 } la;
@@ -102,7 +103,7 @@ int sd_moa_block(const int32_t *tokens, int T, int kmin, int kmax) {
 }
 
 void sd_moa_tr_set_block(sd_moa_tr *w, int kmin, int kmax) {
-    SD_ASSERT(kmin >= 1 && kmax >= kmin);
+    SD_ASSERT(kmin >= 1 && kmax >= kmin && kmax <= SD_TRAIN_MOA_MAX_BLOCK);
     w->kmin = kmin;
     w->kmax = kmax;
 }
@@ -130,7 +131,7 @@ static int32_t *take_i(int32_t **p, size_t *cnt, size_t n) {
 static void carve_la(la *a, const lw *W, int nq, int nk, int nnz, int mode, float **f, size_t *nf, int32_t **ip,
                      size_t *ni) {
     const size_t qd = (size_t)W->nh * W->hd, kd = (size_t)W->nkv * W->hd, w = (size_t)W->w;
-    a->nq = nq, a->nk = nk, a->mode = mode;
+    a->nq = nq, a->nk = nk, a->mode = mode, a->cap = nnz;
     a->A = take(f, nf, (size_t)nq * w);
     a->rsA = take(f, nf, (size_t)nq);
     a->Ck = mode == CROSS ? take(f, nf, (size_t)nk * w) : NULL;
@@ -158,7 +159,9 @@ static void carve_la(la *a, const lw *W, int nq, int nk, int nnz, int mode, floa
 
 static void carve(sd_moa_tr *w, float *f, int32_t *ip, size_t *nf, size_t *ni) {
     const int T = w->T_max, L = w->L, E = w->E, ekv = w->ekv;
-    const size_t TL = (size_t)T * L, nsa = (size_t)T * 16, nca = (size_t)T * (T + 1) / 2;
+    // SA: a row sees its block up to itself, at most (k + 1) / 2 entries a row on average
+    const size_t TL = (size_t)T * L, nsa = (size_t)T * ((SD_TRAIN_MOA_MAX_BLOCK + 1) / 2 + 1),
+                 nca = (size_t)T * (T + 1) / 2;
     const size_t TLx = w->h->hp.moa_no_lsa ? 0 : TL;   // LSA's rows (none without it)
     *nf = *ni = 0;
     carve_la(&w->a_sa, &w->sa, T, T, (int)nsa, SELF, &f, nf, &ip, ni);
@@ -394,6 +397,7 @@ static void la_bwd(sd_moa_tr *s, const sd_tr_ctx *cx, const lw *W, la *a, const 
 // ---------------------------------------------------------------- masks
 
 static void mask_done(la *a, int nnz) {
+    SD_ASSERT(nnz <= a->cap);   // (carve sizes the masks for every block length up to SD_TRAIN_MOA_MAX_BLOCK)
     a->nnz = nnz;
     a->m = (sd_tr_mask){.n_q = a->nq, .n_k = a->nk, .q_off = a->q_off, .q_key = a->q_key};
     sd_tr_mask_transpose(&a->m, a->k_off, a->k_ent, a->k_q);

@@ -145,7 +145,10 @@ def main():
         for extra, want in ((["--type", "eagle3", "--moa-block", "2-5"], "--moa-block is for an MoA drafter"),
                             (["--type", "moa", "--moa-block", "5-2"], "1 <= MIN <= MAX <= 64"),
                             (["--type", "moa", "--moa-block", "0"], "got '0'"),
-                            (["--type", "moa", "--moa-block", "2-x"], "got '2-x'")):
+                            (["--type", "moa", "--moa-block", "2-x"], "got '2-x'"),
+                            (["--type", "moa", "--moa-block", " 3"], "got ' 3'"),
+                            (["--type", "moa", "--moa-block", "+2-5"], "got '+2-5'"),
+                            (["--type", "moa", "--moa-block", "4294967298"], "got '4294967298'")):
             o = run(["train-head", "-m", MODEL, *extra, "--data", data, "-o", os.path.join(d, "x.gguf")])
             if o.returncode == 0 or want not in o.stderr:
                 errs.append(f"train-head {' '.join(extra)}: {o.returncode} {o.stderr[-200:]}")

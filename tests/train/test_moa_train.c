@@ -359,14 +359,16 @@ static void learns_pattern(const char *arch, int tli, int no_lsa) {
     CHECK(fabs(ra[0] - a1[0]) < 0.05 && fabs(ra[1] - a1[1]) < 0.05,
           "the inference runner disagrees with training: %.2f/%.2f vs %.2f/%.2f (%s)", ra[0], ra[1], a1[0], a1[1],
           g_err);
-    // the block range reaches the loss: rows at depth d exist only for d < k
-    for (int c = 0; c < 2; c++) {
-        const int kmin = c ? 2 : SD_MOA_BLOCK_MIN, kmax = c ? 2 : SD_MOA_BLOCK_MAX;
+    // the block range reaches the loss: rows at depth d exist only for d < k (the longest block: one of T_SEQ)
+    for (int c = 0; c < 3; c++) {
+        const int kmin = c == 1 ? 2 : c == 2 ? SD_TRAIN_MOA_MAX_BLOCK : SD_MOA_BLOCK_MIN;
+        const int kmax = c == 1 ? 2 : c == 2 ? SD_TRAIN_MOA_MAX_BLOCK : SD_MOA_BLOCK_MAX;
         sd_trainer_set_moa_block(tr, kmin, kmax);
         sd_train_seq s = seq_of(&D, N_TRAIN);
         sd_train_stats st;
         const int k = sd_moa_block(D.tok[N_TRAIN], T_SEQ, kmin, kmax);
-        CHECK(sd_trainer_loss(tr, &s, NULL, &st, g_err, sizeof g_err) >= 0 && st.n[0] > 0 && st.n[k - 1] > 0 &&
+        const double l = sd_trainer_loss(tr, &s, NULL, &st, g_err, sizeof g_err);
+        CHECK(l >= 0 && isfinite(l) && st.n[0] > 0 && st.n[SD_MIN(k, SD_HEAD_MAX_MEDUSA) - 1] > 0 &&
                   (k >= SD_HEAD_MAX_MEDUSA || st.n[k] == 0),
               "block %d-%d (k %d): rows by depth %lld %lld %lld ... (%s)", kmin, kmax, k, (long long)st.n[0],
               (long long)st.n[1], (long long)st.n[2], g_err);
