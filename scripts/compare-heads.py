@@ -130,6 +130,10 @@ def main():
                     sys.exit(f"compare-heads: with {h} a method's text differs from plain decoding")
                 names = dict(zip(head_methods(a.methods, h).split(","), a.methods.split(",")))
                 runs[i].append({names.get(m["name"], m["name"]): m["overall"] for m in res["methods"]})
+                missing = [m for m in a.methods.split(",") if m not in runs[i][-1]]
+                if missing:   # (before the other rounds: bench names a method its own way)
+                    sys.exit(f"compare-heads: bench reported {sorted(runs[i][-1])}, not {missing}: give the "
+                             "methods as bench names them (specdec bench --help)")
     out = {"host": host(), "model": a.model, "prompts": a.prompts, "n_predict": a.n, "temp": a.temp,
            "rounds": a.rounds, "limit": a.limit, "heads": []}
     for i, h in enumerate(a.head):
