@@ -22,6 +22,7 @@ import os
 import re
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -42,7 +43,7 @@ CASES = ["openai_chat", "openai_chat_stream", "openai_completion", "greedy_equal
          "greedy_equals_generate_completion", "long_prompt_chunked", "fast_prompt_batched", "concurrent_equals_sequential", "prefix_reuse", "stop_strings",
          "sampling_seed", "bad_json_400", "wrong_type_400", "unknown_model_served", "prompt_too_long_400",
          "body_too_large_413", "unknown_endpoint_404", "api_key_401", "queue_full_503",
-         "disconnect_frees_slot", "metrics", "tokenize_roundtrip", "sigterm_mid_stream", "shutdown_clean",
+         "disconnect_frees_slot", "disconnect_nonstream_frees_slot", "tiny_temperature_greedy", "metrics", "tokenize_roundtrip", "sigterm_mid_stream", "shutdown_clean",
          "head_missing_400"]
 # Cases of the servers started with draft heads (build/tests/tool_random_head makes them).
 HEAD_CASES = ["head_greedy_equals_generate", "head_stream_equals_generate", "head_speculation_eagle3_chain3",
@@ -307,8 +308,15 @@ def main_cases(srv, openai):
               expect("", 400, "POST", "/v1/chat/completions",
                      {"messages": [{"role": "robot", "content": "hi"}]}, "robot"),
               expect("", 400, "POST", "/v1/chat/completions", [1, 2], "JSON object"),
-              expect("", 400, "POST", "/detokenize", {"tokens": [10 ** 9]}, "tokens[0]")]
+              expect("", 400, "POST", "/detokenize", {"tokens": [10 ** 9]}, "tokens[0]"),
+              expect("", 400, "POST", "/detokenize", {"tokens": [1] * 200000}, "more than the context")]
     report("wrong_type_400", all(c[0] for c in checks), "; ".join(c[1] for c in checks if not c[0]))
+    # a temperature too small to divide by is greedy (1 / a subnormal float is inf)
+    st0, g0 = srv.request("POST", "/v1/chat/completions", chat_body(q, temperature=0, max_tokens=12))
+    st1, g1 = srv.request("POST", "/v1/chat/completions", chat_body(q, temperature=1e-40, max_tokens=12))
+    c0 = g0["choices"][0]["message"]["content"] if st0 == 200 else None
+    c1 = g1["choices"][0]["message"]["content"] if st1 == 200 else None
+    report("tiny_temperature_greedy", st0 == st1 == 200 and c0 == c1 and c0, f"HTTP {st0}/{st1}: {c0!r} / {c1!r}")
     # any model name is served (as by llama-server); a name that is not a string is a 400
     ok, why = expect("", 400, "POST", "/v1/chat/completions", chat_body(q, model=["gpt-4"]), "'model'")
     st, r = srv.request("POST", "/v1/chat/completions", chat_body(q, model="gpt-4", max_tokens=2))
@@ -453,6 +461,25 @@ def limits_server():
         errors = int(m.group(1)) if m else 0
         report("disconnect_frees_slot", ok_b and waited < 30 and errors >= 1 and gen_before < 1000,
                f"B {b_res.get('r')}, waited {waited:.1f}s, cancelled {errors}, generated {gen_before}")
+
+        # A non-streaming request whose client resets its socket: its generation stops too,
+        # although nothing is written to it before the reply (a plain close, a FIN, looks like
+        # a half-close until a write: such a request runs on, docs/serve.md).
+        gen0 = srv.metric("specdec_generated_tokens_total", key)
+        a2 = sse_open(srv.port, "/v1/completions", dict(long_body, stream=False), key)
+        a2.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))   # close = reset
+        deadline = time.time() + 60
+        while time.time() < deadline and srv.metric("specdec_slots_busy", key) != 1:
+            time.sleep(0.02)
+        a2.close()
+        t_close = time.time()
+        while time.time() < t_close + 60 and srv.metric("specdec_slots_busy", key) != 0:
+            time.sleep(0.02)
+        freed = time.time() - t_close
+        gen1 = srv.metric("specdec_generated_tokens_total", key)
+        report("disconnect_nonstream_frees_slot", freed < 30 and gen1 - gen0 < 300,
+               f"slot freed {freed:.1f} s after the close, {gen1 - gen0:.0f} tokens generated (up to ~490 "
+               "if it ran on)")
 
         # SIGTERM with a stream in flight: the stream ends cleanly ([DONE]), the server exits 0.
         c = sse_open(srv.port, "/v1/completions", long_body, key)

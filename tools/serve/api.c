@@ -104,7 +104,7 @@ static int parse_params(sv_server *s, const json_t *o, sv_req *r, sv_api_err *e)
     int rc;
     x = r->sp.temp;
     if ((rc = get_num(o, "temperature", 0, 100, &x, e))) return rc;
-    r->sp.temp = (float)x;
+    r->sp.temp = x < 1e-6 ? 0.0f : (float)x;   // (1 / a subnormal is inf: greedy, as the limit)
     x = r->sp.top_p;
     if ((rc = get_num(o, "top_p", 0, 1, &x, e))) return rc;
     r->sp.top_p = (float)x;
@@ -453,6 +453,8 @@ int sv_detokenize_json(sv_server *s, const json_t *o, char **out, sv_api_err *e)
     json_t *t = json_object_get(o, "tokens");
     if (!t) return BAD("missing_field", "'tokens' is required");
     if (!json_is_array(t)) return BAD("invalid_type", "'tokens' must be an array of integers, got %s", type_name(t));
+    if (json_array_size(t) > (size_t)SD_MAX(s->n_ctx, 1))
+        return BAD("invalid_value", "'tokens' holds %zu ids, more than the context (%d)", json_array_size(t), s->n_ctx);
     int nv = sd_tokenizer_n_vocab(s->tok);
     char *buf = NULL, piece[256];
     size_t len = 0, cap = 0;

@@ -2,8 +2,8 @@
 // connection (MHD's), which reads the body (bounded), checks the API key,
 // parses and enqueues, then waits for the scheduler's text: a whole JSON
 // reply, or server-sent events streamed as the text grows. A client that
-// goes away is noticed within SV_POLL_MS (the socket hung up; a half-close
-// is not leaving) or at the next write, and its generation is stopped at
+// goes away is noticed within SV_POLL_MS (the socket hung up or was reset;
+// a half-close is not leaving) or at the next write, and its generation is stopped at
 // once (sv_req_cancel). Slow clients are cut by guard.c.
 #include <microhttpd.h>
 #include <netdb.h>
@@ -107,12 +107,14 @@ static int client_fd(struct MHD_Connection *c) {
     return ci ? ci->connect_fd : -1;
 }
 
-// 1 if the client is gone: the socket hung up or failed. The end of the
-// client's sending side alone (POLLRDHUP, a read of 0 bytes) is not taken
-// as leaving: a client may half-close its socket (shutdown(SHUT_WR)) once
-// its request is sent and still read the reply. A client that closed its
-// socket altogether is noticed when a write fails (its kernel answers the
-// write with a reset), i.e. at a stream's next chunk or at the reply.
+// 1 if the client is gone: the socket hung up or failed (a reset). The end
+// of the client's sending side alone (POLLRDHUP, a read of 0 bytes) is not
+// taken as leaving: a client may half-close its socket (shutdown(SHUT_WR))
+// once its request is sent and still read the reply (issue 27). A client
+// that closed its socket altogether looks the same until something is
+// written to it (its kernel answers with a reset): at a stream's next
+// chunk, or at a non-streaming request's reply, so such a request runs on
+// to its end (TCP cannot tell the two apart without a write).
 static int client_gone(int fd) {
     if (fd < 0) return 0;
     struct pollfd p = {.fd = fd, .events = 0};

@@ -14,11 +14,11 @@
 static void prefill_fail(sv_server *s, sv_slot *sl, const char *err) {
     sv_req *r = sl->r;
     int n_past = SD_MIN(sd_session_n_past(sl->s), r->n_prompt);
-    sd_gen_free(sl->g);
-    sl->g = NULL;
-    pthread_mutex_lock(&r->mu);
+    pthread_mutex_lock(&r->mu);   // first out of the request's reach (sv_req_cancel), then freed
     r->gen = NULL;
     pthread_mutex_unlock(&r->mu);
+    sd_gen_free(sl->g);
+    sl->g = NULL;
     memcpy(sl->cache, r->prompt, sizeof(int32_t) * (size_t)n_past);
     sl->n_cache = n_past;
     sv_slot_finish(s, sl, err, 500);

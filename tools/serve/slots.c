@@ -212,12 +212,12 @@ void sv_slot_start(sv_server *s, sv_slot *sl) {
     // gives, so the drafter starts fresh and a seed gives the same text every
     // time; an adapting head (--head-online) keeps what it learnt even then
     // (its drafts depend on when its training thread ran).
+    r->sp.draw = s->o->draw;
     sd_head_online_stats hs;
     if (sl->d && r->sp.temp > 0.0f && r->sp.draw == SD_DRAW_REJECTION && !sd_drafter_online_stats(sl->d, &hs))
         sd_drafter_reset(sl->d);
     sd_model_info info;
     sd_model_get_info(s->model, &info);
-    r->sp.draw = s->o->draw;
     if (sd_sampler_new(&sl->smp, &r->sp, info.n_vocab, err, sizeof err) < 0) {
         sv_slot_finish(s, sl, err, 500);
         return;

@@ -208,9 +208,10 @@ static int do_open(sv_server *s, const char *body, size_t len, char **out, size_
     }
     pthread_mutex_lock(&s->mu);
     e->waiters--;
-    if (rc < 0) {
+    if (rc < 0 || s->stopping) {   // (stopping: the scheduler may be gone already)
         e->state = SPL_FREE;
         pthread_mutex_unlock(&s->mu);
+        if (rc >= 0) return error_out(503, "stopping", "the server is shutting down", out, out_len, ctype);
         return error_out(500, NULL, err, out, out_len, ctype);
     }
     e->seq_done = e->seq_work = 0;
