@@ -311,9 +311,11 @@ def main_cases(srv, openai):
               expect("", 400, "POST", "/detokenize", {"tokens": [10 ** 9]}, "tokens[0]"),
               expect("", 400, "POST", "/detokenize", {"tokens": [1] * 200000}, "more than the context")]
     report("wrong_type_400", all(c[0] for c in checks), "; ".join(c[1] for c in checks if not c[0]))
-    # a temperature too small to divide by is greedy (1 / a subnormal float is inf)
-    st0, g0 = srv.request("POST", "/v1/chat/completions", chat_body(q, temperature=0, max_tokens=12))
-    st1, g1 = srv.request("POST", "/v1/chat/completions", chat_body(q, temperature=1e-40, max_tokens=12))
+    # a temperature too small to divide by is greedy (1 / a subnormal float is inf: with no
+    # top-k / min-p cut every probability was NaN and the text came out empty)
+    tiny = dict(max_tokens=12, top_k=0, min_p=0, top_p=1, seed=7)
+    st0, g0 = srv.request("POST", "/v1/chat/completions", chat_body(q, temperature=0, **tiny))
+    st1, g1 = srv.request("POST", "/v1/chat/completions", chat_body(q, temperature=1e-40, **tiny))
     c0 = g0["choices"][0]["message"]["content"] if st0 == 200 else None
     c1 = g1["choices"][0]["message"]["content"] if st1 == 200 else None
     report("tiny_temperature_greedy", st0 == st1 == 200 and c0 == c1 and c0, f"HTTP {st0}/{st1}: {c0!r} / {c1!r}")
