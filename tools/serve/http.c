@@ -133,7 +133,10 @@ static int wait_for(sv_req *r, size_t have, int fd) {
             ts.tv_nsec -= 1000000000L;
         }
         pthread_cond_timedwait(&r->cv, &r->mu, &ts);
-        if (!r->done && r->out_len == have && client_gone(fd)) return -1;
+        // after every wake-up, text or not: a non-streaming reply's text grows
+        // all the time, and a reset went unseen while tokens came faster than
+        // one per SV_POLL_MS
+        if (!r->done && client_gone(fd)) return -1;
     }
     return 0;
 }
