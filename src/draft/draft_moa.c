@@ -38,6 +38,13 @@ typedef struct moad {
     float *full;         // (nv)
     float *kv;           // (SD_MOA_ROWS, L, ekv) K,V rows of verified positions
     float *kb, *vb;      // (SD_MOA_ROWS, ekv / 2) one layer's rows
+    // ca_hidden drafters: the target's states of the text's positions, as the
+    // prompt and every accepted path deliver them (rows 0 .. hid_ok-1 hold
+    // those of the text htxt); NULL otherwise
+    float *hid;          // (n_ctx, E)
+    int32_t *htxt;       // (n_ctx)
+    int hid_ok;
+    int64_t n_no_states;
     int32_t *hist;       // (n_ctx + MOA_TREE_MAX)
     sd_sampler *smp;
     sd_sampler_params smp_p;
@@ -91,12 +98,29 @@ static int moa_dist(void *ud, const sd_tree *t, const int32_t *nodes, int n_node
     return 0;
 }
 
+// ca_hidden: the target's states of positions pos0 .. pos0+n-1 of text (rows
+// (n, E)) kept; rows after them belong to another text until delivered.
+static void put_states(moad *s, const int32_t *text, int pos0, int n, const float *rows) {
+    if (!s->hid || !rows || pos0 < 0) return;
+    const int end = SD_MIN(pos0 + n, s->n_ctx);
+    if (end <= pos0) return;
+    memcpy(s->hid + (size_t)pos0 * s->E, rows, sizeof(float) * (size_t)(end - pos0) * (size_t)s->E);
+    memcpy(s->htxt + pos0, text + pos0, sizeof(int32_t) * (size_t)(end - pos0));
+    if (pos0 <= s->hid_ok) s->hid_ok = end;
+}
+
 // Runs LSA over the verified positions the runner lacks: n_cached .. n_ver-1,
-// read from the target's cache. Returns 1 when the runner holds them all,
-// 0 when it cannot (no session, or one that holds other rows), <0 on error.
-static int catch_up(moad *s, const sd_session *ts, int n_ver, char *err, size_t errlen) {
+// read from the target's cache (and, ca_hidden, the states delivered for
+// text). Returns 1 when the runner holds them all, 0 when it cannot (no
+// session, or one that holds other rows; no states for them), <0 on error.
+static int catch_up(moad *s, const sd_session *ts, const int32_t *text, int n_ver, char *err, size_t errlen) {
     if (!ts || sd_session_n_past(ts) != n_ver) {
         s->n_no_session++;
+        return 0;
+    }
+    if (s->hid && sd_moa_run_n_cached(s->r) < n_ver &&
+        (s->hid_ok < n_ver || memcmp(s->htxt, text, sizeof(int32_t) * (size_t)n_ver) != 0)) {
+        s->n_no_states++;
         return 0;
     }
     const int L = s->L, ekv = s->ekv, half = ekv / 2;
@@ -112,7 +136,8 @@ static int catch_up(moad *s, const sd_session *ts, int n_ver, char *err, size_t 
                 memcpy(row + half, s->vb + (size_t)i * half, sizeof(float) * (size_t)half);
             }
         }
-        if (sd_moa_run_context(s->r, s->kv, c, err, errlen) < 0) return -1;
+        if (sd_moa_run_context(s->r, s->kv, s->hid ? s->hid + (size_t)p0 * s->E : NULL, c, err, errlen) < 0)
+            return -1;
     }
     return 1;
 }
@@ -144,7 +169,7 @@ static int remote_rows(moad *s, const int32_t *text, int pos0, int n, const floa
         memcpy(s->txt + p, text + p, sizeof(int32_t) * (size_t)c);
         const float *rows = kv + (size_t)(p - pos0) * ld;
         if ((s->remote == 2 ? sd_moa_run_context_lsa(s->r, rows, c, err, errlen)
-                            : sd_moa_run_context(s->r, rows, c, err, errlen)) < 0)
+                            : sd_moa_run_context(s->r, rows, NULL, c, err, errlen)) < 0)
             return -1;
         p += c;
     }
@@ -154,7 +179,11 @@ static int remote_rows(moad *s, const int32_t *text, int pos0, int n, const floa
 static int moa_prompt(sd_drafter *dr, const int32_t *tokens, int pos0, int n, const float *hidden, char *err,
                       size_t errlen) {
     moad *s = dr->impl;
-    if (!s->remote || !hidden || n < 1) return 0;   // in-process: the rows are read from the target's session
+    if (!s->remote) {   // in-process: the K,V rows are read from the target's session; the states kept
+        put_states(s, tokens, pos0, n, hidden);
+        return 0;
+    }
+    if (!hidden || n < 1) return 0;
     return remote_rows(s, tokens, pos0, n, hidden, err, errlen);
 }
 
@@ -216,10 +245,11 @@ static int moa_propose(sd_drafter *dr, const sd_draft_ctx *ctx, sd_tree *tree, c
     const int lim = SD_MIN(sd_moa_run_n_cached(s->r), n - 1);
     while (L < lim && s->txt[L] == ctx->tokens[L]) L++;
     sd_moa_run_truncate(s->r, L);
+    s->root_pos = -1;
     if (n > s->n_ctx) return 0;   // beyond the drafter's context: nothing drafted
     memcpy(s->txt, ctx->tokens, sizeof(int32_t) * (size_t)n);
     s->root_pos = n - 1;
-    int rc = catch_up(s, ctx->target, n - 1, err, errlen);
+    int rc = catch_up(s, ctx->target, ctx->tokens, n - 1, err, errlen);
     s->followed = ctx->max_nodes == 1;
     if (rc <= 0 || s->followed) return rc < 0 ? -1 : 0;
     const sd_tree_shape *shape = s->au ? sd_draft_auto_begin(s->au) : NULL;
@@ -253,7 +283,14 @@ static int moa_accept(sd_drafter *dr, const sd_step_record *rec, char *err, size
         memcpy(s->hist, s->txt, sizeof(int32_t) * (size_t)(s->root_pos + 1));
         for (int k = 1; k < rec->n_path; k++) s->hist[s->root_pos + k] = tree->token[rec->path[k]];
         if (remote_rows(s, s->hist, s->root_pos, rec->n_path, rec->hidden, err, errlen) < 0) return -1;
-    } else if (!s->remote) sd_moa_run_drop_pending(s->r);
+    } else if (!s->remote) {
+        sd_moa_run_drop_pending(s->r);
+        if (s->hid && rec->hidden && s->root_pos >= 0 && s->root_pos + rec->n_path <= s->n_ctx) {
+            memcpy(s->hist, s->txt, sizeof(int32_t) * (size_t)(s->root_pos + 1));
+            for (int k = 1; k < rec->n_path; k++) s->hist[s->root_pos + k] = tree->token[rec->path[k]];
+            put_states(s, s->hist, s->root_pos, rec->n_path, rec->hidden);
+        }
+    }
     for (int k = 0; k < rec->n_path; k++) {
         const int32_t t = k + 1 < rec->n_path ? tree->token[rec->path[k + 1]] : rec->bonus;
         if (t < 0 || t >= s->nv) continue;
@@ -282,8 +319,11 @@ static const char *moa_note(const sd_drafter *dr) {
                                      "times",
                                      s->V, 100.0 * (double)s->cov_in / (double)s->cov_n, (long long)s->cov_n);
     if (s->n_no_session > 0 && n > 0 && (size_t)n < sizeof s->note)
-        snprintf(s->note + n, sizeof s->note - (size_t)n, "; %lld steps without the target's cache (no draft)",
-                 (long long)s->n_no_session);
+        n += snprintf(s->note + n, sizeof s->note - (size_t)n, "; %lld steps without the target's cache (no draft)",
+                      (long long)s->n_no_session);
+    if (s->n_no_states > 0 && n > 0 && (size_t)n < sizeof s->note)
+        snprintf(s->note + n, sizeof s->note - (size_t)n, "; %lld steps without the target's states (no draft)",
+                 (long long)s->n_no_states);
     return s->note;
 }
 
@@ -307,7 +347,7 @@ static void moa_free(sd_drafter *dr) {
         sd_draft_auto_free(s->au);
         sd_sampler_free(s->smp);
         sd_tree_free(&s->work);
-        void *bufs[] = {s->txt, s->slot, s->lg, s->full, s->kv, s->kb, s->vb, s->hist};
+        void *bufs[] = {s->txt, s->slot, s->lg, s->full, s->kv, s->kb, s->vb, s->hist, s->hid, s->htxt};
         for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
         free(s);
     }
@@ -385,6 +425,13 @@ int sd_draft_moa_new(sd_drafter **out, const sd_head *h, const sd_model *target,
     s->vb = malloc(sizeof(float) * R * (size_t)(s->ekv / 2));
     s->hist = malloc(sizeof(int32_t) * ((size_t)s->n_ctx + MOA_TREE_MAX + MOA_CHAIN_MAX));
     int bad = !s->txt || !s->slot || !s->lg || !s->full || !s->kv || !s->kb || !s->vb || !s->hist;
+    if (!bad && h->hp.moa_ca_hidden) {   // CA reads the target's states: the engine hands them in
+        s->hid = malloc(sizeof(float) * (size_t)s->n_ctx * (size_t)s->E);
+        s->htxt = malloc(sizeof(int32_t) * (size_t)s->n_ctx);
+        bad = !s->hid || !s->htxt;
+        dr->n_hidden_layers = 1;
+        dr->hidden_layers[0] = sd_moa_hidden_layer(&h->hp);
+    }
     if (!bad && dp.shape == SD_DRAFT_DYNAMIC)
         bad = sd_tree_init(&s->work, 1 + dp.dyn_b * dp.dyn_b * dp.dyn_d, s->nv, 1 + dp.dyn_b * (dp.dyn_d - 1)) < 0;
     if (bad) {
@@ -407,9 +454,18 @@ int sd_draft_moa_new(sd_drafter **out, const sd_head *h, const sd_model *target,
 
 void sd_draft_moa_test_fault(sd_drafter *d, int on) { ((moad *)d->impl)->test_fault = on; }
 
+const float *sd_draft_moa_test_states(const sd_drafter *d, int *n_ok, const int32_t **text) {
+    if (!d || d->vt != &moa_vt) return NULL;
+    const moad *s = d->impl;
+    *n_ok = s->hid_ok;
+    *text = s->htxt;
+    return s->hid;
+}
+
 int sd_draft_moa_set_remote(sd_drafter *d, int on) {
     if (!d || d->vt != &moa_vt) return -1;
     moad *s = d->impl;
+    if (s->hid && on) return -1;   // the split does not carry the target's states an MoA drafter reads (yet)
     s->remote = on == 2 ? 2 : on != 0;
     moa_reset(d);
     return 0;

@@ -35,5 +35,8 @@ int sd_draft_moa_kv_shape(const sd_drafter *d, int *n_layer, int *kv_width);
 // recorded row flattened after the draws), a wrong algorithm the
 // distribution test must catch.
 void sd_draft_moa_test_fault(sd_drafter *d, int on);
+// Tests only: a ca_hidden drafter's kept target states, (n_ok, E) rows of
+// the positions 0 .. *n_ok-1 of the text *text; NULL for other drafters.
+const float *sd_draft_moa_test_states(const sd_drafter *d, int *n_ok, const int32_t **text);
 
 #endif

@@ -65,6 +65,13 @@ int sd_client_file_write(const char *target_path, const char *head_path, const c
                      head_path);
         goto out;
     }
+    if (h->hp.type == SD_HEAD_MOA && h->hp.moa_ca_hidden) {   // the split carries K,V rows, not the states CA reads
+        rc = sd_errc(SD_ERR_INPUT, err, errlen,
+                     "%s: an MoA drafter trained with --ca-hidden reads the target's states, which the split does not "
+                     "carry (yet): train the client's drafter without --ca-hidden (docs/split.md)",
+                     head_path);
+        goto out;
+    }
     const int moa = h->hp.type == SD_HEAD_MOA, lo = m->hp.n_layer - (moa ? h->hp.moa_tli : 0);
     if (sd_gguf_open(&g, target_path, e2, sizeof e2) < 0 || !(w = sd_gguf_writer_new())) {
         rc = sd_errc(SD_ERR_IO, err, errlen, "%s", g ? "out of memory" : e2);

@@ -33,6 +33,8 @@ int sd_moa_check_hp(const sd_head_hp *hp, char *err, size_t errlen) {
     if (hp->moa_kv_width < 2 || hp->moa_kv_width > 65536)
         return sd_err(err, errlen, "moa: K,V row width %d out of range", hp->moa_kv_width);
     if (hp->moa_no_lsa & ~1) return sd_err(err, errlen, "moa: no_lsa %d, expected 0 or 1", hp->moa_no_lsa);
+    if (hp->moa_ca_hidden & ~1)
+        return sd_err(err, errlen, "moa: ca_hidden %d, expected 0 or 1", hp->moa_ca_hidden);
     if (hp->moa_tli < 0 || hp->moa_tli > hp->target_n_layer)
         return sd_err(err, errlen, "moa: TLI %d outside 0..%d (the target has %d layers)", hp->moa_tli,
                       hp->target_n_layer, hp->target_n_layer);
@@ -73,6 +75,21 @@ void sd_moa_build_table(sd_head *h, size_t *off) {
     if (!hp->moa_no_lsa)
         add_layer(h, "lsa", ekv, hp->moa_lsa_n_head, hp->moa_lsa_n_head_kv, hp->moa_lsa_head_dim, hp->moa_lsa_n_ff,
                   off);
+    if (hp->moa_ca_hidden) {
+        SD_ASSERT(h->n_t == sd_moa_hidden_t(hp));
+        sd_head_add_tensor(h, "ca.hidden.weight", E, E, 0, off);
+    }
+}
+
+int sd_moa_hidden_layer(const sd_head_hp *hp) {
+    return hp->moa_tli > 0 ? hp->target_n_layer - hp->moa_tli - 1 : SD_HIDDEN_NORM;
+}
+
+void sd_moa_hidden_scale(const float *h, int n, float *out) {
+    double s = 0.0;
+    for (int i = 0; i < n; i++) s += (double)h[i] * h[i];
+    const float sc = s > 0 ? (float)(1.0 / sqrt(s / n + 1e-6)) : 0.0f;
+    for (int i = 0; i < n; i++) out[i] = h[i] * sc;
 }
 
 int sd_moa_check_target(const sd_head *h, const sd_model *m, char *err, size_t errlen) {

@@ -9,6 +9,8 @@
 //     of j in every layer; Z = Layer_lsa(R_j) (a pre-norm decoder layer over
 //     the L rows, no mask, RoPE by layer index); c_j = P mean_l(Z) + b (E).
 //     no-LSA: c_j = P mean_l(R_j) + b.
+//     ca_hidden: c_j += H h_j / rms(h_j), h_j the target's state entering
+//     layer L-N at j (TLI 0: its final normed state, the output's input).
 //   SA: s = Layer_sa over the token embeddings after the last verified
 //     position (the tree root, then its drafted descendants), causal.
 //   CA: u = s + Wo attn(q = rope(Wq n(s), p); k_j = rope(Wk n(c_j), j),
@@ -41,6 +43,16 @@ enum {
     SD_MOA_LSA,                          // lsa.*: width Ekv (9 tensors)
     SD_MOA_N_TENSORS = SD_MOA_LSA + SD_MOA_PER_LAYER
 };
+
+// The index of ca.hidden.weight (E, E) in an MoA head's table (present
+// with hp->moa_ca_hidden): after the LSA layer, or after the projection
+// without LSA.
+static inline int sd_moa_hidden_t(const sd_head_hp *hp) { return hp->moa_no_lsa ? SD_MOA_LSA : SD_MOA_N_TENSORS; }
+// The target state a ca_hidden drafter reads (as sd_batch.hidden_layers):
+// the stream after block L-N-1, or SD_HIDDEN_NORM for TLI 0.
+int sd_moa_hidden_layer(const sd_head_hp *hp);
+// h_j / rms(h_j) into out (n floats; zeros stay zeros).
+void sd_moa_hidden_scale(const float *h, int n, float *out);
 
 // Default MoA hyper-parameters for target m (hp already has the common
 // fields of sd_head_default_hp): SA/CA copy the target's attention shape and
@@ -91,10 +103,13 @@ void sd_moa_run_free(sd_moa_run *r);
 #define SD_MOA_ROWS 64
 // Appends n <= SD_MOA_ROWS verified positions (the next n_cached ..): kv
 // (n, L, Ekv) each position's K,V rows of every target layer (K with the
-// target's RoPE, as cached), tli (n, N, Ekv) those of the last N layers
-// (NULL when N = 0; the same rows as kv's last N). Runs LSA and stores
-// the CA keys and values. Returns 0 or <0 (full).
-int sd_moa_run_context(sd_moa_run *r, const float *kv, int n, char *err, size_t errlen);
+// target's RoPE, as cached; the last N of them are the TLI layers' own);
+// hid (n, E) their target states at sd_moa_hidden_layer (a ca_hidden
+// drafter; else ignored, may be NULL). Runs LSA and stores the CA keys and
+// values. Returns 0 or <0 (full; no states for a ca_hidden drafter).
+int sd_moa_run_context(sd_moa_run *r, const float *kv, const float *hid, int n, char *err, size_t errlen);
+// 1 when the drafter reads the target's states (ca_hidden).
+int sd_moa_run_needs_hidden(const sd_moa_run *r);
 // As sd_moa_run_context from LSA's outputs computed elsewhere (a split
 // server, docs/split.md): rows (n, E + N Ekv), each position's c then the
 // K,V rows of the last N layers.
@@ -103,8 +118,9 @@ int sd_moa_run_n_cached(const sd_moa_run *r);
 int sd_moa_run_n_ctx(const sd_moa_run *r);
 // Keeps the first n verified positions; drops the pending rows.
 void sd_moa_run_truncate(sd_moa_run *r, int n);
-// LSA alone: c (n, E) from kv (n, L, Ekv), n <= SD_MOA_ROWS (tests, training checks).
-void sd_moa_run_lsa(sd_moa_run *r, const float *kv, int n, float *c);
+// LSA alone: c (n, E) from kv (n, L, Ekv) (and hid (n, E) for a ca_hidden
+// drafter), n <= SD_MOA_ROWS (a split server, tests).
+void sd_moa_run_lsa(sd_moa_run *r, const float *kv, const float *hid, int n, float *c);
 // Evaluates n <= SD_MOA_ROWS drafted rows: tok[i] at position pos[i], parent
 // [i] -1 (the first row after the verified text: the tree root) or the
 // pending slot of an earlier row (its SA and TLI attention see that row's

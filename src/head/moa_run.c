@@ -37,7 +37,7 @@ struct sd_moa_run {
     int E, L, ekv, N, V, n_ctx, max_pending;
     float eps, t_eps;
     dlayer sa, ca, lsa, *tl;       // tl: (N) the target's last N layers
-    mmat proj, out;
+    mmat proj, out, hid;           // hid: ca.hidden (ca_hidden drafters; else empty)
     float *proj_b;                 // (E)
     float *out_norm;               // (E) the target's final norm
     double *lsa_freq, *sa_freq, *t_freq;
@@ -54,6 +54,7 @@ struct sd_moa_run {
     // scratch
     float *x, *xn, *q, *k, *v, *att, *o, *g, *u, *c, *sc;
     float *cl;                     // (SD_MOA_ROWS, E) LSA outputs of a context call
+    float *hn;                     // (SD_MOA_ROWS, E) ca_hidden: the scaled target states
     int32_t *chain;                // (max_pending)
 };
 
@@ -78,9 +79,10 @@ void sd_moa_run_free(sd_moa_run *r) {
     free(r->tl);
     mm_free(&r->proj);
     mm_free(&r->out);
+    mm_free(&r->hid);
     void *bufs[] = {r->proj_b, r->out_norm, r->lsa_freq, r->sa_freq, r->t_freq, r->ck, r->cv, r->tk, r->tv,
                     r->sk, r->sv, r->pk, r->pv, r->ppar, r->x, r->xn, r->q, r->k, r->v, r->att, r->o,
-                    r->g, r->u, r->c, r->sc, r->cl, r->chain, r->mm.wbuf};
+                    r->g, r->u, r->c, r->sc, r->cl, r->hn, r->chain, r->mm.wbuf};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     if (r->pool) sd_pool_free(r->pool);
     free(r);
@@ -188,6 +190,7 @@ int sd_moa_run_new(sd_moa_run **out, const sd_head *h, const sd_model *m, int n_
              (hp->moa_no_lsa || layer_from_head(r, &r->lsa, SD_MOA_LSA, ekv, hp->moa_lsa_n_head, hp->moa_lsa_n_head_kv,
                                                 hp->moa_lsa_head_dim, hp->moa_lsa_n_ff) == 0) &&
              mm_make(r, &r->proj, sd_head_w(h, SD_MOA_PROJ), ekv, E) == 0 &&
+             (!hp->moa_ca_hidden || mm_make(r, &r->hid, sd_head_w(h, sd_moa_hidden_t(hp)), E, E) == 0) &&
              (r->proj_b = dup_f(sd_head_w(h, SD_MOA_PROJ_B), (size_t)E)) != NULL;
     if (!ok) {
         sd_moa_run_free(r);
@@ -241,9 +244,11 @@ int sd_moa_run_new(sd_moa_run **out, const sd_head *h, const sd_model *m, int n_
     r->c = malloc(sizeof(float) * R * wmax);
     r->sc = malloc(sizeof(float) * (nc + mp + (size_t)r->L));
     r->cl = malloc(sizeof(float) * SD_MOA_ROWS * (size_t)E);
+    r->hn = malloc(sizeof(float) * SD_MOA_ROWS * (size_t)E);
     size_t ws = SD_MAX(layer_wsize(&r->sa, SD_MOA_ROWS), layer_wsize(&r->lsa, LSA_ROWS));
     ws = SD_MAX(ws, sd_matmul_wsize(r->proj.type, ekv, LSA_ROWS));
     ws = SD_MAX(ws, sd_matmul_wsize(r->out.type, E, SD_MOA_ROWS));
+    if (r->hid.W) ws = SD_MAX(ws, sd_matmul_wsize(r->hid.type, E, SD_MOA_ROWS));
     ws = SD_MAX(ws, layer_wsize(&r->ca, SD_MOA_ROWS));
     for (int i = 0; i < r->N; i++) ws = SD_MAX(ws, layer_wsize(&r->tl[i], SD_MOA_ROWS));
     r->mm.wbuf = malloc(ws ? ws : 64);
@@ -251,7 +256,7 @@ int sd_moa_run_new(sd_moa_run **out, const sd_head *h, const sd_model *m, int n_
     r->mm.pool = r->pool;
     if (!r->lsa_freq || !r->sa_freq || !r->t_freq || !r->ck || !r->cv || !r->tk || !r->tv || !r->sk || !r->sv ||
         !r->pk || !r->pv || !r->ppar || !r->chain || !r->x || !r->xn || !r->q || !r->k || !r->v || !r->att ||
-        !r->o || !r->g || !r->u || !r->c || !r->sc || !r->cl || !r->mm.wbuf) {
+        !r->o || !r->g || !r->u || !r->c || !r->sc || !r->cl || !r->hn || !r->mm.wbuf) {
         sd_moa_run_free(r);
         return sd_err(err, errlen, "moa: out of memory");
     }
@@ -342,8 +347,9 @@ static void layer_tail(sd_moa_run *r, const dlayer *l, float *x, int n, float ep
 
 // ---------------------------------------------------------------- LSA and context
 
-// c (n, E) from kv (n, L, Ekv): LSA (or the no-LSA mean), mean over layers, projection.
-static void lsa_rows(sd_moa_run *r, const float *kv, int n, float *c) {
+// c (n, E) from kv (n, L, Ekv): LSA (or the no-LSA mean), mean over layers,
+// projection; ca_hidden: + H h / rms(h) from the target states hid (n, E).
+static void lsa_rows(sd_moa_run *r, const float *kv, const float *hid, int n, float *c) {
     const int L = r->L, ekv = r->ekv;
     float *mean = r->c;   // (n, ekv); c may not alias r->c
     if (r->h->hp.moa_no_lsa) {
@@ -388,9 +394,17 @@ static void lsa_rows(sd_moa_run *r, const float *kv, int n, float *c) {
     }
     mat(r, &r->proj, mean, n, c);
     add_bias(c, r->proj_b, n, r->E);
+    if (r->hid.W) {
+        const size_t E = (size_t)r->E;
+        for (int i = 0; i < n; i++) sd_moa_hidden_scale(hid + (size_t)i * E, r->E, r->hn + (size_t)i * E);
+        mat(r, &r->hid, r->hn, n, r->o);
+        for (size_t j = 0; j < (size_t)n * E; j++) c[j] += r->o[j];
+    }
 }
 
-void sd_moa_run_lsa(sd_moa_run *r, const float *kv, int n, float *c) { lsa_rows(r, kv, n, c); }
+void sd_moa_run_lsa(sd_moa_run *r, const float *kv, const float *hid, int n, float *c) { lsa_rows(r, kv, hid, n, c); }
+
+int sd_moa_run_needs_hidden(const sd_moa_run *r) { return r->hid.W != NULL; }
 
 // CA's keys and values of n positions from their LSA outputs cc (n, E), and
 // the TLI layers' rows: tli (n, N, Ekv) with stride ld floats a position.
@@ -414,10 +428,11 @@ static void context_from(sd_moa_run *r, const float *cc, const float *tli, size_
     r->n_cached += n;
 }
 
-int sd_moa_run_context(sd_moa_run *r, const float *kv, int n, char *err, size_t errlen) {
+int sd_moa_run_context(sd_moa_run *r, const float *kv, const float *hid, int n, char *err, size_t errlen) {
     if (n < 1 || n > SD_MOA_ROWS) return sd_err(err, errlen, "moa: %d context rows (1..%d)", n, SD_MOA_ROWS);
     if (r->n_cached + n > r->n_ctx) return sd_err(err, errlen, "moa: the drafter's context is full (%d)", r->n_ctx);
-    lsa_rows(r, kv, n, r->cl);   // (n, E) the LSA outputs
+    if (r->hid.W && !hid) return sd_err(err, errlen, "moa: this drafter reads the target's states (ca_hidden): none given");
+    lsa_rows(r, kv, hid, n, r->cl);   // (n, E) the LSA outputs
     context_from(r, r->cl, kv + (size_t)(r->L - r->N) * r->ekv, (size_t)r->L * r->ekv, n);
     return 0;
 }

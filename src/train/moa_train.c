@@ -15,6 +15,7 @@
 //         position's L rows see each other); m = mean_l Z; c = P m + b  (E)
 //         (no-LSA: m = mean_l KV)
 //   SA    s = Layer_sa(emb(x))                                           (E)
+//         (ca_hidden: c += H h/rms(h), h the target's state entering layer L-N, TLI 0 its final normed state)
 //   CA    y = s + Wo attn(q = rope(Wq n(s)), k = rope(Wk n(c)), v = Wv n(c)); y += FFN(y)   (E)
 //   TLI   y = TargetLayer_t(y) for the last N target layers (frozen)
 //   z = n(y) * g_out (target's);  logits = W_out z (the draft vocabulary's rows, frozen)
@@ -71,7 +72,7 @@ struct sd_moa_tr {
     int cs_t_pos0;                   // cs_t covers the target positions cs_t_pos0 .. + T_max - 1
     int kmin, kmax;                  // the block length's range (sd_moa_block)
     // loss and LSA output
-    float *X0, *M, *C, *Emb, *Z, *rsZ, *Lg, *loss_row;
+    float *X0, *M, *C, *Hn, *Emb, *Z, *rsZ, *Lg, *loss_row;   // Hn: ca_hidden's scaled states
     int32_t *argmax;
     // backward scratch (rows up to T_max L)
     float *dY, *dX, *dX1, *dB, *dS, *dG, *dU, *dO, *dQ, *dK, *dV, *dA, *dCk, *dSc, *dC, *dM, *dZ, *dKV;
@@ -180,6 +181,7 @@ static void carve(sd_moa_tr *w, float *f, int32_t *ip, size_t *nf, size_t *ni) {
     w->X0 = w->h->hp.moa_no_lsa ? NULL : take(&f, nf, TL * ekv);   // LSA's input
     w->M = take(&f, nf, (size_t)T * ekv);
     w->C = take(&f, nf, (size_t)T * E);
+    w->Hn = w->h->hp.moa_ca_hidden ? take(&f, nf, (size_t)T * E) : NULL;
     w->Emb = take(&f, nf, (size_t)T * E);
     w->Z = take(&f, nf, (size_t)T * E);
     w->rsZ = take(&f, nf, (size_t)T);
@@ -517,6 +519,13 @@ double sd_moa_tr_loss(sd_moa_tr *w, const sd_tr_ctx *cx, const sd_train_seq *seq
     const float *Pw = sd_head_w(h, SD_MOA_PROJ), *Pb = sd_head_w(h, SD_MOA_PROJ_B);
     sd_tr_linear(cx, T, ekv, E, w->M, Pw, w->C, 0);
     add_bias(w->C, Pb, T, E);
+    // ca_hidden: c += H h / rms(h), h the state entering layer L-N (TLI 0: the final normed state)
+    const float *Hw = h->hp.moa_ca_hidden ? sd_head_w(h, sd_moa_hidden_t(&h->hp)) : NULL;
+    if (Hw) {
+        const int hsrc = hoff + (w->N > 0 ? 0 : E);
+        for (int p = 0; p < T; p++) sd_moa_hidden_scale(F + (size_t)p * nfeat + hsrc, E, w->Hn + (size_t)p * E);
+        sd_tr_linear(cx, T, E, E, w->Hn, Hw, w->C, 1);
+    }
     // SA over the embeddings, CA over c, the TLI layers
     for (int p = 0; p < T; p++) sd_model_token_embd(w->m, seq->tokens[p], w->Emb + (size_t)p * E, NULL, 0);
     la_fwd(cx, &w->sa, &w->a_sa, w->Emb, NULL, eps);
@@ -573,6 +582,7 @@ double sd_moa_tr_loss(sd_moa_tr *w, const sd_tr_ctx *cx, const sd_train_seq *seq
     la_bwd(w, cx, &w->sa, &w->a_sa, w->Emb, NULL, dX, w->dKV, NULL, eps, fault);   // (the embeddings' gradient is dropped)
     bias_grad(grad + h->t[SD_MOA_PROJ_B].off, w->dC, T, E);
     sd_tr_linear_dw(cx, T, ekv, E, w->dC, w->M, grad + h->t[SD_MOA_PROJ].off);
+    if (Hw) sd_tr_linear_dw(cx, T, E, E, w->dC, w->Hn, grad + h->t[sd_moa_hidden_t(&h->hp)].off);
     if (!no_lsa) {
         memset(w->dM, 0, sizeof(float) * (size_t)T * ekv);
         sd_tr_linear_dx(cx, T, ekv, E, w->dC, Pw, w->dM);

@@ -6,7 +6,9 @@ build/tests/tool_random_head:
 - moa_generate_lossless: `specdec generate --temp 0` with moa:chain:3,
   moa:dyn:2-3-8, moa:auto, ngram:3-8/moa:auto and no --method (the default
   with an MoA file, ngram:3-8/moa:auto) (a random TLI-1 drafter) prints
-  plain decoding's text;
+  plain decoding's text; so do moa:chain:3 and moa:auto with a random
+  drafter whose CA also reads the target's states (`--ca-hidden`), which
+  drafts on every step (no "without the target's states" note);
 - moa_exact_accepted: a drafter that is the target itself (SA and CA pass the
   embedding through, TLI runs every layer: `moa-exact`) has most of its
   drafts accepted (its cache reading, RoPE and TLI path on a real model);
@@ -17,8 +19,9 @@ build/tests/tool_random_head:
   and the exact drafter, `--methods eagle3:chain:3`: the MoA file runs as
   moa:chain:3, its text equals plain decoding's, and its tau over the
   EAGLE-3 head's (tau_vs_first_head) is above 1;
-- moa_refusals: clear errors for --tli without --type moa, a TLI beyond the
-  target's layers, and moa methods without an MoA drafter; and
+- moa_refusals: clear errors for --tli (--ca-hidden) without --type moa, a TLI beyond the
+  target's layers, moa methods without an MoA drafter, a --ca-hidden
+  drafter for the split (split-client); and
   scripts/compare-drafters.py's for an unknown kind and a list that does not
   start with eagle3.
 
@@ -67,7 +70,8 @@ def main():
         sys.exit(0)
     with tempfile.TemporaryDirectory(prefix="specdec-moa-") as d:
         rnd, exact = os.path.join(d, "moa.gguf"), os.path.join(d, "exact.gguf")
-        for path, kind in ((rnd, "moa-tli1"), (exact, "moa-exact")):
+        hid = os.path.join(d, "hid.gguf")
+        for path, kind in ((rnd, "moa-tli1"), (exact, "moa-exact"), (hid, "moa-nolsa-hid")):
             out = subprocess.run([TOOL, MODEL, path, kind, "3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  text=True, timeout=300)
             if out.returncode != 0:
@@ -80,6 +84,10 @@ def main():
             o = generate(m, rnd)   # "": no --method, the default of --head (ngram:3-8/moa:auto)
             if o.returncode != 0 or o.stdout != ar.stdout or (not m and "ngram:3-8/moa:auto" not in o.stderr):
                 bad.append(f"{m}: exit {o.returncode}, {o.stdout!r} vs {ar.stdout!r} {o.stderr[-300:]}")
+        for m in ("moa:chain:3", "moa:auto"):   # CA reads the target's states (--ca-hidden): handed in by the engine
+            o = generate(m, hid)
+            if o.returncode != 0 or o.stdout != ar.stdout or "without the target" in o.stderr:
+                bad.append(f"ca-hidden {m}: exit {o.returncode}, {o.stdout!r} vs {ar.stdout!r} {o.stderr[-300:]}")
         report("moa_generate_lossless", not bad, "; ".join(bad))
 
         o = generate("moa:chain:4", exact)
@@ -143,6 +151,7 @@ def main():
         if o.returncode == 0 or "--type moa" not in o.stderr:
             errs.append(f"--tli with eagle3: {o.returncode} {o.stderr[-200:]}")
         for extra, want in ((["--type", "eagle3", "--moa-block", "2-5"], "--moa-block is for an MoA drafter"),
+                            (["--type", "eagle3", "--ca-hidden"], "--ca-hidden are for an MoA drafter"),
                             (["--type", "moa", "--moa-block", "5-2"], "1 <= MIN <= MAX <= 64"),
                             (["--type", "moa", "--moa-block", "0"], "got '0'"),
                             (["--type", "moa", "--moa-block", "2-x"], "got '2-x'"),
@@ -160,6 +169,9 @@ def main():
         if o.returncode == 0 or "MoA" not in o.stderr:
             errs.append(f"moa with an EAGLE-3 head: {o.returncode} {o.stderr[-200:]}")
         print("  info: " + o.stderr.strip().splitlines()[-1] if o.stderr.strip() else "  info: (no message)")
+        o = run(["split-client", "-m", MODEL, "--head", hid, "--out", os.path.join(d, "c.gguf")])
+        if o.returncode == 0 or "--ca-hidden" not in o.stderr or os.path.exists(os.path.join(d, "c.gguf")):
+            errs.append(f"split-client with a --ca-hidden drafter: {o.returncode} {o.stderr[-200:]}")
         cd = [sys.executable, os.path.join(ROOT, "scripts", "compare-drafters.py"), "-m", MODEL, "--data", data,
               "--work", os.path.join(d, "cd"), "--bin", BIN]
         for kinds, want in (("eagle3,moa-tli9", "unknown kind 'moa-tli9'"), ("moa,eagle3", "must be eagle3")):

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common.h"
 #include "draft/draft_moa.h"
 #include "head/head.h"
 #include "head/moa.h"
@@ -46,11 +47,12 @@ static int setup(void) {
 
 // A drafter file for m: random (seed), or with zero SA and CA matrices
 // (the residual carries the token embedding through) when zero_sa_ca.
-static sd_head *new_moa(const sd_model *m, int tli, int no_lsa, int zero_sa_ca, uint64_t seed) {
+static sd_head *new_moa_h(const sd_model *m, int tli, int no_lsa, int ca_hidden, int zero_sa_ca, uint64_t seed) {
     sd_head_hp hp = sd_head_default_hp(m, SD_HEAD_MOA);
     hp.n_draft_vocab = NV;
     hp.moa_tli = tli;
     hp.moa_no_lsa = no_lsa;
+    hp.moa_ca_hidden = ca_hidden;
     sd_head *h = NULL;
     if (sd_head_new(&h, &hp, g_err, sizeof g_err) < 0) return NULL;
     sd_head_init(h, seed);
@@ -58,6 +60,10 @@ static sd_head *new_moa(const sd_model *m, int tli, int no_lsa, int zero_sa_ca, 
         for (int i = 0; i < 2 * SD_MOA_PER_LAYER; i++)
             if (!h->t[i].is_norm) memset(sd_head_w(h, i), 0, sizeof(float) * (size_t)(h->t[i].ne0 * h->t[i].ne1));
     return h;
+}
+
+static sd_head *new_moa(const sd_model *m, int tli, int no_lsa, int zero_sa_ca, uint64_t seed) {
+    return new_moa_h(m, tli, no_lsa, 0, zero_sa_ca, seed);
 }
 
 static sd_drafter *new_drafter(const sd_head *h, const sd_model *m, const char *shape, int k) {
@@ -69,6 +75,44 @@ static sd_drafter *new_drafter(const sd_head *h, const sd_model *m, const char *
     sd_drafter *d = NULL;
     if (sd_draft_moa_new(&d, h, m, &dp, SD_TYPE_F32, g_err, sizeof g_err) < 0) return NULL;
     return d;
+}
+
+// A ca_hidden drafter kept, for every position of the text it drafted from,
+// the target's state there: the rows equal a plain forward's over the text
+// (prompt and output) at the layer the drafter asked for.
+static void states_check(const sd_model *m, const sd_drafter *d, const int32_t *prompt, int np, const sc_tokens *out,
+                         const char *what) {
+    int n_ok = 0;
+    const int32_t *txt = NULL;
+    const float *rows = sd_draft_moa_test_states(d, &n_ok, &txt);
+    if (!rows) return;
+    const int E = m->hp.n_embd, n = np + out->n;
+    int32_t text[128], layer[8];
+    memcpy(text, prompt, sizeof(int32_t) * (size_t)np);
+    memcpy(text + np, out->tok, sizeof(int32_t) * (size_t)out->n);
+    CHECK(sd_drafter_hidden_layers(d, layer) == 1, "%s: the drafter asks for one state", what);
+    // (the last accepted path may run past the output's end: the generation stops at n_predict)
+    const int nc = SD_MIN(n_ok, n);
+    CHECK(n_ok >= n - 6 && !memcmp(txt, text, sizeof(int32_t) * (size_t)nc),
+          "%s: the drafter kept states of %d positions of another text (the text has %d)", what, n_ok, n);
+    sd_session *s = sc_new_session(m, 128, 2, g_err, sizeof g_err);
+    float *ref = malloc(sizeof(float) * (size_t)n * (size_t)E);
+    int ok = s && ref;
+    for (int p = 0; ok && p < n; p += 64) {   // (the session's batch: 64)
+        sd_batch b = {.n = SD_MIN(64, n - p), .tokens = text + p, .hidden_layers = layer, .n_hidden_layers = 1,
+                      .hidden_out = ref + (size_t)p * E};
+        ok = sd_session_forward(s, &b, g_err, sizeof g_err) == 0 && sd_session_commit(s, NULL, 0, g_err, sizeof g_err) == 0;
+    }
+    double worst = 0, scale = 0;
+    if (ok) {
+        for (size_t i = 0; i < (size_t)nc * (size_t)E; i++) {
+            worst = fmax(worst, fabs(rows[i] - ref[i]));
+            scale = fmax(scale, fabs(ref[i]));
+        }
+        CHECK(worst <= 0.05 * scale, "%s: the kept states differ from the target's: %.3g of %.3g", what, worst, scale);
+    } else CHECK(0, "%s: reference forward: %s", what, g_err);
+    free(ref);
+    sd_session_free(s);
 }
 
 // Greedy output of m with d against plain decoding; returns tau (or -1).
@@ -88,6 +132,9 @@ static double greedy_check(const sd_model *m, sd_drafter *d, const char *what) {
     }
     tau = st.mean_accepted;
     printf("  %-28s greedy: tau %.2f, %d of %d drafts accepted\n", what, tau, st.n_draft_accepted, st.n_draft_nodes);
+    states_check(m, d, prompt, 8, &a, what);
+    CHECK(st.n_draft_nodes >= 32 && !strstr(sd_drafter_note(d), "without"), "%s: it drafted %d nodes (%s)", what,
+          st.n_draft_nodes, sd_drafter_note(d));
 out:
     sd_sampler_free(smp);
     sd_session_free(s);
@@ -96,14 +143,16 @@ out:
 
 static void test_moa_greedy_lossless(void) {
     if (!setup()) SKIP("setup failed: %.200s", g_err);
-    static const struct { int tli, no_lsa; } cfg[3] = {{0, 0}, {1, 0}, {1, 1}};
+    // ca-hidden: CA also reads the target's states, which the generation hands in (prompt, accepted paths)
+    static const struct { int tli, no_lsa, ca_hidden; } cfg[5] = {{0, 0, 0}, {1, 0, 0}, {1, 1, 0}, {0, 1, 1}, {1, 1, 1}};
     const char *shapes[3] = {"chain", "widths", "dyn"};
-    for (int c = 0; c < 3; c++) {
-        sd_head *h = new_moa(g_m, cfg[c].tli, cfg[c].no_lsa, 0, 7 + (uint64_t)c);
+    for (int c = 0; c < 5; c++) {
+        sd_head *h = new_moa_h(g_m, cfg[c].tli, cfg[c].no_lsa, cfg[c].ca_hidden, 0, 7 + (uint64_t)c);
         CHECK(h != NULL, "%s", g_err);
         for (int k = 0; h && k < 3; k++) {
             char what[64];
-            snprintf(what, sizeof what, "TLI %d%s %s", cfg[c].tli, cfg[c].no_lsa ? " no-LSA" : "", shapes[k]);
+            snprintf(what, sizeof what, "TLI %d%s%s %s", cfg[c].tli, cfg[c].no_lsa ? " no-LSA" : "",
+                     cfg[c].ca_hidden ? " ca-hidden" : "", shapes[k]);
             sd_drafter *d = new_drafter(h, g_m, shapes[k], 4);
             CHECK(d != NULL, "%s: %s", what, g_err);
             CHECK(greedy_check(g_m, d, what) >= 1.0, "%s: no run", what);
@@ -236,6 +285,29 @@ static void test_moa_file(void) {
         printf("  refused for another target: %s\n", g_err);
         sd_head_free(c);
         sd_model_free(m3);
+        sd_head_free(h);
+        sd_head_free(b);
+    }
+    // ca_hidden: the key and the tensor round-trip; the drafter asks for the state CA reads; the split refuses it
+    for (int tli = 0; tli < 2; tli++) {
+        sd_head *h = new_moa_h(g_m, tli, 1, 1, 0, 6), *b = NULL;
+        CHECK(h && sd_head_save(h, path, SD_TYPE_F32, g_err, sizeof g_err) == 0, "%s", g_err);
+        CHECK(sd_head_load(&b, path, g_m, g_err, sizeof g_err) == 0, "%s", g_err);
+        if (h && b) {
+            CHECK(b->hp.moa_ca_hidden == 1 && b->n_t == h->n_t && b->n_w == h->n_w &&
+                      !strcmp(b->t[sd_moa_hidden_t(&b->hp)].name, "ca.hidden.weight") &&
+                      !memcmp(b->w, h->w, sizeof(float) * h->n_w),
+                  "TLI %d: the ca_hidden drafter did not round-trip", tli);
+            sd_drafter *d = new_drafter(b, g_m, "chain", 3);
+            int32_t layers[8] = {0};
+            const int nl = d ? sd_drafter_hidden_layers(d, layers) : -1;
+            const int want = tli ? g_m->hp.n_layer - 2 : SD_HIDDEN_NORM;
+            CHECK(nl == 1 && layers[0] == want, "TLI %d: the drafter asks for %d states (%d), expected layer %d", tli,
+                  nl, layers[0], want);
+            CHECK(d && sd_drafter_remote(d, g_err, sizeof g_err) < 0 && strstr(g_err, "ca-hidden"),
+                  "the split took a ca_hidden drafter: %s", g_err);
+            sd_drafter_free(d);
+        }
         sd_head_free(h);
         sd_head_free(b);
     }

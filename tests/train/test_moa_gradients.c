@@ -59,12 +59,13 @@ static sd_model *synth_target(const char *arch, int rope_scaling) {
     return m;
 }
 
-static sd_head *make_head(const sd_model *m, int tli, int no_lsa) {
+static sd_head *make_head(const sd_model *m, int tli, int no_lsa, int ca_hidden) {
     sd_head_hp hp = sd_head_default_hp(m, SD_HEAD_MOA);
     hp.n_ff = 32;
     hp.n_draft_vocab = 24;
     hp.moa_tli = tli;
     hp.moa_no_lsa = no_lsa;
+    hp.moa_ca_hidden = ca_hidden;
     hp.moa_lsa_n_ff = 24;
     sd_head *h = NULL;
     if (sd_head_new(&h, &hp, g_err, sizeof g_err) < 0) return NULL;
@@ -144,8 +145,8 @@ static double fd_head(sd_trainer *tr, sd_head *h, const sd_train_seq *seq, const
     return worst;
 }
 
-static double check(sd_model *m, int tli, int no_lsa, int fault, int verbose) {
-    sd_head *h = make_head(m, tli, no_lsa);
+static double check(sd_model *m, int tli, int no_lsa, int ca_hidden, int fault, int verbose) {
+    sd_head *h = make_head(m, tli, no_lsa, ca_hidden);
     sd_trainer *tr = NULL;
     seq_buf sb = {0};
     float *grad = NULL;
@@ -163,8 +164,8 @@ static double check(sd_model *m, int tli, int no_lsa, int fault, int verbose) {
           (long long)st.n[1]);
     const char *wt = "?";
     w = fd_head(tr, h, &sb.seq, grad, 6, verbose, &wt);
-    printf("  %s, TLI %d%s%s: loss %.4f, worst ratio %.3g (%s)\n", m == g_mq ? "qwen2" : "llama", tli,
-           no_lsa ? " no-LSA" : "",
+    printf("  %s, TLI %d%s%s%s: loss %.4f, worst ratio %.3g (%s)\n", m == g_mq ? "qwen2" : "llama", tli,
+           no_lsa ? " no-LSA" : "", ca_hidden ? " ca-hidden" : "",
            fault ? " (residual gradient dropped)" : "", loss, w, wt);
 out:
     free(grad);
@@ -178,24 +179,28 @@ static void test_moa_grad(void) {
     if (!g_m || !g_mq) SKIP("no target: %.200s", g_err);
     // TLI 1 on the qwen2 target: the backward turns through NEOX RoPE and the q/k/v biases
     // no LSA: the reduced features (the mean row, the TLI layer's rows; tli 1 also on qwen2)
-    static const int cfg[6][3] = {{0, 0, 0}, {1, 0, 0}, {0, 1, 0}, {1, 0, 1}, {1, 1, 0}, {1, 1, 1}};
-    for (int c = 0; c < 6; c++) {
-        const double w = check(cfg[c][2] ? g_mq : g_m, cfg[c][0], cfg[c][1], 0, c == 1);
-        CHECK(w <= 1.0, "%s TLI %d no-LSA %d: the gradient disagrees with finite differences (worst ratio %.3g)",
-              cfg[c][2] ? "qwen2" : "llama", cfg[c][0], cfg[c][1], w);
+    // ca-hidden: CA's keys and values also read the target's state (TLI 0: the final normed one; TLI 1: the
+    // state entering the last layer), through ca.hidden.weight
+    static const int cfg[9][4] = {{0, 0, 0, 0}, {1, 0, 0, 0}, {0, 1, 0, 0}, {1, 0, 1, 0}, {1, 1, 0, 0},
+                                  {1, 1, 1, 0}, {0, 1, 0, 1}, {1, 1, 1, 1}, {1, 0, 0, 1}};
+    for (int c = 0; c < 9; c++) {
+        const double w = check(cfg[c][2] ? g_mq : g_m, cfg[c][0], cfg[c][1], cfg[c][3], 0, c == 1);
+        CHECK(w <= 1.0,
+              "%s TLI %d no-LSA %d ca-hidden %d: the gradient disagrees with finite differences (worst ratio %.3g)",
+              cfg[c][2] ? "qwen2" : "llama", cfg[c][0], cfg[c][1], cfg[c][3], w);
     }
 }
 
 static void test_moa_grad_catches_fault(void) {
     if (!g_m) SKIP("no target: %.200s", g_err);
-    const double w = check(g_m, 1, 0, SD_TR_FAULT_NO_RESID, 0);
+    const double w = check(g_m, 1, 0, 0, SD_TR_FAULT_NO_RESID, 0);
     CHECK(w > 10.0, "a backward without the residual gradient passed the check (worst ratio %.3g)", w);
 }
 
 // Added, not stored; same bits with 1 and 2 threads.
 static void test_moa_grad_contract(void) {
     if (!g_m) SKIP("no target: %.200s", g_err);
-    sd_head *h = make_head(g_m, 1, 0);
+    sd_head *h = make_head(g_m, 1, 0, 0);
     seq_buf sb = {0};
     sd_pool *pool = NULL;
     sd_trainer *t1 = NULL, *t2 = NULL;
@@ -233,7 +238,7 @@ out:
 // at pos0 = 0 (RoPE sees only relative positions); the turned rows read at
 // pos0 = 0, as a trainer that ignored pos0 would, give another loss.
 static void pos0_case(sd_model *m) {
-    sd_head *h = make_head(m, 1, 1);
+    sd_head *h = make_head(m, 1, 1, 0);
     sd_trainer *tr = NULL;
     seq_buf sb = {0};
     float *g0 = NULL, *g1 = NULL, *turned = NULL, *cs = NULL, *row = NULL;
@@ -293,7 +298,7 @@ static void test_moa_refuses_scaled_rope(void) {
     sd_model *m = synth_target("llama", 1);
     if (!m) SKIP("no scaled target: %.200s", g_err);
     sd_trainer *tr = NULL;
-    sd_head *h1 = make_head(m, 1, 0), *h0 = make_head(m, 0, 0);
+    sd_head *h1 = make_head(m, 1, 0, 0), *h0 = make_head(m, 0, 0, 0);
     g_err[0] = 0;
     const int r1 = h1 ? sd_trainer_new(&tr, h1, m, T_SEQ, 1, NULL, g_err, sizeof g_err) : 0;
     CHECK(h1 && r1 < 0 && strstr(g_err, "scale") && strstr(g_err, "TLI 0"), "TLI 1: %d (%s)", r1, g_err);

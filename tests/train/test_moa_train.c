@@ -276,6 +276,8 @@ static void runner_agree(const sd_head *h, const sd_model *m, const data *D, dou
     sd_moa_run *r = NULL;
     long n[2] = {0}, a[2] = {0};
     float *lg = malloc(sizeof(float) * 2 * (size_t)h->hp.n_draft_vocab);
+    // the state a ca_hidden drafter reads: entering layer L-N, or (TLI 0) the final normed one
+    const size_t hid_off = (size_t)m->hp.n_layer * h->hp.moa_kv_width + (h->hp.moa_tli > 0 ? 0 : (size_t)h->hp.n_embd);
     if (!lg || sd_moa_run_new(&r, h, m, T_SEQ, 64, SD_TYPE_F32, NULL, g_err, sizeof g_err) < 0) goto out;
     for (int q = N_TRAIN; q < N_TRAIN + N_HELD; q++) {
         const int k = sd_moa_block(D->tok[q], T_SEQ, SD_MOA_BLOCK_MIN, SD_MOA_BLOCK_MAX);
@@ -283,7 +285,9 @@ static void runner_agree(const sd_head *h, const sd_model *m, const data *D, dou
         for (int b0 = 0; b0 + 1 < T_SEQ - 1; b0 += k) {
             sd_moa_run_truncate(r, 0);
             for (int p = 0; p < b0; p++)   // context rows one at a time (the features' stride is nf)
-                if (sd_moa_run_context(r, F + (size_t)p * D->nf, 1, g_err, sizeof g_err) < 0) goto out;
+                if (sd_moa_run_context(r, F + (size_t)p * D->nf, F + (size_t)p * D->nf + hid_off, 1, g_err,
+                                       sizeof g_err) < 0)
+                    goto out;
             int32_t tok[2] = {D->tok[q][b0], D->tok[q][b0 + 1]}, pos[2] = {b0, b0 + 1}, par[2] = {-1, 0};
             const int nr = k > 1 ? 2 : 1;
             if (sd_moa_run_eval(r, tok, pos, par, nr, lg, NULL, g_err, sizeof g_err) < 0) goto out;
@@ -309,7 +313,7 @@ out:
 // target layer must turn its rows as the inference runner does. Without
 // LSA the trainer reads the reduced features (the MoA cache's form), the
 // runner the target's rows of every layer: both must take the same mean.
-static void learns_pattern(const char *arch, int tli, int no_lsa) {
+static void learns_pattern(const char *arch, int tli, int no_lsa, int ca_hidden) {
     synth_params sp = synth_default_params();
     sp.arch = arch;
     sp.n_embd = 64, sp.n_ff = 128, sp.seed = 3;
@@ -324,6 +328,7 @@ static void learns_pattern(const char *arch, int tli, int no_lsa) {
     hp.n_draft_vocab = m->hp.n_vocab;
     hp.moa_tli = tli;
     hp.moa_no_lsa = no_lsa;
+    hp.moa_ca_hidden = ca_hidden;
     sd_head *h = NULL;
     static data D;
     sd_trainer *tr = NULL;
@@ -350,9 +355,9 @@ static void learns_pattern(const char *arch, int tli, int no_lsa) {
     }
     const double l1 = held_out(tr, &D, a1);
     runner_agree(h, m, &D, ra);
-    printf("  info: %s, TLI %d%s: held-out loss %.3f -> %.3f, agreement depth 0 %.2f -> %.2f, depth 1 %.2f -> %.2f (%.1f s); "
+    printf("  info: %s, TLI %d%s%s: held-out loss %.3f -> %.3f, agreement depth 0 %.2f -> %.2f, depth 1 %.2f -> %.2f (%.1f s); "
            "the runner's: %.2f, %.2f\n",
-           arch, tli, no_lsa ? " no-LSA" : "", l0, l1, a0[0], a1[0], a0[1], a1[1], (sd_time_ms() - t0) / 1000, ra[0], ra[1]);
+           arch, tli, no_lsa ? " no-LSA" : "", ca_hidden ? " ca-hidden" : "", l0, l1, a0[0], a1[0], a0[1], a1[1], (sd_time_ms() - t0) / 1000, ra[0], ra[1]);
     CHECK(a0[0] < 0.1 && a1[0] > 0.5 && a1[1] > 0.5, "the pattern was not learnt (depth 0 %.2f -> %.2f, depth 1 %.2f)",
           a0[0], a1[0], a1[1]);
     CHECK(l1 < 0.67 * l0, "held-out loss %.3f -> %.3f", l0, l1);
@@ -384,7 +389,7 @@ out:
     sd_model_free(m);
 }
 
-static void test_moa_learns_pattern(void) { learns_pattern("llama", 0, 0); }
+static void test_moa_learns_pattern(void) { learns_pattern("llama", 0, 0, 0); }
 
 // sd_moa_block draws every k of its range, and only those.
 static void test_moa_block_range(void) {
@@ -405,8 +410,13 @@ static void test_moa_block_range(void) {
               missing);
     }
 }
-static void test_moa_tli_neox_learns_pattern(void) { learns_pattern("qwen2", 1, 0); }
-static void test_moa_nolsa_learns_pattern(void) { learns_pattern("qwen2", 1, 1); }
+static void test_moa_tli_neox_learns_pattern(void) { learns_pattern("qwen2", 1, 0, 0); }
+static void test_moa_nolsa_learns_pattern(void) { learns_pattern("qwen2", 1, 1, 0); }
+// CA also reads the target's states (ca_hidden): TLI 0 the final normed state, TLI 1 the one entering the last layer
+static void test_moa_ca_hidden_learns_pattern(void) {
+    learns_pattern("llama", 0, 1, 1);
+    learns_pattern("qwen2", 1, 1, 1);
+}
 
 int main(void) {
     tf_init("test_moa_train");
@@ -418,6 +428,7 @@ int main(void) {
     T_RUN(test_moa_learns_pattern);
     T_RUN(test_moa_tli_neox_learns_pattern);
     T_RUN(test_moa_nolsa_learns_pattern);
+    T_RUN(test_moa_ca_hidden_learns_pattern);
     T_RUN(test_moa_resume_bit_identical);
     tf_done();
     T_EXIT();
