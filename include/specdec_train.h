@@ -116,6 +116,8 @@ typedef struct sd_train_head_params {
     int moa_no_lsa;             // MoA: 1 = no LSA layer (the layers' mean K,V row projected); default 0
     int moa_ca_hidden;          // MoA: 1 = CA also reads the target's state entering layer L-N (TLI 0: its
                                 // final normed state), as EAGLE reads the target's states; default 0
+    int moa_sa_hidden;          // MoA: 1 = SA's input rows also add that state of the last verified position
+                                // (as EAGLE's input); default 0
     int moa_block_min, moa_block_max;  // MoA: a verified point every k positions, k drawn per sequence in
                                 // min..max (1..SD_TRAIN_MOA_MAX_BLOCK): a row at distance d after its point
                                 // trains the d-th drafted token; default 6..15 (the reference's; docs/moa.md)

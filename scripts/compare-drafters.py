@@ -21,7 +21,8 @@ WORK/trained.json) is kept.
 Kinds: eagle3 (lr 1e-3, batch 8, 256 positions a sequence), moa, moa-nolsa,
 moa-tli1, moa-tli1-nolsa, moa-tli2-nolsa (lr 1e-3, batch 4, 128 positions:
 docs/moa.md), moa-nolsa-hid and moa-tli1-nolsa-hid (CA also reads the target's
-states: train-head --ca-hidden); an MoA kind with the suffix -bMIN-MAX (moa-nolsa-b2-5) draws
+states: train-head --ca-hidden), moa-nolsa-hid2 and moa-tli1-nolsa-hid2 (SA's
+input too: --sa-hidden); an MoA kind with the suffix -bMIN-MAX (moa-nolsa-b2-5) draws
 its verified points every MIN-MAX positions (train-head --moa-block).
 
 usage: scripts/compare-drafters.py -m MODEL --data FILE [--data FILE ...]
@@ -47,8 +48,9 @@ KINDS = {
     "moa-tli2-nolsa": (["--type", "moa", "--tli", "2", "--no-lsa", "--seq-len", "128", "--batch", "4",
                         "--lr", "1e-3"], 2000),
 }
-for _k in ("moa-nolsa", "moa-tli1-nolsa"):   # -hid: CA also reads the target's states (train-head --ca-hidden)
-    KINDS[_k + "-hid"] = (KINDS[_k][0] + ["--ca-hidden"], KINDS[_k][1])
+for _k in ("moa-nolsa", "moa-tli1-nolsa"):   # -hid: CA also reads the target's states (train-head --ca-hidden);
+    KINDS[_k + "-hid"] = (KINDS[_k][0] + ["--ca-hidden"], KINDS[_k][1])   # -hid2: and SA's input (--sa-hidden)
+    KINDS[_k + "-hid2"] = (KINDS[_k][0] + ["--ca-hidden", "--sa-hidden"], KINDS[_k][1])
 BLOCK = re.compile(r"^(moa[a-z0-9-]*?)-b(\d+)-(\d+)$")
 
 

@@ -5,7 +5,7 @@
 // greedy output must still equal plain decoding, which is what those tests
 // assert.
 //
-//   build/tests/tool_random_head MODEL.gguf OUT.gguf [eagle3|medusa|moa[-tliN][-nolsa][-hid]|moa-exact] [SEED]
+//   build/tests/tool_random_head MODEL.gguf OUT.gguf [eagle3|medusa|moa[-tliN][-nolsa][-hid|-hid2]|moa-exact] [SEED]
 //
 // moa-exact: an MoA drafter whose SA and CA matrices are zero and whose TLI
 // runs every target layer: it drafts what the target would (a check of the
@@ -25,7 +25,7 @@
 
 int main(int argc, char **argv) {
     if (argc < 3 || argc > 5) {
-        fprintf(stderr, "usage: %s MODEL.gguf OUT.gguf [eagle3|medusa|moa[-tliN][-nolsa][-hid]|moa-exact] [SEED]\n", argv[0]);
+        fprintf(stderr, "usage: %s MODEL.gguf OUT.gguf [eagle3|medusa|moa[-tliN][-nolsa][-hid|-hid2]|moa-exact] [SEED]\n", argv[0]);
         return 1;
     }
     const char *type_s = argc > 3 ? argv[3] : "eagle3";
@@ -54,6 +54,7 @@ int main(int argc, char **argv) {
         if (t) hp.moa_tli = atoi(t + 4);
         hp.moa_no_lsa = strstr(type_s, "-nolsa") != NULL;
         hp.moa_ca_hidden = strstr(type_s, "-hid") != NULL;   // CA also reads the target's states
+        hp.moa_sa_hidden = strstr(type_s, "-hid2") != NULL;  // and SA's input
         if (exact) hp.moa_tli = hp.target_n_layer;
     }
     sd_head *h = NULL;

@@ -285,10 +285,14 @@ static int moa_accept(sd_drafter *dr, const sd_step_record *rec, char *err, size
         if (remote_rows(s, s->hist, s->root_pos, rec->n_path, rec->hidden, err, errlen) < 0) return -1;
     } else if (!s->remote) {
         sd_moa_run_drop_pending(s->r);
-        if (s->hid && rec->hidden && s->root_pos >= 0 && s->root_pos + rec->n_path <= s->n_ctx) {
-            memcpy(s->hist, s->txt, sizeof(int32_t) * (size_t)(s->root_pos + 1));
-            for (int k = 1; k < rec->n_path; k++) s->hist[s->root_pos + k] = tree->token[rec->path[k]];
-            put_states(s, s->hist, s->root_pos, rec->n_path, rec->hidden);
+        // The path joins the text after the root, the bonus becomes the next root: a step can come without a
+        // propose (the generation asks for none when it drafts nothing), and its accept stands there.
+        const int r0 = s->root_pos, nr = r0 + rec->n_path;
+        s->root_pos = -1;
+        if (r0 >= 0 && s->txt[r0] == tree->token[0] && nr < s->n_ctx) {
+            for (int k = 1; k < rec->n_path; k++) s->txt[r0 + k] = tree->token[rec->path[k]];
+            put_states(s, s->txt, r0, rec->n_path, rec->hidden);
+            if (rec->bonus >= 0) s->txt[nr] = rec->bonus, s->root_pos = nr;
         }
     }
     for (int k = 0; k < rec->n_path; k++) {
@@ -425,7 +429,7 @@ int sd_draft_moa_new(sd_drafter **out, const sd_head *h, const sd_model *target,
     s->vb = malloc(sizeof(float) * R * (size_t)(s->ekv / 2));
     s->hist = malloc(sizeof(int32_t) * ((size_t)s->n_ctx + MOA_TREE_MAX + MOA_CHAIN_MAX));
     int bad = !s->txt || !s->slot || !s->lg || !s->full || !s->kv || !s->kb || !s->vb || !s->hist;
-    if (!bad && h->hp.moa_ca_hidden) {   // CA reads the target's states: the engine hands them in
+    if (!bad && sd_moa_reads_states(&h->hp)) {   // SA or CA reads the target's states: the engine hands them in
         s->hid = malloc(sizeof(float) * (size_t)s->n_ctx * (size_t)s->E);
         s->htxt = malloc(sizeof(int32_t) * (size_t)s->n_ctx);
         bad = !s->hid || !s->htxt;

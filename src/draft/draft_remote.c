@@ -64,7 +64,7 @@ struct sd_moa_lsa {
 
 int sd_moa_lsa_new(sd_moa_lsa **out, const sd_head *h, const sd_model *m, char *err, size_t errlen) {
     *out = NULL;
-    if (!h || h->hp.type != SD_HEAD_MOA || h->hp.moa_no_lsa || h->hp.moa_ca_hidden)
+    if (!h || h->hp.type != SD_HEAD_MOA || h->hp.moa_no_lsa || sd_moa_reads_states(&h->hp))
         return sd_errc(SD_ERR_INPUT, err, errlen, "moa lsa: an MoA drafter with LSA (without --ca-hidden) is required");
     sd_moa_lsa *x = calloc(1, sizeof *x);
     if (!x) return sd_errc(SD_ERR_OOM, err, errlen, "moa lsa: out of memory");
@@ -95,7 +95,8 @@ uint64_t sd_head_fingerprint(const sd_head *h) {
     uint64_t x = 0xcbf29ce484222325ull;   // FNV-1a over the shape, the parameters' bytes and the draft vocabulary
     const sd_head_hp *hp = &h->hp;
     const int64_t shape[] = {hp->type, hp->n_embd, hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_ff,
-                             hp->n_draft_vocab, hp->moa_tli, hp->moa_no_lsa, hp->moa_kv_width};
+                             hp->n_draft_vocab, hp->moa_tli, hp->moa_no_lsa | hp->moa_ca_hidden << 1 | hp->moa_sa_hidden << 2,
+                             hp->moa_kv_width};
     for (size_t i = 0; i < sizeof shape / sizeof *shape; i++)
         for (int k = 0; k < 8; k++) x = (x ^ (uint8_t)(shape[i] >> (8 * k))) * 0x100000001b3ull;
     const uint8_t *b = (const uint8_t *)h->w;

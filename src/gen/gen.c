@@ -308,7 +308,9 @@ static int draft_tree(sd_gen *g, int n_past, char *err, size_t errlen) {
     char ferr[256];
     sd_tree_reset(&g->tree, g->seq[g->n_seq - 1]);
     g->aux = (sd_aux_nodes){0, 0, g->aux_tok, g->aux_par, g->aux_lg};
-    if (!d || g->step_max <= 1) return 0;
+    // A step that drafts nothing (its limit 1) still tells a drafter reading the target's states where the text
+    // stands (a propose of one node: the root), so the step's accepted row lands at its position.
+    if (!d || g->step_max < 1 || (g->step_max == 1 && d->n_hidden_layers == 0)) return 0;
     g->rk.pos0 = g->n_seq;   // the root's children stand at the text's next position
     sd_draft_ctx dc = {g->seq, g->n_seq, g->step_max, !g->greedy, sd_sampler_get_params(g->smp), &d->rng,
                        g->race ? &g->rk : NULL, g->s};

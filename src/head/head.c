@@ -271,7 +271,9 @@ int sd_head_describe(const sd_head *h, char *buf, size_t len) {
     }
     if (hp->type == SD_HEAD_MOA)
         return snprintf(buf, len, "moa drafter: TLI %d, %s%s, draft vocabulary %d of %d tokens%s", hp->moa_tli,
-                        hp->moa_no_lsa ? "no LSA" : "LSA", hp->moa_ca_hidden ? ", CA reads the target's state" : "",
+                        hp->moa_no_lsa ? "no LSA" : "LSA",
+                        hp->moa_sa_hidden ? (hp->moa_ca_hidden ? ", SA and CA read the target's state" : ", SA reads the target's state")
+                                          : hp->moa_ca_hidden ? ", CA reads the target's state" : "",
                         hp->n_draft_vocab, hp->target_n_vocab, facts);
     if (hp->type == SD_HEAD_MEDUSA)
         return snprintf(buf, len, "medusa head: %d heads, draft vocabulary %d of %d tokens%s", hp->n_medusa,

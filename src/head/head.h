@@ -37,6 +37,8 @@ typedef struct sd_head_hp {
     int moa_no_lsa;          // 1: no LSA decoder layer (the layers' mean K,V row is projected directly)
     int moa_ca_hidden;       // 1: CA's keys and values also read the target's state entering layer L-N
                              //    (TLI 0: its final normed state), RMS-scaled, through ca.hidden (E x E)
+    int moa_sa_hidden;       // 1: every drafted row's SA input also adds that state of the last verified
+                             //    position, through sa.hidden (E x E) (as EAGLE's input reads it)
     int moa_kv_width;        // Ekv = 2 * target n_head_kv * target head_dim: one layer's K,V row
     int moa_lsa_n_head, moa_lsa_n_head_kv, moa_lsa_head_dim, moa_lsa_n_ff; // LSA layer (lsa_n_head * lsa_head_dim == Ekv)
     // What the head was made for (checked against a target at load).

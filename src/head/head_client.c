@@ -12,6 +12,7 @@
 
 #include "common.h"
 #include "head/head.h"
+#include "head/moa.h"
 #include "model/gguf.h"
 #include "model/model.h"
 
@@ -65,10 +66,10 @@ int sd_client_file_write(const char *target_path, const char *head_path, const c
                      head_path);
         goto out;
     }
-    if (h->hp.type == SD_HEAD_MOA && h->hp.moa_ca_hidden) {   // the split carries K,V rows, not the states CA reads
+    if (h->hp.type == SD_HEAD_MOA && sd_moa_reads_states(&h->hp)) {   // the split carries K,V rows, not states
         rc = sd_errc(SD_ERR_INPUT, err, errlen,
-                     "%s: an MoA drafter trained with --ca-hidden reads the target's states, which the split does not "
-                     "carry (yet): train the client's drafter without --ca-hidden (docs/split.md)",
+                     "%s: an MoA drafter trained with --ca-hidden or --sa-hidden reads the target's states, which the "
+                     "split does not carry (yet): train the client's drafter without them (docs/split.md)",
                      head_path);
         goto out;
     }

@@ -35,6 +35,11 @@ int sd_moa_check_hp(const sd_head_hp *hp, char *err, size_t errlen) {
     if (hp->moa_no_lsa & ~1) return sd_err(err, errlen, "moa: no_lsa %d, expected 0 or 1", hp->moa_no_lsa);
     if (hp->moa_ca_hidden & ~1)
         return sd_err(err, errlen, "moa: ca_hidden %d, expected 0 or 1", hp->moa_ca_hidden);
+    if (hp->moa_sa_hidden & ~1)
+        return sd_err(err, errlen, "moa: sa_hidden %d, expected 0 or 1", hp->moa_sa_hidden);
+    if (sd_moa_reads_states(hp) && hp->moa_tli >= hp->target_n_layer)
+        return sd_err(err, errlen, "moa: a drafter reading the state entering layer L-N needs a layer before it (TLI %d)",
+                      hp->moa_tli);
     if (hp->moa_tli < 0 || hp->moa_tli > hp->target_n_layer)
         return sd_err(err, errlen, "moa: TLI %d outside 0..%d (the target has %d layers)", hp->moa_tli,
                       hp->target_n_layer, hp->target_n_layer);
@@ -78,6 +83,10 @@ void sd_moa_build_table(sd_head *h, size_t *off) {
     if (hp->moa_ca_hidden) {
         SD_ASSERT(h->n_t == sd_moa_hidden_t(hp));
         sd_head_add_tensor(h, "ca.hidden.weight", E, E, 0, off);
+    }
+    if (hp->moa_sa_hidden) {
+        SD_ASSERT(h->n_t == sd_moa_sa_hidden_t(hp));
+        sd_head_add_tensor(h, "sa.hidden.weight", E, E, 0, off);
     }
 }
 

@@ -11,6 +11,8 @@
 //     no-LSA: c_j = P mean_l(R_j) + b.
 //     ca_hidden: c_j += H h_j / rms(h_j), h_j the target's state entering
 //     layer L-N at j (TLI 0: its final normed state, the output's input).
+//     sa_hidden: SA's input rows add G h_v / rms(h_v), v the last verified
+//     position (none: nothing added).
 //   SA: s = Layer_sa over the token embeddings after the last verified
 //     position (the tree root, then its drafted descendants), causal.
 //   CA: u = s + Wo attn(q = rope(Wq n(s), p); k_j = rope(Wk n(c_j), j),
@@ -46,9 +48,12 @@ enum {
 
 // The index of ca.hidden.weight (E, E) in an MoA head's table (present
 // with hp->moa_ca_hidden): after the LSA layer, or after the projection
-// without LSA.
+// without LSA; sa.hidden.weight (E, E) (hp->moa_sa_hidden) after it.
 static inline int sd_moa_hidden_t(const sd_head_hp *hp) { return hp->moa_no_lsa ? SD_MOA_LSA : SD_MOA_N_TENSORS; }
-// The target state a ca_hidden drafter reads (as sd_batch.hidden_layers):
+static inline int sd_moa_sa_hidden_t(const sd_head_hp *hp) { return sd_moa_hidden_t(hp) + (hp->moa_ca_hidden != 0); }
+// 1 when the drafter reads the target's states (ca_hidden or sa_hidden).
+static inline int sd_moa_reads_states(const sd_head_hp *hp) { return hp->moa_ca_hidden || hp->moa_sa_hidden; }
+// The target state a drafter reading states (ca_hidden, sa_hidden) reads (as sd_batch.hidden_layers):
 // the stream after block L-N-1, or SD_HIDDEN_NORM for TLI 0.
 int sd_moa_hidden_layer(const sd_head_hp *hp);
 // h_j / rms(h_j) into out (n floats; zeros stay zeros).
@@ -104,11 +109,11 @@ void sd_moa_run_free(sd_moa_run *r);
 // Appends n <= SD_MOA_ROWS verified positions (the next n_cached ..): kv
 // (n, L, Ekv) each position's K,V rows of every target layer (K with the
 // target's RoPE, as cached; the last N of them are the TLI layers' own);
-// hid (n, E) their target states at sd_moa_hidden_layer (a ca_hidden
-// drafter; else ignored, may be NULL). Runs LSA and stores the CA keys and
-// values. Returns 0 or <0 (full; no states for a ca_hidden drafter).
+// hid (n, E) their target states at sd_moa_hidden_layer (a drafter that
+// reads them; else ignored, may be NULL). Runs LSA and stores the CA keys
+// and values. Returns 0 or <0 (full; no states for a drafter reading them).
 int sd_moa_run_context(sd_moa_run *r, const float *kv, const float *hid, int n, char *err, size_t errlen);
-// 1 when the drafter reads the target's states (ca_hidden).
+// 1 when the drafter reads the target's states (ca_hidden, sa_hidden).
 int sd_moa_run_needs_hidden(const sd_moa_run *r);
 // As sd_moa_run_context from LSA's outputs computed elsewhere (a split
 // server, docs/split.md): rows (n, E + N Ekv), each position's c then the

@@ -37,7 +37,7 @@ struct sd_moa_run {
     int E, L, ekv, N, V, n_ctx, max_pending;
     float eps, t_eps;
     dlayer sa, ca, lsa, *tl;       // tl: (N) the target's last N layers
-    mmat proj, out, hid;           // hid: ca.hidden (ca_hidden drafters; else empty)
+    mmat proj, out, hid, sah;      // hid: ca.hidden, sah: sa.hidden (drafters reading states; else empty)
     float *proj_b;                 // (E)
     float *out_norm;               // (E) the target's final norm
     double *lsa_freq, *sa_freq, *t_freq;
@@ -54,7 +54,8 @@ struct sd_moa_run {
     // scratch
     float *x, *xn, *q, *k, *v, *att, *o, *g, *u, *c, *sc;
     float *cl;                     // (SD_MOA_ROWS, E) LSA outputs of a context call
-    float *hn;                     // (SD_MOA_ROWS, E) ca_hidden: the scaled target states
+    float *hn;                     // (SD_MOA_ROWS, E) the scaled target states of a context call
+    float *gh;                     // (n_ctx, E) sa_hidden: G h/rms(h) of each verified position
     int32_t *chain;                // (max_pending)
 };
 
@@ -80,9 +81,10 @@ void sd_moa_run_free(sd_moa_run *r) {
     mm_free(&r->proj);
     mm_free(&r->out);
     mm_free(&r->hid);
+    mm_free(&r->sah);
     void *bufs[] = {r->proj_b, r->out_norm, r->lsa_freq, r->sa_freq, r->t_freq, r->ck, r->cv, r->tk, r->tv,
                     r->sk, r->sv, r->pk, r->pv, r->ppar, r->x, r->xn, r->q, r->k, r->v, r->att, r->o,
-                    r->g, r->u, r->c, r->sc, r->cl, r->hn, r->chain, r->mm.wbuf};
+                    r->g, r->u, r->c, r->sc, r->cl, r->hn, r->gh, r->chain, r->mm.wbuf};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     if (r->pool) sd_pool_free(r->pool);
     free(r);
@@ -191,6 +193,7 @@ int sd_moa_run_new(sd_moa_run **out, const sd_head *h, const sd_model *m, int n_
                                                 hp->moa_lsa_head_dim, hp->moa_lsa_n_ff) == 0) &&
              mm_make(r, &r->proj, sd_head_w(h, SD_MOA_PROJ), ekv, E) == 0 &&
              (!hp->moa_ca_hidden || mm_make(r, &r->hid, sd_head_w(h, sd_moa_hidden_t(hp)), E, E) == 0) &&
+             (!hp->moa_sa_hidden || mm_make(r, &r->sah, sd_head_w(h, sd_moa_sa_hidden_t(hp)), E, E) == 0) &&
              (r->proj_b = dup_f(sd_head_w(h, SD_MOA_PROJ_B), (size_t)E)) != NULL;
     if (!ok) {
         sd_moa_run_free(r);
@@ -245,10 +248,12 @@ int sd_moa_run_new(sd_moa_run **out, const sd_head *h, const sd_model *m, int n_
     r->sc = malloc(sizeof(float) * (nc + mp + (size_t)r->L));
     r->cl = malloc(sizeof(float) * SD_MOA_ROWS * (size_t)E);
     r->hn = malloc(sizeof(float) * SD_MOA_ROWS * (size_t)E);
+    r->gh = hp->moa_sa_hidden ? malloc(sizeof(float) * nc * (size_t)E) : malloc(sizeof(float));
     size_t ws = SD_MAX(layer_wsize(&r->sa, SD_MOA_ROWS), layer_wsize(&r->lsa, LSA_ROWS));
     ws = SD_MAX(ws, sd_matmul_wsize(r->proj.type, ekv, LSA_ROWS));
     ws = SD_MAX(ws, sd_matmul_wsize(r->out.type, E, SD_MOA_ROWS));
     if (r->hid.W) ws = SD_MAX(ws, sd_matmul_wsize(r->hid.type, E, SD_MOA_ROWS));
+    if (r->sah.W) ws = SD_MAX(ws, sd_matmul_wsize(r->sah.type, E, SD_MOA_ROWS));
     ws = SD_MAX(ws, layer_wsize(&r->ca, SD_MOA_ROWS));
     for (int i = 0; i < r->N; i++) ws = SD_MAX(ws, layer_wsize(&r->tl[i], SD_MOA_ROWS));
     r->mm.wbuf = malloc(ws ? ws : 64);
@@ -256,7 +261,7 @@ int sd_moa_run_new(sd_moa_run **out, const sd_head *h, const sd_model *m, int n_
     r->mm.pool = r->pool;
     if (!r->lsa_freq || !r->sa_freq || !r->t_freq || !r->ck || !r->cv || !r->tk || !r->tv || !r->sk || !r->sv ||
         !r->pk || !r->pv || !r->ppar || !r->chain || !r->x || !r->xn || !r->q || !r->k || !r->v || !r->att ||
-        !r->o || !r->g || !r->u || !r->c || !r->sc || !r->cl || !r->hn || !r->mm.wbuf) {
+        !r->o || !r->g || !r->u || !r->c || !r->sc || !r->cl || !r->hn || !r->gh || !r->mm.wbuf) {
         sd_moa_run_free(r);
         return sd_err(err, errlen, "moa: out of memory");
     }
@@ -394,9 +399,10 @@ static void lsa_rows(sd_moa_run *r, const float *kv, const float *hid, int n, fl
     }
     mat(r, &r->proj, mean, n, c);
     add_bias(c, r->proj_b, n, r->E);
-    if (r->hid.W) {
-        const size_t E = (size_t)r->E;
+    const size_t E = (size_t)r->E;
+    if (hid && (r->hid.W || r->sah.W))   // r->hn: the scaled states (sa_hidden's rows read them too)
         for (int i = 0; i < n; i++) sd_moa_hidden_scale(hid + (size_t)i * E, r->E, r->hn + (size_t)i * E);
+    if (r->hid.W) {
         mat(r, &r->hid, r->hn, n, r->o);
         for (size_t j = 0; j < (size_t)n * E; j++) c[j] += r->o[j];
     }
@@ -404,7 +410,7 @@ static void lsa_rows(sd_moa_run *r, const float *kv, const float *hid, int n, fl
 
 void sd_moa_run_lsa(sd_moa_run *r, const float *kv, const float *hid, int n, float *c) { lsa_rows(r, kv, hid, n, c); }
 
-int sd_moa_run_needs_hidden(const sd_moa_run *r) { return r->hid.W != NULL; }
+int sd_moa_run_needs_hidden(const sd_moa_run *r) { return r->hid.W || r->sah.W; }
 
 // CA's keys and values of n positions from their LSA outputs cc (n, E), and
 // the TLI layers' rows: tli (n, N, Ekv) with stride ld floats a position.
@@ -431,14 +437,17 @@ static void context_from(sd_moa_run *r, const float *cc, const float *tli, size_
 int sd_moa_run_context(sd_moa_run *r, const float *kv, const float *hid, int n, char *err, size_t errlen) {
     if (n < 1 || n > SD_MOA_ROWS) return sd_err(err, errlen, "moa: %d context rows (1..%d)", n, SD_MOA_ROWS);
     if (r->n_cached + n > r->n_ctx) return sd_err(err, errlen, "moa: the drafter's context is full (%d)", r->n_ctx);
-    if (r->hid.W && !hid) return sd_err(err, errlen, "moa: this drafter reads the target's states (ca_hidden): none given");
+    if (sd_moa_run_needs_hidden(r) && !hid)
+        return sd_err(err, errlen, "moa: this drafter reads the target's states (ca_hidden, sa_hidden): none given");
     lsa_rows(r, kv, hid, n, r->cl);   // (n, E) the LSA outputs
+    if (r->sah.W) mat(r, &r->sah, r->hn, n, r->gh + (size_t)r->n_cached * r->E);
     context_from(r, r->cl, kv + (size_t)(r->L - r->N) * r->ekv, (size_t)r->L * r->ekv, n);
     return 0;
 }
 
 int sd_moa_run_context_lsa(sd_moa_run *r, const float *rows, int n, char *err, size_t errlen) {
     if (n < 1 || n > SD_MOA_ROWS) return sd_err(err, errlen, "moa: %d context rows (1..%d)", n, SD_MOA_ROWS);
+    if (r->sah.W) return sd_err(err, errlen, "moa: this drafter reads the target's states (sa_hidden): none given");
     if (r->n_cached + n > r->n_ctx) return sd_err(err, errlen, "moa: the drafter's context is full (%d)", r->n_ctx);
     const size_t ld = (size_t)r->E + (size_t)r->N * r->ekv;
     for (int i = 0; i < n; i++) memcpy(r->cl + (size_t)i * r->E, rows + (size_t)i * ld, sizeof(float) * (size_t)r->E);
@@ -472,9 +481,13 @@ int sd_moa_run_eval(sd_moa_run *r, const int32_t *tok, const int32_t *pos, const
     // SA over the token embeddings, each row seeing its chain of drafted rows.
     const dlayer *sa = &r->sa;
     const int sqd = sa->nh * sa->hd, skd = sa->nkv * sa->hd;
+    const float *gv = r->sah.W && r->n_cached > 0 ? r->gh + (size_t)(r->n_cached - 1) * E : NULL;
     for (int i = 0; i < n; i++) {
-        sd_model_token_embd(r->m, tok[i], x + (size_t)i * E, NULL, 0);
-        rms(r->xn + (size_t)i * E, x + (size_t)i * E, sa->attn_norm, E, r->eps);
+        float *xi = x + (size_t)i * E;
+        sd_model_token_embd(r->m, tok[i], xi, NULL, 0);
+        if (gv)   // sa_hidden: G h/rms(h) of the last verified position
+            for (int j = 0; j < E; j++) xi[j] += gv[j];
+        rms(r->xn + (size_t)i * E, xi, sa->attn_norm, E, r->eps);
     }
     mat(r, &sa->q, r->xn, n, r->q);
     mat(r, &sa->k, r->xn, n, r->k);

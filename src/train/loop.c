@@ -83,8 +83,8 @@ static int resolve(loop_run *r, const sd_train_head_params *p, char *err, size_t
     sd_train_head_params *P = &r->P;
     if (P->type != SD_HEAD_EAGLE3 && P->type != SD_HEAD_MEDUSA && P->type != SD_HEAD_MOA)
         return sd_err(err, errlen, "unknown head type %d (eagle3, medusa or moa)", P->type);
-    if (P->type != SD_HEAD_MOA && (P->moa_tli || P->moa_no_lsa || P->moa_ca_hidden))
-        return sd_err(err, errlen, "--tli, --no-lsa and --ca-hidden are for an MoA drafter (--type moa)");
+    if (P->type != SD_HEAD_MOA && (P->moa_tli || P->moa_no_lsa || P->moa_ca_hidden || P->moa_sa_hidden))
+        return sd_err(err, errlen, "--tli, --no-lsa, --ca-hidden and --sa-hidden are for an MoA drafter (--type moa)");
     if (!P->moa_block_min && !P->moa_block_max) P->moa_block_min = SD_MOA_BLOCK_MIN, P->moa_block_max = SD_MOA_BLOCK_MAX;
     if (P->type != SD_HEAD_MOA && (P->moa_block_min != SD_MOA_BLOCK_MIN || P->moa_block_max != SD_MOA_BLOCK_MAX))
         return sd_err(err, errlen, "--moa-block is for an MoA drafter (--type moa)");
@@ -141,12 +141,13 @@ static int plan_head(loop_run *r, sd_head_hp *hp, char *err, size_t errlen) {
                           hp->type == SD_HEAD_EAGLE3 ? "an EAGLE-3" : hp->type == SD_HEAD_MOA ? "an MoA" : "a Medusa",
                           P->type == SD_HEAD_EAGLE3 ? "an EAGLE-3" : P->type == SD_HEAD_MOA ? "an MoA" : "a Medusa");
         if (hp->type == SD_HEAD_MOA && (hp->moa_tli != P->moa_tli || hp->moa_no_lsa != P->moa_no_lsa ||
-                                        hp->moa_ca_hidden != P->moa_ca_hidden))
+                                        hp->moa_ca_hidden != P->moa_ca_hidden || hp->moa_sa_hidden != P->moa_sa_hidden))
             return sd_err(err, errlen,
-                          "the checkpoint %s trains an MoA drafter with TLI %d%s%s; this run asks for TLI %d%s%s",
+                          "the checkpoint %s trains an MoA drafter with TLI %d%s%s%s; this run asks for TLI %d%s%s%s",
                           r->ckpt_path, hp->moa_tli, hp->moa_no_lsa ? " without LSA" : "",
-                          hp->moa_ca_hidden ? " with --ca-hidden" : "", P->moa_tli,
-                          P->moa_no_lsa ? " without LSA" : "", P->moa_ca_hidden ? " with --ca-hidden" : "");
+                          hp->moa_ca_hidden ? " with --ca-hidden" : "", hp->moa_sa_hidden ? " with --sa-hidden" : "",
+                          P->moa_tli, P->moa_no_lsa ? " without LSA" : "", P->moa_ca_hidden ? " with --ca-hidden" : "",
+                          P->moa_sa_hidden ? " with --sa-hidden" : "");
         int dv = SD_MIN(P->draft_vocab, r->m->hp.n_vocab);
         if (!P->init_path && hp->type == SD_HEAD_EAGLE3 && P->head_ff > 0 && hp->n_ff != P->head_ff)
             return sd_err(err, errlen, "the checkpoint %s has a feed-forward width of %d; this run asks for %d",
@@ -172,6 +173,7 @@ static int plan_head(loop_run *r, sd_head_hp *hp, char *err, size_t errlen) {
         hp->moa_tli = P->moa_tli;
         hp->moa_no_lsa = P->moa_no_lsa;
         hp->moa_ca_hidden = P->moa_ca_hidden;
+        hp->moa_sa_hidden = P->moa_sa_hidden;
         if (P->head_ff > 0) hp->n_ff = P->head_ff;
     }
     return 0;

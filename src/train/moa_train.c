@@ -14,8 +14,8 @@
 //   LSA   (T L rows of Ekv): Z = Layer_lsa(KV) (RoPE by layer index, each
 //         position's L rows see each other); m = mean_l Z; c = P m + b  (E)
 //         (no-LSA: m = mean_l KV)
-//   SA    s = Layer_sa(emb(x))                                           (E)
 //         (ca_hidden: c += H h/rms(h), h the target's state entering layer L-N, TLI 0 its final normed state)
+//   SA    s = Layer_sa(emb(x) [sa_hidden: + G h_v/rms(h_v), v = r_i - 1 the last verified position])   (E)
 //   CA    y = s + Wo attn(q = rope(Wq n(s)), k = rope(Wk n(c)), v = Wv n(c)); y += FFN(y)   (E)
 //   TLI   y = TargetLayer_t(y) for the last N target layers (frozen)
 //   z = n(y) * g_out (target's);  logits = W_out z (the draft vocabulary's rows, frozen)
@@ -72,7 +72,7 @@ struct sd_moa_tr {
     int cs_t_pos0;                   // cs_t covers the target positions cs_t_pos0 .. + T_max - 1
     int kmin, kmax;                  // the block length's range (sd_moa_block)
     // loss and LSA output
-    float *X0, *M, *C, *Hn, *Emb, *Z, *rsZ, *Lg, *loss_row;   // Hn: ca_hidden's scaled states
+    float *X0, *M, *C, *Hn, *Hsel, *Emb, *Z, *rsZ, *Lg, *loss_row;   // Hn: the scaled states; Hsel: sa_hidden's
     int32_t *argmax;
     // backward scratch (rows up to T_max L)
     float *dY, *dX, *dX1, *dB, *dS, *dG, *dU, *dO, *dQ, *dK, *dV, *dA, *dCk, *dSc, *dC, *dM, *dZ, *dKV;
@@ -181,7 +181,8 @@ static void carve(sd_moa_tr *w, float *f, int32_t *ip, size_t *nf, size_t *ni) {
     w->X0 = w->h->hp.moa_no_lsa ? NULL : take(&f, nf, TL * ekv);   // LSA's input
     w->M = take(&f, nf, (size_t)T * ekv);
     w->C = take(&f, nf, (size_t)T * E);
-    w->Hn = w->h->hp.moa_ca_hidden ? take(&f, nf, (size_t)T * E) : NULL;
+    w->Hn = sd_moa_reads_states(&w->h->hp) ? take(&f, nf, (size_t)T * E) : NULL;
+    w->Hsel = w->h->hp.moa_sa_hidden ? take(&f, nf, (size_t)T * E) : NULL;
     w->Emb = take(&f, nf, (size_t)T * E);
     w->Z = take(&f, nf, (size_t)T * E);
     w->rsZ = take(&f, nf, (size_t)T);
@@ -521,13 +522,22 @@ double sd_moa_tr_loss(sd_moa_tr *w, const sd_tr_ctx *cx, const sd_train_seq *seq
     add_bias(w->C, Pb, T, E);
     // ca_hidden: c += H h / rms(h), h the state entering layer L-N (TLI 0: the final normed state)
     const float *Hw = h->hp.moa_ca_hidden ? sd_head_w(h, sd_moa_hidden_t(&h->hp)) : NULL;
-    if (Hw) {
+    const float *Gw = h->hp.moa_sa_hidden ? sd_head_w(h, sd_moa_sa_hidden_t(&h->hp)) : NULL;
+    if (w->Hn) {
         const int hsrc = hoff + (w->N > 0 ? 0 : E);
         for (int p = 0; p < T; p++) sd_moa_hidden_scale(F + (size_t)p * nfeat + hsrc, E, w->Hn + (size_t)p * E);
-        sd_tr_linear(cx, T, E, E, w->Hn, Hw, w->C, 1);
     }
+    if (Hw) sd_tr_linear(cx, T, E, E, w->Hn, Hw, w->C, 1);
     // SA over the embeddings, CA over c, the TLI layers
     for (int p = 0; p < T; p++) sd_model_token_embd(w->m, seq->tokens[p], w->Emb + (size_t)p * E, NULL, 0);
+    if (Gw) {   // sa_hidden: every row adds G h/rms(h) of its block's last verified position (none in the first block)
+        for (int p = 0; p < T; p++) {
+            const int v = blk(p, k) - 1;
+            if (v >= 0) memcpy(w->Hsel + (size_t)p * E, w->Hn + (size_t)v * E, sizeof(float) * (size_t)E);
+            else memset(w->Hsel + (size_t)p * E, 0, sizeof(float) * (size_t)E);
+        }
+        sd_tr_linear(cx, T, E, E, w->Hsel, Gw, w->Emb, 1);
+    }
     la_fwd(cx, &w->sa, &w->a_sa, w->Emb, NULL, eps);
     la_fwd(cx, &w->ca, &w->a_ca, w->a_sa.Y, w->C, eps);
     const float *y = w->a_ca.Y;
@@ -579,7 +589,9 @@ double sd_moa_tr_loss(sd_moa_tr *w, const sd_tr_ctx *cx, const sd_train_seq *seq
     memset(dX, 0, sizeof(float) * (size_t)T * E);
     memset(w->dC, 0, sizeof(float) * (size_t)T * E);
     la_bwd(w, cx, &w->ca, &w->a_ca, w->a_sa.Y, w->C, dY, dX, w->dC, eps, fault);
+    if (Gw) memset(w->dKV, 0, sizeof(float) * (size_t)T * E);
     la_bwd(w, cx, &w->sa, &w->a_sa, w->Emb, NULL, dX, w->dKV, NULL, eps, fault);   // (the embeddings' gradient is dropped)
+    if (Gw) sd_tr_linear_dw(cx, T, E, E, w->dKV, w->Hsel, grad + h->t[sd_moa_sa_hidden_t(&h->hp)].off);
     bias_grad(grad + h->t[SD_MOA_PROJ_B].off, w->dC, T, E);
     sd_tr_linear_dw(cx, T, ekv, E, w->dC, w->M, grad + h->t[SD_MOA_PROJ].off);
     if (Hw) sd_tr_linear_dw(cx, T, E, E, w->dC, w->Hn, grad + h->t[sd_moa_hidden_t(&h->hp)].off);

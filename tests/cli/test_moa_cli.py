@@ -7,7 +7,8 @@ build/tests/tool_random_head:
   moa:dyn:2-3-8, moa:auto, ngram:3-8/moa:auto and no --method (the default
   with an MoA file, ngram:3-8/moa:auto) (a random TLI-1 drafter) prints
   plain decoding's text; so do moa:chain:3 and moa:auto with a random
-  drafter whose CA also reads the target's states (`--ca-hidden`), which
+  drafter whose CA and SA also read the target's states (`--ca-hidden
+  --sa-hidden`), which
   drafts on every step (no "without the target's states" note);
 - moa_exact_accepted: a drafter that is the target itself (SA and CA pass the
   embedding through, TLI runs every layer: `moa-exact`) has most of its
@@ -71,7 +72,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="specdec-moa-") as d:
         rnd, exact = os.path.join(d, "moa.gguf"), os.path.join(d, "exact.gguf")
         hid = os.path.join(d, "hid.gguf")
-        for path, kind in ((rnd, "moa-tli1"), (exact, "moa-exact"), (hid, "moa-nolsa-hid")):
+        for path, kind in ((rnd, "moa-tli1"), (exact, "moa-exact"), (hid, "moa-nolsa-hid2")):
             out = subprocess.run([TOOL, MODEL, path, kind, "3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  text=True, timeout=300)
             if out.returncode != 0:
@@ -151,7 +152,8 @@ def main():
         if o.returncode == 0 or "--type moa" not in o.stderr:
             errs.append(f"--tli with eagle3: {o.returncode} {o.stderr[-200:]}")
         for extra, want in ((["--type", "eagle3", "--moa-block", "2-5"], "--moa-block is for an MoA drafter"),
-                            (["--type", "eagle3", "--ca-hidden"], "--ca-hidden are for an MoA drafter"),
+                            (["--type", "eagle3", "--ca-hidden"], "--sa-hidden are for an MoA drafter"),
+                            (["--type", "eagle3", "--sa-hidden"], "--sa-hidden are for an MoA drafter"),
                             (["--type", "moa", "--moa-block", "5-2"], "1 <= MIN <= MAX <= 64"),
                             (["--type", "moa", "--moa-block", "0"], "got '0'"),
                             (["--type", "moa", "--moa-block", "2-x"], "got '2-x'"),

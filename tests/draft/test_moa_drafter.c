@@ -52,7 +52,8 @@ static sd_head *new_moa_h(const sd_model *m, int tli, int no_lsa, int ca_hidden,
     hp.n_draft_vocab = NV;
     hp.moa_tli = tli;
     hp.moa_no_lsa = no_lsa;
-    hp.moa_ca_hidden = ca_hidden;
+    hp.moa_ca_hidden = ca_hidden & 1;   // bit 1: sa_hidden
+    hp.moa_sa_hidden = ca_hidden >> 1 & 1;
     sd_head *h = NULL;
     if (sd_head_new(&h, &hp, g_err, sizeof g_err) < 0) return NULL;
     sd_head_init(h, seed);
@@ -144,15 +145,17 @@ out:
 static void test_moa_greedy_lossless(void) {
     if (!setup()) SKIP("setup failed: %.200s", g_err);
     // ca-hidden: CA also reads the target's states, which the generation hands in (prompt, accepted paths)
-    static const struct { int tli, no_lsa, ca_hidden; } cfg[5] = {{0, 0, 0}, {1, 0, 0}, {1, 1, 0}, {0, 1, 1}, {1, 1, 1}};
+    // (ca_hidden 3: SA's input also adds the last verified position's state, sa_hidden)
+    static const struct { int tli, no_lsa, ca_hidden; } cfg[6] = {{0, 0, 0}, {1, 0, 0}, {1, 1, 0}, {0, 1, 1}, {1, 1, 1},
+                                                                  {0, 1, 3}};
     const char *shapes[3] = {"chain", "widths", "dyn"};
-    for (int c = 0; c < 5; c++) {
+    for (int c = 0; c < 6; c++) {
         sd_head *h = new_moa_h(g_m, cfg[c].tli, cfg[c].no_lsa, cfg[c].ca_hidden, 0, 7 + (uint64_t)c);
         CHECK(h != NULL, "%s", g_err);
         for (int k = 0; h && k < 3; k++) {
             char what[64];
             snprintf(what, sizeof what, "TLI %d%s%s %s", cfg[c].tli, cfg[c].no_lsa ? " no-LSA" : "",
-                     cfg[c].ca_hidden ? " ca-hidden" : "", shapes[k]);
+                     cfg[c].ca_hidden == 3 ? " ca+sa-hidden" : cfg[c].ca_hidden ? " ca-hidden" : "", shapes[k]);
             sd_drafter *d = new_drafter(h, g_m, shapes[k], 4);
             CHECK(d != NULL, "%s: %s", what, g_err);
             CHECK(greedy_check(g_m, d, what) >= 1.0, "%s: no run", what);
@@ -160,6 +163,60 @@ static void test_moa_greedy_lossless(void) {
         }
         sd_head_free(h);
     }
+}
+
+// A step without a propose (a scheduler's step limit of 1: nothing drafted)
+// still hands the drafter its accepted row: the drafter keeps following the
+// text and drafts again on the next steps (a ca_hidden drafter that lost its
+// place stops drafting: "without the target's states").
+static void test_moa_ca_hidden_step_limit(void) {
+    if (!setup()) SKIP("setup failed: %.200s", g_err);
+    sd_head *h = new_moa_h(g_m, 0, 1, 1, 0, 21);
+    sd_drafter *d = h ? new_drafter(h, g_m, "chain", 3) : NULL;
+    sd_session *s = sc_new_session(g_m, 128, 2, g_err, sizeof g_err);
+    sd_sampler *smp = sc_new_sampler(NV, 0.0f, 1.0f, g_err, sizeof g_err);
+    static const int32_t prompt[8] = {5, 99, 14, 200, 31, 77, 150, 9};
+    static sc_tokens a, b;
+    sd_gen *g = NULL;
+    sd_gen_stats st;
+    if (!d || !s || !smp) {
+        CHECK(0, "setup: %s", g_err);
+        goto out;
+    }
+    CHECK(sc_run_plain(s, smp, prompt, 8, 48, &a, &st, g_err, sizeof g_err) == 0, "%s", g_err);
+    sd_session_truncate(s, 0, NULL, 0);
+    sd_drafter_reset(d);
+    sd_gen_params gp = sd_gen_default_params();
+    gp.n_predict = 48, gp.n_batch = 64, gp.max_nodes = 4;
+    if (sd_gen_new(&g, s, smp, d, &gp, g_err, sizeof g_err) < 0 || sd_gen_prefill(g, prompt, 8, g_err, sizeof g_err) < 0) {
+        CHECK(0, "generation: %s", g_err);
+        goto out;
+    }
+    int drafted_late = 0;
+    b.n = 0;
+    for (int i = 0; i < 200 && sd_gen_finished(g) == SD_FINISH_NONE; i++) {
+        sd_gen_set_step_limit(g, i % 3 == 1 ? 1 : 0);   // every third step drafts nothing
+        sd_step stp;
+        if (sd_gen_step(g, &stp, g_err, sizeof g_err) < 0) {
+            CHECK(0, "step %d: %s", i, g_err);
+            goto out;
+        }
+        for (int k = 0; k < stp.n_tokens && b.n < SC_MAXTOK; k++) b.tok[b.n++] = stp.tokens[k];
+        if (i >= 6 && i % 3 != 1) drafted_late += stp.n_drafted;
+    }
+    CHECK(sc_same_tokens(&a, &b), "output differs from plain greedy decoding (%d tokens vs %d; %d %d vs %d %d)", b.n, a.n, b.tok[0], b.tok[1], a.tok[0], a.tok[1]);
+    CHECK(drafted_late > 0 && !strstr(sd_drafter_note(d), "without"),
+          "after steps without a propose the drafter stopped drafting (%d drafted late; %s)", drafted_late,
+          sd_drafter_note(d));
+    printf("  every third step undrafted: %d nodes drafted after the first steps; %s\n", drafted_late,
+           sd_drafter_note(d));
+    states_check(g_m, d, prompt, 8, &b, "step limit 1");
+out:
+    sd_gen_free(g);
+    sd_sampler_free(smp);
+    sd_session_free(s);
+    sd_drafter_free(d);
+    sd_head_free(h);
 }
 
 // SA = CA = identity, TLI = every layer: the drafter computes the target's
@@ -290,12 +347,13 @@ static void test_moa_file(void) {
     }
     // ca_hidden: the key and the tensor round-trip; the drafter asks for the state CA reads; the split refuses it
     for (int tli = 0; tli < 2; tli++) {
-        sd_head *h = new_moa_h(g_m, tli, 1, 1, 0, 6), *b = NULL;
+        sd_head *h = new_moa_h(g_m, tli, 1, tli ? 3 : 1, 0, 6), *b = NULL;   // TLI 1: sa_hidden too
         CHECK(h && sd_head_save(h, path, SD_TYPE_F32, g_err, sizeof g_err) == 0, "%s", g_err);
         CHECK(sd_head_load(&b, path, g_m, g_err, sizeof g_err) == 0, "%s", g_err);
         if (h && b) {
-            CHECK(b->hp.moa_ca_hidden == 1 && b->n_t == h->n_t && b->n_w == h->n_w &&
+            CHECK(b->hp.moa_ca_hidden == 1 && b->hp.moa_sa_hidden == tli && b->n_t == h->n_t && b->n_w == h->n_w &&
                       !strcmp(b->t[sd_moa_hidden_t(&b->hp)].name, "ca.hidden.weight") &&
+                      (!tli || !strcmp(b->t[sd_moa_sa_hidden_t(&b->hp)].name, "sa.hidden.weight")) &&
                       !memcmp(b->w, h->w, sizeof(float) * h->n_w),
                   "TLI %d: the ca_hidden drafter did not round-trip", tli);
             sd_drafter *d = new_drafter(b, g_m, "chain", 3);
@@ -330,6 +388,7 @@ int main(void) {
     T_RUN(test_moa_file);
     T_RUN(test_moa_greedy_lossless);
     T_RUN(test_moa_exact_drafter_is_accepted);
+    T_RUN(test_moa_ca_hidden_step_limit);
     T_RUN(test_moa_sampled_distribution);
     sd_model_free(g_m);
     sd_model_free(g_q);

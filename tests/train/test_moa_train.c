@@ -328,7 +328,8 @@ static void learns_pattern(const char *arch, int tli, int no_lsa, int ca_hidden)
     hp.n_draft_vocab = m->hp.n_vocab;
     hp.moa_tli = tli;
     hp.moa_no_lsa = no_lsa;
-    hp.moa_ca_hidden = ca_hidden;
+    hp.moa_ca_hidden = ca_hidden & 1;   // bit 1: sa_hidden
+    hp.moa_sa_hidden = ca_hidden >> 1 & 1;
     sd_head *h = NULL;
     static data D;
     sd_trainer *tr = NULL;
@@ -357,7 +358,7 @@ static void learns_pattern(const char *arch, int tli, int no_lsa, int ca_hidden)
     runner_agree(h, m, &D, ra);
     printf("  info: %s, TLI %d%s%s: held-out loss %.3f -> %.3f, agreement depth 0 %.2f -> %.2f, depth 1 %.2f -> %.2f (%.1f s); "
            "the runner's: %.2f, %.2f\n",
-           arch, tli, no_lsa ? " no-LSA" : "", ca_hidden ? " ca-hidden" : "", l0, l1, a0[0], a1[0], a0[1], a1[1], (sd_time_ms() - t0) / 1000, ra[0], ra[1]);
+           arch, tli, no_lsa ? " no-LSA" : "", ca_hidden == 3 ? " ca+sa-hidden" : ca_hidden ? " ca-hidden" : "", l0, l1, a0[0], a1[0], a0[1], a1[1], (sd_time_ms() - t0) / 1000, ra[0], ra[1]);
     CHECK(a0[0] < 0.1 && a1[0] > 0.5 && a1[1] > 0.5, "the pattern was not learnt (depth 0 %.2f -> %.2f, depth 1 %.2f)",
           a0[0], a1[0], a1[1]);
     CHECK(l1 < 0.67 * l0, "held-out loss %.3f -> %.3f", l0, l1);
@@ -416,6 +417,7 @@ static void test_moa_nolsa_learns_pattern(void) { learns_pattern("qwen2", 1, 1, 
 static void test_moa_ca_hidden_learns_pattern(void) {
     learns_pattern("llama", 0, 1, 1);
     learns_pattern("qwen2", 1, 1, 1);
+    learns_pattern("llama", 0, 1, 3);   // and SA's input adds the last verified position's state (sa_hidden)
 }
 
 int main(void) {

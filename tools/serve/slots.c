@@ -61,7 +61,8 @@ sd_method_env sv_method_env(const sv_server *s) {
     return env;
 }
 
-// Makes sure the slot's drafter is the one of method m (kept when it is).
+// Makes sure the slot's drafter is the one of method m (kept when it is):
+// 0 kept, 1 made now, <0 error.
 static int slot_drafter(sv_server *s, sv_slot *sl, const sd_method *m, char *err, size_t errlen) {
     if (sl->d_name[0] && !strcmp(sl->d_name, m->name)) return 0;
     sd_drafter_free(sl->d);
@@ -71,7 +72,7 @@ static int slot_drafter(sv_server *s, sv_slot *sl, const sd_method *m, char *err
     sv_accept_init(&sl->acc);   // another drafter: nothing measured yet
     if (sd_method_make(m, &env, &sl->d, err, errlen) < 0) return -1;
     snprintf(sl->d_name, sizeof sl->d_name, "%s", m->name);
-    return 0;
+    return 1;
 }
 
 // ---------------------------------------------------------------- finishing
@@ -200,11 +201,19 @@ void sv_slot_start(sv_server *s, sv_slot *sl) {
 
     sd_method m;
     sd_method_plan pl;
-    if (sv_method_check(s, r->method, &m, &pl, err, sizeof err) < 0 || slot_drafter(s, sl, &m, err, sizeof err) < 0) {
+    int made = -1;
+    if (sv_method_check(s, r->method, &m, &pl, err, sizeof err) < 0 || (made = slot_drafter(s, sl, &m, err, sizeof err)) < 0) {
         char msg[300];   // the field at fault, as the parse-time errors of api.c say it
         snprintf(msg, sizeof msg, "'speculation': %s", err);
         sv_slot_finish(s, sl, msg, 400);
         return;
+    }
+    // A drafter made now that reads the target's states (EAGLE-3, an MoA drafter with --ca-hidden) has none
+    // of the kept prefix: the whole prompt is evaluated again, its states handed to the drafter.
+    int32_t hl[SD_MAX_HIDDEN_LAYERS];
+    if (made == 1 && keep > 0 && sd_drafter_hidden_layers(sl->d, hl) > 0) {
+        sd_session_truncate(sl->s, 0, NULL, 0);
+        sl->n_cache = keep = r->n_cached = 0;
     }
     // Greedy text, and sampled text with the race draw (the default), do not
     // depend on the drafts, so a drafter keeps what it learnt from earlier
