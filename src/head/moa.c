@@ -3,6 +3,7 @@
 #include "head/moa.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common.h"
@@ -92,6 +93,22 @@ void sd_moa_build_table(sd_head *h, size_t *off) {
 
 int sd_moa_hidden_layer(const sd_head_hp *hp) {
     return hp->moa_tli > 0 ? hp->target_n_layer - hp->moa_tli - 1 : SD_HIDDEN_NORM;
+}
+
+float sd_moa_sa_scale(const sd_model *m) {
+    const int E = m->hp.n_embd, n = SD_MIN(m->hp.n_vocab, 4096);
+    float *row = malloc(sizeof(float) * (size_t)E);
+    double sum = 0.0;
+    int k = 0;
+    for (int t = 0; row && t < n; t++) {
+        if (sd_model_token_embd(m, t, row, NULL, 0) < 0) continue;
+        double s = 0.0;
+        for (int i = 0; i < E; i++) s += (double)row[i] * row[i];
+        sum += sqrt(s / E);
+        k++;
+    }
+    free(row);
+    return k ? (float)(sum / k / sqrt((double)E)) : 0.0f;
 }
 
 void sd_moa_hidden_scale(const float *h, int n, float *out) {

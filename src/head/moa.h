@@ -58,6 +58,12 @@ static inline int sd_moa_reads_states(const sd_head_hp *hp) { return hp->moa_ca_
 int sd_moa_hidden_layer(const sd_head_hp *hp);
 // h_j / rms(h_j) into out (n floats; zeros stay zeros).
 void sd_moa_hidden_scale(const float *h, int n, float *out);
+// The scale of sa_hidden's state in SA's input: the target's embedding
+// rows' mean RMS (over its first 4096 tokens) / sqrt(E). The input is
+// emb(x) + G (s h/rms(h)): with s = 1 an optimiser step on G moved the row
+// by about lr E (a unit-RMS state against embeddings of a few hundredths:
+// the token was drowned); with s the step is about the embedding's own size.
+float sd_moa_sa_scale(const sd_model *m);
 
 // Default MoA hyper-parameters for target m (hp already has the common
 // fields of sd_head_default_hp): SA/CA copy the target's attention shape and

@@ -55,7 +55,8 @@ struct sd_moa_run {
     float *x, *xn, *q, *k, *v, *att, *o, *g, *u, *c, *sc;
     float *cl;                     // (SD_MOA_ROWS, E) LSA outputs of a context call
     float *hn;                     // (SD_MOA_ROWS, E) the scaled target states of a context call
-    float *gh;                     // (n_ctx, E) sa_hidden: G h/rms(h) of each verified position
+    float *gh;                     // (n_ctx, E) sa_hidden: G s h/rms(h) of each verified position
+    float sa_scale;                // sa_hidden: sd_moa_sa_scale of the target
     int32_t *chain;                // (max_pending)
 };
 
@@ -249,6 +250,7 @@ int sd_moa_run_new(sd_moa_run **out, const sd_head *h, const sd_model *m, int n_
     r->cl = malloc(sizeof(float) * SD_MOA_ROWS * (size_t)E);
     r->hn = malloc(sizeof(float) * SD_MOA_ROWS * (size_t)E);
     r->gh = hp->moa_sa_hidden ? malloc(sizeof(float) * nc * (size_t)E) : malloc(sizeof(float));
+    r->sa_scale = hp->moa_sa_hidden ? sd_moa_sa_scale(m) : 0.0f;
     size_t ws = SD_MAX(layer_wsize(&r->sa, SD_MOA_ROWS), layer_wsize(&r->lsa, LSA_ROWS));
     ws = SD_MAX(ws, sd_matmul_wsize(r->proj.type, ekv, LSA_ROWS));
     ws = SD_MAX(ws, sd_matmul_wsize(r->out.type, E, SD_MOA_ROWS));
@@ -440,7 +442,11 @@ int sd_moa_run_context(sd_moa_run *r, const float *kv, const float *hid, int n, 
     if (sd_moa_run_needs_hidden(r) && !hid)
         return sd_err(err, errlen, "moa: this drafter reads the target's states (ca_hidden, sa_hidden): none given");
     lsa_rows(r, kv, hid, n, r->cl);   // (n, E) the LSA outputs
-    if (r->sah.W) mat(r, &r->sah, r->hn, n, r->gh + (size_t)r->n_cached * r->E);
+    if (r->sah.W) {   // (G s hn: the scale applied to G's output, a linear map)
+        float *g = r->gh + (size_t)r->n_cached * r->E;
+        mat(r, &r->sah, r->hn, n, g);
+        for (size_t j = 0; j < (size_t)n * r->E; j++) g[j] *= r->sa_scale;
+    }
     context_from(r, r->cl, kv + (size_t)(r->L - r->N) * r->ekv, (size_t)r->L * r->ekv, n);
     return 0;
 }

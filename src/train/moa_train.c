@@ -15,7 +15,8 @@
 //         position's L rows see each other); m = mean_l Z; c = P m + b  (E)
 //         (no-LSA: m = mean_l KV)
 //         (ca_hidden: c += H h/rms(h), h the target's state entering layer L-N, TLI 0 its final normed state)
-//   SA    s = Layer_sa(emb(x) [sa_hidden: + G h_v/rms(h_v), v = r_i - 1 the last verified position])   (E)
+//   SA    s = Layer_sa(emb(x) [sa_hidden: + G s h_v/rms(h_v), v = r_i - 1 the last verified position,
+//         s = sd_moa_sa_scale])   (E)
 //   CA    y = s + Wo attn(q = rope(Wq n(s)), k = rope(Wk n(c)), v = Wv n(c)); y += FFN(y)   (E)
 //   TLI   y = TargetLayer_t(y) for the last N target layers (frozen)
 //   z = n(y) * g_out (target's);  logits = W_out z (the draft vocabulary's rows, frozen)
@@ -71,6 +72,7 @@ struct sd_moa_tr {
     float *cs_sa, *cs_lsa, *cs_t;    // RoPE tables
     int cs_t_pos0;                   // cs_t covers the target positions cs_t_pos0 .. + T_max - 1
     int kmin, kmax;                  // the block length's range (sd_moa_block)
+    float sa_scale;                  // sa_hidden: sd_moa_sa_scale of the target
     // loss and LSA output
     float *X0, *M, *C, *Hn, *Hsel, *Emb, *Z, *rsZ, *Lg, *loss_row;   // Hn: the scaled states; Hsel: sa_hidden's
     int32_t *argmax;
@@ -275,6 +277,7 @@ int sd_moa_tr_new(sd_moa_tr **out, const sd_head *h, const sd_model *target, int
     sd_moa_tr *w = calloc(1, sizeof *w);
     if (!w) return sd_err(err, errlen, "moa trainer: out of memory");
     w->kmin = SD_MOA_BLOCK_MIN, w->kmax = SD_MOA_BLOCK_MAX;
+    w->sa_scale = hp->moa_sa_hidden ? sd_moa_sa_scale(target) : 0.0f;
     w->h = h, w->m = target, w->T_max = T_max;
     w->E = hp->n_embd, w->L = target->hp.n_layer, w->ekv = hp->moa_kv_width, w->N = hp->moa_tli;
     w->V = hp->n_draft_vocab;
@@ -533,8 +536,10 @@ double sd_moa_tr_loss(sd_moa_tr *w, const sd_tr_ctx *cx, const sd_train_seq *seq
     if (Gw) {   // sa_hidden: every row adds G h/rms(h) of its block's last verified position (none in the first block)
         for (int p = 0; p < T; p++) {
             const int v = blk(p, k) - 1;
-            if (v >= 0) memcpy(w->Hsel + (size_t)p * E, w->Hn + (size_t)v * E, sizeof(float) * (size_t)E);
-            else memset(w->Hsel + (size_t)p * E, 0, sizeof(float) * (size_t)E);
+            float *hs = w->Hsel + (size_t)p * E;
+            if (v >= 0)
+                for (int j = 0; j < E; j++) hs[j] = w->sa_scale * w->Hn[(size_t)v * E + j];
+            else memset(hs, 0, sizeof(float) * (size_t)E);
         }
         sd_tr_linear(cx, T, E, E, w->Hsel, Gw, w->Emb, 1);
     }
