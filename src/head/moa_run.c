@@ -249,7 +249,7 @@ int sd_moa_run_new(sd_moa_run **out, const sd_head *h, const sd_model *m, int n_
     r->sc = malloc(sizeof(float) * (nc + mp + (size_t)r->L));
     r->cl = malloc(sizeof(float) * SD_MOA_ROWS * (size_t)E);
     r->hn = malloc(sizeof(float) * SD_MOA_ROWS * (size_t)E);
-    r->gh = hp->moa_sa_hidden ? malloc(sizeof(float) * nc * (size_t)E) : malloc(sizeof(float));
+    r->gh = hp->moa_sa_hidden ? malloc(sizeof(float) * nc * (size_t)E) : NULL;
     r->sa_scale = hp->moa_sa_hidden ? sd_moa_sa_scale(m) : 0.0f;
     size_t ws = SD_MAX(layer_wsize(&r->sa, SD_MOA_ROWS), layer_wsize(&r->lsa, LSA_ROWS));
     ws = SD_MAX(ws, sd_matmul_wsize(r->proj.type, ekv, LSA_ROWS));
@@ -263,7 +263,7 @@ int sd_moa_run_new(sd_moa_run **out, const sd_head *h, const sd_model *m, int n_
     r->mm.pool = r->pool;
     if (!r->lsa_freq || !r->sa_freq || !r->t_freq || !r->ck || !r->cv || !r->tk || !r->tv || !r->sk || !r->sv ||
         !r->pk || !r->pv || !r->ppar || !r->chain || !r->x || !r->xn || !r->q || !r->k || !r->v || !r->att ||
-        !r->o || !r->g || !r->u || !r->c || !r->sc || !r->cl || !r->hn || !r->gh || !r->mm.wbuf) {
+        !r->o || !r->g || !r->u || !r->c || !r->sc || !r->cl || !r->hn || (hp->moa_sa_hidden && !r->gh) || !r->mm.wbuf) {
         sd_moa_run_free(r);
         return sd_err(err, errlen, "moa: out of memory");
     }
