@@ -151,7 +151,11 @@ SD_API float sd_tree_p(const sd_tree *t, int i);
 // layer's K row then its V row (sd_session_kv_read's, K with RoPE as
 // cached); the drafter keeps the positions that agree with the text, and
 // reads the text after the last position with states (drafted without the
-// target) through its self-attention alone. SD_ERR_INPUT for other drafters.
+// target) through its self-attention alone. An MoA drafter that also reads
+// the target's states (trained with --ca-hidden or --sa-hidden;
+// sd_drafter_hidden_layers gives its one layer) takes them after the n
+// positions' rows: (n, n_embd) more floats, the target's state of each
+// position at that layer. SD_ERR_INPUT for other drafters.
 SD_API int sd_drafter_remote(sd_drafter *d, char *err, size_t errlen);
 // Fills tree (emptied, its root tokens[n_tokens - 1]) with the drafter's
 // proposal for the text tokens[0 .. n_tokens) in at most max_nodes nodes,
@@ -163,13 +167,16 @@ typedef struct sd_head sd_head;
 // instead of every layer's K,V rows: the states of sd_drafter_tell and
 // sd_drafter_tell_prompt are then (n, n_embd + N 2 n_head_kv head_dim)
 // floats, each position's LSA output (sd_moa_lsa_run) then the K,V rows of
-// the target's last N layers (TLI = N), a layer's K row then its V row.
-// SD_ERR_INPUT for other drafters.
+// the target's last N layers (TLI = N), a layer's K row then its V row;
+// for a drafter reading the target's states, those (n, n_embd) after them,
+// as sd_drafter_remote's. SD_ERR_INPUT for other drafters.
 SD_API int sd_drafter_remote_lsa(sd_drafter *d, char *err, size_t errlen);
 // LSA of an MoA drafter h (with LSA) for target m, run where the target's
 // K,V rows are (a split server): c (n, n_embd) from kv (n, n_layer, 2
 // n_head_kv head_dim) as sd_drafter_remote's, n <= 64. The drafter's
-// weights in 8 bits, as the client's drafter holds them.
+// weights in 8 bits, as the client's drafter holds them. For a drafter that
+// reads the target's states, c is without their terms (the client's drafter
+// adds them from the states it is told).
 typedef struct sd_moa_lsa sd_moa_lsa;
 SD_API int sd_moa_lsa_new(sd_moa_lsa **out, const sd_head *h, const sd_model *m, char *err, size_t errlen);
 SD_API void sd_moa_lsa_free(sd_moa_lsa *x);

@@ -269,6 +269,11 @@ int cmd_client(int argc, char **argv) {
         cli_error("client: %s", err);
         goto out;
     }
+    if (moa) {   // an MoA drafter trained with --ca-hidden / --sa-hidden: the server sends its states too
+        int32_t ly[SD_MAX_HIDDEN_LAYERS];
+        co.has_hidden = sd_drafter_hidden_layers(d, ly) == 1;
+        co.hidden_layer = co.has_hidden ? ly[0] : 0;
+    }
     int n = cli_tokenize_prompt(sd_model_tokenizer(m), system, prompt, chat, &ids, err, sizeof err, NULL);
     if (n < 0) {
         cli_error("client: %s", err);

@@ -153,8 +153,10 @@ static int moa_grow(moad *s, const sd_draft_ctx *ctx, sd_tree *tree, const sd_tr
 }
 
 // Remote: K,V rows kv (n, L, Ekv) of positions pos0 .. pos0+n-1 of text (the
-// text up to them). Keeps the held positions that agree with text, appends
-// the new ones; a gap (rows before pos0 unknown) leaves them unverified text.
+// text up to them; remote 2: LSA's outputs and the TLI layers' rows), and for
+// a drafter reading the target's states, their states (n, E) after the n
+// rows. Keeps the held positions that agree with text, appends the new ones;
+// a gap (rows before pos0 unknown) leaves them unverified text.
 static int remote_rows(moad *s, const int32_t *text, int pos0, int n, const float *kv, char *err, size_t errlen) {
     int L = 0;
     const int lim = SD_MIN(sd_moa_run_n_cached(s->r), pos0 + n);
@@ -164,12 +166,13 @@ static int remote_rows(moad *s, const int32_t *text, int pos0, int n, const floa
     if (L < pos0) return 0;
     const int end = SD_MIN(pos0 + n, s->n_ctx);
     const size_t ld = s->remote == 2 ? (size_t)s->E + (size_t)s->head->hp.moa_tli * s->ekv : (size_t)s->L * s->ekv;
+    const float *hid = s->hid ? kv + (size_t)n * ld : NULL;   // (n, E) after the rows
     for (int p = L; p < end;) {
         const int c = SD_MIN(SD_MOA_ROWS, end - p);
         memcpy(s->txt + p, text + p, sizeof(int32_t) * (size_t)c);
-        const float *rows = kv + (size_t)(p - pos0) * ld;
-        if ((s->remote == 2 ? sd_moa_run_context_lsa(s->r, rows, c, err, errlen)
-                            : sd_moa_run_context(s->r, rows, NULL, c, err, errlen)) < 0)
+        const float *rows = kv + (size_t)(p - pos0) * ld, *h = hid ? hid + (size_t)(p - pos0) * s->E : NULL;
+        if ((s->remote == 2 ? sd_moa_run_context_lsa(s->r, rows, h, c, err, errlen)
+                            : sd_moa_run_context(s->r, rows, h, c, err, errlen)) < 0)
             return -1;
         p += c;
     }
@@ -469,7 +472,6 @@ const float *sd_draft_moa_test_states(const sd_drafter *d, int *n_ok, const int3
 int sd_draft_moa_set_remote(sd_drafter *d, int on) {
     if (!d || d->vt != &moa_vt) return -1;
     moad *s = d->impl;
-    if (s->hid && on) return -1;   // the split does not carry the target's states an MoA drafter reads (yet)
     s->remote = on == 2 ? 2 : on != 0;
     moa_reset(d);
     return 0;

@@ -3,7 +3,8 @@
 // asks the drafter for a tree, has it verified, and tells the drafter what
 // was accepted with the target's states of those positions: for EAGLE-3
 // fused by the server (sd_head_fuse) or, offline, none (the head's own
-// predictions); for MoA every layer's K,V rows (sd_session_kv_read).
+// predictions); for MoA every layer's K,V rows (sd_session_kv_read), and
+// for an MoA drafter reading the target's states, those states after them.
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,7 +46,7 @@ int sd_drafter_remote(sd_drafter *d, char *err, size_t errlen) {
     if (sd_draft_eagle3_set_fused(d, 1) < 0 && sd_draft_moa_set_remote(d, 1) < 0)
         return sd_errc(SD_ERR_INPUT, err, errlen,
                        "drafter '%s': only an EAGLE-3 drafter without online adaptation or an MoA drafter "
-                       "(without --ca-hidden) drafts remotely",
+                       "drafts remotely",
                        d ? sd_drafter_name(d) : "(none)");
     return 0;
 }
@@ -53,7 +54,7 @@ int sd_drafter_remote(sd_drafter *d, char *err, size_t errlen) {
 int sd_drafter_remote_lsa(sd_drafter *d, char *err, size_t errlen) {
     if (sd_draft_moa_set_remote(d, 2) < 0)
         return sd_errc(SD_ERR_INPUT, err, errlen,
-                       "drafter '%s': only an MoA drafter (without --ca-hidden) takes LSA's outputs",
+                       "drafter '%s': only an MoA drafter takes LSA's outputs",
                        d ? sd_drafter_name(d) : "(none)");
     return 0;
 }
@@ -64,8 +65,8 @@ struct sd_moa_lsa {
 
 int sd_moa_lsa_new(sd_moa_lsa **out, const sd_head *h, const sd_model *m, char *err, size_t errlen) {
     *out = NULL;
-    if (!h || h->hp.type != SD_HEAD_MOA || h->hp.moa_no_lsa || sd_moa_reads_states(&h->hp))
-        return sd_errc(SD_ERR_INPUT, err, errlen, "moa lsa: an MoA drafter with LSA (without --ca-hidden) is required");
+    if (!h || h->hp.type != SD_HEAD_MOA || h->hp.moa_no_lsa)
+        return sd_errc(SD_ERR_INPUT, err, errlen, "moa lsa: an MoA drafter with LSA is required");
     sd_moa_lsa *x = calloc(1, sizeof *x);
     if (!x) return sd_errc(SD_ERR_OOM, err, errlen, "moa lsa: out of memory");
     if (sd_moa_run_new(&x->r, h, m, 1, SD_MOA_ROWS, SD_TYPE_Q8_0, NULL, err, errlen) < 0) {
@@ -85,7 +86,7 @@ void sd_moa_lsa_free(sd_moa_lsa *x) {
 int sd_moa_lsa_run(sd_moa_lsa *x, const float *kv, int n, float *c, char *err, size_t errlen) {
     if (!x || !kv || !c || n < 1 || n > SD_MOA_ROWS)
         return sd_errc(SD_ERR_INPUT, err, errlen, "moa lsa: 1..%d rows", SD_MOA_ROWS);
-    sd_moa_run_lsa(x->r, kv, NULL, n, c);
+    sd_moa_run_lsa(x->r, kv, n, c);
     return 0;
 }
 

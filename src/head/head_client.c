@@ -12,7 +12,6 @@
 
 #include "common.h"
 #include "head/head.h"
-#include "head/moa.h"
 #include "model/gguf.h"
 #include "model/model.h"
 
@@ -63,13 +62,6 @@ int sd_client_file_write(const char *target_path, const char *head_path, const c
     }
     if (h->hp.type != SD_HEAD_EAGLE3 && h->hp.type != SD_HEAD_MOA) {
         rc = sd_errc(SD_ERR_INPUT, err, errlen, "%s: the client drafts with an EAGLE-3 head or an MoA drafter",
-                     head_path);
-        goto out;
-    }
-    if (h->hp.type == SD_HEAD_MOA && sd_moa_reads_states(&h->hp)) {   // the split carries K,V rows, not states
-        rc = sd_errc(SD_ERR_INPUT, err, errlen,
-                     "%s: an MoA drafter trained with --ca-hidden or --sa-hidden reads the target's states, which the "
-                     "split does not carry (yet): train the client's drafter without them (docs/split.md)",
                      head_path);
         goto out;
     }

@@ -122,16 +122,18 @@ int sd_moa_run_context(sd_moa_run *r, const float *kv, const float *hid, int n, 
 // 1 when the drafter reads the target's states (ca_hidden, sa_hidden).
 int sd_moa_run_needs_hidden(const sd_moa_run *r);
 // As sd_moa_run_context from LSA's outputs computed elsewhere (a split
-// server, docs/split.md): rows (n, E + N Ekv), each position's c then the
-// K,V rows of the last N layers.
-int sd_moa_run_context_lsa(sd_moa_run *r, const float *rows, int n, char *err, size_t errlen);
+// server, docs/split.md): rows (n, E + N Ekv), each position's c (without
+// the states' terms: sd_moa_run_lsa) then the K,V rows of the last N layers;
+// hid as sd_moa_run_context's.
+int sd_moa_run_context_lsa(sd_moa_run *r, const float *rows, const float *hid, int n, char *err, size_t errlen);
 int sd_moa_run_n_cached(const sd_moa_run *r);
 int sd_moa_run_n_ctx(const sd_moa_run *r);
 // Keeps the first n verified positions; drops the pending rows.
 void sd_moa_run_truncate(sd_moa_run *r, int n);
-// LSA alone: c (n, E) from kv (n, L, Ekv) (and hid (n, E) for a ca_hidden
-// drafter), n <= SD_MOA_ROWS (a split server, tests).
-void sd_moa_run_lsa(sd_moa_run *r, const float *kv, const float *hid, int n, float *c);
+// LSA alone: c (n, E) from kv (n, L, Ekv), n <= SD_MOA_ROWS, without the
+// target states' terms of a drafter reading them (the client adds them: a
+// split server runs this, docs/split.md; tests).
+void sd_moa_run_lsa(sd_moa_run *r, const float *kv, int n, float *c);
 // Evaluates n <= SD_MOA_ROWS drafted rows: tok[i] at position pos[i], parent
 // [i] -1 (the first row after the verified text: the tree root) or the
 // pending slot of an earlier row (its SA and TLI attention see that row's

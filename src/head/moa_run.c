@@ -355,8 +355,8 @@ static void layer_tail(sd_moa_run *r, const dlayer *l, float *x, int n, float ep
 // ---------------------------------------------------------------- LSA and context
 
 // c (n, E) from kv (n, L, Ekv): LSA (or the no-LSA mean), mean over layers,
-// projection; ca_hidden: + H h / rms(h) from the target states hid (n, E).
-static void lsa_rows(sd_moa_run *r, const float *kv, const float *hid, int n, float *c) {
+// projection (without the target states' terms: hidden_terms).
+static void lsa_rows(sd_moa_run *r, const float *kv, int n, float *c) {
     const int L = r->L, ekv = r->ekv;
     float *mean = r->c;   // (n, ekv); c may not alias r->c
     if (r->h->hp.moa_no_lsa) {
@@ -401,16 +401,27 @@ static void lsa_rows(sd_moa_run *r, const float *kv, const float *hid, int n, fl
     }
     mat(r, &r->proj, mean, n, c);
     add_bias(c, r->proj_b, n, r->E);
+}
+
+// The target states' terms of n new verified positions (the next n_cached ..),
+// hid (n, E): ca_hidden c += H h / rms(h); sa_hidden G s h / rms(h) kept by
+// position for the rows drafted after them.
+static void hidden_terms(sd_moa_run *r, const float *hid, int n, float *c) {
     const size_t E = (size_t)r->E;
-    if (hid && (r->hid.W || r->sah.W))   // r->hn: the scaled states (sa_hidden's rows read them too)
-        for (int i = 0; i < n; i++) sd_moa_hidden_scale(hid + (size_t)i * E, r->E, r->hn + (size_t)i * E);
+    if (!r->hid.W && !r->sah.W) return;
+    for (int i = 0; i < n; i++) sd_moa_hidden_scale(hid + (size_t)i * E, r->E, r->hn + (size_t)i * E);
     if (r->hid.W) {
         mat(r, &r->hid, r->hn, n, r->o);
         for (size_t j = 0; j < (size_t)n * E; j++) c[j] += r->o[j];
     }
+    if (r->sah.W) {   // (G s hn: the scale applied to G's output, a linear map)
+        float *g = r->gh + (size_t)r->n_cached * E;
+        mat(r, &r->sah, r->hn, n, g);
+        for (size_t j = 0; j < (size_t)n * E; j++) g[j] *= r->sa_scale;
+    }
 }
 
-void sd_moa_run_lsa(sd_moa_run *r, const float *kv, const float *hid, int n, float *c) { lsa_rows(r, kv, hid, n, c); }
+void sd_moa_run_lsa(sd_moa_run *r, const float *kv, int n, float *c) { lsa_rows(r, kv, n, c); }
 
 int sd_moa_run_needs_hidden(const sd_moa_run *r) { return r->hid.W || r->sah.W; }
 
@@ -441,22 +452,20 @@ int sd_moa_run_context(sd_moa_run *r, const float *kv, const float *hid, int n, 
     if (r->n_cached + n > r->n_ctx) return sd_err(err, errlen, "moa: the drafter's context is full (%d)", r->n_ctx);
     if (sd_moa_run_needs_hidden(r) && !hid)
         return sd_err(err, errlen, "moa: this drafter reads the target's states (ca_hidden, sa_hidden): none given");
-    lsa_rows(r, kv, hid, n, r->cl);   // (n, E) the LSA outputs
-    if (r->sah.W) {   // (G s hn: the scale applied to G's output, a linear map)
-        float *g = r->gh + (size_t)r->n_cached * r->E;
-        mat(r, &r->sah, r->hn, n, g);
-        for (size_t j = 0; j < (size_t)n * r->E; j++) g[j] *= r->sa_scale;
-    }
+    lsa_rows(r, kv, n, r->cl);   // (n, E) the LSA outputs
+    if (hid) hidden_terms(r, hid, n, r->cl);
     context_from(r, r->cl, kv + (size_t)(r->L - r->N) * r->ekv, (size_t)r->L * r->ekv, n);
     return 0;
 }
 
-int sd_moa_run_context_lsa(sd_moa_run *r, const float *rows, int n, char *err, size_t errlen) {
+int sd_moa_run_context_lsa(sd_moa_run *r, const float *rows, const float *hid, int n, char *err, size_t errlen) {
     if (n < 1 || n > SD_MOA_ROWS) return sd_err(err, errlen, "moa: %d context rows (1..%d)", n, SD_MOA_ROWS);
-    if (r->sah.W) return sd_err(err, errlen, "moa: this drafter reads the target's states (sa_hidden): none given");
+    if (sd_moa_run_needs_hidden(r) && !hid)
+        return sd_err(err, errlen, "moa: this drafter reads the target's states (ca_hidden, sa_hidden): none given");
     if (r->n_cached + n > r->n_ctx) return sd_err(err, errlen, "moa: the drafter's context is full (%d)", r->n_ctx);
     const size_t ld = (size_t)r->E + (size_t)r->N * r->ekv;
     for (int i = 0; i < n; i++) memcpy(r->cl + (size_t)i * r->E, rows + (size_t)i * ld, sizeof(float) * (size_t)r->E);
+    if (hid) hidden_terms(r, hid, n, r->cl);
     context_from(r, r->cl, rows + r->E, ld, n);
     return 0;
 }

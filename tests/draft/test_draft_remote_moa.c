@@ -214,6 +214,106 @@ done:
     sd_head_free(h2);
 }
 
+// Evaluates text[n_past .. n) in s, commits it, and writes the target's
+// states at layer into out (n - n_past, E).
+static int extend_states(sd_session *s, const int32_t *text, int n, int32_t layer, float *out) {
+    const int p0 = sd_session_n_past(s), m = n - p0;
+    int32_t pos[64];
+    for (int i = 0; i < m; i++) pos[i] = p0 + i;
+    sd_batch b = {.n = m, .tokens = text + p0, .pos = pos, .hidden_layers = &layer, .n_hidden_layers = 1,
+                  .hidden_out = out};
+    return sd_session_forward(s, &b, g_err, sizeof g_err) < 0 ? -1 : sd_session_commit(s, NULL, m, g_err, sizeof g_err);
+}
+
+// rows (n, ld) then states (n, E): what a remote drafter reading states is told.
+static float *with_states(const float *rows, size_t ld, const float *st, int n) {
+    const size_t E = (size_t)g_m->hp.n_embd;
+    float *o = rows ? malloc(sizeof(float) * (size_t)n * (ld + E)) : NULL;
+    if (!o) return NULL;
+    memcpy(o, rows, sizeof(float) * (size_t)n * ld);
+    memcpy(o + (size_t)n * ld, st, sizeof(float) * (size_t)n * E);
+    return o;
+}
+
+// A drafter reading the target's states (ca_hidden and sa_hidden), TLI tli:
+// remote, told every layer's K,V rows and then the states (as a split server
+// sends them), and remote on LSA's outputs computed elsewhere with the states,
+// it proposes the in-process drafter's trees; told the states of the wrong
+// positions (shifted by one), another tree.
+static void run_states(int tli) {
+    sd_head_hp hp = sd_head_default_hp(g_m, SD_HEAD_MOA);
+    hp.n_draft_vocab = NV;
+    hp.moa_tli = tli;
+    hp.moa_ca_hidden = hp.moa_sa_hidden = 1;
+    sd_head *h = NULL;
+    CHECK(sd_head_new(&h, &hp, g_err, sizeof g_err) == 0, "%s", g_err);
+    if (!h) return;
+    sd_head_init(h, 31 + (uint64_t)tli);
+    const sd_hparams *mh = &g_m->hp;
+    const int L = mh->n_layer, ekv = 2 * mh->n_head_kv * mh->head_dim, E = mh->n_embd;
+    sd_drafter *dl = new_drafter(h, 0), *dr = new_drafter(h, 1), *dw = new_drafter(h, 1), *da = new_drafter(h, 2);
+    sd_moa_lsa *x = NULL;
+    CHECK(sd_moa_lsa_new(&x, h, g_m, g_err, sizeof g_err) == 0, "LSA for a drafter reading states: %s", g_err);
+    sd_session *s = sc_new_session(g_m, 128, 1, g_err, sizeof g_err);
+    sd_tree *t1 = NULL, *t2 = NULL;
+    sd_tree_new(&t1, 16, NV, g_err, sizeof g_err);
+    sd_tree_new(&t2, 16, NV, g_err, sizeof g_err);
+    int32_t text[40], layer[SD_MAX_HIDDEN_LAYERS];
+    for (int i = 0; i < 40; i++) text[i] = (int32_t)((i * 41 + 3) % NV);
+    float *st = malloc(sizeof(float) * 40 * (size_t)E), *kv = NULL, *all = NULL, *wrong = NULL, *lr = NULL;
+    CHECK(dl && dr && dw && da && x && s && t1 && t2 && st, "%s", g_err);
+    if (!dl || !dr || !dw || !da || !x || !s || !t1 || !t2 || !st) goto out;
+    CHECK(sd_drafter_hidden_layers(dl, layer) == 1 && layer[0] == (tli ? L - tli - 1 : SD_HIDDEN_NORM),
+          "TLI %d: the drafter asks for one state, at %d", tli, layer[0]);
+    // verified: text[0 .. 20), the root text[20]; two tells, as an open and a round would
+    for (int p0 = 0, n = 12; p0 < 20; p0 += n, n = 20 - p0) {
+        CHECK(extend_states(s, text, p0 + n, layer[0], st + (size_t)p0 * E) == 0, "%s", g_err);
+        kv = kv_rows(s, p0, n);
+        all = with_states(kv, (size_t)L * ekv, st + (size_t)p0 * E, n);
+        // the states of the positions one before (the first: its own)
+        wrong = with_states(kv, (size_t)L * ekv, st + (size_t)(p0 > 0 ? p0 - 1 : 0) * E, n);
+        lr = kv ? lsa_rows(x, kv, n, tli) : NULL;
+        float *lra = with_states(lr, (size_t)E + (size_t)tli * ekv, st + (size_t)p0 * E, n);
+        CHECK(all && wrong && lra && sd_drafter_tell_prompt(dl, text, p0, n, st + (size_t)p0 * E, g_err, sizeof g_err) == 0 &&
+                  sd_drafter_tell_prompt(dr, text, p0, n, all, g_err, sizeof g_err) == 0 &&
+                  sd_drafter_tell_prompt(dw, text, p0, n, wrong, g_err, sizeof g_err) == 0 &&
+                  sd_drafter_tell_prompt(da, text, p0, n, lra, g_err, sizeof g_err) == 0,
+              "TLI %d: tell: %s", tli, g_err);
+        free(kv), free(all), free(wrong), free(lr), free(lra);
+        kv = all = wrong = lr = NULL;
+    }
+    CHECK(local_tree(dl, s, text, 21, t1) == 0 && sd_tree_size(t1) > 1, "TLI %d: in-process: %s", tli, g_err);
+    CHECK(sd_drafter_draft(dr, text, 21, 16, t2, g_err, sizeof g_err) == 0 && same_tree(t1, t2),
+          "TLI %d: told K,V rows and states, the remote tree differs (%d vs %d nodes) %s", tli, sd_tree_size(t1),
+          sd_tree_size(t2), g_err);
+    CHECK(sd_drafter_draft(da, text, 21, 16, t2, g_err, sizeof g_err) == 0 && same_tree(t1, t2),
+          "TLI %d: told LSA's outputs and states, the remote tree differs (%d vs %d nodes) %s", tli, sd_tree_size(t1),
+          sd_tree_size(t2), g_err);
+    CHECK(sd_drafter_draft(dw, text, 21, 16, t2, g_err, sizeof g_err) == 0 && !same_tree(t1, t2),
+          "TLI %d: told the states of other positions, the remote tree is the same: the states are not read", tli);
+out:
+    free(st);
+    sd_tree_destroy(t1);
+    sd_tree_destroy(t2);
+    sd_session_free(s);
+    sd_moa_lsa_free(x);
+    sd_drafter_free(dl);
+    sd_drafter_free(dr);
+    sd_drafter_free(dw);
+    sd_drafter_free(da);
+    sd_head_free(h);
+}
+
+static void test_remote_moa_states_tli0(void) {
+    if (!g_m) SKIP("no synthetic model: %.200s", g_err);
+    run_states(0);
+}
+
+static void test_remote_moa_states_tli1(void) {
+    if (!g_m) SKIP("no synthetic model: %.200s", g_err);
+    run_states(1);
+}
+
 static void test_remote_moa_tli0(void) {
     if (!g_m) SKIP("no synthetic model: %.200s", g_err);
     run(0);
@@ -233,6 +333,8 @@ int main(void) {
     T_RUN(test_remote_moa_tli0);
     T_RUN(test_remote_moa_tli1);
     T_RUN(test_remote_moa_lsa_outputs);
+    T_RUN(test_remote_moa_states_tli0);
+    T_RUN(test_remote_moa_states_tli1);
     sd_model_free(g_m);
     T_EXIT();
 }

@@ -26,7 +26,13 @@ drafter runs LSA on them and fills its TLI layers' cache.
     rows, 4 + d bytes a position), then the MoA ones (2L (4 + kvd) bytes);
   - --lsa-on-server with a server holding the same TLI 1 drafter: the text
     and tau are the K,V client's, with less than a fifth of its bytes; a
-    client whose drafter is another one is refused (400).
+    client whose drafter is another one is refused (400);
+  - drafters reading the target's states (--ca-hidden --sa-hidden; TLI 1
+    with LSA, TLI 0 without): the client asks for them ("hidden_layer"),
+    greedy text equal to generate's; each position's rows end with its
+    state (2L (4 + kvd) + 4 + d bytes); a layer out of range, or one without
+    "kv"/"lsa" states, is 400; with --lsa-on-server the text and tau are the
+    K,V client's.
 
 Prints PASS/FAIL/SKIP lines (scripts/run-tests.sh counts them).
 """
@@ -50,10 +56,11 @@ RANDOM_HEAD = os.path.join(ROOT, "build", "tests", "tool_random_head")
 CASES = ["client_files", "fused_then_kv", "greedy_tli0", "greedy_tli1", "profile_4g_tli1", "exact_accepted", "reply_size",
          "sampling_equals_generate", "sampled_drafts_coupled", "cut_at_50_resumes", "bad_states_400", "private_refused",
          "server_restarted", "lsa_on_server", "lsa_other_drafter_400"]
+HIDDEN_CASES = ["hidden_greedy", "hidden_reply_size", "hidden_layer_400", "hidden_lsa_on_server"]
 
 
 def skip_all(why):
-    for c in CASES:
+    for c in CASES + HIDDEN_CASES:
         print(f"SKIP {c}: {why}")
     sys.exit(0)
 
@@ -251,8 +258,74 @@ def main():
                    f"rc {rc2} {err2[-300:]} {st} {b!r}")
         finally:
             srv.stop()
+    if any(want(c) for c in HIDDEN_CASES):
+        states_hidden(tmp.name, want, ref, N)
     tmp.cleanup()
     return exit_status()
+
+
+def states_hidden(d, want, ref, N):
+    """An MoA drafter reading the target's states (--ca-hidden --sa-hidden): the
+    open asks for them ("hidden_layer"), each position's rows end with its state."""
+    files = {}
+    for kind in ("moa-tli1-hid2", "moa-nolsa-hid2"):
+        h, cf = os.path.join(d, kind + ".gguf"), os.path.join(d, kind + ".client.gguf")
+        r1 = subprocess.run([RANDOM_HEAD, MODEL, h, kind, "7"], capture_output=True, text=True)
+        r2 = subprocess.run([BIN, "split-client", "-m", MODEL, "--head", h, "--out", cf], capture_output=True, text=True)
+        if r1.returncode or r2.returncode:
+            for c in HIDDEN_CASES:
+                report(c, False, f"no client file for {kind}: {r1.stderr.strip()} {r2.stderr.strip()}")
+            return
+        files[kind] = cf
+    srv = ServeProcess(BIN, MODEL, "--head", os.path.join(d, "moa-tli1-hid2.gguf"), "--split", "2")
+    try:
+        u = f"http://127.0.0.1:{srv.port}"
+        if want("hidden_greedy"):
+            errs = []
+            for kind in files:
+                rc, lines, err = client(u, files[kind], PROMPT, N)
+                o = lines[-1] if lines else {}
+                if not (rc == 0 and o.get("text") == ref and o.get("never_verified") == 0 and o.get("rounds", 0) > 0):
+                    errs.append(f"{kind}: rc {rc}: {o.get('text')!r} != {ref!r} {err[-300:]}")
+            report("hidden_greedy", not errs, "; ".join(errs))
+        if want("hidden_reply_size"):
+            st, b = post(srv.port, "/v1/split/open", json.dumps({"prompt": [1, 504, 3458, 2196], "n_predict": 16,
+                                                                 "states": "kv", "hidden_layer": 28}),
+                         "application/json")
+            o = json.loads(b)
+            L, w, E = o.get("n_layer", 0), o.get("kv_width", 0), o.get("n_embd", 0)
+            s1, r1 = post(srv.port, f"/v1/split/round?id={o.get('id')}", round_body(1, [o.get("first_token", 0), 28],
+                                                                                     [-1, 0]))
+            magic, seq, fin, q, na, bonus, nr, dw = struct.unpack("<IIBBHiHH", r1[:20]) if s1 == 200 else (0,) * 8
+            per = 2 * L * (4 + w) + 4 + E
+            want_len = 20 + 4 * na + (na + 1) * per
+            raw = len(o.get("states", "")) * 3 // 4 - o.get("states", "").count("=")
+            post(srv.port, f"/v1/split/close?id={o.get('id')}", b"", "application/json")
+            report("hidden_reply_size", st == 200 and o.get("hidden_layer") == 28 and E == 576 and
+                   o.get("n_states") == 4 and raw == 4 * per and s1 == 200 and nr == na + 1 and len(r1) == want_len,
+                   f"open {st} {dict((k, v) for k, v in o.items() if k != 'states')} raw {raw}; round {s1} "
+                   f"{len(r1)} != {want_len} (A {na}, rows {nr}, type {q})")
+        if want("hidden_layer_400"):
+            errs = []
+            for body, what in (({"states": "kv", "hidden_layer": 30}, "0..29"),
+                               ({"states": "kv", "hidden_layer": "last"}, "0..29"),
+                               ({"states": False, "hidden_layer": 3}, "goes with")):
+                st, b = post(srv.port, "/v1/split/open", json.dumps(dict(prompt=[1, 504], **body)), "application/json")
+                if st != 400 or what.encode() not in b:
+                    errs.append(f"{body}: {st} {b!r}")
+            report("hidden_layer_400", not errs, "; ".join(errs))
+        if want("hidden_lsa_on_server"):
+            cf = files["moa-tli1-hid2"]
+            rc, lines, err = client(u, cf, PROMPT, N, "--lsa-on-server")
+            o = lines[-1] if lines else {}
+            rck, lk, errk = client(u, cf, PROMPT, N)
+            ok_ = lk[-1] if lk else {}
+            report("hidden_lsa_on_server", rc == 0 and o.get("text") == ref and o.get("tau") == ok_.get("tau") and
+                   0 < o.get("body_bytes_received", 0) < ok_.get("body_bytes_received", 0) / 3,
+                   f"rc {rc} {o.get('text')!r} tau {o.get('tau')} vs {ok_.get('tau')} bytes "
+                   f"{o.get('body_bytes_received')} vs {ok_.get('body_bytes_received')} {err[-300:]}")
+    finally:
+        srv.stop()
 
 
 if __name__ == "__main__":

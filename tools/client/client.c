@@ -95,7 +95,7 @@ int cl_client_new(cl_client **out, const cl_opts *o, const sd_model *model, sd_d
     c->n_layer = info.n_layer;
     c->kvd = info.n_head_kv * info.head_dim;
     const size_t ld = SD_MAX((size_t)c->n_layer, (size_t)(o->tli > 0 ? o->tli : 0) + 1) * 2 * (size_t)c->kvd +
-                      (size_t)c->d_embd;   // floats a position: either kind
+                      2 * (size_t)c->d_embd;   // floats a position: either kind, and a state
     if (o->kv && !(c->kvbuf = malloc(sizeof(float) * MAX_NODES * ld))) {
         free(c);
         return snprintf(err, errlen, "out of memory"), -1;
@@ -184,9 +184,9 @@ static void take_rows(cl_client *c, const uint8_t *rows, int n, int pos0, float 
 
 // Bytes of one position's states in a reply.
 static size_t row_bytes(const cl_client *c) {
-    const size_t qb = 4 + (size_t)c->kvd;
-    return c->o.kv == 2 ? 4 + (size_t)c->d_embd + 2 * (size_t)c->o.tli * qb
-           : c->o.kv    ? 2 * (size_t)c->n_layer * qb
+    const size_t qb = 4 + (size_t)c->kvd, hb = c->o.kv && c->o.has_hidden ? 4 + (size_t)c->d_embd : 0;
+    return c->o.kv == 2 ? 4 + (size_t)c->d_embd + 2 * (size_t)c->o.tli * qb + hb
+           : c->o.kv    ? 2 * (size_t)c->n_layer * qb + hb
                         : 4 + (size_t)c->d_embd;
 }
 
@@ -198,18 +198,20 @@ static void dequant(const uint8_t *r, int w, float *o) {
 
 // kv: n positions' int8 rows into c->kvbuf as the drafter takes them: K,V
 // rows (n, 2 L, 4 + kvd) into (n, L, 2 kvd) floats, [K | V] a layer; lsa:
-// (4 + d) then (2 tli, 4 + kvd) into (n, d + tli 2 kvd).
+// (4 + d) then (2 tli, 4 + kvd) into (n, d + tli 2 kvd); has_hidden: each
+// position's state (4 + d) last, into (n, d) after all n positions' rows.
 static void kv_floats(cl_client *c, const uint8_t *rows, int n) {
-    const int w = c->kvd, lsa = c->o.kv == 2, nr = 2 * (lsa ? c->o.tli : c->n_layer);
-    const size_t rb = row_bytes(c), ld = (lsa ? (size_t)c->d_embd : 0) + (size_t)nr * w;
+    const int w = c->kvd, lsa = c->o.kv == 2, nr = 2 * (lsa ? c->o.tli : c->n_layer), d = c->d_embd;
+    const size_t rb = row_bytes(c), ld = (lsa ? (size_t)d : 0) + (size_t)nr * w;
     for (int p = 0; p < n; p++) {
         const uint8_t *r = rows + rb * (size_t)p;
         float *o = c->kvbuf + ld * (size_t)p;
         if (lsa) {
-            dequant(r, c->d_embd, o);
-            r += 4 + (size_t)c->d_embd, o += c->d_embd;
+            dequant(r, d, o);
+            r += 4 + (size_t)d, o += d;
         }
         for (int i = 0; i < nr; i++) dequant(r + (size_t)i * (4 + (size_t)w), w, o + (size_t)i * w);
+        if (c->o.has_hidden) dequant(rows + rb * (size_t)(p + 1) - (4 + (size_t)d), d, c->kvbuf + ld * (size_t)n + (size_t)p * d);
     }
 }
 
@@ -306,6 +308,8 @@ static int do_open(cl_client *c, char *err, size_t errlen) {
                           "states", c->o.states && c->o.kv ? json_string(c->o.kv == 2 ? "lsa" : "kv")
                                                            : json_boolean(c->o.states), "temperature", (double)sp->temp, "top_k", sp->top_k, "top_p",
                           (double)sp->top_p, "min_p", (double)sp->min_p, "seed", (json_int_t)sp->seed);
+    if (o && c->o.kv && c->o.has_hidden)   // the drafter reads the target's states at this layer
+        json_object_set_new(o, "hidden_layer", json_integer(c->o.hidden_layer));
     if (o && c->o.kv == 2) {   // the server runs LSA with its own drafter: it must be ours
         char fp[24];
         snprintf(fp, sizeof fp, "%016llx", (unsigned long long)c->o.drafter_fp);
@@ -353,6 +357,12 @@ static int do_open(cl_client *c, char *err, size_t errlen) {
         json_decref(a);
         return snprintf(err, errlen, "the server sends no K,V rows for this model (an MoA client needs a server of "
                                      "the same target)"), -1;
+    }
+    const json_t *hl = json_object_get(a, "hidden_layer");
+    if (c->o.kv && c->o.states && c->o.has_hidden && (!json_is_integer(hl) || json_integer_value(hl) != c->o.hidden_layer)) {
+        json_decref(a);
+        return snprintf(err, errlen, "the server does not send the target's states this MoA drafter reads (trained "
+                                     "with --ca-hidden or --sa-hidden): a specdec server from before 2026-11-29?"), -1;
     }
     if (b64 && n_states > 0 && (int)json_integer_value(json_object_get(a, "n_embd")) == c->d_embd) {
         size_t L = strlen(b64), o2 = 0;

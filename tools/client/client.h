@@ -25,6 +25,8 @@ typedef struct cl_opts {
     int kv;                  // the drafter is MoA: 1 the states are every layer's K,V rows, 2 LSA's outputs (the
                              // server's drafter) and the last tli layers' K,V rows; 0: EAGLE-3's fused rows
     int tli;                 // kv 2: the drafter's TLI
+    int has_hidden;          // kv: the drafter also reads the target's states at hidden_layer (each position's rows
+    int hidden_layer;        // end with one (n_embd) row; sd_drafter_hidden_layers)
     uint64_t drafter_fp;     // kv 2: sd_head_fingerprint of the drafter (the server's must be the same)
     int verbose;
     sd_sampler_params sp;    // the target's sampling (temp 0: greedy), sent with the open

@@ -11,12 +11,26 @@
 
 // ---------------------------------------------------------------- fused rows
 
-size_t sv_split_row_bytes(const sv_splits *t, int kind) {
-    const size_t qb = 4 + (size_t)t->kvd;
+size_t sv_split_row_bytes(const sv_splits *t, int kind, int hidden) {
+    const size_t qb = 4 + (size_t)t->kvd, hb = hidden && (kind == SV_KIND_KV || kind == SV_KIND_LSA) ? 4 + (size_t)t->d : 0;
     return kind == SV_KIND_FUSED ? 4 + (size_t)t->d
-           : kind == SV_KIND_KV  ? 2 * (size_t)t->n_layer * qb
-           : kind == SV_KIND_LSA ? 4 + (size_t)t->d + 2 * (size_t)t->tli * qb
+           : kind == SV_KIND_KV  ? 2 * (size_t)t->n_layer * qb + hb
+           : kind == SV_KIND_LSA ? 4 + (size_t)t->d + 2 * (size_t)t->tli * qb + hb
                                  : 0;
+}
+
+// Keeps the target's states (n, d) of positions pos0 .. pos0+n-1 (has_hidden).
+static int keep_states(sv_split *e, int d, int pos0, const float *rows, int n) {
+    if (pos0 < 0 || n <= 0) return 0;
+    if (pos0 + n > e->cap_hid) {
+        int cap = SD_MAX(pos0 + n, 2 * e->cap_hid);
+        float *h = realloc(e->hid, sizeof(float) * (size_t)cap * (size_t)d);
+        if (!h) return -1;
+        e->hid = h;
+        e->cap_hid = cap;
+    }
+    memcpy(e->hid + (size_t)pos0 * d, rows, sizeof(float) * (size_t)n * (size_t)d);
+    return 0;
 }
 
 // Room for n more positions in e->rows (rb bytes each; a generation's kind sets rb, the buffer outlives it).
@@ -59,11 +73,14 @@ static int fuse_rows(sv_server *s, sv_split *e, const float *hidden, int n, char
 
 // The client's MoA drafter's rows of positions pos .. pos+n-1 into e's int8
 // rows (docs/split.md): SV_KIND_KV every layer's committed K and V rows;
-// SV_KIND_LSA LSA's output (the server's drafter) then the last tli layers'.
+// SV_KIND_LSA LSA's output (the server's drafter) then the last tli layers';
+// has_hidden: then the position's state.
 static int kv_rows(sv_server *s, sv_split *e, int pos, int n, char *err, size_t errlen) {
     sv_splits *t = s->split;
     const int L = t->n_layer, w = t->kvd, lsa = e->kind == SV_KIND_LSA, d = t->d;
-    const size_t rb = sv_split_row_bytes(t, e->kind), qb = 4 + (size_t)w;
+    const size_t rb = sv_split_row_bytes(t, e->kind, e->has_hidden), qb = 4 + (size_t)w;
+    if (e->has_hidden && pos + n > e->cap_hid)
+        return snprintf(err, errlen, "the target's states of positions %d..%d are missing", pos, pos + n - 1), -1;
     const size_t head = lsa ? 4 + (size_t)d : 0;   // a position's bytes before its first K,V row
     const int l0 = lsa ? L - t->tli : 0;            // the first layer sent
     if (n <= 0) return 0;
@@ -89,6 +106,9 @@ static int kv_rows(sv_server *s, sv_split *e, int pos, int n, char *err, size_t 
             if (sd_moa_lsa_run(t->lsa, t->kvf, c, t->cf, err, errlen) < 0) return -1;
             for (int j = 0; j < c; j++) quant_row(e->rows + rb * (size_t)(e->n_rows + i + j), t->cf + (size_t)j * d, d);
         }
+        for (int j = 0; e->has_hidden && j < c; j++)   // the state: the row's last (4 + d) bytes
+            quant_row(e->rows + rb * (size_t)(e->n_rows + i + j + 1) - (4 + (size_t)d),
+                      e->hid + (size_t)(pos + i + j) * d, d);
     }
     e->n_rows += n;
     return 0;
@@ -111,15 +131,24 @@ static int cb_propose(void *user, const sd_draft_request *req, sd_tree *tree, ch
 
 static int cb_step(void *user, const sd_draft_result *res, char *err, size_t errlen) {
     cb_user *u = user;
-    if (!res->hidden || !u->e->want_states || u->e->kind != SV_KIND_FUSED) return 0;
+    if (!res->hidden || !u->e->want_states) return 0;
+    if (u->e->has_hidden)   // the path's states: root_pos .. root_pos + n_accepted
+        return keep_states(u->e, u->s->split->d, u->e->root_pos, res->hidden, 1 + res->n_accepted) < 0
+                   ? (snprintf(err, errlen, "out of memory"), -1)
+                   : 0;
+    if (u->e->kind != SV_KIND_FUSED) return 0;
     return fuse_rows(u->s, u->e, res->hidden, 1 + res->n_accepted, err, errlen);
 }
 
 static int cb_prompt(void *user, const int32_t *tokens, int pos0, int n, const float *hidden, char *err,
                      size_t errlen) {
     cb_user *u = user;
-    (void)tokens, (void)pos0;
-    if (!hidden || !u->e->want_states || u->e->kind != SV_KIND_FUSED) return 0;
+    (void)tokens;
+    if (!hidden || !u->e->want_states) return 0;
+    if (u->e->has_hidden)
+        return keep_states(u->e, u->s->split->d, pos0, hidden, n) < 0 ? (snprintf(err, errlen, "out of memory"), -1)
+                                                                      : 0;
+    if (u->e->kind != SV_KIND_FUSED) return 0;
     return fuse_rows(u->s, u->e, hidden, n, err, errlen);
 }
 
@@ -202,6 +231,7 @@ void sv_split_free(sv_server *s) {
         gen_drop(e);
         sd_session_free(e->ss);
         free(e->rows);
+        free(e->hid);
         free(e->text);
         free(e->fbuf);
         free(e->kbuf);
@@ -300,7 +330,7 @@ static void answer_round(sv_server *s, sv_split *e, const sd_step *st) {
         }
     }
     if (e->n_rows > na + 1) e->n_rows = na + 1;
-    const size_t rb = sv_split_row_bytes(s->split, e->kind);
+    const size_t rb = sv_split_row_bytes(s->split, e->kind, e->has_hidden);
     const int w = e->kind == SV_KIND_KV ? s->split->kvd : s->split->d;   // LSA: the output's width (TLI rows: kvd)
     const size_t len = 20 + 4 * (size_t)na + rb * (size_t)e->n_rows;
     uint8_t *b = malloc(len);
@@ -343,7 +373,9 @@ static void answer_open(sv_server *s, sv_split *e, int first, int finish) {
             return;
         }
     }
-    const size_t raw = sv_split_row_bytes(s->split, e->kind) * (size_t)e->n_rows;
+    const size_t raw = sv_split_row_bytes(s->split, e->kind, e->has_hidden) * (size_t)e->n_rows;
+    char hl[16] = "null";   // the layer whose states end each position's rows
+    if (e->has_hidden) snprintf(hl, sizeof hl, "%d", e->hidden_layer);
     const size_t len = 512 + (raw + 2) / 3 * 4;
     char *b = malloc(len);
     if (!b) {
@@ -353,11 +385,11 @@ static void answer_open(sv_server *s, sv_split *e, int first, int finish) {
     int o = snprintf(b, len,
                      "{\"id\":\"%s\",\"first_token\":%d,\"finish\":%d,\"n_ctx\":%d,\"max_nodes\":%d,\"idle_s\":%d,"
                      "\"n_embd\":%d,\"layers\":[%d,%d,%d],\"draw\":\"%s\",\"state_kind\":\"%s\",\"n_layer\":%d,\"kv_width\":%d,"
-                     "\"n_states\":%d,\"states\":\"",
+                     "\"hidden_layer\":%s,\"n_states\":%d,\"states\":\"",
                      e->id, first, finish, sd_session_n_ctx(e->ss), SV_SPLIT_MAX_NODES, s->split->idle_s, d,
                      s->split->extract[0], s->split->extract[1], s->split->extract[2],
                      s->o->draw == SD_DRAW_RACE ? "race" : "rejection", e->kind == SV_KIND_KV ? "kv" : e->kind == SV_KIND_LSA ? "lsa" : e->kind == SV_KIND_FUSED ? "fused" : "none", s->split->n_layer,
-                     s->split->kvd, e->n_rows);
+                     s->split->kvd, hl, e->n_rows);
     const uint8_t *p = e->rows;
     size_t i = 0;
     for (; i + 3 <= raw; i += 3) {
@@ -480,10 +512,11 @@ int sv_split_make(sv_server *s, sv_split *e, const int32_t *prompt, int n_prompt
     cb_user *u = malloc(sizeof *u);
     if (!u) return snprintf(err, errlen, "out of memory"), -1;
     u->s = s, u->e = e;
-    const int nh = e->kind == SV_KIND_FUSED ? s->split->n_extract : 0;   // hidden rows only to fuse
+    // the target's states: the head's layers to fuse, or the one an MoA drafter reads
+    const int nh = e->kind == SV_KIND_FUSED ? s->split->n_extract : e->has_hidden ? 1 : 0;
     sd_drafter_callbacks cb = {.name = "split-client", .user = u, .propose = cb_propose, .step = cb_step,
                                .prompt = cb_prompt, .free = cb_free, .n_hidden_layers = nh};
-    for (int i = 0; i < nh; i++) cb.hidden_layers[i] = s->split->extract[i];
+    for (int i = 0; i < nh; i++) cb.hidden_layers[i] = e->has_hidden ? e->hidden_layer : s->split->extract[i];
     if (sd_drafter_from_callbacks(&e->d, &cb, err, errlen) < 0) {
         free(u);
         gen_drop(e);

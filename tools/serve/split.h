@@ -46,6 +46,11 @@ typedef struct sv_split {
     int kind;              // the states this generation's rounds carry: enum sv_split_kind (set at open)
     int want_states;       // this round (or the open) sends them
     int root_pos;          // the round's root position (the text's length before it, less one)
+    // the open's "hidden_layer" (an MoA drafter reading the target's states, with K,V or LSA rows):
+    // each position's rows end with one more, the target's state at that layer (sd_batch.hidden_layers)
+    int has_hidden, hidden_layer;
+    float *hid;            // (cap_hid, d) the states of the generation's positions, as its steps bring them
+    int cap_hid;           // positions allocated
     // states of the prompt (open) or the last step's path, int8 rows with a scale each:
     // SV_KIND_FUSED one row (4 + d) a position; SV_KIND_KV 2 L rows (4 + kvd) a position,
     // layer by layer its K row then its V row
@@ -101,8 +106,8 @@ void sv_split_fail_all(sv_server *s, const char *why);
 // split_http.c: one request of the API. which: 0 open, 1 round, 2 close;
 // id the ?id= argument (or NULL). *out (malloc'd, *out_len bytes, type
 // *ctype) is the reply body; returns the HTTP status.
-// Bytes of one position's states of kind (0 for SV_KIND_NONE).
-size_t sv_split_row_bytes(const sv_splits *t, int kind);
+// Bytes of one position's states of kind (0 for SV_KIND_NONE), hidden: with the state's row.
+size_t sv_split_row_bytes(const sv_splits *t, int kind, int hidden);
 
 int sv_split_request(sv_server *s, int which, const char *id, const char *body, size_t len, char **out,
                      size_t *out_len, const char **ctype);

@@ -117,6 +117,23 @@ static int do_open(sv_server *s, const char *body, size_t len, char **out, size_
                  s->split->n_extract > 0 ? " or \"fused\"" : "; \"fused\" needs an EAGLE-3 head (serve --head)");
         return error_out(400, "invalid_states", msg, out, out_len, ctype);
     }
+    // hidden_layer: an MoA drafter that reads the target's states (--ca-hidden, --sa-hidden) asks for them
+    // at one layer (sd_batch.hidden_layers: the stream after block l, or SD_HIDDEN_NORM, -1, the final
+    // normed state); each position's rows end with its state
+    const json_t *hj = json_object_get(o, "hidden_layer");
+    const int has_hidden = hj && !json_is_null(hj);
+    const long long hidden_layer = json_is_integer(hj) ? json_integer_value(hj) : -2;
+    if (has_hidden && (kind != SV_KIND_KV && kind != SV_KIND_LSA ? 1
+                       : hidden_layer != SD_HIDDEN_NORM && (hidden_layer < 0 || hidden_layer >= info.n_layer))) {
+        free(ids);
+        json_decref(o);
+        if (kind != SV_KIND_KV && kind != SV_KIND_LSA)
+            snprintf(msg, sizeof msg, "'hidden_layer' goes with \"kv\" or \"lsa\" states (an MoA client)");
+        else
+            snprintf(msg, sizeof msg, "'hidden_layer' is %d (the final normed state) or a layer in 0..%d (the state "
+                     "after that block)", SD_HIDDEN_NORM, info.n_layer - 1);
+        return error_out(400, "invalid_hidden_layer", msg, out, out_len, ctype);
+    }
     // sampling: the target's distribution (the race draw: the text plain sampling gives for the seed)
     sd_sampler_params sp = sd_sampler_default_params();
     sp.temp = 0.0f;
@@ -196,6 +213,8 @@ static int do_open(sv_server *s, const char *body, size_t len, char **out, size_
     char err[256];
     e->kind = kind;
     e->want_states = kind != SV_KIND_NONE;
+    e->has_hidden = has_hidden;
+    e->hidden_layer = has_hidden ? (int)hidden_layer : 0;
     int rc = sv_split_make(s, e, ids, n, n_predict, &sp, err, sizeof err);
     free(ids);
     for (int i = 0; i < n_stop; i++) {   // the generation's now (gen_drop frees them)
