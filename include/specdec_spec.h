@@ -171,7 +171,16 @@ typedef struct sd_head sd_head;
 // for a drafter reading the target's states, those (n, n_embd) after them,
 // as sd_drafter_remote's. SD_ERR_INPUT for other drafters.
 SD_API int sd_drafter_remote_lsa(sd_drafter *d, char *err, size_t errlen);
-// LSA of an MoA drafter h (with LSA) for target m, run where the target's
+// An MoA drafter without LSA made remote takes what it reads of the target's
+// layers, their mean: the states of sd_drafter_tell and
+// sd_drafter_tell_prompt are then (n, (1 + N) 2 n_head_kv head_dim) floats,
+// each position's mean over the target's layers of its K row then of its V
+// row, then the K,V rows of the last N layers (TLI = N); for a drafter
+// reading the target's states, those (n, n_embd) after them. SD_ERR_INPUT
+// for other drafters.
+SD_API int sd_drafter_remote_mean(sd_drafter *d, char *err, size_t errlen);
+// LSA of an MoA drafter h for target m (without LSA: the layers' mean and the
+// projection), run where the target's
 // K,V rows are (a split server): c (n, n_embd) from kv (n, n_layer, 2
 // n_head_kv head_dim) as sd_drafter_remote's, n <= 64. The drafter's
 // weights in 8 bits, as the client's drafter holds them. For a drafter that
@@ -183,6 +192,9 @@ SD_API void sd_moa_lsa_free(sd_moa_lsa *x);
 SD_API int sd_moa_lsa_run(sd_moa_lsa *x, const float *kv, int n, float *c, char *err, size_t errlen);
 // An MoA drafter's TLI (its last target layers it runs), or -1 for another head.
 SD_API int sd_head_moa_tli(const sd_head *h);
+// 1 for an MoA drafter without LSA (it reads the target layers' mean K,V
+// rows: sd_drafter_remote_mean), 0 with LSA, -1 for another head.
+SD_API int sd_head_moa_no_lsa(const sd_head *h);
 // A hash of a head's shape (TLI included), parameters and draft vocabulary:
 // two programs holding the same drafter file get the same value.
 SD_API uint64_t sd_head_fingerprint(const sd_head *h);

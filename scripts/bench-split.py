@@ -14,7 +14,9 @@ applies each profile (4g: 20 Mbit/s, 21 +- 19 ms, 0.1% loss as stalls; 5g:
   (c) moa     specdec client with an MoA drafter (--moa FILE: a drafter,
               made into a client file here): the same; with --moa-lsa also
               moa_lsa, the client with --lsa-on-server (the server, given
-              the drafter too, sends LSA's outputs);
+              the drafter too, sends LSA's outputs); with --moa-kv-rows also
+              moa_kv, the client with --kv-rows (a drafter without LSA: every
+              layer's K,V rows instead of their mean, the default);
   cut         each split client cut off for good after 50 tokens: the share
               of the target's greedy text it reproduces offline (tokens
               until the first difference, and positions equal, over the
@@ -24,10 +26,9 @@ applies each profile (4g: 20 Mbit/s, 21 +- 19 ms, 0.1% loss as stalls; 5g:
 
 Prints one JSON object (per-profile means, and every run) on stdout; never a
 test. usage: bench-split.py [--prompts FILE] [--n-prompts K] [-n N]
-[--profiles 4g,5g] [--moa FILE] [--moa-lsa] [--no-eagle3] [--cut-baseline] [--out FILE]
+[--profiles 4g,5g] [--moa FILE] [--moa-lsa] [--moa-kv-rows] [--no-eagle3] [--cut-baseline] [--out FILE]
 """
 import argparse
-import http.client
 import json
 import os
 import socket
@@ -160,6 +161,7 @@ def main():
     ap.add_argument("--no-eagle3", action="store_true", help="leave (b) out")
     ap.add_argument("--cut-baseline", action="store_true", help="(c)'s cut also with --no-states")
     ap.add_argument("--moa-lsa", action="store_true", help="(c) also with --lsa-on-server")
+    ap.add_argument("--moa-kv-rows", action="store_true", help="(c) also with --kv-rows (a drafter without LSA)")
     ap.add_argument("--out")
     a = ap.parse_args()
     tmp = tempfile.TemporaryDirectory()
@@ -175,6 +177,8 @@ def main():
         kinds.append(("moa", ["-m", cf]))
         if a.moa_lsa:
             kinds.append(("moa_lsa", ["-m", cf, "--lsa-on-server"]))
+        if a.moa_kv_rows:
+            kinds.append(("moa_kv", ["-m", cf, "--kv-rows"]))
         if a.cut_baseline:
             kinds.append(("moa_nostates", ["-m", cf, "--no-states"]))
     prompts = []
@@ -246,7 +250,7 @@ def main():
             for key, rs_ in rows.items():
                 keys = [k for k in rs_[0] if isinstance(rs_[0][k], (int, float)) and not isinstance(rs_[0][k], bool)]
                 summ[key] = {k: mean([r_.get(k) for r_ in rs_]) for k in keys}
-                if key in ("split", "moa", "moa_lsa", "moa_nostates"):
+                if key in ("split", "moa", "moa_lsa", "moa_kv", "moa_nostates"):
                     summ[key]["all_equal_target"] = all(r_["equals_target"] for r_ in rs_)
                     summ[key + "_over_openai_tokens_per_second"] = (summ[key]["tokens_per_second"] /
                                                                     summ["openai"]["tokens_per_second"])

@@ -5,7 +5,7 @@
 // greedy output must still equal plain decoding, which is what those tests
 // assert.
 //
-//   build/tests/tool_random_head MODEL.gguf OUT.gguf [eagle3|medusa|moa[-tliN][-nolsa][-hid|-hid2]|moa-exact] [SEED]
+//   build/tests/tool_random_head MODEL.gguf OUT.gguf [eagle3|medusa|moa[-tliN][-nolsa][-hid|-hid2]|moa-exact[-nolsa]] [SEED]
 //
 // moa-exact: an MoA drafter whose SA and CA matrices are zero and whose TLI
 // runs every target layer: it drafts what the target would (a check of the
@@ -25,7 +25,7 @@
 
 int main(int argc, char **argv) {
     if (argc < 3 || argc > 5) {
-        fprintf(stderr, "usage: %s MODEL.gguf OUT.gguf [eagle3|medusa|moa[-tliN][-nolsa][-hid|-hid2]|moa-exact] [SEED]\n", argv[0]);
+        fprintf(stderr, "usage: %s MODEL.gguf OUT.gguf [eagle3|medusa|moa[-tliN][-nolsa][-hid|-hid2]|moa-exact[-nolsa]] [SEED]\n", argv[0]);
         return 1;
     }
     const char *type_s = argc > 3 ? argv[3] : "eagle3";
@@ -48,7 +48,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     sd_head_hp hp = sd_head_default_hp(m, type);   // bound to m: the loader accepts it for m only
-    const int exact = !strcmp(type_s, "moa-exact");
+    const int exact = !strncmp(type_s, "moa-exact", 9);   // (moa-exact-nolsa: the same without LSA)
     if (type == SD_HEAD_MOA) {
         const char *t = strstr(type_s, "-tli");
         if (t) hp.moa_tli = atoi(t + 4);

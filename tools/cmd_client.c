@@ -119,7 +119,7 @@ static double pct(double *v, long n, double q) {
 
 int cmd_client(int argc, char **argv) {
     const char *model_path = NULL, *head_spec = NULL, *prompt = NULL, *system = NULL, *method = NULL;
-    int chat = 0, json = 0, events = 0, verbose = 0, n_threads = 1, no_states = 0, lsa_server = 0;
+    int chat = 0, json = 0, events = 0, verbose = 0, n_threads = 1, no_states = 0, lsa_server = 0, kv_rows = 0;
     const char *temp_given = NULL, *private_text = NULL, *stops[TX_MAX_STOP];
     int n_stops = 0;
     cl_opts co = {.sp = sd_sampler_default_params(), .timeout_ms = 3000, .n_predict = 256, .max_nodes = 16, .offline_depth = 4, .retry_ms = 250,
@@ -174,6 +174,9 @@ int cmd_client(int argc, char **argv) {
          .help = "MoA: the server runs LSA with its own copy of the drafter (serve --head MOA.gguf) and sends "
                  "LSA's outputs (and the TLI layers' K,V rows) instead of every layer's K,V rows: about 20x fewer "
                  "bytes, LSA's cost on the server"},
+        {"--kv-rows", NULL, CLI_FLAG, &kv_rows,
+         .help = "MoA without LSA: ask for every layer's K,V rows (default: their mean over layers and the TLI "
+                 "layers' rows, all that such a drafter reads: L/(1+TLI) times fewer bytes)"},
         {"--no-states", NULL, CLI_FLAG, &no_states,
          .help = "ask the server for no states (the drafter then drafts from tokens alone: a baseline)"},
         {"--threads", "-t", CLI_INT, &n_threads, 1, 256, .meta = "N", .def = CLI_DEF_VALUE,
@@ -256,7 +259,12 @@ int cmd_client(int argc, char **argv) {
         cli_error("client: --lsa-on-server needs an MoA drafter");
         goto out;
     }
-    co.kv = moa ? (lsa_server ? 2 : 1) : 0;
+    if (kv_rows && (!moa || lsa_server)) {
+        cli_error("client: --kv-rows is for an MoA drafter without --lsa-on-server");
+        goto out;
+    }
+    // an MoA drafter without LSA reads the layers' mean K,V rows: the server sends them ("mean")
+    co.kv = moa ? (lsa_server ? 2 : !kv_rows && sd_head_moa_no_lsa(h) ? 3 : 1) : 0;
     co.tli = moa ? sd_head_moa_tli(h) : 0;
     co.drafter_fp = sd_head_fingerprint(h);
     sd_method_env env = sd_method_env_default(m);
@@ -265,7 +273,9 @@ int cmd_client(int argc, char **argv) {
     env.n_threads = n_threads;
     env.n_ctx = 4096;
     if (sd_method_parse(method, &meth, err, sizeof err) < 0 || sd_method_make(&meth, &env, &d, err, sizeof err) < 0 ||
-        (co.kv == 2 ? sd_drafter_remote_lsa(d, err, sizeof err) : sd_drafter_remote(d, err, sizeof err)) < 0) {
+        (co.kv == 2   ? sd_drafter_remote_lsa(d, err, sizeof err)
+         : co.kv == 3 ? sd_drafter_remote_mean(d, err, sizeof err)
+                      : sd_drafter_remote(d, err, sizeof err)) < 0) {
         cli_error("client: %s", err);
         goto out;
     }

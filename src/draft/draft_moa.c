@@ -58,7 +58,8 @@ typedef struct moad {
     // server), never from a session; the text after them that is not
     // verified (drafted offline) is a chain of pending rows, slots
     // 0 .. chain_n-1, kept between steps while the text agrees.
-    int remote, chain_n; // remote: 1 the rows are every layer's K,V; 2 LSA's outputs and the TLI layers' K,V
+    int remote, chain_n; // remote: 1 the rows are every layer's K,V; 2 LSA's outputs and the TLI layers' K,V;
+                         // 3 (no LSA) the layers' mean K,V and the TLI layers' K,V
     int32_t root_parent; // the tree root's parent slot: -1, or the chain's last
     int64_t cov_n, cov_in, n_no_session;
     char note[300];
@@ -165,14 +166,18 @@ static int remote_rows(moad *s, const int32_t *text, int pos0, int n, const floa
     s->chain_n = 0;
     if (L < pos0) return 0;
     const int end = SD_MIN(pos0 + n, s->n_ctx);
-    const size_t ld = s->remote == 2 ? (size_t)s->E + (size_t)s->head->hp.moa_tli * s->ekv : (size_t)s->L * s->ekv;
+    const size_t N = (size_t)s->head->hp.moa_tli;
+    const size_t ld = s->remote == 2 ? (size_t)s->E + N * s->ekv
+                      : s->remote == 3 ? (1 + N) * s->ekv
+                                       : (size_t)s->L * s->ekv;
     const float *hid = s->hid ? kv + (size_t)n * ld : NULL;   // (n, E) after the rows
     for (int p = L; p < end;) {
         const int c = SD_MIN(SD_MOA_ROWS, end - p);
         memcpy(s->txt + p, text + p, sizeof(int32_t) * (size_t)c);
         const float *rows = kv + (size_t)(p - pos0) * ld, *h = hid ? hid + (size_t)(p - pos0) * s->E : NULL;
-        if ((s->remote == 2 ? sd_moa_run_context_lsa(s->r, rows, h, c, err, errlen)
-                            : sd_moa_run_context(s->r, rows, h, c, err, errlen)) < 0)
+        if ((s->remote == 2   ? sd_moa_run_context_lsa(s->r, rows, h, c, err, errlen)
+             : s->remote == 3 ? sd_moa_run_context_mean(s->r, rows, h, c, err, errlen)
+                              : sd_moa_run_context(s->r, rows, h, c, err, errlen)) < 0)
             return -1;
         p += c;
     }
@@ -472,7 +477,8 @@ const float *sd_draft_moa_test_states(const sd_drafter *d, int *n_ok, const int3
 int sd_draft_moa_set_remote(sd_drafter *d, int on) {
     if (!d || d->vt != &moa_vt) return -1;
     moad *s = d->impl;
-    s->remote = on == 2 ? 2 : on != 0;
+    if (on == 3 && !s->head->hp.moa_no_lsa) return -1;   // the layers' mean is what a drafter without LSA reads
+    s->remote = on == 2 || on == 3 ? on : on != 0;
     moa_reset(d);
     return 0;
 }

@@ -59,14 +59,22 @@ int sd_drafter_remote_lsa(sd_drafter *d, char *err, size_t errlen) {
     return 0;
 }
 
+int sd_drafter_remote_mean(sd_drafter *d, char *err, size_t errlen) {
+    if (sd_draft_moa_set_remote(d, 3) < 0)
+        return sd_errc(SD_ERR_INPUT, err, errlen,
+                       "drafter '%s': only an MoA drafter without LSA takes the layers' mean K,V rows",
+                       d ? sd_drafter_name(d) : "(none)");
+    return 0;
+}
+
 struct sd_moa_lsa {
     sd_moa_run *r;
 };
 
 int sd_moa_lsa_new(sd_moa_lsa **out, const sd_head *h, const sd_model *m, char *err, size_t errlen) {
     *out = NULL;
-    if (!h || h->hp.type != SD_HEAD_MOA || h->hp.moa_no_lsa)
-        return sd_errc(SD_ERR_INPUT, err, errlen, "moa lsa: an MoA drafter with LSA is required");
+    if (!h || h->hp.type != SD_HEAD_MOA)
+        return sd_errc(SD_ERR_INPUT, err, errlen, "moa lsa: an MoA drafter is required");
     sd_moa_lsa *x = calloc(1, sizeof *x);
     if (!x) return sd_errc(SD_ERR_OOM, err, errlen, "moa lsa: out of memory");
     if (sd_moa_run_new(&x->r, h, m, 1, SD_MOA_ROWS, SD_TYPE_Q8_0, NULL, err, errlen) < 0) {
@@ -91,6 +99,8 @@ int sd_moa_lsa_run(sd_moa_lsa *x, const float *kv, int n, float *c, char *err, s
 }
 
 int sd_head_moa_tli(const sd_head *h) { return h && h->hp.type == SD_HEAD_MOA ? h->hp.moa_tli : -1; }
+
+int sd_head_moa_no_lsa(const sd_head *h) { return h && h->hp.type == SD_HEAD_MOA ? h->hp.moa_no_lsa != 0 : -1; }
 
 uint64_t sd_head_fingerprint(const sd_head *h) {
     uint64_t x = 0xcbf29ce484222325ull;   // FNV-1a over the shape, the parameters' bytes and the draft vocabulary

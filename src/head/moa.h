@@ -126,6 +126,11 @@ int sd_moa_run_needs_hidden(const sd_moa_run *r);
 // the states' terms: sd_moa_run_lsa) then the K,V rows of the last N layers;
 // hid as sd_moa_run_context's.
 int sd_moa_run_context_lsa(sd_moa_run *r, const float *rows, const float *hid, int n, char *err, size_t errlen);
+// As sd_moa_run_context for a drafter without LSA from each position's mean
+// over the target's layers of its K,V rows (what it reads of them): rows
+// (n, (1 + N) Ekv), the mean then the last N layers' K,V rows (a split
+// server's "mean" states, docs/split.md); hid as sd_moa_run_context's.
+int sd_moa_run_context_mean(sd_moa_run *r, const float *rows, const float *hid, int n, char *err, size_t errlen);
 int sd_moa_run_n_cached(const sd_moa_run *r);
 int sd_moa_run_n_ctx(const sd_moa_run *r);
 // Keeps the first n verified positions; drops the pending rows.

@@ -458,6 +458,21 @@ int sd_moa_run_context(sd_moa_run *r, const float *kv, const float *hid, int n, 
     return 0;
 }
 
+int sd_moa_run_context_mean(sd_moa_run *r, const float *rows, const float *hid, int n, char *err, size_t errlen) {
+    if (n < 1 || n > SD_MOA_ROWS) return sd_err(err, errlen, "moa: %d context rows (1..%d)", n, SD_MOA_ROWS);
+    if (!r->h->hp.moa_no_lsa) return sd_err(err, errlen, "moa: the layers' mean serves a drafter without LSA only");
+    if (sd_moa_run_needs_hidden(r) && !hid)
+        return sd_err(err, errlen, "moa: this drafter reads the target's states (ca_hidden, sa_hidden): none given");
+    if (r->n_cached + n > r->n_ctx) return sd_err(err, errlen, "moa: the drafter's context is full (%d)", r->n_ctx);
+    const size_t ld = (size_t)(1 + r->N) * r->ekv;
+    for (int i = 0; i < n; i++) memcpy(r->c + (size_t)i * r->ekv, rows + (size_t)i * ld, sizeof(float) * (size_t)r->ekv);
+    mat(r, &r->proj, r->c, n, r->cl);   // what lsa_rows makes of the mean without LSA
+    add_bias(r->cl, r->proj_b, n, r->E);
+    if (hid) hidden_terms(r, hid, n, r->cl);
+    context_from(r, r->cl, rows + r->ekv, ld, n);
+    return 0;
+}
+
 int sd_moa_run_context_lsa(sd_moa_run *r, const float *rows, const float *hid, int n, char *err, size_t errlen) {
     if (n < 1 || n > SD_MOA_ROWS) return sd_err(err, errlen, "moa: %d context rows (1..%d)", n, SD_MOA_ROWS);
     if (sd_moa_run_needs_hidden(r) && !hid)

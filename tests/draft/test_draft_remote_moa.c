@@ -314,6 +314,90 @@ static void test_remote_moa_states_tli1(void) {
     run_states(1);
 }
 
+// kv (n, L, 2w) -> the mean over layers and the last N layers' rows (n, (1 + N) 2w).
+static float *mean_rows(const float *kv, int n, int tli) {
+    const sd_hparams *hp = &g_m->hp;
+    const int L = hp->n_layer, ekv = 2 * hp->n_head_kv * hp->head_dim;
+    const size_t ld = (size_t)(1 + tli) * ekv;
+    float *out = kv ? calloc((size_t)n * ld, sizeof(float)) : NULL;
+    for (int i = 0; out && i < n; i++) {
+        for (int l = 0; l < L; l++)
+            for (int j = 0; j < ekv; j++) out[i * ld + j] += kv[((size_t)i * L + l) * ekv + j] / (float)L;
+        memcpy(out + i * ld + ekv, kv + ((size_t)i * L + (L - tli)) * ekv, sizeof(float) * (size_t)tli * ekv);
+    }
+    return out;
+}
+
+// A drafter without LSA made remote on the layers' mean (sd_drafter_remote_mean),
+// told each position's mean K,V and the TLI layers' rows (and, ca/sa_hidden, the
+// states), proposes the in-process drafter's trees; an LSA drafter refuses it.
+static void run_mean(int tli, int hidden) {
+    sd_head_hp hp = sd_head_default_hp(g_m, SD_HEAD_MOA);
+    hp.n_draft_vocab = NV;
+    hp.moa_tli = tli;
+    hp.moa_no_lsa = 1;
+    hp.moa_ca_hidden = hp.moa_sa_hidden = hidden;
+    sd_head *h = NULL;
+    CHECK(sd_head_new(&h, &hp, g_err, sizeof g_err) == 0, "%s", g_err);
+    if (!h) return;
+    sd_head_init(h, 41 + (uint64_t)tli);
+    const int E = g_m->hp.n_embd, ekv = 2 * g_m->hp.n_head_kv * g_m->hp.head_dim;
+    sd_drafter *dl = new_drafter(h, 0), *dm = new_drafter(h, 0);
+    CHECK(dm && sd_drafter_remote_mean(dm, g_err, sizeof g_err) == 0, "TLI %d: remote mean: %s", tli, g_err);
+    sd_session *s = sc_new_session(g_m, 128, 1, g_err, sizeof g_err);
+    sd_tree *t1 = NULL, *t2 = NULL;
+    sd_tree_new(&t1, 16, NV, g_err, sizeof g_err);
+    sd_tree_new(&t2, 16, NV, g_err, sizeof g_err);
+    int32_t text[40], layer[SD_MAX_HIDDEN_LAYERS] = {SD_HIDDEN_NORM};
+    for (int i = 0; i < 40; i++) text[i] = (int32_t)((i * 29 + 5) % NV);
+    float *st = malloc(sizeof(float) * 40 * (size_t)E);
+    if (!dl || !dm || !s || !t1 || !t2 || !st) {
+        CHECK(0, "setup: %s", g_err);
+        goto out;
+    }
+    if (hidden) CHECK(sd_drafter_hidden_layers(dl, layer) == 1, "the drafter reads one state");
+    for (int p0 = 0, n = 9; p0 < 20; p0 += n, n = 20 - p0) {
+        CHECK(extend_states(s, text, p0 + n, layer[0], st + (size_t)p0 * E) == 0, "%s", g_err);
+        float *kv = kv_rows(s, p0, n), *mr = mean_rows(kv, n, tli);
+        float *told = hidden ? with_states(mr, (size_t)(1 + tli) * ekv, st + (size_t)p0 * E, n) : mr;
+        CHECK(told && (!hidden || sd_drafter_tell_prompt(dl, text, p0, n, st + (size_t)p0 * E, g_err, sizeof g_err) == 0) &&
+                  sd_drafter_tell_prompt(dm, text, p0, n, told, g_err, sizeof g_err) == 0,
+              "TLI %d: tell: %s", tli, g_err);
+        if (told != mr) free(told);
+        free(mr);
+        free(kv);
+    }
+    CHECK(local_tree(dl, s, text, 21, t1) == 0 && sd_tree_size(t1) > 1, "TLI %d: in-process: %s", tli, g_err);
+    CHECK(sd_drafter_draft(dm, text, 21, 16, t2, g_err, sizeof g_err) == 0 && same_tree(t1, t2),
+          "TLI %d%s: told the layers' mean, the remote tree differs (%d vs %d nodes) %s", tli, hidden ? " hidden" : "",
+          sd_tree_size(t1), sd_tree_size(t2), g_err);
+    {   // an MoA drafter with LSA reads every layer's rows, not their mean
+        sd_head_hp hl = hp;
+        hl.moa_no_lsa = 0;
+        sd_head *h2 = NULL;
+        sd_drafter *d2 = NULL;
+        if (sd_head_new(&h2, &hl, g_err, sizeof g_err) == 0) sd_head_init(h2, 3), d2 = new_drafter(h2, 0);
+        CHECK(d2 && sd_drafter_remote_mean(d2, g_err, sizeof g_err) == SD_ERR_INPUT && strstr(g_err, "without LSA"),
+              "an LSA drafter took the layers' mean: %s", g_err);
+        sd_drafter_free(d2);
+        sd_head_free(h2);
+    }
+out:
+    free(st);
+    sd_tree_destroy(t1);
+    sd_tree_destroy(t2);
+    sd_session_free(s);
+    sd_drafter_free(dl);
+    sd_drafter_free(dm);
+    sd_head_free(h);
+}
+
+static void test_remote_moa_mean(void) {
+    if (!g_m) SKIP("no synthetic model: %.200s", g_err);
+    run_mean(0, 1);
+    run_mean(1, 0);
+}
+
 static void test_remote_moa_tli0(void) {
     if (!g_m) SKIP("no synthetic model: %.200s", g_err);
     run(0);
@@ -335,6 +419,7 @@ int main(void) {
     T_RUN(test_remote_moa_lsa_outputs);
     T_RUN(test_remote_moa_states_tli0);
     T_RUN(test_remote_moa_states_tli1);
+    T_RUN(test_remote_moa_mean);
     sd_model_free(g_m);
     T_EXIT();
 }

@@ -32,7 +32,13 @@ drafter runs LSA on them and fills its TLI layers' cache.
     greedy text equal to generate's; each position's rows end with its
     state (2L (4 + kvd) + 4 + d bytes); a layer out of range, or one without
     "kv"/"lsa" states, is 400; with --lsa-on-server the text and tau are the
-    K,V client's.
+    K,V client's;
+  - drafters without LSA get the layers' mean K,V rows and their TLI layers'
+    ("mean" states, 2 (1 + TLI) rows a position): the text and tau of the
+    client asking for every layer's rows (--kv-rows), less than a fifth of
+    its bytes (the exact drafter without LSA, every layer as TLI, gets the
+    mean and every layer's rows: tau above 2 both ways); the reply's size;
+    a bad "tli" is 400.
 
 Prints PASS/FAIL/SKIP lines (scripts/run-tests.sh counts them).
 """
@@ -56,7 +62,8 @@ RANDOM_HEAD = os.path.join(ROOT, "build", "tests", "tool_random_head")
 CASES = ["client_files", "fused_then_kv", "greedy_tli0", "greedy_tli1", "profile_4g_tli1", "exact_accepted", "reply_size",
          "sampling_equals_generate", "sampled_drafts_coupled", "cut_at_50_resumes", "bad_states_400", "private_refused",
          "server_restarted", "lsa_on_server", "lsa_other_drafter_400"]
-HIDDEN_CASES = ["hidden_greedy", "hidden_reply_size", "hidden_layer_400", "hidden_lsa_on_server"]
+HIDDEN_CASES = ["hidden_greedy", "hidden_reply_size", "hidden_layer_400", "hidden_lsa_on_server", "mean_rows",
+                "mean_reply_size"]
 
 
 def skip_all(why):
@@ -268,7 +275,7 @@ def states_hidden(d, want, ref, N):
     """An MoA drafter reading the target's states (--ca-hidden --sa-hidden): the
     open asks for them ("hidden_layer"), each position's rows end with its state."""
     files = {}
-    for kind in ("moa-tli1-hid2", "moa-nolsa-hid2"):
+    for kind in ("moa-tli1-hid2", "moa-nolsa-hid2", "moa-tli1-nolsa", "moa-exact-nolsa"):
         h, cf = os.path.join(d, kind + ".gguf"), os.path.join(d, kind + ".client.gguf")
         r1 = subprocess.run([RANDOM_HEAD, MODEL, h, kind, "7"], capture_output=True, text=True)
         r2 = subprocess.run([BIN, "split-client", "-m", MODEL, "--head", h, "--out", cf], capture_output=True, text=True)
@@ -282,7 +289,7 @@ def states_hidden(d, want, ref, N):
         u = f"http://127.0.0.1:{srv.port}"
         if want("hidden_greedy"):
             errs = []
-            for kind in files:
+            for kind in ("moa-tli1-hid2", "moa-nolsa-hid2"):
                 rc, lines, err = client(u, files[kind], PROMPT, N)
                 o = lines[-1] if lines else {}
                 if not (rc == 0 and o.get("text") == ref and o.get("never_verified") == 0 and o.get("rounds", 0) > 0):
@@ -324,6 +331,43 @@ def states_hidden(d, want, ref, N):
                    0 < o.get("body_bytes_received", 0) < ok_.get("body_bytes_received", 0) / 3,
                    f"rc {rc} {o.get('text')!r} tau {o.get('tau')} vs {ok_.get('tau')} bytes "
                    f"{o.get('body_bytes_received')} vs {ok_.get('body_bytes_received')} {err[-300:]}")
+        if want("mean_rows"):   # drafters without LSA: the layers' mean K,V rows (the default) or every layer's
+            errs = []
+            for kind in ("moa-nolsa-hid2", "moa-tli1-nolsa", "moa-exact-nolsa"):
+                rc, lines, err = client(u, files[kind], PROMPT, N)
+                o = lines[-1] if lines else {}
+                rck, lk, errk = client(u, files[kind], PROMPT, N, "--kv-rows")
+                ok_ = lk[-1] if lk else {}
+                print(f"  {kind}: {o.get('body_bytes_received')} body bytes received with the mean, "
+                      f"{ok_.get('body_bytes_received')} with every layer's K,V rows; tau {o.get('tau')} {ok_.get('tau')}")
+                if not (rc == 0 and rck == 0 and o.get("text") == ref == ok_.get("text") and
+                        abs(o.get("tau", 0) - ok_.get("tau", 9)) < 0.05 and
+                        (0 < o.get("body_bytes_received", 0) < ok_.get("body_bytes_received", 0) / 5 if
+                         kind != "moa-exact-nolsa" else o["tau"] > 2)):   # (exact: the mean and every layer's rows)
+                    errs.append(f"{kind}: rc {rc} {rck} {o.get('text')!r} tau {o.get('tau')} vs {ok_.get('tau')} "
+                                f"bytes {o.get('body_bytes_received')} vs {ok_.get('body_bytes_received')} {err[-300:]}")
+            rc, lines, err = client(u, files["moa-tli1-hid2"], PROMPT, 8, "--kv-rows", "--lsa-on-server")
+            if rc == 0 or "--kv-rows" not in err:
+                errs.append(f"--kv-rows with --lsa-on-server: rc {rc} {err[-200:]}")
+            report("mean_rows", not errs, "; ".join(errs))
+        if want("mean_reply_size"):
+            st, b = post(srv.port, "/v1/split/open", json.dumps({"prompt": [1, 504, 3458, 2196], "n_predict": 16,
+                                                                 "states": "mean", "tli": 1}), "application/json")
+            o = json.loads(b)
+            L, w = o.get("n_layer", 0), o.get("kv_width", 0)
+            s1, r1 = post(srv.port, f"/v1/split/round?id={o.get('id')}", round_body(1, [o.get("first_token", 0), 28],
+                                                                                     [-1, 0]))
+            magic, seq, fin, q, na, bonus, nr, dw = struct.unpack("<IIBBHiHH", r1[:20]) if s1 == 200 else (0,) * 8
+            per = 2 * 2 * (4 + w)   # the mean's K and V rows, the last layer's
+            raw = len(o.get("states", "")) * 3 // 4 - o.get("states", "").count("=")
+            post(srv.port, f"/v1/split/close?id={o.get('id')}", b"", "application/json")
+            bad = [post(srv.port, "/v1/split/open", json.dumps({"prompt": [1, 504], "states": st_, "tli": t}),
+                        "application/json") for st_, t in (("mean", 31), ("mean", "1"), ("kv", 1))]
+            report("mean_reply_size", st == 200 and o.get("state_kind") == "mean" and raw == 4 * per and s1 == 200 and
+                   q == 4 and dw == w and nr == na + 1 and len(r1) == 20 + 4 * na + (na + 1) * per and
+                   all(x[0] == 400 and b"tli" in x[1] for x in bad),
+                   f"open {st} {dict((k, v) for k, v in o.items() if k != 'states')} raw {raw}; round {s1} "
+                   f"{len(r1)} (A {na}, rows {nr}, type {q}); bad {bad}")
     finally:
         srv.stop()
 

@@ -185,9 +185,10 @@ static void take_rows(cl_client *c, const uint8_t *rows, int n, int pos0, float 
 // Bytes of one position's states in a reply.
 static size_t row_bytes(const cl_client *c) {
     const size_t qb = 4 + (size_t)c->kvd, hb = c->o.kv && c->o.has_hidden ? 4 + (size_t)c->d_embd : 0;
-    return c->o.kv == 2 ? 4 + (size_t)c->d_embd + 2 * (size_t)c->o.tli * qb + hb
-           : c->o.kv    ? 2 * (size_t)c->n_layer * qb + hb
-                        : 4 + (size_t)c->d_embd;
+    return c->o.kv == 2   ? 4 + (size_t)c->d_embd + 2 * (size_t)c->o.tli * qb + hb
+           : c->o.kv == 3 ? 2 * (size_t)(1 + c->o.tli) * qb + hb
+           : c->o.kv      ? 2 * (size_t)c->n_layer * qb + hb
+                          : 4 + (size_t)c->d_embd;
 }
 
 static void dequant(const uint8_t *r, int w, float *o) {
@@ -198,10 +199,12 @@ static void dequant(const uint8_t *r, int w, float *o) {
 
 // kv: n positions' int8 rows into c->kvbuf as the drafter takes them: K,V
 // rows (n, 2 L, 4 + kvd) into (n, L, 2 kvd) floats, [K | V] a layer; lsa:
-// (4 + d) then (2 tli, 4 + kvd) into (n, d + tli 2 kvd); has_hidden: each
-// position's state (4 + d) last, into (n, d) after all n positions' rows.
+// (4 + d) then (2 tli, 4 + kvd) into (n, d + tli 2 kvd); mean: as K,V rows
+// of 1 + tli layers; has_hidden: each position's state (4 + d) last, into
+// (n, d) after all n positions' rows.
 static void kv_floats(cl_client *c, const uint8_t *rows, int n) {
-    const int w = c->kvd, lsa = c->o.kv == 2, nr = 2 * (lsa ? c->o.tli : c->n_layer), d = c->d_embd;
+    const int w = c->kvd, lsa = c->o.kv == 2, d = c->d_embd;
+    const int nr = 2 * (lsa ? c->o.tli : c->o.kv == 3 ? 1 + c->o.tli : c->n_layer);
     const size_t rb = row_bytes(c), ld = (lsa ? (size_t)d : 0) + (size_t)nr * w;
     for (int p = 0; p < n; p++) {
         const uint8_t *r = rows + rb * (size_t)p;
@@ -295,6 +298,9 @@ static int b64val(int ch) {
     return -1;
 }
 
+// The open's "states" for an MoA drafter (o.kv).
+static const char *kv_kind(const cl_client *c) { return c->o.kv == 2 ? "lsa" : c->o.kv == 3 ? "mean" : "kv"; }
+
 // Opens the generation over text[0 .. nv - 1) (its first token checked
 // against text[nv - 1] when there is one). 1: opened; 0: no reply (offline);
 // -1: refused (err).
@@ -305,9 +311,10 @@ static int do_open(cl_client *c, char *err, size_t errlen) {
     int left = c->o.n_predict - (base - c->n_prompt);
     const sd_sampler_params *sp = &c->o.sp;
     json_t *o = json_pack("{s:o, s:i, s:o, s:f, s:i, s:f, s:f, s:I}", "prompt", ids, "n_predict", left > 0 ? left : 1,
-                          "states", c->o.states && c->o.kv ? json_string(c->o.kv == 2 ? "lsa" : "kv")
+                          "states", c->o.states && c->o.kv ? json_string(kv_kind(c))
                                                            : json_boolean(c->o.states), "temperature", (double)sp->temp, "top_k", sp->top_k, "top_p",
                           (double)sp->top_p, "min_p", (double)sp->min_p, "seed", (json_int_t)sp->seed);
+    if (o && c->o.kv == 3) json_object_set_new(o, "tli", json_integer(c->o.tli));   // its layers follow the mean
     if (o && c->o.kv && c->o.has_hidden)   // the drafter reads the target's states at this layer
         json_object_set_new(o, "hidden_layer", json_integer(c->o.hidden_layer));
     if (o && c->o.kv == 2) {   // the server runs LSA with its own drafter: it must be ours
@@ -350,7 +357,7 @@ static int do_open(cl_client *c, char *err, size_t errlen) {
     int n_states = (int)json_integer_value(json_object_get(a, "n_states"));
     const char *b64 = json_string_value(json_object_get(a, "states"));
     const char *kind = json_string_value(json_object_get(a, "state_kind"));
-    const int kv_ok = !c->o.kv || (kind && !strcmp(kind, c->o.kv == 2 ? "lsa" : "kv") &&
+    const int kv_ok = !c->o.kv || (kind && !strcmp(kind, kv_kind(c)) &&
                                    (int)json_integer_value(json_object_get(a, "n_layer")) == c->n_layer &&
                                    (int)json_integer_value(json_object_get(a, "kv_width")) == c->kvd);
     if (c->o.kv && c->o.states && !kv_ok) {
@@ -436,7 +443,7 @@ static int send_pending(cl_client *c, char *err, size_t errlen) {
     const int fin = b[8];
     uint32_t want;
     memcpy(&want, c->pbody + 4, 4);
-    const int want_type = c->o.kv == 2 ? 3 : c->o.kv ? 2 : 1, want_w = c->o.kv == 1 ? c->kvd : c->d_embd;
+    const int want_type = c->o.kv ? c->o.kv + 1 : 1, want_w = c->o.kv == 1 || c->o.kv == 3 ? c->kvd : c->d_embd;
     if (magic != MAGIC_REP || seq != want || na >= c->pn || (nr && (b[9] != want_type || d != want_w)) ||
         r.len != 20 + 4 * (size_t)na + (size_t)nr * (nr ? row_bytes(c) : 0) || nr > na + 1)
         return snprintf(err, errlen, "the server's round reply is not understood"), -1;

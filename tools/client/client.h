@@ -23,8 +23,9 @@ typedef struct cl_opts {
     int final_wait_ms;       // at the end, how long to wait for the server to verify unverified tokens
     int states;              // 1: ask for the target's states (0: the drafter reads none)
     int kv;                  // the drafter is MoA: 1 the states are every layer's K,V rows, 2 LSA's outputs (the
-                             // server's drafter) and the last tli layers' K,V rows; 0: EAGLE-3's fused rows
-    int tli;                 // kv 2: the drafter's TLI
+                             // server's drafter) and the last tli layers' K,V rows, 3 (no LSA) the layers' mean
+                             // K,V rows and the last tli layers'; 0: EAGLE-3's fused rows
+    int tli;                 // kv 2, 3: the drafter's TLI
     int has_hidden;          // kv: the drafter also reads the target's states at hidden_layer (each position's rows
     int hidden_layer;        // end with one (n_embd) row; sd_drafter_hidden_layers)
     uint64_t drafter_fp;     // kv 2: sd_head_fingerprint of the drafter (the server's must be the same)

@@ -11,12 +11,14 @@
 
 // ---------------------------------------------------------------- fused rows
 
-size_t sv_split_row_bytes(const sv_splits *t, int kind, int hidden) {
-    const size_t qb = 4 + (size_t)t->kvd, hb = hidden && (kind == SV_KIND_KV || kind == SV_KIND_LSA) ? 4 + (size_t)t->d : 0;
+size_t sv_split_row_bytes(const sv_splits *t, const sv_split *e) {
+    const int kind = e->kind;
+    const size_t qb = 4 + (size_t)t->kvd, hb = e->has_hidden && kind >= SV_KIND_KV ? 4 + (size_t)t->d : 0;
     return kind == SV_KIND_FUSED ? 4 + (size_t)t->d
-           : kind == SV_KIND_KV  ? 2 * (size_t)t->n_layer * qb + hb
-           : kind == SV_KIND_LSA ? 4 + (size_t)t->d + 2 * (size_t)t->tli * qb + hb
-                                 : 0;
+           : kind == SV_KIND_KV   ? 2 * (size_t)t->n_layer * qb + hb
+           : kind == SV_KIND_LSA  ? 4 + (size_t)t->d + 2 * (size_t)t->tli * qb + hb
+           : kind == SV_KIND_MEAN ? 2 * (size_t)(1 + e->tli) * qb + hb
+                                  : 0;
 }
 
 // Keeps the target's states (n, d) of positions pos0 .. pos0+n-1 (has_hidden).
@@ -74,23 +76,27 @@ static int fuse_rows(sv_server *s, sv_split *e, const float *hidden, int n, char
 // The client's MoA drafter's rows of positions pos .. pos+n-1 into e's int8
 // rows (docs/split.md): SV_KIND_KV every layer's committed K and V rows;
 // SV_KIND_LSA LSA's output (the server's drafter) then the last tli layers';
+// SV_KIND_MEAN the layers' mean K and V rows then the last tli layers';
 // has_hidden: then the position's state.
 static int kv_rows(sv_server *s, sv_split *e, int pos, int n, char *err, size_t errlen) {
     sv_splits *t = s->split;
-    const int L = t->n_layer, w = t->kvd, lsa = e->kind == SV_KIND_LSA, d = t->d;
-    const size_t rb = sv_split_row_bytes(t, e->kind, e->has_hidden), qb = 4 + (size_t)w;
+    const int L = t->n_layer, w = t->kvd, lsa = e->kind == SV_KIND_LSA, mean = e->kind == SV_KIND_MEAN, d = t->d;
+    const size_t rb = sv_split_row_bytes(t, e), qb = 4 + (size_t)w;
     if (e->has_hidden && pos + n > e->cap_hid)
         return snprintf(err, errlen, "the target's states of positions %d..%d are missing", pos, pos + n - 1), -1;
-    const size_t head = lsa ? 4 + (size_t)d : 0;   // a position's bytes before its first K,V row
-    const int l0 = lsa ? L - t->tli : 0;            // the first layer sent
+    const size_t head = lsa ? 4 + (size_t)d : mean ? 2 * qb : 0;   // a position's bytes before its first K,V row
+    const int l0 = lsa ? L - t->tli : mean ? L - e->tli : 0;       // the first layer sent
     if (n <= 0) return 0;
     if (rows_room(e, rb, n) < 0) return snprintf(err, errlen, "out of memory"), -1;
     for (int i = 0; i < n; i += SV_SPLIT_MAX_NODES) {
         const int c = SD_MIN(SV_SPLIT_MAX_NODES, n - i);
+        if (mean) memset(e->mk, 0, sizeof(float) * (size_t)c * w), memset(e->mv, 0, sizeof(float) * (size_t)c * w);
         for (int l = 0; l < L; l++) {
             if (sd_session_kv_read(e->ss, l, pos + i, c, e->kbuf, e->vbuf, err, errlen) < 0) return -1;
             for (int j = 0; j < c; j++) {
                 const float *kr = e->kbuf + (size_t)j * w, *vr = e->vbuf + (size_t)j * w;
+                for (int q = 0; mean && q < w; q++)   // (as the drafter's own mean: a sum, then / L)
+                    e->mk[(size_t)j * w + q] += kr[q], e->mv[(size_t)j * w + q] += vr[q];
                 if (lsa) {
                     float *f = t->kvf + ((size_t)j * L + l) * 2 * w;
                     memcpy(f, kr, sizeof(float) * (size_t)w);
@@ -105,6 +111,13 @@ static int kv_rows(sv_server *s, sv_split *e, int pos, int n, char *err, size_t 
         if (lsa) {
             if (sd_moa_lsa_run(t->lsa, t->kvf, c, t->cf, err, errlen) < 0) return -1;
             for (int j = 0; j < c; j++) quant_row(e->rows + rb * (size_t)(e->n_rows + i + j), t->cf + (size_t)j * d, d);
+        }
+        for (int j = 0; mean && j < c; j++) {
+            float *mk = e->mk + (size_t)j * w, *mv = e->mv + (size_t)j * w;
+            for (int q = 0; q < w; q++) mk[q] /= (float)L, mv[q] /= (float)L;
+            uint8_t *o = e->rows + rb * (size_t)(e->n_rows + i + j);
+            quant_row(o, mk, w);
+            quant_row(o + qb, mv, w);
         }
         for (int j = 0; e->has_hidden && j < c; j++)   // the state: the row's last (4 + d) bytes
             quant_row(e->rows + rb * (size_t)(e->n_rows + i + j + 1) - (4 + (size_t)d),
@@ -203,7 +216,10 @@ int sv_split_init(sv_server *s, int n, int idle_s, char *err, size_t errlen) {
         e->sl.split = e;
         e->kbuf = malloc(sizeof(float) * SV_SPLIT_MAX_NODES * (size_t)t->kvd);
         e->vbuf = malloc(sizeof(float) * SV_SPLIT_MAX_NODES * (size_t)t->kvd);
-        if (!(e->fbuf = malloc(sizeof(float) * SV_SPLIT_MAX_NODES * (size_t)t->d)) || !e->kbuf || !e->vbuf) {
+        e->mk = malloc(sizeof(float) * SV_SPLIT_MAX_NODES * (size_t)t->kvd);
+        e->mv = malloc(sizeof(float) * SV_SPLIT_MAX_NODES * (size_t)t->kvd);
+        if (!(e->fbuf = malloc(sizeof(float) * SV_SPLIT_MAX_NODES * (size_t)t->d)) || !e->kbuf || !e->vbuf || !e->mk ||
+            !e->mv) {
             s->split = t;
             sv_split_free(s);
             return snprintf(err, errlen, "out of memory"), -1;
@@ -236,6 +252,8 @@ void sv_split_free(sv_server *s) {
         free(e->fbuf);
         free(e->kbuf);
         free(e->vbuf);
+        free(e->mk);
+        free(e->mv);
         free(e->reply);
     }
     pthread_cond_destroy(&t->cv);
@@ -320,7 +338,7 @@ static void answer_round(sv_server *s, sv_split *e, const sd_step *st) {
     // a step cut short (n_predict, a stop) may end inside its accepted drafts: its last token then stands
     // for the bonus; an ended generation's step has none (bonus -1)
     const int na = SD_MAX(0, SD_MIN(st->n_accepted, st->n_tokens - 1));
-    if ((e->kind == SV_KIND_KV || e->kind == SV_KIND_LSA) && e->want_states) {   // the path's rows, as committed
+    if (e->kind >= SV_KIND_KV && e->want_states) {   // the path's rows, as committed
         char err[256];
         e->n_rows = 0;
         const int n = SD_MIN(na + 1, sd_session_n_past(e->ss) - e->root_pos);
@@ -330,8 +348,8 @@ static void answer_round(sv_server *s, sv_split *e, const sd_step *st) {
         }
     }
     if (e->n_rows > na + 1) e->n_rows = na + 1;
-    const size_t rb = sv_split_row_bytes(s->split, e->kind, e->has_hidden);
-    const int w = e->kind == SV_KIND_KV ? s->split->kvd : s->split->d;   // LSA: the output's width (TLI rows: kvd)
+    const size_t rb = sv_split_row_bytes(s->split, e);
+    const int w = e->kind == SV_KIND_KV || e->kind == SV_KIND_MEAN ? s->split->kvd : s->split->d;   // LSA: the output's width (TLI rows: kvd)
     const size_t len = 20 + 4 * (size_t)na + rb * (size_t)e->n_rows;
     uint8_t *b = malloc(len);
     if (!b) {
@@ -341,7 +359,7 @@ static void answer_round(sv_server *s, sv_split *e, const sd_step *st) {
     put_u32(b, SV_SPLIT_MAGIC_REP);
     put_u32(b + 4, e->seq_work);
     b[8] = (uint8_t)(st->finish == SD_FINISH_NONE ? 0 : st->finish + 1);
-    b[9] = (uint8_t)(e->kind == SV_KIND_KV ? 2 : e->kind == SV_KIND_LSA ? 3 : 1);   // int8 rows: 1 fused, 2 K,V, 3 LSA
+    b[9] = (uint8_t)(e->kind >= SV_KIND_KV ? e->kind : 1);   // int8 rows: 1 fused, 2 K,V, 3 LSA, 4 the layers' mean
     put_u16(b + 10, (uint16_t)na);
     int32_t bonus = st->n_tokens > na ? st->tokens[na] : -1;
     memcpy(b + 12, &bonus, 4);
@@ -365,7 +383,7 @@ static void answer_round(sv_server *s, sv_split *e, const sd_step *st) {
 static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 static void answer_open(sv_server *s, sv_split *e, int first, int finish) {
     const int d = s->split->d;
-    if ((e->kind == SV_KIND_KV || e->kind == SV_KIND_LSA) && e->want_states) {   // every prompt position's rows
+    if (e->kind >= SV_KIND_KV && e->want_states) {   // every prompt position's rows
         char err[256];
         e->n_rows = 0;
         if (kv_rows(s, e, 0, sd_session_n_past(e->ss), err, sizeof err) < 0) {
@@ -373,7 +391,7 @@ static void answer_open(sv_server *s, sv_split *e, int first, int finish) {
             return;
         }
     }
-    const size_t raw = sv_split_row_bytes(s->split, e->kind, e->has_hidden) * (size_t)e->n_rows;
+    const size_t raw = sv_split_row_bytes(s->split, e) * (size_t)e->n_rows;
     char hl[16] = "null";   // the layer whose states end each position's rows
     if (e->has_hidden) snprintf(hl, sizeof hl, "%d", e->hidden_layer);
     const size_t len = 512 + (raw + 2) / 3 * 4;
@@ -388,7 +406,7 @@ static void answer_open(sv_server *s, sv_split *e, int first, int finish) {
                      "\"hidden_layer\":%s,\"n_states\":%d,\"states\":\"",
                      e->id, first, finish, sd_session_n_ctx(e->ss), SV_SPLIT_MAX_NODES, s->split->idle_s, d,
                      s->split->extract[0], s->split->extract[1], s->split->extract[2],
-                     s->o->draw == SD_DRAW_RACE ? "race" : "rejection", e->kind == SV_KIND_KV ? "kv" : e->kind == SV_KIND_LSA ? "lsa" : e->kind == SV_KIND_FUSED ? "fused" : "none", s->split->n_layer,
+                     s->o->draw == SD_DRAW_RACE ? "race" : "rejection", e->kind == SV_KIND_KV ? "kv" : e->kind == SV_KIND_LSA ? "lsa" : e->kind == SV_KIND_MEAN ? "mean" : e->kind == SV_KIND_FUSED ? "fused" : "none", s->split->n_layer,
                      s->split->kvd, hl, e->n_rows);
     const uint8_t *p = e->rows;
     size_t i = 0;

@@ -23,7 +23,8 @@
 
 enum sv_split_state { SPL_FREE = 0, SPL_OPENING, SPL_READY, SPL_ROUND, SPL_FAILED };
 // The target's states a generation's replies carry (the open's "states"; the round reply's row type).
-enum sv_split_kind { SV_KIND_NONE = 0, SV_KIND_FUSED = 1, SV_KIND_KV = 2, SV_KIND_LSA = 3 };
+// SV_KIND_MEAN: an MoA drafter without LSA reads the layers' mean of the K,V rows (and its TLI layers' own).
+enum sv_split_kind { SV_KIND_NONE = 0, SV_KIND_FUSED = 1, SV_KIND_KV = 2, SV_KIND_LSA = 3, SV_KIND_MEAN = 4 };
 
 typedef struct sv_split {
     int state;             // enum sv_split_state (under s->mu)
@@ -49,6 +50,8 @@ typedef struct sv_split {
     // the open's "hidden_layer" (an MoA drafter reading the target's states, with K,V or LSA rows):
     // each position's rows end with one more, the target's state at that layer (sd_batch.hidden_layers)
     int has_hidden, hidden_layer;
+    int tli;               // SV_KIND_MEAN: the last tli layers' K,V rows follow the mean (the open's "tli")
+    float *mk, *mv;        // (SV_SPLIT_MAX_NODES, kvd) SV_KIND_MEAN scratch: the layers' mean K and V rows
     float *hid;            // (cap_hid, d) the states of the generation's positions, as its steps bring them
     int cap_hid;           // positions allocated
     // states of the prompt (open) or the last step's path, int8 rows with a scale each:
@@ -106,8 +109,8 @@ void sv_split_fail_all(sv_server *s, const char *why);
 // split_http.c: one request of the API. which: 0 open, 1 round, 2 close;
 // id the ?id= argument (or NULL). *out (malloc'd, *out_len bytes, type
 // *ctype) is the reply body; returns the HTTP status.
-// Bytes of one position's states of kind (0 for SV_KIND_NONE), hidden: with the state's row.
-size_t sv_split_row_bytes(const sv_splits *t, int kind, int hidden);
+// Bytes of one position's states in e's replies (0 for SV_KIND_NONE).
+size_t sv_split_row_bytes(const sv_splits *t, const sv_split *e);
 
 int sv_split_request(sv_server *s, int which, const char *id, const char *body, size_t len, char **out,
                      size_t *out_len, const char **ctype);

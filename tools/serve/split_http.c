@@ -109,26 +109,37 @@ static int do_open(sv_server *s, const char *body, size_t len, char **out, size_
     }
     if (wk && !strcmp(wk, "lsa")) kind = SV_KIND_LSA;
     else if (wk && !strcmp(wk, "kv")) kind = SV_KIND_KV;
+    else if (wk && !strcmp(wk, "mean")) kind = SV_KIND_MEAN;
     else if (wk && !strcmp(wk, "fused") && s->split->n_extract > 0) kind = SV_KIND_FUSED;
     else if ((wk && strcmp(wk, "none")) || (ws && !wk && !json_is_boolean(ws))) {
         free(ids);
         json_decref(o);
-        snprintf(msg, sizeof msg, "'states' is true, false, \"kv\" (every layer's K,V rows: an MoA client)%s",
+        snprintf(msg, sizeof msg, "'states' is true, false, \"kv\" (every layer's K,V rows: an MoA client), \"mean\" "
+                 "(their mean over layers: an MoA client without LSA)%s",
                  s->split->n_extract > 0 ? " or \"fused\"" : "; \"fused\" needs an EAGLE-3 head (serve --head)");
         return error_out(400, "invalid_states", msg, out, out_len, ctype);
     }
     // hidden_layer: an MoA drafter that reads the target's states (--ca-hidden, --sa-hidden) asks for them
     // at one layer (sd_batch.hidden_layers: the stream after block l, or SD_HIDDEN_NORM, -1, the final
     // normed state); each position's rows end with its state
+    // tli ("mean" states): the last tli layers' K,V rows follow each position's mean (the drafter's TLI layers)
+    const json_t *tj = json_object_get(o, "tli");
+    const long long tli = json_is_integer(tj) ? json_integer_value(tj) : tj ? -1 : 0;
+    if (kind == SV_KIND_MEAN ? tli < 0 || tli > info.n_layer : tj != NULL) {
+        free(ids);
+        json_decref(o);
+        snprintf(msg, sizeof msg, "'tli' goes with \"mean\" states: the drafter's TLI, 0..%d", info.n_layer);
+        return error_out(400, "invalid_tli", msg, out, out_len, ctype);
+    }
     const json_t *hj = json_object_get(o, "hidden_layer");
     const int has_hidden = hj && !json_is_null(hj);
     const long long hidden_layer = json_is_integer(hj) ? json_integer_value(hj) : -2;
-    if (has_hidden && (kind != SV_KIND_KV && kind != SV_KIND_LSA ? 1
+    if (has_hidden && (kind < SV_KIND_KV ? 1
                        : hidden_layer != SD_HIDDEN_NORM && (hidden_layer < 0 || hidden_layer >= info.n_layer))) {
         free(ids);
         json_decref(o);
-        if (kind != SV_KIND_KV && kind != SV_KIND_LSA)
-            snprintf(msg, sizeof msg, "'hidden_layer' goes with \"kv\" or \"lsa\" states (an MoA client)");
+        if (kind < SV_KIND_KV)
+            snprintf(msg, sizeof msg, "'hidden_layer' goes with \"kv\", \"mean\" or \"lsa\" states (an MoA client)");
         else
             snprintf(msg, sizeof msg, "'hidden_layer' is %d (the final normed state) or a layer in 0..%d (the state "
                      "after that block)", SD_HIDDEN_NORM, info.n_layer - 1);
@@ -214,6 +225,7 @@ static int do_open(sv_server *s, const char *body, size_t len, char **out, size_
     e->kind = kind;
     e->want_states = kind != SV_KIND_NONE;
     e->has_hidden = has_hidden;
+    e->tli = (int)tli;
     e->hidden_layer = has_hidden ? (int)hidden_layer : 0;
     int rc = sv_split_make(s, e, ids, n, n_predict, &sp, err, sizeof err);
     free(ids);
