@@ -176,7 +176,7 @@ int cmd_client(int argc, char **argv) {
                  "bytes, LSA's cost on the server"},
         {"--kv-rows", NULL, CLI_FLAG, &kv_rows,
          .help = "MoA without LSA: ask for every layer's K,V rows (default: their mean over layers and the TLI "
-                 "layers' rows, all that such a drafter reads: L/(1+TLI) times fewer bytes)"},
+                 "layers' rows, all that such a drafter reads: L/(1+TLI) times fewer K,V bytes)"},
         {"--no-states", NULL, CLI_FLAG, &no_states,
          .help = "ask the server for no states (the drafter then drafts from tokens alone: a baseline)"},
         {"--threads", "-t", CLI_INT, &n_threads, 1, 256, .meta = "N", .def = CLI_DEF_VALUE,
@@ -259,8 +259,8 @@ int cmd_client(int argc, char **argv) {
         cli_error("client: --lsa-on-server needs an MoA drafter");
         goto out;
     }
-    if (kv_rows && (!moa || lsa_server)) {
-        cli_error("client: --kv-rows is for an MoA drafter without --lsa-on-server");
+    if (kv_rows && (!moa || lsa_server || sd_head_moa_no_lsa(h) != 1)) {
+        cli_error("client: --kv-rows is for an MoA drafter without LSA, without --lsa-on-server");
         goto out;
     }
     // an MoA drafter without LSA reads the layers' mean K,V rows: the server sends them ("mean")

@@ -191,7 +191,8 @@ typedef struct sd_tree_auto_params {
     sd_tree_opt_params opt;  // search limits
     int n_rank, n_depth;     // statistics shape (see sd_accept_stats_init); default 4, 8
     double decay;            // statistics decay; default 0.99
-    int reopt_every;         // re-optimise after this many observed steps; default 16 (0 = never)
+    int reopt_every;         // re-optimise after this many observed steps; default 16 (0 = never); also
+                             // after steps 2, 4 and 8 (a short text is over before the 16th)
     int refine_cost;         // 1: refine the cost curve from observed verification times; default 1
 } sd_tree_auto_params;
 
@@ -205,6 +206,7 @@ typedef struct sd_tree_auto {
     sd_tree_shape shape;     // the current choice
     sd_tree_opt_ws *ws;      // owned DP tables
     int steps_since_opt;     // observed steps since the last optimisation
+    long steps;              // observed steps in all
 } sd_tree_auto;
 
 // Allocates the bundle (the only allocation); p == NULL uses the defaults.

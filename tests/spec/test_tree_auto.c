@@ -447,6 +447,33 @@ static void test_bundle(void) {
     sd_tree_auto_free(a);
 }
 
+// A short text: with a steep cost curve (a tree costs much more than a
+// token) and every drafted token rejected, the default bundle (re-chosen
+// every 16 steps) stops drafting within the first 8 steps, not at the 16th.
+static void test_bundle_early_reopt(void) {
+    sd_tree_auto *a;
+    char err[256];
+    CHECK(sd_tree_auto_new(&a, NULL, err, sizeof err) == 0, "%s", err);
+    for (int n = 1; n <= 32; n *= 2) sd_cost_curve_set(&a->cost, n, 10.0 + 3.0 * (n - 1));
+    CHECK(sd_tree_auto_optimise(a, err, sizeof err) == 0 && a->shape.n > 1,
+          "the prior (0.6 at depth 1) should draft at first: n=%d %s", a->shape.n, err);
+    sd_tree tr;
+    sd_tree_init(&tr, SD_TA_MAX_NODES, 16, 0);
+    int32_t path[] = {0};
+    int stopped_at = 0;
+    for (int step = 1; step <= 16 && !stopped_at; step++) {
+        sd_tree_reset(&tr, 1);
+        for (int i = 1; i < a->shape.n; i++) sd_tree_add(&tr, a->shape.parent[i], 2 + i, 0.5f);
+        CHECK(sd_tree_auto_observe(a, &tr, path, 1, 0.0, 0.0, err, sizeof err) >= 0, "%s", err);
+        if (a->shape.n == 1) stopped_at = step;
+    }
+    CHECK(stopped_at > 0 && stopped_at <= 8, "every draft rejected: still drafting after step %d (n=%d)",
+          stopped_at ? stopped_at : 16, a->shape.n);
+    printf("  every draft rejected: no drafting from step %d\n", stopped_at);
+    sd_tree_free(&tr);
+    sd_tree_auto_free(a);
+}
+
 // End to end: acceptance drawn from a known positional vector on the
 // bundle's own trees; the estimates converge and the chosen tree is (nearly)
 // as fast under the true vector as the true optimum.
@@ -684,6 +711,7 @@ int main(void) {
     T_RUN(test_grow_shape);
     T_RUN(test_bundle);
     T_RUN(test_bundle_converges);
+    T_RUN(test_bundle_early_reopt);
     T_RUN(test_measure);
     T_RUN(test_step_sizer);
     T_RUN(test_class_stats);

@@ -38,7 +38,8 @@ drafter runs LSA on them and fills its TLI layers' cache.
     client asking for every layer's rows (--kv-rows), less than a fifth of
     its bytes (the exact drafter without LSA, every layer as TLI, gets the
     mean and every layer's rows: tau above 2 both ways); the reply's size;
-    a bad "tli" is 400.
+    a bad "tli" is 400; with --no-states such clients ask for nothing and
+    their text is still the target's.
 
 Prints PASS/FAIL/SKIP lines (scripts/run-tests.sh counts them).
 """
@@ -63,7 +64,7 @@ CASES = ["client_files", "fused_then_kv", "greedy_tli0", "greedy_tli1", "profile
          "sampling_equals_generate", "sampled_drafts_coupled", "cut_at_50_resumes", "bad_states_400", "private_refused",
          "server_restarted", "lsa_on_server", "lsa_other_drafter_400"]
 HIDDEN_CASES = ["hidden_greedy", "hidden_reply_size", "hidden_layer_400", "hidden_lsa_on_server", "mean_rows",
-                "mean_reply_size"]
+                "mean_reply_size", "no_states_nolsa"]
 
 
 def skip_all(why):
@@ -350,6 +351,14 @@ def states_hidden(d, want, ref, N):
             if rc == 0 or "--kv-rows" not in err:
                 errs.append(f"--kv-rows with --lsa-on-server: rc {rc} {err[-200:]}")
             report("mean_rows", not errs, "; ".join(errs))
+        if want("no_states_nolsa"):   # --no-states: the open asks for no mean, no TLI rows, no states
+            errs = []
+            for kind in ("moa-nolsa-hid2", "moa-tli1-nolsa"):
+                rc, lines, err = client(u, files[kind], PROMPT, N, "--no-states")
+                o = lines[-1] if lines else {}
+                if not (rc == 0 and o.get("text") == ref):
+                    errs.append(f"{kind}: rc {rc} {o.get('text')!r} {err[-300:]}")
+            report("no_states_nolsa", not errs, "; ".join(errs))
         if want("mean_reply_size"):
             st, b = post(srv.port, "/v1/split/open", json.dumps({"prompt": [1, 504, 3458, 2196], "n_predict": 16,
                                                                  "states": "mean", "tli": 1}), "application/json")

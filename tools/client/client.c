@@ -314,8 +314,8 @@ static int do_open(cl_client *c, char *err, size_t errlen) {
                           "states", c->o.states && c->o.kv ? json_string(kv_kind(c))
                                                            : json_boolean(c->o.states), "temperature", (double)sp->temp, "top_k", sp->top_k, "top_p",
                           (double)sp->top_p, "min_p", (double)sp->min_p, "seed", (json_int_t)sp->seed);
-    if (o && c->o.kv == 3) json_object_set_new(o, "tli", json_integer(c->o.tli));   // its layers follow the mean
-    if (o && c->o.kv && c->o.has_hidden)   // the drafter reads the target's states at this layer
+    if (o && c->o.states && c->o.kv == 3) json_object_set_new(o, "tli", json_integer(c->o.tli));   // after the mean
+    if (o && c->o.states && c->o.kv && c->o.has_hidden)   // the drafter reads the target's states at this layer
         json_object_set_new(o, "hidden_layer", json_integer(c->o.hidden_layer));
     if (o && c->o.kv == 2) {   // the server runs LSA with its own drafter: it must be ours
         char fp[24];
@@ -342,7 +342,10 @@ static int do_open(cl_client *c, char *err, size_t errlen) {
     json_t *a = json_loadb(r.body, r.len, 0, &je);
     if (r.status != 200) {
         const char *m = a ? json_string_value(json_object_get(json_object_get(a, "error"), "message")) : NULL;
-        snprintf(err, errlen, "the server refused the generation (HTTP %d): %s", r.status, m ? m : r.body);
+        snprintf(err, errlen, "the server refused the generation (HTTP %d): %s%s", r.status, m ? m : r.body,
+                 c->o.kv == 3 && c->o.states && r.status == 400 && strstr(r.body, "invalid_states")
+                     ? " (a server from before 2026-11-29 sends no layers' mean: --kv-rows asks for every layer's rows)"
+                     : "");
         json_decref(a);
         return -1;
     }
