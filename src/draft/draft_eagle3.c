@@ -47,7 +47,6 @@ typedef struct e3d {
     float *lg;           // (E3_ROWS, V)
     float *hbuf;         // (E3_ROWS, d)
     float *cbuf;         // (E3_ROWS, d)
-    float *full;         // (nv) full-vocabulary logits (stochastic rows)
     int32_t *hist;       // (n_ctx + E3_TREE_MAX)
     float *feat;         // (E3_ROWS, 3d) staging of hidden rows
     sd_sampler *smp;
@@ -133,7 +132,7 @@ static int e3_dist(void *ud, const sd_tree *t, const int32_t *nodes, int n_nodes
             int node = nodes[j0 + j];
             const float *lg = node == 0 ? s->last_lg : s->lg + (size_t)map[j] * s->V;
             int nh = s->ctx->stochastic ? sd_draft_node_hist(s->ctx, t, node, s->hist) : 0;
-            sd_draft_head_dist(s->head, s->smp, s->ctx->stochastic, lg, s->full, s->nv, s->hist, nh, rows[j0 + j]);
+            sd_draft_head_dist(s->head, s->smp, s->ctx->stochastic, lg, s->nv, s->hist, nh, rows[j0 + j]);
             if (t->n_vocab > s->nv) memset(rows[j0 + j] + s->nv, 0, sizeof(float) * (size_t)(t->n_vocab - s->nv));
         }
     }
@@ -358,7 +357,7 @@ static void e3_free(sd_drafter *dr) {
         sd_sampler_free(s->smp);
         sd_tree_free(&s->work);
         void *bufs[] = {s->txt, s->g, s->gv, s->row_pos, s->last_h, s->last_lg, s->slot, s->node_h,
-                        s->lg, s->hbuf, s->cbuf, s->full, s->hist, s->feat};
+                        s->lg, s->hbuf, s->cbuf, s->hist, s->feat};
         for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
         free(s);
     }
@@ -455,10 +454,9 @@ int sd_draft_eagle3_new(sd_drafter **out, const sd_head *h, const sd_model *targ
     s->lg = malloc(sizeof(float) * E3_ROWS * (size_t)s->V);
     s->hbuf = malloc(sizeof(float) * E3_ROWS * d);
     s->cbuf = malloc(sizeof(float) * E3_ROWS * d);
-    s->full = malloc(sizeof(float) * (size_t)s->nv);
     s->hist = malloc(sizeof(int32_t) * (nc + E3_TREE_MAX));
     int bad = !s->txt || !s->g || !s->gv || !s->row_pos || !s->last_h || !s->last_lg || !s->slot || !s->node_h ||
-              !s->lg || !s->hbuf || !s->cbuf || !s->full || !s->hist;
+              !s->lg || !s->hbuf || !s->cbuf || !s->hist;
     if (!bad && dp.shape == SD_DRAFT_DYNAMIC)
         bad = sd_tree_init(&s->work, 1 + dp.dyn_b * dp.dyn_b * dp.dyn_d, s->nv, 1 + dp.dyn_b * (dp.dyn_d - 1)) < 0;
     if (bad) {

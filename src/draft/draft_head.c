@@ -6,6 +6,7 @@
 
 #include "common.h"
 #include "model/model.h"
+#include "runtime/sampler.h"
 
 int sd_draft_head_params(const char *who, const sd_draft_model_params *p, const sd_model *target, int tree_max,
                          sd_draft_model_params *dp, int *n_ctx, char *err, size_t errlen) {
@@ -20,12 +21,10 @@ int sd_draft_head_params(const char *who, const sd_draft_model_params *p, const 
     return 0;
 }
 
-void sd_draft_head_dist(const sd_head *h, sd_sampler *smp, int stochastic, const float *lg, float *full, int nv,
+void sd_draft_head_dist(const sd_head *h, sd_sampler *smp, int stochastic, const float *lg, int nv,
                         const int32_t *hist, int n_hist, float *row) {
-    if (stochastic && smp) {
-        for (int v = 0; v < nv; v++) full[v] = -INFINITY;
-        for (int i = 0; i < h->hp.n_draft_vocab; i++) full[h->d2t[i]] = lg[i];
-        sd_sampler_probs(smp, full, hist, n_hist, row);
+    if (stochastic && smp) {   // the draft vocabulary's logits only (the sampler's row is -inf elsewhere)
+        sd_sampler_probs_support(smp, lg, h->d2t, h->hp.n_draft_vocab, hist, n_hist, row);
         return;
     }
     sd_head_draft_probs(h, lg, row, nv);

@@ -15,8 +15,9 @@ int sd_draft_head_params(const char *who, const sd_draft_model_params *p, const 
 
 // The distribution row (nv floats) of draft logits lg (h's draft vocabulary):
 // through the sampler's transforms over the history when stochastic and smp
-// is set (full: scratch of nv floats), else the head's greedy mapping.
-void sd_draft_head_dist(const sd_head *h, sd_sampler *smp, int stochastic, const float *lg, float *full, int nv,
+// is set (in time for the draft vocabulary, not nv), else the head's greedy
+// mapping.
+void sd_draft_head_dist(const sd_head *h, sd_sampler *smp, int stochastic, const float *lg, int nv,
                         const int32_t *hist, int n_hist, float *row);
 
 // The text up to tree node `node` (the context's tokens, then the node's

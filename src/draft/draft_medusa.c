@@ -14,6 +14,7 @@
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
 #include "model/model.h"
+#include "runtime/sampler.h"
 
 typedef struct mdd {
     const sd_head *head;
@@ -33,7 +34,6 @@ typedef struct mdd {
     int prop_n;          // tokens of the text at the last propose (0: none pending)
     float *z, *a;        // (d)
     float *lg;           // (K, V) draft logits per head
-    float *full;         // (nv)
     int32_t *hist;
     int cap_hist;
     const sd_draft_ctx *ctx;
@@ -82,9 +82,7 @@ static int md_dist(void *ud, const sd_tree *t, const int32_t *nodes, int n_nodes
             } else {
                 n = 0;
             }
-            for (int v = 0; v < s->nv; v++) s->full[v] = -INFINITY;
-            for (int i = 0; i < s->V; i++) s->full[d2t[i]] = lg[i];
-            sd_sampler_probs(s->smp, s->full, s->hist, n, row);
+            sd_sampler_probs_support(s->smp, lg, d2t, s->V, s->hist, n, row);   // (its draft vocabulary only)
             continue;
         }
         sd_head_draft_probs(s->head, lg, row, s->nv);
@@ -185,7 +183,7 @@ static void md_free(sd_drafter *dr) {
     mdd *s = dr->impl;
     if (s) {
         for (int k = 0; k < SD_HEAD_MAX_MEDUSA; k++) free(s->wq[k]), free(s->oq[k]);
-        free(s->f), free(s->txt), free(s->z), free(s->a), free(s->lg), free(s->full), free(s->hist);
+        free(s->f), free(s->txt), free(s->z), free(s->a), free(s->lg), free(s->hist);
         free(s->mm.wbuf);
         sd_sampler_free(s->smp);
         if (s->pool) sd_pool_free(s->pool);
@@ -244,10 +242,9 @@ int sd_draft_medusa_new(sd_drafter **out, const sd_head *h, const sd_model *targ
     s->z = malloc(sizeof(float) * (size_t)s->d);
     s->a = malloc(sizeof(float) * (size_t)s->d);
     s->lg = malloc(sizeof(float) * (size_t)s->K * (size_t)s->V);
-    s->full = malloc(sizeof(float) * (size_t)s->nv);
     s->cap_hist = 8192 + 64;
     s->hist = malloc(sizeof(int32_t) * (size_t)s->cap_hist);
-    if (bad || !s->mm.wbuf || !s->f || !s->z || !s->a || !s->lg || !s->full || !s->hist) {
+    if (bad || !s->mm.wbuf || !s->f || !s->z || !s->a || !s->lg || !s->hist) {
         md_free(dr);
         return sd_err(err, errlen, "medusa: out of memory");
     }

@@ -35,7 +35,6 @@ typedef struct moad {
     int root_pos;
     int32_t *slot;       // (MOA_TREE_MAX) pending slot of each evaluated node
     float *lg;           // (SD_MOA_ROWS, V) draft logits
-    float *full;         // (nv)
     float *kv;           // (SD_MOA_ROWS, L, ekv) K,V rows of verified positions
     float *kb, *vb;      // (SD_MOA_ROWS, ekv / 2) one layer's rows
     // ca_hidden drafters: the target's states of the text's positions, as the
@@ -91,7 +90,7 @@ static int moa_dist(void *ud, const sd_tree *t, const int32_t *nodes, int n_node
             const int node = nodes[j0 + j];
             s->slot[node] = slot0 + j;
             const int nh = s->ctx->stochastic ? sd_draft_node_hist(s->ctx, t, node, s->hist) : 0;
-            sd_draft_head_dist(s->head, s->smp, s->ctx->stochastic, s->lg + (size_t)j * s->V, s->full, s->nv, s->hist,
+            sd_draft_head_dist(s->head, s->smp, s->ctx->stochastic, s->lg + (size_t)j * s->V, s->nv, s->hist,
                                nh, rows[j0 + j]);
             if (t->n_vocab > s->nv) memset(rows[j0 + j] + s->nv, 0, sizeof(float) * (size_t)(t->n_vocab - s->nv));
         }
@@ -359,7 +358,7 @@ static void moa_free(sd_drafter *dr) {
         sd_draft_auto_free(s->au);
         sd_sampler_free(s->smp);
         sd_tree_free(&s->work);
-        void *bufs[] = {s->txt, s->slot, s->lg, s->full, s->kv, s->kb, s->vb, s->hist, s->hid, s->htxt};
+        void *bufs[] = {s->txt, s->slot, s->lg, s->kv, s->kb, s->vb, s->hist, s->hid, s->htxt};
         for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
         free(s);
     }
@@ -431,12 +430,11 @@ int sd_draft_moa_new(sd_drafter **out, const sd_head *h, const sd_model *target,
     s->txt = malloc(sizeof(int32_t) * (size_t)s->n_ctx);
     s->slot = malloc(sizeof(int32_t) * MOA_TREE_MAX);
     s->lg = malloc(sizeof(float) * R * (size_t)s->V);
-    s->full = malloc(sizeof(float) * (size_t)s->nv);
     s->kv = malloc(sizeof(float) * R * (size_t)s->L * (size_t)s->ekv);
     s->kb = malloc(sizeof(float) * R * (size_t)(s->ekv / 2));
     s->vb = malloc(sizeof(float) * R * (size_t)(s->ekv / 2));
     s->hist = malloc(sizeof(int32_t) * ((size_t)s->n_ctx + MOA_TREE_MAX + MOA_CHAIN_MAX));
-    int bad = !s->txt || !s->slot || !s->lg || !s->full || !s->kv || !s->kb || !s->vb || !s->hist;
+    int bad = !s->txt || !s->slot || !s->lg || !s->kv || !s->kb || !s->vb || !s->hist;
     if (!bad && sd_moa_reads_states(&h->hp)) {   // SA or CA reads the target's states: the engine hands them in
         s->hid = malloc(sizeof(float) * (size_t)s->n_ctx * (size_t)s->E);
         s->htxt = malloc(sizeof(int32_t) * (size_t)s->n_ctx);

@@ -27,6 +27,7 @@
 
 #include "common.h"
 #include "runtime/race.h"
+#include "runtime/sampler.h"
 #include "specdec.h"
 
 typedef struct {
@@ -196,9 +197,13 @@ static int32_t argmax(const float *x, int n) {
     return best;
 }
 
+static int penalised_needed(const sd_sampler *s, const int32_t *hist, int n_hist) {
+    return !(s->p.repeat_penalty == 1.0f || !hist || n_hist <= 0 || s->p.repeat_last_n == 0);
+}
+
 // Penalised logits into s->work; returns them (logits itself when unchanged).
 static const float *penalised(sd_sampler *s, const float *logits, const int32_t *hist, int n_hist) {
-    if (s->p.repeat_penalty == 1.0f || !hist || n_hist <= 0 || s->p.repeat_last_n == 0) return logits;
+    if (!penalised_needed(s, hist, n_hist)) return logits;
     memcpy(s->work, logits, (size_t)s->n_vocab * sizeof(float));
     apply_penalty(s, hist, n_hist);
     return s->work;
@@ -206,15 +211,21 @@ static const float *penalised(sd_sampler *s, const float *logits, const int32_t 
 
 // The kept candidates of a sampling (temp > 0) distribution: s->cand[0..n)
 // with their unnormalised probabilities; returns n, the mass in *sum.
+static int candidates_of(sd_sampler *s, int n, double *sum_out);
 static int candidates(sd_sampler *s, const float *l, double *sum_out) {
     const int nv = s->n_vocab;
-    const sd_sampler_params *p = &s->p;
     sd_cand *c = s->cand;
-    int n = nv;
     for (int i = 0; i < nv; i++) {
         c[i].v = l[i];
         c[i].id = i;
     }
+    return candidates_of(s, nv, sum_out);
+}
+
+// The kept candidates among s->cand[0..n) (filled by the caller).
+static int candidates_of(sd_sampler *s, int n, double *sum_out) {
+    const sd_sampler_params *p = &s->p;
+    sd_cand *c = s->cand;
     int sorted = 0; // 1 when c[0..n) is in the total order
     if (p->top_k > 0 && p->top_k < n) {
         select_top(c, n, p->top_k);
@@ -290,6 +301,27 @@ void sd_sampler_probs(sd_sampler *s, const float *logits, const int32_t *hist, i
     const int n = candidates(s, l, &sum);
     const float inv = (float)(1.0 / sum);
     for (int i = 0; i < n; i++) probs[s->cand[i].id] = s->cand[i].v * inv;
+}
+
+void sd_sampler_probs_support(sd_sampler *s, const float *lsub, const int32_t *ids, int n, const int32_t *hist,
+                              int n_hist, float *probs) {
+    const int nv = s->n_vocab;
+    int ok = s->p.temp > 0.0f && n > 0 && n <= nv && !penalised_needed(s, hist, n_hist);
+    for (int i = 0; ok && i < n; i++) ok = ids[i] >= 0 && ids[i] < nv && (i == 0 || ids[i] > ids[i - 1]);
+    if (!ok) {   // the general path: the full row, -inf outside the support
+        for (int v = 0; v < nv; v++) s->probs[v] = -INFINITY;
+        for (int i = 0; i < n; i++)
+            if (ids[i] >= 0 && ids[i] < nv) s->probs[ids[i]] = lsub[i];
+        sd_sampler_probs(s, s->probs, hist, n_hist, probs);
+        return;
+    }
+    sd_cand *c = s->cand;
+    for (int i = 0; i < n; i++) c[i].v = lsub[i], c[i].id = ids[i];
+    double sum;
+    const int k = candidates_of(s, n, &sum);
+    memset(probs, 0, (size_t)nv * sizeof(float));
+    const float inv = (float)(1.0 / sum);
+    for (int i = 0; i < k; i++) probs[c[i].id] = c[i].v * inv;
 }
 
 int32_t sd_sampler_race_sample(sd_sampler *s, const float *logits, const int32_t *hist, int n_hist, uint64_t key,

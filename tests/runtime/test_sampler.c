@@ -7,8 +7,10 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "runtime/race.h"
+#include "runtime/sampler.h"
 #include "specdec.h"
 #include "t.h"
 
@@ -433,6 +435,55 @@ static void test_race_determinism(void) {
     sd_sampler_free(b);
 }
 
+// sd_sampler_probs_support (a draft head's row over its draft vocabulary)
+// gives bit for bit the row sd_sampler_probs gives for the full logits with
+// -inf outside the support, whatever the settings; with a repetition
+// penalty or ids out of order it takes the full path and still does.
+static void test_probs_support(void) {
+    enum { V = 3000, N = 700 };
+    float *lsub = malloc(sizeof(float) * N), *full = malloc(sizeof(float) * V), *a = malloc(sizeof(float) * V),
+          *b = malloc(sizeof(float) * V);
+    int32_t ids[N], hist[64];
+    uint64_t x = 99;
+    for (int i = 0; i < N; i++) ids[i] = 4 * i + (i % 3);   // increasing, gaps
+    for (int i = 0; i < 64; i++) hist[i] = i % 9 == 8 ? 2990 : ids[(i * 11) % 12];   // (the penalty's tokens)
+    struct { float temp; int top_k; float top_p, min_p, pen; int k_small, swap; } cs[] = {
+        {0.7f, 40, 0.95f, 0.05f, 1.0f, 0, 0}, {1.0f, 0, 1.0f, 0.0f, 1.0f, 0, 0}, {1.3f, 0, 0.9f, 0.0f, 1.0f, 0, 0},
+        {0.5f, 5, 1.0f, 0.1f, 1.0f, 0, 0},    {0.8f, 40, 0.95f, 0.05f, 1.0f, 1, 0}, {0.8f, 40, 0.95f, 0.05f, 1.3f, 0, 0},
+        {0.8f, 40, 0.95f, 0.05f, 1.0f, 0, 1}};
+    for (size_t c = 0; a && b && lsub && full && c < sizeof cs / sizeof *cs; c++) {
+        sd_sampler_params p = off();
+        p.temp = cs[c].temp, p.top_k = cs[c].top_k, p.top_p = cs[c].top_p, p.min_p = cs[c].min_p;
+        p.repeat_penalty = cs[c].pen;
+        sd_sampler *s = mk(&p, V);
+        const int n = cs[c].k_small ? 12 : N;   // fewer than top_k tokens
+        for (int i = 0; i < N; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            lsub[i] = (float)((x >> 40) % 2000) / 200.0f - 5.0f;   // ties happen
+        }
+        if (cs[c].swap) {   // ids out of order: the full path
+            int32_t t = ids[3];
+            ids[3] = ids[4], ids[4] = t;
+        }
+        for (int v = 0; v < V; v++) full[v] = -INFINITY;
+        for (int i = 0; i < n; i++) full[ids[i]] = lsub[i];
+        if (s) {
+            sd_sampler_probs(s, full, hist, 64, a);
+            sd_sampler_probs_support(s, lsub, ids, n, hist, 64, b);
+            double sum = 0;
+            for (int v = 0; v < V; v++) sum += b[v];
+            CHECK(!memcmp(a, b, sizeof(float) * V) && fabs(sum - 1.0) < 1e-5,
+                  "case %zu: the support row differs from the full row (sum %.6f)", c, sum);
+        }
+        if (cs[c].swap) {
+            int32_t t = ids[3];
+            ids[3] = ids[4], ids[4] = t;
+        }
+        sd_sampler_free(s);
+    }
+    free(lsub), free(full), free(a), free(b);
+}
+
 static void test_bad_params(void) {
     sd_sampler *s = NULL;
     char err[128] = "";
@@ -461,6 +512,7 @@ int main(void) {
     T_RUN(test_determinism);
     T_RUN(test_race_chi_square);
     T_RUN(test_race_determinism);
+    T_RUN(test_probs_support);
     T_RUN(test_bad_params);
     T_EXIT();
 }
