@@ -223,7 +223,10 @@ def cases(tmp, src, dev):
            "--sample-files", "4", "--max-tokens", "64", "--parallel", "2", "--max-prompts", "400", "--max-raw", "10",
            "--progress", "1", "--extra-prompts", os.path.join(tmp, "planted.jsonl")] \
         + [a for e in EXCLUDES for a in ("--exclude", e)]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # (Ctrl-C's default restored in the child: a shell's background job, as a CI runner may start it, ignores
+    # SIGINT, and Python then never turns it into KeyboardInterrupt)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 120   # only against a hang: a slow host may take a while to answer the first two
     while time.time() < deadline and len(lines(os.path.join(out, "chat.jsonl"))) < 12 and p.poll() is None:
         time.sleep(0.05)
