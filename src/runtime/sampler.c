@@ -211,7 +211,7 @@ static const float *penalised(sd_sampler *s, const float *logits, const int32_t 
 
 // The kept candidates of a sampling (temp > 0) distribution: s->cand[0..n)
 // with their unnormalised probabilities; returns n, the mass in *sum.
-static int candidates_of(sd_sampler *s, int n, double *sum_out);
+static int candidates_of(sd_sampler *s, int n, int sorted, double *sum_out);
 static int candidates(sd_sampler *s, const float *l, double *sum_out) {
     const int nv = s->n_vocab;
     sd_cand *c = s->cand;
@@ -219,14 +219,14 @@ static int candidates(sd_sampler *s, const float *l, double *sum_out) {
         c[i].v = l[i];
         c[i].id = i;
     }
-    return candidates_of(s, nv, sum_out);
+    return candidates_of(s, nv, 0, sum_out);
 }
 
-// The kept candidates among s->cand[0..n) (filled by the caller).
-static int candidates_of(sd_sampler *s, int n, double *sum_out) {
+// The kept candidates among s->cand[0..n) (filled by the caller; sorted: 1
+// when already in the total order).
+static int candidates_of(sd_sampler *s, int n, int sorted, double *sum_out) {
     const sd_sampler_params *p = &s->p;
-    sd_cand *c = s->cand;
-    int sorted = 0; // 1 when c[0..n) is in the total order
+    sd_cand *c = s->cand; // 1 when c[0..n) is in the total order
     if (p->top_k > 0 && p->top_k < n) {
         select_top(c, n, p->top_k);
         n = p->top_k;
@@ -317,8 +317,12 @@ void sd_sampler_probs_support(sd_sampler *s, const float *lsub, const int32_t *i
     }
     sd_cand *c = s->cand;
     for (int i = 0; i < n; i++) c[i].v = lsub[i], c[i].id = ids[i];
+    // top_k in n..n_vocab-1: the full row's top k holds the whole support (then -inf rows) and is summed in
+    // the total order; so is the support here, for the same sums bit for bit
+    const int sorted = s->p.top_k >= n && s->p.top_k < nv;
+    if (sorted) qsort(c, (size_t)n, sizeof(sd_cand), cand_cmp);
     double sum;
-    const int k = candidates_of(s, n, &sum);
+    const int k = candidates_of(s, n, sorted, &sum);
     memset(probs, 0, (size_t)nv * sizeof(float));
     const float inv = (float)(1.0 / sum);
     for (int i = 0; i < k; i++) probs[c[i].id] = c[i].v * inv;

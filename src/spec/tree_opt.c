@@ -508,8 +508,9 @@ int sd_tree_auto_observe(sd_tree_auto *a, const sd_tree *tree, const int32_t *pa
     if (a->p.refine_cost && draft_ms > 0) sd_cost_curve_observe_draft(&a->cost, tree->n, sd_tree_max_depth(tree), draft_ms);
     a->steps_since_opt++;
     a->steps++;
-    // early, the statistics move most (the prior is worth 4 steps): re-chosen after steps 2, 4 and 8 too
-    const int early = a->steps < a->p.reopt_every && (a->steps == 2 || a->steps == 4 || a->steps == 8);
+    // early, the statistics move most (the prior is worth 4 steps): re-chosen after the bundle's steps 4 and 8
+    // too (not sooner: two unlucky steps would stop the drafting for the next 16)
+    const int early = a->steps < a->p.reopt_every && (a->steps == 4 || a->steps == 8);
     if (a->p.reopt_every <= 0 || (a->steps_since_opt < a->p.reopt_every && !early) || a->cost.n_points == 0) return 0;
     int old_n = a->shape.n;
     int32_t old_parent[SD_TA_MAX_NODES];

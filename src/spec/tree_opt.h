@@ -192,7 +192,7 @@ typedef struct sd_tree_auto_params {
     int n_rank, n_depth;     // statistics shape (see sd_accept_stats_init); default 4, 8
     double decay;            // statistics decay; default 0.99
     int reopt_every;         // re-optimise after this many observed steps; default 16 (0 = never); also
-                             // after steps 2, 4 and 8 (a short text is over before the 16th)
+                             // after the bundle's steps 4 and 8 (a short text is over before the 16th)
     int refine_cost;         // 1: refine the cost curve from observed verification times; default 1
 } sd_tree_auto_params;
 

@@ -450,7 +450,8 @@ static void test_probs_support(void) {
     struct { float temp; int top_k; float top_p, min_p, pen; int k_small, swap; } cs[] = {
         {0.7f, 40, 0.95f, 0.05f, 1.0f, 0, 0}, {1.0f, 0, 1.0f, 0.0f, 1.0f, 0, 0}, {1.3f, 0, 0.9f, 0.0f, 1.0f, 0, 0},
         {0.5f, 5, 1.0f, 0.1f, 1.0f, 0, 0},    {0.8f, 40, 0.95f, 0.05f, 1.0f, 1, 0}, {0.8f, 40, 0.95f, 0.05f, 1.3f, 0, 0},
-        {0.8f, 40, 0.95f, 0.05f, 1.0f, 0, 1}};
+        {0.8f, 40, 0.95f, 0.05f, 1.0f, 0, 1}, {0.3f, 1000, 1.0f, 0.0f, 1.0f, 0, 0}, {0.2f, 1000, 0.99f, 0.0f, 1.0f, 0, 0},
+        {0.25f, 2999, 1.0f, 0.0f, 1.0f, 0, 0}};
     for (size_t c = 0; a && b && lsub && full && c < sizeof cs / sizeof *cs; c++) {
         sd_sampler_params p = off();
         p.temp = cs[c].temp, p.top_k = cs[c].top_k, p.top_p = cs[c].top_p, p.min_p = cs[c].min_p;
@@ -459,7 +460,7 @@ static void test_probs_support(void) {
         const int n = cs[c].k_small ? 12 : N;   // fewer than top_k tokens
         for (int i = 0; i < N; i++) {
             x = x * 6364136223846793005ull + 1442695040888963407ull;
-            lsub[i] = (float)((x >> 40) % 2000) / 200.0f - 5.0f;   // ties happen
+            lsub[i] = (float)((x >> 40) % 2000) / (c >= 7 ? 40.0f : 200.0f) - 5.0f;   // ties happen; c 7-9: wide
         }
         if (cs[c].swap) {   // ids out of order: the full path
             int32_t t = ids[3];
