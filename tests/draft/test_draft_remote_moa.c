@@ -251,7 +251,9 @@ static void run_states(int tli) {
     sd_head_init(h, 31 + (uint64_t)tli);
     const sd_hparams *mh = &g_m->hp;
     const int L = mh->n_layer, ekv = 2 * mh->n_head_kv * mh->head_dim, E = mh->n_embd;
-    sd_drafter *dl = new_drafter(h, 0), *dr = new_drafter(h, 1), *dw = new_drafter(h, 1), *da = new_drafter(h, 2);
+    sd_drafter *dl = new_drafter(h, 0), *dr = new_drafter(h, 1), *dw = new_drafter(h, 1);
+    // the server's LSA runs the drafter in 8 bits, as a client holds it: compared with a K,V client in 8 bits
+    sd_drafter *da = new_drafter_w(h, 2, SD_TYPE_Q8_0), *dq = new_drafter_w(h, 1, SD_TYPE_Q8_0);
     sd_moa_lsa *x = NULL;
     CHECK(sd_moa_lsa_new(&x, h, g_m, g_err, sizeof g_err) == 0, "LSA for a drafter reading states: %s", g_err);
     sd_session *s = sc_new_session(g_m, 128, 1, g_err, sizeof g_err);
@@ -261,8 +263,8 @@ static void run_states(int tli) {
     int32_t text[40], layer[SD_MAX_HIDDEN_LAYERS];
     for (int i = 0; i < 40; i++) text[i] = (int32_t)((i * 41 + 3) % NV);
     float *st = malloc(sizeof(float) * 40 * (size_t)E), *kv = NULL, *all = NULL, *wrong = NULL, *lr = NULL;
-    CHECK(dl && dr && dw && da && x && s && t1 && t2 && st, "%s", g_err);
-    if (!dl || !dr || !dw || !da || !x || !s || !t1 || !t2 || !st) goto out;
+    CHECK(dl && dr && dw && da && dq && x && s && t1 && t2 && st, "%s", g_err);
+    if (!dl || !dr || !dw || !da || !dq || !x || !s || !t1 || !t2 || !st) goto out;
     CHECK(sd_drafter_hidden_layers(dl, layer) == 1 && layer[0] == (tli ? L - tli - 1 : SD_HIDDEN_NORM),
           "TLI %d: the drafter asks for one state, at %d", tli, layer[0]);
     // verified: text[0 .. 20), the root text[20]; two tells, as an open and a round would
@@ -276,6 +278,7 @@ static void run_states(int tli) {
         float *lra = with_states(lr, (size_t)E + (size_t)tli * ekv, st + (size_t)p0 * E, n);
         CHECK(all && wrong && lra && sd_drafter_tell_prompt(dl, text, p0, n, st + (size_t)p0 * E, g_err, sizeof g_err) == 0 &&
                   sd_drafter_tell_prompt(dr, text, p0, n, all, g_err, sizeof g_err) == 0 &&
+                  sd_drafter_tell_prompt(dq, text, p0, n, all, g_err, sizeof g_err) == 0 &&
                   sd_drafter_tell_prompt(dw, text, p0, n, wrong, g_err, sizeof g_err) == 0 &&
                   sd_drafter_tell_prompt(da, text, p0, n, lra, g_err, sizeof g_err) == 0,
               "TLI %d: tell: %s", tli, g_err);
@@ -286,11 +289,13 @@ static void run_states(int tli) {
     CHECK(sd_drafter_draft(dr, text, 21, 16, t2, g_err, sizeof g_err) == 0 && same_tree(t1, t2),
           "TLI %d: told K,V rows and states, the remote tree differs (%d vs %d nodes) %s", tli, sd_tree_size(t1),
           sd_tree_size(t2), g_err);
-    CHECK(sd_drafter_draft(da, text, 21, 16, t2, g_err, sizeof g_err) == 0 && same_tree(t1, t2),
-          "TLI %d: told LSA's outputs and states, the remote tree differs (%d vs %d nodes) %s", tli, sd_tree_size(t1),
-          sd_tree_size(t2), g_err);
     CHECK(sd_drafter_draft(dw, text, 21, 16, t2, g_err, sizeof g_err) == 0 && !same_tree(t1, t2),
           "TLI %d: told the states of other positions, the remote tree is the same: the states are not read", tli);
+    CHECK(sd_drafter_draft(dq, text, 21, 16, t1, g_err, sizeof g_err) == 0 &&
+              sd_drafter_draft(da, text, 21, 16, t2, g_err, sizeof g_err) == 0 && sd_tree_size(t1) > 1 &&
+              same_tree(t1, t2),
+          "TLI %d: told LSA's outputs and states, the remote tree differs from the K,V client's (%d vs %d nodes) %s",
+          tli, sd_tree_size(t1), sd_tree_size(t2), g_err);
 out:
     free(st);
     sd_tree_destroy(t1);
@@ -301,6 +306,7 @@ out:
     sd_drafter_free(dr);
     sd_drafter_free(dw);
     sd_drafter_free(da);
+    sd_drafter_free(dq);
     sd_head_free(h);
 }
 
@@ -330,7 +336,9 @@ static float *mean_rows(const float *kv, int n, int tli) {
 
 // A drafter without LSA made remote on the layers' mean (sd_drafter_remote_mean),
 // told each position's mean K,V and the TLI layers' rows (and, ca/sa_hidden, the
-// states), proposes the in-process drafter's trees; an LSA drafter refuses it.
+// states), proposes the in-process drafter's trees, as it does made remote on
+// "LSA" outputs a server computed for it (sd_moa_lsa_run: the projection of the
+// mean); an LSA drafter refuses the mean.
 static void run_mean(int tli, int hidden) {
     sd_head_hp hp = sd_head_default_hp(g_m, SD_HEAD_MOA);
     hp.n_draft_vocab = NV;
@@ -343,7 +351,12 @@ static void run_mean(int tli, int hidden) {
     sd_head_init(h, 41 + (uint64_t)tli);
     const int E = g_m->hp.n_embd, ekv = 2 * g_m->hp.n_head_kv * g_m->hp.head_dim;
     sd_drafter *dl = new_drafter(h, 0), *dm = new_drafter(h, 0);
+    // the server's LSA runs the drafter in 8 bits, as a client holds it: compared with a K,V client in 8 bits
+    sd_drafter *da = new_drafter_w(h, 2, SD_TYPE_Q8_0), *dq = new_drafter_w(h, 1, SD_TYPE_Q8_0);
     CHECK(dm && sd_drafter_remote_mean(dm, g_err, sizeof g_err) == 0, "TLI %d: remote mean: %s", tli, g_err);
+    sd_moa_lsa *x = NULL;   // a server's "LSA" for a drafter without it: the projection of the layers' mean
+    CHECK(da && sd_moa_lsa_new(&x, h, g_m, g_err, sizeof g_err) == 0, "TLI %d: LSA outputs without LSA: %s", tli,
+          g_err);
     sd_session *s = sc_new_session(g_m, 128, 1, g_err, sizeof g_err);
     sd_tree *t1 = NULL, *t2 = NULL;
     sd_tree_new(&t1, 16, NV, g_err, sizeof g_err);
@@ -351,26 +364,38 @@ static void run_mean(int tli, int hidden) {
     int32_t text[40], layer[SD_MAX_HIDDEN_LAYERS] = {SD_HIDDEN_NORM};
     for (int i = 0; i < 40; i++) text[i] = (int32_t)((i * 29 + 5) % NV);
     float *st = malloc(sizeof(float) * 40 * (size_t)E);
-    if (!dl || !dm || !s || !t1 || !t2 || !st) {
+    if (!dl || !dm || !da || !dq || !x || !s || !t1 || !t2 || !st) {
         CHECK(0, "setup: %s", g_err);
         goto out;
     }
     if (hidden) CHECK(sd_drafter_hidden_layers(dl, layer) == 1, "the drafter reads one state");
     for (int p0 = 0, n = 9; p0 < 20; p0 += n, n = 20 - p0) {
         CHECK(extend_states(s, text, p0 + n, layer[0], st + (size_t)p0 * E) == 0, "%s", g_err);
-        float *kv = kv_rows(s, p0, n), *mr = mean_rows(kv, n, tli);
+        float *kv = kv_rows(s, p0, n), *mr = mean_rows(kv, n, tli), *lr = kv ? lsa_rows(x, kv, n, tli) : NULL;
         float *told = hidden ? with_states(mr, (size_t)(1 + tli) * ekv, st + (size_t)p0 * E, n) : mr;
-        CHECK(told && (!hidden || sd_drafter_tell_prompt(dl, text, p0, n, st + (size_t)p0 * E, g_err, sizeof g_err) == 0) &&
-                  sd_drafter_tell_prompt(dm, text, p0, n, told, g_err, sizeof g_err) == 0,
+        float *tola = hidden ? with_states(lr, (size_t)E + (size_t)tli * ekv, st + (size_t)p0 * E, n) : lr;
+        float *tolk = hidden ? with_states(kv, (size_t)g_m->hp.n_layer * ekv, st + (size_t)p0 * E, n) : kv;
+        CHECK(told && tola && (!hidden || sd_drafter_tell_prompt(dl, text, p0, n, st + (size_t)p0 * E, g_err, sizeof g_err) == 0) &&
+                  sd_drafter_tell_prompt(dm, text, p0, n, told, g_err, sizeof g_err) == 0 &&
+                  sd_drafter_tell_prompt(da, text, p0, n, tola, g_err, sizeof g_err) == 0 &&
+                  tolk && sd_drafter_tell_prompt(dq, text, p0, n, tolk, g_err, sizeof g_err) == 0,
               "TLI %d: tell: %s", tli, g_err);
         if (told != mr) free(told);
+        if (tola != lr) free(tola);
+        if (tolk != kv) free(tolk);
         free(mr);
+        free(lr);
         free(kv);
     }
     CHECK(local_tree(dl, s, text, 21, t1) == 0 && sd_tree_size(t1) > 1, "TLI %d: in-process: %s", tli, g_err);
     CHECK(sd_drafter_draft(dm, text, 21, 16, t2, g_err, sizeof g_err) == 0 && same_tree(t1, t2),
           "TLI %d%s: told the layers' mean, the remote tree differs (%d vs %d nodes) %s", tli, hidden ? " hidden" : "",
           sd_tree_size(t1), sd_tree_size(t2), g_err);
+    CHECK(sd_drafter_draft(dq, text, 21, 16, t1, g_err, sizeof g_err) == 0 &&
+              sd_drafter_draft(da, text, 21, 16, t2, g_err, sizeof g_err) == 0 && sd_tree_size(t1) > 1 &&
+              same_tree(t1, t2),
+          "TLI %d%s: told the server's LSA outputs of a drafter without LSA, the remote tree differs from the K,V "
+          "client's (%d vs %d nodes) %s", tli, hidden ? " hidden" : "", sd_tree_size(t1), sd_tree_size(t2), g_err);
     {   // an MoA drafter with LSA reads every layer's rows, not their mean
         sd_head_hp hl = hp;
         hl.moa_no_lsa = 0;
@@ -389,6 +414,9 @@ out:
     sd_session_free(s);
     sd_drafter_free(dl);
     sd_drafter_free(dm);
+    sd_drafter_free(da);
+    sd_drafter_free(dq);
+    sd_moa_lsa_free(x);
     sd_head_free(h);
 }
 
