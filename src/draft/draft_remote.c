@@ -51,20 +51,20 @@ int sd_drafter_remote(sd_drafter *d, char *err, size_t errlen) {
     return 0;
 }
 
-int sd_drafter_remote_lsa(sd_drafter *d, char *err, size_t errlen) {
-    if (sd_draft_moa_set_remote(d, 2) < 0)
-        return sd_errc(SD_ERR_INPUT, err, errlen,
-                       "drafter '%s': only an MoA drafter takes LSA's outputs",
-                       d ? sd_drafter_name(d) : "(none)");
+// An MoA drafter made remote in mode (draft_moa.h), or SD_ERR_INPUT saying what takes it.
+static int moa_remote(sd_drafter *d, int mode, const char *takes, char *err, size_t errlen) {
+    if (sd_draft_moa_set_remote(d, mode) < 0)
+        return sd_errc(SD_ERR_INPUT, err, errlen, "drafter '%s': only %s", d ? sd_drafter_name(d) : "(none)",
+                       takes);
     return 0;
 }
 
+int sd_drafter_remote_lsa(sd_drafter *d, char *err, size_t errlen) {
+    return moa_remote(d, 2, "an MoA drafter takes LSA's outputs", err, errlen);
+}
+
 int sd_drafter_remote_mean(sd_drafter *d, char *err, size_t errlen) {
-    if (sd_draft_moa_set_remote(d, 3) < 0)
-        return sd_errc(SD_ERR_INPUT, err, errlen,
-                       "drafter '%s': only an MoA drafter without LSA takes the layers' mean K,V rows",
-                       d ? sd_drafter_name(d) : "(none)");
-    return 0;
+    return moa_remote(d, 3, "an MoA drafter without LSA takes the layers' mean K,V rows", err, errlen);
 }
 
 struct sd_moa_lsa {
