@@ -121,6 +121,10 @@ typedef struct sd_train_head_params {
     int moa_block_min, moa_block_max;  // MoA: a verified point every k positions, k drawn per sequence in
                                 // min..max (1..SD_TRAIN_MOA_MAX_BLOCK): a row at distance d after its point
                                 // trains the d-th drafted token; default 6..15 (the reference's; docs/moa.md)
+    int moa_sa_full;            // MoA: 1 = SA attends to the whole text (every verified position's row), as the
+                                // reference's drafter does at inference; trained with a curriculum: a sequence's
+                                // SA sees the whole text with a probability rising from 0 to 1 over the first
+                                // half of the steps, else its block only; not with moa_sa_hidden; default 0
 } sd_train_head_params;
 SD_API sd_train_head_params sd_train_head_default_params(void);
 

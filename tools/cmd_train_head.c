@@ -23,7 +23,7 @@ typedef struct th_opts {
     uint64_t tokens, seed;
     float epochs, lr, weight_decay, clip, ckpt_minutes, heldout;
     int resume, cache_only;
-    int tli, no_lsa, ca_hidden, sa_hidden, block[2];
+    int tli, no_lsa, ca_hidden, sa_hidden, sa_full, block[2];
 } th_opts;
 
 // A run of 1-3 decimal digits at *p (advanced past it), or -1.
@@ -121,6 +121,11 @@ static int th_parse(int argc, char **argv, th_opts *o) {
         {"--sa-hidden", NULL, CLI_FLAG, &o->sa_hidden,
          .help = "MoA: every drafted row's self-attention input also adds that target state of the last verified "
                  "position, as EAGLE's input reads it (one more E x E matrix)"},
+        {"--sa-full", NULL, CLI_FLAG, &o->sa_full,
+         .help = "MoA: self-attention sees the whole text (every verified position), as the reference's drafter "
+                 "does at inference, not only the drafted rows from the last verified point; trained with the "
+                 "reference's curriculum (a sequence sees the whole text with a probability rising from 0 to 1 over "
+                 "the first half of the steps); not with --sa-hidden"},
         {"--moa-block", NULL, CLI_CUSTOM, o->block, .fn = parse_block, .meta = "MIN-MAX", .def = "6-15",
          .help = "MoA: a verified point every k positions, k drawn per sequence in MIN..MAX; a row d positions "
                  "after its point trains the (d+1)-th drafted token, so short blocks train the first drafted "
@@ -316,6 +321,7 @@ int cmd_train_head(int argc, char **argv) {
     p.moa_no_lsa = o.no_lsa;
     p.moa_ca_hidden = o.ca_hidden;
     p.moa_sa_hidden = o.sa_hidden;
+    p.moa_sa_full = o.sa_full;
     p.moa_block_min = o.block[0];
     p.moa_block_max = o.block[1];
     p.data_paths = o.data;

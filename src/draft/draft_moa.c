@@ -136,7 +136,7 @@ static int catch_up(moad *s, const sd_session *ts, const int32_t *text, int n_ve
                 memcpy(row + half, s->vb + (size_t)i * half, sizeof(float) * (size_t)half);
             }
         }
-        if (sd_moa_run_context(s->r, s->kv, s->hid ? s->hid + (size_t)p0 * s->E : NULL, c, err, errlen) < 0)
+        if (sd_moa_run_context(s->r, s->kv, s->hid ? s->hid + (size_t)p0 * s->E : NULL, text + p0, c, err, errlen) < 0)
             return -1;
     }
     return 1;
@@ -174,9 +174,9 @@ static int remote_rows(moad *s, const int32_t *text, int pos0, int n, const floa
         const int c = SD_MIN(SD_MOA_ROWS, end - p);
         memcpy(s->txt + p, text + p, sizeof(int32_t) * (size_t)c);
         const float *rows = kv + (size_t)(p - pos0) * ld, *h = hid ? hid + (size_t)(p - pos0) * s->E : NULL;
-        if ((s->remote == 2   ? sd_moa_run_context_lsa(s->r, rows, h, c, err, errlen)
-             : s->remote == 3 ? sd_moa_run_context_mean(s->r, rows, h, c, err, errlen)
-                              : sd_moa_run_context(s->r, rows, h, c, err, errlen)) < 0)
+        if ((s->remote == 2   ? sd_moa_run_context_lsa(s->r, rows, h, text + p, c, err, errlen)
+             : s->remote == 3 ? sd_moa_run_context_mean(s->r, rows, h, text + p, c, err, errlen)
+                              : sd_moa_run_context(s->r, rows, h, text + p, c, err, errlen)) < 0)
             return -1;
         p += c;
     }

@@ -106,7 +106,8 @@ uint64_t sd_head_fingerprint(const sd_head *h) {
     uint64_t x = 0xcbf29ce484222325ull;   // FNV-1a over the shape, the parameters' bytes and the draft vocabulary
     const sd_head_hp *hp = &h->hp;
     const int64_t shape[] = {hp->type, hp->n_embd, hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_ff,
-                             hp->n_draft_vocab, hp->moa_tli, hp->moa_no_lsa | hp->moa_ca_hidden << 1 | hp->moa_sa_hidden << 2,
+                             hp->n_draft_vocab, hp->moa_tli, hp->moa_no_lsa | hp->moa_ca_hidden << 1 | hp->moa_sa_hidden << 2 |
+                                 hp->moa_sa_full << 3,
                              hp->moa_kv_width};
     for (size_t i = 0; i < sizeof shape / sizeof *shape; i++)
         for (int k = 0; k < 8; k++) x = (x ^ (uint8_t)(shape[i] >> (8 * k))) * 0x100000001b3ull;

@@ -270,8 +270,8 @@ int sd_head_describe(const sd_head *h, char *buf, size_t len) {
         p += L + (p[L] == '\n');
     }
     if (hp->type == SD_HEAD_MOA)
-        return snprintf(buf, len, "moa drafter: TLI %d, %s%s, draft vocabulary %d of %d tokens%s", hp->moa_tli,
-                        hp->moa_no_lsa ? "no LSA" : "LSA",
+        return snprintf(buf, len, "moa drafter: TLI %d, %s%s%s, draft vocabulary %d of %d tokens%s", hp->moa_tli,
+                        hp->moa_no_lsa ? "no LSA" : "LSA", hp->moa_sa_full ? ", full-text SA" : "",
                         hp->moa_sa_hidden ? (hp->moa_ca_hidden ? ", SA and CA read the target's state" : ", SA reads the target's state")
                                           : hp->moa_ca_hidden ? ", CA reads the target's state" : "",
                         hp->n_draft_vocab, hp->target_n_vocab, facts);

@@ -39,6 +39,8 @@ typedef struct sd_head_hp {
                              //    (TLI 0: its final normed state), RMS-scaled, through ca.hidden (E x E)
     int moa_sa_hidden;       // 1: every drafted row's SA input also adds that state of the last verified
                              //    position, through sa.hidden (E x E) (as EAGLE's input reads it)
+    int moa_sa_full;         // 1: SA also attends to every verified position's row (the whole text),
+                             //    not only the root and the drafted rows after it
     int moa_kv_width;        // Ekv = 2 * target n_head_kv * target head_dim: one layer's K,V row
     int moa_lsa_n_head, moa_lsa_n_head_kv, moa_lsa_head_dim, moa_lsa_n_ff; // LSA layer (lsa_n_head * lsa_head_dim == Ekv)
     // What the head was made for (checked against a target at load).

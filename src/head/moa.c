@@ -20,6 +20,7 @@ void sd_moa_default_hp(sd_head_hp *hp, const sd_model *m) {
     hp->moa_lsa_n_ff = 2 * ekv;
     hp->moa_tli = 0;
     hp->moa_no_lsa = 0;
+    hp->moa_sa_full = 0;
     memset(hp->extract, 0, sizeof hp->extract);
     hp->n_medusa = 0;
 }
@@ -38,6 +39,11 @@ int sd_moa_check_hp(const sd_head_hp *hp, char *err, size_t errlen) {
         return sd_err(err, errlen, "moa: ca_hidden %d, expected 0 or 1", hp->moa_ca_hidden);
     if (hp->moa_sa_hidden & ~1)
         return sd_err(err, errlen, "moa: sa_hidden %d, expected 0 or 1", hp->moa_sa_hidden);
+    if (hp->moa_sa_full & ~1)
+        return sd_err(err, errlen, "moa: sa_full %d, expected 0 or 1", hp->moa_sa_full);
+    if (hp->moa_sa_full && hp->moa_sa_hidden)
+        return sd_err(err, errlen, "moa: full-text SA with sa_hidden is not supported (a verified row's SA input "
+                      "would depend on where training put the verified points)");
     if (sd_moa_reads_states(hp) && hp->moa_tli >= hp->target_n_layer)
         return sd_err(err, errlen, "moa: a drafter reading the state entering layer L-N needs a layer before it (TLI %d)",
                       hp->moa_tli);

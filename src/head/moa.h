@@ -116,21 +116,26 @@ void sd_moa_run_free(sd_moa_run *r);
 // (n, L, Ekv) each position's K,V rows of every target layer (K with the
 // target's RoPE, as cached; the last N of them are the TLI layers' own);
 // hid (n, E) their target states at sd_moa_hidden_layer (a drafter that
-// reads them; else ignored, may be NULL). Runs LSA and stores the CA keys
-// and values. Returns 0 or <0 (full; no states for a drafter reading them).
-int sd_moa_run_context(sd_moa_run *r, const float *kv, const float *hid, int n, char *err, size_t errlen);
+// reads them; else ignored, may be NULL); tok (n) their tokens (a drafter
+// whose SA reads the whole text, sa_full; else ignored, may be NULL). Runs
+// LSA and stores the CA keys and values (sa_full: and SA's). Returns 0 or <0
+// (full; no states or tokens for a drafter reading them).
+int sd_moa_run_context(sd_moa_run *r, const float *kv, const float *hid, const int32_t *tok, int n, char *err,
+                       size_t errlen);
 // 1 when the drafter reads the target's states (ca_hidden, sa_hidden).
 int sd_moa_run_needs_hidden(const sd_moa_run *r);
 // As sd_moa_run_context from LSA's outputs computed elsewhere (a split
 // server, docs/split.md): rows (n, E + N Ekv), each position's c (without
 // the states' terms: sd_moa_run_lsa) then the K,V rows of the last N layers;
-// hid as sd_moa_run_context's.
-int sd_moa_run_context_lsa(sd_moa_run *r, const float *rows, const float *hid, int n, char *err, size_t errlen);
+// hid and tok as sd_moa_run_context's.
+int sd_moa_run_context_lsa(sd_moa_run *r, const float *rows, const float *hid, const int32_t *tok, int n, char *err,
+                           size_t errlen);
 // As sd_moa_run_context for a drafter without LSA from each position's mean
 // over the target's layers of its K,V rows (what it reads of them): rows
 // (n, (1 + N) Ekv), the mean then the last N layers' K,V rows (a split
-// server's "mean" states, docs/split.md); hid as sd_moa_run_context's.
-int sd_moa_run_context_mean(sd_moa_run *r, const float *rows, const float *hid, int n, char *err, size_t errlen);
+// server's "mean" states, docs/split.md); hid and tok as sd_moa_run_context's.
+int sd_moa_run_context_mean(sd_moa_run *r, const float *rows, const float *hid, const int32_t *tok, int n, char *err,
+                            size_t errlen);
 int sd_moa_run_n_cached(const sd_moa_run *r);
 int sd_moa_run_n_ctx(const sd_moa_run *r);
 // Keeps the first n verified positions; drops the pending rows.

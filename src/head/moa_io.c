@@ -18,6 +18,7 @@ void sd_moa_write_hp(sd_gguf_writer *w, const sd_head_hp *hp) {
     sd_gguf_w_bool(w, "moa.no_lsa", hp->moa_no_lsa);
     if (hp->moa_ca_hidden) sd_gguf_w_bool(w, "moa.ca_hidden", 1);   // (absent: 0, files before it)
     if (hp->moa_sa_hidden) sd_gguf_w_bool(w, "moa.sa_hidden", 1);
+    if (hp->moa_sa_full) sd_gguf_w_bool(w, "moa.sa_full", 1);
     if (!hp->moa_no_lsa) {
         sd_gguf_w_u32(w, "moa.lsa.head_count", (uint32_t)hp->moa_lsa_n_head);
         sd_gguf_w_u32(w, "moa.lsa.head_count_kv", (uint32_t)hp->moa_lsa_n_head_kv);
@@ -65,9 +66,9 @@ int sd_moa_read_hp(const sd_gguf *g, sd_head_hp *hp, char *err, size_t errlen) {
     if (kv->type != SD_GGUF_BOOL || *(const uint8_t *)kv->data > 1)
         return sd_err(err, errlen, "head file: moa.no_lsa must be a boolean 0 or 1");
     hp->moa_no_lsa = *(const uint8_t *)kv->data;
-    const char *opt[2] = {"moa.ca_hidden", "moa.sa_hidden"};   // optional: absent in the files before them
-    int *val[2] = {&hp->moa_ca_hidden, &hp->moa_sa_hidden};
-    for (int i = 0; i < 2; i++) {
+    const char *opt[3] = {"moa.ca_hidden", "moa.sa_hidden", "moa.sa_full"};   // optional: absent in older files
+    int *val[3] = {&hp->moa_ca_hidden, &hp->moa_sa_hidden, &hp->moa_sa_full};
+    for (int i = 0; i < 3; i++) {
         kv = sd_gguf_find_key(g, opt[i]);
         if (kv && (kv->type != SD_GGUF_BOOL || *(const uint8_t *)kv->data > 1))
             return sd_err(err, errlen, "head file: %s must be a boolean 0 or 1", opt[i]);

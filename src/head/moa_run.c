@@ -45,6 +45,8 @@ struct sd_moa_run {
     // verified context
     float *ck, *cv;                // (n_ctx, ca kd) CA keys (RoPE applied) and values
     float *tk, *tv;                // (N, n_ctx, t_kvd) TLI layers' K,V rows (the target's)
+    float *vk, *vv;                // sa_full: (n_ctx, sa kd) SA's keys (RoPE applied) and values of the
+                                   //   verified positions (from their tokens alone; NULL otherwise)
     int n_cached;
     // pending drafted rows
     float *sk, *sv;                // (max_pending, sa kd)
@@ -83,7 +85,7 @@ void sd_moa_run_free(sd_moa_run *r) {
     mm_free(&r->out);
     mm_free(&r->hid);
     mm_free(&r->sah);
-    void *bufs[] = {r->proj_b, r->out_norm, r->lsa_freq, r->sa_freq, r->t_freq, r->ck, r->cv, r->tk, r->tv,
+    void *bufs[] = {r->proj_b, r->out_norm, r->lsa_freq, r->sa_freq, r->t_freq, r->ck, r->cv, r->tk, r->tv, r->vk, r->vv,
                     r->sk, r->sv, r->pk, r->pv, r->ppar, r->x, r->xn, r->q, r->k, r->v, r->att, r->o,
                     r->g, r->u, r->c, r->sc, r->cl, r->hn, r->gh, r->chain, r->mm.wbuf};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
@@ -224,6 +226,10 @@ int sd_moa_run_new(sd_moa_run **out, const sd_head *h, const sd_model *m, int n_
     r->cv = malloc(sizeof(float) * nc * (size_t)kd);
     r->tk = malloc(sizeof(float) * SD_MAX(N, 1) * nc * tkvd);
     r->tv = malloc(sizeof(float) * SD_MAX(N, 1) * nc * tkvd);
+    if (hp->moa_sa_full) {
+        r->vk = malloc(sizeof(float) * nc * (size_t)kd);
+        r->vv = malloc(sizeof(float) * nc * (size_t)kd);
+    }
     r->sk = malloc(sizeof(float) * mp * (size_t)kd);
     r->sv = malloc(sizeof(float) * mp * (size_t)kd);
     r->pk = malloc(sizeof(float) * SD_MAX(N, 1) * mp * tkvd);
@@ -263,7 +269,8 @@ int sd_moa_run_new(sd_moa_run **out, const sd_head *h, const sd_model *m, int n_
     r->mm.pool = r->pool;
     if (!r->lsa_freq || !r->sa_freq || !r->t_freq || !r->ck || !r->cv || !r->tk || !r->tv || !r->sk || !r->sv ||
         !r->pk || !r->pv || !r->ppar || !r->chain || !r->x || !r->xn || !r->q || !r->k || !r->v || !r->att ||
-        !r->o || !r->g || !r->u || !r->c || !r->sc || !r->cl || !r->hn || (hp->moa_sa_hidden && !r->gh) || !r->mm.wbuf) {
+        !r->o || !r->g || !r->u || !r->c || !r->sc || !r->cl || !r->hn || (hp->moa_sa_hidden && !r->gh) ||
+        (hp->moa_sa_full && (!r->vk || !r->vv)) || !r->mm.wbuf) {
         sd_moa_run_free(r);
         return sd_err(err, errlen, "moa: out of memory");
     }
@@ -281,7 +288,7 @@ void sd_moa_run_drop_pending(sd_moa_run *r) { r->n_pend = 0; }
 void sd_moa_run_keep_pending(sd_moa_run *r, int n) {
     if (n >= 0 && n < r->n_pend) r->n_pend = n;
 }
-void sd_moa_run_truncate(sd_moa_run *r, int n) {
+void sd_moa_run_truncate(sd_moa_run *r, int n) {   // (every per-position row, SA's too, sits at its slot)
     if (n >= 0 && n < r->n_cached) r->n_cached = n;
     r->n_pend = 0;
 }
@@ -426,8 +433,9 @@ void sd_moa_run_lsa(sd_moa_run *r, const float *kv, int n, float *c) { lsa_rows(
 int sd_moa_run_needs_hidden(const sd_moa_run *r) { return r->hid.W || r->sah.W; }
 
 // CA's keys and values of n positions from their LSA outputs cc (n, E), and
-// the TLI layers' rows: tli (n, N, Ekv) with stride ld floats a position.
-static void context_from(sd_moa_run *r, const float *cc, const float *tli, size_t ld, int n) {
+// the TLI layers' rows: tli (n, N, Ekv) with stride ld floats a position;
+// sa_full: SA's keys and values of their tokens tok (n).
+static void context_from(sd_moa_run *r, const float *cc, const float *tli, size_t ld, const int32_t *tok, int n) {
     const dlayer *ca = &r->ca;
     const int E = r->E, kd = ca->nkv * ca->hd, ekv = r->ekv, tkvd = r->t_kvd;
     for (int i = 0; i < n; i++) rms(r->xn + (size_t)i * E, cc + (size_t)i * E, ca->attn_norm, E, r->eps);
@@ -436,6 +444,19 @@ static void context_from(sd_moa_run *r, const float *cc, const float *tli, size_
     mat(r, &ca->v, r->xn, n, vr);
     for (int i = 0; i < n; i++)
         sd_moa_rope(kr + (size_t)i * kd, ca->nkv, ca->hd, ca->hd, 0, r->sa_freq, r->n_cached + i);
+    if (r->vk) {   // sa_full: a verified position's SA row, as a drafted row of that token at that position
+        const dlayer *sa = &r->sa;
+        const int skd = sa->nkv * sa->hd;
+        for (int i = 0; i < n; i++) {
+            sd_model_token_embd(r->m, tok[i], r->x + (size_t)i * E, NULL, 0);
+            rms(r->xn + (size_t)i * E, r->x + (size_t)i * E, sa->attn_norm, E, r->eps);
+        }
+        float *sk = r->vk + (size_t)r->n_cached * skd, *sv = r->vv + (size_t)r->n_cached * skd;
+        mat(r, &sa->k, r->xn, n, sk);
+        mat(r, &sa->v, r->xn, n, sv);
+        for (int i = 0; i < n; i++)
+            sd_moa_rope(sk + (size_t)i * skd, sa->nkv, sa->hd, sa->hd, 0, r->sa_freq, r->n_cached + i);
+    }
     for (int t = 0; t < r->N; t++) {   // the TLI layers' own rows: the target's, as cached
         for (int i = 0; i < n; i++) {
             const float *src = tli + (size_t)i * ld + (size_t)t * ekv;
@@ -447,19 +468,31 @@ static void context_from(sd_moa_run *r, const float *cc, const float *tli, size_
     r->n_cached += n;
 }
 
-int sd_moa_run_context(sd_moa_run *r, const float *kv, const float *hid, int n, char *err, size_t errlen) {
+// sa_full: the verified positions' tokens are needed and must be in range.
+static int check_tokens(const sd_moa_run *r, const int32_t *tok, int n, char *err, size_t errlen) {
+    if (!tok) return sd_err(err, errlen, "moa: this drafter's SA reads the whole text (sa_full): no tokens given");
+    for (int i = 0; i < n; i++)
+        if (tok[i] < 0 || tok[i] >= r->m->hp.n_vocab) return sd_err(err, errlen, "moa: token %d out of range", tok[i]);
+    return 0;
+}
+
+int sd_moa_run_context(sd_moa_run *r, const float *kv, const float *hid, const int32_t *tok, int n, char *err,
+                       size_t errlen) {
     if (n < 1 || n > SD_MOA_ROWS) return sd_err(err, errlen, "moa: %d context rows (1..%d)", n, SD_MOA_ROWS);
+    if (r->vk && check_tokens(r, tok, n, err, errlen) < 0) return -1;
     if (r->n_cached + n > r->n_ctx) return sd_err(err, errlen, "moa: the drafter's context is full (%d)", r->n_ctx);
     if (sd_moa_run_needs_hidden(r) && !hid)
         return sd_err(err, errlen, "moa: this drafter reads the target's states (ca_hidden, sa_hidden): none given");
     lsa_rows(r, kv, n, r->cl);   // (n, E) the LSA outputs
     if (hid) hidden_terms(r, hid, n, r->cl);
-    context_from(r, r->cl, kv + (size_t)(r->L - r->N) * r->ekv, (size_t)r->L * r->ekv, n);
+    context_from(r, r->cl, kv + (size_t)(r->L - r->N) * r->ekv, (size_t)r->L * r->ekv, tok, n);
     return 0;
 }
 
-int sd_moa_run_context_mean(sd_moa_run *r, const float *rows, const float *hid, int n, char *err, size_t errlen) {
+int sd_moa_run_context_mean(sd_moa_run *r, const float *rows, const float *hid, const int32_t *tok, int n, char *err,
+                            size_t errlen) {
     if (n < 1 || n > SD_MOA_ROWS) return sd_err(err, errlen, "moa: %d context rows (1..%d)", n, SD_MOA_ROWS);
+    if (r->vk && check_tokens(r, tok, n, err, errlen) < 0) return -1;
     if (!r->h->hp.moa_no_lsa) return sd_err(err, errlen, "moa: the layers' mean serves a drafter without LSA only");
     if (sd_moa_run_needs_hidden(r) && !hid)
         return sd_err(err, errlen, "moa: this drafter reads the target's states (ca_hidden, sa_hidden): none given");
@@ -469,19 +502,21 @@ int sd_moa_run_context_mean(sd_moa_run *r, const float *rows, const float *hid, 
     mat(r, &r->proj, r->c, n, r->cl);   // what lsa_rows makes of the mean without LSA
     add_bias(r->cl, r->proj_b, n, r->E);
     if (hid) hidden_terms(r, hid, n, r->cl);
-    context_from(r, r->cl, rows + r->ekv, ld, n);
+    context_from(r, r->cl, rows + r->ekv, ld, tok, n);
     return 0;
 }
 
-int sd_moa_run_context_lsa(sd_moa_run *r, const float *rows, const float *hid, int n, char *err, size_t errlen) {
+int sd_moa_run_context_lsa(sd_moa_run *r, const float *rows, const float *hid, const int32_t *tok, int n, char *err,
+                           size_t errlen) {
     if (n < 1 || n > SD_MOA_ROWS) return sd_err(err, errlen, "moa: %d context rows (1..%d)", n, SD_MOA_ROWS);
+    if (r->vk && check_tokens(r, tok, n, err, errlen) < 0) return -1;
     if (sd_moa_run_needs_hidden(r) && !hid)
         return sd_err(err, errlen, "moa: this drafter reads the target's states (ca_hidden, sa_hidden): none given");
     if (r->n_cached + n > r->n_ctx) return sd_err(err, errlen, "moa: the drafter's context is full (%d)", r->n_ctx);
     const size_t ld = (size_t)r->E + (size_t)r->N * r->ekv;
     for (int i = 0; i < n; i++) memcpy(r->cl + (size_t)i * r->E, rows + (size_t)i * ld, sizeof(float) * (size_t)r->E);
     if (hid) hidden_terms(r, hid, n, r->cl);
-    context_from(r, r->cl, rows + r->E, ld, n);
+    context_from(r, r->cl, rows + r->E, ld, tok, n);
     return 0;
 }
 
@@ -530,8 +565,8 @@ int sd_moa_run_eval(sd_moa_run *r, const int32_t *tok, const int32_t *pos, const
     }
     for (int i = 0; i < n; i++) {
         const int nc = chain_of(r, slot0 + i);
-        attend(r->q + (size_t)i * sqd, sa->nh, sa->nkv, sa->hd, NULL, NULL, 0, r->sk, r->sv, r->chain, nc, skd,
-               r->att + (size_t)i * sqd, r->sc);
+        attend(r->q + (size_t)i * sqd, sa->nh, sa->nkv, sa->hd, r->vk, r->vv, r->vk ? r->n_cached : 0, r->sk, r->sv,
+               r->chain, nc, skd, r->att + (size_t)i * sqd, r->sc);   // (sa_full: the verified rows first)
     }
     layer_tail(r, sa, x, n, r->eps);
     // CA: queries from SA, keys and values from the verified positions' LSA outputs.

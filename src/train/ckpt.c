@@ -74,7 +74,8 @@ int sd_ckpt_save(const char *path, const sd_head *h, const sd_adamw *o, const sd
     k.target_n_layer = hp->target_n_layer;
     k.target_vocab_hash = hp->target_vocab_hash;
     if (hp->type == SD_HEAD_MOA) {   // (fields an MoA head does not use carry its own; docs/moa.md)
-        k.extract[0] = hp->moa_tli, k.extract[1] = hp->moa_no_lsa | hp->moa_ca_hidden << 1 | hp->moa_sa_hidden << 2;
+        k.extract[0] = hp->moa_tli, k.extract[1] = hp->moa_no_lsa | hp->moa_ca_hidden << 1 | hp->moa_sa_hidden << 2 |
+                        hp->moa_sa_full << 3;
         k.extract[2] = hp->moa_lsa_n_head;
         k.norm_before_residual = hp->moa_lsa_n_head_kv;
         k.n_medusa = hp->moa_lsa_n_ff;
@@ -150,7 +151,8 @@ int sd_ckpt_load(const char *path, const sd_model *m, sd_head **hout, sd_adamw *
     if (hp.type == SD_HEAD_MOA) {   // the MoA fields, where sd_ckpt_save put them
         hp.moa_tli = k.extract[0], hp.moa_no_lsa = k.extract[1] & 1, hp.moa_ca_hidden = k.extract[1] >> 1 & 1;
         hp.moa_sa_hidden = k.extract[1] >> 2 & 1;
-        if (k.extract[1] & ~7) hp.moa_no_lsa = k.extract[1];   // (refused below as an unknown value)
+        hp.moa_sa_full = k.extract[1] >> 3 & 1;
+        if (k.extract[1] & ~15) hp.moa_no_lsa = k.extract[1];   // (refused below as an unknown value)
         hp.moa_lsa_n_head = k.extract[2];
         hp.moa_lsa_n_head_kv = k.norm_before_residual;
         hp.moa_lsa_n_ff = k.n_medusa;

@@ -83,8 +83,12 @@ static int resolve(loop_run *r, const sd_train_head_params *p, char *err, size_t
     sd_train_head_params *P = &r->P;
     if (P->type != SD_HEAD_EAGLE3 && P->type != SD_HEAD_MEDUSA && P->type != SD_HEAD_MOA)
         return sd_err(err, errlen, "unknown head type %d (eagle3, medusa or moa)", P->type);
-    if (P->type != SD_HEAD_MOA && (P->moa_tli || P->moa_no_lsa || P->moa_ca_hidden || P->moa_sa_hidden))
-        return sd_err(err, errlen, "--tli, --no-lsa, --ca-hidden and --sa-hidden are for an MoA drafter (--type moa)");
+    if (P->type != SD_HEAD_MOA && (P->moa_tli || P->moa_no_lsa || P->moa_ca_hidden || P->moa_sa_hidden || P->moa_sa_full))
+        return sd_err(err, errlen,
+                      "--tli, --no-lsa, --ca-hidden, --sa-hidden and --sa-full are for an MoA drafter (--type moa)");
+    if (P->moa_sa_full && P->moa_sa_hidden)
+        return sd_err(err, errlen, "--sa-full with --sa-hidden is not supported yet: a verified row's SA input "
+                      "would depend on where training put its verified points; drop one of them");
     if (!P->moa_block_min && !P->moa_block_max) P->moa_block_min = SD_MOA_BLOCK_MIN, P->moa_block_max = SD_MOA_BLOCK_MAX;
     if (P->type != SD_HEAD_MOA && (P->moa_block_min != SD_MOA_BLOCK_MIN || P->moa_block_max != SD_MOA_BLOCK_MAX))
         return sd_err(err, errlen, "--moa-block is for an MoA drafter (--type moa)");
@@ -141,13 +145,15 @@ static int plan_head(loop_run *r, sd_head_hp *hp, char *err, size_t errlen) {
                           hp->type == SD_HEAD_EAGLE3 ? "an EAGLE-3" : hp->type == SD_HEAD_MOA ? "an MoA" : "a Medusa",
                           P->type == SD_HEAD_EAGLE3 ? "an EAGLE-3" : P->type == SD_HEAD_MOA ? "an MoA" : "a Medusa");
         if (hp->type == SD_HEAD_MOA && (hp->moa_tli != P->moa_tli || hp->moa_no_lsa != P->moa_no_lsa ||
-                                        hp->moa_ca_hidden != P->moa_ca_hidden || hp->moa_sa_hidden != P->moa_sa_hidden))
+                                        hp->moa_ca_hidden != P->moa_ca_hidden || hp->moa_sa_hidden != P->moa_sa_hidden ||
+                                        hp->moa_sa_full != P->moa_sa_full))
             return sd_err(err, errlen,
-                          "the checkpoint %s trains an MoA drafter with TLI %d%s%s%s; this run asks for TLI %d%s%s%s",
+                          "the checkpoint %s trains an MoA drafter with TLI %d%s%s%s%s; this run asks for TLI %d%s%s%s%s",
                           r->ckpt_path, hp->moa_tli, hp->moa_no_lsa ? " without LSA" : "",
                           hp->moa_ca_hidden ? " with --ca-hidden" : "", hp->moa_sa_hidden ? " with --sa-hidden" : "",
-                          P->moa_tli, P->moa_no_lsa ? " without LSA" : "", P->moa_ca_hidden ? " with --ca-hidden" : "",
-                          P->moa_sa_hidden ? " with --sa-hidden" : "");
+                          hp->moa_sa_full ? " with --sa-full" : "", P->moa_tli, P->moa_no_lsa ? " without LSA" : "",
+                          P->moa_ca_hidden ? " with --ca-hidden" : "", P->moa_sa_hidden ? " with --sa-hidden" : "",
+                          P->moa_sa_full ? " with --sa-full" : "");
         int dv = SD_MIN(P->draft_vocab, r->m->hp.n_vocab);
         if (!P->init_path && hp->type == SD_HEAD_EAGLE3 && P->head_ff > 0 && hp->n_ff != P->head_ff)
             return sd_err(err, errlen, "the checkpoint %s has a feed-forward width of %d; this run asks for %d",
@@ -163,6 +169,12 @@ static int plan_head(loop_run *r, sd_head_hp *hp, char *err, size_t errlen) {
             return sd_err(err, errlen, "--init %s: %s", P->init_path, e2);
         *hp = r->h->hp;
         if (hp->type != P->type) return sd_err(err, errlen, "--init %s is not a head of the type asked for", P->init_path);
+        if (hp->type == SD_HEAD_MOA && P->moa_sa_full && !hp->moa_sa_full) {   // (no tensor changes: SA's own)
+            if (hp->moa_sa_hidden)
+                return sd_err(err, errlen, "--init %s reads the target's state in SA (--sa-hidden): not with --sa-full",
+                              P->init_path);
+            r->h->hp.moa_sa_full = hp->moa_sa_full = 1;
+        }
         return 0;
     }
     *hp = sd_head_default_hp(r->m, P->type);
@@ -174,6 +186,7 @@ static int plan_head(loop_run *r, sd_head_hp *hp, char *err, size_t errlen) {
         hp->moa_no_lsa = P->moa_no_lsa;
         hp->moa_ca_hidden = P->moa_ca_hidden;
         hp->moa_sa_hidden = P->moa_sa_hidden;
+        hp->moa_sa_full = P->moa_sa_full;
         if (P->head_ff > 0) hp->n_ff = P->head_ff;
     }
     return 0;
@@ -336,6 +349,7 @@ static int evaluate(loop_run *r, char *err, size_t errlen) {
     memset(&sum, 0, sizeof sum);
     double loss = 0.0;
     int64_t n = 0, pos = 0;
+    sd_trainer_set_moa_sa_full(r->tr, 1.0f, 0);   // (sa_full: measured as inference runs, the whole text)
     for (int64_t i = 0; i < r->n_eval && pos < r->P.eval_tokens; i++) {
         sd_train_seq seq;
         sd_train_stats st;
@@ -363,6 +377,11 @@ static int train_step(loop_run *r, char *err, size_t errlen) {
     sd_train_stats sum;
     memset(&sum, 0, sizeof sum);
     double loss = 0.0;
+    // sa_full's curriculum: the share of sequences whose SA sees the whole text
+    // rises from 0 to 1 over the first half of the steps (the reference's)
+    const int64_t half = SD_MAX(1, r->recipe.n_steps / 2);
+    sd_trainer_set_moa_sa_full(r->tr, r->st.step >= half ? 1.0f : (float)r->st.step / (float)half,
+                               (uint64_t)r->st.step);
     for (int b = 0; b < B; b++) {
         sd_train_seq seq;
         sd_train_stats st;

@@ -5,7 +5,8 @@
 // distribution of x_{i+1}, rows 0..T-2 scored) belongs to the block that
 // starts at its last verified point r_i = k floor(i/k) (k: sd_moa_block).
 // Every row is one drafting step as inference runs it: SA sees the rows
-// r_i..i (the tree root r_i and the drafted tokens after it), CA the LSA
+// r_i..i (the tree root r_i and the drafted tokens after it; sa_full: 0..i,
+// the whole text, for the sequences its curriculum draws), CA the LSA
 // outputs of positions 0..r_i-1 (the verified text), and a TLI layer the
 // target's own K,V rows of positions 0..r_i-1 and its predicted rows
 // r_i..i.
@@ -72,6 +73,8 @@ struct sd_moa_tr {
     float *cs_sa, *cs_lsa, *cs_t;    // RoPE tables
     int cs_t_pos0;                   // cs_t covers the target positions cs_t_pos0 .. + T_max - 1
     int kmin, kmax;                  // the block length's range (sd_moa_block)
+    float sa_p;                      // sa_full: the share of sequences whose SA sees the whole text
+    uint64_t sa_salt;                //   (sd_moa_sa_full_draw's salt)
     float sa_scale;                  // sa_hidden: sd_moa_sa_scale of the target
     // loss and LSA output
     float *X0, *M, *C, *Hn, *Hsel, *Emb, *Z, *rsZ, *Lg, *loss_row;   // Hn: the scaled states; Hsel: sa_hidden's
@@ -103,6 +106,24 @@ int sd_moa_block(const int32_t *tokens, int T, int kmin, int kmax) {
     for (int i = 0; i < T; i++) x = (x ^ (uint32_t)tokens[i]) * 1099511628211ull;
     x ^= x >> 31;
     return kmin + (int)(x % (uint64_t)(kmax - kmin + 1));
+}
+
+int sd_moa_sa_full_draw(const int32_t *tokens, int T, uint64_t salt, float p) {
+    if (p >= 1.0f) return 1;
+    if (!(p > 0.0f)) return 0;
+    uint64_t x = 1469598103934665603ull;
+    for (int i = 0; i < T; i++) x = (x ^ (uint32_t)tokens[i]) * 1099511628211ull;
+    x ^= salt;   // splitmix64's finaliser
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return (double)(x >> 11) * (1.0 / 9007199254740992.0) < (double)p;
+}
+
+void sd_moa_tr_set_sa_full(sd_moa_tr *w, float p, uint64_t salt) {
+    w->sa_p = p;
+    w->sa_salt = salt;
 }
 
 void sd_moa_tr_set_block(sd_moa_tr *w, int kmin, int kmax) {
@@ -163,21 +184,22 @@ static void carve_la(la *a, const lw *W, int nq, int nk, int nnz, int mode, floa
 static void carve(sd_moa_tr *w, float *f, int32_t *ip, size_t *nf, size_t *ni) {
     const int T = w->T_max, L = w->L, E = w->E, ekv = w->ekv;
     // SA: a row sees its block up to itself, at most (k + 1) / 2 entries a row on average
-    const size_t TL = (size_t)T * L, nsa = (size_t)T * ((SD_TRAIN_MOA_MAX_BLOCK + 1) / 2 + 1),
-                 nca = (size_t)T * (T + 1) / 2;
+    // (sa_full: the whole text up to itself); TLI's rows: CA's plus the block's
+    const size_t TL = (size_t)T * L, nblk = (size_t)T * ((SD_TRAIN_MOA_MAX_BLOCK + 1) / 2 + 1),
+                 nca = (size_t)T * (T + 1) / 2, nsa = w->h->hp.moa_sa_full ? nca : nblk;
     const size_t TLx = w->h->hp.moa_no_lsa ? 0 : TL;   // LSA's rows (none without it)
     *nf = *ni = 0;
     carve_la(&w->a_sa, &w->sa, T, T, (int)nsa, SELF, &f, nf, &ip, ni);
     carve_la(&w->a_ca, &w->ca, T, T, (int)nca, CROSS, &f, nf, &ip, ni);
     if (!w->h->hp.moa_no_lsa) carve_la(&w->a_lsa, &w->lsa, (int)TL, (int)TL, (int)(TL * L), SELF, &f, nf, &ip, ni);
-    for (int t = 0; t < w->N; t++) carve_la(&w->a_tl[t], &w->tl[t], T, 2 * T, (int)(nca + nsa), TLI, &f, nf, &ip, ni);
+    for (int t = 0; t < w->N; t++) carve_la(&w->a_tl[t], &w->tl[t], T, 2 * T, (int)(nca + nblk), TLI, &f, nf, &ip, ni);
     size_t wmax = (size_t)SD_MAX(E, ekv), qmax = wmax, ffmax = (size_t)SD_MAX(w->sa.nff, w->lsa.nff);
     qmax = SD_MAX(qmax, (size_t)w->sa.nh * w->sa.hd);
     size_t pmax = SD_MAX(nca + nsa, TLx * L) * (size_t)SD_MAX(w->sa.nh, SD_MAX(w->lsa.nh, 1));
     for (int t = 0; t < w->N; t++) {
         ffmax = SD_MAX(ffmax, (size_t)w->tl[t].nff);
         qmax = SD_MAX(qmax, (size_t)w->tl[t].nh * w->tl[t].hd);
-        pmax = SD_MAX(pmax, (nca + nsa) * (size_t)w->tl[t].nh);
+        pmax = SD_MAX(pmax, (nca + nblk) * (size_t)w->tl[t].nh);
     }
     const size_t R = SD_MAX(TLx, 2 * (size_t)T);
     w->X0 = w->h->hp.moa_no_lsa ? NULL : take(&f, nf, TL * ekv);   // LSA's input
@@ -412,13 +434,13 @@ static void mask_done(la *a, int nnz) {
 // Row i's block start.
 static inline int blk(int i, int k) { return i / k * k; }
 
-static void masks(sd_moa_tr *w, int T, int k) {
+static void masks(sd_moa_tr *w, int T, int k, int full) {
     int e = 0;
-    la *a = &w->a_sa;   // SA: r_i .. i
+    la *a = &w->a_sa;   // SA: r_i .. i (full: 0 .. i)
     a->nq = a->nk = T;
     for (int i = 0; i < T; i++) {
         a->q_off[i] = e;
-        for (int j = blk(i, k); j <= i; j++) a->q_key[e++] = j;
+        for (int j = full ? 0 : blk(i, k); j <= i; j++) a->q_key[e++] = j;
         a->qpos[i] = a->kpos[i] = i;
     }
     a->q_off[T] = e;
@@ -498,7 +520,7 @@ double sd_moa_tr_loss(sd_moa_tr *w, const sd_tr_ctx *cx, const sd_train_seq *seq
     const int nfeat = sd_moa_n_feat(h), no_lsa = h->hp.moa_no_lsa, hoff = kv_feat(h);
     const float eps = h->hp.rms_eps, teps = w->m->hp.rms_eps, *F = seq->feats;
     const int k = sd_moa_block(seq->tokens, T, w->kmin, w->kmax);
-    masks(w, T, k);
+    masks(w, T, k, h->hp.moa_sa_full && sd_moa_sa_full_draw(seq->tokens, T, w->sa_salt, w->sa_p));
     if (w->N > 0 && seq->pos0 != w->cs_t_pos0) {   // the target's rows sit at positions pos0.. (TLI's RoPE)
         sd_tr_rope_table_at(w->cs_t, seq->pos0, w->T_max, w->m->hp.head_dim, w->m->hp.rope_base);
         w->cs_t_pos0 = seq->pos0;

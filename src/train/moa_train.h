@@ -44,5 +44,12 @@ double sd_moa_tr_loss(sd_moa_tr *w, const sd_tr_ctx *cx, const sd_train_seq *seq
 int sd_moa_block(const int32_t *tokens, int T, int kmin, int kmax);
 // The range sd_moa_tr_loss draws k from (default SD_MOA_BLOCK_MIN..MAX).
 void sd_moa_tr_set_block(sd_moa_tr *w, int kmin, int kmax);
+// sa_full's curriculum: 1 when a sequence's SA sees the whole text, drawn
+// with probability p from a hash of its tokens and salt (deterministic, so a
+// resumed run draws the same; p >= 1: always, p <= 0: never).
+int sd_moa_sa_full_draw(const int32_t *tokens, int T, uint64_t salt, float p);
+// The p and salt sd_moa_tr_loss draws with for an sa_full drafter (default
+// p 0: every sequence sees its block only, as without sa_full).
+void sd_moa_tr_set_sa_full(sd_moa_tr *w, float p, uint64_t salt);
 
 #endif

@@ -56,6 +56,10 @@ void sd_trainer_free(sd_trainer *tr);
 #define SD_MOA_BLOCK_MIN 6
 #define SD_MOA_BLOCK_MAX 15
 void sd_trainer_set_moa_block(sd_trainer *tr, int kmin, int kmax);
+// MoA with sa_full (full-text SA): the share p of sequences whose SA sees the
+// whole text, the others their block only (the curriculum; drawn by a hash of
+// the tokens and salt); default 0. No effect on other heads.
+void sd_trainer_set_moa_sa_full(sd_trainer *tr, float p, uint64_t salt);
 // Loss of seq under the head's current parameters; when grad != NULL the
 // gradient of that loss with respect to every parameter is ADDED into grad
 // (n_w floats, the layout of sd_head.w). Deterministic for a given pool size

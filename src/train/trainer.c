@@ -118,6 +118,10 @@ void sd_trainer_set_moa_block(sd_trainer *tr, int kmin, int kmax) {
     if (tr->moa) sd_moa_tr_set_block(tr->moa, kmin, kmax);
 }
 
+void sd_trainer_set_moa_sa_full(sd_trainer *tr, float p, uint64_t salt) {
+    if (tr->moa) sd_moa_tr_set_sa_full(tr->moa, p, salt);
+}
+
 double sd_trainer_loss(sd_trainer *tr, const sd_train_seq *seq, float *grad, sd_train_stats *st, char *err,
                        size_t errlen) {
     if (st) memset(st, 0, sizeof *st);

@@ -7,7 +7,8 @@
 // layer's attention residual gradient dropped) that the same check rejects;
 // the gradient is added (not stored) and has the same bits for 1 and 2
 // threads; the loss falls when the drafter learns a planted pattern; TLI > 0
-// on a target with a scaled RoPE is refused with the reason.
+// on a target with a scaled RoPE is refused with the reason; full-text SA
+// (sa_full) through the same checks.
 //
 // Tiny shapes on a synthetic target (d = 16, 2 layers, 2 heads of 8, one KV
 // head: K,V rows of 16 floats a layer), T = 24 (two or more blocks: k is
@@ -67,6 +68,7 @@ static sd_head *make_head(const sd_model *m, int tli, int no_lsa, int ca_hidden)
     hp.moa_no_lsa = no_lsa;
     hp.moa_ca_hidden = ca_hidden & 1;   // bit 1: SA reads the state too (sa_hidden)
     hp.moa_sa_hidden = ca_hidden >> 1 & 1;
+    hp.moa_sa_full = ca_hidden >> 2 & 1;   // bit 2: SA sees the whole text (sa_full)
     hp.moa_lsa_n_ff = 24;
     sd_head *h = NULL;
     if (sd_head_new(&h, &hp, g_err, sizeof g_err) < 0) return NULL;
@@ -160,6 +162,7 @@ static double check(sd_model *m, int tli, int no_lsa, int ca_hidden, int fault, 
         goto out;
     }
     sd_trainer_set_fault(tr, fault);
+    sd_trainer_set_moa_sa_full(tr, 1.0f, 0);   // (sa_full: every sequence sees the whole text)
     sd_train_stats st;
     const double loss = sd_trainer_loss(tr, &sb.seq, grad, &st, g_err, sizeof g_err);
     CHECK(loss > 0 && isfinite(loss), "loss %g: %s", loss, g_err);
@@ -167,9 +170,9 @@ static double check(sd_model *m, int tli, int no_lsa, int ca_hidden, int fault, 
           (long long)st.n[1]);
     const char *wt = "?";
     w = fd_head(tr, h, &sb.seq, grad, 6, verbose, &wt);
-    printf("  %s, TLI %d%s%s%s%s: loss %.4f, worst ratio %.3g (%s)\n", m == g_mq ? "qwen2" : "llama", tli,
+    printf("  %s, TLI %d%s%s%s%s%s: loss %.4f, worst ratio %.3g (%s)\n", m == g_mq ? "qwen2" : "llama", tli,
            no_lsa ? " no-LSA" : "", ca_hidden & 1 ? " ca-hidden" : "", ca_hidden & 2 ? " sa-hidden" : "",
-           fault ? " (residual gradient dropped)" : "", loss, w, wt);
+           ca_hidden & 4 ? " sa-full" : "", fault ? " (residual gradient dropped)" : "", loss, w, wt);
 out:
     free(grad);
     free(sb.feats);
@@ -297,6 +300,73 @@ static void test_moa_tli_pos0(void) {
     pos0_case(g_mq);
 }
 
+// Full-text SA (sa_full): the gradient against finite differences with every
+// sequence seeing the whole text (LSA TLI 0 and 1, qwen2 TLI 1 without LSA,
+// no LSA with ca_hidden); the wrong backward still caught; at p = 0 the loss
+// and gradient are those of the bit cleared, at p = 1 another loss; the
+// curriculum's draw: about p of the sequences, the same for the same salt;
+// sa_full with sa_hidden refused with the reason. (Run last: the earlier
+// tests' random draws stay as they were.)
+static void test_moa_grad_sa_full(void) {
+    if (!g_m || !g_mq) SKIP("no target: %.200s", g_err);
+    static const int cfg[4][4] = {{0, 0, 0, 4}, {1, 0, 0, 4}, {1, 1, 1, 4}, {0, 1, 0, 5}};
+    for (int c = 0; c < 4; c++) {
+        const double w = check(cfg[c][2] ? g_mq : g_m, cfg[c][0], cfg[c][1], cfg[c][3], 0, 0);
+        CHECK(w <= 1.0, "sa_full %s TLI %d no-LSA %d: the gradient disagrees with finite differences (worst %.3g)",
+              cfg[c][2] ? "qwen2" : "llama", cfg[c][0], cfg[c][1], w);
+    }
+    const double wf = check(g_m, 1, 0, 4, SD_TR_FAULT_NO_RESID, 0);
+    CHECK(wf > 10.0, "sa_full: a backward without the residual gradient passed (worst ratio %.3g)", wf);
+    // p = 0: the bit cleared's loss and gradient, bit for bit; p = 1: another loss
+    sd_head *h = make_head(g_m, 1, 1, 4);
+    sd_trainer *tr = NULL;
+    seq_buf sb = {0};
+    float *g0 = NULL, *g1 = NULL;
+    if (!h || make_seq(&sb, h) < 0 || sd_trainer_new(&tr, h, g_m, T_SEQ, 1, NULL, g_err, sizeof g_err) < 0 ||
+        !(g0 = calloc(h->n_w, sizeof(float))) || !(g1 = calloc(h->n_w, sizeof(float)))) {
+        CHECK(0, "setup: %s", g_err);
+        goto out;
+    }
+    const double lp0 = sd_trainer_loss(tr, &sb.seq, g0, NULL, g_err, sizeof g_err);
+    h->hp.moa_sa_full = 0;
+    const double loff = sd_trainer_loss(tr, &sb.seq, g1, NULL, g_err, sizeof g_err);
+    h->hp.moa_sa_full = 1;
+    CHECK(lp0 == loff && !memcmp(g0, g1, sizeof(float) * h->n_w), "p 0: loss %.9g, the bit cleared %.9g", lp0, loff);
+    sd_trainer_set_moa_sa_full(tr, 1.0f, 0);
+    const double lp1 = sd_trainer_loss(tr, &sb.seq, NULL, NULL, g_err, sizeof g_err);
+    printf("  sa_full: loss %.6f at p 0 (= %.6f without it), %.6f at p 1\n", lp0, loff, lp1);
+    CHECK(fabs(lp1 - lp0) > 1e-4 * fabs(lp0), "p 1 should change the loss (%.9g vs %.9g)", lp1, lp0);
+    // the draw
+    int n_in = 0, same = 1, n_other = 0;
+    for (int s = 0; s < 200; s++) {
+        int32_t tok[8];
+        for (int i = 0; i < 8; i++) tok[i] = (int32_t)(sd_rng_next(&g_rng) % 320);
+        const int d = sd_moa_sa_full_draw(tok, 8, 17, 0.5f);
+        n_in += d;
+        same &= d == sd_moa_sa_full_draw(tok, 8, 17, 0.5f);
+        n_other += d != sd_moa_sa_full_draw(tok, 8, 18, 0.5f);
+        same &= sd_moa_sa_full_draw(tok, 8, 17, 1.0f) == 1 && sd_moa_sa_full_draw(tok, 8, 17, 0.0f) == 0;
+    }
+    printf("  sa_full draw at p 0.5: %d of 200; %d differ with another salt\n", n_in, n_other);
+    CHECK(n_in >= 70 && n_in <= 130 && same && n_other >= 60, "draw: %d of 200 at p 0.5, repeatable %d, %d differ",
+          n_in, same, n_other);
+    // with sa_hidden: refused
+    sd_head_hp hp = sd_head_default_hp(g_m, SD_HEAD_MOA);
+    hp.n_draft_vocab = 24;
+    hp.moa_sa_hidden = hp.moa_sa_full = 1;
+    sd_head *bad = NULL;
+    g_err[0] = 0;
+    const int rb = sd_head_new(&bad, &hp, g_err, sizeof g_err);
+    CHECK(rb < 0 && strstr(g_err, "sa_hidden"), "sa_full with sa_hidden: %d (%s)", rb, g_err);
+    sd_head_free(bad);
+out:
+    free(g0);
+    free(g1);
+    free(sb.feats);
+    sd_trainer_free(tr);
+    sd_head_free(h);
+}
+
 // TLI > 0 through a scaled RoPE is refused with the reason (TLI 0 trains).
 static void test_moa_refuses_scaled_rope(void) {
     sd_model *m = synth_target("llama", 1);
@@ -325,6 +395,7 @@ int main(void) {
     T_RUN(test_moa_grad_contract);
     T_RUN(test_moa_refuses_scaled_rope);
     T_RUN(test_moa_tli_pos0);
+    T_RUN(test_moa_grad_sa_full);
     sd_model_free(g_m);
     sd_model_free(g_mq);
     T_EXIT();

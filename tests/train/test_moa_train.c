@@ -285,8 +285,8 @@ static void runner_agree(const sd_head *h, const sd_model *m, const data *D, dou
         for (int b0 = 0; b0 + 1 < T_SEQ - 1; b0 += k) {
             sd_moa_run_truncate(r, 0);
             for (int p = 0; p < b0; p++)   // context rows one at a time (the features' stride is nf)
-                if (sd_moa_run_context(r, F + (size_t)p * D->nf, F + (size_t)p * D->nf + hid_off, 1, g_err,
-                                       sizeof g_err) < 0)
+                if (sd_moa_run_context(r, F + (size_t)p * D->nf, F + (size_t)p * D->nf + hid_off, &D->tok[q][p], 1,
+                                       g_err, sizeof g_err) < 0)
                     goto out;
             int32_t tok[2] = {D->tok[q][b0], D->tok[q][b0 + 1]}, pos[2] = {b0, b0 + 1}, par[2] = {-1, 0};
             const int nr = k > 1 ? 2 : 1;
