@@ -5,7 +5,8 @@
 // layer is the target itself, so its drafts are (nearly) all accepted --
 // which checks the reading of the target's cache, RoPE and biases of the TLI
 // path (llama and qwen2 targets); sampled output keeps the target's
-// distribution, and a deliberately wrong variant is rejected; files
+// distribution, and a deliberately wrong variant is rejected; full-text SA
+// (sa_full) keeps its verified rows through cuts; files
 // round-trip, are found by --head auto, and are refused for another target.
 #include <math.h>
 #include <stdint.h>
@@ -54,6 +55,7 @@ static sd_head *new_moa_h(const sd_model *m, int tli, int no_lsa, int ca_hidden,
     hp.moa_no_lsa = no_lsa;
     hp.moa_ca_hidden = ca_hidden & 1;   // bit 1: sa_hidden
     hp.moa_sa_hidden = ca_hidden >> 1 & 1;
+    hp.moa_sa_full = ca_hidden >> 2 & 1;   // bit 2: SA sees the whole text (sa_full)
     sd_head *h = NULL;
     if (sd_head_new(&h, &hp, g_err, sizeof g_err) < 0) return NULL;
     sd_head_init(h, seed);
@@ -145,17 +147,20 @@ out:
 static void test_moa_greedy_lossless(void) {
     if (!setup()) SKIP("setup failed: %.200s", g_err);
     // ca-hidden: CA also reads the target's states, which the generation hands in (prompt, accepted paths)
-    // (ca_hidden 3: SA's input also adds the last verified position's state, sa_hidden)
-    static const struct { int tli, no_lsa, ca_hidden; } cfg[6] = {{0, 0, 0}, {1, 0, 0}, {1, 1, 0}, {0, 1, 1}, {1, 1, 1},
-                                                                  {0, 1, 3}};
+    // (ca_hidden 3: SA's input also adds the last verified position's state, sa_hidden; 4: SA sees the whole
+    // text, sa_full)
+    static const struct { int tli, no_lsa, ca_hidden; } cfg[9] = {{0, 0, 0}, {1, 0, 0}, {1, 1, 0}, {0, 1, 1}, {1, 1, 1},
+                                                                  {0, 1, 3}, {0, 0, 4}, {1, 1, 4}, {0, 1, 5}};
     const char *shapes[3] = {"chain", "widths", "dyn"};
-    for (int c = 0; c < 6; c++) {
+    for (int c = 0; c < 9; c++) {
         sd_head *h = new_moa_h(g_m, cfg[c].tli, cfg[c].no_lsa, cfg[c].ca_hidden, 0, 7 + (uint64_t)c);
         CHECK(h != NULL, "%s", g_err);
         for (int k = 0; h && k < 3; k++) {
             char what[64];
-            snprintf(what, sizeof what, "TLI %d%s%s %s", cfg[c].tli, cfg[c].no_lsa ? " no-LSA" : "",
-                     cfg[c].ca_hidden == 3 ? " ca+sa-hidden" : cfg[c].ca_hidden ? " ca-hidden" : "", shapes[k]);
+            const int ch = cfg[c].ca_hidden & 3;
+            snprintf(what, sizeof what, "TLI %d%s%s%s %s", cfg[c].tli, cfg[c].no_lsa ? " no-LSA" : "",
+                     ch == 3 ? " ca+sa-hidden" : ch ? " ca-hidden" : "", cfg[c].ca_hidden & 4 ? " sa-full" : "",
+                     shapes[k]);
             sd_drafter *d = new_drafter(h, g_m, shapes[k], 4);
             CHECK(d != NULL, "%s: %s", what, g_err);
             CHECK(greedy_check(g_m, d, what) >= 1.0, "%s: no run", what);
@@ -384,9 +389,66 @@ static void test_moa_file(void) {
     rmdir(dir);
 }
 
+// Full-text SA's verified rows in the runner: a context of 40 positions cut
+// to 25 and followed by 15 others gives the logits of a fresh runner told the
+// 25 and the 15, bit for bit (F32); without the tokens the context call is
+// refused; the same weights with the bit cleared give other logits.
+static void test_moa_sa_full_runner(void) {
+    if (!setup()) SKIP("setup failed: %.200s", g_err);
+    sd_head *h = new_moa_h(g_m, 1, 1, 4, 0, 31);
+    const int L = g_m->hp.n_layer, ekv = h ? h->hp.moa_kv_width : 0, V = NV;
+    float *kv = malloc(sizeof(float) * 80 * (size_t)L * (size_t)ekv), *lg[3];
+    int32_t tok[80];
+    sd_rng rng;
+    sd_rng_seed(&rng, 3);
+    for (int i = 0; i < 3; i++) lg[i] = malloc(sizeof(float) * 2 * V);
+    sd_moa_run *r[3] = {NULL, NULL, NULL};
+    if (!h || !kv || !lg[0] || !lg[1] || !lg[2]) {
+        CHECK(0, "setup: %s", g_err);
+        goto out;
+    }
+    for (size_t i = 0; i < 80 * (size_t)L * (size_t)ekv; i++) kv[i] = (float)(2 * sd_rng_uniform(&rng) - 1);
+    for (int i = 0; i < 80; i++) tok[i] = (int32_t)(sd_rng_next(&rng) % NV);
+    const size_t row = (size_t)L * ekv;
+    // runner 0: positions 0..39 (tokens 0..39), cut to 25, then 15 others (tokens and rows 40..54)
+    // runner 1: fresh, told 0..24 and then 40..54; runner 2: the bit cleared, the same as runner 1
+    for (int k = 0; k < 3; k++) {
+        h->hp.moa_sa_full = k < 2;
+        if (sd_moa_run_new(&r[k], h, g_m, 128, 64, SD_TYPE_F32, NULL, g_err, sizeof g_err) < 0) {
+            CHECK(0, "runner: %s", g_err);
+            goto out;
+        }
+    }
+    h->hp.moa_sa_full = 1;
+    int rc = sd_moa_run_context(r[0], kv, NULL, NULL, 4, g_err, sizeof g_err);
+    CHECK(rc < 0 && strstr(g_err, "tokens"), "context without tokens: %d (%s)", rc, g_err);
+    rc = sd_moa_run_context(r[0], kv, NULL, tok, 40, g_err, sizeof g_err);
+    sd_moa_run_truncate(r[0], 25);
+    rc |= sd_moa_run_context(r[0], kv + 40 * row, NULL, tok + 40, 15, g_err, sizeof g_err);
+    for (int k = 1; k < 3; k++) {
+        rc |= sd_moa_run_context(r[k], kv, NULL, tok, 25, g_err, sizeof g_err);
+        rc |= sd_moa_run_context(r[k], kv + 40 * row, NULL, tok + 40, 15, g_err, sizeof g_err);
+    }
+    CHECK(rc == 0, "context: %s", g_err);
+    const int32_t dt[2] = {tok[60], tok[61]}, pos[2] = {40, 41}, par[2] = {-1, 0};
+    for (int k = 0; k < 3; k++) rc |= sd_moa_run_eval(r[k], dt, pos, par, 2, lg[k], NULL, g_err, sizeof g_err);
+    CHECK(rc == 0, "eval: %s", g_err);
+    CHECK(!memcmp(lg[0], lg[1], sizeof(float) * 2 * V), "a cut and refilled context drafts other logits");
+    double diff = 0;
+    for (int i = 0; i < 2 * V; i++) diff = fmax(diff, fabs(lg[1][i] - lg[2][i]));
+    printf("  sa_full: cut and refilled = fresh, bit for bit; max |logit difference| with the bit cleared %.3g\n",
+           diff);
+    CHECK(diff > 1e-3, "the bit cleared gives the same logits (%.3g)", diff);
+out:
+    for (int i = 0; i < 3; i++) sd_moa_run_free(r[i]), free(lg[i]);
+    free(kv);
+    sd_head_free(h);
+}
+
 int main(void) {
     T_RUN(test_moa_file);
     T_RUN(test_moa_greedy_lossless);
+    T_RUN(test_moa_sa_full_runner);
     T_RUN(test_moa_exact_drafter_is_accepted);
     T_RUN(test_moa_ca_hidden_step_limit);
     T_RUN(test_moa_sampled_distribution);
