@@ -93,10 +93,11 @@ static int local_tree(sd_drafter *d, const sd_session *s, const int32_t *text, i
     return d->vt->propose(d, &ctx, t, g_err, sizeof g_err);
 }
 
-static void run(int tli) {
+static void run(int tli, int sa_full) {
     sd_head_hp hp = sd_head_default_hp(g_m, SD_HEAD_MOA);
     hp.n_draft_vocab = NV;
     hp.moa_tli = tli;
+    hp.moa_sa_full = sa_full;   // SA sees the whole text: the verified positions' rows from their tokens
     sd_head *h = NULL;
     CHECK(sd_head_new(&h, &hp, g_err, sizeof g_err) == 0, "%s", g_err);
     if (!h) return;
@@ -117,8 +118,8 @@ static void run(int tli) {
     free(kv);
     CHECK(local_tree(dl, s, text, 21, t1) == 0 && sd_drafter_draft(dr, text, 21, 16, t2, g_err, sizeof g_err) == 0,
           "%s", g_err);
-    CHECK(sd_tree_size(t1) > 1 && same_tree(t1, t2), "TLI %d: the remote tree differs (%d vs %d nodes)", tli,
-          sd_tree_size(t1), sd_tree_size(t2));
+    CHECK(sd_tree_size(t1) > 1 && same_tree(t1, t2), "TLI %d%s: the remote tree differs (%d vs %d nodes)", tli,
+          sa_full ? " sa_full" : "", sd_tree_size(t1), sd_tree_size(t2));
     // unverified text after the told positions: it drafts on (an SA chain), twice (the chain kept)
     for (int n = 25; n <= 27; n += 2) {
         CHECK(sd_drafter_draft(dr, text, n, 16, t2, g_err, sizeof g_err) == 0 && sd_tree_size(t2) > 1 &&
@@ -132,7 +133,8 @@ static void run(int tli) {
     free(kv);
     CHECK(local_tree(dl, s, text, 31, t1) == 0 && sd_drafter_draft(dr, text, 31, 16, t2, g_err, sizeof g_err) == 0,
           "%s", g_err);
-    CHECK(sd_tree_size(t1) > 1 && same_tree(t1, t2), "TLI %d: after the chain was verified, trees differ", tli);
+    CHECK(sd_tree_size(t1) > 1 && same_tree(t1, t2), "TLI %d%s: after the chain was verified, trees differ", tli,
+          sa_full ? " sa_full" : "");
     // rows of positions not committed
     float k[64 * 64], v[64 * 64];
     CHECK(sd_session_kv_read(s, 0, 28, 4, k, v, g_err, sizeof g_err) == SD_ERR_INPUT, "uncommitted rows read");
@@ -339,12 +341,14 @@ static float *mean_rows(const float *kv, int n, int tli) {
 // states), proposes the in-process drafter's trees, as it does made remote on
 // "LSA" outputs a server computed for it (sd_moa_lsa_run: the projection of the
 // mean); an LSA drafter refuses the mean.
-static void run_mean(int tli, int hidden) {
+static void run_mean(int tli, int hidden, int sa_full) {
     sd_head_hp hp = sd_head_default_hp(g_m, SD_HEAD_MOA);
     hp.n_draft_vocab = NV;
     hp.moa_tli = tli;
     hp.moa_no_lsa = 1;
-    hp.moa_ca_hidden = hp.moa_sa_hidden = hidden;
+    hp.moa_ca_hidden = hidden;
+    hp.moa_sa_hidden = hidden && !sa_full;   // (sa_full: not with sa_hidden)
+    hp.moa_sa_full = sa_full;
     sd_head *h = NULL;
     CHECK(sd_head_new(&h, &hp, g_err, sizeof g_err) == 0, "%s", g_err);
     if (!h) return;
@@ -422,18 +426,22 @@ out:
 
 static void test_remote_moa_mean(void) {
     if (!g_m) SKIP("no synthetic model: %.200s", g_err);
-    run_mean(0, 1);
-    run_mean(1, 0);
+    run_mean(0, 1, 0);
+    run_mean(1, 0, 0);
+    run_mean(0, 1, 1);   // SA sees the whole text (sa_full): the client has the text, the wire is unchanged
+    run_mean(1, 0, 1);
 }
 
 static void test_remote_moa_tli0(void) {
     if (!g_m) SKIP("no synthetic model: %.200s", g_err);
-    run(0);
+    run(0, 0);
+    run(0, 1);
 }
 
 static void test_remote_moa_tli1(void) {
     if (!g_m) SKIP("no synthetic model: %.200s", g_err);
-    run(1);
+    run(1, 0);
+    run(1, 1);
 }
 
 int main(void) {
