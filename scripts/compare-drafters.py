@@ -24,7 +24,9 @@ measured against), moa, moa-nolsa,
 moa-tli1, moa-tli1-nolsa, moa-tli2-nolsa (lr 1e-3, batch 4, 128 positions:
 docs/moa.md), moa-nolsa-hid and moa-tli1-nolsa-hid (CA also reads the target's
 states: train-head --ca-hidden), moa-nolsa-hid2 and moa-tli1-nolsa-hid2 (SA's
-input too: --sa-hidden); an MoA kind with the suffix -bMIN-MAX (moa-nolsa-b2-5) draws
+input too: --sa-hidden); moa-safull, moa-nolsa-safull, moa-tli1-nolsa-safull,
+moa-nolsa-hid-safull and moa-tli1-nolsa-hid-safull (SA sees the whole text:
+--sa-full); an MoA kind with the suffix -bMIN-MAX (moa-nolsa-b2-5) draws
 its verified points every MIN-MAX positions (train-head --moa-block).
 
 usage: scripts/compare-drafters.py -m MODEL --data FILE [--data FILE ...]
@@ -55,6 +57,8 @@ KINDS = {
 for _k in ("moa-nolsa", "moa-tli1-nolsa"):   # -hid: CA also reads the target's states (train-head --ca-hidden);
     KINDS[_k + "-hid"] = (KINDS[_k][0] + ["--ca-hidden"], KINDS[_k][1])   # -hid2: and SA's input (--sa-hidden)
     KINDS[_k + "-hid2"] = (KINDS[_k][0] + ["--ca-hidden", "--sa-hidden"], KINDS[_k][1])
+for _k in ("moa", "moa-nolsa", "moa-tli1-nolsa", "moa-nolsa-hid", "moa-tli1-nolsa-hid"):
+    KINDS[_k + "-safull"] = (KINDS[_k][0] + ["--sa-full"], KINDS[_k][1])   # SA sees the whole text (--sa-full)
 BLOCK = re.compile(r"^(moa[a-z0-9-]*?)-b(\d+)-(\d+)$")
 
 

@@ -55,6 +55,7 @@ int main(int argc, char **argv) {
         hp.moa_no_lsa = strstr(type_s, "-nolsa") != NULL;
         hp.moa_ca_hidden = strstr(type_s, "-hid") != NULL;   // CA also reads the target's states
         hp.moa_sa_hidden = strstr(type_s, "-hid2") != NULL;  // and SA's input
+        hp.moa_sa_full = strstr(type_s, "-safull") != NULL;  // SA sees the whole text
         if (exact) hp.moa_tli = hp.target_n_layer;
     }
     sd_head *h = NULL;

@@ -9,7 +9,8 @@ build/tests/tool_random_head:
   plain decoding's text; so do moa:chain:3 and moa:auto with a random
   drafter whose CA and SA also read the target's states (`--ca-hidden
   --sa-hidden`), which
-  drafts on every step (no "without the target's states" note);
+  drafts on every step (no "without the target's states" note), and with a
+  random TLI-1 drafter whose SA sees the whole text (`--sa-full`);
 - moa_exact_accepted: a drafter that is the target itself (SA and CA pass the
   embedding through, TLI runs every layer: `moa-exact`) has most of its
   drafts accepted (its cache reading, RoPE and TLI path on a real model);
@@ -20,7 +21,8 @@ build/tests/tool_random_head:
   and the exact drafter, `--methods eagle3:chain:3`: the MoA file runs as
   moa:chain:3, its text equals plain decoding's, and its tau over the
   EAGLE-3 head's (tau_vs_first_head) is above 1;
-- moa_refusals: clear errors for --tli (--ca-hidden) without --type moa, a TLI beyond the
+- moa_refusals: clear errors for --tli (--ca-hidden, --sa-full) without --type moa, --sa-full
+  with --sa-hidden, a TLI beyond the
   target's layers, moa methods without an MoA drafter (and split-client
   writes a client file for a --ca-hidden drafter: the server sends the
   states it reads); and
@@ -72,8 +74,9 @@ def main():
         sys.exit(0)
     with tempfile.TemporaryDirectory(prefix="specdec-moa-") as d:
         rnd, exact = os.path.join(d, "moa.gguf"), os.path.join(d, "exact.gguf")
-        hid = os.path.join(d, "hid.gguf")
-        for path, kind in ((rnd, "moa-tli1"), (exact, "moa-exact"), (hid, "moa-nolsa-hid2")):
+        hid, full = os.path.join(d, "hid.gguf"), os.path.join(d, "safull.gguf")
+        for path, kind in ((rnd, "moa-tli1"), (exact, "moa-exact"), (hid, "moa-nolsa-hid2"),
+                           (full, "moa-tli1-nolsa-hid-safull")):
             out = subprocess.run([TOOL, MODEL, path, kind, "3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  text=True, timeout=300)
             if out.returncode != 0:
@@ -90,6 +93,10 @@ def main():
             o = generate(m, hid)
             if o.returncode != 0 or o.stdout != ar.stdout or "without the target" in o.stderr:
                 bad.append(f"ca-hidden {m}: exit {o.returncode}, {o.stdout!r} vs {ar.stdout!r} {o.stderr[-300:]}")
+        for m in ("moa:chain:3", "moa:auto"):   # SA sees the whole text (--sa-full)
+            o = generate(m, full)
+            if o.returncode != 0 or o.stdout != ar.stdout or "without the target" in o.stderr:
+                bad.append(f"sa-full {m}: exit {o.returncode}, {o.stdout!r} vs {ar.stdout!r} {o.stderr[-300:]}")
         report("moa_generate_lossless", not bad, "; ".join(bad))
 
         o = generate("moa:chain:4", exact)
@@ -153,8 +160,10 @@ def main():
         if o.returncode == 0 or "--type moa" not in o.stderr:
             errs.append(f"--tli with eagle3: {o.returncode} {o.stderr[-200:]}")
         for extra, want in ((["--type", "eagle3", "--moa-block", "2-5"], "--moa-block is for an MoA drafter"),
-                            (["--type", "eagle3", "--ca-hidden"], "--sa-hidden are for an MoA drafter"),
-                            (["--type", "eagle3", "--sa-hidden"], "--sa-hidden are for an MoA drafter"),
+                            (["--type", "eagle3", "--ca-hidden"], "--sa-full are for an MoA drafter"),
+                            (["--type", "eagle3", "--sa-hidden"], "--sa-full are for an MoA drafter"),
+                            (["--type", "eagle3", "--sa-full"], "--sa-full are for an MoA drafter"),
+                            (["--type", "moa", "--sa-full", "--sa-hidden"], "--sa-full with --sa-hidden"),
                             (["--type", "moa", "--moa-block", "5-2"], "1 <= MIN <= MAX <= 64"),
                             (["--type", "moa", "--moa-block", "0"], "got '0'"),
                             (["--type", "moa", "--moa-block", "2-x"], "got '2-x'"),
