@@ -195,7 +195,8 @@ static void carve(sd_moa_tr *w, float *f, int32_t *ip, size_t *nf, size_t *ni) {
     for (int t = 0; t < w->N; t++) carve_la(&w->a_tl[t], &w->tl[t], T, 2 * T, (int)(nca + nblk), TLI, &f, nf, &ip, ni);
     size_t wmax = (size_t)SD_MAX(E, ekv), qmax = wmax, ffmax = (size_t)SD_MAX(w->sa.nff, w->lsa.nff);
     qmax = SD_MAX(qmax, (size_t)w->sa.nh * w->sa.hd);
-    size_t pmax = SD_MAX(nca + nsa, TLx * L) * (size_t)SD_MAX(w->sa.nh, SD_MAX(w->lsa.nh, 1));
+    // (the attention backward's scratch: one layer's mask entries times its heads)
+    size_t pmax = SD_MAX(SD_MAX(nca, nsa), TLx * L) * (size_t)SD_MAX(w->sa.nh, SD_MAX(w->lsa.nh, 1));
     for (int t = 0; t < w->N; t++) {
         ffmax = SD_MAX(ffmax, (size_t)w->tl[t].nff);
         qmax = SD_MAX(qmax, (size_t)w->tl[t].nh * w->tl[t].hd);

@@ -167,11 +167,11 @@ static float *lsa_rows(sd_moa_lsa *x, const float *kv, int n, int tli) {
     return out;
 }
 
-static void test_remote_moa_lsa_outputs(void) {
-    if (!g_m) SKIP("no synthetic model: %.200s", g_err);
+static void lsa_outputs(int sa_full) {
     sd_head_hp hp = sd_head_default_hp(g_m, SD_HEAD_MOA);
     hp.n_draft_vocab = NV;
     hp.moa_tli = 1;
+    hp.moa_sa_full = sa_full;
     sd_head *h = NULL, *h2 = NULL;
     CHECK(sd_head_new(&h, &hp, g_err, sizeof g_err) == 0 && sd_head_new(&h2, &hp, g_err, sizeof g_err) == 0, "%s",
           g_err);
@@ -200,8 +200,8 @@ static void test_remote_moa_lsa_outputs(void) {
         CHECK(sd_drafter_draft(dk, text, 31, 16, t1, g_err, sizeof g_err) == 0 &&
                   sd_drafter_draft(dl, text, 31, 16, t2, g_err, sizeof g_err) == 0,
               "%s", g_err);
-        CHECK(sd_tree_size(t1) > 1 && same_tree(t1, t2), "LSA outputs: trees differ (%d vs %d nodes)",
-              sd_tree_size(t1), sd_tree_size(t2));
+        CHECK(sd_tree_size(t1) > 1 && same_tree(t1, t2), "LSA outputs%s: trees differ (%d vs %d nodes)",
+              sa_full ? " (sa_full)" : "", sd_tree_size(t1), sd_tree_size(t2));
     } else CHECK(0, "setup: %s", g_err);
     sd_drafter *ng = NULL;
     CHECK(sd_drafter_remote_lsa(ng, g_err, sizeof g_err) == SD_ERR_INPUT, "no drafter made remote");
@@ -214,6 +214,12 @@ static void test_remote_moa_lsa_outputs(void) {
 done:
     sd_head_free(h);
     sd_head_free(h2);
+}
+
+static void test_remote_moa_lsa_outputs(void) {
+    if (!g_m) SKIP("no synthetic model: %.200s", g_err);
+    lsa_outputs(0);
+    lsa_outputs(1);   // SA sees the whole text (sa_full): the client makes its rows from the text
 }
 
 // Evaluates text[n_past .. n) in s, commits it, and writes the target's

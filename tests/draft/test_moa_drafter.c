@@ -374,6 +374,26 @@ static void test_moa_file(void) {
         sd_head_free(h);
         sd_head_free(b);
     }
+    {   // sa_full: the key round-trips (no tensor of its own), the fingerprint tells it apart, the description says it
+        sd_head *h = new_moa_h(g_m, 1, 1, 4, 0, 8), *b = NULL;
+        CHECK(h && sd_head_save(h, path, SD_TYPE_F32, g_err, sizeof g_err) == 0, "%s", g_err);
+        CHECK(sd_head_load(&b, path, g_m, g_err, sizeof g_err) == 0, "%s", g_err);
+        if (h && b) {
+            char desc[256];
+            sd_head_describe(b, desc, sizeof desc);
+            const uint64_t f1 = sd_head_fingerprint(b);
+            b->hp.moa_sa_full = 0;
+            const uint64_t f0 = sd_head_fingerprint(b);
+            b->hp.moa_sa_full = 1;
+            CHECK(b->n_t == h->n_t && b->n_w == h->n_w && !memcmp(b->w, h->w, sizeof(float) * h->n_w) && f0 != f1 &&
+                      strstr(desc, "full-text SA"),
+                  "the sa_full drafter did not round-trip (fingerprints %llx %llx; %s)", (unsigned long long)f0,
+                  (unsigned long long)f1, desc);
+            printf("  sa_full: %s\n", desc);
+        }
+        sd_head_free(h);
+        sd_head_free(b);
+    }
     // a no-LSA file with an LSA tensor table of the other kind: the keys say one thing, the tensors another
     sd_head *h = new_moa(g_m, 0, 0, 0, 5), *b = NULL;
     if (h) {

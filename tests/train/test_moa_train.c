@@ -56,6 +56,8 @@ static void on_progress(void *user, const sd_train_progress *p) {
     }
 }
 
+static int g_sa_full;   // small_run's sa_full (full-text SA, its curriculum)
+
 static sd_train_head_params small_run(const sd_model *m, const char *tag, int tli, int no_lsa, watch *w) {
     static char out[4][512], ckpt[4][512], cache[2][512];
     static int k;
@@ -68,6 +70,7 @@ static sd_train_head_params small_run(const sd_model *m, const char *tag, int tl
     p.type = SD_HEAD_MOA;
     p.moa_tli = tli;
     p.moa_no_lsa = no_lsa;
+    p.moa_sa_full = g_sa_full;
     p.data_paths = g_data;
     p.n_data = 1;
     p.cache_dir = cache[no_lsa];
@@ -100,13 +103,15 @@ static sd_head *load_head(const char *path, const sd_model *m) {
 }
 
 // Stop at half way, resume: the parameters of an uninterrupted run (TLI 0
-// and 1; TLI 1 without LSA reads the MoA cache, its second chunks at pos0 16).
+// and 1; TLI 1 without LSA reads the MoA cache, its second chunks at pos0 16;
+// TLI 0 without LSA with full-text SA: its curriculum resumes as it was).
 static void test_moa_resume_bit_identical(void) {
     sd_model *m = tf_synth_model(64, 2, 1, g_err, sizeof g_err);
     CHECK(m, "synthetic model: %s", g_err);
     if (!m) return;
-    for (int c = 0; c < 3; c++) {
-        const int tli = c > 0, nl = c == 2;
+    for (int c = 0; c < 4; c++) {
+        const int tli = c == 1 || c == 2, nl = c >= 2;
+        g_sa_full = c == 3;
         char tw[16], th[16];
         snprintf(tw, sizeof tw, "whole%d", c);
         snprintf(th, sizeof th, "halves%d", c);
@@ -128,6 +133,13 @@ static void test_moa_resume_bit_identical(void) {
         px.resume = 1;
         CHECK(sd_train_head(&px, NULL, g_err, sizeof g_err) < 0 && strstr(g_err, "TLI"),
               "a resume with another TLI was not refused: %s", g_err);
+        // and with or without full-text SA (--sa-full)
+        g_sa_full = !g_sa_full;
+        px = small_run(m, th, tli, nl, &wx);
+        g_sa_full = !g_sa_full;
+        px.resume = 1;
+        CHECK(sd_train_head(&px, NULL, g_err, sizeof g_err) < 0 && strstr(g_err, "--sa-full"),
+              "a resume with another --sa-full was not refused: %s", g_err);
         // and another block range (--moa-block)
         px = small_run(m, th, tli, nl, &wx);
         px.resume = 1;
@@ -141,7 +153,8 @@ static void test_moa_resume_bit_identical(void) {
         r = sd_train_head(&pc, &rb, g_err, sizeof g_err);
         CHECK(r == 0 && rb.step == ra.n_steps, "TLI %d resumed: %d %s", tli, r, g_err);
         sd_head *ha = load_head(pa.out_path, m), *hb = load_head(pc.out_path, m);
-        CHECK(ha && hb && ha->hp.type == SD_HEAD_MOA && ha->hp.moa_tli == tli && ha->hp.moa_no_lsa == nl,
+        CHECK(ha && hb && ha->hp.type == SD_HEAD_MOA && ha->hp.moa_tli == tli && ha->hp.moa_no_lsa == nl &&
+                  ha->hp.moa_sa_full == g_sa_full,
               "MoA files load: %s", g_err);
         CHECK(ha && hb && ha->n_w == hb->n_w && !memcmp(ha->w, hb->w, sizeof(float) * ha->n_w),
               "TLI %d: resumed parameters differ from the uninterrupted run's", tli);
@@ -149,6 +162,7 @@ static void test_moa_resume_bit_identical(void) {
         sd_head_free(hb);
         unlink(pb.ckpt_path);
     }
+    g_sa_full = 0;
     sd_model_free(m);
 }
 
