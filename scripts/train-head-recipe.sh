@@ -44,7 +44,7 @@
 # The 1.5B's feature cache over it takes about 4 hours here, the training
 # about 1.5: run it in several sittings (every step resumes).
 # smollm2-moa (issue 29; not shipped until measured) trains an MoA drafter,
-# TLI 1 without LSA, from scratch on the shipped SmolLM2 head's data through
+# TLI 0 without LSA with full-text SA, from scratch on the shipped SmolLM2 head's data through
 # the reduced MoA feature cache (docs/moa.md), writing
 # WORK_DIR/SmolLM2-135M-Instruct.moa.gguf (3 M positions).
 # WORK_DIR (default data/smollm2-ft for smollm2, data/ for smollm2-v1,
@@ -115,19 +115,20 @@ smollm2-v3)
     init=(--init "${INIT:-heads/SmolLM2-135M-Instruct.eagle3.gguf}")
     ;;
 smollm2-moa)
-    # issue 29's MoA drafter at scale: TLI 1 without LSA (the kind closest to
-    # EAGLE-3 in the same-time comparisons; verified points every 2-5
-    # positions, which train the first drafted tokens more), trained from scratch on the
+    # issue 29's MoA drafter at scale: TLI 0 without LSA, SA over the whole
+    # text (--sa-full; the kind above EAGLE-3 in the same-time comparisons of
+    # 2026-11-29; verified points every 2-5 positions, which train the first
+    # drafted tokens more), trained from scratch on the
     # corpus's first 16,128 answered conversations (about 4.2 M tokens) and
     # every 20th text record (at most 300) through the reduced MoA feature
-    # cache (3.8 KB a token: about 16 GB; about 50 minutes at 1,500 tok/s
-    # here), then 3 M positions (about 30 minutes at 1,800 positions/s)
+    # cache (1.9 KB a token: about 8 GB; about 50 minutes at 1,500 tok/s
+    # here), then 3 M positions (about 25 minutes at 2,200 positions/s)
     model=models/SmolLM2-135M-Instruct.Q4_1.gguf
     work="${2:-data/smollm2-moa}"
     out="$work/SmolLM2-135M-Instruct.moa.gguf"
     mixes=("mix.jsonl 0 16128 all:20:0:300")
     prompts="${PROMPTS:-4000}" tokens="${TOKENS:-3000000}" lr="${LR:-1e-3}" ff="${FF:-0}" batch=4
-    extra=(--type moa --tli 1 --no-lsa --seq-len 128 --moa-block 2-5)
+    extra=(--type moa --no-lsa --sa-full --seq-len 128 --moa-block 2-5)
     ;;
 qwen)
     # the first stage of the shipped Qwen head (session 13's head, shipped
