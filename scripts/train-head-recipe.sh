@@ -30,17 +30,18 @@
 # answers take 1-1.5 hours; the step resumes; SD_PROMPTS, default 688, is
 # how many prompts it answers) in data/qwen-sd, with a share of
 # standard-library code. Writes WORK_DIR/Qwen2.5-Coder-1.5B-Instruct.eagle3-sd.gguf.
-# qwen-own (the shipped Qwen head since 2026-11-28) and qwen-05b (issue 29's
+# qwen-own (the shipped Qwen head 2026-11-28 to 29, qwen-1m's start) and qwen-05b (issue 29's
 # comparison, not shipped) fine-tune that first stage on the answers to the corpus's first 640 prompts written
 # by the 1.5B target itself (data/qwen15) or by the 0.5B model (data/qwen05),
 # the 1.5B model's distribution as the labels either way; the answers come
 # from data/corpus/qwen2.5-coder-{1.5b,0.5b} when committed.
-# qwen-1m (issue 29's 1 M-token Qwen corpus; not shipped until measured)
-# fine-tunes the shipped Qwen head on all 6,900 answers of the 0.5B model
+# qwen-1m (issue 29's 1 M-token Qwen corpus; the shipped Qwen head since
+# 2026-11-29) fine-tunes the qwen-own head (run first when missing) on all
+# 6,900 answers of the 0.5B model
 # (data/corpus/qwen2.5-coder-0.5b, 915 k generated tokens, 1.52 M with the
 # prompts; the prompts past the first 3,000 are the list's lines 3,001-5,400
 # and its first 1,500 "tasks2" prompts, interleaved by source), 1 M
-# positions, writing WORK_DIR/Qwen2.5-Coder-1.5B-Instruct.eagle3-qwen-1m.gguf.
+# positions, writing heads/Qwen2.5-Coder-1.5B-Instruct.eagle3.gguf.
 # The 1.5B's feature cache over it takes about 4 hours here, the training
 # about 1.5: run it in several sittings (every step resumes).
 # smollm2-moa (issue 29; not shipped until measured) trains an MoA drafter,
@@ -155,7 +156,7 @@ qwen-sd)
     init=(--init "${INIT:-data/qwen/Qwen2.5-Coder-1.5B-Instruct.eagle3-v1.gguf}")
     ;;
 qwen-own|qwen-05b)
-    # qwen-own: the shipped Qwen head (2026-11-28), the first stage fine-tuned
+    # qwen-own: the shipped Qwen head of 2026-11-28, the first stage fine-tuned
     # on the 1.5B model's own answers. qwen-05b, issue 29's question: do
     # answers written by the 0.5B model, labelled by the 1.5B target through
     # teacher forcing, train its head as well? Both fine-tune the first stage
@@ -166,7 +167,7 @@ qwen-own|qwen-05b)
     work="${2:-data/$which}"
     if [ "$which" = qwen-own ]; then
         writer=$model answers=data/qwen15 shards=data/corpus/qwen2.5-coder-1.5b
-        out=heads/Qwen2.5-Coder-1.5B-Instruct.eagle3.gguf
+        out="$work/Qwen2.5-Coder-1.5B-Instruct.eagle3-qwen-own.gguf"   # (shipped 2026-11-28 to -29; qwen-1m's start)
     else
         writer=models/Qwen2.5-Coder-0.5B-Instruct-AWQ.Q4_K_M.gguf answers=data/qwen05
         shards=data/corpus/qwen2.5-coder-0.5b
@@ -183,11 +184,12 @@ qwen-1m)
     work="${2:-data/qwen-1m}"
     writer=models/Qwen2.5-Coder-0.5B-Instruct-AWQ.Q4_K_M.gguf answers=data/qwen05
     shards=data/corpus/qwen2.5-coder-0.5b
-    out="$work/Qwen2.5-Coder-1.5B-Instruct.eagle3-$which.gguf"
+    out=heads/Qwen2.5-Coder-1.5B-Instruct.eagle3.gguf   # (the shipped head since 2026-11-29)
+    first_stage data/qwen-own/Qwen2.5-Coder-1.5B-Instruct.eagle3-qwen-own.gguf qwen-own
     sd_prompts=6900 sd_parallel=16
     mixes=("mix.jsonl 0 6900 none:1:0:0")
     prompts=400 tokens="${TOKENS:-1000000}" lr="${LR:-5e-4}" ff="${FF:-3072}" batch=4
-    init=(--init "${INIT:-heads/Qwen2.5-Coder-1.5B-Instruct.eagle3.gguf}")
+    init=(--init "$v1")
     ;;
 *)
     echo "usage: $0 smollm2|smollm2-v1|smollm2-v3|smollm2-moa|qwen|qwen-sd|qwen-own|qwen-05b|qwen-1m [WORK_DIR]" >&2
