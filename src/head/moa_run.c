@@ -468,21 +468,23 @@ static void context_from(sd_moa_run *r, const float *cc, const float *tli, size_
     r->n_cached += n;
 }
 
-// sa_full: the verified positions' tokens are needed and must be in range.
-static int check_tokens(const sd_moa_run *r, const int32_t *tok, int n, char *err, size_t errlen) {
-    if (!tok) return sd_err(err, errlen, "moa: this drafter's SA reads the whole text (sa_full): no tokens given");
-    for (int i = 0; i < n; i++)
+// What every context call checks: n rows that fit, the states of a drafter
+// reading them, the tokens (in range) of a full-text SA drafter.
+static int check_context(const sd_moa_run *r, const float *hid, const int32_t *tok, int n, char *err, size_t errlen) {
+    if (n < 1 || n > SD_MOA_ROWS) return sd_err(err, errlen, "moa: %d context rows (1..%d)", n, SD_MOA_ROWS);
+    if (r->vk && !tok)
+        return sd_err(err, errlen, "moa: this drafter's SA reads the whole text (sa_full): no tokens given");
+    for (int i = 0; r->vk && i < n; i++)
         if (tok[i] < 0 || tok[i] >= r->m->hp.n_vocab) return sd_err(err, errlen, "moa: token %d out of range", tok[i]);
+    if (sd_moa_run_needs_hidden(r) && !hid)
+        return sd_err(err, errlen, "moa: this drafter reads the target's states (ca_hidden, sa_hidden): none given");
+    if (r->n_cached + n > r->n_ctx) return sd_err(err, errlen, "moa: the drafter's context is full (%d)", r->n_ctx);
     return 0;
 }
 
 int sd_moa_run_context(sd_moa_run *r, const float *kv, const float *hid, const int32_t *tok, int n, char *err,
                        size_t errlen) {
-    if (n < 1 || n > SD_MOA_ROWS) return sd_err(err, errlen, "moa: %d context rows (1..%d)", n, SD_MOA_ROWS);
-    if (r->vk && check_tokens(r, tok, n, err, errlen) < 0) return -1;
-    if (r->n_cached + n > r->n_ctx) return sd_err(err, errlen, "moa: the drafter's context is full (%d)", r->n_ctx);
-    if (sd_moa_run_needs_hidden(r) && !hid)
-        return sd_err(err, errlen, "moa: this drafter reads the target's states (ca_hidden, sa_hidden): none given");
+    if (check_context(r, hid, tok, n, err, errlen) < 0) return -1;
     lsa_rows(r, kv, n, r->cl);   // (n, E) the LSA outputs
     if (hid) hidden_terms(r, hid, n, r->cl);
     context_from(r, r->cl, kv + (size_t)(r->L - r->N) * r->ekv, (size_t)r->L * r->ekv, tok, n);
@@ -491,12 +493,8 @@ int sd_moa_run_context(sd_moa_run *r, const float *kv, const float *hid, const i
 
 int sd_moa_run_context_mean(sd_moa_run *r, const float *rows, const float *hid, const int32_t *tok, int n, char *err,
                             size_t errlen) {
-    if (n < 1 || n > SD_MOA_ROWS) return sd_err(err, errlen, "moa: %d context rows (1..%d)", n, SD_MOA_ROWS);
-    if (r->vk && check_tokens(r, tok, n, err, errlen) < 0) return -1;
     if (!r->h->hp.moa_no_lsa) return sd_err(err, errlen, "moa: the layers' mean serves a drafter without LSA only");
-    if (sd_moa_run_needs_hidden(r) && !hid)
-        return sd_err(err, errlen, "moa: this drafter reads the target's states (ca_hidden, sa_hidden): none given");
-    if (r->n_cached + n > r->n_ctx) return sd_err(err, errlen, "moa: the drafter's context is full (%d)", r->n_ctx);
+    if (check_context(r, hid, tok, n, err, errlen) < 0) return -1;
     const size_t ld = (size_t)(1 + r->N) * r->ekv;
     for (int i = 0; i < n; i++) memcpy(r->c + (size_t)i * r->ekv, rows + (size_t)i * ld, sizeof(float) * (size_t)r->ekv);
     mat(r, &r->proj, r->c, n, r->cl);   // what lsa_rows makes of the mean without LSA
@@ -508,11 +506,7 @@ int sd_moa_run_context_mean(sd_moa_run *r, const float *rows, const float *hid, 
 
 int sd_moa_run_context_lsa(sd_moa_run *r, const float *rows, const float *hid, const int32_t *tok, int n, char *err,
                            size_t errlen) {
-    if (n < 1 || n > SD_MOA_ROWS) return sd_err(err, errlen, "moa: %d context rows (1..%d)", n, SD_MOA_ROWS);
-    if (r->vk && check_tokens(r, tok, n, err, errlen) < 0) return -1;
-    if (sd_moa_run_needs_hidden(r) && !hid)
-        return sd_err(err, errlen, "moa: this drafter reads the target's states (ca_hidden, sa_hidden): none given");
-    if (r->n_cached + n > r->n_ctx) return sd_err(err, errlen, "moa: the drafter's context is full (%d)", r->n_ctx);
+    if (check_context(r, hid, tok, n, err, errlen) < 0) return -1;
     const size_t ld = (size_t)r->E + (size_t)r->N * r->ekv;
     for (int i = 0; i < n; i++) memcpy(r->cl + (size_t)i * r->E, rows + (size_t)i * ld, sizeof(float) * (size_t)r->E);
     if (hid) hidden_terms(r, hid, n, r->cl);
