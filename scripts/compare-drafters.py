@@ -27,7 +27,9 @@ states: train-head --ca-hidden), moa-nolsa-hid2 and moa-tli1-nolsa-hid2 (SA's
 input too: --sa-hidden); moa-safull, moa-nolsa-safull, moa-tli1-nolsa-safull,
 moa-nolsa-hid-safull and moa-tli1-nolsa-hid-safull (SA sees the whole text:
 --sa-full); an MoA kind with the suffix -bMIN-MAX (moa-nolsa-b2-5) draws
-its verified points every MIN-MAX positions (train-head --moa-block).
+its verified points every MIN-MAX positions (train-head --moa-block); any kind
+with the suffix -ffN (moa-nolsa-safull-b2-5-ff768) has layers with a
+feed-forward of N (train-head --ff N) whatever --ff says.
 
 usage: scripts/compare-drafters.py -m MODEL --data FILE [--data FILE ...]
          --work DIR [--minutes M] [--kinds LIST] [--ff N] [-t T]
@@ -71,6 +73,20 @@ def add_block_kind(kind):
     base = KINDS[m.group(1)]
     KINDS[kind] = (base[0] + ["--moa-block", f"{m.group(2)}-{m.group(3)}"], base[1])
     return True
+FF = re.compile(r"^(.+)-ff(\d+)$")
+
+
+def add_ff_kind(kind):
+    """KIND-ffN: any kind with a feed-forward of N in its layers (train-head --ff N, instead of --ff's width).
+    False if not such a name."""
+    m = FF.match(kind)
+    if not m or (m.group(1) not in KINDS and not add_block_kind(m.group(1))) or not 16 <= int(m.group(2)) <= 65536:
+        return False
+    base = KINDS[m.group(1)]
+    KINDS[kind] = (base[0] + ["--ff", m.group(2)], base[1])
+    return True
+
+
 DONE = re.compile(r"wrote .*\((\d+) steps, (\d+) tokens, (\d+) s of training\)")
 HELD = re.compile(r"held back: loss ([0-9.]+), agreement ([0-9.% ]+)")
 
@@ -85,6 +101,11 @@ def data_args(a):
 
 def ff_args(a):
     return ["--ff", str(a.ff)] if a.ff else []
+
+
+def train_opts(a, kind):
+    """A kind's train-head options: its own, then --ff's width unless the kind names one (-ffN)."""
+    return KINDS[kind][0] + ([] if "--ff" in KINDS[kind][0] else ff_args(a))
 
 
 def nolsa(kind):
@@ -110,14 +131,14 @@ def cache_opts(kind, kinds):
 
 def train(a, kind, out, tokens, cache):
     """One train-head run from scratch; returns (steps, tokens, seconds, held-back text)."""
-    opts, _ = KINDS[kind]
+    opts = train_opts(a, kind)
     ckpt = out + ".ckpt"
     for f in (out, ckpt):
         if os.path.exists(f):
             os.remove(f)
     cmd = [a.bin, "train-head", "-m", a.model, *data_args(a), "--out", out,
            "--cache", cache, "--ckpt", ckpt, "--ckpt-minutes", "0", "--tokens", str(tokens), "--seed", "42",
-           "-t", str(a.threads), *opts, *ff_args(a)]
+           "-t", str(a.threads), *opts]
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if p.returncode != 0:
         sys.exit(f"compare-drafters: {kind}: train-head failed (exit {p.returncode}):\n{p.stderr[-1500:]}")
@@ -150,9 +171,9 @@ def main():
     a = ap.parse_args()
     kinds = a.kinds.split(",")
     for k in kinds:
-        if k not in KINDS and not add_block_kind(k):
-            ap.error(f"--kinds: unknown kind '{k}' (known: {', '.join(KINDS)}, and any MoA kind with a suffix "
-                     "-bMIN-MAX for --moa-block MIN-MAX)")
+        if k not in KINDS and not add_block_kind(k) and not add_ff_kind(k):
+            ap.error(f"--kinds: unknown kind '{k}' (known: {', '.join(KINDS)}, any MoA kind with a suffix "
+                     "-bMIN-MAX for --moa-block MIN-MAX, and any kind with a suffix -ffN for --ff N)")
     if kinds[0] != "eagle3":
         ap.error("--kinds: the first kind must be eagle3 (the others are compared with it)")
     for f in a.data + [a.model, a.bin, a.prompts]:
@@ -168,7 +189,7 @@ def main():
         out = os.path.join(a.work, f"{k}.gguf")
         rec = trained.get(k) if os.path.exists(out) and trained.get(k, {}).get("minutes") == a.minutes else None
         real = lambda paths: [os.path.realpath(x) for x in paths]   # noqa: E731
-        if rec and (rec.get("options") != KINDS[k][0] + ff_args(a) or real(rec.get("data", a.data)) != real(a.data)
+        if rec and (rec.get("options") != train_opts(a, k) or real(rec.get("data", a.data)) != real(a.data)
                     or os.path.realpath(rec.get("model", a.model)) != os.path.realpath(a.model)):
             log(f"{k}: the drafter in {out} was trained with other options, data or target: trained again")
             rec = None
@@ -203,7 +224,7 @@ def main():
                 break
             rate = tok / max(sec, 1)   # once more at the rate the run itself had
         trained[k] = {"file": out, "minutes": a.minutes, "rate": round(rate, 1), "steps": steps,
-                      "tokens": tok, "seconds": sec, "held_back": held, "options": KINDS[k][0] + ff_args(a),
+                      "tokens": tok, "seconds": sec, "held_back": held, "options": train_opts(a, k),
                       "data": a.data, "model": a.model}
         target = target or sec
         with open(rec_path + ".tmp", "w") as f:
