@@ -26,8 +26,9 @@ build/tests/tool_random_head:
   target's layers, moa methods without an MoA drafter (and split-client
   writes a client file for a --ca-hidden drafter: the server sends the
   states it reads); and
-  scripts/compare-drafters.py's for an unknown kind and a list that does not
-  start with eagle3.
+  scripts/compare-drafters.py's for an unknown kind (also with a -ffN suffix:
+  a width below 16, an unknown base) and a list that does not start with
+  eagle3.
 
 Prints PASS/FAIL/SKIP lines. Skipped without the model or the tool.
 """
@@ -186,7 +187,8 @@ def main():
             errs.append(f"split-client with a --ca-hidden drafter: {o.returncode} {o.stderr[-200:]}")
         cd = [sys.executable, os.path.join(ROOT, "scripts", "compare-drafters.py"), "-m", MODEL, "--data", data,
               "--work", os.path.join(d, "cd"), "--bin", BIN]
-        for kinds, want in (("eagle3,moa-tli9", "unknown kind 'moa-tli9'"), ("moa,eagle3", "must be eagle3")):
+        for kinds, want in (("eagle3,moa-tli9", "unknown kind 'moa-tli9'"), ("moa,eagle3", "must be eagle3"),
+                            ("eagle3,moa-ff8", "unknown kind 'moa-ff8'"), ("eagle3,moa-tli9-ff768", "unknown kind")):
             o = subprocess.run(cd + ["--kinds", kinds], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                timeout=60)
             if o.returncode == 0 or want not in o.stderr or os.path.exists(os.path.join(d, "cd")):
