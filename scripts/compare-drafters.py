@@ -62,30 +62,27 @@ for _k in ("moa-nolsa", "moa-tli1-nolsa"):   # -hid: CA also reads the target's 
     KINDS[_k + "-hid2"] = (KINDS[_k][0] + ["--ca-hidden", "--sa-hidden"], KINDS[_k][1])
 for _k in ("moa", "moa-nolsa", "moa-tli1-nolsa", "moa-nolsa-hid", "moa-tli1-nolsa-hid"):
     KINDS[_k + "-safull"] = (KINDS[_k][0] + ["--sa-full"], KINDS[_k][1])   # SA sees the whole text (--sa-full)
-BLOCK = re.compile(r"^(moa[a-z0-9-]*?)-b(\d+)-(\d+)$")
+# Kind suffixes: (pattern, valid, the train-head options added to the base kind's).
+#   KIND-bMIN-MAX: an MoA kind with verified points every MIN-MAX positions (--moa-block; the kinds above
+#                  keep the default 6-15);
+#   KIND-ffN:      any kind with a feed-forward of N in its layers (--ff N, instead of --ff's width).
+SUFFIXES = (
+    (re.compile(r"^(moa[a-z0-9-]*?)-b(\d+)-(\d+)$"), lambda m: 1 <= int(m[2]) <= int(m[3]) <= 64,
+     lambda m: ["--moa-block", f"{m[2]}-{m[3]}"]),
+    (re.compile(r"^(.+)-ff(\d+)$"), lambda m: 16 <= int(m[2]) <= 65536, lambda m: ["--ff", m[2]]),
+)
 
 
-def add_block_kind(kind):
-    """KIND-bMIN-MAX: an MoA kind with verified points every MIN-MAX positions
-    (--moa-block; the kinds above keep the default 6-15). False if not such a name."""
-    m = BLOCK.match(kind)
-    if not m or m.group(1) not in KINDS or m.group(1) == "eagle3" or not 1 <= int(m.group(2)) <= int(m.group(3)) <= 64:
-        return False
-    base = KINDS[m.group(1)]
-    KINDS[kind] = (base[0] + ["--moa-block", f"{m.group(2)}-{m.group(3)}"], base[1])
-    return True
-FF = re.compile(r"^(.+)-ff(\d+)$")
-
-
-def add_ff_kind(kind):
-    """KIND-ffN: any kind with a feed-forward of N in its layers (train-head --ff N, instead of --ff's width).
-    False if not such a name."""
-    m = FF.match(kind)
-    if not m or (m.group(1) not in KINDS and not add_block_kind(m.group(1))) or not 16 <= int(m.group(2)) <= 65536:
-        return False
-    base = KINDS[m.group(1)]
-    KINDS[kind] = (base[0] + ["--ff", m.group(2)], base[1])
-    return True
+def add_kind(kind):
+    """True if kind is known or is a known kind with suffixes (then registered in KINDS), else False."""
+    if kind in KINDS:
+        return True
+    for pattern, valid, opts in SUFFIXES:
+        m = pattern.match(kind)
+        if m and valid(m) and add_kind(m[1]) and opts(m)[0] not in KINDS[m[1]][0]:   # each suffix once
+            KINDS[kind] = (KINDS[m[1]][0] + opts(m), KINDS[m[1]][1])
+            return True
+    return False
 
 
 DONE = re.compile(r"wrote .*\((\d+) steps, (\d+) tokens, (\d+) s of training\)")
@@ -172,7 +169,7 @@ def main():
     a = ap.parse_args()
     kinds = a.kinds.split(",")
     for k in kinds:
-        if k not in KINDS and not add_block_kind(k) and not add_ff_kind(k):
+        if not add_kind(k):
             ap.error(f"--kinds: unknown kind '{k}' (known: {', '.join(KINDS)}, any MoA kind with a suffix "
                      "-bMIN-MAX for --moa-block MIN-MAX, and any kind with a suffix -ffN for --ff N)")
     if kinds[0] != "eagle3":
