@@ -197,6 +197,24 @@ class Cdp:
         self.r.close()
 
 
+# Wraps the page's fetch: its chat request gets "temperature": 0 (counted in __pinned).
+PIN_GREEDY = """
+(() => {
+  const f = window.fetch.bind(window);
+  window.__pinned = 0;
+  window.fetch = (u, o) => {
+    if (String(u).endsWith("/v1/chat/completions") && o && typeof o.body === "string") {
+      const j = JSON.parse(o.body);
+      j.temperature = 0;
+      o = Object.assign({}, o, { body: JSON.stringify(j) });
+      window.__pinned++;
+    }
+    return f(u, o);
+  };
+})();
+"""
+
+
 def browser(srv):
     exe = chromium()
     names = ["browser_dom", "browser_screenshot"]
@@ -205,7 +223,7 @@ def browser(srv):
     url = f"http://127.0.0.1:{srv.port}/?q=Count%20from%201%20to%2020."
     b = None
     try:
-        b = Cdp(exe, url)
+        b = Cdp(exe, "about:blank")
         page = None
         for _ in range(100):   # the page target appears once the browser is up
             page = next((t for t in b.call("Target.getTargets")["targetInfos"] if t["type"] == "page"), None)
@@ -215,6 +233,12 @@ def browser(srv):
         if not page:
             raise RuntimeError("no page target")
         sess = b.call("Target.attachToTarget", {"targetId": page["targetId"], "flatten": True})["sessionId"]
+        # The page sends no temperature, so the server would sample with a fresh seed and
+        # the answer's length would vary; the test pins its own request to greedy (the
+        # page's code is unchanged) and then opens the page.
+        b.call("Page.enable", None, sess)
+        b.call("Page.addScriptToEvaluateOnNewDocument", {"source": PIN_GREEDY}, sess)
+        b.call("Page.navigate", {"url": url}, sess)
     except (OSError, RuntimeError) as e:
         if b:
             b.close()
@@ -232,9 +256,10 @@ def browser(srv):
         p.feed(dom)
         a = p.answers[0] if p.answers else None
         kinds = {c for s in (a["spans"] if a else []) for c in s[0] if c in ("acc", "tgt")}
+        pinned = js("window.__pinned || 0")
         report("browser_dom", a is not None and a["done"] == "1" and len(a["spans"]) > 3 and "tgt" in kinds
-               and "tau" in a["stats"] and "tokens/s" in a["stats"],
-               f"answer {a}" if a else "no answer box: " + dom[-400:])
+               and "tau" in a["stats"] and "tokens/s" in a["stats"] and pinned == 1,
+               f"requests pinned {pinned}, answer {a}" if a else "no answer box: " + dom[-400:])
         png = base64.b64decode(b.call("Page.captureScreenshot", {"format": "png"}, sess)["data"])
         os.makedirs(os.path.dirname(SHOT), exist_ok=True)
         with open(SHOT, "wb") as f:
