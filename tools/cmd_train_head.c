@@ -58,7 +58,8 @@ static int parse_out_type(const char *flag, const char *v, void *dst) {
     if (!strcmp(v, "q8_0")) *(int *)dst = SD_TRAIN_OUT_Q8_0;
     else if (!strcmp(v, "f16")) *(int *)dst = SD_TRAIN_OUT_F16;
     else if (!strcmp(v, "f32")) *(int *)dst = SD_TRAIN_OUT_F32;
-    else return cli_error("%s: expected q8_0, f16 or f32, got '%s'", flag, v), -1;
+    else if (!strcmp(v, "q5_0")) *(int *)dst = SD_TRAIN_OUT_Q5_0;
+    else return cli_error("%s: expected q8_0, q5_0, f16 or f32, got '%s'", flag, v), -1;
     return 0;
 }
 
@@ -91,8 +92,9 @@ static int th_parse(int argc, char **argv, th_opts *o) {
                  "model's chat template) or {\"text\": \"...\"} (as is); other keys are ignored. Repeat for "
                  "several files (required)"},
         {"--out", "-o", CLI_STRING, &o->out_path, .meta = "FILE", .help = "the head file to write (required)"},
-        {"--out-type", NULL, CLI_CUSTOM, &o->out_type, .fn = parse_out_type, .meta = "q8_0|f16|f32", .def = "q8_0",
-         .help = "type of the head's matrices (norm gains and biases stay f32)"},
+        {"--out-type", NULL, CLI_CUSTOM, &o->out_type, .fn = parse_out_type, .meta = "q8_0|q5_0|f16|f32", .def = "q8_0",
+         .help = "type of the head's matrices (norm gains and biases stay f32); q5_0: 40% smaller than q8_0, "
+                 "the type the drafters run at by default (--head-bits 5), less precise with --head-bits 8"},
         {"--threads", "-t", CLI_INT, &o->n_threads, .lo = 1, .hi = 1024, .meta = "N",
          .help = "threads (default: number of cores); a run is deterministic for a seed and a thread count"},
         {"--seed", NULL, CLI_U64, &o->seed, .meta = "S", .def = CLI_DEF_VALUE,

@@ -11,21 +11,22 @@
 
 // What the file at path holds: *llama 1 when an EAGLE-3 file is already in
 // llama.cpp's layout with a tokenizer, and the type its matrices are kept in
-// (Q8_0 when any matrix is, else F16 when any is, else F32; another type
-// becomes Q8_0, the default of train-head).
+// (Q8_0 when any matrix is, else Q5_0 when any is, else F16 when any is,
+// else F32; another type becomes Q8_0, the default of train-head).
 static int probe(const char *path, int *llama, int *wtype, char *err, size_t errlen) {
     sd_gguf *g = NULL;
     if (sd_gguf_open(&g, path, err, errlen) < 0) return -1;
     *llama = sd_gguf_find_key(g, "eagle3.target_layers") && sd_gguf_find_key(g, "tokenizer.ggml.tokens");
-    int has_q8 = 0, has_f16 = 0, has_other = 0;
+    int has_q8 = 0, has_q5 = 0, has_f16 = 0, has_other = 0;
     for (uint64_t i = 0; i < g->n_tensors; i++) {
         const sd_tensor *t = &g->tensors[i];
         if (t->n_dims < 2) continue;
         if (t->type == SD_TYPE_Q8_0) has_q8 = 1;
+        else if (t->type == SD_TYPE_Q5_0) has_q5 = 1;
         else if (t->type == SD_TYPE_F16) has_f16 = 1;
         else if (t->type != SD_TYPE_F32) has_other = 1;
     }
-    *wtype = has_q8 || has_other ? SD_TYPE_Q8_0 : has_f16 ? SD_TYPE_F16 : SD_TYPE_F32;
+    *wtype = has_q8 || has_other ? SD_TYPE_Q8_0 : has_q5 ? SD_TYPE_Q5_0 : has_f16 ? SD_TYPE_F16 : SD_TYPE_F32;
     sd_gguf_close(g);
     return 0;
 }

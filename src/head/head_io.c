@@ -73,8 +73,8 @@ int sd_head_save_ex(const sd_head *h, const sd_model *target, int layout, const 
             return sd_err(err, errlen, "head: cannot write the tokenizer of a model the head was not made for: %s", e2);
     }
     const int v1 = layout == SD_HEAD_LAYOUT_V1;
-    if (wtype != SD_TYPE_F32 && wtype != SD_TYPE_F16 && wtype != SD_TYPE_Q8_0)
-        return sd_err(err, errlen, "head: cannot save matrices as type %d (f32, f16 or q8_0)", wtype);
+    if (wtype != SD_TYPE_F32 && wtype != SD_TYPE_F16 && wtype != SD_TYPE_Q8_0 && wtype != SD_TYPE_Q5_0)
+        return sd_err(err, errlen, "head: cannot save matrices as type %d (f32, f16, q8_0 or q5_0)", wtype);
     const sd_head_hp *hp = &h->hp;
     const char *arch = arch_of(hp->type);
     sd_gguf_writer *w = sd_gguf_writer_new();
@@ -122,7 +122,7 @@ int sd_head_save_ex(const sd_head *h, const sd_model *target, int layout, const 
     for (int i = 0; i < h->n_t; i++) {
         const sd_head_tensor *t = &h->t[i];
         int ty = t->ne1 == 1 ? SD_TYPE_F32 : wtype;
-        if (t->ne0 % sd_type_get(ty)->blck) ty = SD_TYPE_F16;   // rows that do not fill Q8_0 blocks
+        if (t->ne0 % sd_type_get(ty)->blck) ty = SD_TYPE_F16;   // rows that do not fill whole blocks
         size_t nb = 0;
         void *buf = convert_rows(h, i, ty, &nb);
         if (!buf) {

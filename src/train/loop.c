@@ -98,7 +98,7 @@ static int resolve(loop_run *r, const sd_train_head_params *p, char *err, size_t
     if (!P->model && !P->model_path) return sd_err(err, errlen, "no target model given");
     if (P->n_data < 1 || !P->data_paths) return sd_err(err, errlen, "no training data given (--data FILE.jsonl)");
     if (!P->out_path && !P->cache_only) return sd_err(err, errlen, "no output head file given (--out HEAD.gguf)");
-    if (P->out_type < SD_TRAIN_OUT_Q8_0 || P->out_type > SD_TRAIN_OUT_F32)
+    if (P->out_type < SD_TRAIN_OUT_Q8_0 || P->out_type > SD_TRAIN_OUT_Q5_0)
         return sd_err(err, errlen, "unknown output type %d", P->out_type);
     if (P->draft_vocab < 1) return sd_err(err, errlen, "draft vocabulary of %d tokens", P->draft_vocab);
     if (P->head_ff < 0 || (P->head_ff > 0 && P->type == SD_HEAD_MEDUSA))
@@ -472,7 +472,7 @@ static int finish(loop_run *r, char *err, size_t errlen) {
     char e2[768];
     if (save_ckpt(r, e2, sizeof e2) < 0) note(r, "%s", e2);   // the head below is what matters now
     write_note(r);
-    static const int wtype[] = {SD_TYPE_Q8_0, SD_TYPE_F16, SD_TYPE_F32};
+    static const int wtype[] = {SD_TYPE_Q8_0, SD_TYPE_F16, SD_TYPE_F32, SD_TYPE_Q5_0};
     if (sd_head_save_for(r->h, r->m, r->P.out_path, wtype[r->P.out_type], err, errlen) < 0) return -1;
     note(r, "wrote %s (%lld steps, %lld tokens, %.0f s of training)", r->P.out_path, (long long)r->st.step,
          (long long)r->st.tokens, r->st.seconds);

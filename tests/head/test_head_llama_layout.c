@@ -165,8 +165,8 @@ static void test_old_layout_loads_and_converts(void) {
     CHECK(m, "%s", g_err);
     if (!m) return;
     sd_head *h = make_head(m);
-    const int types[2] = {SD_TYPE_F32, SD_TYPE_Q8_0};
-    for (int k = 0; k < 2 && h; k++) {
+    const int types[3] = {SD_TYPE_F32, SD_TYPE_Q8_0, SD_TYPE_Q5_0};   // head-convert keeps each
+    for (int k = 0; k < 3 && h; k++) {
         const char *old = tmp_path("v1.gguf"), *neu = tmp_path("v2.gguf");
         CHECK(sd_head_save_ex(h, m, SD_HEAD_LAYOUT_V1, old, types[k], g_err, sizeof g_err) == 0, "%s", g_err);
         sd_gguf *g = NULL;

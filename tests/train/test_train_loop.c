@@ -21,6 +21,8 @@
 #include "specdec.h"
 #include "specdec_train.h"
 #include "head/head.h"
+#include "kernels/quant.h"
+#include "model/gguf.h"
 #include "lib/cli_run.h"
 #include "lib/train_fixture.h"
 #include "t.h"
@@ -380,6 +382,77 @@ static void test_medusa_run(void) {
     sd_model_free(m);
 }
 
+// --out-type q5_0: every matrix is written as Q5_0 and loads as the float
+// head's weights rounded through Q5_0 (bit for bit); gains stay f32; the file
+// is smaller than the Q8_0 one.
+static void test_out_q5_0(void) {
+    sd_model *m = tf_synth_model(64, 4, 1, g_err, sizeof g_err);
+    CHECK(m, "synthetic model: %s", g_err);
+    if (!m) return;
+    watch w = {.stop_at = -1, .limit_after_ckpt = -1};
+    sd_train_head_params p = small_run(m, "q5_0", &w);
+    p.out_type = SD_TRAIN_OUT_Q5_0;
+    sd_train_head_result r;
+    CHECK(sd_train_head(&p, &r, g_err, sizeof g_err) == 0, "a q5_0 run: %s", g_err);
+    sd_head *h5 = load_head(p.out_path, m);
+    CHECK(h5, "the q5_0 head loads: %s", g_err);
+    sd_gguf *g = NULL;
+    int n_q5 = 0, n_other = 0;
+    if (sd_gguf_open(&g, p.out_path, g_err, sizeof g_err) == 0) {
+        for (uint64_t i = 0; i < g->n_tensors; i++) {
+            const sd_tensor *t = &g->tensors[i];
+            if (t->n_dims == 2) t->type == SD_TYPE_Q5_0 ? n_q5++ : n_other++;
+            else if (t->type != SD_TYPE_F32 && !sd_str_eq(t->name, "d2t")) n_other++;   // d2t: integers
+        }
+        sd_gguf_close(g);
+    }
+    CHECK(n_q5 > 0 && n_other == 0, "matrices in Q5_0: %d, other types: %d", n_q5, n_other);
+    // The same head written from floats: the f32 copy of h5 is what Q5_0 keeps, so
+    // writing it as Q5_0 again and loading it gives the same weights (rounding is
+    // idempotent), and as Q8_0 a larger file.
+    char p5[512], p8[512];
+    tf_path(p5, sizeof p5, "q5_0-again.gguf");
+    tf_path(p8, sizeof p8, "q5_0-as-q8.gguf");
+    struct stat s5, s8;
+    int ok = h5 && sd_head_save_for(h5, m, p5, SD_TYPE_Q5_0, g_err, sizeof g_err) == 0 &&
+             sd_head_save_for(h5, m, p8, SD_TYPE_Q8_0, g_err, sizeof g_err) == 0;
+    CHECK(ok, "saving: %s", g_err);
+    sd_head *again = ok ? load_head(p5, m) : NULL;
+    CHECK(same_params(h5, again), "Q5_0 written again loads the same weights");
+    CHECK(ok && stat(p5, &s5) == 0 && stat(p8, &s8) == 0 && s5.st_size < s8.st_size,
+          "the Q5_0 file is smaller: %lld against %lld bytes", (long long)s5.st_size, (long long)s8.st_size);
+    // The same run in f32 (training does not depend on the output type): its
+    // matrices rounded through Q5_0 are the q5_0 file's, bit for bit, and some
+    // weight moved; the one-row tensors (gains) are the same floats.
+    sd_head *h32 = NULL;
+    p = small_run(m, "q5_0-f32", &w);
+    if (sd_train_head(&p, &r, g_err, sizeof g_err) == 0) h32 = load_head(p.out_path, m);
+    const sd_type_traits *q5 = sd_type_get(SD_TYPE_Q5_0);
+    int same = h32 && h5 && h32->n_t == h5->n_t && h32->n_w == h5->n_w, moved = 0;
+    for (int i = 0; same && i < h5->n_t; i++) {
+        const sd_head_tensor *t = &h5->t[i];
+        const float *a = sd_head_w(h32, i), *b = sd_head_w(h5, i);
+        float back[4096];
+        uint8_t blk[4096];
+        for (int64_t row = 0; same && row < t->ne1; row++) {
+            const float *x = a + row * t->ne0, *y = b + row * t->ne0;
+            if (t->ne1 > 1 && t->ne0 % 32 == 0 && t->ne0 <= 4096) {
+                q5->from_float(x, blk, t->ne0);
+                q5->to_float(blk, back, t->ne0);
+                x = back;
+            }
+            same = !memcmp(x, y, (size_t)t->ne0 * sizeof(float));
+            moved |= memcmp(a + row * t->ne0, y, (size_t)t->ne0 * sizeof(float)) != 0;
+        }
+    }
+    CHECK(same && moved, "the f32 run's weights rounded through Q5_0 are the file's (same %d, moved %d): %s", same,
+          moved, g_err);
+    sd_head_free(h32);
+    sd_head_free(again);
+    sd_head_free(h5);
+    sd_model_free(m);
+}
+
 // ---------------------------------------------------------------- the command
 // SPECDEC_BIN overrides the program under test.
 static const char *specdec_bin(void) {
@@ -503,6 +576,7 @@ int main(void) {
     T_RUN(test_learns_stories);
     T_RUN(test_medusa_run);
     T_RUN(test_head_ff);
+    T_RUN(test_out_q5_0);
     T_RUN(test_cli);
     T_RUN(test_cli_sigint);
     tf_done();
