@@ -219,7 +219,7 @@ void loop_init_from_target(sd_head *h, const sd_model *m) {
         // the drafted row starts as its token's embedding (docs/moa.md)
         // sa.hidden starts at zero: SA's input starts as the token's embedding alone (a random G h / rms(h),
         // unit-sized against embeddings of a few hundredths, drowned the token: held-back agreement 0.29
-        // against 0.40 without it on Qwen2.5-Coder-1.5B, docs/moa.md)
+        // against 0.40 without it on Qwen2.5-Coder-1.5B, docs/moa-measured.md)
         if (h->hp.moa_sa_hidden) {
             const int g = sd_moa_sa_hidden_t(&h->hp);
             memset(sd_head_w(h, g), 0, sizeof(float) * (size_t)(h->t[g].ne0 * h->t[g].ne1));
