@@ -124,8 +124,10 @@ smollm2-moa)
     # FF=0 for the full width), trained from scratch on the
     # corpus's first 16,128 answered conversations (about 4.2 M tokens) and
     # every 20th text record (at most 300) through the reduced MoA feature
-    # cache (1.9 KB a token: about 8 GB; about 50 minutes at 1,500 tok/s
-    # here), then 3 M positions (about 25 minutes at 2,200 positions/s)
+    # cache (1.9 KB a token: 8.0 GB; 69 minutes at 1,040 tok/s on the
+    # 2-vCPU Intel host of 2026-11-29), then 3 M positions (51 minutes there,
+    # partly beside other jobs); docs/moa-measured.md, "At scale": as good as
+    # the shipped EAGLE-3 head, not better, so not shipped
     model=models/SmolLM2-135M-Instruct.Q4_1.gguf
     work="${2:-data/smollm2-moa}"
     out="$work/SmolLM2-135M-Instruct.moa.gguf"
