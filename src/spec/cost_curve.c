@@ -3,6 +3,7 @@
 // refinement from timed forwards. See cost_curve.h.
 #include "spec/cost_curve.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,42 +78,35 @@ void sd_cost_curve_monotone(sd_cost_curve *c) {
         for (int k = 0; k < len[b]; k++) c->ms[i++] = val[b];
 }
 
-static double sign_step(double est, double obs, double a) {
-    return obs > est ? a * est : obs < est ? -a * est : 0.0;
+// The factor that moves an estimate est towards an observation obs: over the
+// first SD_CC_FAST_OBS observations a running geometric mean (the estimate
+// counting as one observation; each ratio clamped to [1/4, 4], so that one
+// preempted step moves it by 2x at most), then the sign step of online_weight.
+// A drafter's cost measured before generation (one call on an empty cache)
+// was a quarter of what its steps took while generating (catch-up rows, the
+// tree's bookkeeping), and sign steps of 2% needed 70 steps, most of a
+// 128-token answer, to get there: its trees were too big all along.
+static double track(double est, double obs, double a, int *n_obs) {
+    double f = obs > est ? 1.0 + a : obs < est ? 1.0 - a : 1.0;
+    if (*n_obs < SD_CC_FAST_OBS && est > 0) f = pow(SD_MAX(0.25, SD_MIN(4.0, obs / est)), 1.0 / (*n_obs + 2));
+    (*n_obs)++;
+    return f;
 }
 
 void sd_cost_curve_observe(sd_cost_curve *c, int n, double ms) {
-    if (n < 1 || !(ms >= 0)) return;
-    double a = c->online_weight;
-    int k = c->n_points;
-    int i = 0;
-    while (i < k && c->n[i] < n) i++;
-    if (i < k && c->n[i] == n) {
-        c->ms[i] += sign_step(c->ms[i], ms, a);
-    } else if (k < SD_TA_MAX_POINTS) {
-        sd_cost_curve_set(c, n, ms);
-    } else if (i == 0 || i == k) {
-        int j = i == 0 ? 0 : k - 1;
-        double est = sd_cost_curve_verify_ms(c, n);
-        c->ms[j] += (ms > est ? a : ms < est ? -a : 0.0) * c->ms[j];
-    } else {
-        double est = sd_cost_curve_verify_ms(c, n), step = sign_step(est, ms, a);
-        double w = (double)(n - c->n[i - 1]) / (c->n[i] - c->n[i - 1]);
-        c->ms[i - 1] += step * (1.0 - w);
-        c->ms[i] += step * w;
-    }
-    for (int j = 0; j < c->n_points; j++) c->ms[j] = SD_MAX(0.0, c->ms[j]);
-    sd_cost_curve_monotone(c);
+    if (n < 1 || !(ms >= 0) || c->n_points < 1) return;
+    const double f = track(sd_cost_curve_verify_ms(c, n), ms, c->online_weight, &c->n_obs);
+    for (int j = 0; j < c->n_points; j++) c->ms[j] *= f;
 }
 
 void sd_cost_curve_observe_draft(sd_cost_curve *c, int n, int depth, double ms) {
     if (n <= 1 || !(ms >= 0)) return;
     if (c->draft_ms_fixed == 0 && c->draft_ms_per_depth == 0 && c->draft_ms_per_node == 0) {
         c->draft_ms_per_depth = ms / SD_MAX(1, depth);
+        c->n_draft_obs++;
         return;
     }
-    double est = sd_cost_curve_draft_ms(c, n, depth);
-    double f = ms > est ? 1.0 + c->online_weight : ms < est ? 1.0 - c->online_weight : 1.0;
+    const double f = track(sd_cost_curve_draft_ms(c, n, depth), ms, c->online_weight, &c->n_draft_obs);
     c->draft_ms_fixed *= f;
     c->draft_ms_per_depth *= f;
     c->draft_ms_per_node *= f;
@@ -125,39 +119,79 @@ static int cmp_double(const void *a, const void *b) {
 
 int sd_cost_curve_measure(sd_cost_curve *c, sd_session *s, const int *ns, int n_ns, int reps, double q,
                           char *err, size_t errlen) {
+    return sd_cost_curve_measure_rounds(c, s, ns, n_ns, reps, reps, 0.0, q, err, errlen);
+}
+
+// Untimed forwards of one token before the rounds: at least CC_WARM_MIN and
+// until CC_WARM_MS have passed (at most CC_WARM_MAX). A machine that was idle
+// runs its first forwards slowly, speeding up over tens of them (measured on
+// a 2-vCPU Sapphire Rapids VM: 13 ms, then 4.5, then 3.4 for the same
+// forward), which made the small sizes, timed first, look dear and the curve
+// flat.
+#define CC_WARM_MIN 3
+#define CC_WARM_MAX 40
+#define CC_WARM_MS 100.0
+
+int sd_cost_curve_measure_rounds(sd_cost_curve *c, sd_session *s, const int *ns, int n_ns, int min_rounds,
+                                 int max_rounds, double budget_ms, double q, char *err, size_t errlen) {
     static const int def_ns[] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32};
+    enum { MAX_R = 64 };
     if (!ns) {
         ns = def_ns;
         n_ns = (int)(sizeof def_ns / sizeof def_ns[0]);
     }
-    if (reps < 1) reps = 1;
-    if (reps > 64) reps = 64;
+    min_rounds = SD_MAX(1, SD_MIN(min_rounds, MAX_R));
+    max_rounds = SD_MAX(min_rounds, SD_MIN(max_rounds, MAX_R));
     sd_model_info info;
     sd_model_get_info(sd_session_model(s), &info);
-    int n_past = sd_session_n_past(s);
-    int room = SD_MIN(s->n_batch, sd_session_n_ctx(s) - n_past);
+    const int n_past = sd_session_n_past(s);
+    const int room = SD_MIN(s->n_batch, sd_session_n_ctx(s) - n_past);
     int32_t toks[SD_TA_MAX_NODES];
     for (int i = 0; i < SD_TA_MAX_NODES; i++) toks[i] = (int32_t)((1000 + (int64_t)i * 7919) % info.n_vocab);
-    double times[64];
-    int n_set = 0;
-    for (int qi = 0; qi < n_ns; qi++) {
-        int n = ns[qi];
-        if (n < 1 || n > room || n > SD_TA_MAX_NODES) continue;
-        sd_batch b = {.n = n, .tokens = toks};
-        for (int r = qi == 0 ? -1 : 0; r < reps; r++) { // one warm-up, before the first point
-            double t0 = sd_time_ms();
+    int use[SD_TA_MAX_POINTS], n_use = 0;   // the sizes that fit, in the given order
+    for (int i = 0; i < n_ns && n_use < SD_TA_MAX_POINTS; i++)
+        if (ns[i] >= 1 && ns[i] <= room && ns[i] <= SD_TA_MAX_NODES) use[n_use++] = ns[i];
+    if (n_use == 0) return sd_err(err, errlen, "cost curve: no batch size fits the session (room %d)", room);
+    const double t_start = sd_time_ms();
+    for (int w = 0; w < CC_WARM_MAX && (w < CC_WARM_MIN || sd_time_ms() - t_start < CC_WARM_MS); w++) {
+        sd_batch b = {.n = 1, .tokens = toks};
+        if (sd_session_forward(s, &b, err, errlen) < 0) return -1;
+    }
+    // Rounds: every size once per round, one after the other, so that each
+    // size's time can be compared with the first size's time of the same
+    // round (the machine's speed drifts over seconds; within a round it
+    // hardly does).
+    double times[SD_TA_MAX_POINTS][MAX_R];   // 16 KB
+    const double t_rounds = sd_time_ms();
+    int rounds = 0;
+    while (rounds < max_rounds && (rounds < min_rounds || sd_time_ms() - t_rounds < budget_ms)) {
+        for (int k = 0; k < n_use; k++) {
+            sd_batch b = {.n = use[k], .tokens = toks};
+            const double t0 = sd_time_ms();
             if (sd_session_forward(s, &b, err, errlen) < 0) return -1;
-            if (r >= 0) times[r] = sd_time_ms() - t0;
+            times[k][rounds] = sd_time_ms() - t0;
         }
-        qsort(times, (size_t)reps, sizeof times[0], cmp_double);
-        double pos = SD_MAX(0.0, SD_MIN(1.0, q)) * (reps - 1);
-        int lo = (int)pos, hi = SD_MIN(lo + 1, reps - 1);
-        double val = times[lo] + (pos - lo) * (times[hi] - times[lo]);
-        if (sd_cost_curve_set(c, n, val) < 0) return sd_err(err, errlen, "cost curve: too many points");
-        n_set++;
+        rounds++;
     }
     if (sd_session_truncate(s, n_past, err, errlen) < 0) return -1;
-    if (n_set == 0) return sd_err(err, errlen, "cost curve: no batch size fits the session (room %d)", room);
+    // The first size's level: the quantile q of its rounds; every other size:
+    // that level times the median over rounds of its ratio to the first
+    // size's time in the same round.
+    double v[MAX_R];
+    for (int r = 0; r < rounds; r++) v[r] = times[0][r];
+    qsort(v, (size_t)rounds, sizeof v[0], cmp_double);
+    const double pos = SD_MAX(0.0, SD_MIN(1.0, q)) * (rounds - 1);
+    const int lo = (int)pos, hi = SD_MIN(lo + 1, rounds - 1);
+    const double level = v[lo] + (pos - lo) * (v[hi] - v[lo]);
+    int n_set = 0;
+    for (int k = 0; k < n_use; k++) {
+        for (int r = 0; r < rounds; r++) v[r] = times[0][r] > 0 ? times[k][r] / times[0][r] : 1.0;
+        qsort(v, (size_t)rounds, sizeof v[0], cmp_double);
+        const double ratio = rounds % 2 ? v[rounds / 2] : 0.5 * (v[rounds / 2 - 1] + v[rounds / 2]);
+        if (sd_cost_curve_set(c, use[k], level * (k ? ratio : 1.0)) < 0)
+            return sd_err(err, errlen, "cost curve: too many points");
+        n_set++;
+    }
     sd_cost_curve_monotone(c);
     return n_set;
 }
@@ -187,9 +221,10 @@ int sd_cost_curve_from_json(sd_cost_curve *c, const char *json) {
 
 // ---------------------------------------------------------------- the public handle (specdec_spec.h)
 int sd_cost_curve_new(sd_cost_curve **out, sd_session *s, int max_nodes, char *err, size_t errlen) {
-    // dense where the curve bends (a few rows cost about one), sparse beyond,
-    // 2 reps: Qwen2.5-Coder-1.5B measures in ~3 s (it took ~10 with 3 reps
-    // and 12, 24 as well, before a generation could start)
+    // dense where the curve bends (a few rows cost about one), sparse beyond;
+    // 3 rounds at least, more while the rounds have taken under 150 ms (3-4 on
+    // SmolLM2-135M on 2 cores, 250-400 ms with the warm-up; Qwen2.5-Coder-1.5B's
+    // 3 take ~3 s)
     static const int all[] = {1, 2, 3, 4, 6, 8, 16, 32, 64, 128};
     int ns[sizeof all / sizeof all[0]], n = 0;
     *out = NULL;
@@ -198,7 +233,7 @@ int sd_cost_curve_new(sd_cost_curve **out, sd_session *s, int max_nodes, char *e
     sd_cost_curve *c = malloc(sizeof *c);
     if (!c) return snprintf(err, errlen, "out of memory"), -1;
     sd_cost_curve_init(c);
-    if (sd_cost_curve_measure(c, s, ns, n, 2, 0.0, err, errlen) < 0) {
+    if (sd_cost_curve_measure_rounds(c, s, ns, n, 3, 9, 150.0, 0.0, err, errlen) < 0) {
         free(c);
         return -1;
     }

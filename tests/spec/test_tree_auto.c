@@ -309,13 +309,39 @@ static void test_cost_curve(void) {
     CHECK(sd_cost_curve_draft_ms(&c, 1, 0) == 0.0 && fabs(sd_cost_curve_draft_ms(&c, 5, 3) - 9.0) < 1e-12,
           "draft cost");
     c.online_weight = 0.1;
-    sd_cost_curve_observe(&c, 4, 3000.0); // an outlier moves the point by 10% only
-    CHECK(fabs(c.ms[1] - 22.0) < 1e-12, "observe moves a point: %.3f", c.ms[1]);
-    sd_cost_curve_observe(&c, 4, 1.0);
-    CHECK(fabs(c.ms[1] - 19.8) < 1e-12 && c.ms[0] <= c.ms[1], "observe moves a point down: %.3f", c.ms[1]);
-    sd_cost_curve_observe(&c, 6, 40.0); // new point while there is room (then made monotone)
-    CHECK(c.n_points == 4 && c.n[2] == 6, "observe adds a point");
-    CHECK(c.ms[2] <= c.ms[3] + 1e-12, "monotone after observe: %.3f %.3f", c.ms[2], c.ms[3]);
+    c.n_obs = SD_CC_FAST_OBS;             // past the running mean of the first observations
+    sd_cost_curve_observe(&c, 4, 3000.0); // an outlier scales the curve by 10% only
+    CHECK(fabs(c.ms[1] - 22.0) < 1e-12 && fabs(c.ms[0] - 11.0) < 1e-12 && fabs(c.ms[2] - 26.4) < 1e-12,
+          "observe scales every point: %.3f %.3f %.3f", c.ms[0], c.ms[1], c.ms[2]);
+    sd_cost_curve_observe(&c, 6, 1.0);
+    CHECK(fabs(c.ms[1] - 19.8) < 1e-12 && c.n_points == 3, "observe scales down, adds no point: %.3f", c.ms[1]);
+    // The machine got faster while the sizes in use (2 nodes) were observed
+    // and 1 node never was: the cost of drafting one node (verify(2) -
+    // verify(1)) keeps its measured share. When only the observed point moved
+    // (and the points were then pooled to stay non-decreasing) it became 0.
+    sd_cost_curve_init(&c);
+    sd_cost_curve_set(&c, 1, 4.45);
+    sd_cost_curve_set(&c, 2, 4.90);
+    sd_cost_curve_set(&c, 4, 6.40);
+    for (int i = 0; i < 400; i++) sd_cost_curve_observe(&c, 2, 3.6);
+    const double v1 = sd_cost_curve_verify_ms(&c, 1), v2 = sd_cost_curve_verify_ms(&c, 2);
+    CHECK(fabs(v2 - 3.6) < 0.1 && fabs(v2 / v1 - 4.90 / 4.45) < 1e-9, "drift tracked, shape kept: %.3f %.3f", v1, v2);
+    // The first observations: a running geometric mean. A drafter timed at a
+    // quarter of its real cost is within 20% of it after 8 steps (sign steps
+    // of 2% would have taken 70), and one preempted step moves it 2x at most.
+    sd_cost_curve_init(&c);
+    sd_cost_curve_set(&c, 1, 4.0);
+    sd_cost_curve_set_draft(&c, 0.0, 0.2, 0.05);
+    for (int i = 0; i < SD_CC_FAST_OBS; i++) sd_cost_curve_observe_draft(&c, 3, 2, 4 * 0.5);
+    const double d32 = sd_cost_curve_draft_ms(&c, 3, 2);
+    CHECK(d32 > 0.8 * 2.0 && d32 < 2.0 && fabs(c.draft_ms_per_node / c.draft_ms_per_depth - 0.25) < 1e-12,
+          "draft cost from 0.5 towards 2.0 ms in %d steps: %.3f", SD_CC_FAST_OBS, d32);
+    sd_cost_curve_init(&c);
+    sd_cost_curve_set(&c, 1, 4.0);
+    sd_cost_curve_observe(&c, 1, 400.0);
+    CHECK(fabs(c.ms[0] - 8.0) < 1e-9, "a 100x outlier first: 2x at most: %.3f", c.ms[0]);
+    for (int i = 1; i < SD_CC_FAST_OBS; i++) sd_cost_curve_observe(&c, 1, 4.0);
+    CHECK(c.ms[0] < 4.8, "and the next observations take it back within 20%%: %.3f", c.ms[0]);
     // the median of noisy observations is tracked despite outliers
     sd_cost_curve_init(&c);
     sd_cost_curve_set(&c, 8, 10.0);
@@ -342,6 +368,7 @@ static void test_cost_curve(void) {
     CHECK(fabs(c.draft_ms_per_depth - 2.0) < 1e-12, "first draft observation: %.3f", c.draft_ms_per_depth);
     sd_cost_curve_set_draft(&c, 1.0, 2.0, 0.5);
     c.online_weight = 0.1;
+    c.n_draft_obs = SD_CC_FAST_OBS;
     sd_cost_curve_observe_draft(&c, 5, 3, 100.0);
     CHECK(fabs(c.draft_ms_fixed - 1.1) < 1e-12 && fabs(c.draft_ms_per_depth - 2.2) < 1e-12, "draft scale up");
     sd_cost_curve_observe_draft(&c, 1, 0, 100.0);
@@ -439,7 +466,9 @@ static void test_bundle(void) {
         if (rc > 0) changed = 1;
     }
     CHECK(changed && a->shape.n > 5, "near-flat cost and high acceptance should grow the tree: n=%d", a->shape.n);
-    CHECK(a->cost.n_points == 3, "observed cost of 3 nodes added a point");
+    CHECK(a->cost.n_points == 2 && fabs(a->cost.ms[1] / a->cost.ms[0] - 1.2) < 1e-9 && a->cost.ms[0] > 10.0,
+          "observed cost of 3 nodes scales the curve (%d points, %.3f %.3f)", a->cost.n_points, a->cost.ms[0],
+          a->cost.ms[1]);
     char buf[512];
     sd_tree_shape_format(&a->shape, buf, sizeof buf);
     printf("  bundle after 40 fully accepted chain steps: %s\n", buf);
@@ -562,6 +591,12 @@ static void test_measure(void) {
         CHECK(rc == 2 && c.n_points == 2 && c.ms[0] > 0 && c.ms[1] > 0, "measure: rc %d %s", rc, rc < 0 ? err : "");
         CHECK(sd_session_n_past(s) == 0, "measure left rows in the cache");
         printf("  measured: n=1 %.2f ms, n=4 %.2f ms\n", c.ms[0], c.ms[1]);
+        sd_cost_curve_init(&c);   // in rounds: 3, then more while under 40 ms, 5 at most
+        const double t0 = sd_time_ms();
+        rc = sd_cost_curve_measure_rounds(&c, s, ns, 3, 3, 5, 40.0, 0.0, err, sizeof err);
+        CHECK(rc == 2 && c.ms[0] > 0 && c.ms[1] >= c.ms[0] && sd_session_n_past(s) == 0, "rounds: rc %d %s", rc,
+              rc < 0 ? err : "");
+        printf("  in rounds: n=1 %.2f ms, n=4 %.2f ms (%.0f ms in all)\n", c.ms[0], c.ms[1], sd_time_ms() - t0);
     }
     sd_session_free(s);
     sd_model_free(m);
