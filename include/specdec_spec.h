@@ -281,16 +281,33 @@ SD_API int sd_head_describe(const sd_head *h, char *buf, size_t len);
 // be in_path): an EAGLE-3 head in llama.cpp's `eagle3` layout with target's
 // tokenizer, which llama.cpp (`llama-speculative-simple --spec-type
 // draft-eagle3`) loads as a draft model. Reads every layout sd_head_load
-// reads; the matrices keep their type (Q8_0, F16 or F32; another becomes
-// Q8_0). target: the model the head was made for (another is refused, as
-// sd_head_load refuses it). Returns 1 when the file was in an older layout
-// or had no tokenizer, 0 when it already was in the current one (rewritten
-// all the same), <0 on error with a message.
+// reads; the matrices keep their type (Q8_0, Q5_0, F16 or F32; another
+// becomes Q8_0). target: the model the head was made for (another is
+// refused, as sd_head_load refuses it). Returns 1 when an EAGLE-3 file was in
+// an older layout or had no tokenizer, 0 otherwise (rewritten all the same),
+// <0 on error with a message. MoA and Medusa files are rewritten as they are.
 SD_API int sd_head_convert(const char *in_path, const char *out_path, const sd_model *target, char *err,
                            size_t errlen);
+// The matrices' type of sd_head_convert_type's output.
+enum sd_head_out_type {
+    SD_HEAD_OUT_KEEP = 0,   // as the input file's (sd_head_convert)
+    SD_HEAD_OUT_Q8_0 = 1,
+    SD_HEAD_OUT_Q5_0 = 2,   // the type drafters run at by default (--head-bits 5): 40% smaller than Q8_0
+    SD_HEAD_OUT_F16 = 3,
+    SD_HEAD_OUT_F32 = 4,
+};
+// sd_head_convert with the matrices written as out_type (enum
+// sd_head_out_type). A Q8_0 file written as Q5_0 drafts exactly as the Q8_0
+// file does at --head-bits 5 (the same rounding, done once on disk).
+SD_API int sd_head_convert_type(const char *in_path, const char *out_path, const sd_model *target, int out_type,
+                                char *err, size_t errlen);
 // `--head auto`: the first head file (*.gguf, in name order) in dir made for
 // target. Returns 1 and its path, 0 when none matches, <0 on error.
 SD_API int sd_head_find(const sd_model *target, const char *dir, char *path, size_t pathlen, char *err, size_t errlen);
+// The same among the files of one kind (SD_HEAD_EAGLE3, _MEDUSA, _MOA;
+// SD_HEAD_NONE: any, as sd_head_find).
+SD_API int sd_head_find_type(const sd_model *target, const char *dir, sd_head_type type, char *path, size_t pathlen,
+                             char *err, size_t errlen);
 
 // Online adaptation (docs/heads.md, "Online adaptation"): an EAGLE-3
 // drafter made with head_online.on = 1 trains its own copy of the head while

@@ -13,6 +13,18 @@
 // that is not a head, or a head made for another model, is an error.
 // Returns 0, or 1 after a message.
 int cli_head_load(const char *spec, const sd_model *m, const char *model_path, int quiet, sd_head **out);
+// The same, where "auto" looks for a head of kind want (SD_HEAD_EAGLE3,
+// _MEDUSA, _MOA; SD_HEAD_NONE: an EAGLE-3 head, else the first head of any
+// kind in name order). A file named by spec is loaded whatever its kind.
+int cli_head_load_type(const char *spec, const sd_model *m, const char *model_path, sd_head_type want, int quiet,
+                       sd_head **out);
+// For the commands that take a head of each kind (bench, serve): spec FILE
+// loads that file into out[*n]; "auto" loads the first file of each kind
+// (EAGLE-3, Medusa, MoA) made for m into out[*n], out[*n + 1], .. (a note
+// when there is none). *n counts the loaded heads; more than max is an
+// error. Returns 0, or 1 after a message.
+int cli_heads_load(const char *spec, const sd_model *m, const char *model_path, int quiet, sd_head **out, int max,
+                   int *n);
 
 // After the runs of an online drafter (--head-online): waits for the windows
 // still being trained, says what was learnt on stderr (unless quiet) and

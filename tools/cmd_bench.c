@@ -133,8 +133,9 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
          .what = "draft models", .help = "draft model; repeat for several (their trees are merged)"},
         {"--head", NULL, CLI_LIST, o->head_paths, .max = 3, .count = &o->n_heads, .meta = "FILE|auto",
          .what = "heads",
-         .help = "a trained draft head for the eagle3:SHAPE (and medusa, moa) methods; 'auto': the head in heads/ "
-                 "made for the model. Give it up to three times: an EAGLE-3 head, a Medusa head, an MoA drafter"},
+         .help = "a trained draft head for the eagle3:SHAPE (and medusa, moa) methods; 'auto': the files in heads/ "
+                 "made for the model, one of each kind. Give it up to three times: an EAGLE-3 head, a Medusa head, "
+                 "an MoA drafter"},
         {"--head-bits", NULL, CLI_INT, &o->head_bits, .lo = 4, .hi = 8, .meta = "N", .def = CLI_DEF_VALUE,
          .help = "bits per weight of the head's matrices in memory: 8 (Q8_0), 5 (Q5_0) or 4 (Q4_1); fewer bits make "
                  "each drafted token cheaper (the head is read from memory after every target step) at a small "
@@ -230,7 +231,8 @@ typedef struct bench_state {
     sd_session *s;
     sd_sampler *smp;
     sd_model *drafts[SD_METHOD_MAX_DRAFTS];
-    sd_head *heads[3];                       // --head files, loaded
+    sd_head *heads[3];                       // (n_heads) --head files, loaded (auto: one of each kind found)
+    int n_heads;
     char notes[BENCH_MAX_METHODS][256];      // (nm) each method's drafter note after its last run
     sd_drafter *drafters[BENCH_MAX_METHODS];  // (nm) the current run's, NULL between runs (unless kept)
     int keep[BENCH_MAX_METHODS];             // (nm) 1: the drafter adapts online and is kept over all prompts
@@ -243,7 +245,7 @@ typedef struct bench_state {
 static void bench_free(bench_state *b) {
     for (int k = 0; k < b->nm; k++) sd_drafter_free(b->drafters[k]);
     for (int i = 0; i < SD_METHOD_MAX_DRAFTS; i++) sd_model_free(b->drafts[i]);
-    for (int i = 0; i < 2; i++) sd_head_free(b->heads[i]);
+    for (int i = 0; i < b->n_heads; i++) sd_head_free(b->heads[i]);
     sd_sampler_free(b->smp);
     sd_cost_curve_free(b->cost);
     sd_session_free(b->s);
@@ -341,9 +343,9 @@ static int bench_load(const bench_opts *o, bench_state *b, int *auto_nodes) {
         max_prompt = SD_MAX(max_prompt, b->n_ids[p]);
     }
     sd_method_have have = {.n_drafts = o->n_drafts, .n_batch = BENCH_BATCH};
-    for (int i = 0; i < o->n_heads; i++) {
-        if (cli_head_load(o->head_paths[i], b->m, o->model_path, 0, &b->heads[i])) return 1;
-        if (!b->heads[i]) continue;
+    for (int i = 0; i < o->n_heads; i++)
+        if (cli_heads_load(o->head_paths[i], b->m, o->model_path, 0, b->heads, 3, &b->n_heads)) return 1;
+    for (int i = 0; i < b->n_heads; i++) {
         const sd_head_type ty = sd_head_get_type(b->heads[i]);
         int *has = ty == SD_HEAD_MEDUSA ? &have.medusa_head : ty == SD_HEAD_MOA ? &have.moa_head : &have.eagle3_head;
         if (*has) return cli_error("--head: two %s heads given", sd_head_type_name(b->heads[i]));
@@ -414,9 +416,8 @@ static int bench_env(const bench_opts *o, bench_state *b, int auto_nodes) {
         if (sd_model_load(&b->drafts[i], o->draft_paths[i], err, sizeof err) < 0)
             return cli_error("cannot load draft model '%s': %s", o->draft_paths[i], err);
     }
-    for (int i = 0; i < o->n_heads; i++)   // (loaded and checked by bench_load)
-        if (b->heads[i])
-            *(sd_head_get_type(b->heads[i]) == SD_HEAD_MEDUSA ? &b->env.head_medusa
+    for (int i = 0; i < b->n_heads; i++)   // (loaded and checked by bench_load)
+        *(sd_head_get_type(b->heads[i]) == SD_HEAD_MEDUSA ? &b->env.head_medusa
               : sd_head_get_type(b->heads[i]) == SD_HEAD_MOA  ? &b->env.head_moa
                                                               : &b->env.head_eagle3) = b->heads[i];
     for (int k = 0; k < b->nm; k++) {

@@ -236,7 +236,7 @@ static int gen_parse(int argc, char **argv, gen_opts *o) {
          .meta = "STR", .help = method_help},
         {"--head", NULL, CLI_STRING, &o->head, .given = &o->head_given, .meta = "FILE|auto",
          .help = "draft with a trained EAGLE-3 head (specdec train-head); 'auto': the head in heads/ made for this "
-                 "model, if any. The tree flags (--draft-max, --tree, --tree-dynamic) shape its drafts; default "
+                 "model, if any (the kind --method needs: moa:... an MoA drafter; else the EAGLE-3 head). The tree flags (--draft-max, --tree, --tree-dynamic) shape its drafts; default "
                  "ngram:3-8/eagle3:auto: prompt lookup where the text repeats, else the head's automatic tree "
                  "(sized by the measured costs of head and target). With an MoA drafter file (docs/moa.md) the "
                  "same flags draft with it (ngram:3-8/moa:auto, moa:chain:K, ...)"},
@@ -563,7 +563,10 @@ static int gen_build(const gen_opts *o, gen_plan *p, gen_state *g) {
         return cli_error("prompt has %d tokens but the context is %d (-c)", g->n_ids, sd_session_n_ctx(g->s));
     if (sd_sampler_new(&g->smp, &o->sp, g->info.n_vocab, err, sizeof err) < 0) return cli_error("%s", err);
     if (o->head) {
-        if (cli_head_load(o->head, g->m, o->model_path, o->json || !o->verbose, &g->head)) return 1;
+        // auto: the kind the method needs (an EAGLE-3 head when it names none)
+        if (cli_head_load_type(o->head, g->m, o->model_path, o->method ? p->m.needs_head : SD_HEAD_NONE,
+                               o->json || !o->verbose, &g->head))
+            return 1;
         if (!g->head) {   // --head auto found none: plain decoding
             p->spec = 0;
             p->pl.max_nodes = 1;

@@ -88,12 +88,13 @@ static int load_models(sv_server *s) {
     return 0;
 }
 
-// --head FILE|auto (at most one of each type). `auto` that finds no head
-// for the model leaves a note (cli_head_load) and nothing loaded.
+// --head FILE|auto (at most one of each type; auto: the first file of each
+// type made for the model). `auto` that finds no head for the model leaves
+// a note (cli_heads_load) and nothing loaded.
 static int load_heads(sv_server *s) {
-    for (int i = 0; i < s->o->n_heads; i++) {
-        if (cli_head_load(s->o->heads[i], s->model, s->o->model, 0, &s->heads[i])) return 1;
-        if (!s->heads[i]) continue;
+    for (int i = 0; i < s->o->n_heads; i++)
+        if (cli_heads_load(s->o->heads[i], s->model, s->o->model, 0, s->heads, 3, &s->n_loaded)) return 1;
+    for (int i = 0; i < s->n_loaded; i++) {
         const char *type = sd_head_type_name(s->heads[i]);
         const sd_head_type ty = sd_head_get_type(s->heads[i]);
         const sd_head **slot = ty == SD_HEAD_MEDUSA ? &s->head_medusa : ty == SD_HEAD_MOA ? &s->head_moa : &s->head_eagle3;
@@ -124,7 +125,7 @@ static void server_free(sv_server *s, sv_http *h) {
     sd_cost_curve_free(s->cost);
     sd_threadpool_free(s->pool);
     for (int i = 0; i < s->o->n_drafts; i++) sd_model_free(s->drafts[i]);
-    for (int i = 0; i < s->o->n_heads; i++) sd_head_free(s->heads[i]);   // after the slots' drafters
+    for (int i = 0; i < s->n_loaded; i++) sd_head_free(s->heads[i]);   // after the slots' drafters
     sd_model_free(s->model);
 }
 
@@ -143,8 +144,8 @@ int cmd_serve(int argc, char **argv) {
          .what = "draft models", .help = "draft model (same vocabulary); repeat for several"},
         {"--head", NULL, CLI_LIST, o.heads, .max = 3, .count = &o.n_heads, .meta = "FILE|auto", .what = "heads",
          .help = "a trained draft head (specdec train-head) for the eagle3:SHAPE and auto methods, or a Medusa head "
-                 "for medusa:W1-W2-...; 'auto': the head in heads/ made for the model (none found: a note, and "
-                 "the usual default), or an MoA drafter for moa:SHAPE (docs/moa.md). Give it up to three times: an "
+                 "for medusa:W1-W2-...; 'auto': the files in heads/ made for the model, one of each kind (none "
+                 "found: a note, and the usual default), or an MoA drafter for moa:SHAPE (docs/moa.md). Give it up to three times: an "
                  "EAGLE-3 head, a Medusa head, an MoA drafter"},
         {"--head-bits", NULL, CLI_INT, &o.head_bits, .lo = 4, .hi = 8, .meta = "N", .def = CLI_DEF_VALUE,
          .help = "bits per weight of the head's matrices in memory: 8 (Q8_0), 5 (Q5_0) or 4 (Q4_1); fewer bits make "

@@ -16,7 +16,8 @@
 static int probe(const char *path, int *llama, int *wtype, char *err, size_t errlen) {
     sd_gguf *g = NULL;
     if (sd_gguf_open(&g, path, err, errlen) < 0) return -1;
-    *llama = sd_gguf_find_key(g, "eagle3.target_layers") && sd_gguf_find_key(g, "tokenizer.ggml.tokens");
+    *llama = !sd_gguf_find_key(g, "eagle3.block_count") ||   // not an EAGLE-3 file
+             (sd_gguf_find_key(g, "eagle3.target_layers") && sd_gguf_find_key(g, "tokenizer.ggml.tokens"));
     int has_q8 = 0, has_q5 = 0, has_f16 = 0, has_other = 0;
     for (uint64_t i = 0; i < g->n_tensors; i++) {
         const sd_tensor *t = &g->tensors[i];
@@ -32,10 +33,19 @@ static int probe(const char *path, int *llama, int *wtype, char *err, size_t err
 }
 
 int sd_head_convert(const char *in_path, const char *out_path, const sd_model *target, char *err, size_t errlen) {
+    return sd_head_convert_type(in_path, out_path, target, SD_HEAD_OUT_KEEP, err, errlen);
+}
+
+int sd_head_convert_type(const char *in_path, const char *out_path, const sd_model *target, int out_type, char *err,
+                         size_t errlen) {
+    static const int types[] = {0, SD_TYPE_Q8_0, SD_TYPE_Q5_0, SD_TYPE_F16, SD_TYPE_F32};
     if (!in_path || !out_path || !target)
         return sd_err(err, errlen, "head-convert: a head file, an output path and the target are needed");
+    if (out_type < SD_HEAD_OUT_KEEP || out_type > SD_HEAD_OUT_F32)
+        return sd_err(err, errlen, "head-convert: unknown output type %d", out_type);
     int llama = 0, wtype = SD_TYPE_Q8_0;
     if (probe(in_path, &llama, &wtype, err, errlen) < 0) return -1;
+    if (out_type != SD_HEAD_OUT_KEEP) wtype = types[out_type];
     sd_head *h = NULL;
     if (sd_head_load(&h, in_path, target, err, errlen) < 0) return -1;   // names the file and what differs
     int rc = sd_head_save_for(h, target, out_path, wtype, err, errlen);

@@ -9,6 +9,11 @@
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 int sd_head_find(const sd_model *target, const char *dir, char *path, size_t pathlen, char *err, size_t errlen) {
+    return sd_head_find_type(target, dir, SD_HEAD_NONE, path, pathlen, err, errlen);
+}
+
+int sd_head_find_type(const sd_model *target, const char *dir, sd_head_type type, char *path, size_t pathlen, char *err,
+                      size_t errlen) {
     DIR *dp = opendir(dir);
     if (!dp) return 0;   // no heads folder: nothing found
     char *names[256];
@@ -26,8 +31,10 @@ int sd_head_find(const sd_model *target, const char *dir, char *path, size_t pat
         sd_head *h = NULL;
         if (!found && names[i] && snprintf(p, sizeof p, "%s/%s", dir, names[i]) < (int)sizeof p &&
             sd_head_load(&h, p, target, e2, sizeof e2) == 0) {
+            const int other = type != SD_HEAD_NONE && sd_head_get_type(h) != type;
             sd_head_free(h);
-            if (strlen(p) >= pathlen) {
+            if (other) {
+            } else if (strlen(p) >= pathlen) {
                 found = sd_err(err, errlen, "head path too long: %s", p);
             } else {
                 memcpy(path, p, strlen(p) + 1);

@@ -338,6 +338,10 @@ static void test_moa_file(void) {
         char found[512];
         CHECK(sd_head_find(g_m, dir, found, sizeof found, g_err, sizeof g_err) == 1 && !strcmp(found, path),
               "--head auto did not find the MoA drafter");
+        CHECK(sd_head_find_type(g_m, dir, SD_HEAD_MOA, found, sizeof found, g_err, sizeof g_err) == 1 &&
+                  !strcmp(found, path) &&
+                  sd_head_find_type(g_m, dir, SD_HEAD_EAGLE3, found, sizeof found, g_err, sizeof g_err) == 0,
+              "looked for by kind: the MoA drafter is one, not an EAGLE-3 head");
         // another target: three layers (its K,V rows have another count), or qwen2's vocabulary fingerprint
         sd_model *m3 = synth("llama", 3, "l3");
         sd_head *c = NULL;

@@ -413,9 +413,10 @@ static void test_save_full_disk(void) {
 }
 
 // The shipped heads (heads/*.gguf): each a well-formed GGUF file of an
-// EAGLE-3 or Medusa head with a recipe note that loads, all together within the
-// 64 MiB the repository allows for them; EAGLE-3 heads in llama.cpp's layout
-// with their target's tokenizer (so that llama.cpp loads them).
+// EAGLE-3 head, a Medusa head or an MoA drafter with a recipe note that
+// loads, all together within the 64 MiB the repository allows for them;
+// EAGLE-3 heads in llama.cpp's layout with their target's tokenizer (so that
+// llama.cpp loads them).
 static void test_shipped_heads(void) {
     DIR *dir = opendir("heads");
     if (!dir) SKIP("no heads/ directory here (run from the repository root)");
@@ -434,8 +435,9 @@ static void test_shipped_heads(void) {
         CHECK(sd_gguf_open(&g, path, g_err, sizeof g_err) == 0, "%s: %s", path, g_err);
         if (g) {
             const int e3 = sd_gguf_find_key(g, "eagle3.target_layers") != NULL;
-            const int arch_ok = e3 || sd_gguf_find_key(g, "medusa.head_count");
-            CHECK(arch_ok, "%s: neither an EAGLE-3 head in llama.cpp's layout nor a Medusa head", path);
+            const int arch_ok = e3 || sd_gguf_find_key(g, "medusa.head_count") || sd_gguf_find_key(g, "moa.tli");
+            CHECK(arch_ok, "%s: neither an EAGLE-3 head in llama.cpp's layout nor a Medusa head nor an MoA drafter",
+                  path);
             if (e3) {
                 CHECK(sd_gguf_find_key(g, "tokenizer.ggml.tokens") && sd_gguf_find_key(g, "tokenizer.ggml.model"),
                       "%s: no tokenizer (llama.cpp needs it; specdec head-convert adds it)", path);

@@ -329,6 +329,63 @@ static void test_contradictions(void) {
     sd_model_free(m);
 }
 
+// sd_head_convert_type: a Q8_0 head written as Q5_0 drafts exactly as the
+// Q8_0 file does at --head-bits 5: every matrix, rounded to Q5_0 as the
+// drafter packs it, gives the same bytes from either file (Q5_0 rounding
+// repeated changes nothing). The file is smaller; keep keeps the type; a bad
+// type is refused.
+static void test_convert_type(void) {
+    sd_model *m = synth_model(320, 2);
+    CHECK(m, "%s", g_err);
+    sd_head *h = m ? make_head(m) : NULL;
+    CHECK(h, "%s", g_err);
+    if (!h) {
+        sd_model_free(m);
+        return;
+    }
+    const char *q8 = tmp_path("q8.gguf"), *q5 = tmp_path("q5.gguf"), *kept = tmp_path("kept.gguf");
+    CHECK(sd_head_save_for(h, m, q8, SD_TYPE_Q8_0, g_err, sizeof g_err) == 0, "%s", g_err);
+    CHECK(sd_head_convert_type(q8, q5, m, SD_HEAD_OUT_Q5_0, g_err, sizeof g_err) == 0, "%s", g_err);
+    CHECK(sd_head_convert_type(q8, kept, m, SD_HEAD_OUT_KEEP, g_err, sizeof g_err) == 0, "%s", g_err);
+    CHECK(sd_head_convert_type(q8, kept, m, 9, g_err, sizeof g_err) < 0 && strstr(g_err, "type"), "type 9: %s", g_err);
+    sd_gguf *g5 = NULL, *gk = NULL;
+    CHECK(sd_gguf_open(&g5, q5, g_err, sizeof g_err) == 0 && sd_gguf_open(&gk, kept, g_err, sizeof g_err) == 0, "%s",
+          g_err);
+    int n5 = 0, n8 = 0;
+    for (uint64_t i = 0; g5 && gk && i < g5->n_tensors; i++) n5 += g5->tensors[i].type == SD_TYPE_Q5_0;
+    for (uint64_t i = 0; g5 && gk && i < gk->n_tensors; i++) n8 += gk->tensors[i].type == SD_TYPE_Q8_0;
+    CHECK(n5 > 0 && n5 == n8, "matrices: %d in Q5_0, %d in Q8_0 kept", n5, n8);
+    CHECK(g5 && gk && g5->size < gk->size, "the Q5_0 file is smaller");
+    sd_gguf_close(g5);
+    sd_gguf_close(gk);
+    sd_head *a = NULL, *b = NULL;
+    CHECK(sd_head_load(&a, q8, m, g_err, sizeof g_err) == 0 && sd_head_load(&b, q5, m, g_err, sizeof g_err) == 0,
+          "%s", g_err);
+    const sd_type_traits *tr = sd_type_get(SD_TYPE_Q5_0);
+    int n_cmp = 0, n_moved = 0;
+    for (int i = 0; a && b && i < a->n_t; i++) {
+        const sd_head_tensor *t = &a->t[i];
+        if (t->is_norm || t->ne1 < 2 || t->ne0 % tr->blck) continue;
+        const size_t rb = sd_row_size(SD_TYPE_Q5_0, t->ne0);
+        uint8_t *x = malloc(rb), *y = malloc(rb);
+        for (int64_t r = 0; x && y && r < t->ne1; r++) {
+            tr->from_float(sd_head_w(a, i) + r * t->ne0, x, t->ne0);
+            tr->from_float(sd_head_w(b, i) + r * t->ne0, y, t->ne0);
+            n_cmp++;
+            CHECK(!memcmp(x, y, rb), "tensor %d row %lld: other Q5_0 bytes", i, (long long)r);
+            n_moved += memcmp(sd_head_w(a, i) + r * t->ne0, sd_head_w(b, i) + r * t->ne0, sizeof(float) * t->ne0) != 0;
+        }
+        free(x);
+        free(y);
+    }
+    CHECK(n_cmp > 0 && n_moved > 0, "%d rows compared, %d differ in float (the file really is Q5_0)", n_cmp, n_moved);
+    printf("  %d matrix rows: the same Q5_0 bytes from the Q8_0 file and from its Q5_0 conversion\n", n_cmp);
+    sd_head_free(a);
+    sd_head_free(b);
+    sd_head_free(h);
+    sd_model_free(m);
+}
+
 int main(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/specdec_test_head_llama_%d", (int)getpid());
     char cmd[200];
@@ -337,6 +394,7 @@ int main(void) {
     T_RUN(test_llama_layout_and_tokenizer);
     T_RUN(test_old_layout_loads_and_converts);
     T_RUN(test_contradictions);
+    T_RUN(test_convert_type);
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
     if (system(cmd) != 0) return 1;
     T_EXIT();

@@ -153,7 +153,8 @@ typedef struct sv_server {
     const sv_opts *o;
     sd_model *model;
     sd_model *drafts[SD_METHOD_MAX_DRAFTS];
-    sd_head *heads[3];         // (o->n_heads) loaded --head files; NULL where `auto` found none
+    sd_head *heads[3];         // (n_loaded) loaded --head files (auto: one of each type found)
+    int n_loaded;
     const sd_head *head_eagle3;// the EAGLE-3 head among them (eagle3:* and auto methods), or NULL
     const sd_head *head_medusa;// the Medusa head among them (medusa:* methods), or NULL
     const sd_head *head_moa;   // the MoA drafter among them (moa:* methods), or NULL
