@@ -79,12 +79,13 @@ EOF
 n=$(ls "$work"/q*.txt | wc -l)
 for ((i = 0; i < n; i++)); do
     q=$(cat "$work/q$i.txt")
-    # (-f drops one trailing newline: the file ends in two so that the prompt ends in "assistant\n")
+    # (-f drops one trailing newline: the file ends in two so that the prompt ends in "assistant\n";
+    # --no-repack: llama.cpp's repacked AMX kernels die of SIGILL on a Sapphire Rapids VM, 2026-11-29)
     printf '<|im_start|>system\n%s<|im_end|>\n<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n\n' "$SYSTEM" "$q" \
         > "$work/p$i.txt"
     echo "llamacpp-eagle3-check: prompt $((i + 1))/$n" >&2
     "$BIN" -m "$MODEL" -md "$HEAD" --spec-type draft-eagle3 --spec-draft-n-max "$DRAFT" --spec-draft-n-min 0 \
-        --spec-draft-p-min 0 -f "$work/p$i.txt" -n "$N_PREDICT" --temp 0 -t "$THREADS" -c 2048 \
+        --spec-draft-p-min 0 -f "$work/p$i.txt" -n "$N_PREDICT" --temp 0 -t "$THREADS" -c 2048 --no-repack \
         > "$work/llama$i.log" 2>&1 || { tail -20 "$work/llama$i.log" >&2; exit 1; }
     build/specdec generate -m "$MODEL" --head "$HEAD" --head-bits 8 --method "eagle3:chain:$DRAFT" --chat \
         --system "$SYSTEM" -p "$q" -n "$N_PREDICT" --temp 0 -t "$THREADS" --json > "$work/specdec$i.json" 2> /dev/null
