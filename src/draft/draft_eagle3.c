@@ -207,7 +207,8 @@ static int e3_propose(sd_drafter *dr, const sd_draft_ctx *ctx, sd_tree *tree, ch
     s->followed = ctx->max_nodes == 1;
     if (s->followed) return 0;
     const sd_tree_shape *shape = s->au ? sd_draft_auto_begin(s->au) : NULL;
-    int rc = catch_up(s, ctx->tokens, n, err, errlen);
+    // no draft this step (the automatic tree's choice): the rows wait for the next draft, caught up together
+    int rc = shape && shape->n <= 1 ? 0 : catch_up(s, ctx->tokens, n, err, errlen);
     if (rc > 0) rc = e3_grow(s, ctx, tree, shape, err, errlen);
     if (s->au) sd_draft_auto_end(s->au);
     if (s->test_fault && rc >= 0) {   // flatten every recorded distribution after the draws: a wrong q
