@@ -31,12 +31,11 @@ int sd_head_find_type(const sd_model *target, const char *dir, sd_head_type type
         sd_head *h = NULL;
         if (!found && names[i] && snprintf(p, sizeof p, "%s/%s", dir, names[i]) < (int)sizeof p &&
             sd_head_load(&h, p, target, e2, sizeof e2) == 0) {
-            const int other = type != SD_HEAD_NONE && sd_head_get_type(h) != type;
+            const int wanted = type == SD_HEAD_NONE || sd_head_get_type(h) == type;
             sd_head_free(h);
-            if (other) {
-            } else if (strlen(p) >= pathlen) {
+            if (wanted && strlen(p) >= pathlen) {
                 found = sd_err(err, errlen, "head path too long: %s", p);
-            } else {
+            } else if (wanted) {
                 memcpy(path, p, strlen(p) + 1);
                 found = 1;
             }
