@@ -5,8 +5,24 @@
 
 #include "common.h"
 #include "head/head.h"
+#include "model/gguf.h"
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+// 1 when the file at path may hold a head of kind type (SD_HEAD_NONE: any),
+// from its header's general.architecture alone; the load decides the rest.
+static int kind_is(const char *path, sd_head_type type) {
+    if (type == SD_HEAD_NONE) return 1;
+    static const char *arch[] = {[SD_HEAD_EAGLE3] = "eagle3", [SD_HEAD_MEDUSA] = "medusa", [SD_HEAD_MOA] = "moa"};
+    sd_gguf *g = NULL;
+    char e[256];
+    if (sd_gguf_open_map(&g, path, 0, e, sizeof e) < 0) return 0;
+    sd_str a;
+    const int is = sd_gguf_get_str(g, "general.architecture", &a, e, sizeof e) == 0 &&
+                   a.len == strlen(arch[type]) && !memcmp(a.ptr, arch[type], a.len);
+    sd_gguf_close(g);
+    return is;
+}
 
 int sd_head_find(const sd_model *target, const char *dir, char *path, size_t pathlen, char *err, size_t errlen) {
     return sd_head_find_type(target, dir, SD_HEAD_NONE, path, pathlen, err, errlen);
@@ -30,12 +46,11 @@ int sd_head_find_type(const sd_model *target, const char *dir, sd_head_type type
         char p[4096], e2[512];
         sd_head *h = NULL;
         if (!found && names[i] && snprintf(p, sizeof p, "%s/%s", dir, names[i]) < (int)sizeof p &&
-            sd_head_load(&h, p, target, e2, sizeof e2) == 0) {
-            const int wanted = type == SD_HEAD_NONE || sd_head_get_type(h) == type;
+            kind_is(p, type) && sd_head_load(&h, p, target, e2, sizeof e2) == 0) {
             sd_head_free(h);
-            if (wanted && strlen(p) >= pathlen) {
+            if (strlen(p) >= pathlen) {
                 found = sd_err(err, errlen, "head path too long: %s", p);
-            } else if (wanted) {
+            } else {
                 memcpy(path, p, strlen(p) + 1);
                 found = 1;
             }

@@ -432,6 +432,9 @@ static int load_gguf(sd_head **out, sd_gguf *g, const char *path, const sd_model
     char e2[320];
     int llama = 0;
     if (read_hp(g, m, &hp, &llama, e2, sizeof e2) < 0 || sd_head_new(&h, &hp, e2, sizeof e2) < 0) goto fail;
+    // the target first (its checks read the hyper-parameters only): a head for another model is refused
+    // without reading its tensors (`--head auto` tries every file in heads/)
+    if (m && sd_head_check_target(h, m, e2, sizeof e2) < 0) goto fail;
     if (check_no_extra_tensors(g, h, e2, sizeof e2) < 0) goto fail;
     for (int i = 0; i < h->n_t; i++)
         if (read_tensor(g, h, i, e2, sizeof e2) < 0) goto fail;
@@ -464,11 +467,6 @@ static int load_gguf(sd_head **out, sd_gguf *g, const char *path, const sd_model
     if (sd_gguf_get_str(g, "specdec.head.note", &note, gerr, sizeof gerr) == 0)
         snprintf(h->note, sizeof h->note, "%.*s", (int)SD_MIN(note.len, sizeof h->note - 1), note.ptr);
     sd_gguf_close(g);
-    g = NULL;
-    if (m && sd_head_check_target(h, m, e2, sizeof e2) < 0) {
-        sd_head_free(h);
-        return sd_err(err, errlen, "%s: %s", path, e2);
-    }
     *out = h;
     return 0;
 fail:
