@@ -382,19 +382,6 @@ int sd_tree_shape_format(const sd_tree_shape *s, char *buf, size_t len) {
     return k;
 }
 
-// Inserts token (prob v) into the descending top-k list (ids, ps) of size *m.
-static void topk_insert(int32_t *ids, float *ps, int *m, int k, int32_t tok, float v) {
-    if (*m == k && v <= ps[k - 1]) return;
-    int i = *m < k ? (*m)++ : k - 1;
-    while (i > 0 && ps[i - 1] < v) {
-        ids[i] = ids[i - 1];
-        ps[i] = ps[i - 1];
-        i--;
-    }
-    ids[i] = tok;
-    ps[i] = v;
-}
-
 int sd_tree_grow_shape(sd_tree *t, const sd_tree_shape *s, const sd_tree_grow *g, char *err, size_t errlen) {
     if (t->n != 1) return sd_err(err, errlen, "grow shape: the tree must hold only the root");
     if (!g || !g->dist) return sd_err(err, errlen, "grow shape: no distribution callback");
@@ -422,15 +409,11 @@ int sd_tree_grow_shape(sd_tree *t, const sd_tree_shape *s, const sd_tree_grow *g
             int u = snodes[q], k = SD_MIN(nch[u], SD_TA_MAX_RANK);
             int32_t ids[SD_TA_MAX_RANK];
             float ps[SD_TA_MAX_RANK];
-            int m = 0;
             const float *row = rows[q];
-            if (g->race) {   // the race's order under the target's noise (tree.h)
-                m = sd_tree_rank_children(t, nodes[q], row, g, k, ids);
-                for (int r = 0; r < m; r++) ps[r] = row[ids[r]];
-            } else {
-                for (int v = 0; v < t->n_vocab; v++)
-                    if (row[v] > 0) topk_insert(ids, ps, &m, k, v, row[v]);
-            }
+            // the top k by probability, or by race score under the target's noise (tree.h); only the
+            // drafter's support is read (a head's draft vocabulary: 8192 of 49152 entries)
+            const int m = sd_tree_rank_children(t, nodes[q], row, g, k, ids);
+            for (int r = 0; r < m; r++) ps[r] = row[ids[r]];
             int r = 0;
             for (int c = u + 1; c < s->n; c++) { // shape children of u, in rank order
                 if (s->parent[c] != u) continue;

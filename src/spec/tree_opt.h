@@ -178,8 +178,9 @@ int sd_tree_shape_format(const sd_tree_shape *s, char *buf, size_t len);
 // callback, ud; g->sample, p_min and max_nodes are ignored): level by level,
 // one dist call per depth for the nodes that have children in the shape;
 // each gets the top-k tokens of its distribution (descending, so tree order
-// = rank order; with g->race the k best by race score, tree.h), k = its
-// children in the shape. The tree must hold only the
+// = rank order; with g->race the k best by race score, tree.h; only the
+// entries of g->support are read when it is given), k = its children in
+// the shape. The tree must hold only the
 // root and have room for the shape's nodes and a dist row per expanded node.
 // Nodes whose distribution has fewer than k positive tokens get fewer
 // children (and their missing subtrees are skipped). Children are

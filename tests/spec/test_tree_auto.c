@@ -420,6 +420,7 @@ static int fake_dist(void *ud, const sd_tree *t, const int32_t *nodes, int n_nod
         rows[j][10] = 0.5f;
         rows[j][11] = 0.3f;
         rows[j][13] = 0.1f;
+        if (ud) rows[j][20] = 0.9f;   // outside the support given with it: a builder must not read it
     }
     return 0;
 }
@@ -441,6 +442,20 @@ static void test_grow_shape(void) {
         CHECK(tr.parent[i] == s.parent[i], "node %d parent %d vs %d", i, tr.parent[i], s.parent[i]);
         CHECK(tr.token[i] == 10 + s.rank[i], "node %d token %d rank %d", i, tr.token[i], s.rank[i]);
     }
+    // With a support (a head's draft vocabulary) only its entries are read: the same tree, although
+    // the row has its largest entry elsewhere; without it that entry is everyone's first child.
+    static const int32_t sup[] = {10, 11, 12, 13};
+    int poison = 1;
+    sd_tree_grow gs = {.dist = fake_dist, .ud = &poison, .support = sup, .n_support = 4};
+    sd_tree_reset(&tr, 1);
+    CHECK(sd_tree_grow_shape(&tr, &s, &gs, err, sizeof err) == 0, "%s", err);
+    int same = tr.n == s.n;
+    for (int i = 1; i < tr.n && i < s.n; i++) same &= tr.token[i] == 10 + s.rank[i];
+    CHECK(same, "grow on a support: the tree differs (%d nodes)", tr.n);
+    gs.support = NULL;
+    sd_tree_reset(&tr, 1);
+    CHECK(sd_tree_grow_shape(&tr, &s, &gs, err, sizeof err) == 0 && tr.n > 1 && tr.token[1] == 20,
+          "grow without a support reads every entry");
     sd_tree_free(&tr);
 }
 
