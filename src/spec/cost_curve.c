@@ -131,6 +131,7 @@ int sd_cost_curve_measure(sd_cost_curve *c, sd_session *s, const int *ns, int n_
 #define CC_WARM_MIN 3
 #define CC_WARM_MAX 40
 #define CC_WARM_MS 100.0
+#define CC_SMALL_MAX 8   // sizes timed in every round (larger ones: in the first only)
 
 int sd_cost_curve_measure_rounds(sd_cost_curve *c, sd_session *s, const int *ns, int n_ns, int min_rounds,
                                  int max_rounds, double budget_ms, double q, char *err, size_t errlen) {
@@ -161,15 +162,24 @@ int sd_cost_curve_measure_rounds(sd_cost_curve *c, sd_session *s, const int *ns,
     // size's time can be compared with the first size's time of the same
     // round (the machine's speed drifts over seconds; within a round it
     // hardly does).
+    // Sizes above CC_SMALL_MAX (but the first) are timed in the first round
+    // only: they cost most (32 nodes of Qwen2.5-Coder-1.5B on 2 AVX2 cores:
+    // 0.76 s, most of a 2 s round) and automatic trees on a CPU are rarely
+    // that large, while the small sizes decide whether drafting pays at all
+    // and need the repeated rounds (a 3-round curve came out flat for 1-4
+    // nodes on a busy host).
     double times[SD_TA_MAX_POINTS][MAX_R];   // 16 KB
     const double t_rounds = sd_time_ms();
     int rounds = 0;
+    c->n_timed = 0;
     while (rounds < max_rounds && (rounds < min_rounds || sd_time_ms() - t_rounds < budget_ms)) {
         for (int k = 0; k < n_use; k++) {
+            if (rounds > 0 && k > 0 && use[k] > CC_SMALL_MAX) continue;
             sd_batch b = {.n = use[k], .tokens = toks};
             const double t0 = sd_time_ms();
             if (sd_session_forward(s, &b, err, errlen) < 0) return -1;
             times[k][rounds] = sd_time_ms() - t0;
+            c->n_timed++;
         }
         rounds++;
     }
@@ -183,11 +193,18 @@ int sd_cost_curve_measure_rounds(sd_cost_curve *c, sd_session *s, const int *ns,
     const double pos = SD_MAX(0.0, SD_MIN(1.0, q)) * (rounds - 1);
     const int lo = (int)pos, hi = SD_MIN(lo + 1, rounds - 1);
     const double level = v[lo] + (pos - lo) * (v[hi] - v[lo]);
+    // (a size timed once: its time over the first size's median time)
+    const double med0 = rounds % 2 ? v[rounds / 2] : 0.5 * (v[rounds / 2 - 1] + v[rounds / 2]);
     int n_set = 0;
     for (int k = 0; k < n_use; k++) {
-        for (int r = 0; r < rounds; r++) v[r] = times[0][r] > 0 ? times[k][r] / times[0][r] : 1.0;
-        qsort(v, (size_t)rounds, sizeof v[0], cmp_double);
-        const double ratio = rounds % 2 ? v[rounds / 2] : 0.5 * (v[rounds / 2 - 1] + v[rounds / 2]);
+        double ratio;
+        if (k > 0 && use[k] > CC_SMALL_MAX) {
+            ratio = med0 > 0 ? times[k][0] / med0 : 1.0;
+        } else {
+            for (int r = 0; r < rounds; r++) v[r] = times[0][r] > 0 ? times[k][r] / times[0][r] : 1.0;
+            qsort(v, (size_t)rounds, sizeof v[0], cmp_double);
+            ratio = rounds % 2 ? v[rounds / 2] : 0.5 * (v[rounds / 2 - 1] + v[rounds / 2]);
+        }
         if (sd_cost_curve_set(c, use[k], level * (k ? ratio : 1.0)) < 0)
             return sd_err(err, errlen, "cost curve: too many points");
         n_set++;
@@ -222,9 +239,8 @@ int sd_cost_curve_from_json(sd_cost_curve *c, const char *json) {
 // ---------------------------------------------------------------- the public handle (specdec_spec.h)
 int sd_cost_curve_new(sd_cost_curve **out, sd_session *s, int max_nodes, char *err, size_t errlen) {
     // dense where the curve bends (a few rows cost about one), sparse beyond;
-    // 3 rounds at least, more while the rounds have taken under 150 ms (3-4 on
-    // SmolLM2-135M on 2 cores, 250-400 ms with the warm-up; Qwen2.5-Coder-1.5B's
-    // 3 take ~3 s)
+    // 3 rounds at least, more while the rounds have taken under 150 ms (the
+    // sizes above 8 in the first round only)
     static const int all[] = {1, 2, 3, 4, 6, 8, 16, 32, 64, 128};
     int ns[sizeof all / sizeof all[0]], n = 0;
     *out = NULL;

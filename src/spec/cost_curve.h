@@ -27,6 +27,7 @@ typedef struct sd_cost_curve {
     double online_weight;          // relative step of sd_cost_curve_observe, in [0, 1]; default 0.02
     int n_obs;                     // verification forwards observed (sd_cost_curve_observe)
     int n_draft_obs;               // drafting steps observed (sd_cost_curve_observe_draft)
+    int n_timed;                   // forwards timed by the last measurement (warm-up excluded)
 } sd_cost_curve;
 
 #define SD_CC_FAST_OBS 8   // observations tracked by a running mean before the sign steps
@@ -85,7 +86,9 @@ void sd_cost_curve_observe_draft(sd_cost_curve *c, int n, int depth, double ms);
 int sd_cost_curve_measure(sd_cost_curve *c, sd_session *s, const int *ns, int n_ns, int reps, double q,
                           char *err, size_t errlen);
 // The same with min_rounds..max_rounds rounds (at most 64): rounds go on after
-// min_rounds while the rounds have taken less than budget_ms.
+// min_rounds while the rounds have taken less than budget_ms. Sizes above 8
+// (but the first) are timed in the first round only, against the first
+// size's median time.
 int sd_cost_curve_measure_rounds(sd_cost_curve *c, sd_session *s, const int *ns, int n_ns, int min_rounds,
                                  int max_rounds, double budget_ms, double q, char *err, size_t errlen);
 // Makes the points non-decreasing in n (pool-adjacent-violators: a run of

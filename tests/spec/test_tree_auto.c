@@ -595,13 +595,13 @@ static void test_measure(void) {
     if (sd_model_load(&m, path, err, sizeof err) < 0) SKIP("cannot load the model: %.120s", err);
     sd_session_params sp = sd_session_default_params();
     sp.n_ctx = 64;
-    sp.n_batch = 8;
+    sp.n_batch = 12;
     sp.n_threads = 2;
     CHECK(sd_session_new(&s, m, &sp, err, sizeof err) == 0, "%s", err);
     if (s) {
         sd_cost_curve c;
         sd_cost_curve_init(&c);
-        int ns[] = {1, 4, 16}; // 16 exceeds the batch limit: skipped
+        int ns[] = {1, 4, 16}; // 16 exceeds the batch limit (12): skipped
         int rc = sd_cost_curve_measure(&c, s, ns, 3, 1, 0.5, err, sizeof err);
         CHECK(rc == 2 && c.n_points == 2 && c.ms[0] > 0 && c.ms[1] > 0, "measure: rc %d %s", rc, rc < 0 ? err : "");
         CHECK(sd_session_n_past(s) == 0, "measure left rows in the cache");
@@ -612,6 +612,13 @@ static void test_measure(void) {
         CHECK(rc == 2 && c.ms[0] > 0 && c.ms[1] >= c.ms[0] && sd_session_n_past(s) == 0, "rounds: rc %d %s", rc,
               rc < 0 ? err : "");
         printf("  in rounds: n=1 %.2f ms, n=4 %.2f ms (%.0f ms in all)\n", c.ms[0], c.ms[1], sd_time_ms() - t0);
+        // a size above 8 is timed in the first round only: 3 rounds of 1 and 4, one of 12
+        int ns2[] = {1, 4, 12};
+        sd_cost_curve_init(&c);
+        rc = sd_cost_curve_measure_rounds(&c, s, ns2, 3, 3, 3, 0.0, 0.0, err, sizeof err);
+        CHECK(rc == 3 && c.n_timed == 7 && c.ms[2] >= c.ms[1] && c.ms[1] >= c.ms[0] && sd_session_n_past(s) == 0,
+              "a large size once: rc %d, %d forwards timed, %.2f / %.2f / %.2f ms %s", rc, c.n_timed, c.ms[0],
+              c.ms[1], c.ms[2], rc < 0 ? err : "");
     }
     sd_session_free(s);
     sd_model_free(m);
