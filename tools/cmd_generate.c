@@ -392,10 +392,10 @@ static int gen_plan_method(const gen_opts *o, gen_plan *p) {
     if (sd_method_parse(s, &p->m, err, sizeof err) < 0) return cli_error("%s: %s", p->flag, err);
     // a layer list may hold ranges A-B, which a method string cannot: the flag's list is kept as given
     if (o->skip) snprintf(p->m.skip_list, sizeof p->m.skip_list, "%s", o->skip);
-    // what the method needs and takes (the library's plan; --head FILE is taken for an EAGLE-3 head here and
-    // checked when loaded)
+    // what the method needs and takes (the library's plan; --head FILE is taken for the kind the method
+    // needs here and checked when loaded)
     sd_method_have have = {.n_drafts = o->n_drafts, .eagle3_head = o->head != NULL, .n_batch = o->n_batch,
-                           .max_nodes = o->max_nodes, .moa_head = o->head != NULL};
+                           .max_nodes = o->max_nodes, .moa_head = o->head != NULL, .medusa_head = o->head != NULL};
     const int prc = sd_method_plan_make(&p->m, &have, &p->pl, err, sizeof err);
     if (prc == SD_ERR_NO_ROOM)
         return cli_error("%s: the tree has %d nodes (root included), more than %s %d", p->shape_flag,
@@ -523,7 +523,9 @@ static int gen_build_drafter(const gen_opts *o, gen_plan *p, gen_state *g) {
     env.auto_nodes = p->pl.auto_nodes;
     env.report = on_report;
     env.user = (void *)&o->verbose;
-    if (g->head && sd_head_get_type(g->head) == SD_HEAD_MOA) env.head_moa = g->head;
+    const sd_head_type ht = g->head ? sd_head_get_type(g->head) : SD_HEAD_NONE;
+    if (ht == SD_HEAD_MOA) env.head_moa = g->head;
+    else if (ht == SD_HEAD_MEDUSA) env.head_medusa = g->head;
     else env.head_eagle3 = g->head;
     env.head_online.on = o->head_online;
     env.head_bits = o->head_bits;
@@ -568,7 +570,14 @@ static int gen_build(const gen_opts *o, gen_plan *p, gen_state *g) {
         if (cli_head_load_type(o->head, g->m, o->model_path, o->method ? p->m.needs_head : SD_HEAD_NONE,
                                o->json || !o->verbose, &g->head))
             return 1;
-        if (!g->head) {   // --head auto found none: plain decoding
+        if (!g->head && o->method && p->m.needs_head) {   // asked for a method that drafts with a head
+            const sd_head_type k = p->m.needs_head;
+            return cli_error("generate: method '%s' needs %s: --head auto found none made for %s in heads/ (name "
+                             "a file with --head, or train one: specdec train-head --type %s)", p->m.name,
+                             k == SD_HEAD_MOA ? "an MoA drafter" : k == SD_HEAD_MEDUSA ? "a Medusa head" : "an EAGLE-3 head",
+                             o->model_path, k == SD_HEAD_MOA ? "moa" : k == SD_HEAD_MEDUSA ? "medusa" : "eagle3");
+        }
+        if (!g->head) {   // --head auto found none and the method is the default: plain decoding
             p->spec = 0;
             p->pl.max_nodes = 1;
         } else if (!o->json) {

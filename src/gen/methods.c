@@ -294,11 +294,21 @@ static int head_wtype(const sd_method_env *env, char *err, size_t errlen) {
     return -1;
 }
 
+// The message for a method whose kind of head is missing: what it needs,
+// and what was given instead when another kind was.
+static int no_head(const method_cfg *m, const sd_method_env *env, const char *need, const char *file, char *err,
+                   size_t errlen) {
+    const char *given = env->head_eagle3   ? "an EAGLE-3 head (eagle3:SHAPE methods)"
+                        : env->head_moa    ? "an MoA drafter (moa:SHAPE methods)"
+                        : env->head_medusa ? "a Medusa head (medusa:W1-W2-... methods)"
+                                           : NULL;
+    if (given) snprintf(err, errlen, "method '%s' needs %s; the head given is %s", m->name, need, given);
+    else snprintf(err, errlen, "method '%s' needs %s (--head %s)", m->name, need, file);
+    return -1;
+}
+
 static int make_eagle3(const method_cfg *m, const sd_method_env *env, sd_drafter **out, char *err, size_t errlen) {
-    if (!env->head_eagle3) {
-        snprintf(err, errlen, "method '%s' needs an EAGLE-3 head (--head H.gguf)", m->name);
-        return -1;
-    }
+    if (!env->head_eagle3) return no_head(m, env, "an EAGLE-3 head", "H.gguf", err, errlen);
     sd_draft_model_params dp;
     if (shape_params(m, env, &dp, err, errlen) < 0) return -1;
     const int wt = head_wtype(env, err, errlen);
@@ -312,10 +322,7 @@ static int parse_moa(const char *args, method_cfg *m, char *err, size_t errlen) 
 }
 
 static int make_moa(const method_cfg *m, const sd_method_env *env, sd_drafter **out, char *err, size_t errlen) {
-    if (!env->head_moa) {
-        snprintf(err, errlen, "method '%s' needs an MoA drafter (--head MOA.gguf)", m->name);
-        return -1;
-    }
+    if (!env->head_moa) return no_head(m, env, "an MoA drafter", "MOA.gguf", err, errlen);
     sd_draft_model_params dp;
     if (shape_params(m, env, &dp, err, errlen) < 0) return -1;
     const int wt = head_wtype(env, err, errlen);   // the drafter's matrices and the TLI layers it borrows
@@ -345,10 +352,7 @@ static int parse_medusa(const char *args, method_cfg *m, char *err, size_t errle
 }
 
 static int make_medusa(const method_cfg *m, const sd_method_env *env, sd_drafter **out, char *err, size_t errlen) {
-    if (!env->head_medusa) {
-        snprintf(err, errlen, "method '%s' needs a Medusa head (--head H.gguf)", m->name);
-        return -1;
-    }
+    if (!env->head_medusa) return no_head(m, env, "a Medusa head", "H.gguf", err, errlen);
     const int wt = head_wtype(env, err, errlen);
     if (wt < 0) return -1;
     return sd_draft_medusa_new(out, env->head_medusa, env->target, m->dp.widths, m->dp.n_widths, env->p_min, env->pool,
