@@ -49,6 +49,20 @@ static int find_load(const sd_model *m, sd_head_type type, int quiet, sd_head **
     return 0;
 }
 
+const char *cli_head_kind_name(sd_head_type t) {
+    return t == SD_HEAD_EAGLE3 ? "EAGLE-3 head" : t == SD_HEAD_MEDUSA ? "Medusa head" : t == SD_HEAD_MOA ? "MoA drafter" : "head";
+}
+
+const char *cli_head_kind_arg(sd_head_type t) {
+    return t == SD_HEAD_MEDUSA ? "medusa" : t == SD_HEAD_MOA ? "moa" : "eagle3";
+}
+
+void cli_env_set_head(sd_method_env *env, const sd_head *h) {
+    if (!h) return;
+    const sd_head_type t = sd_head_get_type(h);
+    *(t == SD_HEAD_MEDUSA ? &env->head_medusa : t == SD_HEAD_MOA ? &env->head_moa : &env->head_eagle3) = h;
+}
+
 static void none_found(const char *model_path, const char *what) {
     fprintf(stderr, "specdec: --head auto: no %s in heads/ was made for %s; drafting without one (train one: "
                     "specdec train-head)\n", what, model_path);
@@ -65,9 +79,7 @@ int cli_head_load_type(const char *spec, const sd_model *m, const char *model_pa
     }
     if (find_load(m, want == SD_HEAD_NONE ? SD_HEAD_EAGLE3 : want, quiet, out)) return 1;
     if (!*out && want == SD_HEAD_NONE && find_load(m, SD_HEAD_NONE, quiet, out)) return 1;
-    if (!*out && !quiet)
-        none_found(model_path, want == SD_HEAD_MOA ? "MoA drafter" : want == SD_HEAD_MEDUSA ? "Medusa head"
-                             : want == SD_HEAD_EAGLE3 ? "EAGLE-3 head" : "head");
+    if (!*out && !quiet) none_found(model_path, cli_head_kind_name(want));
     return 0;
 }
 

@@ -26,6 +26,14 @@ int cli_head_load_type(const char *spec, const sd_model *m, const char *model_pa
 int cli_heads_load(const char *spec, const sd_model *m, const char *model_path, int quiet, sd_head **out, int max,
                    int *n);
 
+// The kind's name in messages ("EAGLE-3 head", "Medusa head", "MoA drafter";
+// "head" for SD_HEAD_NONE) and its train-head --type value ("eagle3", ...).
+const char *cli_head_kind_name(sd_head_type t);
+const char *cli_head_kind_arg(sd_head_type t);
+// Puts h (NULL: nothing) in env's slot for its kind (head_eagle3,
+// head_medusa or head_moa).
+void cli_env_set_head(sd_method_env *env, const sd_head *h);
+
 // After the runs of an online drafter (--head-online): waits for the windows
 // still being trained, says what was learnt on stderr (unless quiet) and
 // writes the head to save_path when given (--save-head). Returns 0, or 1

@@ -416,10 +416,7 @@ static int bench_env(const bench_opts *o, bench_state *b, int auto_nodes) {
         if (sd_model_load(&b->drafts[i], o->draft_paths[i], err, sizeof err) < 0)
             return cli_error("cannot load draft model '%s': %s", o->draft_paths[i], err);
     }
-    for (int i = 0; i < b->n_heads; i++)   // (loaded and checked by bench_load)
-        *(sd_head_get_type(b->heads[i]) == SD_HEAD_MEDUSA ? &b->env.head_medusa
-          : sd_head_get_type(b->heads[i]) == SD_HEAD_MOA  ? &b->env.head_moa
-                                                          : &b->env.head_eagle3) = b->heads[i];
+    for (int i = 0; i < b->n_heads; i++) cli_env_set_head(&b->env, b->heads[i]);   // (loaded and checked by bench_load)
     for (int k = 0; k < b->nm; k++) {
         sd_method *me = &b->methods[k];
         double est = 0;

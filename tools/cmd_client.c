@@ -268,8 +268,7 @@ int cmd_client(int argc, char **argv) {
     co.tli = moa ? sd_head_moa_tli(h) : 0;
     co.drafter_fp = sd_head_fingerprint(h);
     sd_method_env env = sd_method_env_default(m);
-    if (moa) env.head_moa = h;
-    else env.head_eagle3 = h;
+    cli_env_set_head(&env, h);
     env.n_threads = n_threads;
     env.n_ctx = 4096;
     if (sd_method_parse(method, &meth, err, sizeof err) < 0 || sd_method_make(&meth, &env, &d, err, sizeof err) < 0 ||

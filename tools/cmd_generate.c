@@ -523,10 +523,7 @@ static int gen_build_drafter(const gen_opts *o, gen_plan *p, gen_state *g) {
     env.auto_nodes = p->pl.auto_nodes;
     env.report = on_report;
     env.user = (void *)&o->verbose;
-    const sd_head_type ht = g->head ? sd_head_get_type(g->head) : SD_HEAD_NONE;
-    if (ht == SD_HEAD_MOA) env.head_moa = g->head;
-    else if (ht == SD_HEAD_MEDUSA) env.head_medusa = g->head;
-    else env.head_eagle3 = g->head;
+    cli_env_set_head(&env, g->head);
     env.head_online.on = o->head_online;
     env.head_bits = o->head_bits;
     env.head_online.lr = o->online_lr;
@@ -567,16 +564,15 @@ static int gen_build(const gen_opts *o, gen_plan *p, gen_state *g) {
     if (sd_sampler_new(&g->smp, &o->sp, g->info.n_vocab, err, sizeof err) < 0) return cli_error("%s", err);
     if (o->head) {
         // auto: the kind the method needs (an EAGLE-3 head when it names none)
-        if (cli_head_load_type(o->head, g->m, o->model_path, o->method ? p->m.needs_head : SD_HEAD_NONE,
-                               o->json || !o->verbose, &g->head))
+        // a method that drafts with a head: its own message below, not auto's note that it drafts without one
+        const sd_head_type need = o->method ? p->m.needs_head : SD_HEAD_NONE;
+        if (cli_head_load_type(o->head, g->m, o->model_path, need, o->json || !o->verbose || need, &g->head))
             return 1;
-        if (!g->head && o->method && p->m.needs_head) {   // asked for a method that drafts with a head
-            const sd_head_type k = p->m.needs_head;
-            return cli_error("generate: method '%s' needs %s: --head auto found none made for %s in heads/ (name "
-                             "a file with --head, or train one: specdec train-head --type %s)", p->m.name,
-                             k == SD_HEAD_MOA ? "an MoA drafter" : k == SD_HEAD_MEDUSA ? "a Medusa head" : "an EAGLE-3 head",
-                             o->model_path, k == SD_HEAD_MOA ? "moa" : k == SD_HEAD_MEDUSA ? "medusa" : "eagle3");
-        }
+        if (!g->head && need)
+            return cli_error("generate: method '%s' needs %s %s: --head auto found none made for %s in heads/ "
+                             "(name a file with --head, or train one: specdec train-head --type %s)", p->m.name,
+                             need == SD_HEAD_MEDUSA ? "a" : "an", cli_head_kind_name(need), o->model_path,
+                             cli_head_kind_arg(need));
         if (!g->head) {   // --head auto found none and the method is the default: plain decoding
             p->spec = 0;
             p->pl.max_nodes = 1;
