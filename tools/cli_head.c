@@ -64,7 +64,7 @@ void cli_env_set_head(sd_method_env *env, const sd_head *h) {
 }
 
 static void none_found(const char *model_path, const char *what) {
-    fprintf(stderr, "specdec: --head auto: no %s in heads/ was made for %s; drafting without one (train one: "
+    fprintf(stderr, "specdec: --head auto: no %s in heads/ was made for %s; going on without one (train one: "
                     "specdec train-head)\n", what, model_path);
 }
 
@@ -79,7 +79,7 @@ int cli_head_load_type(const char *spec, const sd_model *m, const char *model_pa
     }
     if (find_load(m, want == SD_HEAD_NONE ? SD_HEAD_EAGLE3 : want, quiet, out)) return 1;
     if (!*out && want == SD_HEAD_NONE && find_load(m, SD_HEAD_NONE, quiet, out)) return 1;
-    if (!*out && !quiet) none_found(model_path, cli_head_kind_name(want));
+    if (!*out && quiet != 1) none_found(model_path, cli_head_kind_name(want));
     return 0;
 }
 
@@ -107,7 +107,7 @@ int cli_heads_load(const char *spec, const sd_model *m, const char *model_path, 
         }
         out[(*n)++] = h;
     }
-    if (*n == n0 && !quiet) none_found(model_path, "head");
+    if (*n == n0 && quiet != 1) none_found(model_path, "head");
     return 0;
 }
 

@@ -9,9 +9,11 @@
 // Loads the head named by spec for target m (model_path: for messages).
 // "auto" looks for a head made for m in heads/ of the working directory, then
 // in heads/ beside the specdec binary's folder (the repository of a build);
-// when none matches, *out is NULL and a note says so (unless quiet). A file
+// when none matches, *out is NULL and a note says so. quiet: 0 says which
+// file was found too, CLI_HEAD_QUIET_FOUND only when none was, 1 nothing. A file
 // that is not a head, or a head made for another model, is an error.
 // Returns 0, or 1 after a message.
+#define CLI_HEAD_QUIET_FOUND 2
 int cli_head_load(const char *spec, const sd_model *m, const char *model_path, int quiet, sd_head **out);
 // The same, where "auto" looks for a head of kind want (SD_HEAD_EAGLE3,
 // _MEDUSA, _MOA; SD_HEAD_NONE: an EAGLE-3 head, else the first head of any

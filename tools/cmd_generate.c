@@ -566,7 +566,9 @@ static int gen_build(const gen_opts *o, gen_plan *p, gen_state *g) {
         // auto: the kind the method needs (an EAGLE-3 head when it names none)
         // a method that drafts with a head: its own message below, not auto's note that it drafts without one
         const sd_head_type need = o->method ? p->m.needs_head : SD_HEAD_NONE;
-        if (cli_head_load_type(o->head, g->m, o->model_path, need, o->json || !o->verbose || need, &g->head))
+        // the file found only with -v; none found, always (the summary line then names no method)
+        const int quiet = o->json || need ? 1 : o->verbose ? 0 : CLI_HEAD_QUIET_FOUND;
+        if (cli_head_load_type(o->head, g->m, o->model_path, need, quiet, &g->head))
             return 1;
         if (!g->head && need)
             return cli_error("generate: method '%s' needs %s %s: --head auto found none made for %s in heads/ "

@@ -13,10 +13,15 @@ on the default model (SmolLM2-135M):
 - head_wrong_kind: a method for one kind with a file of another fails and
   names both (`medusa:2-2` with the EAGLE-3 head, `eagle3:chain:2` with the
   Medusa head).
+- head_auto_none_says_so: `--head auto` where no heads/ folder holds a head
+  for the model (a copy of the binary in an empty folder, run there) decodes
+  plainly, as without `--head`, and says on stderr that it found none, also
+  without -v (until 2026-11-30 only -v said it).
 
 Prints PASS/FAIL/SKIP lines. Skipped without the model or the tool.
 """
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,14 +33,14 @@ BIN = os.path.abspath(os.environ.get("SPECDEC_BIN", os.path.join(ROOT, "build", 
 TOOL = os.path.join(ROOT, "build", "tests", "tool_random_head")
 MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 EAGLE = os.path.join(ROOT, "heads", "SmolLM2-135M-Instruct.eagle3.gguf")
-CASES = ["medusa_generate_lossless", "head_auto_kind_missing", "head_wrong_kind"]
+CASES = ["medusa_generate_lossless", "head_auto_kind_missing", "head_wrong_kind", "head_auto_none_says_so"]
 PROMPT = "Name three colours of the rainbow."
 
 
-def generate(*extra):
-    args = [BIN, "generate", "-m", MODEL, "--chat", "-p", PROMPT, "-n", "40", "--temp", "0", "-t", "2", "-v",
-            *extra]
-    return subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600, cwd=ROOT)
+def generate(*extra, binary=BIN, cwd=ROOT, verbose=True):
+    args = [binary, "generate", "-m", MODEL, "--chat", "-p", PROMPT, "-n", "40", "--temp", "0", "-t", "2",
+            *(["-v"] if verbose else []), *extra]
+    return subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600, cwd=cwd)
 
 
 def main():
@@ -67,6 +72,14 @@ def main():
                r1.stderr and r2.returncode != 0 and
                "needs an EAGLE-3 head; the head given is a Medusa head" in r2.stderr,
                f"{r1.returncode} {r1.stderr[-200:]} | {r2.returncode} {r2.stderr[-200:]}")
+        # heads/ is looked for in the working directory and beside the binary's folder: neither exists here
+        alone = os.path.join(tmp, "bin", "specdec")
+        os.makedirs(os.path.dirname(alone))
+        shutil.copy2(BIN, alone)
+        r = generate("--head", "auto", binary=alone, cwd=tmp, verbose=False)
+        report("head_auto_none_says_so", r.returncode == 0 and r.stdout == plain.stdout and
+               "--head auto: no head in heads/ was made for" in r.stderr and "train-head" in r.stderr,
+               f"rc {r.returncode} {r.stdout[-100:]!r} {plain.stdout[-100:]!r} {r.stderr[-300:]}")
     return exit_status()
 
 
