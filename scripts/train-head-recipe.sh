@@ -3,9 +3,11 @@
 # the training corpus, the mix the head was trained on, and the train-head
 # command, each step resumable (rerun the script after an interruption).
 #
-#   bash scripts/train-head-recipe.sh smollm2|smollm2-v1|smollm2-v3|smollm2-moa|qwen|qwen-sd|qwen-own|qwen-05b|qwen-1m [WORK_DIR]
+#   bash scripts/train-head-recipe.sh smollm2|smollm2-v1|smollm2-v3|smollm2-v4|smollm2-moa|qwen|qwen-sd|qwen-own|qwen-05b|qwen-1m [WORK_DIR]
 #
-# smollm2 (SmolLM2-135M-Instruct, the shipped head) has two stages:
+# The shipped SmolLM2-135M-Instruct head has three stages: smollm2-v1,
+# smollm2 and smollm2-v3 (each made first by the next when missing).
+# smollm2 (stage 2, the shipped head from 2026-11-25 to -30) has two stages:
 # smollm2-v1 (session 11's head: the corpus's first 543 conversations
 # answered by SmolLM2 itself and raw documentation text, written to
 # data/SmolLM2-135M-Instruct.eagle3-v1.gguf; run first when that file is
@@ -44,21 +46,24 @@
 # positions, writing heads/Qwen2.5-Coder-1.5B-Instruct.eagle3.gguf.
 # The 1.5B's feature cache over it takes about 4 hours here, the training
 # about 1.5: run it in several sittings (every step resumes).
+# smollm2-v3 fine-tunes the shipped SmolLM2 head on conversations 4,488-16,127
+# of the committed corpus (1.42 M tokens); smollm2-v4 fine-tunes v3's head
+# (made first when missing) on conversations 16,128-32,594 (the rest).
 # smollm2-moa (issue 29; not shipped until measured) trains an MoA drafter,
 # TLI 0 without LSA with full-text SA, from scratch on the shipped SmolLM2 head's data through
 # the reduced MoA feature cache (docs/moa.md), writing
 # WORK_DIR/SmolLM2-135M-Instruct.moa.gguf (3 M positions).
 # WORK_DIR (default data/smollm2-ft for smollm2, data/ for smollm2-v1,
-# data/KIND for smollm2-v3, smollm2-moa, qwen, qwen-own, qwen-05b and
+# data/KIND for smollm2-v3, smollm2-v4, smollm2-moa, qwen, qwen-own, qwen-05b and
 # qwen-1m, data/qwen-sd/ft for qwen-sd) holds the mix, the feature cache and
 # the checkpoint; the corpus is data/train (CORPUS to move it); the shipped
 # heads are written to heads/. Environment: THREADS (default: all cores),
 # PROMPTS (prompts SmolLM2 answers in step 1, default 4000 for smollm2 and
-# smollm2-moa, 3000 for smollm2-v1, 16128 for smollm2-v3, 400 for the qwen
+# smollm2-moa, 3000 for smollm2-v1, 16128 for smollm2-v3 and -v4, 400 for the qwen
 # kinds), SD_PROMPTS (prompts the Qwen writer answers in step 1b: 688 for
 # qwen-sd, 640 for qwen-own and qwen-05b, 6900 for qwen-1m), ANSWERS (qwen-sd:
 # the 1.5B model's answers used, default 682), INIT (the head a fine-tune
-# starts from: smollm2, smollm2-v3 and the qwen kinds but qwen), TOKENS
+# starts from: smollm2, smollm2-v3, smollm2-v4 and the qwen kinds but qwen), TOKENS
 # (positions trained), LR, FF (the head's feed-forward width; 0 = the
 # target's). A first stage made on the way runs with its own defaults.
 set -euo pipefail
@@ -91,12 +96,12 @@ smollm2-v1)
     prompts="${PROMPTS:-3000}" tokens="${TOKENS:-600000}" lr="${LR:-1e-3}" ff="${FF:-0}" batch=8
     ;;
 smollm2)
-    # the shipped head: the first stage fine-tuned on every answered
+    # stage 2 (the shipped head until 2026-11-30): the first stage fine-tuned on every answered
     # conversation of the first 4000 prompts (generated instructions included),
     # then every 20th record of text.jsonl (at most 300)
     model=models/SmolLM2-135M-Instruct.Q4_1.gguf
     work="${2:-data/smollm2-ft}"
-    out=heads/SmolLM2-135M-Instruct.eagle3.gguf
+    out="$work/SmolLM2-135M-Instruct.eagle3-v2.gguf"
     # (the first 4,488 conversations of the corpus: the shards unpack more)
     mixes=("mix.jsonl 0 4488 all:20:0:300")
     prompts="${PROMPTS:-4000}" tokens="${TOKENS:-1000000}" lr="${LR:-5e-4}" ff="${FF:-0}" batch=8
@@ -104,16 +109,33 @@ smollm2)
     init=(--init "$v1")
     ;;
 smollm2-v3)
-    # the shipped head fine-tuned again (session 21) on answers it never saw:
+    # the shipped head since 2026-11-30 (first tried on 2026-11-28): stage 2
+    # fine-tuned again on answers it never saw:
     # conversations 4488-16127 of the 5.05 M-token corpus (data/corpus/smollm2),
     # every one of the generated tasks and chitchat, every 8th of pydoc and
     # pystdlib (6,550 conversations, 1.42 M tokens)
     model=models/SmolLM2-135M-Instruct.Q4_1.gguf
     work="${2:-data/smollm2-v3}"
     out="$work/SmolLM2-135M-Instruct.eagle3-v3.gguf"
+    ship=heads/SmolLM2-135M-Instruct.eagle3.gguf
     mixes=("mix.jsonl 4488 16128 none:1:0:0 tasks:1,chitchat:1,pydoc:8,pystdlib:8")
     prompts="${PROMPTS:-16128}" tokens="${TOKENS:-600000}" lr="${LR:-5e-4}" ff="${FF:-0}" batch=8
-    init=(--init "${INIT:-heads/SmolLM2-135M-Instruct.eagle3.gguf}")
+    first_stage data/smollm2-ft/SmolLM2-135M-Instruct.eagle3-v2.gguf smollm2
+    init=(--init "$v1")
+    ;;
+smollm2-v4)
+    # smollm2-v3's head fine-tuned once more on the rest of the corpus:
+    # conversations 16128-32594 of data/corpus/smollm2 (shards 0001-0003),
+    # every one of the generated tasks ("tasks", "tasks2": coding, reasoning,
+    # summaries of a given text, questions about a given passage) and
+    # chitchat, every 8th of pydoc and pystdlib
+    model=models/SmolLM2-135M-Instruct.Q4_1.gguf
+    work="${2:-data/smollm2-v4}"
+    out="$work/SmolLM2-135M-Instruct.eagle3-v4.gguf"
+    mixes=("mix.jsonl 16128 32595 none:1:0:0 tasks:1,tasks2:1,chitchat:1,pydoc:8,pystdlib:8")
+    prompts="${PROMPTS:-16128}" tokens="${TOKENS:-600000}" lr="${LR:-5e-4}" ff="${FF:-0}" batch=8
+    first_stage data/smollm2-v3/SmolLM2-135M-Instruct.eagle3-v3.gguf smollm2-v3
+    init=(--init "$v1")
     ;;
 smollm2-moa)
     # issue 29's MoA drafter at scale: TLI 0 without LSA, SA over the whole
@@ -189,6 +211,7 @@ qwen-1m)
     writer=models/Qwen2.5-Coder-0.5B-Instruct-AWQ.Q4_K_M.gguf answers=data/qwen05
     shards=data/corpus/qwen2.5-coder-0.5b
     out=heads/Qwen2.5-Coder-1.5B-Instruct.eagle3.gguf   # (the shipped head since 2026-11-29)
+    ship=$out
     first_stage data/qwen-own/Qwen2.5-Coder-1.5B-Instruct.eagle3-qwen-own.gguf qwen-own
     sd_prompts=6900 sd_parallel=16
     mixes=("mix.jsonl 0 6900 none:1:0:0")
@@ -196,7 +219,7 @@ qwen-1m)
     init=(--init "$v1")
     ;;
 *)
-    echo "usage: $0 smollm2|smollm2-v1|smollm2-v3|smollm2-moa|qwen|qwen-sd|qwen-own|qwen-05b|qwen-1m [WORK_DIR]" >&2
+    echo "usage: $0 smollm2|smollm2-v1|smollm2-v3|smollm2-v4|smollm2-moa|qwen|qwen-sd|qwen-own|qwen-05b|qwen-1m [WORK_DIR]" >&2
     exit 1
     ;;
 esac
@@ -314,3 +337,9 @@ resume=()
 build/specdec train-head -m "$model" "${data[@]}" --out "$out" --cache "$work/head.cache" \
     --ckpt "$work/head.ckpt" --tokens "$tokens" --batch "$batch" --lr "$lr" --ff "$ff" --seed 42 -t "$threads" \
     "${init[@]+"${init[@]}"}" "${resume[@]+"${resume[@]}"}" "${extra[@]+"${extra[@]}"}"
+
+# 4. The shipped file: heads/ holds the drafters in Q5_0, the type they run
+#    at by default (heads/README.md; the same drafts as the Q8_0 file).
+if [ -n "${ship:-}" ]; then
+    build/specdec head-convert -m "$model" --type q5_0 "$out" "$ship"
+fi
