@@ -563,10 +563,10 @@ static int gen_build(const gen_opts *o, gen_plan *p, gen_state *g) {
         return cli_error("prompt has %d tokens but the context is %d (-c)", g->n_ids, sd_session_n_ctx(g->s));
     if (sd_sampler_new(&g->smp, &o->sp, g->info.n_vocab, err, sizeof err) < 0) return cli_error("%s", err);
     if (o->head) {
-        // auto: the kind the method needs (an EAGLE-3 head when it names none)
-        // a method that drafts with a head: its own message below, not auto's note that it drafts without one
+        // auto: the kind the method needs (an EAGLE-3 head when it names none). Said on stderr: the file
+        // found, with -v; none found, always (then plain decoding, whose summary line names no method),
+        // except for a method that needs a head, which stops with its own message below
         const sd_head_type need = o->method ? p->m.needs_head : SD_HEAD_NONE;
-        // the file found only with -v; none found, always (the summary line then names no method)
         const int quiet = o->json || need ? 1 : o->verbose ? 0 : CLI_HEAD_QUIET_FOUND;
         if (cli_head_load_type(o->head, g->m, o->model_path, need, quiet, &g->head))
             return 1;
