@@ -116,7 +116,7 @@ TEST_SCRIPTS := $(wildcard tests/*/test_*.py)
 # Examples see only include/ (the public API), never src/.
 EXAMPLES := $(patsubst examples/%.c,build/examples/%,$(wildcard examples/*.c))
 
-.PHONY: all run run-only test test-only test-mpi setup fuzz clean models asan-serve need-jansson docs
+.PHONY: all run run-only test test-only test-mpi setup fuzz clean models datastore asan-serve need-jansson docs
 .SECONDARY:
 all: build/specdec $(LIB_SO) $(TESTS) $(TEST_TOOLS) $(EXAMPLES)
 
@@ -173,6 +173,16 @@ $(MODEL):
 
 models: $(MODEL)
 
+# The default model's datastore: its own answers (greedy and sampled) from
+# the committed corpus, one text (scripts/make-datastore.py; 21 MB, 3 s). `--head auto`
+# (generate, serve) and `--datastore auto` find it by the model's name; the
+# n-gram lookup indexes it to $(DATASTORE).sdsa on first use (10 s).
+DATASTORE = data/datastore/SmolLM2-135M-Instruct.txt
+$(DATASTORE): $(wildcard data/corpus/smollm2/*.jsonl.xz) scripts/make-datastore.py
+	python3 scripts/make-datastore.py --corpus data/corpus/smollm2 --out $@
+
+datastore: $(DATASTORE)
+
 # `make run` and `make test` first install what is missing (scripts/setup.sh:
 # Debian packages as root or through sudo, else it prints the command), then
 # run make again so that pkg-config's answers are read afresh.
@@ -183,7 +193,7 @@ run:
 	@bash scripts/setup.sh build
 	@$(MAKE) --no-print-directory run-only
 
-run-only: build/specdec $(MODEL)
+run-only: build/specdec $(MODEL) $(DATASTORE)
 	./build/specdec generate -m $(MODEL) --chat -p "$(PROMPT)" -n 200 --head auto
 
 # The model is fetched first; if that fails (no network) the tests that need
@@ -192,7 +202,7 @@ test:
 	@bash scripts/setup.sh test
 	@$(MAKE) --no-print-directory test-only
 
-test-only: build/specdec $(LIB_SO) $(TESTS) $(TEST_TOOLS) $(EXAMPLES)
+test-only: build/specdec $(LIB_SO) $(TESTS) $(TEST_TOOLS) $(EXAMPLES) $(DATASTORE)
 	@bash scripts/fetch-models.sh || echo "warning: could not fetch the default model; tests that need it will be skipped"
 	@bash scripts/run-tests.sh $(TESTS) $(TEST_SCRIPTS)
 

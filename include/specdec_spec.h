@@ -493,6 +493,7 @@ typedef struct sd_method_have {
     int n_batch;       // most rows of one forward (the session's n_batch); 0 = 512
     int max_nodes;     // the caller's limit on tree nodes per forward, root included; 0 = the method's own size
     int moa_head;      // 1: an MoA drafter is loaded
+    int datastore;     // 1: a datastore feeds the n-gram lookup (sd_method_env.datastore)
 } sd_method_have;
 // What a method needs and takes, worked out once by the library so that no
 // program re-derives it from the method string.
@@ -515,8 +516,10 @@ typedef struct sd_method_plan {
 // then filled, so that a program can word the message with its own flags).
 SD_API int sd_method_plan_make(const sd_method *m, const sd_method_have *h, sd_method_plan *p, char *err, size_t errlen);
 // The default method for what is loaded: "ngram:3-8/eagle3:auto" with an
-// EAGLE-3 head, "chain:4" with draft models, else "ngram:3-8". The method
-// 'auto' drafts as this default.
+// EAGLE-3 head ("ngram:3-8:auto/eagle3:auto" with a datastore too: the
+// lookup drafts only where its sized tree pays, the head elsewhere),
+// "chain:4" with draft models, else "ngram:3-8". The method 'auto' drafts
+// as this default.
 SD_API const char *sd_method_default(const sd_method_have *h);
 // Parses "W1,W2,..." (sep ',') or "W1-W2-..." (sep '-') into at most max
 // positive integers in [lo, hi], as method arguments are parsed; flag names

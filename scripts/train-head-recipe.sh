@@ -5,8 +5,9 @@
 #
 #   bash scripts/train-head-recipe.sh smollm2|smollm2-v1|smollm2-v3|smollm2-v4|smollm2-moa|qwen|qwen-sd|qwen-own|qwen-05b|qwen-1m [WORK_DIR]
 #
-# The shipped SmolLM2-135M-Instruct head has three stages: smollm2-v1,
-# smollm2 and smollm2-v3 (each made first by the next when missing).
+# The shipped SmolLM2-135M-Instruct head has four stages: smollm2-v1,
+# smollm2, smollm2-v3 and smollm2-v4 (each made first by the next when
+# missing).
 # smollm2 (stage 2, the shipped head from 2026-11-25 to -30) has two stages:
 # smollm2-v1 (session 11's head: the corpus's first 543 conversations
 # answered by SmolLM2 itself and raw documentation text, written to
@@ -46,9 +47,10 @@
 # positions, writing heads/Qwen2.5-Coder-1.5B-Instruct.eagle3.gguf.
 # The 1.5B's feature cache over it takes about 4 hours here, the training
 # about 1.5: run it in several sittings (every step resumes).
-# smollm2-v3 fine-tunes the shipped SmolLM2 head on conversations 4,488-16,127
-# of the committed corpus (1.42 M tokens); smollm2-v4 fine-tunes v3's head
-# (made first when missing) on conversations 16,128-32,594 (the rest).
+# smollm2-v3 fine-tunes stage 2 (smollm2) on conversations 4,488-16,127
+# of the committed corpus (1.42 M tokens); smollm2-v4 (the shipped head)
+# fine-tunes v3's head (made first when missing) on conversations
+# 16,128-32,594 (the rest: 7,249 conversations, 1.82 M tokens).
 # smollm2-moa (issue 29; not shipped until measured) trains an MoA drafter,
 # TLI 0 without LSA with full-text SA, from scratch on the shipped SmolLM2 head's data through
 # the reduced MoA feature cache (docs/moa.md), writing
@@ -109,7 +111,7 @@ smollm2)
     init=(--init "$v1")
     ;;
 smollm2-v3)
-    # the shipped head since 2026-11-30 (first tried on 2026-11-28): stage 2
+    # the shipped head on 2026-11-30 (first tried on 2026-11-28): stage 2
     # fine-tuned again on answers it never saw:
     # conversations 4488-16127 of the 5.05 M-token corpus (data/corpus/smollm2),
     # every one of the generated tasks and chitchat, every 8th of pydoc and
@@ -117,14 +119,14 @@ smollm2-v3)
     model=models/SmolLM2-135M-Instruct.Q4_1.gguf
     work="${2:-data/smollm2-v3}"
     out="$work/SmolLM2-135M-Instruct.eagle3-v3.gguf"
-    ship=heads/SmolLM2-135M-Instruct.eagle3.gguf
     mixes=("mix.jsonl 4488 16128 none:1:0:0 tasks:1,chitchat:1,pydoc:8,pystdlib:8")
     prompts="${PROMPTS:-16128}" tokens="${TOKENS:-600000}" lr="${LR:-5e-4}" ff="${FF:-0}" batch=8
     first_stage data/smollm2-ft/SmolLM2-135M-Instruct.eagle3-v2.gguf smollm2
     init=(--init "$v1")
     ;;
 smollm2-v4)
-    # smollm2-v3's head fine-tuned once more on the rest of the corpus:
+    # the shipped head since 2026-11-30 (session 35): smollm2-v3's head
+    # fine-tuned once more on the rest of the corpus:
     # conversations 16128-32594 of data/corpus/smollm2 (shards 0001-0003),
     # every one of the generated tasks ("tasks", "tasks2": coding, reasoning,
     # summaries of a given text, questions about a given passage) and
@@ -132,6 +134,7 @@ smollm2-v4)
     model=models/SmolLM2-135M-Instruct.Q4_1.gguf
     work="${2:-data/smollm2-v4}"
     out="$work/SmolLM2-135M-Instruct.eagle3-v4.gguf"
+    ship=heads/SmolLM2-135M-Instruct.eagle3.gguf
     mixes=("mix.jsonl 16128 32595 none:1:0:0 tasks:1,tasks2:1,chitchat:1,pydoc:8,pystdlib:8")
     prompts="${PROMPTS:-16128}" tokens="${TOKENS:-600000}" lr="${LR:-5e-4}" ff="${FF:-0}" batch=8
     first_stage data/smollm2-v3/SmolLM2-135M-Instruct.eagle3-v3.gguf smollm2-v3

@@ -4,15 +4,17 @@
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli_common.h"
 
-// The heads/ folders `auto` looks in: of the working directory, then beside
-// the binary's folder (<repo>/build/specdec -> <repo>/heads). Their count.
-static int head_dirs(char dirs[2][4096]) {
+// The folders `auto` looks in for sub (a path below the repository:
+// "heads", "data/datastore"): of the working directory, then beside the
+// binary's folder (<repo>/build/specdec -> <repo>/sub). Their count.
+static int repo_dirs(char dirs[2][4096], const char *sub) {
     int nd = 0;
-    snprintf(dirs[nd++], sizeof dirs[0], "heads");
+    snprintf(dirs[nd++], sizeof dirs[0], "%s", sub);
     char exe[3072];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n > 0) {
@@ -20,11 +22,13 @@ static int head_dirs(char dirs[2][4096]) {
         char *slash = strrchr(exe, '/');
         if (slash) {
             *slash = 0;
-            snprintf(dirs[nd++], sizeof dirs[0], "%s/../heads", exe);
+            snprintf(dirs[nd++], sizeof dirs[0], "%s/../%s", exe, sub);
         }
     }
     return nd;
 }
+
+static int head_dirs(char dirs[2][4096]) { return repo_dirs(dirs, "heads"); }
 
 // The first file of kind `type` made for m in the folders (SD_HEAD_NONE: any
 // kind); loaded into *out and said on stderr unless quiet. 0 (*out NULL
@@ -124,5 +128,56 @@ int cli_head_online_end(sd_drafter *d, const char *save_path, int quiet) {
     if (!save_path) return 0;
     if (sd_drafter_save_head(d, save_path, err, sizeof err) < 0) return cli_error("--save-head: %s", err);
     if (!quiet) fprintf(stderr, "specdec: head saved to %s\n", save_path);
+    return 0;
+}
+
+// The names a model's datastore may have: the model file's name without
+// ".gguf" (NAME.Q4_1), then without its last dot part (NAME: the name the
+// heads have). Their count.
+static int datastore_names(const char *model_path, char names[2][512]) {
+    const char *base = strrchr(model_path, '/');
+    base = base ? base + 1 : model_path;
+    size_t L = strlen(base);
+    if (L > 5 && !strcmp(base + L - 5, ".gguf")) L -= 5;
+    if (L == 0 || L >= sizeof names[0]) return 0;
+    memcpy(names[0], base, L);
+    names[0][L] = 0;
+    char *dot = strrchr(names[0], '.');
+    if (!dot || dot == names[0]) return 1;
+    memcpy(names[1], names[0], (size_t)(dot - names[0]));
+    names[1][dot - names[0]] = 0;
+    return 2;
+}
+
+int cli_datastore_resolve(const char *spec, const char *head_spec, const char *model_path, int quiet, char *path,
+                          size_t pathlen) {
+    path[0] = 0;
+    const int implied = !spec && head_spec && !strcmp(head_spec, "auto");
+    if (!spec && !implied) return 0;
+    if (spec && !strcmp(spec, "none")) return 0;
+    if (spec && strcmp(spec, "auto")) {   // a file
+        if (!cli_file_ok("datastore file", spec)) return 1;
+        if (strlen(spec) >= pathlen) return cli_error("--datastore: path too long: %s", spec);
+        memcpy(path, spec, strlen(spec) + 1);
+        return 0;
+    }
+    char dirs[2][4096], names[2][512];
+    const int nd = repo_dirs(dirs, "data/datastore"), nn = datastore_names(model_path, names);
+    for (int i = 0; i < nd; i++)
+        for (int k = 0; k < nn; k++) {
+            char p[4800];
+            struct stat st;
+            if (snprintf(p, sizeof p, "%s/%s.txt", dirs[i], names[k]) >= (int)sizeof p) continue;
+            if (stat(p, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) continue;
+            if (strlen(p) >= pathlen) return cli_error("--datastore auto: path too long: %s", p);
+            memcpy(path, p, strlen(p) + 1);
+            if (quiet == 0) fprintf(stderr, "specdec: --datastore auto: %s\n", p);
+            return 0;
+        }
+    // Said when asked for by name, or with -v when --head auto implied it.
+    if (quiet == 0 || (!implied && quiet != 1))
+        fprintf(stderr, "specdec: --datastore auto: no data/datastore/%s.txt for %s; going on without one "
+                        "(make one: make datastore, or python3 scripts/make-datastore.py)\n",
+                nn > 1 ? names[1] : nn ? names[0] : "NAME", model_path);
     return 0;
 }

@@ -28,6 +28,18 @@ int cli_head_load_type(const char *spec, const sd_model *m, const char *model_pa
 int cli_heads_load(const char *spec, const sd_model *m, const char *model_path, int quiet, sd_head **out, int max,
                    int *n);
 
+// --datastore FILE|auto|none (spec NULL: not given): the n-gram lookup's
+// datastore into path ("" for none). auto looks for data/datastore/NAME.txt
+// (NAME: the model file's name without ".gguf", then without its last dot
+// part, as heads/ names them: SmolLM2-135M-Instruct) in the working
+// directory, then beside the binary's folder; --head auto (head_spec)
+// implies it when --datastore is not given. quiet: 0 says which file was
+// found (or that none was), CLI_HEAD_QUIET_FOUND only that none was for an
+// explicit auto, 1 nothing. A FILE that cannot be read is an error. Returns
+// 0, or 1 after a message.
+int cli_datastore_resolve(const char *spec, const char *head_spec, const char *model_path, int quiet, char *path,
+                          size_t pathlen);
+
 // The kind's name in messages ("EAGLE-3 head", "Medusa head", "MoA drafter";
 // "head" for SD_HEAD_NONE) and its train-head --type value ("eagle3", ...).
 const char *cli_head_kind_name(sd_head_type t);

@@ -100,7 +100,7 @@ typedef struct bench_opts {
     int online_sync;    // --online-sync: windows trained inside the steps (deterministic)
     float online_lr;
     const char *save_head; // --save-head FILE: the first online method's head after the last prompt
-    const char *datastore; // --datastore FILE: ngram methods also look continuations up in this corpus
+    const char *datastore; // --datastore FILE|auto|none: ngram methods also look continuations up in this corpus
 } bench_opts;
 
 // argv -> o (defaults first). Returns a cli_parse result.
@@ -152,9 +152,11 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
                  "drafts, slower steps)"},
         {"--save-head", NULL, CLI_STRING, &o->save_head, .meta = "FILE",
          .help = "--head-online: write the first online method's head, with what it learnt, to FILE at the end"},
-        {"--datastore", NULL, CLI_FILE, &o->datastore, .what = "datastore file", .meta = "FILE",
+        {"--datastore", NULL, CLI_STRING, &o->datastore, .meta = "FILE|auto",
          .help = "ngram methods (and auto without a draft model) also look continuations up in this text corpus "
-                 "(REST-style retrieval; indexed to FILE.sdsa on first use)"},
+                 "(REST-style retrieval; indexed to FILE.sdsa on first use); auto: data/datastore/NAME.txt made "
+                 "for the model (make datastore). Unlike generate and serve, --head auto does not add it here: "
+                 "each method runs as named"},
         {"--prompts", NULL, CLI_FILE, &o->prompts_path, .meta = "FILE", .what = "prompts file",
          .required = "a prompts file is required (--prompts FILE.jsonl)", .help = "prompts, JSON lines (required)"},
         {"--methods", NULL, CLI_STRING, &o->methods_arg, .meta = "LIST", .def = CLI_DEF_VALUE, .help = methods_help},
@@ -211,6 +213,7 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
 typedef struct bench_state {
     sd_method methods[BENCH_MAX_METHODS];  // (nm) ar first
     int nm;
+    char ds_path[4096];                      // --datastore's file ("": none)
     int max_nodes[BENCH_MAX_METHODS];        // (nm) tree nodes per target forward
     bench_prompt *prompts;                   // (n_loaded) the file's prompts; the first np are run
     int n_loaded, np;
@@ -281,7 +284,8 @@ static int bench_validate(const bench_opts *o, bench_state *b) {
         if (me->needs_draft_model && o->n_drafts == 0)   // (before the model loads; the plan checks the rest)
             return cli_error("bench: method '%s' needs a draft model (--draft D.gguf)", me->name);
     }
-    if (o->datastore && !ngram)
+    if (cli_datastore_resolve(o->datastore, NULL, o->model_path, 0, b->ds_path, sizeof b->ds_path)) return 1;
+    if (b->ds_path[0] && !ngram)
         return cli_error("bench: --datastore needs an n-gram method in --methods (ngram:N-K, A/B or A+B with one, "
                          "or auto)");
     for (int i = 0; i < o->n_drafts; i++)
@@ -400,7 +404,7 @@ static int bench_env(const bench_opts *o, bench_state *b, int auto_nodes) {
     b->env.user = b->reports;
     b->env.head_online.on = o->head_online;
     b->env.head_bits = o->head_bits;
-    b->env.datastore = o->datastore;
+    b->env.datastore = b->ds_path[0] ? b->ds_path : NULL;
     b->env.head_online.lr = o->online_lr;
     b->env.head_online.deterministic = o->online_sync;
     if (auto_nodes > 0) {
@@ -683,8 +687,9 @@ static int bench_write_json(const bench_opts *o, const bench_state *b) {
     char seed[24];
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)o->seed);
     json_t *j = json_pack(
-        "{s:o, s:o, s:o, s:i, s:i, s:o, s:o, s:i, s:i, s:b, s:b, s:o, s:o}", "model",
+        "{s:o, s:o, s:o, s:o, s:i, s:i, s:o, s:o, s:i, s:i, s:b, s:b, s:o, s:o}", "model",
         cli_json_str(o->model_path, strlen(o->model_path)), "draft", cli_json_strs(o->draft_paths, o->n_drafts),
+        "datastore", b->ds_path[0] ? cli_json_str(b->ds_path, strlen(b->ds_path)) : json_null(),
         "prompts", cli_json_str(o->prompts_path, strlen(o->prompts_path)), "n_threads", o->n_threads, "draft_threads",
         o->draft_threads, "temp", cli_json_num(o->temp, 6), "seed",
         o->seed <= (uint64_t)INT64_MAX ? json_integer((json_int_t)o->seed) : json_string(seed), "n_predict",

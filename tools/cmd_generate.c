@@ -52,7 +52,8 @@ typedef struct gen_opts {
     int tree_auto;          // --tree auto
     const char *dyn;        // --tree-dynamic B,D,M
     const char *ngram;      // --draft-ngram N,K
-    const char *datastore;  // --datastore FILE
+    const char *datastore;  // --datastore FILE|auto|none, or NULL
+    char ds_path[4096];     // the datastore used ("": none): --datastore, or what auto (or --head auto) found
     const char *skip;       // --draft-skip L1,L2,..|auto
     const char *save_skip, *load_skip;
     const char *lookahead;  // --lookahead W,N,G
@@ -272,8 +273,10 @@ static int gen_parse(int argc, char **argv, gen_opts *o) {
          .meta = "N,K",
          .help = "prompt lookup: continue the latest earlier occurrence of the last n <= N tokens by up to K "
                  "tokens (no draft model needed; with --draft the trees are merged)"},
-        {"--datastore", NULL, CLI_FILE, &o->datastore, .what = "datastore file", .meta = "FILE",
-         .help = "--draft-ngram also looks continuations up in this text corpus"},
+        {"--datastore", NULL, CLI_STRING, &o->datastore, .meta = "FILE|auto|none",
+         .help = "the n-gram lookup also looks continuations up in this text corpus (indexed to FILE.sdsa on "
+                 "first use); auto: data/datastore/NAME.txt made for the model (make datastore), which --head "
+                 "auto also takes unless none is given"},
         {"--draft-skip", NULL, CLI_CUSTOM, &o->skip, .fn = parse_skip_flag, .given = &o->skip_given,
          .meta = "L1,L2,..|auto",
          .help = "self-speculation: the target with these layers (0-based; ranges A-B allowed) skipped drafts a "
@@ -342,7 +345,8 @@ static int gen_method_of_flags(const gen_opts *o, gen_plan *p, char *s, size_t n
         else if (o->tree) snprintf(model, sizeof model, "eagle3:tree:%s", o->tree);
         else if (o->dyn) snprintf(model, sizeof model, "eagle3:dyn:%s", o->dyn);
         else if (o->draft_max_given) snprintf(model, sizeof model, "eagle3:chain:%d", o->draft_max);
-        else snprintf(model, sizeof model, "ngram:3-8/eagle3:auto"); // prompt lookup, else the head (docs/heads.md)
+        else   // prompt lookup, else the head (sd_method_default; sized lookup with a datastore)
+            snprintf(model, sizeof model, o->ds_path[0] ? "ngram:3-8:auto/eagle3:auto" : "ngram:3-8/eagle3:auto");
     } else if (o->n_drafts) {
         if (o->tree_auto) snprintf(model, sizeof model, "tree:auto");
         else if (o->tree) snprintf(model, sizeof model, "tree:%s", o->tree);
@@ -425,6 +429,8 @@ static int gen_validate(gen_opts *o, gen_plan *p) {
     if (o->max_nodes == 1) return cli_error("--max-nodes: a tree needs at least 2 nodes, got 1");
     if (o->max_nodes > o->n_batch)
         return cli_error("--max-nodes %d is larger than the batch size (-b %d)", o->max_nodes, o->n_batch);
+    const int ds_quiet = o->json ? 1 : o->verbose ? 0 : CLI_HEAD_QUIET_FOUND;
+    if (cli_datastore_resolve(o->datastore, o->head, o->model_path, ds_quiet, o->ds_path, sizeof o->ds_path)) return 1;
     if (gen_plan_method(o, p)) return 1;
     if (o->save_head && !o->head_online) return cli_error("generate: --save-head needs --head-online");
     if (o->head_online && (!o->head || !p->spec || (p->m.needs_head != SD_HEAD_EAGLE3 && p->m.kind != SD_METHOD_AUTO)))
@@ -434,7 +440,10 @@ static int gen_validate(gen_opts *o, gen_plan *p) {
         return cli_error("generate: %s needs --draft-skip auto (or --method skip:auto)",
                          o->save_skip ? "--save-skip" : "--load-skip");
     if (o->save_skip && o->load_skip) return cli_error("generate: --save-skip and --load-skip cannot be used together");
-    if (o->datastore && !p->pl.uses_ngram) return cli_error("generate: --datastore needs --draft-ngram N,K");
+    if (o->ds_path[0] && !p->pl.uses_ngram) {
+        if (o->datastore) return cli_error("generate: --datastore needs an n-gram lookup (--draft-ngram N,K, or a --method with ngram)");
+        o->ds_path[0] = 0;   // found for --head auto, but the method does no lookup
+    }
     if (o->max_nodes > 0 && !p->spec)
         return cli_error("generate: --max-nodes needs a drafter (--draft, --draft-ngram, --draft-skip, --lookahead, "
                          "--method)");
@@ -517,7 +526,7 @@ static int gen_build_drafter(const gen_opts *o, gen_plan *p, gen_state *g) {
     env.n_threads = o->draft_threads;
     env.pool = o->draft_threads ? NULL : sd_session_pool(g->s);
     env.p_min = o->p_min;
-    env.datastore = o->datastore;
+    env.datastore = o->ds_path[0] ? o->ds_path : NULL;
     env.skip_save = o->save_skip;
     env.skip_load = o->load_skip;
     env.auto_nodes = p->pl.auto_nodes;
@@ -541,7 +550,7 @@ static int gen_build_drafter(const gen_opts *o, gen_plan *p, gen_state *g) {
         if (sd_model_load(&g->drafts[i], o->draft_paths[i], err, sizeof err) < 0)
             return cli_error("cannot load draft model '%s': %s", o->draft_paths[i], err);
     if (sd_method_make(&p->m, &env, &g->drafter, err, sizeof err) < 0) return cli_error("%s: %s", p->flag, err);
-    if (o->datastore && o->verbose && !o->json) fprintf(stderr, "specdec: %s\n", sd_drafter_note(g->drafter));
+    if (o->ds_path[0] && o->verbose && !o->json) fprintf(stderr, "specdec: %s\n", sd_drafter_note(g->drafter));
     return 0;
 }
 

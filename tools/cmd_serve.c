@@ -113,7 +113,7 @@ static int load_heads(sv_server *s) {
 // head; a draft model's chain; else prompt lookup).
 static const char *default_method(const sv_server *s) {
     const sd_method_have have = {.n_drafts = s->o->n_drafts, .eagle3_head = s->head_eagle3 != NULL,
-                                 .moa_head = s->head_moa != NULL};
+                                 .moa_head = s->head_moa != NULL, .datastore = s->o->datastore != NULL};
     return sd_method_default(&have);
 }
 
@@ -157,10 +157,11 @@ int cmd_serve(int argc, char **argv) {
                  "and a copy of the head with its optimiser state per slot; docs/heads.md)"},
         {"--online-lr", NULL, CLI_FLOAT, &o.online_lr, .lo = 1e-7, .hi = 1.0, .meta = "LR", .def = CLI_DEF_VALUE,
          .help = "--head-online: AdamW learning rate, one step per 64 verified positions"},
-        {"--datastore", NULL, CLI_FILE, &o.datastore, .what = "datastore file", .meta = "FILE",
+        {"--datastore", NULL, CLI_STRING, &o.datastore, .meta = "FILE|auto|none",
          .help = "the n-gram methods (ngram:N-K, and the n-gram part of A/B and A+B methods) also retrieve "
                  "continuations from this text corpus, REST-style (indexed to FILE.sdsa at start-up; "
-                 "scripts/make-datastore.py makes one of the model's own answers)"},
+                 "scripts/make-datastore.py makes one of the model's own answers); auto: data/datastore/NAME.txt "
+                 "made for the model (make datastore), which --head auto also takes unless none is given"},
         {"--sampling-draw", NULL, CLI_CUSTOM, &o.draw, .fn = cli_sampling_draw, .meta = "race|rejection",
          .def = "race", .help = CLI_SAMPLING_DRAW_HELP},
         {"--host", NULL, CLI_STRING, &o.host, .meta = "ADDR", .def = "127.0.0.1", .help = "address to listen on"},
@@ -260,6 +261,13 @@ int cmd_serve(int argc, char **argv) {
     int rc = 1;
     char err[512];
     if (load_models(&s) || load_heads(&s)) goto out;
+    // --datastore, or --head auto's: the file found (lives as long as the server)
+    static char ds_path[4096];
+    const char *head_auto = NULL;
+    for (int i = 0; i < o.n_heads; i++)
+        if (!strcmp(o.heads[i], "auto")) head_auto = "auto";
+    if (cli_datastore_resolve(o.datastore, head_auto, o.model, 0, ds_path, sizeof ds_path)) goto out;
+    o.datastore = ds_path[0] ? ds_path : NULL;
     if (pp_active()) {   // the groups of slots in flight, for ranks of this many threads
         char note[256];
         s.n_groups = pp_groups_pick(sd_threadpool_size(s.pool), note, sizeof note);

@@ -13,7 +13,11 @@ const char *sd_method_default(const sd_method_have *h) {
     // head's automatic tree (the best of the head's methods over the 37 dev
     // prompts, docs/performance.md); with draft models: their chain; else
     // prompt lookup. A Medusa head needs its widths (medusa:W1-W2-...).
-    if (h && h->eagle3_head) return "ngram:3-8/eagle3:auto";
+    // With a datastore the lookup finds a continuation nearly every step;
+    // its sized tree (:auto) drafts only where the match is worth a forward,
+    // leaving the other steps to the head (docs/performance.md, "A datastore
+    // of the model's own answers").
+    if (h && h->eagle3_head) return h->datastore ? "ngram:3-8:auto/eagle3:auto" : "ngram:3-8/eagle3:auto";
     if (h && h->moa_head) return "ngram:3-8/moa:auto";
     if (h && h->n_drafts > 0) return "chain:4";
     return "ngram:3-8";
