@@ -173,15 +173,19 @@ $(MODEL):
 
 models: $(MODEL)
 
-# The default model's datastore: its own answers (greedy and sampled) from
-# the committed corpus, one text (scripts/make-datastore.py; 21 MB, 3 s). `--head auto`
-# (generate, serve) and `--datastore auto` find it by the model's name; the
-# n-gram lookup indexes it to $(DATASTORE).sdsa on first use (10 s).
+# The models' datastores, from the committed corpora (scripts/make-datastore.py):
+# the default model's own answers, greedy and sampled (21 MB, 3 s), and
+# Qwen2.5-Coder-1.5B's (its own and the 0.5B model's answers, 4.4 MB).
+# `--head auto` (generate, serve) and `--datastore auto` find them by the
+# model's name; the n-gram lookup indexes one to FILE.sdsa on first use (10 s).
 DATASTORE = data/datastore/SmolLM2-135M-Instruct.txt
+DATASTORE_QWEN = data/datastore/Qwen2.5-Coder-1.5B-Instruct.txt
 $(DATASTORE): $(wildcard data/corpus/smollm2/*.jsonl.xz) scripts/make-datastore.py
 	python3 scripts/make-datastore.py --corpus data/corpus/smollm2 --out $@
+$(DATASTORE_QWEN): $(wildcard data/corpus/qwen2.5-coder-*/*.jsonl.xz) scripts/make-datastore.py
+	python3 scripts/make-datastore.py --corpus data/corpus/qwen2.5-coder-1.5b --corpus data/corpus/qwen2.5-coder-0.5b --out $@
 
-datastore: $(DATASTORE)
+datastore: $(DATASTORE) $(DATASTORE_QWEN)
 
 # `make run` and `make test` first install what is missing (scripts/setup.sh:
 # Debian packages as root or through sudo, else it prints the command), then
@@ -193,7 +197,7 @@ run:
 	@bash scripts/setup.sh build
 	@$(MAKE) --no-print-directory run-only
 
-run-only: build/specdec $(MODEL) $(DATASTORE)
+run-only: build/specdec $(MODEL) datastore
 	./build/specdec generate -m $(MODEL) --chat -p "$(PROMPT)" -n 200 --head auto
 
 # The model is fetched first; if that fails (no network) the tests that need
@@ -202,7 +206,7 @@ test:
 	@bash scripts/setup.sh test
 	@$(MAKE) --no-print-directory test-only
 
-test-only: build/specdec $(LIB_SO) $(TESTS) $(TEST_TOOLS) $(EXAMPLES) $(DATASTORE)
+test-only: build/specdec $(LIB_SO) $(TESTS) $(TEST_TOOLS) $(EXAMPLES) datastore
 	@bash scripts/fetch-models.sh || echo "warning: could not fetch the default model; tests that need it will be skipped"
 	@bash scripts/run-tests.sh $(TESTS) $(TEST_SCRIPTS)
 
