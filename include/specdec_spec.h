@@ -516,7 +516,7 @@ typedef struct sd_method_plan {
 // then filled, so that a program can word the message with its own flags).
 SD_API int sd_method_plan_make(const sd_method *m, const sd_method_have *h, sd_method_plan *p, char *err, size_t errlen);
 // The default method for what is loaded: "ngram:3-8/eagle3:auto" with an
-// EAGLE-3 head ("ngram:3-8:auto/eagle3:auto" with a datastore too: the
+// EAGLE-3 head ("ngram:5-8:auto/eagle3:auto" with a datastore too: the
 // lookup drafts only where its sized tree pays, the head elsewhere),
 // "chain:4" with draft models, else "ngram:3-8". The method 'auto' drafts
 // as this default.

@@ -149,6 +149,16 @@ static int datastore_names(const char *model_path, char names[2][512]) {
     return 2;
 }
 
+// A note before the first use of a datastore, whose indexing takes a while
+// (the n-gram drafter writes FILE.sdsa; a stale index is rebuilt too).
+static void say_indexing(const char *path, int quiet) {
+    char idx[4800];
+    struct stat st, si;
+    if (quiet == 1 || stat(path, &st) != 0 || snprintf(idx, sizeof idx, "%s.sdsa", path) >= (int)sizeof idx) return;
+    if (stat(idx, &si) == 0 && si.st_mtime >= st.st_mtime) return;
+    fprintf(stderr, "specdec: indexing the datastore %s into %s (once; about 10 s for 20 MB of text)\n", path, idx);
+}
+
 int cli_datastore_resolve(const char *spec, const char *head_spec, const char *model_path, int quiet, char *path,
                           size_t pathlen) {
     path[0] = 0;
@@ -159,6 +169,7 @@ int cli_datastore_resolve(const char *spec, const char *head_spec, const char *m
         if (!cli_file_ok("datastore file", spec)) return 1;
         if (strlen(spec) >= pathlen) return cli_error("--datastore: path too long: %s", spec);
         memcpy(path, spec, strlen(spec) + 1);
+        say_indexing(path, quiet);
         return 0;
     }
     char dirs[2][4096], names[2][512];
@@ -172,6 +183,7 @@ int cli_datastore_resolve(const char *spec, const char *head_spec, const char *m
             if (strlen(p) >= pathlen) return cli_error("--datastore auto: path too long: %s", p);
             memcpy(path, p, strlen(p) + 1);
             if (quiet == 0) fprintf(stderr, "specdec: --datastore auto: %s\n", p);
+            say_indexing(path, quiet);
             return 0;
         }
     // Said when asked for by name, or with -v when --head auto implied it.

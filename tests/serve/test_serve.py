@@ -619,7 +619,7 @@ def head_fast_prompt_server(e3):
 
 def head_auto():
     """--head auto: the head in heads/ made for the model, whose default
-    method is then ngram:3-8/eagle3:auto (ngram:3-8:auto/eagle3:auto where
+    method is then ngram:3-8/eagle3:auto (ngram:5-8:auto/eagle3:auto where
     --head auto also found the model's datastore, `make datastore`), or
     (none) a note and the usual default; --method eagle3:... without a head
     stops with a message."""
@@ -630,7 +630,7 @@ def head_auto():
         none = "no head in heads/ was made for" in log and "method ngram:3-8" in log
         ds = "--datastore auto: " in log and "data/datastore/" in log
         found = re.search(r"--head auto: \S+\.gguf", log) and \
-            f"method ngram:3-8{':auto' if ds else ''}/eagle3:auto" in log
+            f"method {'ngram:5-8:auto' if ds else 'ngram:3-8'}/eagle3:auto" in log
         out = subprocess.run([BIN, "serve", "-m", MODEL, "--port", "0", "--method", "eagle3:chain:3"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
         err = out.stderr.decode()
