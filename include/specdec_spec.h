@@ -431,6 +431,22 @@ typedef struct sd_method {
 // (no newline); user is sd_method_env.user.
 typedef void (*sd_method_report_fn)(void *user, const char *line);
 
+// ---------------------------------------------------------------- datastore
+// A retrieval datastore (REST-style: a text corpus, tokenized and indexed by
+// a suffix array saved beside it as FILE.sdsa, reused while the corpus and
+// the tokenizer stay the same). sd_method_env.datastore names the file for
+// each n-gram drafter to open; a program running many drafters (a server's
+// slots) opens it once and shares it through sd_method_env.datastore_loaded.
+typedef struct sd_datastore sd_datastore;
+// Opens (loads, or builds and saves) the datastore of corpus_path for the
+// tokenizer tok. 0 with *out set, or <0 with a message.
+SD_API int sd_datastore_open(sd_datastore **out, const char *corpus_path, const sd_tokenizer *tok, char *err,
+                             size_t errlen);
+// What opening it did ("datastore: loaded FILE.sdsa (N tokens)", "indexed ...").
+SD_API const char *sd_datastore_note(const sd_datastore *ds);
+// Releases the caller's hold; the drafters sharing it keep their own.
+SD_API void sd_datastore_free(sd_datastore *ds);
+
 // What building a drafter may need. sd_method_env_default fills the defaults.
 // Lifetimes (what a drafter made by sd_method_make keeps):
 //   - kept, borrowed, must outlive the drafter: target, head_eagle3,
@@ -455,6 +471,8 @@ typedef struct sd_method_env {
     sd_threadpool *pool;       // draft sessions run on this pool (the target's), or NULL
     float p_min;               // draft models: no children below this top draft probability (0 = off)
     const char *datastore;     // ngram: corpus file also searched, or NULL
+    sd_datastore *datastore_loaded; // ngram: a datastore opened once (sd_datastore_open) that the drafters
+                                    // share, each holding a reference; when set, datastore is not read again
     const char *skip_save;     // skip:auto: write the chosen set here, or NULL
     const char *skip_load;     // skip:auto: read the set from here instead of searching, or NULL
     const sd_cost_curve *cost; // automatic trees: the target's cost curve, or NULL

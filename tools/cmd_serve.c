@@ -60,17 +60,13 @@ static int prepare_method(sv_server *s, const char *name) {
     return 0;
 }
 
-// --datastore: indexed here, once (an n-gram drafter built and dropped), so
-// that the slots' drafters only load the index and never race to write it.
-static int index_datastore(const sv_server *s) {
+// --datastore: opened here, once (indexed when needed), and shared by the
+// slots' n-gram drafters: one copy in memory, none re-read per drafter.
+static int open_datastore(sv_server *s) {
     char err[512];
-    sd_method ng;
-    sd_drafter *d = NULL;
-    sd_method_env env = sv_method_env(s);
-    if (sd_method_parse("ngram:3-8", &ng, err, sizeof err) < 0 || sd_method_make(&ng, &env, &d, err, sizeof err) < 0)
+    if (sd_datastore_open(&s->datastore, s->o->datastore, sd_model_tokenizer(s->model), err, sizeof err) < 0)
         return cli_error("--datastore %s: %s", s->o->datastore, err);
-    fprintf(stderr, "specdec serve: %s\n", sd_drafter_note(d));
-    sd_drafter_free(d);
+    fprintf(stderr, "specdec serve: %s\n", sd_datastore_note(s->datastore));
     return 0;
 }
 
@@ -123,6 +119,7 @@ static void server_free(sv_server *s, sv_http *h) {
     sv_http_stop(h);    // waits for the connection threads
     sv_split_free(s);   // the verification API's generations (after every connection thread)
     sd_cost_curve_free(s->cost);
+    sd_datastore_free(s->datastore);
     sd_threadpool_free(s->pool);
     for (int i = 0; i < s->o->n_drafts; i++) sd_model_free(s->drafts[i]);
     for (int i = 0; i < s->n_loaded; i++) sd_head_free(s->heads[i]);   // after the slots' drafters
@@ -278,7 +275,7 @@ int cmd_serve(int argc, char **argv) {
         goto out;
     }
     if (!o.method) o.method = default_method(&s);
-    if (prepare_method(&s, o.method) || (o.datastore && index_datastore(&s))) goto out;
+    if ((o.datastore && open_datastore(&s)) || prepare_method(&s, o.method)) goto out;
     if (sv_sched_start(&s, err, sizeof err) < 0) {
         cli_error("serve: %s", err);
         goto out;

@@ -66,6 +66,7 @@ sd_draft_ngram_params sd_draft_ngram_default_params(void) {
     p.ctx_weight = 2;
     p.n_ctx = 4096;
     p.datastore = NULL;
+    p.ds_shared = NULL;
     p.ds_max_matches = 32;
     p.ds_min_n = 1;
     p.tree_auto = sd_draft_auto_default_params();
@@ -674,6 +675,7 @@ int sd_draft_ngram_new(sd_drafter **out, const sd_draft_ngram_params *pp, const 
     if (p.ctx_weight < 1) p.ctx_weight = 1;
     if (p.n_ctx < 16) p.n_ctx = 16;
     if (p.ds_max_matches < 1) p.ds_max_matches = 1;
+    if (p.ds_shared) p.datastore = NULL;   // the shared one is used
     if (p.datastore && !tok) return sd_err(err, errlen, "n-gram drafter: a datastore needs the tokenizer");
     ng *g = calloc(1, sizeof *g);
     sd_drafter *dr = g ? sd_drafter_alloc(&ng_vt, g) : NULL;
@@ -683,7 +685,9 @@ int sd_draft_ngram_new(sd_drafter **out, const sd_draft_ngram_params *pp, const 
     }
     g->p = p;
     g->p.datastore = NULL;   // not kept: the caller's string
-    g->trie_cap = 1 + (p.max_matches + (p.datastore ? p.ds_max_matches : 0)) * p.k_max;
+    g->p.ds_shared = NULL;
+    const int has_ds = p.datastore || p.ds_shared;
+    g->trie_cap = 1 + (p.max_matches + (has_ds ? p.ds_max_matches : 0)) * p.k_max;
     size_t tc = (size_t)g->trie_cap;
     g->t_tok = malloc(sizeof(int32_t) * tc);
     g->t_par = malloc(sizeof(int32_t) * tc);
@@ -716,7 +720,8 @@ int sd_draft_ngram_new(sd_drafter **out, const sd_draft_ngram_params *pp, const 
         ng_free(dr);
         return sd_err(err, errlen, "n-gram drafter: out of memory");
     }
-    if (p.datastore && sd_datastore_open(&g->ds, p.datastore, tok, err, errlen) < 0) {
+    if (p.ds_shared) g->ds = sd_datastore_ref(p.ds_shared);
+    else if (p.datastore && sd_datastore_open(&g->ds, p.datastore, tok, err, errlen) < 0) {
         ng_free(dr);
         return -1;
     }

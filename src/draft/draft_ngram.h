@@ -47,6 +47,7 @@ typedef struct sd_draft_ngram_params {
                           // weighs 1); default 2. (SD_NGRAM_SIZED weighs matches by their length.)
     int n_ctx;            // committed tokens the index is sized for up front (grows by doubling); default 4096
     const char *datastore;  // corpus text file for retrieval, or NULL (default); its index is FILE.sdsa
+    sd_datastore *ds_shared; // a datastore already opened, shared (a reference is taken); datastore is then not read
     int ds_max_matches;   // corpus occurrences used per step (spread over the match range); default 32
     int ds_min_n;         // shortest corpus match used; default 1
     // Automatic tree sizing (draft_auto.h, tree_sizer.h), default off. With SD_NGRAM_SIZED:

@@ -124,8 +124,15 @@ uint64_t sd_vocab_hash(const sd_tokenizer *t) {
     return h;
 }
 
+sd_datastore *sd_datastore_ref(sd_datastore *ds) {
+    if (ds) atomic_fetch_add(&ds->refs, 1);
+    return ds;
+}
+
+const char *sd_datastore_note(const sd_datastore *ds) { return ds ? ds->note : ""; }
+
 void sd_datastore_free(sd_datastore *ds) {
-    if (!ds) return;
+    if (!ds || atomic_fetch_sub(&ds->refs, 1) > 1) return;
     free(ds->tok);
     free(ds->sa);
     free(ds);
@@ -137,6 +144,7 @@ int sd_datastore_from_tokens(sd_datastore **out, const int32_t *tok, int64_t n, 
     if (n <= 0) return sd_err(err, errlen, "datastore: no tokens");
     sd_datastore *ds = calloc(1, sizeof *ds);
     if (!ds) return sd_err(err, errlen, "datastore: out of memory");
+    atomic_init(&ds->refs, 1);
     ds->tok = malloc(sizeof(int32_t) * (size_t)n);
     ds->sa = malloc(sizeof(int32_t) * (size_t)n);
     if (!ds->tok || !ds->sa) {
@@ -241,6 +249,7 @@ int sd_datastore_load(sd_datastore **out, const char *path, const sd_datastore_k
     }
     ds = calloc(1, sizeof *ds);
     if (ds) {
+        atomic_init(&ds->refs, 1);
         ds->n = (int64_t)h.n_tokens;
         ds->tok = malloc(sizeof(int32_t) * (size_t)ds->n);
         ds->sa = malloc(sizeof(int32_t) * (size_t)ds->n);

@@ -21,10 +21,12 @@
 #ifndef SD_SUFFIX_H
 #define SD_SUFFIX_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "specdec.h"
+#include "specdec_spec.h"
 
 #define SD_SDSA_VERSION 1
 
@@ -56,6 +58,7 @@ typedef struct sd_datastore {
     sd_datastore_key key;
     int rebuilt;         // sd_datastore_open: 1 if the index was (re)built, 0 if loaded
     char note[512];      // sd_datastore_open: what happened, for the program to print
+    atomic_int refs;     // holders (sd_datastore_ref); sd_datastore_free releases one
 } sd_datastore;
 
 // Fingerprint of a tokenizer: FNV-1a over n_vocab and every token string.
@@ -80,6 +83,9 @@ int sd_datastore_save(const sd_datastore *ds, const char *path, char *err, size_
 // with a message naming the mismatch.
 int sd_datastore_load(sd_datastore **out, const char *path, const sd_datastore_key *key, char *err,
                       size_t errlen);
-void sd_datastore_free(sd_datastore *ds);
+// One more holder of ds (the n-gram drafters that share a datastore opened
+// once); returns ds. Reading it from several threads is safe: it is never
+// written after it is opened.
+sd_datastore *sd_datastore_ref(sd_datastore *ds);
 
 #endif

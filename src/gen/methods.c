@@ -215,6 +215,7 @@ static int make_ngram(const method_cfg *m, const sd_method_env *env, sd_drafter 
     np.n_max = m->ngram_n;
     np.k_max = m->ngram_k;
     np.datastore = env->datastore;
+    np.ds_shared = env->datastore_loaded;
     if (env->n_ctx > 0) np.n_ctx = env->n_ctx;
     if (m->tree_auto) {
         if (!env->cost) {

@@ -166,6 +166,7 @@ typedef struct sv_server {
     sd_method_have have;       // what is loaded: draft models, heads, the batch (for the plans)
     sd_cost_curve *cost;       // for automatic trees, when the default method needs one; with
                                // --draft-budget auto and several slots always
+    sd_datastore *datastore;   // --datastore, opened once and shared by the slots' n-gram drafters, or NULL
     void *budget_scratch;      // (sv_budget_scratch_size(n_slots)) the draft budget's ranking
     int *budget_caps;          // (n_slots) this round's caps, and the slots' method nodes
     int *budget_max;

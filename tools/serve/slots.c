@@ -57,6 +57,7 @@ sd_method_env sv_method_env(const sv_server *s) {
     env.head_online.on = s->o->head_online;
     env.head_bits = s->o->head_bits;
     env.datastore = s->o->datastore;
+    env.datastore_loaded = s->datastore;
     env.head_online.lr = s->o->online_lr;
     return env;
 }
