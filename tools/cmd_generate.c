@@ -345,8 +345,9 @@ static int gen_method_of_flags(const gen_opts *o, gen_plan *p, char *s, size_t n
         else if (o->tree) snprintf(model, sizeof model, "eagle3:tree:%s", o->tree);
         else if (o->dyn) snprintf(model, sizeof model, "eagle3:dyn:%s", o->dyn);
         else if (o->draft_max_given) snprintf(model, sizeof model, "eagle3:chain:%d", o->draft_max);
-        else   // prompt lookup, else the head (sd_method_default; sized lookup with a datastore)
-            snprintf(model, sizeof model, o->ds_path[0] ? "ngram:5-8:auto/eagle3:auto" : "ngram:3-8/eagle3:auto");
+        else   // the library's default: prompt lookup (sized with a datastore), else the head
+            snprintf(model, sizeof model, "%s",
+                     sd_method_default(&(sd_method_have){.eagle3_head = 1, .datastore = o->ds_path[0] != 0}));
     } else if (o->n_drafts) {
         if (o->tree_auto) snprintf(model, sizeof model, "tree:auto");
         else if (o->tree) snprintf(model, sizeof model, "tree:%s", o->tree);

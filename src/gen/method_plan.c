@@ -16,7 +16,7 @@ const char *sd_method_default(const sd_method_have *h) {
     // With a datastore the lookup finds a continuation nearly every step;
     // its sized tree (:auto) drafts only where the match is worth a forward,
     // leaving the other steps to the head; matches of up to 5 tokens pick
-    // its continuations (1.01-1.04x the speed with 3 in four runs;
+    // its continuations (1.02-1.05x the speed with 3 in four runs;
     // docs/performance.md, "Methods on SmolLM2-135M").
     if (h && h->eagle3_head) return h->datastore ? "ngram:5-8:auto/eagle3:auto" : "ngram:3-8/eagle3:auto";
     if (h && h->moa_head) return h->datastore ? "ngram:5-8:auto/moa:auto" : "ngram:3-8/moa:auto";

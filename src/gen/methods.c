@@ -375,7 +375,8 @@ static int make_auto(const method_cfg *m, const sd_method_env *env, sd_drafter *
     if (env->head_eagle3 || env->head_moa) {   // with a head, the default method (sd_method_default): lookup, else the head
         sd_method dm;
         const sd_method_have have = {.n_drafts = env->n_drafts, .eagle3_head = env->head_eagle3 != NULL,
-                                     .moa_head = env->head_moa != NULL, .datastore = env->datastore != NULL};
+                                     .moa_head = env->head_moa != NULL,
+                                     .datastore = env->datastore || env->datastore_loaded};
         if (sd_method_parse(sd_method_default(&have), &dm, err, errlen) < 0) return -1;
         return sd_method_make(&dm, env, out, err, errlen);
     }
