@@ -11,6 +11,11 @@
 // parent's output state, dropped after the step. Positions whose state is
 // unknown (a prompt prefix another generation evaluated) get no row; the
 // head then attends to fewer rows, which costs acceptance, never correctness.
+// The target's rows of a position are fused (fc) only when a draft needs
+// them: they wait, unfused, in a run of pending positions, and are fused
+// together at the next catch-up. A server under load drafts nothing for
+// many steps (its draft budget, serve/budget.h): a matrix-vector product per
+// slot and step would cost it ~5% of its throughput for nothing.
 #include "draft/draft_eagle3.h"
 
 #include <math.h>
@@ -34,7 +39,9 @@ typedef struct e3d {
     int32_t *txt;        // (n_ctx) the text the state follows
     int n_txt;
     float *g;            // (n_ctx, d) fused states
-    uint8_t *gv;         // (n_ctx) 1: g_p known
+    uint8_t *gv;         // (n_ctx) 1: g_p known (fused, or its rows pending)
+    float *raw;          // (raw_cap, 3d) the target's rows of positions raw_lo.. not yet fused
+    int raw_lo, raw_n, raw_cap;
     int32_t *row_pos;    // (n_ctx) position of each committed head row
     int last_row;        // position of the last committed row, -1: none
     float *last_h;       // (d) output state of that row
@@ -68,17 +75,49 @@ typedef struct e3d {
 
 static double e3_uniform(void *st) { return sd_rng_uniform((sd_rng *)st); }
 
-// Fuses n hidden rows (n, 3, d) of positions pos0.. into g.
+// Fuses the pending rows into g.
+static void fuse_pending(e3d *s) {
+    if (s->raw_n > 0) sd_e3_fuse(s->e, s->raw, s->raw_n, s->g + (size_t)s->raw_lo * s->d);
+    s->raw_n = 0;
+}
+
+// Room for n more pending rows; 0 when there is none (then they are fused now).
+static int raw_room(e3d *s, int n) {
+    if (s->raw_n + n <= s->raw_cap) return 1;
+    int cap = SD_MAX(SD_MAX(64, 2 * s->raw_cap), s->raw_n + n);
+    cap = SD_MIN(cap, s->n_ctx);
+    if (s->raw_n + n > cap) return 0;
+    float *r = realloc(s->raw, sizeof(float) * 3 * (size_t)s->d * (size_t)cap);
+    if (!r) return 0;
+    s->raw = r;
+    s->raw_cap = cap;
+    return 1;
+}
+
+// Takes n hidden rows (n, 3, d) of positions pos0..: they wait, unfused,
+// after the pending ones when they continue them (fused at the next catch-up).
 static void put_states(e3d *s, const float *hidden, int pos0, int n) {
-    for (int i = 0; i < n; i += E3_ROWS) {
-        int c = SD_MIN(E3_ROWS, n - i);
-        int lo = pos0 + i;
-        if (lo >= s->n_ctx) return;
-        c = SD_MIN(c, s->n_ctx - lo);
-        if (s->fused) memcpy(s->g + (size_t)lo * s->d, hidden + (size_t)i * s->d, sizeof(float) * (size_t)c * s->d);
-        else sd_e3_fuse(s->e, hidden + (size_t)i * 3 * s->d, c, s->g + (size_t)lo * s->d);
-        memset(s->gv + lo, 1, (size_t)c);
+    if (pos0 >= s->n_ctx || n <= 0) return;
+    n = SD_MIN(n, s->n_ctx - pos0);
+    memset(s->gv + pos0, 1, (size_t)n);
+    if (s->fused) {
+        memcpy(s->g + (size_t)pos0 * s->d, hidden, sizeof(float) * (size_t)n * s->d);
+        return;
     }
+    const int end = s->raw_lo + s->raw_n;
+    if (s->raw_n > 0 && pos0 >= s->raw_lo && pos0 <= end && pos0 + n >= end)
+        s->raw_n = pos0 - s->raw_lo;   // continues the pending run, or rewrites its tail
+    else
+        fuse_pending(s);   // none pending, a gap, or rows before or inside the run: g holds those first
+    if (s->raw_n == 0) s->raw_lo = pos0;
+    if (!raw_room(s, n)) {   // no memory for more: fuse now
+        fuse_pending(s);
+        sd_e3_fuse(s->e, hidden, n, s->g + (size_t)pos0 * s->d);
+        return;
+    }
+    const size_t row = 3 * (size_t)s->d;
+    memcpy(s->raw + (size_t)s->raw_n * row, hidden, sizeof(float) * row * (size_t)n);
+    s->raw_n += n;
 }
 
 // Forget everything from position L on (the text changed there).
@@ -86,6 +125,7 @@ static int cut_text(e3d *s, int L, char *err, size_t errlen) {
     if (s->lr && s->hook->cut(s->lr, L, err, errlen) < 0) return -1;
     if (L >= s->n_txt && L > s->last_row) return 0;
     if (L < s->n_ctx) memset(s->gv + L, 0, (size_t)(s->n_ctx - L));
+    if (s->raw_lo + s->raw_n > L) s->raw_n = SD_MAX(0, L - s->raw_lo);
     int n = sd_e3_n_cached(s->e);
     while (n > 0 && s->row_pos[n - 1] >= L) n--;
     sd_e3_truncate(s->e, n);
@@ -145,6 +185,7 @@ static int catch_up(e3d *s, const int32_t *text, int n, char *err, size_t errlen
     int32_t tok[E3_ROWS], pos[E3_ROWS], par[E3_ROWS], slots[E3_ROWS];
     int p = s->last_row + 1;
     if (p < 1) p = 1;
+    if (p <= n - 1) fuse_pending(s);
     while (p <= n - 1) {
         int nr = 0;
         while (p <= n - 1 && nr < E3_ROWS) {
@@ -299,6 +340,7 @@ static int e3_prompt(sd_drafter *dr, const int32_t *tokens, int pos0, int n, con
 static void e3_reset(sd_drafter *dr) {
     e3d *s = dr->impl;
     s->n_txt = 0;
+    s->raw_n = 0;
     memset(s->gv, 0, (size_t)s->n_ctx);
     sd_e3_truncate(s->e, 0);
     s->last_row = -1;
@@ -357,7 +399,7 @@ static void e3_free(sd_drafter *dr) {
         sd_draft_auto_free(s->au);
         sd_sampler_free(s->smp);
         sd_tree_free(&s->work);
-        void *bufs[] = {s->txt, s->g, s->gv, s->row_pos, s->last_h, s->last_lg, s->slot, s->node_h,
+        void *bufs[] = {s->txt, s->g, s->gv, s->raw, s->row_pos, s->last_h, s->last_lg, s->slot, s->node_h,
                         s->lg, s->hbuf, s->cbuf, s->hist, s->feat};
         for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
         free(s);
@@ -439,7 +481,9 @@ int sd_draft_eagle3_new(sd_drafter **out, const sd_head *h, const sd_model *targ
     s->p_min = dp.p_min;
     s->last_row = -1;
     s->root_pos = -1;
-    if (sd_e3_new(&s->e, h, target, s->n_ctx, E3_ROWS, E3_TREE_MAX, wtype, (sd_pool *)dp.pool, err, errlen) < 0) {
+    const int learns = online && online->on;   // its runner's parameters change: a pack of its own
+    if (sd_e3_new(&s->e, h, target, s->n_ctx, E3_ROWS, E3_TREE_MAX, wtype, !learns, (sd_pool *)dp.pool, err,
+                  errlen) < 0) {
         e3_free(dr);
         return -1;
     }
@@ -496,6 +540,7 @@ int sd_draft_eagle3_set_fused(sd_drafter *d, int on) {
     if (!d || d->vt != &e3_vt) return -1;
     e3d *s = d->impl;
     if (on && s->lr) return -1;   // online learning reads the target's raw rows
+    fuse_pending(s);
     s->fused = on != 0;
     return 0;
 }

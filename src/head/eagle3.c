@@ -2,6 +2,7 @@
 #include "head/eagle3.h"
 
 #include <math.h>
+#include <pthread.h>
 
 #include "common.h"
 #include "kernels/matmul.h"
@@ -23,6 +24,7 @@ enum { N_ATTN, N_HIDDEN, N_FFN, N_OUT, N_N };
 
 struct sd_e3_pack {
     sd_head_hp hp;       // the shape it was made for
+    int wtype;           // the compute type asked for
     e3_mat mat[M_N];
     float *norm;         // (N_N, n_embd) the norm gains: attn, hidden, ffn, output
 };
@@ -35,7 +37,8 @@ struct sd_e3 {
     const sd_head *h;    // hyper-parameters (and sd_e3_sync's source)
     const sd_model *m;
     sd_pool *pool;
-    sd_e3_pack *pk;      // the parameters in use (owned)
+    sd_e3_pack *pk;      // the parameters in use (owned, or the head's shared pack)
+    int pk_shared;       // 1: pk is the head's (sd_head.e3_shared), not freed here
     sd_mm_ctx mm;
     int d, qd, kd, hd, nh, nkv, nff, V;
     int n_ctx, max_rows, max_pending;
@@ -68,6 +71,7 @@ int sd_e3_pack_new(sd_e3_pack **out, const sd_head *h, int wtype, char *err, siz
     sd_e3_pack *p = calloc(1, sizeof *p);
     if (!p) return sd_err(err, errlen, "eagle3: out of memory");
     p->hp = h->hp;
+    p->wtype = wtype;
     int ok = (p->norm = malloc(sizeof(float) * N_N * (size_t)h->hp.n_embd)) != NULL;
     for (int i = 0; i < M_N && ok; i++) {
         e3_mat *mt = &p->mat[i];
@@ -100,19 +104,23 @@ void sd_e3_pack_fill(sd_e3_pack *p, const sd_head *h) {
 }
 
 sd_e3_pack *sd_e3_swap_pack(sd_e3 *e, sd_e3_pack *p) {
+    SD_ASSERT(!e->pk_shared);   // a learner's runner has a pack of its own
     SD_ASSERT(p && p->hp.n_embd == e->d && p->hp.n_ff == e->nff && p->hp.n_draft_vocab == e->V);
     sd_e3_pack *old = e->pk;
     e->pk = p;
     return old;
 }
 
-void sd_e3_sync(sd_e3 *e) { sd_e3_pack_fill(e->pk, e->h); }
+void sd_e3_sync(sd_e3 *e) {
+    SD_ASSERT(!e->pk_shared);
+    sd_e3_pack_fill(e->pk, e->h);
+}
 
 const sd_head *sd_e3_head(const sd_e3 *e) { return e->h; }
 
 void sd_e3_free(sd_e3 *e) {
     if (!e) return;
-    sd_e3_pack_free(e->pk);
+    if (!e->pk_shared) sd_e3_pack_free(e->pk);
     float *bufs[] = {e->kc, e->vc, e->kp, e->vp, e->u, e->q, e->k, e->v, e->att, e->o, e->r, e->mm_in,
                      e->gate, e->up, e->f, e->hn, e->e, e->sc, e->rope_freq};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
@@ -122,8 +130,23 @@ void sd_e3_free(sd_e3 *e) {
     free(e);
 }
 
+// Guards every head's shared pack (sd_head.e3_shared) while one is made.
+static pthread_mutex_t g_share_mu = PTHREAD_MUTEX_INITIALIZER;
+
+// The head's shared pack of weight type wtype (made now when it has none),
+// or NULL when it holds another type or there is no memory.
+static sd_e3_pack *shared_pack(const sd_head *h, int wtype) {
+    sd_head *hm = (sd_head *)h;   // the cache is the only part of a head that changes after loading
+    char err[64];
+    pthread_mutex_lock(&g_share_mu);
+    if (!hm->e3_shared) sd_e3_pack_new(&hm->e3_shared, h, wtype, err, sizeof err);
+    sd_e3_pack *p = hm->e3_shared && hm->e3_shared->wtype == wtype ? hm->e3_shared : NULL;
+    pthread_mutex_unlock(&g_share_mu);
+    return p;
+}
+
 int sd_e3_new(sd_e3 **out, const sd_head *h, const sd_model *m, int n_ctx, int max_rows, int max_pending, int wtype,
-              sd_pool *pool, char *err, size_t errlen) {
+              int share, sd_pool *pool, char *err, size_t errlen) {
     *out = NULL;
     if (h->hp.type != SD_HEAD_EAGLE3) return sd_err(err, errlen, "eagle3: not an EAGLE-3 head");
     if (h->hp.n_embd != m->hp.n_embd) return sd_err(err, errlen, "eagle3: head width differs from the model's");
@@ -146,7 +169,8 @@ int sd_e3_new(sd_e3 **out, const sd_head *h, const sd_model *m, int n_ctx, int m
     e->n_ctx = n_ctx;
     e->max_rows = max_rows;
     e->max_pending = max_pending;
-    if (sd_e3_pack_new(&e->pk, h, wtype, err, errlen) < 0) {
+    if (share && (e->pk = shared_pack(h, wtype)) != NULL) e->pk_shared = 1;
+    else if (sd_e3_pack_new(&e->pk, h, wtype, err, errlen) < 0) {
         sd_e3_free(e);
         return -1;
     }

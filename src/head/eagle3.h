@@ -31,10 +31,13 @@ void sd_e3_pack_free(sd_e3_pack *p);
 // and sd_e3_sync re-reads h->w) and the target m it reads embeddings from: a
 // KV cache of n_ctx committed rows, at most max_rows rows per call and
 // max_pending pending rows between commits. Its parameters are a pack of its
-// own made from h. wtype: SD_TYPE_Q8_0 (default speed) or SD_TYPE_F32 (exact
-// float, for tests). pool may be NULL.
+// own made from h, or with share the head's shared pack (made by the first
+// runner that asks, freed with the head, read only: runners of an unchanging
+// head; a learner's runner, whose pack sd_e3_swap_pack replaces, has its
+// own). wtype: SD_TYPE_Q8_0 (default speed) or SD_TYPE_F32 (exact float, for
+// tests). pool may be NULL.
 int sd_e3_new(sd_e3 **out, const sd_head *h, const sd_model *m, int n_ctx, int max_rows, int max_pending, int wtype,
-              sd_pool *pool, char *err, size_t errlen);
+              int share, sd_pool *pool, char *err, size_t errlen);
 void sd_e3_free(sd_e3 *e);
 // Re-reads the head's parameters into the runner's pack (after training changed them).
 void sd_e3_sync(sd_e3 *e);

@@ -2,6 +2,7 @@
 // the draft vocabulary and the target fingerprint (files: head/head_io.c).
 #include "head/head.h"
 
+#include "head/eagle3.h"
 #include "head/moa.h"
 
 #include <math.h>
@@ -144,6 +145,7 @@ int sd_head_new(sd_head **out, const sd_head_hp *hp, char *err, size_t errlen) {
 
 void sd_head_free(sd_head *h) {
     if (!h) return;
+    sd_e3_pack_free(h->e3_shared);
     free(h->w);
     free(h->d2t);
     free(h->t2d);

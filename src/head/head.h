@@ -92,6 +92,9 @@ typedef struct sd_head {
     int32_t *t2d;            // (target_n_vocab) draft id of each target token, -1 outside the draft vocabulary
     // Free-form facts kept in the file (training recipe, loss, agreement): "key=value" lines.
     char note[1024];
+    // The EAGLE-3 runners' shared parameters in their compute type (sd_e3_new
+    // with share): made by the first runner that asks, freed with the head.
+    struct sd_e3_pack *e3_shared;
 } sd_head;
 
 // Pointer to tensor i's floats.

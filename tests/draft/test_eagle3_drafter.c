@@ -186,7 +186,7 @@ static void check_forward(int norm_before_residual) {
     rr2[5].parent = 4, rr2[6].parent = 4;   // parents below n_committed end the ancestor walk
     ref_eval(h, m, rr2, NR, h_ref, lg_ref);
     sd_e3 *e = NULL;
-    CHECK(sd_e3_new(&e, h, m, 64, 8, 16, SD_TYPE_F32, NULL, g_err, sizeof g_err) == 0, "%s", g_err);
+    CHECK(sd_e3_new(&e, h, m, 64, 8, 16, SD_TYPE_F32, 0, NULL, g_err, sizeof g_err) == 0, "%s", g_err);
     float *ho = malloc(sizeof(float) * NR * d), *lo = malloc(sizeof(float) * NR * V);
     if (e) {
         int32_t t32[NR], p32[NR], par[NR];
@@ -244,7 +244,7 @@ static int make_drafter(const sd_model *m, const sd_head *h, const char *method,
     env.head_eagle3 = h;
     env.head_medusa = g_medusa;
     env.head_bits = g_bits;
-    env.pool = sd_session_pool(s);
+    env.pool = s ? sd_session_pool(s) : NULL;
     env.report = report;
     env.user = user;
     if (me.uses_cost_curve) {
@@ -270,6 +270,66 @@ static int run_method(const sd_model *m, const sd_head *h, const char *method, c
     sd_sampler_free(smp);
     sd_session_free(s);
     return rc;
+}
+
+// The target's rows of the steps where the drafter drafts nothing (a server's
+// budget gave it no room) wait unfused and are fused together at the next
+// draft: that draft must equal the one of a drafter that drafted (and so
+// fused) at every step, the text rewound on the way included.
+static void test_followed_steps_fuse_later(void) {
+    sd_model *m = synth();
+    CHECK(m, "%s", g_err);
+    if (!m) return;
+    sd_head *h = random_head(m, 48, 11);
+    CHECK(h, "%s", g_err);
+    const int d = m->hp.n_embd, nv = m->hp.n_vocab, row = 3 * d;
+    enum { NP = 20, STEPS = 30, CAP = 16 };
+    sd_drafter *dr[2] = {NULL, NULL};
+    sd_tree *t[2] = {NULL, NULL};
+    for (int k = 0; k < 2 && h; k++) {
+        CHECK(make_drafter(m, h, "eagle3:dyn:2-3-12", NULL, 0.0, NULL, NULL, NULL, &dr[k]) == 0, "%s", g_err);
+        CHECK(sd_tree_new(&t[k], CAP, nv, g_err, sizeof g_err) == 0, "%s", g_err);
+    }
+    int32_t text[NP + STEPS];
+    float *rows = malloc(sizeof(float) * (size_t)row * (NP + STEPS));
+    sd_rng r;
+    sd_rng_seed(&r, 5);
+    for (int i = 0; i < (NP + STEPS) * row && rows; i++) rows[i] = (float)(sd_rng_uniform(&r) * 2.0 - 1.0);
+    for (int i = 0; i < NP + STEPS; i++) text[i] = (int32_t)(sd_rng_uniform(&r) * nv) % nv;
+    int ok = dr[0] && dr[1] && t[0] && t[1] && rows, n = NP, compared = 0;
+    for (int k = 0; k < 2 && ok; k++)
+        ok = sd_drafter_tell_prompt(dr[k], text, 0, NP - 1, rows, g_err, sizeof g_err) == 0;
+    for (int step = 0; ok && step < STEPS - 1; step++) {
+        if (step == 12) n -= 3;   // the text rewinds: the last rows are rewritten
+        const int last = step % 5 == 4 || step == STEPS - 2;   // drafter 0 drafts only now and then
+        for (int k = 0; k < 2 && ok; k++) {
+            const int room = k == 1 || last ? CAP : 1;
+            ok = sd_drafter_draft(dr[k], text, n, room, t[k], g_err, sizeof g_err) == 0;
+        }
+        if (ok && last) {
+            int same = sd_tree_size(t[0]) == sd_tree_size(t[1]) && sd_tree_size(t[0]) > 1;
+            for (int i = 0; same && i < sd_tree_size(t[0]); i++)
+                same = sd_tree_token(t[0], i) == sd_tree_token(t[1], i) &&
+                       sd_tree_parent(t[0], i) == sd_tree_parent(t[1], i) &&
+                       fabsf(sd_tree_p(t[0], i) - sd_tree_p(t[1], i)) <= 1e-5f;
+            CHECK(same, "step %d: the draft after steps without drafting differs (%d and %d nodes)", step,
+                  sd_tree_size(t[0]), sd_tree_size(t[1]));
+            compared++;
+        }
+        const int32_t path[1] = {0};
+        for (int k = 0; k < 2 && ok; k++)
+            ok = sd_drafter_tell(dr[k], t[k], path, 1, text[n], rows + (size_t)(n - 1) * row, g_err, sizeof g_err) == 0;
+        n++;
+    }
+    CHECK(ok, "%s", g_err);
+    CHECK(compared == 6, "drafts compared: %d", compared);
+    for (int k = 0; k < 2; k++) {
+        sd_drafter_free(dr[k]);
+        sd_tree_destroy(t[k]);
+    }
+    free(rows);
+    sd_head_free(h);
+    sd_model_free(m);
 }
 
 static void check_lossless(const sd_model *m, const sd_head *h, const int32_t *prompt, int np, int n, const char *tag) {
@@ -546,6 +606,7 @@ int main(void) {
     T_RUN(test_forward_norm_before_residual);
     T_RUN(test_method_errors);
     T_RUN(test_greedy_lossless_synthetic);
+    T_RUN(test_followed_steps_fuse_later);
     T_RUN(test_vocab_coverage);
     T_RUN(test_auto_prior_from_head);
     T_RUN(test_medusa_greedy_lossless);

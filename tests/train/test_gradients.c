@@ -356,7 +356,7 @@ static double infer_loss(const rig *r, const shape *s) {
     const sd_train_seq *q = &r->sb.seq;
     const int d = s->d, T = s->T, V = s->V, nt = q->topk;
     sd_e3 *e = NULL;
-    if (sd_e3_new(&e, h, r->m, T, 1, s->K + 1, SD_TYPE_F32, NULL, g_err, sizeof g_err) < 0) return NAN;
+    if (sd_e3_new(&e, h, r->m, T, 1, s->K + 1, SD_TYPE_F32, 0, NULL, g_err, sizeof g_err) < 0) return NAN;
     float g[64 * 16], hs[8][16], lg[8][64];
     sd_e3_fuse(e, q->feats, T - 1, g);
     double sum[8] = {0};
