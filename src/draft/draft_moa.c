@@ -422,7 +422,7 @@ int sd_draft_moa_new(sd_drafter **out, const sd_head *h, const sd_model *target,
     s->p_min = dp.p_min;
     s->root_pos = -1;
     s->root_parent = -1;
-    if (sd_moa_run_new(&s->r, h, target, s->n_ctx, MOA_TREE_MAX + MOA_CHAIN_MAX, wtype, (sd_pool *)dp.pool, err, errlen) < 0) {
+    if (sd_moa_run_new(&s->r, h, target, s->n_ctx, MOA_TREE_MAX + MOA_CHAIN_MAX, wtype, 1, (sd_pool *)dp.pool, err, errlen) < 0) {
         moa_free(dr);
         return -1;
     }

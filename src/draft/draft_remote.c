@@ -77,7 +77,7 @@ int sd_moa_lsa_new(sd_moa_lsa **out, const sd_head *h, const sd_model *m, char *
         return sd_errc(SD_ERR_INPUT, err, errlen, "moa lsa: an MoA drafter is required");
     sd_moa_lsa *x = calloc(1, sizeof *x);
     if (!x) return sd_errc(SD_ERR_OOM, err, errlen, "moa lsa: out of memory");
-    if (sd_moa_run_new(&x->r, h, m, 1, SD_MOA_ROWS, SD_TYPE_Q8_0, NULL, err, errlen) < 0) {
+    if (sd_moa_run_new(&x->r, h, m, 1, SD_MOA_ROWS, SD_TYPE_Q8_0, 1, NULL, err, errlen) < 0) {
         free(x);
         return SD_ERR_INPUT;
     }

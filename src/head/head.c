@@ -146,6 +146,7 @@ int sd_head_new(sd_head **out, const sd_head_hp *hp, char *err, size_t errlen) {
 void sd_head_free(sd_head *h) {
     if (!h) return;
     sd_e3_pack_free(h->e3_shared);
+    sd_moa_w_free(h->moa_shared);
     free(h->w);
     free(h->d2t);
     free(h->t2d);

@@ -95,6 +95,8 @@ typedef struct sd_head {
     // The EAGLE-3 runners' shared parameters in their compute type (sd_e3_new
     // with share): made by the first runner that asks, freed with the head.
     struct sd_e3_pack *e3_shared;
+    // The MoA runners' shared parameters (sd_moa_run_new with share), likewise.
+    struct sd_moa_w *moa_shared;
 } sd_head;
 
 // Pointer to tensor i's floats.

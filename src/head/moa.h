@@ -99,6 +99,10 @@ void sd_moa_rope(float *row, int n_heads, int hd, int n_rot, int neox, const dou
 // ---------------------------------------------------------------- runner
 
 typedef struct sd_moa_run sd_moa_run;
+// A runner's parameters in its compute type (moa_run.c); freed with the head
+// when shared (sd_head.moa_shared).
+typedef struct sd_moa_w sd_moa_w;
+void sd_moa_w_free(sd_moa_w *w);
 
 // A runner for MoA head h (must outlive it) and target m: n_ctx verified
 // positions of context (CA keys and values, the TLI layers' K,V rows), at
@@ -106,9 +110,14 @@ typedef struct sd_moa_run sd_moa_run;
 // wtype: SD_TYPE_Q8_0, Q5_0, Q4_1 or Q4_0 (speed; --head-bits) or
 // SD_TYPE_F32 (exact float, tests) for the matrices (the MoA's own and the
 // target's borrowed ones: the TLI layers, the draft-vocabulary output rows;
-// rows that do not fill blocks stay F32). pool may be NULL.
+// rows that do not fill blocks stay F32). share: computes with the head's
+// shared copy of those parameters (made by the first runner that asks for
+// target m and type wtype, freed with the head; a runner of another target
+// or type makes its own): a head that never changes once loaded; tests
+// that change a head's parameters make runners of their own (share 0).
+// pool may be NULL.
 int sd_moa_run_new(sd_moa_run **out, const sd_head *h, const sd_model *m, int n_ctx, int max_pending, int wtype,
-                   sd_pool *pool, char *err, size_t errlen);
+                   int share, sd_pool *pool, char *err, size_t errlen);
 void sd_moa_run_free(sd_moa_run *r);
 // Rows per call.
 #define SD_MOA_ROWS 64

@@ -2,6 +2,7 @@
 // each verified position's target K,V rows into CA's keys and values, and
 // drafted rows through SA, CA, the target's last N layers and its output.
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,18 +29,31 @@ typedef struct dlayer {
 
 #define LSA_ROWS 256   // rows of one LSA matmul call (tokens x layers)
 
+// The parameters a runner computes with, in its compute type: the MoA's
+// own layers and projections and what it borrows from the target (its last
+// N layers, its final norm, the draft vocabulary's output rows). A runner's
+// own, or the head's shared copy (sd_head.moa_shared), made by the first
+// runner of that target and type and freed with the head: a drafter of an
+// MoA head (which never changes once loaded) is then made in a millisecond.
+struct sd_moa_w {
+    const sd_model *m;             // the target the borrowed parts come from
+    int wtype;
+    int N;
+    dlayer sa, ca, lsa, *tl;       // tl: (N) the target's last N layers
+    mmat proj, out, hid, sah;      // hid: ca.hidden, sah: sa.hidden (drafters reading states; else empty)
+    float *proj_b;                 // (E)
+    float *out_norm;               // (E) the target's final norm
+};
+
 struct sd_moa_run {
     const sd_head *h;
     const sd_model *m;
     sd_pool *pool;
     sd_mm_ctx mm;
-    int wtype;
     int E, L, ekv, N, V, n_ctx, max_pending;
     float eps, t_eps;
-    dlayer sa, ca, lsa, *tl;       // tl: (N) the target's last N layers
-    mmat proj, out, hid, sah;      // hid: ca.hidden, sah: sa.hidden (drafters reading states; else empty)
-    float *proj_b;                 // (E)
-    float *out_norm;               // (E) the target's final norm
+    sd_moa_w *w;                   // the parameters: its own, or the head's shared ones
+    int w_shared;                  // 1: w is the head's (sd_head.moa_shared), not freed here
     double *lsa_freq, *sa_freq, *t_freq;
     int t_nrot, t_neox, t_kvd;
     // verified context
@@ -74,18 +88,26 @@ static void layer_free(dlayer *l) {
     free(l->bv);
 }
 
+void sd_moa_w_free(sd_moa_w *w) {
+    if (!w) return;
+    layer_free(&w->sa);
+    layer_free(&w->ca);
+    layer_free(&w->lsa);
+    for (int i = 0; w->tl && i < w->N; i++) layer_free(&w->tl[i]);
+    free(w->tl);
+    mm_free(&w->proj);
+    mm_free(&w->out);
+    mm_free(&w->hid);
+    mm_free(&w->sah);
+    free(w->proj_b);
+    free(w->out_norm);
+    free(w);
+}
+
 void sd_moa_run_free(sd_moa_run *r) {
     if (!r) return;
-    layer_free(&r->sa);
-    layer_free(&r->ca);
-    layer_free(&r->lsa);
-    for (int i = 0; r->tl && i < r->N; i++) layer_free(&r->tl[i]);
-    free(r->tl);
-    mm_free(&r->proj);
-    mm_free(&r->out);
-    mm_free(&r->hid);
-    mm_free(&r->sah);
-    void *bufs[] = {r->proj_b, r->out_norm, r->lsa_freq, r->sa_freq, r->t_freq, r->ck, r->cv, r->tk, r->tv, r->vk, r->vv,
+    if (!r->w_shared) sd_moa_w_free(r->w);
+    void *bufs[] = {r->lsa_freq, r->sa_freq, r->t_freq, r->ck, r->cv, r->tk, r->tv, r->vk, r->vv,
                     r->sk, r->sv, r->pk, r->pv, r->ppar, r->x, r->xn, r->q, r->k, r->v, r->att, r->o,
                     r->g, r->u, r->c, r->sc, r->cl, r->hn, r->gh, r->chain, r->mm.wbuf};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
@@ -94,8 +116,8 @@ void sd_moa_run_free(sd_moa_run *r) {
 }
 
 // a from float rows w (n_out, n_in) in the runner's type (F32 where rows do not fill blocks).
-static int mm_make(sd_moa_run *r, mmat *a, const float *w, int64_t n_in, int64_t n_out) {
-    int base = r->wtype;
+static int mm_make(const sd_moa_w *pw, mmat *a, const float *w, int64_t n_in, int64_t n_out) {
+    int base = pw->wtype;
     if (base != SD_TYPE_F32 && n_in % sd_type_get(base)->blck) base = SD_TYPE_F32;
     a->n_in = n_in;
     a->n_out = n_out;
@@ -112,8 +134,8 @@ static float *dup_f(const float *src, size_t n) {
 }
 
 // A layer from the head's tensor block at base.
-static int layer_from_head(sd_moa_run *r, dlayer *l, int base, int w, int nh, int nkv, int hd, int nff) {
-    const sd_head *h = r->h;
+static int layer_from_head(const sd_moa_w *r, const sd_head *h, dlayer *l, int base, int w, int nh, int nkv, int hd,
+                           int nff) {
     l->w = w, l->nh = nh, l->nkv = nkv, l->hd = hd, l->nff = nff;
     mmat *ms[] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down};
     const int ti[] = {SD_MOA_Q, SD_MOA_K, SD_MOA_V, SD_MOA_O, SD_MOA_GATE, SD_MOA_UP, SD_MOA_DOWN};
@@ -127,7 +149,7 @@ static int layer_from_head(sd_moa_run *r, dlayer *l, int base, int w, int nh, in
 }
 
 // Target layer li, dequantised.
-static int layer_from_target(sd_moa_run *r, dlayer *l, int li, char *err, size_t errlen) {
+static int layer_from_target(const sd_moa_w *r, dlayer *l, int li, char *err, size_t errlen) {
     const sd_model *m = r->m;
     const sd_hparams *hp = &m->hp;
     const sd_layer *tl = &m->layers[li];
@@ -170,8 +192,56 @@ static size_t layer_wsize(const dlayer *l, int64_t rows) {
     return s;
 }
 
+// Fills w (zeroed) with h's parameters for target m in type wtype.
+static int w_make(sd_moa_w *w, const sd_head *h, const sd_model *m, int wtype, char *err, size_t errlen) {
+    const sd_head_hp *hp = &h->hp;
+    const int E = hp->n_embd, ekv = hp->moa_kv_width, V = hp->n_draft_vocab, L = m->hp.n_layer;
+    w->m = m, w->wtype = wtype, w->N = hp->moa_tli;
+    int ok = layer_from_head(w, h, &w->sa, SD_MOA_SA, E, hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_ff) == 0 &&
+             layer_from_head(w, h, &w->ca, SD_MOA_CA, E, hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_ff) == 0 &&
+             (hp->moa_no_lsa || layer_from_head(w, h, &w->lsa, SD_MOA_LSA, ekv, hp->moa_lsa_n_head,
+                                                hp->moa_lsa_n_head_kv, hp->moa_lsa_head_dim, hp->moa_lsa_n_ff) == 0) &&
+             mm_make(w, &w->proj, sd_head_w(h, SD_MOA_PROJ), ekv, E) == 0 &&
+             (!hp->moa_ca_hidden || mm_make(w, &w->hid, sd_head_w(h, sd_moa_hidden_t(hp)), E, E) == 0) &&
+             (!hp->moa_sa_hidden || mm_make(w, &w->sah, sd_head_w(h, sd_moa_sa_hidden_t(hp)), E, E) == 0) &&
+             (w->proj_b = dup_f(sd_head_w(h, SD_MOA_PROJ_B), (size_t)E)) != NULL;
+    if (!ok) return sd_err(err, errlen, "moa: out of memory for the drafter's parameters");
+    // Borrowed from the target: the last N layers, the final norm, the draft vocabulary's output rows.
+    if (w->N > 0 && !(w->tl = calloc((size_t)w->N, sizeof *w->tl))) return sd_err(err, errlen, "moa: out of memory");
+    for (int i = 0; i < w->N; i++)
+        if (layer_from_target(w, &w->tl[i], L - w->N + i, err, errlen) < 0) return -1;
+    float *orow = malloc(sizeof(float) * (size_t)V * (size_t)E);
+    w->out_norm = malloc(sizeof(float) * (size_t)E);
+    int rc = !orow || !w->out_norm ? sd_err(err, errlen, "moa: out of memory") : 0;
+    if (rc == 0 && (sd_moa_dequant(m, m->out_norm, NULL, 0, w->out_norm, err, errlen) < 0 ||
+                    sd_moa_dequant(m, m->output, h->d2t, V, orow, err, errlen) < 0))
+        rc = -1;
+    if (rc == 0 && mm_make(w, &w->out, orow, E, V) < 0) rc = sd_err(err, errlen, "moa: out of memory");
+    free(orow);
+    return rc;
+}
+
+// Guards every head's shared parameters (sd_head.moa_shared) while they are made.
+static pthread_mutex_t g_share_mu = PTHREAD_MUTEX_INITIALIZER;
+
+// The head's shared parameters for target m in type wtype (made now when it
+// has none), or NULL (with no message) when it holds another target's or
+// type's, or they cannot be made (the caller then makes its own and says why).
+static sd_moa_w *shared_w(const sd_head *h, const sd_model *m, int wtype, char *err, size_t errlen) {
+    sd_head *hm = (sd_head *)h;   // the cache is the only part of a head that changes after loading
+    pthread_mutex_lock(&g_share_mu);
+    if (!hm->moa_shared) {
+        sd_moa_w *w = calloc(1, sizeof *w);
+        if (w && w_make(w, h, m, wtype, err, errlen) == 0) hm->moa_shared = w;
+        else sd_moa_w_free(w);
+    }
+    sd_moa_w *w = hm->moa_shared && hm->moa_shared->m == m && hm->moa_shared->wtype == wtype ? hm->moa_shared : NULL;
+    pthread_mutex_unlock(&g_share_mu);
+    return w;
+}
+
 int sd_moa_run_new(sd_moa_run **out, const sd_head *h, const sd_model *m, int n_ctx, int max_pending, int wtype,
-                   sd_pool *pool, char *err, size_t errlen) {
+                   int share, sd_pool *pool, char *err, size_t errlen) {
     *out = NULL;
     if (h->hp.type != SD_HEAD_MOA) return sd_err(err, errlen, "moa: not an MoA drafter");
     if (sd_head_check_target(h, m, err, errlen) < 0) return -1;
@@ -183,41 +253,18 @@ int sd_moa_run_new(sd_moa_run **out, const sd_head *h, const sd_model *m, int n_
     sd_moa_run *r = calloc(1, sizeof *r);
     if (!r) return sd_err(err, errlen, "moa: out of memory");
     const sd_head_hp *hp = &h->hp;
-    r->h = h, r->m = m, r->wtype = wtype;
+    r->h = h, r->m = m;
     r->pool = pool ? sd_pool_ref(pool) : NULL;
     r->E = hp->n_embd, r->L = m->hp.n_layer, r->ekv = hp->moa_kv_width, r->N = hp->moa_tli, r->V = hp->n_draft_vocab;
     r->n_ctx = n_ctx, r->max_pending = max_pending;
     r->eps = hp->rms_eps, r->t_eps = m->hp.rms_eps;
     r->t_nrot = m->hp.n_rot, r->t_neox = m->hp.rope_type == SD_ROPE_NEOX, r->t_kvd = r->ekv / 2;
     const int E = r->E, ekv = r->ekv, kd = hp->n_head_kv * hp->head_dim;
-    int ok = layer_from_head(r, &r->sa, SD_MOA_SA, E, hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_ff) == 0 &&
-             layer_from_head(r, &r->ca, SD_MOA_CA, E, hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_ff) == 0 &&
-             (hp->moa_no_lsa || layer_from_head(r, &r->lsa, SD_MOA_LSA, ekv, hp->moa_lsa_n_head, hp->moa_lsa_n_head_kv,
-                                                hp->moa_lsa_head_dim, hp->moa_lsa_n_ff) == 0) &&
-             mm_make(r, &r->proj, sd_head_w(h, SD_MOA_PROJ), ekv, E) == 0 &&
-             (!hp->moa_ca_hidden || mm_make(r, &r->hid, sd_head_w(h, sd_moa_hidden_t(hp)), E, E) == 0) &&
-             (!hp->moa_sa_hidden || mm_make(r, &r->sah, sd_head_w(h, sd_moa_sa_hidden_t(hp)), E, E) == 0) &&
-             (r->proj_b = dup_f(sd_head_w(h, SD_MOA_PROJ_B), (size_t)E)) != NULL;
-    if (!ok) {
+    if (share && (r->w = shared_w(h, m, wtype, err, errlen)) != NULL) r->w_shared = 1;
+    else if (!(r->w = calloc(1, sizeof *r->w)) || w_make(r->w, h, m, wtype, err, errlen) < 0) {
         sd_moa_run_free(r);
-        return sd_err(err, errlen, "moa: out of memory for the drafter's parameters");
+        return -1;
     }
-    // Borrowed from the target: the last N layers, the final norm, the draft vocabulary's output rows.
-    if (r->N > 0 && !(r->tl = calloc((size_t)r->N, sizeof *r->tl))) ok = 0;
-    for (int i = 0; ok && i < r->N; i++)
-        if (layer_from_target(r, &r->tl[i], r->L - r->N + i, err, errlen) < 0) {
-            sd_moa_run_free(r);
-            return -1;
-        }
-    float *orow = ok ? malloc(sizeof(float) * (size_t)r->V * (size_t)E) : NULL;
-    r->out_norm = malloc(sizeof(float) * (size_t)E);
-    if (!orow || !r->out_norm || sd_moa_dequant(m, m->out_norm, NULL, 0, r->out_norm, err, errlen) < 0 ||
-        sd_moa_dequant(m, m->output, h->d2t, r->V, orow, err, errlen) < 0 || mm_make(r, &r->out, orow, E, r->V) < 0) {
-        free(orow);
-        sd_moa_run_free(r);
-        return ok ? -1 : sd_err(err, errlen, "moa: out of memory");
-    }
-    free(orow);
     r->lsa_freq = malloc(sizeof(double) * (size_t)SD_MAX(1, hp->moa_lsa_head_dim / 2));
     r->sa_freq = malloc(sizeof(double) * (size_t)(hp->head_dim / 2));
     r->t_freq = malloc(sizeof(double) * (size_t)SD_MAX(1, r->t_nrot / 2));
@@ -239,7 +286,7 @@ int sd_moa_run_new(sd_moa_run **out, const sd_head *h, const sd_model *m, int n_
     // scratch rows: LSA_ROWS rows of the widest input
     const size_t R = LSA_ROWS;
     size_t wmax = (size_t)SD_MAX(E, ekv), ffmax = (size_t)SD_MAX(hp->n_ff, hp->moa_lsa_n_ff);
-    for (int i = 0; i < r->N; i++) ffmax = SD_MAX(ffmax, (size_t)r->tl[i].nff);
+    for (int i = 0; i < r->N; i++) ffmax = SD_MAX(ffmax, (size_t)r->w->tl[i].nff);
     size_t qmax = SD_MAX((size_t)hp->n_head * hp->head_dim, wmax);
     if (r->N > 0) qmax = SD_MAX(qmax, (size_t)m->hp.n_head * m->hp.head_dim);
     r->x = malloc(sizeof(float) * R * wmax);
@@ -257,13 +304,13 @@ int sd_moa_run_new(sd_moa_run **out, const sd_head *h, const sd_model *m, int n_
     r->hn = malloc(sizeof(float) * SD_MOA_ROWS * (size_t)E);
     r->gh = hp->moa_sa_hidden ? malloc(sizeof(float) * nc * (size_t)E) : NULL;
     r->sa_scale = hp->moa_sa_hidden ? sd_moa_sa_scale(m) : 0.0f;
-    size_t ws = SD_MAX(layer_wsize(&r->sa, SD_MOA_ROWS), layer_wsize(&r->lsa, LSA_ROWS));
-    ws = SD_MAX(ws, sd_matmul_wsize(r->proj.type, ekv, LSA_ROWS));
-    ws = SD_MAX(ws, sd_matmul_wsize(r->out.type, E, SD_MOA_ROWS));
-    if (r->hid.W) ws = SD_MAX(ws, sd_matmul_wsize(r->hid.type, E, SD_MOA_ROWS));
-    if (r->sah.W) ws = SD_MAX(ws, sd_matmul_wsize(r->sah.type, E, SD_MOA_ROWS));
-    ws = SD_MAX(ws, layer_wsize(&r->ca, SD_MOA_ROWS));
-    for (int i = 0; i < r->N; i++) ws = SD_MAX(ws, layer_wsize(&r->tl[i], SD_MOA_ROWS));
+    size_t ws = SD_MAX(layer_wsize(&r->w->sa, SD_MOA_ROWS), layer_wsize(&r->w->lsa, LSA_ROWS));
+    ws = SD_MAX(ws, sd_matmul_wsize(r->w->proj.type, ekv, LSA_ROWS));
+    ws = SD_MAX(ws, sd_matmul_wsize(r->w->out.type, E, SD_MOA_ROWS));
+    if (r->w->hid.W) ws = SD_MAX(ws, sd_matmul_wsize(r->w->hid.type, E, SD_MOA_ROWS));
+    if (r->w->sah.W) ws = SD_MAX(ws, sd_matmul_wsize(r->w->sah.type, E, SD_MOA_ROWS));
+    ws = SD_MAX(ws, layer_wsize(&r->w->ca, SD_MOA_ROWS));
+    for (int i = 0; i < r->N; i++) ws = SD_MAX(ws, layer_wsize(&r->w->tl[i], SD_MOA_ROWS));
     r->mm.wbuf = malloc(ws ? ws : 64);
     r->mm.wbuf_size = ws;
     r->mm.pool = r->pool;
@@ -375,7 +422,7 @@ static void lsa_rows(sd_moa_run *r, const float *kv, int n, float *c) {
             for (int j = 0; j < ekv; j++) mr[j] /= (float)L;
         }
     } else {
-        const dlayer *ly = &r->lsa;
+        const dlayer *ly = &r->w->lsa;
         const int tpc = SD_MAX(1, LSA_ROWS / L);   // tokens per call
         const int qd = ly->nh * ly->hd, kd = ly->nkv * ly->hd;
         for (int t0 = 0; t0 < n; t0 += tpc) {
@@ -406,8 +453,8 @@ static void lsa_rows(sd_moa_run *r, const float *kv, int n, float *c) {
             }
         }
     }
-    mat(r, &r->proj, mean, n, c);
-    add_bias(c, r->proj_b, n, r->E);
+    mat(r, &r->w->proj, mean, n, c);
+    add_bias(c, r->w->proj_b, n, r->E);
 }
 
 // The target states' terms of n new verified positions (the next n_cached ..),
@@ -415,28 +462,28 @@ static void lsa_rows(sd_moa_run *r, const float *kv, int n, float *c) {
 // position for the rows drafted after them.
 static void hidden_terms(sd_moa_run *r, const float *hid, int n, float *c) {
     const size_t E = (size_t)r->E;
-    if (!r->hid.W && !r->sah.W) return;
+    if (!r->w->hid.W && !r->w->sah.W) return;
     for (int i = 0; i < n; i++) sd_moa_hidden_scale(hid + (size_t)i * E, r->E, r->hn + (size_t)i * E);
-    if (r->hid.W) {
-        mat(r, &r->hid, r->hn, n, r->o);
+    if (r->w->hid.W) {
+        mat(r, &r->w->hid, r->hn, n, r->o);
         for (size_t j = 0; j < (size_t)n * E; j++) c[j] += r->o[j];
     }
-    if (r->sah.W) {   // (G s hn: the scale applied to G's output, a linear map)
+    if (r->w->sah.W) {   // (G s hn: the scale applied to G's output, a linear map)
         float *g = r->gh + (size_t)r->n_cached * E;
-        mat(r, &r->sah, r->hn, n, g);
+        mat(r, &r->w->sah, r->hn, n, g);
         for (size_t j = 0; j < (size_t)n * E; j++) g[j] *= r->sa_scale;
     }
 }
 
 void sd_moa_run_lsa(sd_moa_run *r, const float *kv, int n, float *c) { lsa_rows(r, kv, n, c); }
 
-int sd_moa_run_needs_hidden(const sd_moa_run *r) { return r->hid.W || r->sah.W; }
+int sd_moa_run_needs_hidden(const sd_moa_run *r) { return r->w->hid.W || r->w->sah.W; }
 
 // CA's keys and values of n positions from their LSA outputs cc (n, E), and
 // the TLI layers' rows: tli (n, N, Ekv) with stride ld floats a position;
 // sa_full: SA's keys and values of their tokens tok (n).
 static void context_from(sd_moa_run *r, const float *cc, const float *tli, size_t ld, const int32_t *tok, int n) {
-    const dlayer *ca = &r->ca;
+    const dlayer *ca = &r->w->ca;
     const int E = r->E, kd = ca->nkv * ca->hd, ekv = r->ekv, tkvd = r->t_kvd;
     for (int i = 0; i < n; i++) rms(r->xn + (size_t)i * E, cc + (size_t)i * E, ca->attn_norm, E, r->eps);
     float *kr = r->ck + (size_t)r->n_cached * kd, *vr = r->cv + (size_t)r->n_cached * kd;
@@ -445,7 +492,7 @@ static void context_from(sd_moa_run *r, const float *cc, const float *tli, size_
     for (int i = 0; i < n; i++)
         sd_moa_rope(kr + (size_t)i * kd, ca->nkv, ca->hd, ca->hd, 0, r->sa_freq, r->n_cached + i);
     if (r->vk) {   // sa_full: a verified position's SA row, as a drafted row of that token at that position
-        const dlayer *sa = &r->sa;
+        const dlayer *sa = &r->w->sa;
         const int skd = sa->nkv * sa->hd;
         for (int i = 0; i < n; i++) {
             sd_model_token_embd(r->m, tok[i], r->x + (size_t)i * E, NULL, 0);
@@ -497,8 +544,8 @@ int sd_moa_run_context_mean(sd_moa_run *r, const float *rows, const float *hid, 
     if (check_context(r, hid, tok, n, err, errlen) < 0) return -1;
     const size_t ld = (size_t)(1 + r->N) * r->ekv;
     for (int i = 0; i < n; i++) memcpy(r->c + (size_t)i * r->ekv, rows + (size_t)i * ld, sizeof(float) * (size_t)r->ekv);
-    mat(r, &r->proj, r->c, n, r->cl);   // what lsa_rows makes of the mean without LSA
-    add_bias(r->cl, r->proj_b, n, r->E);
+    mat(r, &r->w->proj, r->c, n, r->cl);   // what lsa_rows makes of the mean without LSA
+    add_bias(r->cl, r->w->proj_b, n, r->E);
     if (hid) hidden_terms(r, hid, n, r->cl);
     context_from(r, r->cl, rows + r->ekv, ld, tok, n);
     return 0;
@@ -538,9 +585,9 @@ int sd_moa_run_eval(sd_moa_run *r, const int32_t *tok, const int32_t *pos, const
     for (int i = 0; i < n; i++) r->ppar[slot0 + i] = parent[i];
     float *x = r->x;
     // SA over the token embeddings, each row seeing its chain of drafted rows.
-    const dlayer *sa = &r->sa;
+    const dlayer *sa = &r->w->sa;
     const int sqd = sa->nh * sa->hd, skd = sa->nkv * sa->hd;
-    const float *gv = r->sah.W && r->n_cached > 0 ? r->gh + (size_t)(r->n_cached - 1) * E : NULL;
+    const float *gv = r->w->sah.W && r->n_cached > 0 ? r->gh + (size_t)(r->n_cached - 1) * E : NULL;
     for (int i = 0; i < n; i++) {
         float *xi = x + (size_t)i * E;
         sd_model_token_embd(r->m, tok[i], xi, NULL, 0);
@@ -564,7 +611,7 @@ int sd_moa_run_eval(sd_moa_run *r, const int32_t *tok, const int32_t *pos, const
     }
     layer_tail(r, sa, x, n, r->eps);
     // CA: queries from SA, keys and values from the verified positions' LSA outputs.
-    const dlayer *ca = &r->ca;
+    const dlayer *ca = &r->w->ca;
     const int cqd = ca->nh * ca->hd, ckd = ca->nkv * ca->hd;
     for (int i = 0; i < n; i++) rms(r->xn + (size_t)i * E, x + (size_t)i * E, ca->attn_norm, E, r->eps);
     mat(r, &ca->q, r->xn, n, r->q);
@@ -579,7 +626,7 @@ int sd_moa_run_eval(sd_moa_run *r, const int32_t *tok, const int32_t *pos, const
     if (h_out) memcpy(h_out, x, sizeof(float) * (size_t)n * E);
     // TLI: the target's last N layers, their verified rows the target's own.
     for (int t = 0; t < r->N; t++) {
-        const dlayer *tl = &r->tl[t];
+        const dlayer *tl = &r->w->tl[t];
         const int tqd = tl->nh * tl->hd, tkd = tl->nkv * tl->hd;
         float *pk = r->pk + (size_t)t * r->max_pending * tkd, *pv = r->pv + (size_t)t * r->max_pending * tkd;
         for (int i = 0; i < n; i++) rms(r->xn + (size_t)i * E, x + (size_t)i * E, tl->attn_norm, E, r->t_eps);
@@ -605,8 +652,8 @@ int sd_moa_run_eval(sd_moa_run *r, const int32_t *tok, const int32_t *pos, const
     }
     r->n_pend += n;
     if (logits) {
-        for (int i = 0; i < n; i++) rms(r->xn + (size_t)i * E, x + (size_t)i * E, r->out_norm, E, r->t_eps);
-        mat(r, &r->out, r->xn, n, logits);
+        for (int i = 0; i < n; i++) rms(r->xn + (size_t)i * E, x + (size_t)i * E, r->w->out_norm, E, r->t_eps);
+        mat(r, &r->w->out, r->xn, n, logits);
     }
     return 0;
 }

@@ -323,6 +323,14 @@ static void test_followed_steps_fuse_later(void) {
     }
     CHECK(ok, "%s", g_err);
     CHECK(compared == 6, "drafts compared: %d", compared);
+    // (the two drafters computed with the head's one shared pack, which outlives them)
+    CHECK(h && h->e3_shared, "the drafters made no shared pack of the head's matrices");
+    if (ok) {
+        sd_drafter_free(dr[0]);
+        dr[0] = NULL;
+        CHECK(sd_drafter_draft(dr[1], text, n, CAP, t[1], g_err, sizeof g_err) == 0 && sd_tree_size(t[1]) > 1,
+              "a drafter after the other is freed: %s", g_err);
+    }
     for (int k = 0; k < 2; k++) {
         sd_drafter_free(dr[k]);
         sd_tree_destroy(t[k]);

@@ -438,7 +438,7 @@ static void test_moa_sa_full_runner(void) {
     // runner 1: fresh, told 0..24 and then 40..54; runner 2: the bit cleared, the same as runner 1
     for (int k = 0; k < 3; k++) {
         h->hp.moa_sa_full = k < 2;
-        if (sd_moa_run_new(&r[k], h, g_m, 128, 64, SD_TYPE_F32, NULL, g_err, sizeof g_err) < 0) {
+        if (sd_moa_run_new(&r[k], h, g_m, 128, 64, SD_TYPE_F32, 0, NULL, g_err, sizeof g_err) < 0) {
             CHECK(0, "runner: %s", g_err);
             goto out;
         }
@@ -469,10 +469,58 @@ out:
     sd_head_free(h);
 }
 
+// Runners of one head share its parameters (made by the first that asks,
+// freed with the head): they compute what a runner with parameters of its
+// own computes, bit for bit, also after the first runner is freed; a
+// runner of another type makes its own.
+static void test_moa_shared_parameters(void) {
+    if (!setup()) SKIP("setup failed: %.200s", g_err);
+    sd_head *h = new_moa(g_m, 1, 0, 0, 41);
+    const int L = g_m->hp.n_layer, ekv = h ? h->hp.moa_kv_width : 0, V = NV;
+    enum { NR = 4, NT = 20 };
+    const int types[NR] = {SD_TYPE_F32, SD_TYPE_F32, SD_TYPE_F32, SD_TYPE_Q8_0};
+    const int share[NR] = {1, 1, 0, 1};
+    sd_moa_run *r[NR] = {NULL};
+    float *kv = malloc(sizeof(float) * NT * (size_t)L * (size_t)ekv), *lg[NR + 1] = {NULL};
+    int32_t tok[NT];
+    sd_rng rng;
+    sd_rng_seed(&rng, 9);
+    int ok = h && kv;
+    for (int i = 0; ok && i <= NR; i++) ok = (lg[i] = malloc(sizeof(float) * 2 * V)) != NULL;
+    for (size_t i = 0; ok && i < NT * (size_t)L * (size_t)ekv; i++) kv[i] = (float)(2 * sd_rng_uniform(&rng) - 1);
+    for (int i = 0; i < NT; i++) tok[i] = (int32_t)(sd_rng_next(&rng) % NV);
+    for (int k = 0; ok && k < NR; k++) {
+        ok = sd_moa_run_new(&r[k], h, g_m, 64, 64, types[k], share[k], NULL, g_err, sizeof g_err) == 0;
+        if (k == 0) CHECK(!ok || h->moa_shared, "the first sharing runner made no shared parameters");
+    }
+    const int32_t dt[2] = {tok[3], tok[4]}, pos[2] = {NT, NT + 1}, par[2] = {-1, 0};
+    for (int k = 0; ok && k < NR; k++)
+        ok = sd_moa_run_context(r[k], kv, NULL, tok, NT, g_err, sizeof g_err) == 0 &&
+             sd_moa_run_eval(r[k], dt, pos, par, 2, lg[k], NULL, g_err, sizeof g_err) == 0;
+    CHECK(ok, "%s", g_err);
+    if (ok) {
+        CHECK(!memcmp(lg[0], lg[2], sizeof(float) * 2 * V) && !memcmp(lg[1], lg[2], sizeof(float) * 2 * V),
+              "runners with shared parameters draft other logits than one with its own");
+        double diff = 0;
+        for (int i = 0; i < 2 * V; i++) diff = fmax(diff, fabs(lg[3][i] - lg[2][i]));
+        CHECK(diff > 0 && diff < 0.5, "the Q8_0 runner: max |logit difference| %.3g (its own parameters)", diff);
+        sd_moa_run_free(r[0]);
+        r[0] = NULL;
+        sd_moa_run_drop_pending(r[1]);
+        ok = sd_moa_run_eval(r[1], dt, pos, par, 2, lg[NR], NULL, g_err, sizeof g_err) == 0;
+        CHECK(ok && !memcmp(lg[NR], lg[2], sizeof(float) * 2 * V), "after the first runner is freed: %s", g_err);
+    }
+    for (int k = 0; k < NR; k++) sd_moa_run_free(r[k]);
+    for (int i = 0; i <= NR; i++) free(lg[i]);
+    free(kv);
+    sd_head_free(h);
+}
+
 int main(void) {
     T_RUN(test_moa_file);
     T_RUN(test_moa_greedy_lossless);
     T_RUN(test_moa_sa_full_runner);
+    T_RUN(test_moa_shared_parameters);
     T_RUN(test_moa_exact_drafter_is_accepted);
     T_RUN(test_moa_ca_hidden_step_limit);
     T_RUN(test_moa_sampled_distribution);

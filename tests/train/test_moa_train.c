@@ -292,7 +292,7 @@ static void runner_agree(const sd_head *h, const sd_model *m, const data *D, dou
     float *lg = malloc(sizeof(float) * 2 * (size_t)h->hp.n_draft_vocab);
     // the state a ca_hidden drafter reads: entering layer L-N, or (TLI 0) the final normed one
     const size_t hid_off = (size_t)m->hp.n_layer * h->hp.moa_kv_width + (h->hp.moa_tli > 0 ? 0 : (size_t)h->hp.n_embd);
-    if (!lg || sd_moa_run_new(&r, h, m, T_SEQ, 64, SD_TYPE_F32, NULL, g_err, sizeof g_err) < 0) goto out;
+    if (!lg || sd_moa_run_new(&r, h, m, T_SEQ, 64, SD_TYPE_F32, 0, NULL, g_err, sizeof g_err) < 0) goto out;
     for (int q = N_TRAIN; q < N_TRAIN + N_HELD; q++) {
         const int k = sd_moa_block(D->tok[q], T_SEQ, SD_MOA_BLOCK_MIN, SD_MOA_BLOCK_MAX);
         const float *F = D->feats + (size_t)q * T_SEQ * D->nf;
@@ -510,7 +510,7 @@ static void test_moa_sa_full_secret(void) {
             const size_t row = (size_t)m->hp.n_layer * h->hp.moa_kv_width + 2 * (size_t)h->hp.n_embd;
             kv = calloc(SD_MOA_ROWS * row, sizeof(float));
             lg = malloc(sizeof(float) * (size_t)h->hp.n_draft_vocab);
-            if (!kv || !lg || sd_moa_run_new(&r, h, m, T_SEQ, 64, SD_TYPE_F32, NULL, g_err, sizeof g_err) < 0) {
+            if (!kv || !lg || sd_moa_run_new(&r, h, m, T_SEQ, 64, SD_TYPE_F32, 0, NULL, g_err, sizeof g_err) < 0) {
                 CHECK(0, "runner: %s", g_err);
                 goto next;
             }
