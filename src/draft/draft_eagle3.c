@@ -12,10 +12,11 @@
 // unknown (a prompt prefix another generation evaluated) get no row; the
 // head then attends to fewer rows, which costs acceptance, never correctness.
 // The target's rows of a position are fused (fc) only when a draft needs
-// them: they wait, unfused, in a run of pending positions, and are fused
-// together at the next catch-up. A server under load drafts nothing for
-// many steps (its draft budget, serve/budget.h): a matrix-vector product per
-// slot and step would cost it ~5% of its throughput for nothing.
+// them, or when E3_RAW_MAX of them wait: they wait, unfused, in a run of
+// pending positions and are fused together, one matrix product for many
+// rows. A server under load drafts nothing for many steps (its draft budget,
+// serve/budget.h): a matrix-vector product per slot and step cost it ~5% of
+// its rounds for nothing.
 #include "draft/draft_eagle3.h"
 
 #include <math.h>
@@ -29,6 +30,7 @@
 
 #define E3_TREE_MAX 512
 #define E3_ROWS 64   // rows per head call
+#define E3_RAW_MAX 256   // the target's rows waiting to be fused, at most
 
 typedef struct e3d {
     sd_draft_model_params p;
@@ -40,8 +42,8 @@ typedef struct e3d {
     int n_txt;
     float *g;            // (n_ctx, d) fused states
     uint8_t *gv;         // (n_ctx) 1: g_p known (fused, or its rows pending)
-    float *raw;          // (raw_cap, 3d) the target's rows of positions raw_lo.. not yet fused
-    int raw_lo, raw_n, raw_cap;
+    float *raw;          // (E3_RAW_MAX, 3d) the target's rows of positions raw_lo.. not yet fused
+    int raw_lo, raw_n;
     int32_t *row_pos;    // (n_ctx) position of each committed head row
     int last_row;        // position of the last committed row, -1: none
     float *last_h;       // (d) output state of that row
@@ -81,21 +83,9 @@ static void fuse_pending(e3d *s) {
     s->raw_n = 0;
 }
 
-// Room for n more pending rows; 0 when there is none (then they are fused now).
-static int raw_room(e3d *s, int n) {
-    if (s->raw_n + n <= s->raw_cap) return 1;
-    int cap = SD_MAX(SD_MAX(64, 2 * s->raw_cap), s->raw_n + n);
-    cap = SD_MIN(cap, s->n_ctx);
-    if (s->raw_n + n > cap) return 0;
-    float *r = realloc(s->raw, sizeof(float) * 3 * (size_t)s->d * (size_t)cap);
-    if (!r) return 0;
-    s->raw = r;
-    s->raw_cap = cap;
-    return 1;
-}
-
 // Takes n hidden rows (n, 3, d) of positions pos0..: they wait, unfused,
-// after the pending ones when they continue them (fused at the next catch-up).
+// after the pending ones when they continue them (fused at the next
+// catch-up, or E3_RAW_MAX at a time).
 static void put_states(e3d *s, const float *hidden, int pos0, int n) {
     if (pos0 >= s->n_ctx || n <= 0) return;
     n = SD_MIN(n, s->n_ctx - pos0);
@@ -110,14 +100,17 @@ static void put_states(e3d *s, const float *hidden, int pos0, int n) {
     else
         fuse_pending(s);   // none pending, a gap, or rows before or inside the run: g holds those first
     if (s->raw_n == 0) s->raw_lo = pos0;
-    if (!raw_room(s, n)) {   // no memory for more: fuse now
-        fuse_pending(s);
-        sd_e3_fuse(s->e, hidden, n, s->g + (size_t)pos0 * s->d);
-        return;
-    }
     const size_t row = 3 * (size_t)s->d;
-    memcpy(s->raw + (size_t)s->raw_n * row, hidden, sizeof(float) * row * (size_t)n);
-    s->raw_n += n;
+    for (int i = 0; i < n;) {
+        if (s->raw_n == E3_RAW_MAX) {
+            fuse_pending(s);
+            s->raw_lo = pos0 + i;
+        }
+        const int c = SD_MIN(n - i, E3_RAW_MAX - s->raw_n);
+        memcpy(s->raw + (size_t)s->raw_n * row, hidden + (size_t)i * row, sizeof(float) * row * (size_t)c);
+        s->raw_n += c;
+        i += c;
+    }
 }
 
 // Forget everything from position L on (the text changed there).
@@ -491,6 +484,7 @@ int sd_draft_eagle3_new(sd_drafter **out, const sd_head *h, const sd_model *targ
     s->txt = malloc(sizeof(int32_t) * nc);
     s->g = malloc(sizeof(float) * nc * d);
     s->gv = calloc(nc, 1);
+    s->raw = malloc(sizeof(float) * E3_RAW_MAX * 3 * d);
     s->row_pos = malloc(sizeof(int32_t) * nc);
     s->last_h = malloc(sizeof(float) * d);
     s->last_lg = malloc(sizeof(float) * (size_t)s->V);
@@ -500,7 +494,7 @@ int sd_draft_eagle3_new(sd_drafter **out, const sd_head *h, const sd_model *targ
     s->hbuf = malloc(sizeof(float) * E3_ROWS * d);
     s->cbuf = malloc(sizeof(float) * E3_ROWS * d);
     s->hist = malloc(sizeof(int32_t) * (nc + E3_TREE_MAX));
-    int bad = !s->txt || !s->g || !s->gv || !s->row_pos || !s->last_h || !s->last_lg || !s->slot || !s->node_h ||
+    int bad = !s->txt || !s->g || !s->gv || !s->raw || !s->row_pos || !s->last_h || !s->last_lg || !s->slot || !s->node_h ||
               !s->lg || !s->hbuf || !s->cbuf || !s->hist;
     if (!bad && dp.shape == SD_DRAFT_DYNAMIC)
         bad = sd_tree_init(&s->work, 1 + dp.dyn_b * dp.dyn_b * dp.dyn_d, s->nv, 1 + dp.dyn_b * (dp.dyn_d - 1)) < 0;

@@ -283,7 +283,7 @@ static void test_followed_steps_fuse_later(void) {
     sd_head *h = random_head(m, 48, 11);
     CHECK(h, "%s", g_err);
     const int d = m->hp.n_embd, nv = m->hp.n_vocab, row = 3 * d;
-    enum { NP = 20, STEPS = 30, CAP = 16 };
+    enum { NP = 300, STEPS = 30, CAP = 16 };   // (a prompt of more rows than wait unfused at most)
     sd_drafter *dr[2] = {NULL, NULL};
     sd_tree *t[2] = {NULL, NULL};
     for (int k = 0; k < 2 && h; k++) {
