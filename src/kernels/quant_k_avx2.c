@@ -338,8 +338,14 @@ K2_INLINE void k2_row6(const int file, const uint8_t *row, int64_t nb, const uin
 // sizes) compiled each as a constant: the token loops unrolled, the integer
 // sums in registers. Q4_K 8960 x 1536 streamed from memory, one thread, min
 // of 6 interleaved rounds (2026-11-30, Zen 3): n = 2 0.84 -> 0.70 ms, n = 4
-// 1.10 -> 1.09; Qwen2.5-Coder-1.5B's forward of 2 tokens went from 1.19-1.40x
-// one token's to 1.11-1.17x, of 4 from 1.55-1.94x to 1.44-1.55x.
+// 1.10 -> 1.09; Qwen2.5-Coder-1.5B's forward of 2 tokens went from
+// 1.15-1.40x one token's to 1.11-1.20x, of 4 from 1.32-1.94x to 1.44-1.69x
+// (8 rounds; docs/performance.md, "Forward-pass cost by tokens").
+#define K2_CASE(n, call) \
+    case n: {            \
+        enum { NT = n }; \
+        call;            \
+    } break;
 #define K2_ROWS(name, call)                                                                                   \
     static __attribute__((noinline)) void name##_1(const uint8_t *row, int64_t nb, const uint8_t *xp,         \
                                                    size_t xps, int nt, float (*fst)[16]) {                    \
@@ -350,18 +356,9 @@ K2_INLINE void k2_row6(const int file, const uint8_t *row, int64_t nb, const uin
     static __attribute__((noinline)) void name##_n(const uint8_t *row, int64_t nb, const uint8_t *xp,         \
                                                    size_t xps, int nt, float (*fst)[16]) {                    \
         switch (nt) {                                                                                         \
-        case 2: {                                                                                             \
-            enum { NT = 2 };                                                                                  \
-            call;                                                                                             \
-        } break;                                                                                              \
-        case 3: {                                                                                             \
-            enum { NT = 3 };                                                                                  \
-            call;                                                                                             \
-        } break;                                                                                              \
-        case 4: {                                                                                             \
-            enum { NT = 4 };                                                                                  \
-            call;                                                                                             \
-        } break;                                                                                              \
+            K2_CASE(2, call)                                                                                  \
+            K2_CASE(3, call)                                                                                  \
+            K2_CASE(4, call)                                                                                  \
         default: {                                                                                            \
             const int NT = nt;                                                                                \
             call;                                                                                             \
@@ -375,6 +372,7 @@ K2_ROWS(k2_row4f, k2_row45(0, 1, row, nb, xp, xps, NT, fst))
 K2_ROWS(k2_row5f, k2_row45(1, 1, row, nb, xp, xps, NT, fst))
 K2_ROWS(k2_row6f, k2_row6(1, row, nb, xp, xps, NT, fst))
 #undef K2_ROWS
+#undef K2_CASE
 
 typedef void (*k2_row_fn)(const uint8_t *row, int64_t nb, const uint8_t *xp, size_t xps, int nt, float (*fst)[16]);
 
