@@ -122,6 +122,10 @@ typedef struct sd_train_head_params {
     int moa_block_min, moa_block_max;  // MoA: a verified point every k positions, k drawn per sequence in
                                 // min..max (1..SD_TRAIN_MOA_MAX_BLOCK): a row at distance d after its point
                                 // trains the d-th drafted token; default 6..15 (the reference's; docs/moa.md)
+    int score_answers;          // 1 = the loss and the held-back agreement score only what the assistant writes
+                                // in chat records (the positions whose next token is part of an assistant turn,
+                                // its end-of-turn marker included: what a drafter drafts), text records in full;
+                                // 0 (default) = every position, prompts included
     int moa_sa_full;            // MoA: 1 = SA attends to the whole text (every verified position's row), as the
                                 // reference's drafter does at inference; trained with a curriculum: a sequence's
                                 // SA sees the whole text with a probability rising from 0 to 1 over the first

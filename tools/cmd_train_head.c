@@ -23,7 +23,7 @@ typedef struct th_opts {
     uint64_t tokens, seed;
     float epochs, lr, weight_decay, clip, ckpt_minutes, heldout;
     int resume, cache_only;
-    int tli, no_lsa, ca_hidden, sa_hidden, sa_full, block[2];
+    int tli, no_lsa, ca_hidden, sa_hidden, sa_full, block[2], score_answers;
 } th_opts;
 
 // A run of 1-3 decimal digits at *p (advanced past it), or -1.
@@ -60,6 +60,13 @@ static int parse_out_type(const char *flag, const char *v, void *dst) {
     else if (!strcmp(v, "f32")) *(int *)dst = SD_TRAIN_OUT_F32;
     else if (!strcmp(v, "q5_0")) *(int *)dst = SD_TRAIN_OUT_Q5_0;
     else return cli_error("%s: expected q8_0, q5_0, f16 or f32, got '%s'", flag, v), -1;
+    return 0;
+}
+
+static int parse_score(const char *flag, const char *v, void *dst) {
+    if (!strcmp(v, "answers")) *(int *)dst = 1;
+    else if (!strcmp(v, "all")) *(int *)dst = 0;
+    else return cli_error("%s: expected answers or all, got '%s'", flag, v), -1;
     return 0;
 }
 
@@ -154,6 +161,10 @@ static int th_parse(int argc, char **argv, th_opts *o) {
          .help = "AdamW weight decay (never on norm gains and biases)"},
         {"--clip", NULL, CLI_FLOAT, &o->clip, .lo = 0, .hi = 1e6, .meta = "C", .def = CLI_DEF_VALUE,
          .help = "gradient-norm clip; 0 = none"},
+        {"--score", NULL, CLI_CUSTOM, &o->score_answers, .fn = parse_score, .meta = "answers|all", .def = "all",
+         .help = "positions the loss and the agreement score: answers = only where the assistant writes in chat "
+                 "records (the next token is part of an assistant turn, its end-of-turn marker included: what a "
+                 "drafter drafts; text records in full), all = every position, the prompts too"},
         {"--heldout", NULL, CLI_FLOAT, &o->heldout, .lo = 0, .hi = 0.9, .meta = "F", .def = CLI_DEF_VALUE,
          .help = "fraction of the records held back for evaluation (top-1 agreement with the target)"},
         {"--eval-every", NULL, CLI_INT, &o->eval_every, .lo = 1, .hi = 1 << 30, .meta = "N", .def = CLI_DEF_VALUE,
@@ -324,6 +335,7 @@ int cmd_train_head(int argc, char **argv) {
     p.moa_ca_hidden = o.ca_hidden;
     p.moa_sa_hidden = o.sa_hidden;
     p.moa_sa_full = o.sa_full;
+    p.score_answers = o.score_answers;
     p.moa_block_min = o.block[0];
     p.moa_block_max = o.block[1];
     p.data_paths = o.data;

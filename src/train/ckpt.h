@@ -25,7 +25,8 @@
 typedef struct sd_ckpt_recipe {
     int32_t type, draft_vocab, ttt_steps, n_medusa, seq_len, batch, topk, n_ctx;
     int32_t extract[3];
-    int32_t moa_block;        // MoA: the block length's range, min | max << 8 (0 in older files: 6..15)
+    int16_t moa_block;        // MoA: the block length's range, min | max << 8 (0 in older files: 6..15)
+    int16_t score_answers;    // --score answers (0 in older files, where this was moa_block's high half)
     uint64_t seed;
     float lr, weight_decay, clip, heldout;
     int64_t warmup, n_steps;

@@ -75,7 +75,7 @@ sd_head_online_params sd_head_online_default_params(void) {
 // deterministic). Returns 0, or <0 with l->fail set.
 static int train_window(sd_learner *l, const l_win *w) {
     const double t0 = sd_time_ms();
-    sd_train_seq seq = {w->n, w->tok, w->feat, w->ids, w->p, L_TOPK, 0};
+    sd_train_seq seq = {w->n, w->tok, w->feat, w->ids, w->p, L_TOPK, 0, NULL};
     sd_train_stats ts;
     double loss0 = 0;
     char err[200];

@@ -260,6 +260,11 @@ static int recipe_compare(loop_run *r, const sd_ckpt_recipe *ck, const sd_ckpt_r
                       "settings it was started with)",
                       r->ckpt_path, ck->moa_block & 255, ck->moa_block >> 8, want->moa_block & 255,
                       want->moa_block >> 8);
+    if (ck->score_answers != want->score_answers)
+        return sd_err(err, errlen,
+                      "the checkpoint %s was made with --score %s; this run has --score %s (resume with the settings "
+                      "it was started with)",
+                      r->ckpt_path, ck->score_answers ? "answers" : "all", want->score_answers ? "answers" : "all");
     RECIPE_CHECK(n_steps, "a run length (--tokens / --epochs) of steps", "%lld", long long)
     RECIPE_CHECK(cache_records, "a feature cache of records", "%lld", long long)
     RECIPE_CHECK(cache_positions, "a feature cache of positions", "%lld", long long)
@@ -295,9 +300,10 @@ static int plan_training(loop_run *r, char *err, size_t errlen) {
     want.n_steps = n_steps;
     want.cache_records = sd_cache_n_records(r->cache);
     want.cache_positions = sd_cache_n_positions(r->cache);
+    want.score_answers = (int16_t)(P->score_answers != 0);
     if (want.type == SD_HEAD_MOA) {
-        want.moa_block = P->moa_block_min | P->moa_block_max << 8;
-        if (r->have_opt && !r->recipe.moa_block) r->recipe.moa_block = SD_MOA_BLOCK_MIN | SD_MOA_BLOCK_MAX << 8;
+        want.moa_block = (int16_t)(P->moa_block_min | P->moa_block_max << 8);
+        if (r->have_opt && !r->recipe.moa_block) r->recipe.moa_block = (int16_t)(SD_MOA_BLOCK_MIN | SD_MOA_BLOCK_MAX << 8);
     }
     if (r->have_opt) {   // resumed
         if (recipe_compare(r, &r->recipe, &want, err, errlen) < 0) return -1;
@@ -334,6 +340,7 @@ static int plan_training(loop_run *r, char *err, size_t errlen) {
     r->b_feat = malloc(sizeof(float) * (size_t)T * (size_t)nf);
     if (!r->grad || !r->b_tok || !r->b_ids || !r->b_p || !r->b_feat) return sd_err(err, errlen, "out of memory");
     if (r->h->hp.type == SD_HEAD_MOA && loop_moa_init(r, err, errlen) < 0) return -1;
+    if (P->score_answers && loop_answers_init(r, err, errlen) < 0) return -1;
     if (sd_trainer_new(&r->tr, r->h, r->m, T, P->ttt_steps, r->pool, err, errlen) < 0) return -1;
     sd_trainer_set_moa_block(r->tr, P->moa_block_min, P->moa_block_max);
     return 0;
@@ -517,6 +524,8 @@ static void run_free(loop_run *r) {
     free(r->b_ids);
     free(r->b_p);
     free(r->b_feat);
+    free(r->b_score);
+    free(r->b_pre);
     free(r->note_buf);
     loop_moa_free(r);
     free(r);

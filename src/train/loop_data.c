@@ -5,6 +5,7 @@
 #include "kernels/quant.h"
 #include "model/model.h"
 #include "head/moa.h"
+#include "train/answers.h"
 #include "train/loop_impl.h"
 
 static uint64_t mix64(uint64_t x) {   // splitmix64's finaliser: spreads a hash over all bits
@@ -154,12 +155,63 @@ int loop_coverage(loop_run *r, const sd_head *h, double *coverage, char *err, si
     return 0;
 }
 
+// ---------------------------------------------------------------- the assistant's answers (--score answers)
+int loop_answers_init(loop_run *r, char *err, size_t errlen) {
+    if (sd_answers_init(&r->ans, sd_model_tokenizer(r->m), err, errlen) < 0) return -1;
+    r->b_score = malloc((size_t)r->P.seq_len);
+    r->b_pre = malloc(sizeof(int32_t) * LOOP_PRE);
+    if (!r->b_score || !r->b_pre) return sd_err(err, errlen, "out of memory");
+    return 0;
+}
+
+// Feeds tokens [off, off + n) of cache sequence q (read in pieces).
+static int ans_feed_seq(loop_run *r, sd_answers_state *s, int64_t q, int off, int n, char *err, size_t errlen) {
+    for (int o = 0; o < n; o += LOOP_PRE) {
+        const int k = SD_MIN(LOOP_PRE, n - o);
+        if (sd_cache_read(r->cache, q, off + o, k, r->b_pre, NULL, NULL, NULL, err, errlen) < 0) return -1;
+        for (int i = 0; i < k; i++) sd_answers_feed(&r->ans, s, r->b_pre[i]);
+    }
+    return 0;
+}
+
+// r->b_score for chunk c (its tokens in r->b_tok): 1 where the state after
+// the position's token is inside an answer; a record without an end-of-turn
+// token (a text record) is scored in full.
+static int answer_mask(loop_run *r, const loop_chunk *c, char *err, size_t errlen) {
+    int64_t n_seq;
+    const sd_cache_seq *sq = sd_cache_seqs(r->cache, &n_seq);
+    int64_t first = c->seq - (int64_t)(sq[c->seq].window & ~SD_CACHE_LAST_WINDOW), end = c->seq;
+    if (first < 0 || sq[first].record != sq[c->seq].record) first = c->seq;   // (windows are consecutive)
+    while (end + 1 < n_seq && sq[end + 1].record == sq[c->seq].record && !(sq[end].window & SD_CACHE_LAST_WINDOW))
+        end++;
+    sd_answers_state s = {0};
+    for (int64_t q = first; q < c->seq; q++)
+        if (ans_feed_seq(r, &s, q, 0, sq[q].T, err, errlen) < 0) return -1;
+    if (ans_feed_seq(r, &s, c->seq, 0, c->off, err, errlen) < 0) return -1;
+    for (int p = 0; p < c->T; p++) {
+        sd_answers_feed(&r->ans, &s, r->b_tok[p]);
+        r->b_score[p] = (uint8_t)s.in;
+    }
+    if (!s.chat) {   // none yet: look through the rest of the record
+        sd_answers_state t = s;
+        if (ans_feed_seq(r, &t, c->seq, c->off + c->T, sq[c->seq].T - c->off - c->T, err, errlen) < 0) return -1;
+        for (int64_t q = c->seq + 1; q <= end && !t.chat; q++)
+            if (ans_feed_seq(r, &t, q, 0, sq[q].T, err, errlen) < 0) return -1;
+        if (!t.chat) memset(r->b_score, 1, (size_t)c->T);
+    }
+    return 0;
+}
+
 // ---------------------------------------------------------------- sequences
 int loop_read(loop_run *r, const loop_chunk *c, sd_train_seq *seq, char *err, size_t errlen) {
     if (sd_cache_read(r->cache, c->seq, c->off, c->T, r->b_tok, r->b_feat, r->b_ids, r->b_p, err, errlen) < 0)
         return -1;
     *seq = (sd_train_seq){.T = c->T, .tokens = r->b_tok, .feats = r->b_feat, .top_ids = r->b_ids, .top_p = r->b_p,
                           .topk = sd_cache_topk(r->cache)};
+    if (r->ans.n_hdr) {
+        if (answer_mask(r, c, err, errlen) < 0) return -1;
+        seq->score = r->b_score;
+    }
     if (r->h && r->h->hp.type == SD_HEAD_MOA) return loop_moa_feats(r, seq, c->off, err, errlen);
     return 0;
 }

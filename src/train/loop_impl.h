@@ -5,6 +5,7 @@
 
 #include "specdec_train.h"
 #include "head/head.h"
+#include "train/answers.h"
 #include "train/cache.h"
 #include "train/ckpt.h"
 #include "train/train.h"
@@ -14,6 +15,8 @@ typedef struct loop_chunk {
     int64_t seq;              // cache sequence (index entry)
     int32_t off, T;           // T in 2..seq_len
 } loop_chunk;
+
+#define LOOP_PRE 4096          // tokens read at a time outside a chunk
 
 typedef struct loop_run {
     sd_train_head_params P;   // the caller's params with the defaults resolved
@@ -36,6 +39,9 @@ typedef struct loop_run {
     float *grad;              // (h->n_w)
     int32_t *b_tok, *b_ids;   // (seq_len), (seq_len, topk): one sequence read from the cache
     float *b_feat, *b_p;      // (seq_len, n_feat), (seq_len, topk)
+    sd_answers ans;           // --score answers (loop_data.c): the chat template's tokens (n_hdr 0: off)
+    uint8_t *b_score;         // (seq_len) the chunk's mask (sd_train_seq.score)
+    int32_t *b_pre;           // (LOOP_PRE) tokens of the chunk's record outside it
     sd_ckpt_recipe recipe;
     sd_ckpt_state st;
     double coverage;          // of the training split's argmax mass by the draft vocabulary
@@ -64,7 +70,13 @@ int loop_split(loop_run *r, char *err, size_t errlen);
 int loop_pick_vocab(loop_run *r, int n, int32_t *ids, double *coverage, char *err, size_t errlen);
 // Coverage of the training split's argmax mass by h's vocabulary.
 int loop_coverage(loop_run *r, const sd_head *h, double *coverage, char *err, size_t errlen);
-// Reads chunk c into the run's buffers and describes it in seq. 0 or <0.
+// --score answers: finds the model's assistant header and end-of-turn token
+// (its chat template rendering one user message) and allocates the mask. 0 or
+// <0 (no chat template, or one whose header cannot be found).
+int loop_answers_init(loop_run *r, char *err, size_t errlen);
+// Reads chunk c into the run's buffers and describes it in seq (with
+// --score answers, seq->score marks the positions the assistant's text
+// follows). 0 or <0.
 int loop_read(loop_run *r, const loop_chunk *c, sd_train_seq *seq, char *err, size_t errlen);
 // The next training chunk (advancing cursor, epoch and the shuffle).
 const loop_chunk *loop_next_chunk(loop_run *r);

@@ -29,6 +29,7 @@ typedef struct sd_train_seq {
     const float *top_p;       // (T, topk)
     int topk;
     int pos0;                 // the target position of tokens[0] (its cached K rows' RoPE; MoA TLI)
+    const uint8_t *score;     // (T) or NULL: 0 leaves position p's distribution out of the loss and agreement
 } sd_train_seq;
 
 typedef struct sd_train_stats {

@@ -104,12 +104,12 @@ static int prepare(sd_trainer *tr, const sd_train_seq *seq, char *err, size_t er
                               hp->target_n_vocab);
             if (t >= 0 && !(q >= 0.0f && q <= 1.001f))   // (also refuses NaN)
                 return sd_err(err, errlen, "trainer: target probability %g at position %d", (double)q, p);
-            const int32_t di = t >= 0 ? tr->h->t2d[t] : -1;
+            const int32_t di = t >= 0 && (!seq->score || seq->score[p]) ? tr->h->t2d[t] : -1;
             tr->tid[(size_t)p * nt + i] = di;
             tr->tp[(size_t)p * nt + i] = di >= 0 ? q : 0.0f;
             if (di >= 0) mass += q;
         }
-        tr->scored[p] = mass > 0;
+        tr->scored[p] = mass > 0;   // (a position seq->score leaves out has no mass)
     }
     return 0;
 }

@@ -127,7 +127,7 @@ static double train(sd_head *h, const data *D, int steps, float lr) {
         memset(grad, 0, sizeof(float) * h->n_w);
         for (int b = 0; b < 4; b++) {
             int q = (it * 4 + b) % (N_SEQ - 8);
-            sd_train_seq seq = {SEQ_T, D->tok[q], feat + (size_t)q * SEQ_T * nf, &D->ids[q][0][0], &D->pr[q][0][0], TOPK, 0};
+            sd_train_seq seq = {SEQ_T, D->tok[q], feat + (size_t)q * SEQ_T * nf, &D->ids[q][0][0], &D->pr[q][0][0], TOPK, 0, NULL};
             if (sd_trainer_loss(tr, &seq, grad, NULL, g_err, sizeof g_err) < 0) return -1;
         }
         for (size_t i = 0; i < h->n_w; i++) grad[i] *= 0.25f;
@@ -136,7 +136,7 @@ static double train(sd_head *h, const data *D, int steps, float lr) {
     sd_train_stats st;
     memset(&st, 0, sizeof st);
     for (int q = N_SEQ - 8; q < N_SEQ; q++) {
-        sd_train_seq seq = {SEQ_T, D->tok[q], feat + (size_t)q * SEQ_T * nf, &D->ids[q][0][0], &D->pr[q][0][0], TOPK, 0};
+        sd_train_seq seq = {SEQ_T, D->tok[q], feat + (size_t)q * SEQ_T * nf, &D->ids[q][0][0], &D->pr[q][0][0], TOPK, 0, NULL};
         sd_train_stats s1;
         if (sd_trainer_loss(tr, &seq, NULL, &s1, g_err, sizeof g_err) < 0) return -1;
         st.n[0] += s1.n[0], st.agree[0] += s1.agree[0];

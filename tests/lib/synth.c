@@ -134,6 +134,7 @@ int synth_write(const char *path, const synth_params *p, char *err, size_t errle
         else if (i == 1) snprintf(buf, sizeof buf, "<s>");
         else if (i == 2) snprintf(buf, sizeof buf, "</s>");
         else if (i < 259) snprintf(buf, sizeof buf, "<0x%02X>", i - 3);
+        else if (p->chatml && i >= V - 2) snprintf(buf, sizeof buf, "%s", i == V - 2 ? "<|im_start|>" : "<|im_end|>");
         else snprintf(buf, sizeof buf, "\xe2\x96\x81w%d", i - 259);
         toks[i] = malloc(strlen(buf) + 1);
         if (!toks[i]) {
@@ -141,7 +142,7 @@ int synth_write(const char *path, const synth_params *p, char *err, size_t errle
             goto done;
         }
         strcpy(toks[i], buf);
-        ttype[i] = i == 0 ? 2 : i < 3 ? 3 : i < 259 ? 6 : 1;
+        ttype[i] = i == 0 ? 2 : i < 3 ? 3 : i < 259 ? 6 : p->chatml && i >= V - 2 ? 3 : 1;
         scores[i] = i < 259 ? 0.0f : -(float)(i - 259) * 0.01f;
     }
     sd_gguf_w_str(w, "tokenizer.ggml.model", "llama");
@@ -151,6 +152,10 @@ int synth_write(const char *path, const synth_params *p, char *err, size_t errle
     sd_gguf_w_u32(w, "tokenizer.ggml.bos_token_id", 1);
     sd_gguf_w_u32(w, "tokenizer.ggml.eos_token_id", 2);
     sd_gguf_w_u32(w, "tokenizer.ggml.unknown_token_id", 0);
+    if (p->chatml)
+        sd_gguf_w_str(w, "tokenizer.chat_template",
+                      "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                      "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}");
 
     uint64_t rng = p->seed * 0x2545F4914F6CDD1Dull + 1;
     // Uniform(-a, a) has std a / sqrt(3): a = sqrt(3 / n_in) keeps unit scale.

@@ -37,6 +37,8 @@ typedef struct synth_params {
                            // byte tokens are zero: their logits are 0, and the best word's is above 0 unless
                            // all n_vocab - 259 are negative (odds 2^-(n_vocab - 259)): greedy text is words
                            // and never ends; default 0
+    int chatml;            // 1: the last two tokens are the control tokens <|im_start|> and <|im_end|>, and a
+                           // ChatML tokenizer.chat_template is written (chat records, --score answers); default 0
     uint64_t seed;         // default 1234
     const char *rope_scaling_type; // "<arch>.rope.scaling.type" to write ("linear", "yarn", ...), or NULL (default)
     float rope_scaling_factor;     // "<arch>.rope.scaling.factor", written when rope_scaling_type is set

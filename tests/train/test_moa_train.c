@@ -266,7 +266,7 @@ static int make_data(data *D, const sd_model *m, const sd_head *h) {
 
 static sd_train_seq seq_of(const data *D, int q) {
     const float *f = D->red ? D->red + (size_t)q * T_SEQ * D->nfr : D->feats + (size_t)q * T_SEQ * D->nf;
-    return (sd_train_seq){T_SEQ, D->tok[q], f, &D->ids[q][0][0], &D->pr[q][0][0], TOPK, 0};
+    return (sd_train_seq){T_SEQ, D->tok[q], f, &D->ids[q][0][0], &D->pr[q][0][0], TOPK, 0, NULL};
 }
 
 // Held-out loss and agreement at depths 0 and 1 (the trainer's).
@@ -488,7 +488,7 @@ static void test_moa_sa_full_secret(void) {
             sd_trainer_set_moa_sa_full(tr, it >= 250 ? 1.0f : (float)it / 250.0f, (uint64_t)it);
             memset(grad, 0, sizeof(float) * h->n_w);
             const int q = it % S_TRAIN;
-            sd_train_seq s = {T_SEQ, tok[q], feats, ids[q], pr[q], 1, 0};
+            sd_train_seq s = {T_SEQ, tok[q], feats, ids[q], pr[q], 1, 0, NULL};
             if (sd_trainer_loss(tr, &s, grad, NULL, g_err, sizeof g_err) < 0) {
                 CHECK(0, "step %d: %s", it, g_err);
                 goto next;
@@ -498,7 +498,7 @@ static void test_moa_sa_full_secret(void) {
         sd_trainer_set_moa_sa_full(tr, 1.0f, 0);
         int64_t n = 0, a = 0, n0 = 0, a0 = 0;
         for (int q = S_TRAIN; q < S_N; q++) {
-            sd_train_seq s = {T_SEQ, tok[q], feats, ids[q], pr[q], 1, 0};
+            sd_train_seq s = {T_SEQ, tok[q], feats, ids[q], pr[q], 1, 0, NULL};
             sd_train_stats st;
             sd_trainer_loss(tr, &s, NULL, &st, g_err, sizeof g_err);
             for (int d = 0; d < SD_HEAD_MAX_MEDUSA; d++) n += st.n[d], a += st.agree[d];

@@ -104,7 +104,7 @@ static int train_briefly(sd_head *h, int steps) {
     for (int it = 0; it < steps && rc == 0; it++) {
         int q = it % N_SEQ;
         memset(grad, 0, sizeof(float) * h->n_w);
-        sd_train_seq seq = {SEQ_T, tok[q], feat + (size_t)q * SEQ_T * 3 * d, &ids[q][0][0], &pr[q][0][0], TOPK, 0};
+        sd_train_seq seq = {SEQ_T, tok[q], feat + (size_t)q * SEQ_T * 3 * d, &ids[q][0][0], &pr[q][0][0], TOPK, 0, NULL};
         if (sd_trainer_loss(tr, &seq, grad, NULL, g_err, sizeof g_err) < 0) rc = -1;
         else sd_adamw_step(&o, h, grad);
     }

@@ -234,6 +234,12 @@ static void test_refusals(void) {
           "other settings: %s", g_err);
     q = p;
     q.resume = 1;
+    q.score_answers = 1;
+    CHECK(sd_train_head(&q, NULL, g_err, sizeof g_err) < 0 && strstr(g_err, "--score all") &&
+              strstr(g_err, "--score answers"),
+          "another --score: %s", g_err);
+    q = p;
+    q.resume = 1;
     q.type = SD_HEAD_MEDUSA;
     CHECK(sd_train_head(&q, NULL, g_err, sizeof g_err) < 0 && strstr(g_err, "EAGLE-3"), "other type: %s", g_err);
     q = p;
