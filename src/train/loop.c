@@ -216,6 +216,7 @@ static int open_cache(loop_run *r, const sd_head_hp *hp, char *err, size_t errle
 // The head to train (r->h): fresh (vocabulary, random init, target rows),
 // from --init, or from the checkpoint.
 static int make_head(loop_run *r, sd_head_hp *hp, char *err, size_t errlen) {
+    if (r->P.score_answers && loop_answers_init(r, err, errlen) < 0) return -1;   // (the vocabulary counts answers)
     if (r->h) {
         if (loop_coverage(r, r->h, &r->coverage, err, errlen) < 0) return -1;
         return 0;
@@ -340,7 +341,6 @@ static int plan_training(loop_run *r, char *err, size_t errlen) {
     r->b_feat = malloc(sizeof(float) * (size_t)T * (size_t)nf);
     if (!r->grad || !r->b_tok || !r->b_ids || !r->b_p || !r->b_feat) return sd_err(err, errlen, "out of memory");
     if (r->h->hp.type == SD_HEAD_MOA && loop_moa_init(r, err, errlen) < 0) return -1;
-    if (P->score_answers && loop_answers_init(r, err, errlen) < 0) return -1;
     if (sd_trainer_new(&r->tr, r->h, r->m, T, P->ttt_steps, r->pool, err, errlen) < 0) return -1;
     sd_trainer_set_moa_block(r->tr, P->moa_block_min, P->moa_block_max);
     return 0;

@@ -93,11 +93,16 @@ static int vcount_cmp(const void *a, const void *b) {
     return (x->id > y->id) - (x->id < y->id);
 }
 
+static int answer_argmax_counts(loop_run *r, int64_t *am, char *err, size_t errlen);
+
 // Argmax counts over the training split into am (n_vocab, zeroed here); *total their sum.
+// With --score answers only the positions it scores count.
 static int argmax_counts(loop_run *r, int64_t *am, int64_t *total, char *err, size_t errlen) {
     const int nv = r->m->hp.n_vocab;
     memset(am, 0, sizeof(int64_t) * (size_t)nv);
-    if (sd_cache_argmax_counts(r->cache, r->train_seqs, r->n_train_seqs, am, err, errlen) < 0) return -1;
+    if (r->ans.n_hdr ? answer_argmax_counts(r, am, err, errlen) < 0
+                     : sd_cache_argmax_counts(r->cache, r->train_seqs, r->n_train_seqs, am, err, errlen) < 0)
+        return -1;
     *total = 0;
     for (int i = 0; i < nv; i++) *total += am[i];
     return 0;
@@ -172,6 +177,40 @@ static int ans_feed_seq(loop_run *r, sd_answers_state *s, int64_t q, int off, in
         for (int i = 0; i < k; i++) sd_answers_feed(&r->ans, s, r->b_pre[i]);
     }
     return 0;
+}
+
+// answer_argmax_counts: the training split record by record (its windows
+// are consecutive in train_seqs): is it a chat record (an end-of-turn token
+// anywhere), then the argmax of each position it scores.
+static int answer_argmax_counts(loop_run *r, int64_t *am, char *err, size_t errlen) {
+    int64_t n_seq;
+    const sd_cache_seq *sq = sd_cache_seqs(r->cache, &n_seq);
+    const int k = sd_cache_topk(r->cache), nv = r->m->hp.n_vocab;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)k * LOOP_PRE);
+    if (!ids) return sd_err(err, errlen, "out of memory");
+    int rv = 0;
+    for (int64_t i = 0, j; i < r->n_train_seqs && rv == 0; i = j) {
+        for (j = i + 1; j < r->n_train_seqs && sq[r->train_seqs[j]].record == sq[r->train_seqs[i]].record;) j++;
+        sd_answers_state s = {0};
+        for (int64_t q = i; q < j && !s.chat && rv == 0; q++)
+            rv = ans_feed_seq(r, &s, r->train_seqs[q], 0, sq[r->train_seqs[q]].T, err, errlen);
+        const int chat = s.chat;
+        memset(&s, 0, sizeof s);
+        for (int64_t q = i; q < j && rv == 0; q++) {
+            const int64_t e = r->train_seqs[q];
+            for (int o = 0; o < sq[e].T && rv == 0; o += LOOP_PRE) {
+                const int n = SD_MIN(LOOP_PRE, sq[e].T - o);
+                rv = sd_cache_read(r->cache, e, o, n, r->b_pre, NULL, ids, NULL, err, errlen);
+                for (int t = 0; t < n && rv == 0; t++) {
+                    sd_answers_feed(&r->ans, &s, r->b_pre[t]);
+                    const int32_t a = ids[(size_t)t * (size_t)k];
+                    if ((s.in || !chat) && a >= 0 && a < nv) am[a]++;
+                }
+            }
+        }
+    }
+    free(ids);
+    return rv;
 }
 
 // r->b_score for chunk c (its tokens in r->b_tok): 1 where the state after

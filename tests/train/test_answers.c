@@ -7,6 +7,7 @@
 // the same sequence with that position's target distribution removed, and
 // differ from the unmasked ones.
 #include <math.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,8 +17,10 @@
 #include "head/head.h"
 #include "lib/spec_check.h"
 #include "lib/synth.h"
+#include "lib/train_fixture.h"
 #include "model/model.h"
 #include "specdec.h"
+#include "specdec_train.h"
 #include "t.h"
 #include "train/answers.h"
 #include "train/train.h"
@@ -155,9 +158,110 @@ done:
     sd_model_free(m);
 }
 
+typedef struct stopper {
+    volatile sig_atomic_t flag;
+    int64_t stop_at;
+} stopper;
+
+static void on_progress(void *user, const sd_train_progress *p) {
+    stopper *w = user;
+    if (p->phase == SD_TRAIN_PHASE_STEP && p->step == w->stop_at) w->flag = 1;
+}
+
+// A training run with --score answers on chat records: it stops and resumes
+// (the mode is in the checkpoint: resuming with --score all is refused), and
+// its draft vocabulary is counted over other positions than a run scoring
+// every position (another coverage). On a corpus of text records (scored in
+// full either way) the two modes train the same bits.
+static void test_run(void) {
+    sd_model *m = chatml_model(1);
+    CHECK(m, "synthetic ChatML model: %s", g_err);
+    if (!m) return;
+    char data[512], cache[512], out[512], ckpt[512];
+    tf_path(data, sizeof data, "chat.jsonl");
+    tf_path(cache, sizeof cache, "chat.cache");
+    tf_path(out, sizeof out, "chat.gguf");
+    tf_path(ckpt, sizeof ckpt, "chat.ckpt");
+    FILE *f = fopen(data, "wb");
+    sd_rng r;
+    sd_rng_seed(&r, 9);
+    for (int i = 0; f && i < 40; i++) {
+        fprintf(f, "{\"messages\": [{\"role\": \"user\", \"content\": \"");
+        for (int w = 0; w < 6 + i % 5; w++) fprintf(f, "%sw%d", w ? " " : "", (int)(sd_rng_next(&r) % 50));
+        fprintf(f, "\"}, {\"role\": \"assistant\", \"content\": \"");
+        for (int w = 0; w < 4 + i % 3; w++) fprintf(f, "%sw%d", w ? " " : "", (int)(sd_rng_next(&r) % 50));
+        fprintf(f, "\"}]}\n");
+    }
+    if (f) fclose(f);
+    const char *paths[1] = {data};
+    stopper w = {.flag = 0, .stop_at = 2};
+    sd_train_head_params p = sd_train_head_default_params();
+    p.model = m;
+    p.data_paths = paths;
+    p.n_data = 1;
+    p.cache_dir = cache;
+    p.out_path = out;
+    p.ckpt_path = ckpt;
+    p.seq_len = 32;
+    p.batch = 2;
+    p.tokens = 6 * 2 * 32;
+    p.draft_vocab = 64;
+    p.heldout = 0.2;
+    p.n_threads = 1;
+    p.score_answers = 1;
+    p.stop = &w.flag;
+    p.progress = on_progress;
+    p.user = &w;
+    sd_train_head_result res, all;
+    CHECK(sd_train_head(&p, &res, g_err, sizeof g_err) == 1, "a stopped run: %s", g_err);
+    sd_train_head_params q = p;
+    q.resume = 1;
+    q.score_answers = 0;
+    w.flag = 0;
+    w.stop_at = -1;
+    CHECK(sd_train_head(&q, NULL, g_err, sizeof g_err) < 0 && strstr(g_err, "--score answers") &&
+              strstr(g_err, "--score all"),
+          "resumed with another --score: %s", g_err);
+    q.score_answers = 1;
+    CHECK(sd_train_head(&q, &res, g_err, sizeof g_err) == 0 && res.eval_tokens > 0, "resumed: %s", g_err);
+    q = p;
+    q.score_answers = 0;
+    q.stop = NULL;
+    tf_path(ckpt, sizeof ckpt, "chat-all.ckpt");
+    q.ckpt_path = ckpt;
+    CHECK(sd_train_head(&q, &all, g_err, sizeof g_err) == 0, "scoring every position: %s", g_err);
+    CHECK(res.eval_tokens == all.eval_tokens, "the same held-back split: %lld, %lld positions",
+          (long long)res.eval_tokens, (long long)all.eval_tokens);
+    CHECK(res.coverage > 0 && all.coverage > 0 && res.coverage != all.coverage,
+          "the vocabulary's coverage counts other positions: %.4f, %.4f", res.coverage, all.coverage);
+    // text records only
+    tf_path(data, sizeof data, "text.jsonl");
+    tf_write_corpus(data, 30, 9, 4, 0);
+    tf_path(cache, sizeof cache, "text.cache");
+    sd_train_head_result tx[2];
+    for (int k = 0; k < 2; k++) {
+        q = p;
+        q.score_answers = k;
+        q.stop = NULL;
+        char name[64];
+        snprintf(name, sizeof name, "text-%d.ckpt", k);
+        tf_path(ckpt, sizeof ckpt, name);
+        q.ckpt_path = ckpt;
+        CHECK(sd_train_head(&q, &tx[k], g_err, sizeof g_err) == 0, "text corpus, --score %s: %s",
+              k ? "answers" : "all", g_err);
+    }
+    CHECK(tx[0].loss == tx[1].loss && tx[0].eval_loss == tx[1].eval_loss && tx[0].coverage == tx[1].coverage,
+          "text records scored in full: loss %g / %g, held back %g / %g", tx[0].loss, tx[1].loss, tx[0].eval_loss,
+          tx[1].eval_loss);
+    sd_model_free(m);
+}
+
 int main(void) {
+    tf_init("answers");
     T_RUN(test_marks_chatml);
     T_RUN(test_no_template);
     T_RUN(test_trainer_mask);
+    T_RUN(test_run);
+    tf_done();
     T_EXIT();
 }

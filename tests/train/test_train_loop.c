@@ -206,8 +206,9 @@ static void test_full_disk_keeps_checkpoint(void) {
 }
 
 // Checkpoints and runs that do not fit are refused with a message: another
-// target, other settings, an existing checkpoint without --resume, --resume
-// without one, a missing data file.
+// target, other settings, --score answers on a model without a chat
+// template, an existing checkpoint without --resume, --resume without one,
+// a missing data file.
 static void test_refusals(void) {
     sd_model *m = tf_synth_model(64, 4, 1, g_err, sizeof g_err), *m2 = tf_synth_model(32, 4, 1, g_err, sizeof g_err);
     CHECK(m && m2, "synthetic models: %s", g_err);
@@ -235,9 +236,9 @@ static void test_refusals(void) {
     q = p;
     q.resume = 1;
     q.score_answers = 1;
-    CHECK(sd_train_head(&q, NULL, g_err, sizeof g_err) < 0 && strstr(g_err, "--score all") &&
-              strstr(g_err, "--score answers"),
-          "another --score: %s", g_err);
+    CHECK(sd_train_head(&q, NULL, g_err, sizeof g_err) < 0 && strstr(g_err, "--score answers") &&
+              strstr(g_err, "chat template"),
+          "--score answers without a chat template: %s", g_err);
     q = p;
     q.resume = 1;
     q.type = SD_HEAD_MEDUSA;
