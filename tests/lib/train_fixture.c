@@ -90,6 +90,18 @@ void tf_write_corpus(const char *path, int n, int len_spread, uint64_t seed, int
     fclose(f);
 }
 
+sd_train_head_params tf_run_params(const sd_model *m, const char *const *paths, const char *cache, const char *out,
+                                   const char *ckpt) {
+    sd_train_head_params p = sd_train_head_default_params();
+    p.model = m;
+    p.data_paths = paths;
+    p.n_data = 1;
+    p.cache_dir = cache;
+    p.out_path = out;
+    p.ckpt_path = ckpt;
+    return p;
+}
+
 void tf_stories_corpus(const char *path, int copies) {
     static const char *lines[] = {
         "Once upon a time, there was a little girl named Lily. She loved to play outside in the park.",

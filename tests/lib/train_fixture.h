@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "specdec.h"
+#include "specdec_train.h"
 
 // Creates the scratch directory /tmp/specdec_<tag>_<pid> (removed by tf_done).
 void tf_init(const char *tag);
@@ -32,6 +33,11 @@ int tf_synth_gguf(const char *path, int n_embd, int n_layer, uint64_t seed, char
 // len_spread words; a blank line after the second); one chat record last
 // when chat.
 void tf_write_corpus(const char *path, int n, int len_spread, uint64_t seed, int chat);
+// sd_train_head_default_params for target m on the corpus paths[0] with
+// these cache, output and checkpoint paths (one data file; paths must
+// outlive the run).
+sd_train_head_params tf_run_params(const sd_model *m, const char *const *paths, const char *cache, const char *out,
+                                   const char *ckpt);
 // copies x 4 text records of short stories (for a real target).
 void tf_stories_corpus(const char *path, int copies);
 // stories260K converted to GGUF in the scratch directory (once) from

@@ -195,13 +195,7 @@ static void test_run(void) {
     if (f) fclose(f);
     const char *paths[1] = {data};
     stopper w = {.flag = 0, .stop_at = 2};
-    sd_train_head_params p = sd_train_head_default_params();
-    p.model = m;
-    p.data_paths = paths;
-    p.n_data = 1;
-    p.cache_dir = cache;
-    p.out_path = out;
-    p.ckpt_path = ckpt;
+    sd_train_head_params p = tf_run_params(m, paths, cache, out, ckpt);
     p.seq_len = 32;
     p.batch = 2;
     p.tokens = 6 * 2 * 32;

@@ -340,13 +340,7 @@ static void test_learns_stories(void) {
     tf_stories_corpus(data, 16);
     const char *paths[1] = {data};
     evals ev = {0};
-    sd_train_head_params p = sd_train_head_default_params();
-    p.model = m;
-    p.data_paths = paths;
-    p.n_data = 1;
-    p.cache_dir = cache;
-    p.out_path = out;
-    p.ckpt_path = ckpt;
+    sd_train_head_params p = tf_run_params(m, paths, cache, out, ckpt);
     p.seq_len = 32;
     p.batch = 4;
     p.tokens = 40 * 4 * 25;
