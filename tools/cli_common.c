@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/utsname.h>
+#include <unistd.h>
 
 int cli_error(const char *fmt, ...) {
     va_list ap;
@@ -137,6 +139,25 @@ json_t *cli_json_strs(const char *const *s, int n) {
             return NULL;
         }
     return a;
+}
+
+json_t *cli_json_host(void) {
+    char cpu[256] = "unknown", line[512];
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "model name", 10) && strchr(line, ':')) {
+            const char *v = strchr(line, ':') + 1;
+            while (*v == ' ' || *v == '\t') v++;
+            snprintf(cpu, sizeof cpu, "%.*s", (int)strcspn(v, "\n"), v);
+            break;
+        }
+    if (f) fclose(f);
+    struct utsname u;
+    char os[200] = "unknown";
+    if (uname(&u) == 0) snprintf(os, sizeof os, "%.60s %.120s", u.sysname, u.release);
+    return json_pack("{s:o, s:I, s:s, s:o}", "cpu", cli_json_str(cpu, strlen(cpu)), "cores",
+                     (json_int_t)sysconf(_SC_NPROCESSORS_ONLN), "kernels", sd_backend_name(), "os",
+                     cli_json_str(os, strlen(os)));
 }
 
 json_t *cli_json_num(double v, int decimals) {

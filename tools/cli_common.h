@@ -69,6 +69,12 @@ json_t *cli_json_strs(const char *const *s, int n);
 // text output), or null when v is not finite (JSON has no inf or nan).
 json_t *cli_json_num(double v, int decimals);
 
+// A new JSON object naming the machine a figure comes from: "cpu" (the
+// model name /proc/cpuinfo gives, or "unknown"), "cores" (online), "kernels"
+// (the kernel family in use, sd_backend_name) and "os" (uname's system and
+// release). NULL when out of memory.
+json_t *cli_json_host(void);
+
 // Writes v on one line ("{"a": 1, "b": [2, 3]}") and a newline to f, flushes,
 // and releases v. 0, or -1 when v is NULL (building it failed: out of memory)
 // or the write failed.

@@ -687,7 +687,7 @@ static int bench_write_json(const bench_opts *o, const bench_state *b) {
     char seed[24];
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)o->seed);
     json_t *j = json_pack(
-        "{s:o, s:o, s:o, s:o, s:i, s:i, s:o, s:o, s:i, s:i, s:b, s:b, s:o, s:o}", "model",
+        "{s:o, s:o, s:o, s:o, s:o, s:i, s:i, s:o, s:o, s:i, s:i, s:b, s:b, s:o, s:o}", "host", cli_json_host(), "model",
         cli_json_str(o->model_path, strlen(o->model_path)), "draft", cli_json_strs(o->draft_paths, o->n_drafts),
         "datastore", b->ds_path[0] ? cli_json_str(b->ds_path, strlen(b->ds_path)) : json_null(),
         "prompts", cli_json_str(o->prompts_path, strlen(o->prompts_path)), "n_threads", o->n_threads, "draft_threads",

@@ -204,10 +204,10 @@ int cmd_bench_batch(int argc, char **argv) {
                    "speedup %.2fx\n",
                    k, n, mu.med, mu.min, mu.max, k, se.med, se.min, se.max, se.med / mu.med);
     }
-    if (json && cli_json_write(stdout, json_pack("{s:o, s:s, s:i, s:i, s:i, s:o}", "model",
+    if (json && cli_json_write(stdout, json_pack("{s:o, s:s, s:i, s:i, s:i, s:o, s:o}", "model",
                                                  cli_json_str(model, strlen(model)), "kernels", sd_backend_name(),
                                                  "n_threads", sd_threadpool_size(pool), "ctx", ctx, "reps", reps,
-                                                 "cases", cases))) {
+                                                 "cases", cases, "host", cli_json_host()))) {
         snprintf(err, sizeof err, "cannot write the JSON result");
         goto fail;
     }

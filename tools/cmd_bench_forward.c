@@ -398,6 +398,7 @@ static int bf_print_json(const bf_opts *o, const bf_state *st, const bf_result *
     if (!bad && r->has_ho) bad = json_object_set_new(j, "handover_ns", json_integer((json_int_t)llround(r->ho_med)));
     if (!bad) bad = json_object_set_new(j, "batches", batches);
     else json_decref(batches);
+    if (!bad) bad = json_object_set_new(j, "host", cli_json_host());
     if (!bad && i1 >= 0 && r->ms_med[i1] > 0)
         for (int i = 0; !bad && i < o->n_batches; i++)
             if (o->batches[i] != 1) {

@@ -165,6 +165,9 @@ static void test_bench_forward_json(void) {
     CHECK(strstr(g_out, "\"batches\": [{\"n\": 1, \"ms\": ") && strstr(g_out, "{\"n\": 3, \"ms\": "),
           "batches missing:\n%s", g_out);
     CHECK(g_out[0] == '{' && strchr(g_out, '}') != NULL, "not one JSON object:\n%s", g_out);
+    CHECK(strstr(g_out, "\"host\": {\"cpu\": \"") && json_num("cores", &v[0]) && v[0] >= 1 &&
+              strstr(g_out, "\"kernels\": \"") && strstr(g_out, "\"os\": \""),
+          "the host (cpu, cores, kernels, os) missing:\n%s", g_out);
     // one thread: no hand-over to time, and no field
     rc = run("bench-forward -m " MODEL " -t 1 --batch 1 --reps 1 --ctx 4 --decode 1 --bw-mb 8 --json", 0);
     CHECK(rc == 0 && json_num("n_threads", &v[5]) && v[5] == 1 && !strstr(g_out, "handover_ns"),

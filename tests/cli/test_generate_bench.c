@@ -209,6 +209,10 @@ static void test_bench_self_draft(void) {
     CHECK(v && atoi(v) == 40, "n_predict");
     v = json_after(js, "draft");
     CHECK(v && *v == '[', "draft list");
+    v = json_after(js, "host");   // the machine the figures come from
+    CHECK(v && *v == '{' && json_after(v, "cpu") && json_after(v, "cores") && atoi(json_after(v, "cores")) >= 1 &&
+              json_after(v, "kernels") && json_after(v, "os"),
+          "host: %.200s", v ? v : "(none)");
     const char *names[] = {"ar", "chain:3", "tree:2-2", "dyn:2-3-6"};
     const char *prev = js;
     for (int k = 0; k < 4; k++) {
