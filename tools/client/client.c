@@ -625,7 +625,6 @@ static int offline_step(cl_client *c, char *err, size_t errlen) {
     c->stuck_since = 0;
     const int from = c->n_text;
     for (int k = 1; k < np; k++) c->text[c->n_text++] = sd_tree_token(c->tree, path[k]);
-    c->s->unverified_emitted += np - 1;
     // the last token becomes the next root; the path's states are the head's own
     if (sd_drafter_tell(c->d, c->tree, path, np - 1, sd_tree_token(c->tree, path[np - 1]), NULL, err, errlen) < 0)
         return -1;
@@ -637,6 +636,7 @@ static int offline_step(cl_client *c, char *err, size_t errlen) {
             snprintf(c->s->finish, sizeof c->s->finish, "eog");
             break;
         }
+    c->s->unverified_emitted += c->n_text - from;   // (what an end token cut off was never emitted)
     after_change(c, 0);
     return 0;
 }
