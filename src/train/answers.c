@@ -11,14 +11,15 @@ int sd_answers_init(sd_answers *a, const sd_tokenizer *t, char *err, size_t errl
     int32_t ids[256], e[2];
     char e2[256];
     memset(a, 0, sizeof *a);
-    const int n = sd_chat_tokenize_messages(t, &role, &content, 1, ids, 256, e2, sizeof e2);
+    int n = sd_chat_tokenize_messages(t, &role, &content, 1, ids, 256, e2, sizeof e2);
     if (n < 0) return sd_err(err, errlen, "--score answers needs the model's chat template: %s", e2);
+    n = SD_MIN(n, 256);   // (a longer rendering keeps its first 256 ids; the header then is not found)
     int last = -1;
     for (int k = 0; k < 2 && last < 0; k++)
         if (sd_tokenize(t, ends[k], strlen(ends[k]), 0, 1, e, 2) == 1)
-            for (int i = 0; i < SD_MIN(n, 256); i++)
+            for (int i = 0; i < n; i++)
                 if (ids[i] == e[0]) last = i, a->eot = e[0];
-    const int nh = last >= 0 ? SD_MIN(n, 256) - last - 1 : 0;
+    const int nh = last >= 0 ? n - last - 1 : 0;
     if (nh < 1 || nh > SD_ANS_MAX_HDR)
         return sd_err(err, errlen, "--score answers: cannot find the assistant's header in the model's chat template");
     a->n_hdr = nh;
