@@ -288,13 +288,15 @@ static int e3_accept(sd_drafter *dr, const sd_step_record *rec, char *err, size_
     e3d *s = dr->impl;
     char ferr[256];
     const int own = !s->followed;   // the step's tree is this drafter's
-    if (own && s->au && sd_draft_auto_accept(s->au, rec, ferr, sizeof ferr) < 0)
+    // what it learns about its own drafts, from its own tree (the step's, or its part of a merged one)
+    const sd_step_record ov = sd_step_own_view(rec);
+    if (own && s->au && sd_draft_auto_accept(s->au, &ov, ferr, sizeof ferr) < 0)
         return sd_err(err, errlen, "eagle3: %s", ferr);
     const sd_tree *tree = rec->tree;
     if (own && s->p.adapt) {
         int depth = 0;
-        for (int i = 1; i < tree->n; i++) depth = SD_MAX(depth, tree->depth[i]);
-        s->p_min = sd_draft_adapt_p_min(s->p_min, depth, rec->n_path - 1, &s->p);
+        for (int i = 1; i < ov.tree->n; i++) depth = SD_MAX(depth, ov.tree->depth[i]);
+        s->p_min = sd_draft_adapt_p_min(s->p_min, depth, ov.n_path - 1, &s->p);
     }
     sd_e3_drop_pending(s->e);
     // Coverage: is the target's choice after each path node (the next path
@@ -311,7 +313,7 @@ static int e3_accept(sd_drafter *dr, const sd_step_record *rec, char *err, size_
         return s->lr ? s->hook->brk(s->lr, err, errlen) : 0;
     for (int k = 1; k < rec->n_path && s->n_txt < s->n_ctx; k++) s->txt[s->n_txt++] = tree->token[rec->path[k]];
     if (rec->hidden) put_states(s, rec->hidden, s->root_pos, rec->n_path);
-    else if (s->fused && !s->followed) self_states(s, rec);
+    else if (s->fused && !s->followed && !rec->own_tree) self_states(s, rec);   // (its own node rows)
     if (s->lr) return learn(s, rec, err, errlen);
     return 0;
 }

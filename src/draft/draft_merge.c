@@ -1,9 +1,9 @@
 // draft_merge.c - the merging drafter: asks each sub-drafter for a tree and
 // merges them by token path (SpecInfer); after verification each sub-drafter
 // hears the part of the accepted path that is in its own tree. The fallback
-// drafter ("A/B") drafts the first non-empty tree of its sub-drafters; a
-// sub-drafter that reads hidden states hears every full path. See
-// draft_merge.h.
+// drafter ("A/B") drafts the first non-empty tree of its sub-drafters. A
+// sub-drafter that reads hidden states (a head; at most one) hears every full
+// path, and in a merge also its own part of it. See draft_merge.h.
 #include "draft/draft_merge.h"
 
 #include <stdlib.h>
@@ -100,7 +100,7 @@ static int mg_accept(sd_drafter *dr, const sd_step_record *rec, char *err, size_
     if (!g->trees) return 0;
     static const sd_aux_nodes no_aux = {0, 0, NULL, NULL, NULL};
     for (int i = 0; i < g->n; i++) {
-        if (i == g->hid) {   // the whole path, with its hidden rows
+        if (i == g->hid && g->first) {   // the whole path, with its hidden rows (its tree is the step's, or none)
             int rc = g->subs[i]->vt->accept(g->subs[i], rec, err, errlen);
             if (rc < 0) return rc;
             continue;
@@ -116,11 +116,22 @@ static int mg_accept(sd_drafter *dr, const sd_step_record *rec, char *err, size_
             g->subpath[len++] = nxt;
             cur = nxt;
         }
+        if (i == g->hid) {   // a head hears the whole path and its hidden rows, and which part of it it drafted
+            sd_step_record full = *rec;
+            full.own_tree = st;
+            full.own_path = g->subpath;
+            full.own_n_path = len;
+            int rc = g->subs[i]->vt->accept(g->subs[i], &full, err, errlen);
+            if (rc < 0) return rc;
+            continue;
+        }
         // The sub-drafter hears its part of the path, then the token that
         // followed it; the path's hidden rows are the first len of the merge's.
         sub_logits sl = {rec, g->maps[i], st->n};
-        sd_step_record sub = {st, g->subpath, len, len < n_path ? tree->token[path[len]] : rec->bonus, &no_aux,
-                              rec->draft_ms, rec->verify_ms, sub_logits_get, &sl, rec->hidden};
+        sd_step_record sub = {.tree = st, .path = g->subpath, .n_path = len,
+                              .bonus = len < n_path ? tree->token[path[len]] : rec->bonus, .aux = &no_aux,
+                              .draft_ms = rec->draft_ms, .verify_ms = rec->verify_ms, .logits = sub_logits_get,
+                              .lstate = &sl, .hidden = rec->hidden};
         int rc = g->subs[i]->vt->accept(g->subs[i], &sub, err, errlen);
         if (rc < 0) return rc;
     }
@@ -216,10 +227,10 @@ static int mg_new(sd_drafter **out, sd_drafter **subs, int n_subs, int n_vocab, 
     g->hid = -1;
     for (int i = 0; i < n_subs; i++) {
         if (subs[i]->n_hidden_layers <= 0) continue;
-        if (!first || g->hid >= 0) {
+        if (g->hid >= 0) {
             sd_drafter_free(dr);
-            return sd_err(err, errlen, first ? "fallback drafter: at most one head (a drafter reading hidden states)"
-                                             : "merge drafter: a head (reading hidden states) cannot be merged");
+            return sd_err(err, errlen, "%s drafter: at most one head (a drafter reading hidden states)",
+                          first ? "fallback" : "merge");
         }
         g->hid = i;
         dr->n_hidden_layers = subs[i]->n_hidden_layers;

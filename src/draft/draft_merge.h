@@ -8,7 +8,10 @@
 
 // Creates a drafter that asks each of subs[0..n_subs) for a tree and merges
 // them (union by token path, SpecInfer). Takes ownership of the sub-drafters
-// (freed with it, also when creation fails). n_vocab: the target's.
+// (freed with it, also when creation fails). n_vocab: the target's. At most
+// one sub-drafter may read the target's hidden states (a trained head): it
+// hears every step's full path and states, with the part of the path that is
+// in its own tree (sd_step_record.own_tree) for its acceptance statistics.
 int sd_draft_merge_new(sd_drafter **out, sd_drafter **subs, int n_subs, int n_vocab, char *err,
                        size_t errlen);
 

@@ -277,13 +277,15 @@ static int moa_accept(sd_drafter *dr, const sd_step_record *rec, char *err, size
     moad *s = dr->impl;
     char ferr[256];
     const int own = !s->followed;
-    if (own && s->au && sd_draft_auto_accept(s->au, rec, ferr, sizeof ferr) < 0)
+    // what it learns about its own drafts, from its own tree (the step's, or its part of a merged one)
+    const sd_step_record ov = sd_step_own_view(rec);
+    if (own && s->au && sd_draft_auto_accept(s->au, &ov, ferr, sizeof ferr) < 0)
         return sd_err(err, errlen, "moa: %s", ferr);
     const sd_tree *tree = rec->tree;
     if (own && s->p.adapt) {
         int depth = 0;
-        for (int i = 1; i < tree->n; i++) depth = SD_MAX(depth, tree->depth[i]);
-        s->p_min = sd_draft_adapt_p_min(s->p_min, depth, rec->n_path - 1, &s->p);
+        for (int i = 1; i < ov.tree->n; i++) depth = SD_MAX(depth, ov.tree->depth[i]);
+        s->p_min = sd_draft_adapt_p_min(s->p_min, depth, ov.n_path - 1, &s->p);
     }
     if (s->remote && rec->hidden) {   // the path's K,V rows, from the server: root_pos .. root_pos + n_path - 1
         if (s->root_pos < 0 || s->root_pos + rec->n_path > s->n_ctx) return 0;

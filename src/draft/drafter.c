@@ -22,6 +22,17 @@ void sd_drafter_reset(sd_drafter *d) {
     if (d) d->vt->reset(d);
 }
 
+sd_step_record sd_step_own_view(const sd_step_record *rec) {
+    sd_step_record v = *rec;
+    if (rec->own_tree) {
+        v.tree = rec->own_tree;
+        v.path = rec->own_path;
+        v.n_path = rec->own_n_path;
+        v.own_tree = NULL;
+    }
+    return v;
+}
+
 const char *sd_drafter_name(const sd_drafter *d) { return d ? d->vt->name : "none"; }
 
 const char *sd_drafter_note(const sd_drafter *d) {
@@ -57,7 +68,8 @@ static const float *no_logits(void *lstate, int i) {
 int sd_drafter_accept_path(sd_drafter *d, const sd_tree *tree, const int32_t *path, int n_path, int32_t bonus,
                            char *err, size_t errlen) {
     sd_aux_nodes none = {0, 0, NULL, NULL, NULL};
-    sd_step_record rec = {tree, path, n_path, bonus, &none, -1.0, -1.0, no_logits, NULL, NULL};
+    sd_step_record rec = {.tree = tree, .path = path, .n_path = n_path, .bonus = bonus, .aux = &none,
+                          .draft_ms = -1.0, .verify_ms = -1.0, .logits = no_logits};
     return d->vt->accept(d, &rec, err, errlen);
 }
 

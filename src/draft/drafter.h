@@ -64,7 +64,18 @@ typedef struct sd_step_record {
     // (sd_drafter.n_hidden_layers > 0): (n_path, n_hidden_layers, n_embd),
     // in the order of sd_drafter.hidden_layers. NULL otherwise.
     const float *hidden;
+    // Set by the merging drafter (A+B) for the sub-drafter that reads hidden
+    // states, which hears the whole step above: its own tree and the part of
+    // the path in it (own_path[k] a node of own_tree), for what it learns
+    // about its own drafts (acceptance statistics). NULL: tree is its own.
+    const sd_tree *own_tree;
+    const int32_t *own_path;
+    int own_n_path;
 } sd_step_record;
+
+// rec as its drafter drafted it: rec itself, or its own tree and path when
+// rec->own_tree is set (the other fields as rec's).
+sd_step_record sd_step_own_view(const sd_step_record *rec);
 
 typedef struct sd_drafter_vt {
     const char *name;

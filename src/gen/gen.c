@@ -463,8 +463,9 @@ static int step_verify(sd_gen *g, sd_step *st, char *err, size_t errlen) {
         for (int k = 0; g->n_hid > 0 && k < n_path; k++)   // tree nodes come first among the wanted rows
             memcpy(g->hid_path + (size_t)k * g->hid_row, g->hid_out + (size_t)g->path[k] * g->hid_row,
                    sizeof(float) * g->hid_row);
-        sd_step_record rec = {t, g->path, n_path, bonus, &g->aux, st->draft_ms, st->verify_ms, batch_logits, g->s,
-                              g->n_hid > 0 ? g->hid_path : NULL};
+        sd_step_record rec = {.tree = t, .path = g->path, .n_path = n_path, .bonus = bonus, .aux = &g->aux,
+                              .draft_ms = st->draft_ms, .verify_ms = st->verify_ms, .logits = batch_logits,
+                              .lstate = g->s, .hidden = g->n_hid > 0 ? g->hid_path : NULL};
         if (d->vt->accept(d, &rec, ferr, sizeof ferr) < 0)
             return sd_err(err, errlen, "drafter '%s' failed: %s", d->vt->name, ferr);
     }

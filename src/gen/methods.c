@@ -492,18 +492,19 @@ static int method_parts(const sd_method *m, method_cfg *parts, char *err, size_t
         heads += parts[i].kind == SD_METHOD_EAGLE3 || parts[i].kind == SD_METHOD_MEDUSA || parts[i].kind == SD_METHOD_MOA;
     for (int i = 0; n > 1 && i < n; i++) {
         const int k = parts[i].kind, head = k == SD_METHOD_EAGLE3 || k == SD_METHOD_MEDUSA || k == SD_METHOD_MOA;
-        // ar and auto choose for themselves; lookahead's window rides beside one tree; a head reads
-        // hidden rows that a union of trees does not pass on, and a fallback passes on to one head only
-        if (k == SD_METHOD_AR || k == SD_METHOD_AUTO || k == SD_METHOD_LOOKAHEAD || (head && sep == '+')) {
+        // ar and auto choose for themselves; lookahead's window rides beside one tree; the hidden rows of
+        // a step are passed on to one head only
+        if (k == SD_METHOD_AR || k == SD_METHOD_AUTO || k == SD_METHOD_LOOKAHEAD) {
             snprintf(err, errlen, "method '%s': '%s' cannot be %s other methods", m->name, parts[i].name,
                      sep == '+' ? "merged with" : "combined with");
             return -1;
         }
         if (heads > 1) {
-            snprintf(err, errlen, "method '%s': at most one head (eagle3, medusa or moa) in a fallback", m->name);
+            snprintf(err, errlen, "method '%s': at most one head (eagle3, medusa or moa) in a %s", m->name,
+                     sep == '+' ? "merge" : "fallback");
             return -1;
         }
-        if (head && i < n - 1) {
+        if (head && sep == '/' && i < n - 1) {
             snprintf(err, errlen, "method '%s': the head '%s' drafts at every step, so it goes last", m->name,
                      parts[i].name);
             return -1;

@@ -86,7 +86,7 @@ def main():
                 sys.exit(exit_status())
         ar = generate("ar")
         bad = [] if ar.returncode == 0 else [f"ar: {ar.stderr[-300:]}"]
-        for m in ("moa:chain:3", "moa:dyn:2-3-8", "moa:auto", "ngram:3-8/moa:auto", ""):
+        for m in ("moa:chain:3", "moa:dyn:2-3-8", "moa:auto", "ngram:3-8/moa:auto", "ngram:2-4+moa:auto", ""):
             o = generate(m, rnd)   # "": no --method, the default of --head (ngram:3-8/moa:auto)
             if o.returncode != 0 or o.stdout != ar.stdout or (not m and "ngram:3-8/moa:auto" not in o.stderr):
                 bad.append(f"{m}: exit {o.returncode}, {o.stdout!r} vs {ar.stdout!r} {o.stderr[-300:]}")

@@ -1,9 +1,10 @@
 // test_eagle3_drafter.c - the EAGLE-3 head at inference and its drafter: the head's
 // rows (chain and tree, against its own KV cache) equal a double-precision
 // reference written from docs/heads.md; greedy output with the drafter
-// (chain, widths, dynamic and automatic trees, through the method registry)
-// equals plain decoding on synthetic and real models; the prompt's hidden
-// rows reach the drafter; bad method strings and missing heads give messages.
+// (chain, widths, dynamic and automatic trees, as prompt lookup's fallback
+// and merged with it, through the method registry) equals plain decoding on
+// synthetic and real models; the prompt's hidden rows reach the drafter; bad
+// method strings and missing heads give messages.
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -341,8 +342,9 @@ static void test_followed_steps_fuse_later(void) {
 }
 
 static void check_lossless(const sd_model *m, const sd_head *h, const int32_t *prompt, int np, int n, const char *tag) {
-    static const char *methods[] = {"eagle3:chain:4", "eagle3:tree:3-2-1", "eagle3:dyn:3-4-10", "eagle3:auto", "auto",
-                                    "ngram:2-4/eagle3:auto"};
+    static const char *methods[] = {"eagle3:chain:4",        "eagle3:tree:3-2-1",          "eagle3:dyn:3-4-10",
+                                    "eagle3:auto",           "auto",                       "ngram:2-4/eagle3:auto",
+                                    "ngram:2-4+eagle3:auto", "eagle3:tree:3-2-1+ngram:1-3"};
     static sc_tokens ref, got;
     sd_gen_stats st;
     CHECK(run_method(m, h, "ar", prompt, np, n, &ref, &st) == 0, "%s", g_err);
@@ -588,8 +590,10 @@ static void test_method_errors(void) {
     CHECK(sd_method_parse("eagle3:auto", &me, g_err, sizeof g_err) == 0 && me.uses_cost_curve, "eagle3:auto");
     CHECK(sd_method_parse("eagle3:wide", &me, g_err, sizeof g_err) < 0 && strstr(g_err, "eagle3:SHAPE"), "%s", g_err);
     CHECK(sd_method_parse("eagle3", &me, g_err, sizeof g_err) < 0 && strstr(g_err, "needs arguments"), "%s", g_err);
-    CHECK(sd_method_parse("eagle3:chain:4+ngram:3-8", &me, g_err, sizeof g_err) < 0 && strstr(g_err, "merged"), "%s",
-          g_err);
+    CHECK(sd_method_parse("eagle3:chain:4+ngram:3-8", &me, g_err, sizeof g_err) == 0 && me.kind == SD_METHOD_MERGE &&
+              me.needs_head == SD_HEAD_EAGLE3,
+          "merge with a head: %s", g_err);
+    CHECK(sd_method_parse("auto+eagle3:chain:2", &me, g_err, sizeof g_err) < 0 && strstr(g_err, "merged"), "%s", g_err);
     CHECK(sd_method_parse("ngram:3-8/eagle3:chain:2", &me, g_err, sizeof g_err) == 0 && me.kind == SD_METHOD_FIRST &&
               me.needs_head == SD_HEAD_EAGLE3 && me.tree_nodes == 33,
           "fallback: %s (kind %d, %d nodes)", g_err, me.kind, me.tree_nodes);

@@ -3,7 +3,8 @@
 // own text get their drafts accepted (training and inference compute the
 // same function), greedy output stays plain decoding's, and sampled output
 // with the EAGLE-3 head is distributed as the target's (chi-square over the
-// 64 possible 3-token continuations), while a deliberately wrong variant
+// 64 possible 3-token continuations; alone, as prompt lookup's fallback and
+// merged with it), while a deliberately wrong variant
 // (draft distributions misreported after the draws) is rejected by the same
 // test.
 #include <math.h>
@@ -296,6 +297,23 @@ static void test_trained_eagle3_sampled_distribution(void) {
           chi_fb, g_err);
     CHECK(fb_drafted != g_drafted, "prompt lookup never drafted in the fallback's runs (%ld nodes both)", fb_drafted);
     sd_drafter_free(fb);
+    // Prompt lookup's tree and the head's merged (method "ngram:1-3+eagle3:chain:3"): both draft at every step.
+    sd_drafter *msubs[2] = {NULL, new_e3("chain", 3)};
+    sd_drafter *mg = NULL;
+    if (msubs[1] && sd_draft_ngram_new(&msubs[0], &np, NULL, g_err, sizeof g_err) == 0)
+        sd_draft_merge_new(&mg, msubs, 2, NV, g_err, sizeof g_err);
+    else
+        sd_drafter_free(msubs[1]);
+    g_drafted = 0;
+    double tau_mg = 0, chi_mg = mg ? chi2_of(mg, k_prompt_rep, 2000, &tau_mg, SD_DRAW_REJECTION) : -1;
+    printf("  ngram:1-3+eagle3:chain:3 sampled: chi2 = %.1f (df 63, limit 125), %.2f tokens per forward, %ld draft "
+           "nodes\n",
+           chi_mg, tau_mg, g_drafted);
+    CHECK(chi_mg >= 0 && chi_mg < 125.0, "merge: sampled output is not distributed as the target (chi2 %.1f): %s",
+          chi_mg, g_err);
+    CHECK(g_drafted > fb_drafted, "the merge drafted no more than the fallback (%ld and %ld nodes)", g_drafted,
+          fb_drafted);
+    sd_drafter_free(mg);
     // The wrong variant: the same drafts, their distributions misreported.
     sd_drafter *d = new_e3("chain", 3);
     if (d) sd_draft_eagle3_test_fault(d, 1);

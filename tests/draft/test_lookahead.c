@@ -59,7 +59,8 @@ static int unit_step(sd_drafter *d, sd_tree *tree, sd_aux_nodes *aux, const int3
     memset(&f, 0, sizeof f);
     for (int i = 0; i < W; i++) fake_set(&f, tree->n + (L - 1) * W + i, next[i]);
     int32_t path[1] = {0};
-    sd_step_record rec = {tree, path, 1, next[0], aux, -1.0, -1.0, fake_get, &f, NULL};
+    sd_step_record rec = {.tree = tree, .path = path, .n_path = 1, .bonus = next[0], .aux = aux,
+                          .draft_ms = -1.0, .verify_ms = -1.0, .logits = fake_get, .lstate = &f};
     return d->vt->accept(d, &rec, g_err, sizeof g_err);
 }
 
