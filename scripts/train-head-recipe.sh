@@ -3,11 +3,11 @@
 # the training corpus, the mix the head was trained on, and the train-head
 # command, each step resumable (rerun the script after an interruption).
 #
-#   bash scripts/train-head-recipe.sh smollm2|smollm2-v1|smollm2-v3|smollm2-v4|smollm2-v5|smollm2-moa|qwen|qwen-sd|qwen-own|qwen-05b|qwen-1m [WORK_DIR]
+#   bash scripts/train-head-recipe.sh smollm2|smollm2-v1|smollm2-v3|smollm2-v4|smollm2-v5|smollm2-v6|smollm2-moa|qwen|qwen-sd|qwen-own|qwen-05b|qwen-1m [WORK_DIR]
 #
-# The shipped SmolLM2-135M-Instruct head has five stages: smollm2-v1,
-# smollm2, smollm2-v3, smollm2-v4 and smollm2-v5 (each made first by the
-# next when missing).
+# The shipped SmolLM2-135M-Instruct head has six stages: smollm2-v1,
+# smollm2, smollm2-v3, smollm2-v4, smollm2-v5 and smollm2-v6 (each made
+# first by the next when missing).
 # smollm2 (stage 2, the shipped head from 2026-11-25 to -30) has two stages:
 # smollm2-v1 (session 11's head: the corpus's first 543 conversations
 # answered by SmolLM2 itself and raw documentation text, written to
@@ -52,15 +52,18 @@
 # (made first when missing) on conversations 16,128-32,594 (the rest: 7,249
 # conversations, 1.82 M tokens); smollm2-v5 (the shipped head) trains v4's
 # head once more on v4's data and feature cache (1.6 M positions, seed 43;
-# its checkpoint and head in data/smollm2-v5).
+# its checkpoint and head in data/smollm2-v5); smollm2-v6 (the shipped head)
+# trains v5's head once more on v3's data and feature cache (1.2 M
+# positions, seed 44; its checkpoint and head in data/smollm2-v6).
 # smollm2-moa (issue 29; not shipped until measured) trains an MoA drafter,
 # TLI 0 without LSA with full-text SA, from scratch on the shipped SmolLM2 head's data through
 # the reduced MoA feature cache (docs/moa.md), writing
 # WORK_DIR/SmolLM2-135M-Instruct.moa.gguf (3 M positions).
 # WORK_DIR (default data/smollm2-ft for smollm2, data/ for smollm2-v1,
 # data/KIND for smollm2-v3, smollm2-v4, smollm2-moa, qwen, qwen-own, qwen-05b and
-# qwen-1m, data/qwen-sd/ft for qwen-sd, data/smollm2-v4 for smollm2-v5,
-# which writes its checkpoint and head to data/smollm2-v5) holds the mix,
+# qwen-1m, data/qwen-sd/ft for qwen-sd, data/smollm2-v4 for smollm2-v5 and
+# data/smollm2-v3 for smollm2-v6, which write their checkpoints and heads to
+# data/smollm2-v5 and data/smollm2-v6) holds the mix,
 # the feature cache and the checkpoint; the corpus is data/train (CORPUS to move it); the shipped
 # heads are written to heads/. Environment: THREADS (default: all cores),
 # PROMPTS (prompts SmolLM2 answers in step 1, default 4000 for smollm2 and
@@ -68,7 +71,7 @@
 # kinds), SD_PROMPTS (prompts the Qwen writer answers in step 1b: 688 for
 # qwen-sd, 640 for qwen-own and qwen-05b, 6900 for qwen-1m), ANSWERS (qwen-sd:
 # the 1.5B model's answers used, default 682), INIT (the head a fine-tune
-# starts from: smollm2, smollm2-v3, smollm2-v4, smollm2-v5 and the qwen kinds but qwen), TOKENS
+# starts from: smollm2, smollm2-v3 to -v6 and the qwen kinds but qwen), TOKENS
 # (positions trained), LR, FF (the head's feed-forward width; 0 = the
 # target's). A first stage made on the way runs with its own defaults.
 set -euo pipefail
@@ -144,7 +147,7 @@ smollm2-v4)
     init=(--init "$v1")
     ;;
 smollm2-v5)
-    # the shipped head since 2026-11-30 (session 39): smollm2-v4's head (its
+    # the shipped head on 2026-11-30 (session 39): smollm2-v4's head (its
     # Q8_0 file) trained once more on v4's data and feature cache (0.9 epochs
     # more; another seed, so another order): held-back agreement on the
     # answers 47.2 / 39.0 / 34.8% -> 50.4 / 42.3 / 37.8% (heads/README.md)
@@ -156,6 +159,24 @@ smollm2-v5)
     mixes=("mix.jsonl 16128 32595 none:1:0:0 tasks:1,tasks2:1,chitchat:1,pydoc:8,pystdlib:8")
     prompts="${PROMPTS:-16128}" tokens="${TOKENS:-1600000}" lr="${LR:-3e-4}" ff="${FF:-0}" batch=8 seed=43
     first_stage data/smollm2-v4/SmolLM2-135M-Instruct.eagle3-v4.gguf smollm2-v4
+    init=(--init "$v1")
+    ;;
+smollm2-v6)
+    # the shipped head since 2026-11-30 (session 40): smollm2-v5's head
+    # (its Q8_0 file) trained once more on smollm2-v3's
+    # data and feature cache (conversations 4,488-16,127, which it had seen
+    # 0.43 epochs of, three stages before; 1.2 M positions, seed 44): held-back
+    # agreement on the answers of v3's split 55.7 / 49.2 / 45.3% -> 58.0 /
+    # 51.9 / 47.8%, of v4's split 50.4 / 42.3 / 37.8% -> 50.5 / 42.6 / 38.7%
+    # (heads/README.md)
+    model=models/SmolLM2-135M-Instruct.Q4_1.gguf
+    work="${2:-data/smollm2-v3}"   # v3's mix and feature cache
+    out=data/smollm2-v6/SmolLM2-135M-Instruct.eagle3-v6.gguf
+    ckpt=data/smollm2-v6/head.ckpt
+    ship=heads/SmolLM2-135M-Instruct.eagle3.gguf
+    mixes=("mix.jsonl 4488 16128 none:1:0:0 tasks:1,chitchat:1,pydoc:8,pystdlib:8")
+    prompts="${PROMPTS:-16128}" tokens="${TOKENS:-1200000}" lr="${LR:-3e-4}" ff="${FF:-0}" batch=8 seed=44
+    first_stage data/smollm2-v5/SmolLM2-135M-Instruct.eagle3-v5.gguf smollm2-v5
     init=(--init "$v1")
     ;;
 smollm2-moa)
@@ -240,7 +261,7 @@ qwen-1m)
     init=(--init "$v1")
     ;;
 *)
-    echo "usage: $0 smollm2|smollm2-v1|smollm2-v3|smollm2-v4|smollm2-v5|smollm2-moa|qwen|qwen-sd|qwen-own|qwen-05b|qwen-1m [WORK_DIR]" >&2
+    echo "usage: $0 smollm2|smollm2-v1|smollm2-v3|smollm2-v4|smollm2-v5|smollm2-v6|smollm2-moa|qwen|qwen-sd|qwen-own|qwen-05b|qwen-1m [WORK_DIR]" >&2
     exit 1
     ;;
 esac
