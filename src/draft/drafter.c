@@ -29,6 +29,7 @@ sd_step_record sd_step_own_view(const sd_step_record *rec) {
         v.path = rec->own_path;
         v.n_path = rec->own_n_path;
         v.own_tree = NULL;
+        v.verify_ms = -1.0;   // the forward verified the whole merged tree: no measure of its own tree's cost
     }
     return v;
 }

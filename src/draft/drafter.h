@@ -74,7 +74,8 @@ typedef struct sd_step_record {
 } sd_step_record;
 
 // rec as its drafter drafted it: rec itself, or its own tree and path when
-// rec->own_tree is set (the other fields as rec's).
+// rec->own_tree is set (verify_ms then < 0: the forward verified more than
+// its tree; the other fields as rec's).
 sd_step_record sd_step_own_view(const sd_step_record *rec);
 
 typedef struct sd_drafter_vt {

@@ -112,7 +112,10 @@ static void test_head_hears_full_path_and_own_part(void) {
     CHECK(path[1] > 0 && path[2] > 0 && path[3] > 0, "the other's branch is in the merged tree");
     float rows[4 * 4];   // (n_path, 1 layer, n_embd 4)
     for (int i = 0; i < 16; i++) rows[i] = (float)i;
-    CHECK(sd_drafter_tell(mg, t, path, 4, 33, rows, g_err, sizeof g_err) == 0, "%s", g_err);
+    static const sd_aux_nodes none = {0};
+    const sd_step_record rec = {.tree = t, .path = path, .n_path = 4, .bonus = 33, .aux = &none, .draft_ms = 1.0,
+                                .verify_ms = 5.0, .hidden = rows};   // (as generation hands it: timed)
+    CHECK(mg->vt->accept(mg, &rec, g_err, sizeof g_err) == 0, "%s", g_err);
     CHECK(head->accepts == 1 && other->accepts == 1, "accepts heard: head %d, other %d", head->accepts,
           other->accepts);
     // the head: the full path with its rows
@@ -129,10 +132,12 @@ static void test_head_hears_full_path_and_own_part(void) {
           head->got.own_n_path, head->own_tok[1]);
     const sd_step_record v = sd_step_own_view(&head->got);
     CHECK(v.tree == head->got.own_tree && v.n_path == 2 && v.path == head->got.own_path && !v.own_tree &&
-              v.bonus == 33 && v.hidden == head->got.hidden,
-          "sd_step_own_view: its own tree and part, the rest as heard");
+              v.bonus == 33 && v.hidden == head->got.hidden && v.verify_ms < 0,
+          "sd_step_own_view: its own tree and part, no verification time of its own, the rest as heard");
     const sd_step_record w = sd_step_own_view(&other->got);
-    CHECK(w.tree == other->got.tree && w.n_path == other->got.n_path, "a record without own_tree is its own view");
+    CHECK(w.tree == other->got.tree && w.n_path == other->got.n_path && w.verify_ms == 5.0,
+          "a record without own_tree is its own view");
+    CHECK(head->got.verify_ms == 5.0, "the head hears the step's verification time (%g)", head->got.verify_ms);
     // the other drafter: its part of the path (all of it here), no own_tree
     CHECK(other->got.n_path == 4 && !other->got.own_tree && other->path_tok[3] == 21, "other: %d nodes",
           other->got.n_path);
