@@ -262,6 +262,19 @@ out:
     return chi;
 }
 
+// Prompt lookup (1-3) with the trained head drafting chains of 3: the head as
+// its fallback ("ngram:1-3/eagle3:chain:3"), or their trees merged ("+").
+static sd_drafter *lookup_and_head(int merge) {
+    sd_drafter *subs[2] = {NULL, new_e3("chain", 3)}, *d = NULL;
+    sd_draft_ngram_params np = sd_draft_ngram_default_params();
+    np.n_max = 1, np.k_max = 3;
+    if (subs[1] && sd_draft_ngram_new(&subs[0], &np, NULL, g_err, sizeof g_err) == 0)
+        (merge ? sd_draft_merge_new : sd_draft_first_new)(&d, subs, 2, NV, g_err, sizeof g_err);
+    else
+        sd_drafter_free(subs[1]);
+    return d;
+}
+
 static void test_trained_eagle3_sampled_distribution(void) {
     if (!setup()) SKIP("setup failed: %.200s", g_err);
     const char *kinds[2] = {"chain", "widths"};
@@ -275,14 +288,7 @@ static void test_trained_eagle3_sampled_distribution(void) {
         sd_drafter_free(d);
     }
     // Prompt lookup first, the head where it finds nothing (method "ngram:1-3/eagle3:chain:3").
-    sd_drafter *subs[2] = {NULL, new_e3("chain", 3)};
-    sd_draft_ngram_params np = sd_draft_ngram_default_params();
-    np.n_max = 1, np.k_max = 3;
-    sd_drafter *fb = NULL;
-    if (subs[1] && sd_draft_ngram_new(&subs[0], &np, NULL, g_err, sizeof g_err) == 0)
-        sd_draft_first_new(&fb, subs, 2, NV, g_err, sizeof g_err);
-    else
-        sd_drafter_free(subs[1]);
+    sd_drafter *fb = lookup_and_head(0);
     g_drafted = 0;
     double tau_fb = 0, chi_fb = fb ? chi2_of(fb, k_prompt_rep, 2000, &tau_fb, SD_DRAW_REJECTION) : -1;
     const long fb_drafted = g_drafted;
@@ -298,12 +304,7 @@ static void test_trained_eagle3_sampled_distribution(void) {
     CHECK(fb_drafted != g_drafted, "prompt lookup never drafted in the fallback's runs (%ld nodes both)", fb_drafted);
     sd_drafter_free(fb);
     // Prompt lookup's tree and the head's merged (method "ngram:1-3+eagle3:chain:3"): both draft at every step.
-    sd_drafter *msubs[2] = {NULL, new_e3("chain", 3)};
-    sd_drafter *mg = NULL;
-    if (msubs[1] && sd_draft_ngram_new(&msubs[0], &np, NULL, g_err, sizeof g_err) == 0)
-        sd_draft_merge_new(&mg, msubs, 2, NV, g_err, sizeof g_err);
-    else
-        sd_drafter_free(msubs[1]);
+    sd_drafter *mg = lookup_and_head(1);
     g_drafted = 0;
     double tau_mg = 0, chi_mg = mg ? chi2_of(mg, k_prompt_rep, 2000, &tau_mg, SD_DRAW_REJECTION) : -1;
     printf("  ngram:1-3+eagle3:chain:3 sampled: chi2 = %.1f (df 63, limit 125), %.2f tokens per forward, %ld draft "
