@@ -106,8 +106,9 @@ $(shell mkdir -p build && echo $(PP_MODE) > build/pp-mode && rm -f build/specdec
 endif
 TLIB_OBJ := $(patsubst %.c,build/%.o,$(wildcard tests/lib/*.c))
 TESTS    := $(patsubst tests/%.c,build/tests/%,$(wildcard tests/*/test_*.c))
-# Helper programs of the test scripts (tests/tool_*.c, e.g. a random draft
-# head for test_serve.py): built like the tests, never run as tests.
+# Helper programs of the test scripts and of measurements (tests/tool_*.c,
+# e.g. a random draft head for test_serve.py, tool_kernel_bench for kernel
+# work): built like the tests, never run as tests.
 TEST_TOOLS := $(patsubst tests/%.c,build/tests/%,$(wildcard tests/tool_*.c))
 # These tests compile tools' own files (cli_common.c, bench_prompts.c).
 JSON_TESTS := build/tests/cli/test_cli_options build/tests/cli/test_generate_bench

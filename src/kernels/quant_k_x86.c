@@ -25,6 +25,11 @@
 //    row at a time while those activations fit in L1, else 2-4 rows that
 //    share them. Software prefetch (kx_pf) about 8 KiB ahead in the row
 //    stream: without it a one-token call waited on memory three times longer.
+//    Tiles whose prepared activations take KX_PFL2 (8 KiB) or more prefetch
+//    into L2 only: on Zen 4 (32 KiB L1d) the ffn_down rows of Qwen2.5-1.5B
+//    (8960 elements, 11.5-13.4 KiB of activations per token) otherwise lost
+//    their activations to the prefetched weights, and one- and two-token
+//    calls took 1.5-2.3x as long (2026-11-30, docs/performance.md).
 //  - buffered (larger batches): per row tile of 8 rows and chunk of units,
 //    the rows are unpacked once into an L1 buffer, then 4-row x 2-token
 //    outer-product tiles (6 vector loads per 8 vpdpbusd) run over the chunk;
@@ -79,6 +84,9 @@
 #ifndef KX_PFDB
 #define KX_PFDB 16384 // the same for the buffered path
 #endif
+#ifndef KX_PFL2
+#define KX_PFL2 (8 * 1024) // on the fly: tiles whose activations take this many bytes prefetch into L2
+#endif
 #ifndef KX_PFHINT
 #define KX_PFHINT _MM_HINT_T0
 #endif
@@ -123,17 +131,21 @@ typedef struct {
     size_t d;        // bytes ahead (0: none)
     size_t wrap_at;  // offsets from here on land in the next tile's row
     size_t wrap_add; // bytes added then
+    int l2;          // 1: into L2 only (the tile's activations fill much of L1)
 } kx_pf;
 
 KX_INLINE void kx_pf_unit(const uint8_t *row, size_t off, size_t len, const kx_pf *pf) {
     if (!pf->d) return;
     const size_t o = off + pf->d;
     const char *p = (const char *)row + o + (o >= pf->wrap_at ? pf->wrap_add : 0);
-    for (size_t i = 0; i < len; i += 64) _mm_prefetch(p + i, KX_PFHINT);
+    if (pf->l2)
+        for (size_t i = 0; i < len; i += 64) _mm_prefetch(p + i, _MM_HINT_T1);
+    else
+        for (size_t i = 0; i < len; i += 64) _mm_prefetch(p + i, KX_PFHINT);
 }
 
-static kx_pf kx_pf_make(int repacked, size_t wrb, int rows_per_tile, size_t dist) {
-    kx_pf pf = {0, SIZE_MAX, 0};
+static kx_pf kx_pf_make(int repacked, size_t wrb, int rows_per_tile, size_t dist, int l2) {
+    kx_pf pf = {0, SIZE_MAX, 0, l2};
     if (!repacked) return pf;
     const size_t tile = (size_t)rows_per_tile * wrb, per_row = dist / (size_t)rows_per_tile;
     if (wrb > per_row) { // about dist bytes in flight over the tile's row streams
@@ -586,7 +598,8 @@ static void kx_gemm(int type, int repacked, int64_t n_in, const void *W, size_t 
     _Alignas(64) __m512 fst[KX_RBB][KX_TGB]; // (rows, tokens) float accumulators of the buffered path
     const int64_t tg = SD_MIN((int64_t)(KX_XBUF / xps), buffered ? (int64_t)KX_TGB : n_tok);
     // software prefetch of the weights (see kx_pf)
-    const kx_pf pf = kx_pf_make(repacked, wrb, rmax, buffered ? KX_PFDB : KX_PFD), no_pf = {0, SIZE_MAX, 0};
+    const int l2 = !buffered && (size_t)tmax * xps >= KX_PFL2;
+    const kx_pf pf = kx_pf_make(repacked, wrb, rmax, buffered ? KX_PFDB : KX_PFD, l2), no_pf = {0, SIZE_MAX, 0, 0};
     for (int64_t t0 = 0; t0 < n_tok; t0 += tg) {
         const int64_t ntg = SD_MIN(tg, n_tok - t0);
         for (int64_t j = 0; j < ntg; j++) {
