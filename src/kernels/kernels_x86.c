@@ -47,6 +47,10 @@
 // 73%). Q4_1, 1 thread, 576 x 1536 weights streamed from memory (software
 // prefetch two panels ahead, block by block), 16 tokens: 0.043-0.045 ms,
 // 64-66%. Whole default model, 2 threads: see the README.
+// The prefetch goes into L2 only (_MM_HINT_T1; the L1 prefetcher takes the
+// lines from there): on a Zen 4 EPYC (32 KiB L1d) prefetching into L1 made
+// SmolLM2's forward 10-25% slower at 1-8 tokens (2026-11-30,
+// docs/performance.md).
 #include "kernels/quant.h"
 
 #include <stdlib.h>
@@ -479,15 +483,15 @@ AI void pn_unpack(int type, const uint8_t *q, __m512i out[8]) {
 AI __m512 ld_ph16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 AI __m512i bcast32(const int8_t *p) { return _mm512_set1_epi32((int)sd_ld32((const uint8_t *)p)); }
 
-// Software prefetch of n bytes from p into L1.
+// Software prefetch of n bytes from p into L2.
 AI void prefetch_bytes(const uint8_t *p, size_t n) {
-    for (size_t o = 0; o < n; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
+    for (size_t o = 0; o < n; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T1);
 }
 
 // One panel (nb blocks at P, 16 x block size each) against the T <= PN_T
 // tokens of one activation tile (xi: block b of token t at xi[b * T + t]):
 // y[t * ldy + i] for rows i < nrows (16 unless the last, partial panel).
-// pf: a later panel to prefetch into L1 block by block along the way, or NULL.
+// pf: a later panel to prefetch into L2 block by block along the way, or NULL.
 AI void pn_tile(int type, int T, int64_t nb, const uint8_t *P, const xblock *xi, float *y, int64_t ldy, int nrows,
                 const uint8_t *pf) {
     const size_t bb = PN_ROWS * w_tsize(type), qb = rp_qb(type);
