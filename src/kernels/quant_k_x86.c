@@ -25,11 +25,12 @@
 //    row at a time while those activations fit in L1, else 2-4 rows that
 //    share them. Software prefetch (kx_pf) about 8 KiB ahead in the row
 //    stream: without it a one-token call waited on memory three times longer.
-//    The prefetch goes into L2 only (_MM_HINT_T1; the L1 prefetcher takes
-//    it from there): on Zen 4 (32 KiB L1d) prefetches into L1 evicted the
-//    tokens' prepared activations (11.5-13.4 KiB per token for Qwen2.5-1.5B's
-//    ffn_down rows of 8960), and one- and two-token calls took 1.5-2.3x as
-//    long; on rows of 1536 L2 was faster too (2026-11-30, docs/performance.md).
+//    The prefetch (both paths) goes into L2 only (_MM_HINT_T1; the L1
+//    prefetcher takes it from there): on Zen 4 (32 KiB L1d) prefetches into
+//    L1 evicted the tokens' prepared activations (11.5-13.4 KiB per token for
+//    Qwen2.5-1.5B's ffn_down rows of 8960), and one- and two-token calls took
+//    1.5-2.3x as long; rows of 1536 and the buffered path (16-64 tokens,
+//    6-18%) were faster too (2026-11-30, docs/performance.md).
 //  - buffered (larger batches): per row tile of 8 rows and chunk of units,
 //    the rows are unpacked once into an L1 buffer, then 4-row x 2-token
 //    outer-product tiles (6 vector loads per 8 vpdpbusd) run over the chunk;
@@ -85,7 +86,7 @@
 #define KX_PFDB 16384 // the same for the buffered path
 #endif
 #ifndef KX_PFHINT
-#define KX_PFHINT _MM_HINT_T0
+#define KX_PFHINT _MM_HINT_T1 // into L2 only (see the path notes above)
 #endif
 #define KX_TMAX 8 // most tokens of a tile
 
@@ -128,21 +129,17 @@ typedef struct {
     size_t d;        // bytes ahead (0: none)
     size_t wrap_at;  // offsets from here on land in the next tile's row
     size_t wrap_add; // bytes added then
-    int l2;          // 1: into L2 only (on-the-fly tiles: their activations keep L1)
 } kx_pf;
 
 KX_INLINE void kx_pf_unit(const uint8_t *row, size_t off, size_t len, const kx_pf *pf) {
     if (!pf->d) return;
     const size_t o = off + pf->d;
     const char *p = (const char *)row + o + (o >= pf->wrap_at ? pf->wrap_add : 0);
-    if (pf->l2)
-        for (size_t i = 0; i < len; i += 64) _mm_prefetch(p + i, _MM_HINT_T1);
-    else
-        for (size_t i = 0; i < len; i += 64) _mm_prefetch(p + i, KX_PFHINT);
+    for (size_t i = 0; i < len; i += 64) _mm_prefetch(p + i, KX_PFHINT);
 }
 
-static kx_pf kx_pf_make(int repacked, size_t wrb, int rows_per_tile, size_t dist, int l2) {
-    kx_pf pf = {0, SIZE_MAX, 0, l2};
+static kx_pf kx_pf_make(int repacked, size_t wrb, int rows_per_tile, size_t dist) {
+    kx_pf pf = {0, SIZE_MAX, 0};
     if (!repacked) return pf;
     const size_t tile = (size_t)rows_per_tile * wrb, per_row = dist / (size_t)rows_per_tile;
     if (wrb > per_row) { // about dist bytes in flight over the tile's row streams
@@ -595,8 +592,7 @@ static void kx_gemm(int type, int repacked, int64_t n_in, const void *W, size_t 
     _Alignas(64) __m512 fst[KX_RBB][KX_TGB]; // (rows, tokens) float accumulators of the buffered path
     const int64_t tg = SD_MIN((int64_t)(KX_XBUF / xps), buffered ? (int64_t)KX_TGB : n_tok);
     // software prefetch of the weights (see kx_pf)
-    const int l2 = !buffered; // on the fly: the weights prefetched into L2, the activations keep L1
-    const kx_pf pf = kx_pf_make(repacked, wrb, rmax, buffered ? KX_PFDB : KX_PFD, l2), no_pf = {0, SIZE_MAX, 0, 0};
+    const kx_pf pf = kx_pf_make(repacked, wrb, rmax, buffered ? KX_PFDB : KX_PFD), no_pf = {0, SIZE_MAX, 0};
     for (int64_t t0 = 0; t0 < n_tok; t0 += tg) {
         const int64_t ntg = SD_MIN(tg, n_tok - t0);
         for (int64_t j = 0; j < ntg; j++) {
