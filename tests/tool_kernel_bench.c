@@ -29,6 +29,11 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+// n uniform values in [-0.5, 0.5).
+static void fill_random(float *v, size_t n) {
+    for (size_t i = 0; i < n; i++) v[i] = rand() / (float)RAND_MAX - 0.5f;
+}
+
 static int fail(const char *msg) {
     fprintf(stderr, "tool_kernel_bench: %s\n", msg);
     return 1;
@@ -67,8 +72,8 @@ int main(int argc, char **argv) {
     mm.wbuf = aligned_alloc(64, (mm.wbuf_size + 63) / 64 * 64);
     if (!w || !x || !y || !W || !ts || !mm.wbuf || (threads > 1 && !mm.pool)) return fail("out of memory");
     srand(1);
-    for (size_t i = 0; i < (size_t)n_in * (size_t)n_out; i++) w[i] = rand() / (float)RAND_MAX - 0.5f;
-    for (size_t i = 0; i < (size_t)n_in * MAX_TOK; i++) x[i] = rand() / (float)RAND_MAX - 0.5f;
+    fill_random(w, (size_t)n_in * (size_t)n_out);
+    fill_random(x, (size_t)n_in * MAX_TOK);
     int rtype = type;
     for (int c = 0; c < copies; c++) {
         if (!(W[c] = aligned_alloc(64, (bytes + 63) / 64 * 64))) return fail("out of memory");
@@ -90,6 +95,11 @@ int main(int argc, char **argv) {
     }
     printf("]}\n");
     for (int c = 0; c < copies; c++) free(W[c]);
+    free(W);
+    free(x);
+    free(y);
+    free(ts);
+    free(mm.wbuf);
     sd_pool_free(mm.pool);
     return 0;
 }
