@@ -44,13 +44,21 @@ build() {
     if [ -x build/specdec ] && grep -q 'sd_cu_forward' build/specdec 2>/dev/null && [ -x build/tests/gpu/test_gpu ]; then
         echo "reusing the CUDA build in build/"
     else
+        # jansson: from pkg-config, else the copy scripts/gpu-deps.sh puts in
+        # .gpudeps/ (device machines have no package registry)
+        local jf=()
+        if ! pkg-config --exists jansson 2>/dev/null && [ -f .gpudeps/libjansson.a ]; then
+            jf=(HAVE_JSON=1 "JSON_CFLAGS=-I$PWD/.gpudeps/include" "JSON_LIBS=$PWD/.gpudeps/libjansson.a")
+            echo "jansson from .gpudeps/"
+        fi
         make clean >/dev/null
-        make -j"$J" CUDA=1 build/specdec build/tests/gpu/test_gpu build/tests/tool_synth_shape build/tests/tool_random_head
+        make -j"$J" CUDA=1 HAVE_SERVE= HAVE_CLIENT= "${jf[@]}" \
+            build/specdec build/tests/gpu/test_gpu build/tests/tool_synth_shape build/tests/tool_random_head
     fi
     nm -D build/specdec 2>/dev/null | grep -q cublas || ldd build/specdec | grep -q cublas
 }
 export -f build
-step build 240 build
+step build 150 build
 step nvidia_smi 20 nvidia-smi
 
 # 2. models
@@ -61,10 +69,10 @@ models() {
     build/tests/tool_random_head "$M/q15.gguf" "$M/q15.eagle3.gguf" eagle3
 }
 export -f models
-step models 200 models
+step models 120 models
 
 # 3. the tests of the CUDA path
-step test_gpu 120 build/tests/gpu/test_gpu
+step test_gpu 100 build/tests/gpu/test_gpu
 
 # 4. greedy equality through the CLI on the 1.5B shape
 cli_equal() {
@@ -81,7 +89,7 @@ cli_equal() {
     return $fail
 }
 export -f cli_equal
-step cli_equal 150 cli_equal
+step cli_equal 120 cli_equal
 
 # 5. compute-sanitizer on the tiny model
 sanitize() {
@@ -92,16 +100,17 @@ sanitize() {
         --method chain:3 --draft "$M/tiny.gguf"
 }
 export -f sanitize
-step sanitizer 120 sanitize
+step sanitizer 75 sanitize
 
 # 6. timings (JSON)
-step bench_gpu 150 build/specdec bench-forward --gpu -m "$M/q15.gguf" --batch 1,2,4,8,16,32,64 --reps 11 --decode 64 --json
+step bench_gpu 75 build/specdec bench-forward --gpu -m "$M/q15.gguf" --batch 1,2,4,8,16,32,64 --reps 11 --decode 64 --json
 cp "$OUT_DIR/bench_gpu.log" "$OUT_DIR/bench_gpu.json" 2>/dev/null
-SPECDEC_CUDA_GRAPHS=0 step bench_gpu_nographs 100 build/specdec bench-forward --gpu -m "$M/q15.gguf" --batch 1,16,64 --reps 11 --decode 32 --json
-SPECDEC_CUDA_INVARIANT=0 step bench_gpu_buckets 100 build/specdec bench-forward --gpu -m "$M/q15.gguf" --batch 1,2,4,8,16,32,64 --reps 11 --decode 32 --json
-step bench_cpu 120 build/specdec bench-forward -m "$M/q15.gguf" --batch 1,16 --reps 5 --decode 16 --json
+SPECDEC_CUDA_GRAPHS=0 step bench_gpu_nographs 50 build/specdec bench-forward --gpu -m "$M/q15.gguf" --batch 1,16,64 --reps 11 --decode 32 --json
+SPECDEC_CUDA_INVARIANT=0 step bench_gpu_buckets 60 build/specdec bench-forward --gpu -m "$M/q15.gguf" --batch 1,2,4,8,16,32,64 --reps 11 --decode 32 --json
+step bench_cpu 60 build/specdec bench-forward -m "$M/q15.gguf" --batch 1,16 --reps 5 --decode 16 --json
 
-python3 - "$OUT_DIR" "$(declare -p STATUS)" <<'EOF'
+GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+python3 - "$OUT_DIR" "$(declare -p STATUS)" "$GPU_NAME" <<'EOF'
 import json, os, re, sys
 out = sys.argv[1]
 status = dict(re.findall(r'\[(\w+)\]="([^"]*)"', sys.argv[2]))
@@ -111,12 +120,16 @@ def load(name):
         return json.loads(txt[txt.index("{"):txt.rindex("}") + 1])
     except Exception:
         return None
-res = {"status": status}
-# the bf16 weights of the 1.5B shape, read once per token; HBM about 3.35 TB/s (H100 SXM)
+gpu = sys.argv[3]
+res = {"gpu": gpu, "status": status}
+# the bf16 weights of the 1.5B shape, read once per token, over the HBM's
+# datasheet bandwidth (H200 4.8 TB/s, H100 SXM 3.35 TB/s, A100 80 GB 2.0 TB/s)
+hbm = 4.8e12 if "H200" in gpu else 2.0e12 if "A100" in gpu else 3.35e12
 E, L, F, V, qd, kvd = 1536, 28, 8960, 151936, 1536, 256
 params = L * (E * (qd + 2 * kvd) + qd * E + 3 * E * F) + V * E
 res["bf16_bytes"] = 2 * params
-res["hbm_floor_ms"] = round(2 * params / 3.35e12 * 1e3, 4)
+res["hbm_bytes_per_s"] = hbm
+res["hbm_floor_ms"] = round(2 * params / hbm * 1e3, 4)
 for k in ("bench_gpu", "bench_gpu_nographs", "bench_gpu_buckets", "bench_cpu"):
     j = load(k)
     if j:

@@ -135,15 +135,22 @@ void cu_qkv_post(cudaStream_t st, const float *qkv, const float *bias, const flo
 // positions: each thread scores positions tid, tid + 128, ... of the chunk
 // (invisible ones -inf), the block takes the chunk's max and sum, then thread
 // d accumulates output dims d and d + 128 over the chunk; chunk states merge
-// with the online softmax (kernels/elem.h). Position v < n_past is cache slot
-// v; v = n_past + i is the segment's batch row i (visible by the row's chain
-// or mask).
+// with the online softmax (kernels/elem.h). The loop runs over the row's
+// visible positions in order (its logical positions 0 .. n_vis - 1), never
+// over masked slots: a tree node at depth d then sums exactly as the same
+// token decoded alone at that position (same chunks, same thread per key,
+// same order), which greedy speculation's bit-equality needs. Logical
+// position q < n_past is cache slot q; beyond it, a chain row's q is slot q
+// and a tree row's is n_past + vis[q - n_past], vis listing its mask's set
+// bits (its ancestors, then itself) in index order.
 #define ATT_CH 256
 #define ATT_T 128
 __global__ void __launch_bounds__(ATT_T) k_attention(const float *q, const cu_row *rows, int layer, int n_head,
                                                      int n_head_kv, int hd, __nv_bfloat16 *out) {
     __shared__ float qs[256];
     __shared__ float w[ATT_CH];
+    __shared__ int sl[ATT_CH];
+    __shared__ unsigned char vis[64];
     __shared__ float red[32];
     const int t = blockIdx.x, h = blockIdx.y, g = h / (n_head / n_head_kv), kvd = n_head_kv * hd;
     const cu_row rw = rows[t];
@@ -156,31 +163,27 @@ __global__ void __launch_bounds__(ATT_T) k_attention(const float *q, const cu_ro
     }
     const float scale = 1.0f / sqrtf((float)hd);
     for (int i = threadIdx.x; i < hd; i += ATT_T) qs[i] = q[(size_t)t * n_head * hd + (size_t)h * hd + i] * scale;
+    if (!rw.chain && threadIdx.x < 64 && ((rw.mask >> threadIdx.x) & 1ull))
+        vis[__popcll(rw.mask & ((1ull << threadIdx.x) - 1ull))] = (unsigned char)threadIdx.x;
     __syncthreads();
     const __half *K = rw.k + (long long)layer * rw.layer_stride + (long long)g * hd;
     const __half *V = rw.v + (long long)layer * rw.layer_stride + (long long)g * hd;
-    const int n_pos = rw.n_past + rw.j + 1; // nothing after the row itself is visible
+    const int n_pos = rw.chain ? rw.n_past + rw.j + 1 : rw.n_past + __popcll(rw.mask); // visible positions
     sd_elem_sm run = {-INFINITY, 0.0f};
     float acc0 = 0.0f, acc1 = 0.0f;
     for (int c0 = 0; c0 < n_pos; c0 += ATT_CH) {
         const int cn = min(ATT_CH, n_pos - c0);
         float mx = -INFINITY;
         for (int p = threadIdx.x; p < cn; p += ATT_T) {
-            const int v = c0 + p;
-            int vis = 1;
-            if (v >= rw.n_past) {
-                const int i = v - rw.n_past;
-                vis = rw.chain ? i <= rw.j : (int)((rw.mask >> i) & 1ull);
+            const int lq = c0 + p;
+            const int v = rw.chain || lq < rw.n_past ? lq : rw.n_past + vis[lq - rw.n_past];
+            const __half *kr = K + (long long)v * kvd;
+            float s = 0.0f;
+            for (int d = 0; d < hd; d += 2) {
+                const float2 kf = __half22float2(*(const __half2 *)(kr + d));
+                s += qs[d] * kf.x + qs[d + 1] * kf.y;
             }
-            float s = -INFINITY;
-            if (vis) {
-                const __half *kr = K + (long long)v * kvd;
-                s = 0.0f;
-                for (int d = 0; d < hd; d += 2) {
-                    const float2 kf = __half22float2(*(const __half2 *)(kr + d));
-                    s += qs[d] * kf.x + qs[d + 1] * kf.y;
-                }
-            }
+            sl[p] = v;
             w[p] = s;
             mx = fmaxf(mx, s);
         }
@@ -191,12 +194,12 @@ __global__ void __launch_bounds__(ATT_T) k_attention(const float *q, const cu_ro
             w[p] = e;
             sum += e;
         }
-        sum = block_reduce<0>(sum, red); // its __syncthreads also publishes w
+        sum = block_reduce<0>(sum, red); // its __syncthreads also publishes w and sl
         float a0 = 0.0f, a1 = 0.0f;
         for (int p = 0; p < cn; p++) {
             const float e = w[p];
             if (e == 0.0f) continue;
-            const __half *vr = V + (long long)(c0 + p) * kvd;
+            const __half *vr = V + (long long)sl[p] * kvd;
             if (d0 < hd) a0 += e * __half2float(vr[d0]);
             if (d1 < hd) a1 += e * __half2float(vr[d1]);
         }
