@@ -5,7 +5,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <time.h>
+
 #include "runtime/cuda/cu_internal.h"
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
 
 // Where the hidden rows a pass asks for are copied: slot u gets x after
 // layer at[u] has run (-1: the input rows), layer[u] is the layer asked for
@@ -127,6 +135,7 @@ extern "C" int sd_cu_forward(sd_cu_model *g, const sd_cu_pass *p, char *err, siz
         snprintf(err, errlen, "CUDA: a pass of %d rows (the device scratch holds %d)", n, g->cap);
         return -1;
     }
+    const double h0 = g->timing ? now_ms() : 0.0;
     hid_plan hp;
     if (plan_hidden(g, p, &hp, err, errlen) < 0) return -1;
     // Rows padded: batch invariance (g->invariant, the default) pads every
@@ -176,15 +185,19 @@ extern "C" int sd_cu_forward(sd_cu_model *g, const sd_cu_pass *p, char *err, siz
         memset(&g->h_rows[t], 0, sizeof(cu_row));
         g->h_rows[t].j = -1; // no position visible; never read (valid = 0)
     }
+    const double h1 = g->timing ? now_ms() : 0.0;
+    if (g->timing) CU_TRY(cudaEventRecord(g->tev[0], g->st));
     CU_TRY(cudaMemcpyAsync(g->x, g->h_x, sizeof(float) * (size_t)nb * E, cudaMemcpyHostToDevice, g->st));
     if (half > 0)
         CU_TRY(cudaMemcpyAsync(g->rope_cs, g->h_cs, sizeof(float) * (size_t)nb * half * 2, cudaMemcpyHostToDevice, g->st));
     CU_TRY(cudaMemcpyAsync(g->rows, g->h_rows, sizeof(cu_row) * (size_t)nb, cudaMemcpyHostToDevice, g->st));
+    if (g->timing) CU_TRY(cudaEventRecord(g->tev[1], g->st));
     if (b >= 0) {
         if (run_graph(g, b, nb, &hp, err, errlen) < 0) return -1;
     } else if (run_layers(g, nb, p->layer_skip, &hp, err, errlen) < 0) {
         return -1;
     }
+    if (g->timing) CU_TRY(cudaEventRecord(g->tev[2], g->st));
     // the final norm: hidden rows asking for it (all rows, in float), then the logit rows
     for (int u = 0; u < hp.n; u++)
         if (hp.layer[u] == -1) {
@@ -199,14 +212,29 @@ extern "C" int sd_cu_forward(sd_cu_model *g, const sd_cu_pass *p, char *err, siz
         CU_TRY(cudaMemcpyAsync(g->out_rows, g->h_out, sizeof(int32_t) * (size_t)no, cudaMemcpyHostToDevice, g->st));
         cu_add_norm(g->st, g->x, NULL, g->out_norm, E, g->eps, no, g->out_rows, g->xn, NULL);
         if (cu_gemm(g, g->output, g->n_vocab, E, g->xn, no, g->logits, err, errlen) < 0) return -1;
+    }
+    if (g->timing) CU_TRY(cudaEventRecord(g->tev[3], g->st));
+    if (p->n_out > 0)
         CU_TRY(cudaMemcpyAsync(g->h_logits, g->logits, sizeof(float) * (size_t)p->n_out * g->n_vocab,
                                cudaMemcpyDeviceToHost, g->st));
-    }
     for (int u = 0; u < hp.n; u++)
         CU_TRY(cudaMemcpyAsync(g->h_hid + (size_t)u * g->cap * E, g->hid + (size_t)u * g->cap * E,
                                sizeof(float) * (size_t)n * E, cudaMemcpyDeviceToHost, g->st));
     CU_TRY(cudaGetLastError());
+    if (g->timing) CU_TRY(cudaEventRecord(g->tev[4], g->st));
     CU_TRY(cudaStreamSynchronize(g->st));
+    if (g->timing) {
+        cu_tstat *t = &g->tstat[n > 64 ? 65 : n];
+        float ms[4];
+        for (int i = 0; i < 4; i++) cudaEventElapsedTime(&ms[i], g->tev[i], g->tev[i + 1]);
+        t->n++;
+        t->host += h1 - h0;
+        t->up += ms[0];
+        t->layers += ms[1];
+        t->logits += ms[2];
+        t->down += ms[3];
+        t->wall += now_ms() - h0;
+    }
     // scatter: each segment's logit rows and hidden rows
     const size_t V = (size_t)g->n_vocab;
     for (int j = 0; j < p->n_seg; j++) {

@@ -53,6 +53,11 @@ typedef struct cu_layer {
     float *attn_norm, *ffn_norm; // (n_embd)
 } cu_layer;
 
+typedef struct cu_tstat {
+    long long n;
+    double host, up, layers, logits, down, wall; // ms, summed
+} cu_tstat;
+
 struct sd_cu_model {
     int n_vocab, E, n_layer, n_head, n_head_kv, hd, F, n_rot, neox, q_dim, kv_dim, qkv_dim, max_rows;
     float eps;
@@ -82,6 +87,11 @@ struct sd_cu_model {
     cudaGraphExec_t graph[CU_N_BUCKETS];
     unsigned long long graph_key[CU_N_BUCKETS];
     unsigned long long warm_key[CU_N_BUCKETS]; // the plan each bucket last ran directly with
+    // SPECDEC_CUDA_TIMING=1: where a pass's time goes, by its row count
+    // (0-64, 65: more), printed to stderr when the model is freed
+    int timing;
+    cudaEvent_t tev[5];
+    cu_tstat tstat[66];
 };
 
 struct sd_cu_kv {

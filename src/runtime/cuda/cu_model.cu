@@ -89,6 +89,8 @@ static int model_build(sd_cu_model *g, const sd_cu_model_desc *d, char *err, siz
     g->graphs_on = 1;
     const char *env = getenv("SPECDEC_CUDA_GRAPHS");
     if (env && env[0] == '0') g->graphs_on = 0;
+    env = getenv("SPECDEC_CUDA_TIMING");
+    g->timing = env && env[0] == '1';
     g->invariant = 1;
     env = getenv("SPECDEC_CUDA_INVARIANT");
     if (env && env[0] == '0') g->invariant = 0;
@@ -97,6 +99,8 @@ static int model_build(sd_cu_model *g, const sd_cu_model_desc *d, char *err, siz
         return -1;
     }
     CU_TRY(cudaStreamCreateWithFlags(&g->st, cudaStreamNonBlocking));
+    if (g->timing)
+        for (int i = 0; i < 5; i++) CU_TRY(cudaEventCreate(&g->tev[i]));
     CUBLAS_TRY(cublasCreate(&g->blas));
     CUBLAS_TRY(cublasSetStream(g->blas, g->st));
     CUBLAS_TRY(cublasSetMathMode(g->blas, CUBLAS_DEFAULT_MATH));
@@ -164,9 +168,29 @@ static int model_build(sd_cu_model *g, const sd_cu_model_desc *d, char *err, siz
     return 0;
 }
 
+// SPECDEC_CUDA_TIMING=1: the mean of each part of a pass, by row count.
+static void print_timing(const sd_cu_model *g) {
+    fprintf(stderr, "specdec: CUDA pass timing (ms per pass: host = staging before the upload, up = uploads, "
+                    "layers, logits = final norm and output matrix, down = downloads and sync, wall = "
+                    "sd_cu_forward)\n");
+    for (int r = 0; r < 66; r++) {
+        const cu_tstat *t = &g->tstat[r];
+        if (t->n == 0) continue;
+        const double n = (double)t->n;
+        fprintf(stderr, "  rows %s%-3d passes %-5lld host %.4f up %.4f layers %.4f logits %.4f down %.4f wall %.4f\n",
+                r == 65 ? ">" : " ", r == 65 ? 64 : r, t->n, t->host / n, t->up / n, t->layers / n, t->logits / n,
+                t->down / n, t->wall / n);
+    }
+}
+
 extern "C" void sd_cu_model_free(sd_cu_model *g) {
     if (!g) return;
     if (g->st) cudaStreamSynchronize(g->st);
+    if (g->timing) {
+        print_timing(g);
+        for (int i = 0; i < 5; i++)
+            if (g->tev[i]) cudaEventDestroy(g->tev[i]);
+    }
     for (int b = 0; b < CU_N_BUCKETS; b++)
         if (g->graph[b]) cudaGraphExecDestroy(g->graph[b]);
     if (g->layers)
