@@ -70,7 +70,7 @@ struct sd_cu_model {
     void *blas_ws;           // cuBLAS's workspace, fixed (graph capture must not allocate)
     // scratch, max_rows rows (bucket-padded to a multiple of 64)
     int cap;                 // rows the scratch holds
-    float *x, *y, *qkv, *q, *gu, *xf, *logits;
+    float *x, *qkv, *q, *gu, *xf, *logits;
     __nv_bfloat16 *xn, *att, *h;
     float *rope_cs;          // (cap, n_rot/2, 2)
     cu_row *rows;            // (cap)
@@ -112,11 +112,11 @@ void cu_qkv_post(cudaStream_t st, const float *qkv, const float *bias, const flo
 void cu_attention(cudaStream_t st, const float *q, const cu_row *rows, int n, int layer, int n_head, int n_head_kv,
                   int hd, __nv_bfloat16 *out);
 void cu_swiglu(cudaStream_t st, const float *gu, int n, int F, __nv_bfloat16 *h);
-void cu_add(cudaStream_t st, float *x, const float *y, long long n);
 void cu_kv_move(cudaStream_t st, __half *k, __half *v, long long layer_stride, int n_layer, int kv_dim,
                 const int32_t *dst, const int32_t *src, int n, const unsigned char *skip);
-// Y (n, out) = X (n, in) W^T, W (out, in) bf16 row-major, f32 out.
-int cu_gemm(sd_cu_model *g, const __nv_bfloat16 *W, int out, int in, const __nv_bfloat16 *X, int n, float *Y, char *err,
-            size_t errlen);
+// Y (n, out) = X (n, in) W^T + beta Y, W (out, in) bf16 row-major, f32 out
+// (beta 1: the residual added in the GEMM's epilogue).
+int cu_gemm(sd_cu_model *g, const __nv_bfloat16 *W, int out, int in, const __nv_bfloat16 *X, int n, float *Y,
+            float beta, char *err, size_t errlen);
 
 #endif

@@ -86,14 +86,6 @@ void cu_add_norm(cudaStream_t st, float *x, const float *add, const float *w, in
     if (n > 0) k_add_norm<<<n, 256, 0, st>>>(x, add, w, E, eps, sel, xn, xf);
 }
 
-__global__ void k_add(float *x, const float *y, long long n) {
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] += y[i];
-}
-void cu_add(cudaStream_t st, float *x, const float *y, long long n) {
-    if (n > 0) k_add<<<(unsigned)((n + 255) / 256), 256, 0, st>>>(x, y, n);
-}
-
 // ---------------------------------------------------------------- bias + RoPE + KV append
 
 // One block per row: the row's q, k, v (with their bias) in shared memory,
@@ -145,6 +137,7 @@ void cu_qkv_post(cudaStream_t st, const float *qkv, const float *bias, const flo
 // bits (its ancestors, then itself) in index order.
 #define ATT_CH 256
 #define ATT_T 128
+#define ATT_U 4 // V rows loaded ahead in the weighted sum
 __global__ void __launch_bounds__(ATT_T) k_attention(const float *q, const cu_row *rows, int layer, int n_head,
                                                      int n_head_kv, int hd, __nv_bfloat16 *out) {
     __shared__ float qs[256];
@@ -195,13 +188,29 @@ __global__ void __launch_bounds__(ATT_T) k_attention(const float *q, const cu_ro
             sum += e;
         }
         sum = block_reduce<0>(sum, red); // its __syncthreads also publishes w and sl
+        // positions in order; the loads of ATT_U positions issued before their
+        // sums (a weight of 0 adds 0: no branch, the same sums as one by one)
         float a0 = 0.0f, a1 = 0.0f;
-        for (int p = 0; p < cn; p++) {
-            const float e = w[p];
-            if (e == 0.0f) continue;
+        const int dd0 = d0 < hd ? d0 : 0, dd1 = d1 < hd ? d1 : 0;
+        int p = 0;
+        for (; p + ATT_U <= cn; p += ATT_U) {
+            float v0[ATT_U], v1[ATT_U];
+#pragma unroll
+            for (int u = 0; u < ATT_U; u++) {
+                const __half *vr = V + (long long)sl[p + u] * kvd;
+                v0[u] = __half2float(vr[dd0]);
+                v1[u] = __half2float(vr[dd1]);
+            }
+#pragma unroll
+            for (int u = 0; u < ATT_U; u++) {
+                a0 += w[p + u] * v0[u];
+                a1 += w[p + u] * v1[u];
+            }
+        }
+        for (; p < cn; p++) {
             const __half *vr = V + (long long)sl[p] * kvd;
-            if (d0 < hd) a0 += e * __half2float(vr[d0]);
-            if (d1 < hd) a1 += e * __half2float(vr[d1]);
+            a0 += w[p] * __half2float(vr[dd0]);
+            a1 += w[p] * __half2float(vr[dd1]);
         }
         float wa, wb;
         const sd_elem_sm ch = {mx, sum};

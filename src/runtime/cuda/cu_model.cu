@@ -150,7 +150,7 @@ static int model_build(sd_cu_model *g, const sd_cu_model_desc *d, char *err, siz
     const int cap = d->max_rows < 64 ? 64 : d->max_rows;
     const size_t C = (size_t)cap, half = (size_t)(g->n_rot / 2) * 2;
     g->cap = cap;
-    if (dmalloc(g, &g->x, C * E, err, errlen) || dmalloc(g, &g->y, C * E, err, errlen) ||
+    if (dmalloc(g, &g->x, C * E, err, errlen) ||
         dmalloc(g, &g->qkv, C * g->qkv_dim, err, errlen) || dmalloc(g, &g->q, C * g->q_dim, err, errlen) ||
         dmalloc(g, &g->gu, C * 2 * g->F, err, errlen) || dmalloc(g, &g->xf, C * E, err, errlen) ||
         dmalloc(g, &g->logits, C * g->n_vocab, err, errlen) || dmalloc(g, &g->xn, C * (E > (size_t)g->q_dim ? E : g->q_dim), err, errlen) ||
@@ -205,7 +205,7 @@ extern "C" void sd_cu_model_free(sd_cu_model *g) {
             cudaFree(L->ffn_norm);
         }
     free(g->layers);
-    void *dev[] = {g->out_norm, g->output, g->x,       g->y,    g->qkv,      g->q,    g->gu,       g->xf,
+    void *dev[] = {g->out_norm, g->output, g->x,       g->qkv,      g->q,    g->gu,       g->xf,
                    g->logits,   g->xn,     g->att,     g->h,    g->rope_cs,  g->rows, g->out_rows, g->hid};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cudaFree(dev[i]);
     void *host[] = {g->h_x, g->h_cs, g->h_rows, g->h_out, g->h_hid, g->h_logits};
@@ -308,12 +308,12 @@ extern "C" int sd_cu_kv_write(sd_cu_kv *kv, int l, int n, const uint16_t *k, con
     return 0;
 }
 
-// Y (n, out) = X (n, in) W^T. Column-major view: Y^T (out x n) = W' ^T (out x in) X' (in x n),
+// Y (n, out) = X (n, in) W^T + beta Y. Column-major view: Y^T (out x n) = W' ^T (out x in) X' (in x n),
 // with W' the column-major (in x out) view of the row-major W.
-int cu_gemm(sd_cu_model *g, const __nv_bfloat16 *W, int out, int in, const __nv_bfloat16 *X, int n, float *Y, char *err,
-            size_t errlen) {
-    const float one = 1.0f, zero = 0.0f;
+int cu_gemm(sd_cu_model *g, const __nv_bfloat16 *W, int out, int in, const __nv_bfloat16 *X, int n, float *Y,
+            float beta, char *err, size_t errlen) {
+    const float one = 1.0f;
     CUBLAS_TRY(cublasGemmEx(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, W, CUDA_R_16BF, in, X, CUDA_R_16BF, in,
-                            &zero, Y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                            &beta, Y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return 0;
 }

@@ -227,7 +227,7 @@ static int test_swiglu_gemm_move(void) {
     float *dY = NULL;
     cudaMalloc((void **)&dY, (size_t)rows * out * 4);
     char err[256];
-    const int rc = cu_gemm(&g, dW, out, in, dX, rows, dY, err, sizeof err);
+    const int rc = cu_gemm(&g, dW, out, in, dX, rows, dY, 0.0f, err, sizeof err);
     std::vector<float> Y = host_copy(dY, (size_t)rows * out);
     e = 0;
     for (int t = 0; t < rows; t++)
