@@ -86,7 +86,10 @@ int sd_gpu_session_init(sd_session *s, int want, char *err, size_t errlen) {
                       m->layer_lo, m->layer_hi);
     sd_cu_model *g = NULL;
     if (twin_get(s, &g, err, errlen) < 0) return -1;
-    return sd_cu_kv_new(g, s->n_ctx, &s->gkv, err, errlen);
+    if (sd_cu_kv_new(g, s->n_ctx, &s->gkv, err, errlen) < 0) return -1;
+    // the logits land here straight from the device (pinned: full speed; if refused, still correct)
+    sd_cu_kv_pin_logits(s->gkv, s->logits, (size_t)s->n_batch * (size_t)m->hp.n_vocab * sizeof(float));
+    return 0;
 }
 
 void sd_gpu_session_free(sd_session *s) {

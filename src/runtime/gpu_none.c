@@ -30,6 +30,10 @@ int sd_cu_kv_new(sd_cu_model *g, int n_ctx, sd_cu_kv **out, char *err, size_t er
     return -1;
 }
 void sd_cu_kv_free(sd_cu_kv *kv) { (void)kv; }
+int sd_cu_kv_pin_logits(sd_cu_kv *kv, void *p, size_t bytes) {
+    (void)kv, (void)p, (void)bytes;
+    return -1;
+}
 int sd_cu_kv_move(sd_cu_kv *kv, const int32_t *dst, const int32_t *src, int n, const uint8_t *layer_skip, char *err,
                   size_t errlen) {
     (void)kv, (void)dst, (void)src, (void)n, (void)layer_skip;

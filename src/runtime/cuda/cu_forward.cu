@@ -214,9 +214,14 @@ extern "C" int sd_cu_forward(sd_cu_model *g, const sd_cu_pass *p, char *err, siz
         if (cu_gemm(g, g->output, g->n_vocab, E, g->xn, no, g->logits, 0.0f, err, errlen) < 0) return -1;
     }
     if (g->timing) CU_TRY(cudaEventRecord(g->tev[3], g->st));
-    if (p->n_out > 0)
-        CU_TRY(cudaMemcpyAsync(g->h_logits, g->logits, sizeof(float) * (size_t)p->n_out * g->n_vocab,
-                               cudaMemcpyDeviceToHost, g->st));
+    // each segment's logit rows straight into its session's buffer (pinned by sd_cu_kv_pin_logits)
+    const size_t V = (size_t)g->n_vocab;
+    for (int j = 0; j < p->n_seg; j++) {
+        const sd_cu_seg *s = &p->seg[j];
+        if (s->n_out > 0 && s->logits)
+            CU_TRY(cudaMemcpyAsync(s->logits, g->logits + (size_t)s->o0 * V, sizeof(float) * (size_t)s->n_out * V,
+                                   cudaMemcpyDeviceToHost, g->st));
+    }
     for (int u = 0; u < hp.n; u++)
         CU_TRY(cudaMemcpyAsync(g->h_hid + (size_t)u * g->cap * E, g->hid + (size_t)u * g->cap * E,
                                sizeof(float) * (size_t)n * E, cudaMemcpyDeviceToHost, g->st));
@@ -235,12 +240,9 @@ extern "C" int sd_cu_forward(sd_cu_model *g, const sd_cu_pass *p, char *err, siz
         t->down += ms[3];
         t->wall += now_ms() - h0;
     }
-    // scatter: each segment's logit rows and hidden rows
-    const size_t V = (size_t)g->n_vocab;
+    // scatter: each segment's hidden rows
     for (int j = 0; j < p->n_seg; j++) {
         const sd_cu_seg *s = &p->seg[j];
-        if (s->n_out > 0 && s->logits)
-            memcpy(s->logits, g->h_logits + (size_t)s->o0 * V, sizeof(float) * (size_t)s->n_out * V);
         for (int k = 0; k < s->n_hid; k++) {
             int u = 0;
             while (u < hp.n && hp.layer[u] != s->hid_layers[k]) u++;

@@ -80,7 +80,7 @@ struct sd_cu_model {
     float *h_x, *h_cs;
     cu_row *h_rows;
     int32_t *h_out;
-    float *h_hid, *h_logits;
+    float *h_hid;
     // graphs of the layer stack per bucket, and the hidden-layer set each was captured with
     int graphs_on;
     int invariant;           // 1 (default): passes of up to 64 rows padded to 64 (batch invariance)
@@ -98,6 +98,7 @@ struct sd_cu_kv {
     sd_cu_model *g;
     int n_ctx;
     __half *k, *v;           // (n_layer, n_ctx, kv_dim) each
+    void *pinned;            // the session's logits, registered with the driver (or NULL)
 };
 
 // kernels (cu_kernels.cu); every launcher runs on stream st.

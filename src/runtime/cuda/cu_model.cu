@@ -163,7 +163,6 @@ static int model_build(sd_cu_model *g, const sd_cu_model_desc *d, char *err, siz
     CU_TRY(cudaMallocHost((void **)&g->h_rows, C * sizeof(cu_row)));
     CU_TRY(cudaMallocHost((void **)&g->h_out, C * sizeof(int32_t)));
     CU_TRY(cudaMallocHost((void **)&g->h_hid, (size_t)CU_MAX_HID * C * E * sizeof(float)));
-    CU_TRY(cudaMallocHost((void **)&g->h_logits, C * (size_t)g->n_vocab * sizeof(float)));
     CU_TRY(cudaStreamSynchronize(g->st));
     return 0;
 }
@@ -208,7 +207,7 @@ extern "C" void sd_cu_model_free(sd_cu_model *g) {
     void *dev[] = {g->out_norm, g->output, g->x,       g->qkv,      g->q,    g->gu,       g->xf,
                    g->logits,   g->xn,     g->att,     g->h,    g->rope_cs,  g->rows, g->out_rows, g->hid};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cudaFree(dev[i]);
-    void *host[] = {g->h_x, g->h_cs, g->h_rows, g->h_out, g->h_hid, g->h_logits};
+    void *host[] = {g->h_x, g->h_cs, g->h_rows, g->h_out, g->h_hid};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) cudaFreeHost(host[i]);
     if (g->blas) cublasDestroy(g->blas);
     cudaFree(g->blas_ws);
@@ -261,8 +260,19 @@ extern "C" int sd_cu_kv_new(sd_cu_model *g, int n_ctx, sd_cu_kv **out, char *err
     return 0;
 }
 
+extern "C" int sd_cu_kv_pin_logits(sd_cu_kv *kv, void *p, size_t bytes) {
+    if (kv->pinned || !p || bytes == 0) return -1;
+    if (cudaHostRegister(p, bytes, cudaHostRegisterDefault) != cudaSuccess) {
+        cudaGetLastError(); // not sticky: the copies go through pageable memory instead
+        return -1;
+    }
+    kv->pinned = p;
+    return 0;
+}
+
 extern "C" void sd_cu_kv_free(sd_cu_kv *kv) {
     if (!kv) return;
+    if (kv->pinned) cudaHostUnregister(kv->pinned);
     cudaFree(kv->k);
     cudaFree(kv->v);
     free(kv);
