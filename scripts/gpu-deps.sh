@@ -3,7 +3,7 @@
 # device machine that has a CUDA toolkit but no package registry into
 # .gpudeps/ (ignored by git; name it in the device call's `carry`): jansson's
 # headers and static library, from this Debian machine's libjansson-dev, and
-# with --bin a CUDA build made here (x86-64-v3, in a copy of the tree) that
+# with --bin a CUDA build made here (x86-64-v3, or GPU_DEPS_MARCH; in a copy of the tree) that
 # gpu-check.sh unpacks if its own build fails there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +19,7 @@ echo "gpu-deps: .gpudeps/ ($(du -sh .gpudeps | cut -f1)): jansson $(sed -n 's/.*
 if [ "${1:-}" = --bin ]; then
     tmp=$(mktemp -d)
     git clone -q . "$tmp/t" && cp -r .gpudeps "$tmp/t/"
-    (cd "$tmp/t" && make -j"$(nproc)" CUDA=1 OPT="-O3 -march=x86-64-v3" HAVE_SERVE= HAVE_CLIENT= HAVE_JSON=1 \
+    (cd "$tmp/t" && make -j"$(nproc)" CUDA=1 OPT="-O3 -march=${GPU_DEPS_MARCH:-x86-64-v3}" HAVE_SERVE= HAVE_CLIENT= HAVE_JSON=1 \
         "JSON_CFLAGS=-I$PWD/.gpudeps/include" "JSON_LIBS=$PWD/.gpudeps/libjansson.a" \
         build/specdec build/tests/gpu/test_gpu build/tests/tool_synth_shape build/tests/tool_random_head >/dev/null &&
         tar czf bin.tgz build/specdec build/tests/gpu/test_gpu build/tests/tool_synth_shape build/tests/tool_random_head) &&
