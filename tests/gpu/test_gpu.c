@@ -4,7 +4,8 @@
 // weight types, for a prompt chain, a tree and the decoding after a commit,
 // and greedy speculative decoding on the GPU (draft model: chain, SpecInfer
 // widths, EAGLE-2 dynamic tree) equal to plain decoding on the GPU token for
-// token. Without a CUDA build or a device every case says so and skips.
+// token, and several sessions in one batched pass bit for bit as each alone.
+// Without a CUDA build or a device every case says so and skips.
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -173,6 +174,75 @@ static void greedy_spec_equals_plain(void) {
     sd_model_free(dft);
 }
 
+// Several GPU sessions in one sd_batcher_forward (a server's users): every
+// logit row has the same bits as each session's own forward of the same batch
+// (house rule 18; passes of up to 64 rows share one GEMM shape). Three
+// sessions with different committed prompts: a chain of 5, a tree of 8, one token.
+static void batched_equals_single(void) {
+    if (!g_have) SKIP("%s", g_why);
+    synth_params p = synth_default_params();
+    p.arch = "qwen2";
+    p.wtype = 8; // Q8_0
+    sd_model *m = sc_synth_model(&p, "gpu", "batch", g_err, sizeof g_err);
+    sd_threadpool *pool = NULL;
+    CHECK(m && sd_threadpool_new(&pool, 2, g_err, sizeof g_err) == 0, "setup: %s", g_err);
+    sd_session *ss[3] = {0};
+    sd_batcher *bat = NULL;
+    for (int k = 0; m && pool && k < 3; k++) {
+        sd_session_params sp = sd_session_default_params();
+        sp.n_ctx = 256;
+        sp.n_batch = 64;
+        sp.pool = pool;
+        sp.gpu = 1;
+        CHECK(sd_session_new(&ss[k], m, &sp, g_err, sizeof g_err) == 0, "session %d: %s", k, g_err);
+    }
+    if (ss[0] && ss[1] && ss[2])
+        CHECK(sd_batcher_new(&bat, m, pool, 64, g_err, sizeof g_err) == 0, "batcher: %s", g_err);
+    if (!bat) goto out;
+    const int V = m->hp.n_vocab, nb[3] = {5, 8, 1};
+    int32_t tok[3][8], par[3][8];
+    sd_batch bs[3];
+    for (int k = 0; k < 3; k++) {
+        int32_t prompt[24];
+        const int np = 8 + 6 * k;
+        for (int i = 0; i < np; i++) prompt[i] = 3 + (i * 29 + k * 11) % 300;
+        sd_batch b = {0};
+        b.n = np;
+        b.tokens = prompt;
+        CHECK(sd_session_forward(ss[k], &b, g_err, sizeof g_err) == 0 &&
+                  sd_session_commit(ss[k], NULL, 0, g_err, sizeof g_err) == 0,
+              "prompt %d: %s", k, g_err);
+        for (int i = 0; i < nb[k]; i++) {
+            tok[k][i] = 3 + (i * 41 + k * 17) % 300;
+            par[k][i] = k == 1 ? (i == 0 ? -1 : (i - 1) / 2) : i - 1;
+        }
+        bs[k] = (sd_batch){0};
+        bs[k].n = nb[k];
+        bs[k].tokens = tok[k];
+        bs[k].parent = k == 1 ? par[k] : NULL;
+    }
+    static float batched[14][4096];
+    CHECK(V <= 4096, "vocabulary %d over the test's buffer", V);
+    int rc = sd_batcher_forward(bat, ss, bs, 3, g_err, sizeof g_err);
+    CHECK(rc == 0, "batched forward: %s", g_err);
+    int r = 0, differ = 0, rows = 0;
+    for (int k = 0; rc == 0 && k < 3; k++)
+        for (int i = 0; i < nb[k]; i++) memcpy(batched[r++], sd_session_logits(ss[k], i), sizeof(float) * V);
+    r = 0;
+    for (int k = 0; rc == 0 && k < 3; k++) {
+        CHECK(sd_session_forward(ss[k], &bs[k], g_err, sizeof g_err) == 0, "single forward %d: %s", k, g_err);
+        for (int i = 0; i < nb[k]; i++, r++, rows++)
+            differ += memcmp(batched[r], sd_session_logits(ss[k], i), sizeof(float) * V) != 0;
+    }
+    printf("  3 sessions, %d rows in one pass: %d rows differ from the sessions' own passes\n", rows, differ);
+    CHECK(rows == 14 && differ == 0, "%d of %d rows differ", differ, rows);
+out:
+    sd_batcher_free(bat);
+    for (int k = 0; k < 3; k++) sd_session_free(ss[k]);
+    sd_threadpool_free(pool);
+    sd_model_free(m);
+}
+
 static void gpu_absent_is_clear(void) {
     if (g_have) SKIP("a device is present");
     sd_model *m = NULL;
@@ -194,5 +264,6 @@ int main(void) {
     T_RUN(gpu_absent_is_clear);
     T_RUN(forward_matches_cpu);
     T_RUN(greedy_spec_equals_plain);
+    T_RUN(batched_equals_single);
     return f ? 1 : t_n_fail ? 1 : 0;
 }
