@@ -3,7 +3,7 @@
 # the training corpus, the mix the head was trained on, and the train-head
 # command, each step resumable (rerun the script after an interruption).
 #
-#   bash scripts/train-head-recipe.sh smollm2|smollm2-v1|smollm2-v3|smollm2-v4|smollm2-v5|smollm2-v6|smollm2-moa|qwen|qwen-sd|qwen-own|qwen-05b|qwen-1m [WORK_DIR]
+#   bash scripts/train-head-recipe.sh smollm2|smollm2-v1|smollm2-v3|smollm2-v4|smollm2-v5|smollm2-v6|smollm2-v7|smollm2-moa|qwen|qwen-sd|qwen-own|qwen-05b|qwen-1m [WORK_DIR]
 #
 # The shipped SmolLM2-135M-Instruct head has six stages: smollm2-v1,
 # smollm2, smollm2-v3, smollm2-v4, smollm2-v5 and smollm2-v6 (each made
@@ -177,6 +177,21 @@ smollm2-v6)
     mixes=("mix.jsonl 4488 16128 none:1:0:0 tasks:1,chitchat:1,pydoc:8,pystdlib:8")
     prompts="${PROMPTS:-16128}" tokens="${TOKENS:-1200000}" lr="${LR:-3e-4}" ff="${FF:-0}" batch=8 seed=44
     first_stage data/smollm2-v5/SmolLM2-135M-Instruct.eagle3-v5.gguf smollm2-v5
+    init=(--init "$v1")
+    ;;
+smollm2-v7)
+    # issue 29, stage 7 (not shipped until measured; session 40's first try
+    # was lost with its machine): the shipped head (v6's Q5_0 file, or INIT)
+    # trained once more on smollm2-v4's data and feature cache
+    # (conversations 16,128-32,594, which v6 saw 1.9 epochs of two and three
+    # stages before; 1.2 M positions, a lower rate, seed 45)
+    model=models/SmolLM2-135M-Instruct.Q4_1.gguf
+    work="${2:-data/smollm2-v4}"   # v4's mix and feature cache
+    out=data/smollm2-v7/SmolLM2-135M-Instruct.eagle3-v7.gguf
+    ckpt=data/smollm2-v7/head.ckpt
+    mixes=("mix.jsonl 16128 32595 none:1:0:0 tasks:1,tasks2:1,chitchat:1,pydoc:8,pystdlib:8")
+    prompts="${PROMPTS:-16128}" tokens="${TOKENS:-1200000}" lr="${LR:-2e-4}" ff="${FF:-0}" batch=8 seed=45
+    v1="${INIT:-heads/SmolLM2-135M-Instruct.eagle3.gguf}"
     init=(--init "$v1")
     ;;
 smollm2-moa)
