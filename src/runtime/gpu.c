@@ -87,8 +87,12 @@ int sd_gpu_session_init(sd_session *s, int want, char *err, size_t errlen) {
     sd_cu_model *g = NULL;
     if (twin_get(s, &g, err, errlen) < 0) return -1;
     if (sd_cu_kv_new(g, s->n_ctx, &s->gkv, err, errlen) < 0) return -1;
-    // the logits land here straight from the device (pinned: full speed; if refused, still correct)
-    sd_cu_kv_pin_logits(s->gkv, s->logits, (size_t)s->n_batch * (size_t)m->hp.n_vocab * sizeof(float));
+    // The logits land here straight from the device. Its first rows (a tree's
+    // worth) are pinned: full speed without pinning n_batch rows per session
+    // (311 MB for Qwen's vocabulary at 512); rows beyond, and everything if
+    // the driver refuses, come through pageable memory, as correctly.
+    const int pin_rows = s->n_batch < SD_GPU_PIN_ROWS ? s->n_batch : SD_GPU_PIN_ROWS;
+    sd_cu_kv_pin_logits(s->gkv, s->logits, (size_t)pin_rows * (size_t)m->hp.n_vocab * sizeof(float));
     return 0;
 }
 

@@ -86,9 +86,10 @@ void sd_cu_model_free(sd_cu_model *g);
 size_t sd_cu_model_bytes(const sd_cu_model *g);
 int sd_cu_kv_new(sd_cu_model *g, int n_ctx, sd_cu_kv **out, char *err, size_t errlen);
 void sd_cu_kv_free(sd_cu_kv *kv);
-// Pins the session's host logits buffer (bytes from p) so that passes copy
-// their logit rows straight into it at full speed; unpinned by sd_cu_kv_free.
-// 0, or <0 when the driver refuses (the copies then go through pageable memory).
+// Pins the first bytes of the session's host logits buffer p, so that passes
+// copy their logit rows straight into it at full speed (rows beyond go
+// through pageable memory); unpinned by sd_cu_kv_free. 0, or <0 when the
+// driver refuses (every copy then goes through pageable memory).
 int sd_cu_kv_pin_logits(sd_cu_kv *kv, void *p, size_t bytes);
 // Commit: for k = 0.. n-1 in order, cache slot src[k] moves to slot dst[k]
 // (dst[k] <= src[k], increasing) in every layer not skipped.

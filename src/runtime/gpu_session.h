@@ -8,6 +8,8 @@
 
 // The device scratch holds at least this many rows (at least the largest graph bucket, 64).
 #define SD_GPU_MIN_ROWS 512
+// Logit rows of a session's buffer pinned for the device's copies (a tree's worth).
+#define SD_GPU_PIN_ROWS 64
 
 // want: 1 on the device, -1 on the CPU, 0 as sd_gpu_enable says. 0, or <0 with a message.
 int sd_gpu_session_init(sd_session *s, int want, char *err, size_t errlen);

@@ -214,13 +214,19 @@ extern "C" int sd_cu_forward(sd_cu_model *g, const sd_cu_pass *p, char *err, siz
         if (cu_gemm(g, g->output, g->n_vocab, E, g->xn, no, g->logits, 0.0f, err, errlen) < 0) return -1;
     }
     if (g->timing) CU_TRY(cudaEventRecord(g->tev[3], g->st));
-    // each segment's logit rows straight into its session's buffer (pinned by sd_cu_kv_pin_logits)
+    // each segment's logit rows straight into its session's buffer: the part
+    // sd_cu_kv_pin_logits pinned, then the rest (pageable) in a copy of its own,
+    // so that no copy spans both
     const size_t V = (size_t)g->n_vocab;
     for (int j = 0; j < p->n_seg; j++) {
         const sd_cu_seg *s = &p->seg[j];
-        if (s->n_out > 0 && s->logits)
-            CU_TRY(cudaMemcpyAsync(s->logits, g->logits + (size_t)s->o0 * V, sizeof(float) * (size_t)s->n_out * V,
-                                   cudaMemcpyDeviceToHost, g->st));
+        if (s->n_out <= 0 || !s->logits) continue;
+        const size_t bytes = sizeof(float) * (size_t)s->n_out * V;
+        const size_t pin = s->kv->pinned == (void *)s->logits ? (bytes < s->kv->pinned_bytes ? bytes : s->kv->pinned_bytes) : 0;
+        const char *src = (const char *)(g->logits + (size_t)s->o0 * V);
+        if (pin > 0) CU_TRY(cudaMemcpyAsync(s->logits, src, pin, cudaMemcpyDeviceToHost, g->st));
+        if (bytes > pin)
+            CU_TRY(cudaMemcpyAsync((char *)s->logits + pin, src + pin, bytes - pin, cudaMemcpyDeviceToHost, g->st));
     }
     for (int u = 0; u < hp.n; u++)
         CU_TRY(cudaMemcpyAsync(g->h_hid + (size_t)u * g->cap * E, g->hid + (size_t)u * g->cap * E,

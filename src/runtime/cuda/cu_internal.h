@@ -99,6 +99,7 @@ struct sd_cu_kv {
     int n_ctx;
     __half *k, *v;           // (n_layer, n_ctx, kv_dim) each
     void *pinned;            // the session's logits, registered with the driver (or NULL)
+    size_t pinned_bytes;     // how much of them, from the start
 };
 
 // kernels (cu_kernels.cu); every launcher runs on stream st.

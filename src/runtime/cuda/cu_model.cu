@@ -267,6 +267,7 @@ extern "C" int sd_cu_kv_pin_logits(sd_cu_kv *kv, void *p, size_t bytes) {
         return -1;
     }
     kv->pinned = p;
+    kv->pinned_bytes = bytes;
     return 0;
 }
 
