@@ -14,7 +14,7 @@ M="${GPU_MODELS:-$OUT_DIR/models}"
 mkdir -p "$OUT_DIR" "$M"
 N=$(nproc)
 THREADS=("$@")
-[ ${#THREADS[@]} -gt 0 ] || THREADS=("$N" $((N / 2)) 2)
+[ ${#THREADS[@]} -gt 0 ] || read -r -a THREADS <<<"$(printf "%s\n" "$N" $((N / 2)) 2 | awk '$1 > 0 && !seen[$1]++' | tr "\n" " ")"
 [ -x build/specdec ] || { echo "cpu-curves: no build/specdec (run make first)" >&2; exit 1; }
 [ -f "$M/smol.gguf" ] || build/tests/tool_synth_shape "$M/smol.gguf" llama 576 30 9 3 1536 49152 Q8_0 || exit 1
 [ -f "$M/q15.gguf" ] || build/tests/tool_synth_shape "$M/q15.gguf" qwen2 1536 28 12 2 8960 151936 Q8_0 || exit 1
