@@ -3,7 +3,7 @@
 # the training corpus, the mix the head was trained on, and the train-head
 # command, each step resumable (rerun the script after an interruption).
 #
-#   bash scripts/train-head-recipe.sh smollm2|smollm2-v1|smollm2-v3|smollm2-v4|smollm2-v5|smollm2-v6|smollm2-v7|smollm2-moa|qwen|qwen-sd|qwen-own|qwen-05b|qwen-1m [WORK_DIR]
+#   bash scripts/train-head-recipe.sh smollm2|smollm2-v1|smollm2-v3|smollm2-v4|smollm2-v5|smollm2-v6|smollm2-v7|smollm2-v8|smollm2-moa|qwen|qwen-sd|qwen-own|qwen-05b|qwen-1m [WORK_DIR]
 #
 # The shipped SmolLM2-135M-Instruct head has six stages: smollm2-v1,
 # smollm2, smollm2-v3, smollm2-v4, smollm2-v5 and smollm2-v6 (each made
@@ -198,6 +198,19 @@ smollm2-v7)
     v1="${INIT:-heads/SmolLM2-135M-Instruct.eagle3.gguf}"
     init=(--init "$v1")
     ship=heads/SmolLM2-135M-Instruct.eagle3.gguf
+    ;;
+smollm2-v8)
+    # a trial (not shipped): the shipped stage-7 head once more on
+    # smollm2-v3's data (conversations 4,488-16,127; 1.2 M positions, lr
+    # 2e-4, seed 46), to see whether another pass still pays
+    model=models/SmolLM2-135M-Instruct.Q4_1.gguf
+    work="${2:-data/smollm2-v3}"   # v3's mix and feature cache
+    out=data/smollm2-v8/SmolLM2-135M-Instruct.eagle3-v8.gguf
+    ckpt=data/smollm2-v8/head.ckpt
+    mixes=("mix.jsonl 4488 16128 none:1:0:0 tasks:1,chitchat:1,pydoc:8,pystdlib:8")
+    prompts="${PROMPTS:-16128}" tokens="${TOKENS:-1200000}" lr="${LR:-2e-4}" ff="${FF:-0}" batch=8 seed=46
+    v1="${INIT:-heads/SmolLM2-135M-Instruct.eagle3.gguf}"
+    init=(--init "$v1")
     ;;
 smollm2-moa)
     # issue 29's MoA drafter at scale: TLI 0 without LSA, SA over the whole
