@@ -202,7 +202,10 @@ smollm2-v7)
 smollm2-v8)
     # a trial (not shipped): the shipped stage-7 head once more on
     # smollm2-v3's data (conversations 4,488-16,127; 1.2 M positions, lr
-    # 2e-4, seed 46), to see whether another pass still pays
+    # 2e-4, seed 46), to see whether another pass still pays: held-back
+    # agreement on v3's split 63.7 / 58.2 / 55.9% (stage 6 63.0 / 57.2 /
+    # 54.4%), but fixed-shape tau on the dev prompts 1.640 -> 1.637 (chain:3)
+    # and 2.040 -> 2.019 (dyn:3-4-12): it no longer pays (heads/README.md)
     model=models/SmolLM2-135M-Instruct.Q4_1.gguf
     work="${2:-data/smollm2-v3}"   # v3's mix and feature cache
     out=data/smollm2-v8/SmolLM2-135M-Instruct.eagle3-v8.gguf
