@@ -132,15 +132,20 @@ static void forward_matches_cpu(void) {
     }
 }
 
+// The synthetic qwen2 model with Q8_0 weights the last two cases share.
+static sd_model *qwen_q8(const char *name) {
+    synth_params p = synth_default_params();
+    p.arch = "qwen2";
+    p.wtype = 8; // Q8_0
+    return sc_synth_model(&p, "gpu", name, g_err, sizeof g_err);
+}
+
 // A pass with more logit rows than a session pins (SD_GPU_PIN_ROWS, 64):
 // the rows beyond come through pageable memory, in a copy of their own, and
 // must match the CPU engine's as the pinned ones do.
 static void logits_beyond_pinned_rows(void) {
     if (!g_have) SKIP("%s", g_why);
-    synth_params p = synth_default_params();
-    p.arch = "qwen2";
-    p.wtype = 8; // Q8_0
-    sd_model *m = sc_synth_model(&p, "gpu", "long", g_err, sizeof g_err);
+    sd_model *m = qwen_q8("long");
     CHECK(m, "model: %s", g_err);
     if (!m) return;
     sd_session *ss[2] = {0};
@@ -217,10 +222,7 @@ static void greedy_spec_equals_plain(void) {
 // sessions with different committed prompts: a chain of 5, a tree of 8, one token.
 static void batched_equals_single(void) {
     if (!g_have) SKIP("%s", g_why);
-    synth_params p = synth_default_params();
-    p.arch = "qwen2";
-    p.wtype = 8; // Q8_0
-    sd_model *m = sc_synth_model(&p, "gpu", "batch", g_err, sizeof g_err);
+    sd_model *m = qwen_q8("batch");
     sd_threadpool *pool = NULL;
     CHECK(m && sd_threadpool_new(&pool, 2, g_err, sizeof g_err) == 0, "setup: %s", g_err);
     sd_session *ss[3] = {0};
