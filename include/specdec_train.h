@@ -83,7 +83,9 @@ typedef struct sd_train_head_params {
     const char *out_path;       // the head file to write (required)
     int out_type;               // enum sd_train_out_type; default SD_TRAIN_OUT_Q8_0
     const char *init_path;      // start from this head file (its vocabulary and parameters), or NULL
-    int draft_vocab;            // draft vocabulary size; default 8192 (capped at the target's vocabulary)
+    int draft_vocab;            // draft vocabulary size (capped at the target's vocabulary); 0 (default) =
+                                // 8192, or with init_path the init head's; with init_path a larger one
+                                // grows the head's (its tokens and rows kept; a smaller one is refused)
     int head_ff;                // EAGLE-3: width of the head's feed-forward layer; 0 (default) = the target's
     int ttt_steps;              // EAGLE-3 training-time-test steps K (1..8); default 3
     int n_medusa;               // Medusa heads (1..8); default 4

@@ -107,9 +107,12 @@ static int th_parse(int argc, char **argv, th_opts *o) {
         {"--seed", NULL, CLI_U64, &o->seed, .meta = "S", .def = CLI_DEF_VALUE,
          .help = "initialisation and shuffling"},
         {.kind = CLI_SECTION, .help = "\nthe head:"},
-        {"--draft-vocab", NULL, CLI_INT, &o->draft_vocab, .lo = 1, .hi = 1 << 24, .meta = "N", .def = CLI_DEF_VALUE,
+        {"--draft-vocab", NULL, CLI_INT, &o->draft_vocab, .lo = 1, .hi = 1 << 24, .meta = "N",
+         .def = "8192; with --init, the init head's",
          .help = "draft vocabulary: the N tokens the target predicts most often in the data (capped at the "
-                 "target's vocabulary)"},
+                 "target's vocabulary); with --init and N above the head's own, its vocabulary grows: its tokens "
+                 "and rows kept, the data's most predicted tokens it lacks added (their rows start as the "
+                 "target's)"},
         {"--ff", NULL, CLI_INT, &o->head_ff, .lo = 0, .hi = 1 << 20, .meta = "N",
          .help = "EAGLE-3 and MoA: width of the feed-forward layers (MoA: SA's and CA's) (default: the target's); "
                  "a smaller one makes the drafter cheaper to run, train and ship"},

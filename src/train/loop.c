@@ -15,7 +15,7 @@ sd_train_head_params sd_train_head_default_params(void) {
     memset(&p, 0, sizeof p);
     p.type = SD_HEAD_EAGLE3;
     p.out_type = SD_TRAIN_OUT_Q8_0;
-    p.draft_vocab = 8192;
+    p.draft_vocab = 0;   // 8192 for a new head; the --init head's own
     p.ttt_steps = 3;
     p.n_medusa = 4;
     p.seq_len = 256;
@@ -100,7 +100,7 @@ static int resolve(loop_run *r, const sd_train_head_params *p, char *err, size_t
     if (!P->out_path && !P->cache_only) return sd_err(err, errlen, "no output head file given (--out HEAD.gguf)");
     if (P->out_type < SD_TRAIN_OUT_Q8_0 || P->out_type > SD_TRAIN_OUT_Q5_0)
         return sd_err(err, errlen, "unknown output type %d", P->out_type);
-    if (P->draft_vocab < 1) return sd_err(err, errlen, "draft vocabulary of %d tokens", P->draft_vocab);
+    if (P->draft_vocab < 0) return sd_err(err, errlen, "draft vocabulary of %d tokens", P->draft_vocab);
     if (P->head_ff < 0 || (P->head_ff > 0 && P->type == SD_HEAD_MEDUSA))
         return sd_err(err, errlen, "a feed-forward width (--ff %d) is for a new EAGLE-3 head or MoA drafter", P->head_ff);
     if (P->ttt_steps < 1 || P->ttt_steps > SD_TRAIN_MAX_K)
@@ -154,7 +154,7 @@ static int plan_head(loop_run *r, sd_head_hp *hp, char *err, size_t errlen) {
                           hp->moa_sa_full ? " with --sa-full" : "", P->moa_tli, P->moa_no_lsa ? " without LSA" : "",
                           P->moa_ca_hidden ? " with --ca-hidden" : "", P->moa_sa_hidden ? " with --sa-hidden" : "",
                           P->moa_sa_full ? " with --sa-full" : "");
-        int dv = SD_MIN(P->draft_vocab, r->m->hp.n_vocab);
+        int dv = P->draft_vocab ? SD_MIN(P->draft_vocab, r->m->hp.n_vocab) : hp->n_draft_vocab;
         if (!P->init_path && hp->type == SD_HEAD_EAGLE3 && P->head_ff > 0 && hp->n_ff != P->head_ff)
             return sd_err(err, errlen, "the checkpoint %s has a feed-forward width of %d; this run asks for %d",
                           r->ckpt_path, hp->n_ff, P->head_ff);
@@ -169,6 +169,11 @@ static int plan_head(loop_run *r, sd_head_hp *hp, char *err, size_t errlen) {
             return sd_err(err, errlen, "--init %s: %s", P->init_path, e2);
         *hp = r->h->hp;
         if (hp->type != P->type) return sd_err(err, errlen, "--init %s is not a head of the type asked for", P->init_path);
+        if (P->draft_vocab && SD_MIN(P->draft_vocab, r->m->hp.n_vocab) < hp->n_draft_vocab)
+            return sd_err(err, errlen,
+                          "--draft-vocab %d: the --init head %s has %d tokens; a head's vocabulary can grow (its "
+                          "tokens kept, the data's most predicted ones added), not shrink",
+                          P->draft_vocab, P->init_path, hp->n_draft_vocab);
         if (hp->type == SD_HEAD_MOA && P->moa_sa_full && !hp->moa_sa_full) {   // (no tensor changes: SA's own)
             if (hp->moa_sa_hidden)
                 return sd_err(err, errlen, "--init %s reads the target's state in SA (--sa-hidden): not with --sa-full",
@@ -178,7 +183,7 @@ static int plan_head(loop_run *r, sd_head_hp *hp, char *err, size_t errlen) {
         return 0;
     }
     *hp = sd_head_default_hp(r->m, P->type);
-    hp->n_draft_vocab = SD_MIN(P->draft_vocab, r->m->hp.n_vocab);
+    hp->n_draft_vocab = SD_MIN(P->draft_vocab ? P->draft_vocab : 8192, r->m->hp.n_vocab);
     if (P->type == SD_HEAD_MEDUSA) hp->n_medusa = P->n_medusa;
     if (P->type == SD_HEAD_EAGLE3 && P->head_ff > 0) hp->n_ff = P->head_ff;
     if (P->type == SD_HEAD_MOA) {
@@ -218,6 +223,13 @@ static int open_cache(loop_run *r, const sd_head_hp *hp, char *err, size_t errle
 static int make_head(loop_run *r, sd_head_hp *hp, char *err, size_t errlen) {
     if (r->P.score_answers && loop_answers_init(r, err, errlen) < 0) return -1;   // (the vocabulary counts answers)
     if (r->h) {
+        const int want = SD_MIN(r->P.draft_vocab, r->m->hp.n_vocab);
+        if (r->P.init_path && !r->have_opt && want > r->h->hp.n_draft_vocab) {   // --init, a larger vocabulary
+            const int n0 = r->h->hp.n_draft_vocab;
+            if (loop_extend_vocab(r, want, err, errlen) < 0) return -1;
+            note(r, "draft vocabulary of --init %s extended from %d to %d tokens (new output rows: the target's, "
+                    "scaled to the head's rows)", r->P.init_path, n0, want);
+        }
         if (loop_coverage(r, r->h, &r->coverage, err, errlen) < 0) return -1;
         return 0;
     }

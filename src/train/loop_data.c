@@ -1,6 +1,8 @@
 // loop_data.c - what the training loop reads: the cache cut into training
 // and held-back sequences, the draft vocabulary, the order of an epoch, the
 // target rows a new head starts from.
+#include <math.h>
+
 #include "common.h"
 #include "kernels/quant.h"
 #include "model/model.h"
@@ -284,6 +286,81 @@ static void target_rows(const sd_model *m, const sd_head *h, float *dst) {
     const sd_type_traits *tt = sd_type_get(ot->type);
     for (int i = 0; i < h->hp.n_draft_vocab; i++)
         tt->to_float((const uint8_t *)ot->data + (size_t)h->d2t[i] * rb, dst + (size_t)i * d, d);
+}
+
+static int cmp_float(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+int loop_extend_vocab(loop_run *r, int n, char *err, size_t errlen) {
+    const sd_head *h = r->h;
+    const int nv = r->m->hp.n_vocab, n0 = h->hp.n_draft_vocab;
+    const int64_t d = h->hp.n_embd;
+    if (h->hp.type == SD_HEAD_MOA)
+        return sd_err(err, errlen, "--draft-vocab %d with --init: an MoA drafter's vocabulary cannot grow (EAGLE-3 "
+                      "and Medusa heads can)", n);
+    SD_ASSERT(n > n0 && n <= nv);
+    int32_t *rank = malloc(sizeof(int32_t) * (size_t)nv), *ids = malloc(sizeof(int32_t) * (size_t)n);
+    float *trow = malloc(sizeof(float) * (size_t)d), *ratio = malloc(sizeof(float) * (size_t)n0);
+    sd_head *nh = NULL;
+    int rv = -1;
+    double cov;
+    if (!rank || !ids || !trow || !ratio) {
+        sd_err(err, errlen, "out of memory");
+        goto done;
+    }
+    if (loop_pick_vocab(r, nv, rank, &cov, err, errlen) < 0) goto done;
+    memcpy(ids, h->d2t, sizeof(int32_t) * (size_t)n0);
+    for (int i = 0, k = n0; k < n; i++)
+        if (h->t2d[rank[i]] < 0) ids[k++] = rank[i];
+    sd_head_hp hp = h->hp;
+    hp.n_draft_vocab = n;
+    if (sd_head_new(&nh, &hp, err, errlen) < 0 || sd_head_set_vocab(nh, ids, n, err, errlen) < 0) goto done;
+    memcpy(nh->note, h->note, sizeof nh->note);
+    const sd_tensor *ot = sd_model_file_tensor(r->m, r->m->output);
+    const size_t rb = sd_row_size(ot->type, (int)d);
+    const sd_type_traits *tt = sd_type_get(ot->type);
+    SD_ASSERT(nh->n_t == h->n_t);
+    for (int i = 0; i < h->n_t; i++) {
+        const sd_head_tensor *a = &h->t[i], *b = &nh->t[i];
+        SD_ASSERT(a->ne0 == b->ne0);
+        if (a->ne1 == b->ne1) {
+            memcpy(nh->w + b->off, h->w + a->off, sizeof(float) * (size_t)(a->ne0 * a->ne1));
+            continue;
+        }
+        SD_ASSERT(a->ne1 == n0 && b->ne1 == n && a->ne0 == d);   // an output matrix: a row per draft token
+        for (int j = 0; j < n0; j++) {   // the scale: the head's rows against the target's
+            tt->to_float((const uint8_t *)ot->data + (size_t)h->d2t[j] * rb, trow, (int)d);
+            const float *hr = h->w + a->off + (size_t)j * d;
+            double sh = 0, st = 0;
+            for (int64_t c = 0; c < d; c++) sh += (double)hr[c] * hr[c], st += (double)trow[c] * trow[c];
+            ratio[j] = st > 0 ? (float)sqrt(sh / st) : 1.0f;
+        }
+        qsort(ratio, (size_t)n0, sizeof *ratio, cmp_float);
+        const float scale = ratio[n0 / 2];
+        for (int j = 0; j < n; j++) {
+            float *dst = nh->w + b->off + (size_t)j * d;
+            const int old = h->t2d[nh->d2t[j]];
+            if (old >= 0) {
+                memcpy(dst, h->w + a->off + (size_t)old * d, sizeof(float) * (size_t)d);
+            } else {
+                tt->to_float((const uint8_t *)ot->data + (size_t)nh->d2t[j] * rb, dst, (int)d);
+                for (int64_t c = 0; c < d; c++) dst[c] *= scale;
+            }
+        }
+    }
+    sd_head_free(r->h);
+    r->h = nh;
+    nh = NULL;
+    rv = 0;
+done:
+    sd_head_free(nh);
+    free(rank);
+    free(ids);
+    free(trow);
+    free(ratio);
+    return rv;
 }
 
 void loop_init_from_target(sd_head *h, const sd_model *m) {

@@ -70,6 +70,12 @@ int loop_split(loop_run *r, char *err, size_t errlen);
 int loop_pick_vocab(loop_run *r, int n, int32_t *ids, double *coverage, char *err, size_t errlen);
 // Coverage of the training split's argmax mass by h's vocabulary.
 int loop_coverage(loop_run *r, const sd_head *h, double *coverage, char *err, size_t errlen);
+// --init with a larger --draft-vocab: r->h becomes the init head with n
+// tokens: its own (rows kept) and the tokens the target predicts most often
+// in the training split that it lacks (loop_pick_vocab's order), their output
+// rows the target's, scaled by the median ratio of the head's rows' norms to
+// the target's rows of its tokens. EAGLE-3 and Medusa heads; 0 or <0.
+int loop_extend_vocab(loop_run *r, int n, char *err, size_t errlen);
 // --score answers: finds the model's assistant header and end-of-turn token
 // (its chat template rendering one user message) and allocates the mask. 0 or
 // <0 (no chat template, or one whose header cannot be found).

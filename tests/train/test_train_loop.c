@@ -6,8 +6,10 @@
 // interrupted; a full disk keeps the previous checkpoint; foreign or
 // mismatched checkpoints, an existing checkpoint without --resume and missing
 // data are refused; a short run on the real model raises the held-back
-// agreement; Medusa runs; the command's help, errors, a run and Ctrl-C.
+// agreement; Medusa runs; a head's vocabulary grows with --init; the
+// command's help, errors, a run and Ctrl-C.
 #include <fcntl.h>
+#include <math.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -23,6 +25,7 @@
 #include "head/head.h"
 #include "kernels/quant.h"
 #include "model/gguf.h"
+#include "model/model.h"
 #include "lib/cli_run.h"
 #include "lib/train_fixture.h"
 #include "t.h"
@@ -275,6 +278,83 @@ static void test_refusals(void) {
     sd_model_free(m2);
 }
 
+// --init with a larger --draft-vocab: the head's tokens and parameters are
+// kept (a learning rate of 1e-30 leaves every weight as it was), the added
+// tokens' output rows are the target's, all scaled by one factor: the median
+// ratio of the head's row norms to the target's rows of its tokens; the
+// coverage does not fall; a smaller vocabulary is refused.
+static float row_norm(const float *v, int n) {
+    double s = 0;
+    for (int i = 0; i < n; i++) s += (double)v[i] * v[i];
+    return (float)sqrt(s);
+}
+static int cmp_f(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+static int near(float a, float b, float rel) { return fabsf(a - b) <= rel * fabsf(b) + 1e-20f; }
+
+static void test_grow_vocab(void) {
+    sd_model *m = tf_synth_model(64, 4, 1, g_err, sizeof g_err);
+    CHECK(m, "synthetic model: %s", g_err);
+    if (!m) return;
+    watch w = {.stop_at = -1, .limit_after_ckpt = -1};
+    sd_train_head_params p = small_run(m, "grow0", &w);
+    sd_train_head_result r0, r1;
+    CHECK(sd_train_head(&p, &r0, g_err, sizeof g_err) == 0 && r0.draft_vocab == 64, "a 64-token head: %s", g_err);
+    sd_train_head_params q = small_run(m, "grow1", &w);
+    q.init_path = p.out_path;
+    q.draft_vocab = 96;
+    q.lr = 1e-30f;
+    CHECK(sd_train_head(&q, &r1, g_err, sizeof g_err) == 0 && r1.draft_vocab == 96, "grown to 96: %s", g_err);
+    CHECK(r1.coverage >= r0.coverage, "coverage %.3f -> %.3f", r0.coverage, r1.coverage);
+    sd_head *a = load_head(p.out_path, m), *b = load_head(q.out_path, m);
+    CHECK(a && b && b->hp.n_draft_vocab == 96 && b->n_t == a->n_t, "both heads load: %s", g_err);
+    if (a && b && b->n_t == a->n_t) {
+        const int d = a->hp.n_embd;
+        int same = 1, kept = 1, n_new = 0, prop = 1;
+        for (int i = 0; i < a->n_t; i++)
+            if (i != SD_E3_OUT)
+                for (int64_t j = 0; j < a->t[i].ne0 * a->t[i].ne1; j++)
+                    same &= near(sd_head_w(b, i)[j], sd_head_w(a, i)[j], 1e-6f);
+        const sd_tensor *ot = sd_model_file_tensor(m, m->output);
+        const sd_type_traits *tt = sd_type_get(ot->type);
+        const size_t rb = sd_row_size(ot->type, d);
+        float trow[64], ratio[64], scale = -1;
+        for (int k = 0; k < 64; k++) {   // the scale as the head's rows against the target's
+            tt->to_float((const uint8_t *)ot->data + (size_t)a->d2t[k] * rb, trow, d);
+            ratio[k] = row_norm(sd_head_w(a, SD_E3_OUT) + (size_t)k * d, d) / row_norm(trow, d);
+        }
+        qsort(ratio, 64, sizeof *ratio, cmp_f);
+        for (int k = 0; k < 96; k++) {
+            const float *br = sd_head_w(b, SD_E3_OUT) + (size_t)k * d;
+            const int old = a->t2d[b->d2t[k]];
+            if (old >= 0) {
+                for (int c = 0; c < d; c++) kept &= near(br[c], sd_head_w(a, SD_E3_OUT)[(size_t)old * d + c], 1e-6f);
+                continue;
+            }
+            n_new++;
+            tt->to_float((const uint8_t *)ot->data + (size_t)b->d2t[k] * rb, trow, d);
+            for (int c = 0; c < d; c++) prop &= near(br[c], trow[c] * ratio[32], 1e-5f);
+            if (scale < 0) scale = ratio[32];
+        }
+        int all_old = 1;
+        for (int k = 0; k < 64; k++) all_old &= b->t2d[a->d2t[k]] >= 0;
+        CHECK(all_old && n_new == 32, "the head's 64 tokens kept, 32 added (%d)", n_new);
+        CHECK(same, "every other parameter kept");
+        CHECK(kept, "the kept tokens' output rows are the head's");
+        CHECK(prop && scale > 0, "the added rows are the target's times the median norm ratio %.3f", scale);
+    }
+    sd_head_free(a);
+    sd_head_free(b);
+    sd_train_head_params s = small_run(m, "grow2", &w);
+    s.init_path = p.out_path;
+    s.draft_vocab = 32;
+    CHECK(sd_train_head(&s, NULL, g_err, sizeof g_err) < 0 && strstr(g_err, "not shrink") && strstr(g_err, "64"),
+          "a smaller vocabulary is refused: %s", g_err);
+    sd_model_free(m);
+}
+
 // --ff: a narrower feed-forward layer than the target's is trained, saved
 // and loaded with that width; a checkpoint of another width is refused.
 static void test_head_ff(void) {
@@ -478,7 +558,7 @@ static void test_cli(void) {
                           "--ttt", "--medusa-heads", "--init", "--tokens", "--epochs", "--seq-len", "--batch", "--lr",
                           "--warmup", "--weight-decay", "--clip", "--heldout", "--eval-every", "--eval-tokens",
                           "--ckpt", "--ckpt-minutes", "--ckpt-every", "--resume", "--cache", "--cache-only", "--topk",
-                          "--ctx", "--cache-batch", "(default 8192)", "(default 3)", "(default 0.0003)"};
+                          "--ctx", "--cache-batch", "(default 8192;", "(default 3)", "(default 0.0003)"};
     for (size_t i = 0; i < sizeof opts / sizeof *opts; i++)
         CHECK(strstr(g_out, opts[i]), "--help mentions %s", opts[i]);
     tf_path(data, sizeof data, "cli.jsonl");
@@ -577,6 +657,7 @@ int main(void) {
     T_RUN(test_learns_stories);
     T_RUN(test_medusa_run);
     T_RUN(test_head_ff);
+    T_RUN(test_grow_vocab);
     T_RUN(test_out_q5_0);
     T_RUN(test_cli);
     T_RUN(test_cli_sigint);
