@@ -3,7 +3,7 @@
 # the training corpus, the mix the head was trained on, and the train-head
 # command, each step resumable (rerun the script after an interruption).
 #
-#   bash scripts/train-head-recipe.sh smollm2|smollm2-v1|smollm2-v3|smollm2-v4|smollm2-v5|smollm2-v6|smollm2-v7|smollm2-v8|smollm2-moa|qwen|qwen-sd|qwen-own|qwen-05b|qwen-1m [WORK_DIR]
+#   bash scripts/train-head-recipe.sh smollm2|smollm2-v1|smollm2-v3|smollm2-v4|smollm2-v5|smollm2-v6|smollm2-v7|smollm2-v8|smollm2-v9|smollm2-moa|qwen|qwen-sd|qwen-own|qwen-05b|qwen-1m|qwen-16k [WORK_DIR]
 #
 # The shipped SmolLM2-135M-Instruct head has six stages: smollm2-v1,
 # smollm2, smollm2-v3, smollm2-v4, smollm2-v5 and smollm2-v6 (each made
@@ -215,6 +215,23 @@ smollm2-v8)
     v1="${INIT:-heads/SmolLM2-135M-Instruct.eagle3.gguf}"
     init=(--init "$v1")
     ;;
+smollm2-v9)
+    # issue 29: the stage-7 head (INIT: its Q8_0 file, data/smollm2-v7/
+    # SmolLM2-135M-Instruct.eagle3-v7.gguf, else the shipped file) with its
+    # draft vocabulary grown from 8,192 to 16,384 tokens (--draft-vocab: its
+    # tokens and rows kept, the tokens SmolLM2 predicts most often in v4's
+    # data added, their rows the target's), trained on smollm2-v4's data and
+    # feature cache (1.2 M positions, lr 2e-4, seed 47)
+    model=models/SmolLM2-135M-Instruct.Q4_1.gguf
+    work="${2:-data/smollm2-v4}"   # v4's mix and feature cache
+    out=data/smollm2-v9/SmolLM2-135M-Instruct.eagle3-v9.gguf
+    ckpt=data/smollm2-v9/head.ckpt
+    mixes=("mix.jsonl 16128 32595 none:1:0:0 tasks:1,tasks2:1,chitchat:1,pydoc:8,pystdlib:8")
+    prompts="${PROMPTS:-16128}" tokens="${TOKENS:-1200000}" lr="${LR:-2e-4}" ff="${FF:-0}" batch=8 seed=47
+    v1="${INIT:-heads/SmolLM2-135M-Instruct.eagle3.gguf}"
+    init=(--init "$v1")
+    extra=(--draft-vocab 16384)
+    ;;
 smollm2-moa)
     # issue 29's MoA drafter at scale: TLI 0 without LSA, SA over the whole
     # text (--sa-full; the kind above EAGLE-3 in the same-time comparisons of
@@ -296,8 +313,28 @@ qwen-1m)
     prompts=400 tokens="${TOKENS:-1000000}" lr="${LR:-5e-4}" ff="${FF:-3072}" batch=4
     init=(--init "$v1")
     ;;
+qwen-16k)
+    # issue 29: the shipped Qwen head (stage 3; INIT: its Q8_0 file, in git
+    # history: git show b93d9a6:heads/Qwen2.5-Coder-1.5B-Instruct.eagle3.gguf,
+    # else the shipped Q5_0 file) with its draft vocabulary grown from 8,192 to
+    # 16,384 tokens (--draft-vocab: its tokens and rows kept, the tokens the
+    # 1.5B model predicts most often in this data added, their rows the
+    # target's), trained on every 4th answer of the 0.5B model's corpus
+    # (1,725 conversations from the second on; 400 k positions, lr 3e-4, seed 48)
+    model=models/Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf
+    work="${2:-data/qwen-16k}"
+    writer=models/Qwen2.5-Coder-0.5B-Instruct-AWQ.Q4_K_M.gguf answers=data/qwen05
+    shards=data/corpus/qwen2.5-coder-0.5b
+    out="$work/Qwen2.5-Coder-1.5B-Instruct.eagle3-16k.gguf"
+    sd_prompts=6900 sd_parallel=16
+    mixes=("mix.jsonl 0 6900 none:1:0:0 all:4:1")
+    prompts=400 tokens="${TOKENS:-400000}" lr="${LR:-3e-4}" ff="${FF:-3072}" batch=4 seed=48
+    v1="${INIT:-heads/Qwen2.5-Coder-1.5B-Instruct.eagle3.gguf}"
+    init=(--init "$v1")
+    extra=(--draft-vocab 16384)
+    ;;
 *)
-    echo "usage: $0 smollm2|smollm2-v1|smollm2-v3|smollm2-v4|smollm2-v5|smollm2-v6|smollm2-moa|qwen|qwen-sd|qwen-own|qwen-05b|qwen-1m [WORK_DIR]" >&2
+    echo "usage: $0 smollm2|smollm2-v1|smollm2-v3|smollm2-v4|smollm2-v5|smollm2-v6|smollm2-v7|smollm2-v8|smollm2-v9|smollm2-moa|qwen|qwen-sd|qwen-own|qwen-05b|qwen-1m|qwen-16k [WORK_DIR]" >&2
     exit 1
     ;;
 esac
@@ -329,7 +366,7 @@ if [ "$answers" != "$corpus" ]; then
     [ -f "$answers/prompts.jsonl" ] || head -n 3000 "$corpus/prompts.jsonl" >"$answers/prompts.jsonl"
     # qwen-1m: prompts 3,001-6,900 (the list's lines 3,001-5,400 and its first
     # 1,500 tasks2 prompts, interleaved by source), appended once
-    if [ "$which" = qwen-1m ] && [ "$(wc -l <"$answers/prompts.jsonl")" -lt 6900 ]; then
+    if { [ "$which" = qwen-1m ] || [ "$which" = qwen-16k ]; } && [ "$(wc -l <"$answers/prompts.jsonl")" -lt 6900 ]; then
         python3 - "$corpus/prompts.jsonl" "$answers/prompts.jsonl" <<'PY'
 import collections, json, sys
 src, dst = sys.argv[1], sys.argv[2]
@@ -362,7 +399,8 @@ fi
 #    once; a rerun keeps them (the feature cache checks every record). An
 #    optional fifth field "SOURCE:EVERY,..." keeps, of the conversations in
 #    [FROM, TO), every EVERY-th of each source (counted within the source;
-#    sources not named are left out).
+#    sources not named are left out); "SOURCE:EVERY:OFFSET" keeps those at
+#    OFFSET of every EVERY, and source "all" counts every conversation alike.
 data=()
 for spec in "${mixes[@]}"; do
     read -r name from to rule crule <<<"$spec"
@@ -372,7 +410,11 @@ for spec in "${mixes[@]}"; do
     python3 - "$corpus" "$mix" "$from" "$to" "$rule" "$answers" "${crule:-}" <<'EOF'
 import json, os, sys
 src, out, c0, c1, rule, chats = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
-crule = {s: int(e) for s, e in (p.split(":") for p in sys.argv[7].split(","))} if sys.argv[7] else None
+crule = {}  # SOURCE -> (EVERY, OFFSET); SOURCE "all" counts every conversation
+for part in sys.argv[7].split(",") if sys.argv[7] else []:
+    s, e, *o = part.split(":")
+    crule[s] = (int(e), int(o[0]) if o else 0)
+crule = crule or None
 cseen = {}
 rules = {}
 for part in rule.split(","):
@@ -383,10 +425,10 @@ with open(out + ".tmp", "w") as f:
     for i, line in enumerate(open(f"{chats}/chat.jsonl")):
         if c0 <= i < c1:
             if crule is not None:
-                s = json.loads(line)["source"]
+                s = "all" if "all" in crule else json.loads(line)["source"]
                 j = cseen.get(s, 0)
                 cseen[s] = j + 1
-                if s not in crule or j % crule[s]:
+                if s not in crule or j % crule[s][0] != crule[s][1]:
                     continue
             f.write(line)
             n += 1
