@@ -323,7 +323,8 @@ qwen-16k)
     # 16,384 tokens (--draft-vocab: its tokens and rows kept, the tokens the
     # 1.5B model predicts most often in this data added, their rows the
     # target's), trained on every 4th answer of the 0.5B model's corpus
-    # (1,725 conversations from the second on; 400 k positions, lr 3e-4, seed 48)
+    # (1,725 conversations from the second on, 366 k tokens; 240 k positions,
+    # lr 3e-4, seed 48)
     model=models/Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf
     work="${2:-data/qwen-16k}"
     writer=models/Qwen2.5-Coder-0.5B-Instruct-AWQ.Q4_K_M.gguf answers=data/qwen05
@@ -331,7 +332,7 @@ qwen-16k)
     out="$work/Qwen2.5-Coder-1.5B-Instruct.eagle3-16k.gguf"
     sd_prompts=6900 sd_parallel=16
     mixes=("mix.jsonl 0 6900 none:1:0:0 all:4:1")
-    prompts=400 tokens="${TOKENS:-400000}" lr="${LR:-3e-4}" ff="${FF:-3072}" batch=4 seed=48
+    prompts=400 tokens="${TOKENS:-240000}" lr="${LR:-3e-4}" ff="${FF:-3072}" batch=4 seed=48
     v1="${INIT:-heads/Qwen2.5-Coder-1.5B-Instruct.eagle3.gguf}"
     init=(--init "$v1")
     extra=(--draft-vocab 16384)
