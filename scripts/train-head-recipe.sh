@@ -323,7 +323,7 @@ qwen-16k)
     # 16,384 tokens (--draft-vocab: its tokens and rows kept, the tokens the
     # 1.5B model predicts most often in this data added, their rows the
     # target's), trained on every 4th answer of the 0.5B model's corpus
-    # (1,725 conversations from the second on, 366 k tokens; 240 k positions,
+    # (1,725 conversations from the second on, 382 k tokens; 240 k positions,
     # lr 3e-4, seed 48)
     model=models/Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf
     work="${2:-data/qwen-16k}"
