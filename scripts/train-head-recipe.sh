@@ -317,7 +317,8 @@ qwen-1m)
     init=(--init "$v1")
     ;;
 qwen-16k)
-    # issue 29: the shipped Qwen head (stage 3; INIT: its Q8_0 file, in git
+    # a trial (not shipped; heads/README.md): tau +1.0-1.7%, a drafted node
+    # 31% dearer, speed within the noise. The shipped Qwen head (stage 3; INIT: its Q8_0 file, in git
     # history: git show b93d9a6:heads/Qwen2.5-Coder-1.5B-Instruct.eagle3.gguf,
     # else the shipped Q5_0 file) with its draft vocabulary grown from 8,192 to
     # 16,384 tokens (--draft-vocab: its tokens and rows kept, the tokens the
