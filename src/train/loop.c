@@ -174,6 +174,9 @@ static int plan_head(loop_run *r, sd_head_hp *hp, char *err, size_t errlen) {
                           "--draft-vocab %d: the --init head %s has %d tokens; a head's vocabulary can grow (its "
                           "tokens kept, the data's most predicted ones added), not shrink",
                           P->draft_vocab, P->init_path, hp->n_draft_vocab);
+        if (P->draft_vocab && SD_MIN(P->draft_vocab, r->m->hp.n_vocab) > hp->n_draft_vocab && hp->type == SD_HEAD_MOA)
+            return sd_err(err, errlen, "--draft-vocab %d with --init: an MoA drafter's vocabulary cannot grow (EAGLE-3 "
+                          "and Medusa heads can)", P->draft_vocab);
         if (hp->type == SD_HEAD_MOA && P->moa_sa_full && !hp->moa_sa_full) {   // (no tensor changes: SA's own)
             if (hp->moa_sa_hidden)
                 return sd_err(err, errlen, "--init %s reads the target's state in SA (--sa-hidden): not with --sa-full",
@@ -183,7 +186,7 @@ static int plan_head(loop_run *r, sd_head_hp *hp, char *err, size_t errlen) {
         return 0;
     }
     *hp = sd_head_default_hp(r->m, P->type);
-    hp->n_draft_vocab = SD_MIN(P->draft_vocab ? P->draft_vocab : 8192, r->m->hp.n_vocab);
+    if (P->draft_vocab) hp->n_draft_vocab = SD_MIN(P->draft_vocab, r->m->hp.n_vocab);   // (else the default's)
     if (P->type == SD_HEAD_MEDUSA) hp->n_medusa = P->n_medusa;
     if (P->type == SD_HEAD_EAGLE3 && P->head_ff > 0) hp->n_ff = P->head_ff;
     if (P->type == SD_HEAD_MOA) {

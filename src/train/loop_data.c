@@ -279,13 +279,15 @@ const loop_chunk *loop_next_chunk(loop_run *r) {
 }
 
 // ---------------------------------------------------------------- initialisation
-static void target_rows(const sd_model *m, const sd_head *h, float *dst) {
+// The target's output row of token id, in floats (n_embd).
+static void target_row(const sd_model *m, int32_t id, float *dst) {
     const sd_tensor *ot = sd_model_file_tensor(m, m->output);
     const int d = m->hp.n_embd;
-    const size_t rb = sd_row_size(ot->type, d);
-    const sd_type_traits *tt = sd_type_get(ot->type);
-    for (int i = 0; i < h->hp.n_draft_vocab; i++)
-        tt->to_float((const uint8_t *)ot->data + (size_t)h->d2t[i] * rb, dst + (size_t)i * d, d);
+    sd_type_get(ot->type)->to_float((const uint8_t *)ot->data + (size_t)id * sd_row_size(ot->type, d), dst, d);
+}
+
+static void target_rows(const sd_model *m, const sd_head *h, float *dst) {
+    for (int i = 0; i < h->hp.n_draft_vocab; i++) target_row(m, h->d2t[i], dst + (size_t)i * m->hp.n_embd);
 }
 
 static int cmp_float(const void *a, const void *b) {
@@ -297,10 +299,7 @@ int loop_extend_vocab(loop_run *r, int n, char *err, size_t errlen) {
     const sd_head *h = r->h;
     const int nv = r->m->hp.n_vocab, n0 = h->hp.n_draft_vocab;
     const int64_t d = h->hp.n_embd;
-    if (h->hp.type == SD_HEAD_MOA)
-        return sd_err(err, errlen, "--draft-vocab %d with --init: an MoA drafter's vocabulary cannot grow (EAGLE-3 "
-                      "and Medusa heads can)", n);
-    SD_ASSERT(n > n0 && n <= nv);
+    SD_ASSERT(n > n0 && n <= nv && h->hp.type != SD_HEAD_MOA);
     int32_t *rank = malloc(sizeof(int32_t) * (size_t)nv), *ids = malloc(sizeof(int32_t) * (size_t)n);
     float *trow = malloc(sizeof(float) * (size_t)d), *ratio = malloc(sizeof(float) * (size_t)n0);
     sd_head *nh = NULL;
@@ -318,9 +317,6 @@ int loop_extend_vocab(loop_run *r, int n, char *err, size_t errlen) {
     hp.n_draft_vocab = n;
     if (sd_head_new(&nh, &hp, err, errlen) < 0 || sd_head_set_vocab(nh, ids, n, err, errlen) < 0) goto done;
     memcpy(nh->note, h->note, sizeof nh->note);
-    const sd_tensor *ot = sd_model_file_tensor(r->m, r->m->output);
-    const size_t rb = sd_row_size(ot->type, (int)d);
-    const sd_type_traits *tt = sd_type_get(ot->type);
     SD_ASSERT(nh->n_t == h->n_t);
     for (int i = 0; i < h->n_t; i++) {
         const sd_head_tensor *a = &h->t[i], *b = &nh->t[i];
@@ -331,7 +327,7 @@ int loop_extend_vocab(loop_run *r, int n, char *err, size_t errlen) {
         }
         SD_ASSERT(a->ne1 == n0 && b->ne1 == n && a->ne0 == d);   // an output matrix: a row per draft token
         for (int j = 0; j < n0; j++) {   // the scale: the head's rows against the target's
-            tt->to_float((const uint8_t *)ot->data + (size_t)h->d2t[j] * rb, trow, (int)d);
+            target_row(r->m, h->d2t[j], trow);
             const float *hr = h->w + a->off + (size_t)j * d;
             double sh = 0, st = 0;
             for (int64_t c = 0; c < d; c++) sh += (double)hr[c] * hr[c], st += (double)trow[c] * trow[c];
@@ -345,7 +341,7 @@ int loop_extend_vocab(loop_run *r, int n, char *err, size_t errlen) {
             if (old >= 0) {
                 memcpy(dst, h->w + a->off + (size_t)old * d, sizeof(float) * (size_t)d);
             } else {
-                tt->to_float((const uint8_t *)ot->data + (size_t)nh->d2t[j] * rb, dst, (int)d);
+                target_row(r->m, nh->d2t[j], dst);
                 for (int64_t c = 0; c < d; c++) dst[c] *= scale;
             }
         }
