@@ -214,6 +214,7 @@ typedef struct bench_state {
     sd_method methods[BENCH_MAX_METHODS];  // (nm) ar first
     int nm;
     char ds_path[4096];                      // --datastore's file ("": none)
+    char auto_is[128];                       // what method auto runs with a head loaded ("": no head)
     int max_nodes[BENCH_MAX_METHODS];        // (nm) tree nodes per target forward
     bench_prompt *prompts;                   // (n_loaded) the file's prompts; the first np are run
     int n_loaded, np;
@@ -346,7 +347,7 @@ static int bench_load(const bench_opts *o, bench_state *b, int *auto_nodes) {
                              err, o->chat ? " (--no-chat uses the text as is)" : "");
         max_prompt = SD_MAX(max_prompt, b->n_ids[p]);
     }
-    sd_method_have have = {.n_drafts = o->n_drafts, .n_batch = BENCH_BATCH};
+    sd_method_have have = {.n_drafts = o->n_drafts, .n_batch = BENCH_BATCH, .datastore = b->ds_path[0] != 0};
     for (int i = 0; i < o->n_heads; i++)
         if (cli_heads_load(o->head_paths[i], b->m, o->model_path, 0, b->heads, 3, &b->n_heads)) return 1;
     for (int i = 0; i < b->n_heads; i++) {
@@ -358,6 +359,7 @@ static int bench_load(const bench_opts *o, bench_state *b, int *auto_nodes) {
         sd_head_describe(b->heads[i], desc, sizeof desc);
         fprintf(stderr, "head: %s\n", desc);
     }
+    if (have.eagle3_head || have.moa_head) snprintf(b->auto_is, sizeof b->auto_is, "%s", sd_method_default(&have));
     *auto_nodes = 0;
     for (int k = 0; k < b->nm; k++) {   // what each method needs and takes (the library's plan)
         sd_method_plan pl;
@@ -576,7 +578,9 @@ static void bench_print(const bench_opts *o, const bench_state *b) {
            "tau = tokens per target forward (bonus included).\n");
     for (int k = 0; k < nm; k++) {
         const sd_method *me = &b->methods[k];
-        if (me->kind == SD_METHOD_AUTO)
+        if (me->kind == SD_METHOD_AUTO && b->auto_is[0])
+            printf("%s = %s (the default method with the heads loaded).\n", me->name, b->auto_is);
+        else if (me->kind == SD_METHOD_AUTO)
             printf("%s = %s with an automatically sized tree (at most %d nodes).\n", me->name,
                    o->n_drafts ? "the draft model(s)" : "n-gram lookup ngram:3-8", b->max_nodes[k]);
         if (me->kind == SD_METHOD_SKIP) printf("%s skips layers {%s}.\n", me->name, me->skip_list);
@@ -695,6 +699,7 @@ static int bench_write_json(const bench_opts *o, const bench_state *b) {
         o->seed <= (uint64_t)INT64_MAX ? json_integer((json_int_t)o->seed) : json_string(seed), "n_predict",
         o->n_predict, "n_prompts", b->np, "chat", o->chat, "time_excludes_prompt", 1, "all_equal_to_ar",
         greedy ? json_boolean(!b->mismatch) : json_null(), "methods", methods);
+    if (j && b->auto_is[0]) json_object_set_new(j, "auto_method", json_string(b->auto_is));
     if (!j) return cli_error("out of memory writing the results");
     FILE *f = fopen(o->out_path, "w");
     if (!f) {

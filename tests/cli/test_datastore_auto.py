@@ -17,7 +17,8 @@ as its source (`make-datastore.py --corpus`):
 - `--datastore auto` where no datastore was made says so and goes on;
 - `--datastore auto` with a method that does no lookup is refused;
 - bench takes the datastore only when asked (`--datastore auto`), and names
-  it in its JSON;
+  it in its JSON, and its `auto` runs (and says it runs) the default method
+  that the datastore makes;
 - the first use of a datastore says that it is being indexed (it takes
   about 10 s for the default model's), a later one does not.
 
@@ -139,12 +140,18 @@ def engine_cases(tmp):
     for extra in ([], ["--datastore", "auto"]):
         out = os.path.join(tmp, f"bench{len(got)}.json")
         r = subprocess.run([b, "bench", "-m", MODEL, "--prompts", prompts, "-n", "16", "-t", "2", "--head", "auto",
-                            "--methods", "ngram:3-8", "--out", out, *extra], capture_output=True, text=True,
+                            "--methods", "ngram:3-8,auto", "--out", out, *extra], capture_output=True, text=True,
                            timeout=300, cwd=d)
-        got.append(json.load(open(out)).get("datastore", "absent") if r.returncode == 0 and os.path.exists(out)
+        j = json.load(open(out)) if r.returncode == 0 and os.path.exists(out) else None
+        # what auto ran, in the JSON and on the report's line, follows the datastore (sd_method_default)
+        said = [ln for ln in r.stdout.splitlines() if ln.startswith("auto = ")]
+        got.append((j.get("datastore", "absent"), j.get("auto_method"), said) if j
                    else f"exit {r.returncode}: {r.stderr.strip()[-200:]!r}")
-    report(names[3], got == [None, "data/datastore/SmolLM2-135M-Instruct.txt"],
-           f"bench's datastore without and with --datastore auto: {got}")
+    want = [(None, "ngram:3-8/eagle3:auto",
+             ["auto = ngram:3-8/eagle3:auto (the default method with the heads loaded)."]),
+            ("data/datastore/SmolLM2-135M-Instruct.txt", "ngram:5-8:auto/eagle3:auto",
+             ["auto = ngram:5-8:auto/eagle3:auto (the default method with the heads loaded)."])]
+    report(names[3], got == want, f"bench's datastore and auto's method without and with --datastore auto: {got}")
     small = os.path.join(tmp, "small.txt")
     with open(small, "w") as f:
         f.write("The keeper spoke to the sea every night.\n\n")
