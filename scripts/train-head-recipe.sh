@@ -3,7 +3,7 @@
 # the training corpus, the mix the head was trained on, and the train-head
 # command, each step resumable (rerun the script after an interruption).
 #
-#   bash scripts/train-head-recipe.sh smollm2|smollm2-v1|smollm2-v3|smollm2-v4|smollm2-v5|smollm2-v6|smollm2-v7|smollm2-v8|smollm2-v9|smollm2-moa|qwen|qwen-sd|qwen-own|qwen-05b|qwen-1m|qwen-16k [WORK_DIR]
+#   bash scripts/train-head-recipe.sh smollm2|smollm2-v1|smollm2-v3|smollm2-v4|smollm2-v5|smollm2-v6|smollm2-v7|smollm2-v8|smollm2-v9|smollm2-moa|qwen|qwen-sd|qwen-own|qwen-05b|qwen-1m|qwen-16k|qwen-v4 [WORK_DIR]
 #
 # The shipped SmolLM2-135M-Instruct head has six stages: smollm2-v1,
 # smollm2, smollm2-v3, smollm2-v4, smollm2-v5 and smollm2-v6 (each made
@@ -47,6 +47,9 @@
 # positions, writing heads/Qwen2.5-Coder-1.5B-Instruct.eagle3.gguf.
 # The 1.5B's feature cache over it takes about 4 hours here, the training
 # about 1.5: run it in several sittings (every step resumes).
+# qwen-v4 (prepared on 2026-12-01, not yet run) fine-tunes the shipped Qwen
+# head on the 0.5B model's answers to prompts 6,901-10,900, which no Qwen
+# head has seen (about 2.3 hours of feature cache, 1.5 of training here).
 # smollm2-v3 fine-tunes stage 2 (smollm2) on conversations 4,488-16,127
 # of the committed corpus (1.42 M tokens); smollm2-v4 fine-tunes v3's head
 # (made first when missing) on conversations 16,128-32,594 (the rest: 7,249
@@ -60,8 +63,8 @@
 # the reduced MoA feature cache (docs/moa.md), writing
 # WORK_DIR/SmolLM2-135M-Instruct.moa.gguf (3 M positions).
 # WORK_DIR (default data/smollm2-ft for smollm2, data/ for smollm2-v1,
-# data/KIND for smollm2-v3, smollm2-v4, smollm2-moa, qwen, qwen-own, qwen-05b and
-# qwen-1m, data/qwen-sd/ft for qwen-sd, data/smollm2-v4 for smollm2-v5 and
+# data/KIND for smollm2-v3, smollm2-v4, smollm2-moa, qwen, qwen-own, qwen-05b,
+# qwen-1m, qwen-16k and qwen-v4, data/qwen-sd/ft for qwen-sd, data/smollm2-v4 for smollm2-v5 and
 # data/smollm2-v3 for smollm2-v6, which write their checkpoints and heads to
 # data/smollm2-v5 and data/smollm2-v6) holds the mix,
 # the feature cache and the checkpoint; the corpus is data/train (CORPUS to move it); the shipped
@@ -69,7 +72,8 @@
 # PROMPTS (prompts SmolLM2 answers in step 1, default 4000 for smollm2 and
 # smollm2-moa, 3000 for smollm2-v1, 16128 for smollm2-v3 and -v4, 400 for the qwen
 # kinds), SD_PROMPTS (prompts the Qwen writer answers in step 1b: 688 for
-# qwen-sd, 640 for qwen-own and qwen-05b, 6900 for qwen-1m), ANSWERS (qwen-sd:
+# qwen-sd, 640 for qwen-own and qwen-05b, 6900 for qwen-1m and qwen-16k, 10900
+# for qwen-v4), ANSWERS (qwen-sd:
 # the 1.5B model's answers used, default 682), INIT (the head a fine-tune
 # starts from: smollm2, smollm2-v3 to -v6 and the qwen kinds but qwen), TOKENS
 # (positions trained), LR, FF (the head's feed-forward width; 0 = the
@@ -338,8 +342,28 @@ qwen-16k)
     init=(--init "$v1")
     extra=(--draft-vocab 16384)
     ;;
+qwen-v4)
+    # stage 4 of the Qwen head, made ready on 2026-12-01 (session 44) and not
+    # yet run (about 2.3 hours of feature cache and 1.5 of training here: a
+    # later session's): the shipped head (stage 3; INIT: its Q8_0 file, git
+    # show b93d9a6:heads/Qwen2.5-Coder-1.5B-Instruct.eagle3.gguf, else the
+    # shipped Q5_0 file) fine-tuned on the 0.5B model's 4,000 answers to
+    # prompts 6,901-10,900 (shard 0003 of data/corpus/qwen2.5-coder-0.5b: the
+    # list's remaining 1,138 tasks2 prompts and its next 2,862 from line 5,401
+    # on), which no Qwen head has seen, as smollm2-v3 and -v4 did for SmolLM2
+    model=models/Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf
+    work="${2:-data/qwen-v4}"
+    writer=models/Qwen2.5-Coder-0.5B-Instruct-AWQ.Q4_K_M.gguf answers=data/qwen05
+    shards=data/corpus/qwen2.5-coder-0.5b
+    out="$work/Qwen2.5-Coder-1.5B-Instruct.eagle3-v4.gguf"
+    sd_prompts=10900 sd_parallel=16
+    mixes=("mix.jsonl 6900 10900 none:1:0:0")
+    prompts=400 tokens="${TOKENS:-900000}" lr="${LR:-3e-4}" ff="${FF:-3072}" batch=4 seed=49
+    v1="${INIT:-heads/Qwen2.5-Coder-1.5B-Instruct.eagle3.gguf}"
+    init=(--init "$v1")
+    ;;
 *)
-    echo "usage: $0 smollm2|smollm2-v1|smollm2-v3|smollm2-v4|smollm2-v5|smollm2-v6|smollm2-v7|smollm2-v8|smollm2-v9|smollm2-moa|qwen|qwen-sd|qwen-own|qwen-05b|qwen-1m|qwen-16k [WORK_DIR]" >&2
+    echo "usage: $0 smollm2|smollm2-v1|smollm2-v3|smollm2-v4|smollm2-v5|smollm2-v6|smollm2-v7|smollm2-v8|smollm2-v9|smollm2-moa|qwen|qwen-sd|qwen-own|qwen-05b|qwen-1m|qwen-16k|qwen-v4 [WORK_DIR]" >&2
     exit 1
     ;;
 esac
@@ -371,7 +395,8 @@ if [ "$answers" != "$corpus" ]; then
     [ -f "$answers/prompts.jsonl" ] || head -n 3000 "$corpus/prompts.jsonl" >"$answers/prompts.jsonl"
     # qwen-1m: prompts 3,001-6,900 (the list's lines 3,001-5,400 and its first
     # 1,500 tasks2 prompts, interleaved by source), appended once
-    if { [ "$which" = qwen-1m ] || [ "$which" = qwen-16k ]; } && [ "$(wc -l <"$answers/prompts.jsonl")" -lt 6900 ]; then
+    if { [ "$which" = qwen-1m ] || [ "$which" = qwen-16k ] || [ "$which" = qwen-v4 ]; } &&
+        [ "$(wc -l <"$answers/prompts.jsonl")" -lt 6900 ]; then
         python3 - "$corpus/prompts.jsonl" "$answers/prompts.jsonl" <<'PY'
 import collections, json, sys
 src, dst = sys.argv[1], sys.argv[2]
@@ -385,6 +410,30 @@ while any(by.values()):
     for s in ("tasks2", "chitchat", "pydoc", "pystdlib", "tasks"):
         if by[s]:
             out.append(by[s].pop(0))
+have = {json.loads(l)["id"] for l in open(dst)}
+with open(dst, "a") as f:
+    f.writelines(l + "\n" for l in out if json.loads(l)["id"] not in have)
+PY
+    fi
+    # qwen-v4: prompts 6,901-10,900 (the list's remaining 1,138 tasks2 prompts
+    # and its next 2,862 from line 5,401 on, a tasks2 prompt after every 2-3
+    # others), appended once
+    if [ "$which" = qwen-v4 ] && [ "$(wc -l <"$answers/prompts.jsonl")" -lt 10900 ]; then
+        python3 - "$corpus/prompts.jsonl" "$answers/prompts.jsonl" <<'PY'
+import json, sys
+src, dst = sys.argv[1], sys.argv[2]
+lines = open(src).read().splitlines()
+src_of = [json.loads(l)["source"] for l in lines]
+a = [l for l, s in zip(lines, src_of) if s == "tasks2"][1500:]
+b = [l for l, s in zip(lines[5400:], src_of[5400:]) if s != "tasks2"][:2862]
+out, i, j = [], 0, 0
+while i < len(a) or j < len(b):
+    if j < len(b):
+        out.append(b[j])
+        j += 1
+    if i < len(a) and (j * len(a) >= (i + 1) * len(b) or j >= len(b)):
+        out.append(a[i])
+        i += 1
 have = {json.loads(l)["id"] for l in open(dst)}
 with open(dst, "a") as f:
     f.writelines(l + "\n" for l in out if json.loads(l)["id"] not in have)

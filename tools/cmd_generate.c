@@ -239,6 +239,7 @@ static int gen_parse(int argc, char **argv, gen_opts *o) {
          .help = "draft with a trained EAGLE-3 head (specdec train-head); 'auto': the head in heads/ made for this "
                  "model, if any (the kind --method needs: moa:... an MoA drafter; else the EAGLE-3 head). The tree "
                  "flags (--draft-max, --tree, --tree-dynamic) shape its drafts; default "
+                 "ngram:5-8:auto/eagle3:auto with the model's datastore (make datastore), else "
                  "ngram:3-8/eagle3:auto: prompt lookup where the text repeats, else the head's automatic tree "
                  "(sized by the measured costs of head and target). With an MoA drafter file (docs/moa.md) the "
                  "same flags draft with it (ngram:3-8/moa:auto, moa:chain:K, ...)"},

@@ -136,7 +136,7 @@ int cmd_serve(int argc, char **argv) {
          .required = "a model is required (-m MODEL.gguf; see specdec serve --help)", .help = "GGUF model"},
         {"--method", NULL, CLI_STRING, &o.method, .meta = "M",
          .help = "default speculation method (default ngram:3-8; chain:4 with --draft; ngram:3-8/eagle3:auto "
-                 "with an EAGLE-3 --head)"},
+                 "with an EAGLE-3 --head, ngram:5-8:auto/eagle3:auto when the model's datastore is loaded too)"},
         {"--draft", NULL, CLI_LIST, o.drafts, .max = SD_METHOD_MAX_DRAFTS, .count = &o.n_drafts, .meta = "D.gguf",
          .what = "draft models", .help = "draft model (same vocabulary); repeat for several"},
         {"--head", NULL, CLI_LIST, o.heads, .max = 3, .count = &o.n_heads, .meta = "FILE|auto", .what = "heads",
