@@ -194,13 +194,14 @@ static int catch_up(e3d *s, const int32_t *text, int n, char *err, size_t errlen
         }
         if (nr == 0) continue;
         sd_e3_drop_pending(s->e);
-        if (sd_e3_eval(s->e, tok, s->cbuf, pos, par, nr, s->hbuf, s->lg, err, errlen) < 0) return -1;
+        // the last row's outputs only: the others' keys and values are all the draft reads of them
+        if (sd_e3_eval_last(s->e, tok, s->cbuf, pos, par, nr, s->hbuf, s->lg, err, errlen) < 0) return -1;
         int n0 = sd_e3_n_cached(s->e);
         if (sd_e3_commit(s->e, slots, nr, err, errlen) < 0) return -1;
         for (int i = 0; i < nr; i++) s->row_pos[n0 + i] = pos[i];
         s->last_row = pos[nr - 1];
-        memcpy(s->last_h, s->hbuf + (size_t)(nr - 1) * s->d, sizeof(float) * (size_t)s->d);
-        memcpy(s->last_lg, s->lg + (size_t)(nr - 1) * s->V, sizeof(float) * (size_t)s->V);
+        memcpy(s->last_h, s->hbuf, sizeof(float) * (size_t)s->d);
+        memcpy(s->last_lg, s->lg, sizeof(float) * (size_t)s->V);
     }
     return s->last_row == n - 1;
 }

@@ -296,8 +296,12 @@ static void att_task(void *arg, int ith, int nth) {
     }
 }
 
-int sd_e3_eval(sd_e3 *e, const int32_t *tok, const float *c, const int32_t *pos, const int32_t *parent, int n,
-               float *h_out, float *logits, char *err, size_t errlen) {
+// Rows 0..n-1 as sd_e3_eval; the rows from `first` on get their outputs
+// (the query, attention, feed-forward and output layer), those before it
+// only their keys and values, which no output of another row depends on but
+// through attention. h_out and logits hold the rows from `first` on.
+static int eval_rows(sd_e3 *e, const int32_t *tok, const float *c, const int32_t *pos, const int32_t *parent, int n,
+                     int first, float *h_out, float *logits, char *err, size_t errlen) {
     if (n < 1 || n > e->max_rows) return sd_err(err, errlen, "eagle3: %d rows (1..%d)", n, e->max_rows);
     if (e->n_pend + n > e->max_pending) return sd_err(err, errlen, "eagle3: no room for %d more pending rows", n);
     if (e->n_cached + e->n_pend + n > e->n_ctx + e->max_pending)
@@ -317,14 +321,15 @@ int sd_e3_eval(sd_e3 *e, const int32_t *tok, const float *c, const int32_t *pos,
         rms(u, e->e, g_attn, d, eps);
         rms(u + d, c + (size_t)i * d, g_hid, d, eps);
     }
+    const int no = n - first;   // rows with outputs
     sd_pool_acquire(e->pool);
-    mat_apply(e, M_Q, e->u, n, e->q);
+    mat_apply(e, M_Q, e->u + (size_t)first * 2 * d, no, e->q);
     mat_apply(e, M_K, e->u, n, e->k);
     mat_apply(e, M_V, e->u, n, e->v);
     sd_pool_release(e->pool);
     const int slot0 = e->n_pend;
     for (int i = 0; i < n; i++) {
-        rope(e->q + (size_t)i * e->qd, e->nh, e->hd, pos[i], e->rope_freq);
+        if (i >= first) rope(e->q + (size_t)(i - first) * e->qd, e->nh, e->hd, pos[i], e->rope_freq);
         rope(e->k + (size_t)i * e->kd, e->nkv, e->hd, pos[i], e->rope_freq);
         int s = slot0 + i;
         memcpy(e->kp + (size_t)s * e->kd, e->k + (size_t)i * e->kd, sizeof(float) * (size_t)e->kd);
@@ -332,29 +337,30 @@ int sd_e3_eval(sd_e3 *e, const int32_t *tok, const float *c, const int32_t *pos,
         e->ppar[s] = parent[i];
     }
     e->n_pend += n;
-    att_job aj = {e, slot0, n};
+    att_job aj = {e, slot0 + first, no};
     sd_pool_acquire(e->pool);
     sd_pool_run(e->pool, att_task, &aj);
-    mat_apply(e, M_O, e->att, n, e->o);
+    mat_apply(e, M_O, e->att, no, e->o);
     sd_pool_release(e->pool);
     const float *g_ffn = e->pk->norm + N_FFN * d;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < no; i++) {
         float *r = e->r + (size_t)i * d;
-        const float *res = h->hp.norm_before_residual ? e->u + (size_t)i * 2 * d + d : c + (size_t)i * d;
+        const size_t ri = (size_t)(first + i);
+        const float *res = h->hp.norm_before_residual ? e->u + ri * 2 * d + d : c + ri * d;
         for (int j = 0; j < d; j++) r[j] = res[j] + e->o[(size_t)i * d + j];
         rms(e->mm_in + (size_t)i * d, r, g_ffn, d, eps);
     }
     sd_pool_acquire(e->pool);
-    mat_apply(e, M_GATE, e->mm_in, n, e->gate);
-    mat_apply(e, M_UP, e->mm_in, n, e->up);
-    for (size_t j = 0; j < (size_t)n * (size_t)e->nff; j++) {
+    mat_apply(e, M_GATE, e->mm_in, no, e->gate);
+    mat_apply(e, M_UP, e->mm_in, no, e->up);
+    for (size_t j = 0; j < (size_t)no * (size_t)e->nff; j++) {
         float gv = e->gate[j];
         e->gate[j] = gv / (1.0f + expf(-gv)) * e->up[j];
     }
-    mat_apply(e, M_DOWN, e->gate, n, e->f);
+    mat_apply(e, M_DOWN, e->gate, no, e->f);
     sd_pool_release(e->pool);
     const float *g_out = e->pk->norm + N_OUT * d;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < no; i++) {
         float *r = e->r + (size_t)i * d, *f = e->f + (size_t)i * d;
         for (int j = 0; j < d; j++) f[j] += r[j];   // f is now the output state h
         if (h_out) memcpy(h_out + (size_t)i * d, f, sizeof(float) * (size_t)d);
@@ -362,10 +368,20 @@ int sd_e3_eval(sd_e3 *e, const int32_t *tok, const float *c, const int32_t *pos,
     }
     if (logits) {
         sd_pool_acquire(e->pool);
-        mat_apply(e, M_OUT, e->hn, n, logits);
+        mat_apply(e, M_OUT, e->hn, no, logits);
         sd_pool_release(e->pool);
     }
     return 0;
+}
+
+int sd_e3_eval(sd_e3 *e, const int32_t *tok, const float *c, const int32_t *pos, const int32_t *parent, int n,
+               float *h_out, float *logits, char *err, size_t errlen) {
+    return eval_rows(e, tok, c, pos, parent, n, 0, h_out, logits, err, errlen);
+}
+
+int sd_e3_eval_last(sd_e3 *e, const int32_t *tok, const float *c, const int32_t *pos, const int32_t *parent, int n,
+                    float *h_out, float *logits, char *err, size_t errlen) {
+    return eval_rows(e, tok, c, pos, parent, n, n >= 1 ? n - 1 : 0, h_out, logits, err, errlen);
 }
 
 int sd_e3_n_pending(const sd_e3 *e) { return e->n_pend; }

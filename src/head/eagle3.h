@@ -60,6 +60,12 @@ void sd_e3_fuse(sd_e3 *e, const float *feats, int n, float *g);
 // NULL). Returns 0, or <0 (no room: n_ctx or max_pending; bad token).
 int sd_e3_eval(sd_e3 *e, const int32_t *tok, const float *c, const int32_t *pos, const int32_t *parent, int n,
                float *h_out, float *logits, char *err, size_t errlen);
+// The same rows, with the output state and logits of the last row only,
+// into h_out (d) and logits (V'): the keys and values of the others are all
+// a later row needs of them (a catch-up over the accepted text). Their keys
+// and values, and the last row's outputs, are sd_e3_eval's to the bit.
+int sd_e3_eval_last(sd_e3 *e, const int32_t *tok, const float *c, const int32_t *pos, const int32_t *parent, int n,
+                    float *h_out, float *logits, char *err, size_t errlen);
 int sd_e3_n_pending(const sd_e3 *e);
 // Appends pending slots slots[0..n) (a chain from the committed rows, in
 // order) to the committed rows and drops every pending row.

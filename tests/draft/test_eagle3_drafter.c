@@ -225,6 +225,76 @@ static void check_forward(int norm_before_residual) {
     sd_model_free(m);
 }
 
+// A catch-up's rows with the last one's outputs only (sd_e3_eval_last) leave
+// the same keys and values, and give the last row the same output state and
+// logits, bit for bit, as sd_e3_eval of every row: the rows drafted after
+// them see no difference. For the 8-bit and the float matrices.
+static void test_eval_last_same_bits(void) {
+    sd_model *m = synth();
+    CHECK(m, "%s", g_err);
+    if (!m) return;
+    sd_head *h = random_head(m, 50, 13);
+    CHECK(h, "%s", g_err);
+    if (!h) {
+        sd_model_free(m);
+        return;
+    }
+    const int d = h->hp.n_embd, V = h->hp.n_draft_vocab;
+    enum { NC = 7, NT = 3 };
+    static const int32_t tok[NC + NT] = {5, 17, 260, 33, 2, 40, 41, 300, 7, 19};
+    int32_t pos[NC + NT], chain[NC], slots[NC];
+    for (int i = 0; i < NC; i++) pos[i] = i + 1, chain[i] = i - 1, slots[i] = i;
+    pos[NC] = pos[NC + 1] = NC + 1, pos[NC + 2] = NC + 2;
+    const int32_t tpar[NT] = {-1, -1, 0};
+    float *c = malloc(sizeof(float) * (NC + NT) * (size_t)d);
+    sd_rng r;
+    sd_rng_seed(&r, 9);
+    for (int i = 0; i < (NC + NT) * d; i++) c[i] = (float)(3.0 * (sd_rng_uniform(&r) - 0.5));
+    float *ho[2], *lo[2], *th[2], *tl[2];
+    for (int k = 0; k < 2; k++) {
+        ho[k] = malloc(sizeof(float) * NC * (size_t)d), lo[k] = malloc(sizeof(float) * NC * (size_t)V);
+        th[k] = malloc(sizeof(float) * NT * (size_t)d), tl[k] = malloc(sizeof(float) * NT * (size_t)V);
+    }
+    static const int wt[2] = {SD_TYPE_Q8_0, SD_TYPE_F32};
+    for (int w = 0; w < 2; w++) {
+        sd_e3 *e[2] = {NULL, NULL};
+        int ok = 1;
+        for (int k = 0; k < 2; k++) {
+            ok &= sd_e3_new(&e[k], h, m, 64, 16, 32, wt[w], 0, NULL, g_err, sizeof g_err) == 0;
+            CHECK(ok, "%s", g_err);
+        }
+        if (ok) {
+            CHECK(sd_e3_eval(e[0], tok, c, pos, chain, NC, ho[0], lo[0], g_err, sizeof g_err) == 0, "%s", g_err);
+            CHECK(sd_e3_eval_last(e[1], tok, c, pos, chain, NC, ho[1], lo[1], g_err, sizeof g_err) == 0, "%s", g_err);
+            CHECK(sd_e3_n_pending(e[1]) == NC, "eval_last left %d pending rows, not %d", sd_e3_n_pending(e[1]), NC);
+            for (int k = 0; k < 2; k++)
+                CHECK(sd_e3_commit(e[k], slots, NC, g_err, sizeof g_err) == 0, "%s", g_err);
+            CHECK(memcmp(ho[0] + (size_t)(NC - 1) * d, ho[1], sizeof(float) * (size_t)d) == 0,
+                  "wtype %d: the last row's state differs", wt[w]);
+            CHECK(memcmp(lo[0] + (size_t)(NC - 1) * V, lo[1], sizeof(float) * (size_t)V) == 0,
+                  "wtype %d: the last row's logits differ", wt[w]);
+            for (int k = 0; k < 2; k++)
+                CHECK(sd_e3_eval(e[k], tok + NC, c + (size_t)NC * d, pos + NC, tpar, NT, th[k], tl[k], g_err,
+                                 sizeof g_err) == 0, "%s", g_err);
+            CHECK(memcmp(th[0], th[1], sizeof(float) * NT * (size_t)d) == 0 &&
+                      memcmp(tl[0], tl[1], sizeof(float) * NT * (size_t)V) == 0,
+                  "wtype %d: rows drafted after the catch-up differ (keys or values not the same)", wt[w]);
+            // one row: the same as sd_e3_eval
+            sd_e3_drop_pending(e[0]), sd_e3_drop_pending(e[1]);
+            CHECK(sd_e3_eval(e[0], tok + NC, c + (size_t)NC * d, pos + NC, tpar, 1, th[0], tl[0], g_err, sizeof g_err) == 0 &&
+                      sd_e3_eval_last(e[1], tok + NC, c + (size_t)NC * d, pos + NC, tpar, 1, th[1], tl[1], g_err, sizeof g_err) == 0,
+                  "%s", g_err);
+            CHECK(memcmp(th[0], th[1], sizeof(float) * (size_t)d) == 0 && memcmp(tl[0], tl[1], sizeof(float) * (size_t)V) == 0,
+                  "wtype %d: one row differs", wt[w]);
+        }
+        sd_e3_free(e[0]), sd_e3_free(e[1]);
+    }
+    for (int k = 0; k < 2; k++) free(ho[k]), free(lo[k]), free(th[k]), free(tl[k]);
+    free(c);
+    sd_head_free(h);
+    sd_model_free(m);
+}
+
 static void test_forward_reference(void) { check_forward(0); }
 static void test_forward_norm_before_residual(void) { check_forward(1); }
 
@@ -616,6 +686,7 @@ static void test_method_errors(void) {
 int main(void) {
     T_RUN(test_forward_reference);
     T_RUN(test_forward_norm_before_residual);
+    T_RUN(test_eval_last_same_bits);
     T_RUN(test_method_errors);
     T_RUN(test_greedy_lossless_synthetic);
     T_RUN(test_followed_steps_fuse_later);
