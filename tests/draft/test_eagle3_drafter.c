@@ -152,18 +152,27 @@ static void ref_eval(const sd_head *h, const sd_model *m, const ref_row *rows, i
     free(f), free(hn), free(sc), free(e);
 }
 
+// A synthetic model and a random head of nv_draft tokens for it; 0 (both
+// freed, the failure reported) when either cannot be made.
+static int synth_with_head(sd_model **m, sd_head **h, int nv_draft, uint64_t seed) {
+    *h = NULL;
+    *m = synth();
+    CHECK(*m, "%s", g_err);
+    if (!*m) return 0;
+    *h = random_head(*m, nv_draft, seed);
+    CHECK(*h, "%s", g_err);
+    if (*h) return 1;
+    sd_model_free(*m);
+    *m = NULL;
+    return 0;
+}
+
 // Chain rows committed in two calls, then a tree of pending rows in two calls:
 // every output state and logit equals the reference.
 static void check_forward(int norm_before_residual) {
-    sd_model *m = synth();
-    CHECK(m, "%s", g_err);
-    if (!m) return;
-    sd_head *h = random_head(m, 50, 11);
-    CHECK(h, "%s", g_err);
-    if (!h) {
-        sd_model_free(m);
-        return;
-    }
+    sd_model *m;
+    sd_head *h;
+    if (!synth_with_head(&m, &h, 50, 11)) return;
     h->hp.norm_before_residual = norm_before_residual;
     const int d = h->hp.n_embd, V = h->hp.n_draft_vocab;
     enum { NR = 10 };
@@ -230,15 +239,9 @@ static void check_forward(int norm_before_residual) {
 // logits, bit for bit, as sd_e3_eval of every row: the rows drafted after
 // them see no difference. For the 8-bit and the float matrices.
 static void test_eval_last_same_bits(void) {
-    sd_model *m = synth();
-    CHECK(m, "%s", g_err);
-    if (!m) return;
-    sd_head *h = random_head(m, 50, 13);
-    CHECK(h, "%s", g_err);
-    if (!h) {
-        sd_model_free(m);
-        return;
-    }
+    sd_model *m;
+    sd_head *h;
+    if (!synth_with_head(&m, &h, 50, 13)) return;
     const int d = h->hp.n_embd, V = h->hp.n_draft_vocab;
     enum { NC = 7, NT = 3 };
     static const int32_t tok[NC + NT] = {5, 17, 260, 33, 2, 40, 41, 300, 7, 19};
